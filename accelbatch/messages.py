@@ -1,0 +1,79 @@
+"""Message: the dict that teachers and agents trade, with ParlAI's keys."""
+
+from __future__ import annotations
+
+from typing import Any, Iterable
+
+TEXT = "text"
+LABELS = "labels"
+EVAL_LABELS = "eval_labels"
+EPISODE_DONE = "episode_done"
+ID = "id"
+LABEL_CANDIDATES = "label_candidates"
+TEXT_CANDIDATES = "text_candidates"
+REWARD = "reward"
+METRICS = "metrics"
+
+KNOWN_KEYS = (TEXT, LABELS, EVAL_LABELS, EPISODE_DONE, ID, LABEL_CANDIDATES, TEXT_CANDIDATES, REWARD)
+
+
+class Message(dict):
+    """A ParlAI-style message: a plain dict, so agents may read it as one.
+
+    ``text`` is the utterance, ``labels`` the answers in training, ``eval_labels`` in evaluation,
+    ``episode_done`` closes an episode, ``id`` names the speaker; ``label_candidates`` lists the
+    answers a ranking model may choose from.
+    """
+
+    def copy(self) -> "Message":
+        return Message(self)
+
+    @property
+    def is_padding(self) -> bool:
+        """An empty observation: a batch row with no example in it (end of an evaluation epoch)."""
+        return not self or (TEXT not in self and LABELS not in self and EVAL_LABELS not in self)
+
+    def targets(self) -> list[str]:
+        """The answers this message is judged against (labels, else eval_labels)."""
+        found = self.get(LABELS, self.get(EVAL_LABELS)) or []
+        return list(found)
+
+
+def padding_message() -> Message:
+    """An observation that stands for 'nothing here' (a batch row past the end of the data)."""
+    return Message({EPISODE_DONE: True})
+
+
+def as_message(obj: Any, where: str = "message") -> Message:
+    """Turn a dict into a Message, normalising labels to a list of strings; raise on wrong types."""
+    if isinstance(obj, Message):
+        return obj
+    if not isinstance(obj, dict):
+        raise TypeError(f"{where}: expected a dict, got {type(obj).__name__}")
+    msg = Message(obj)
+    for key in (LABELS, EVAL_LABELS, LABEL_CANDIDATES, TEXT_CANDIDATES):
+        if key in msg and msg[key] is not None:
+            msg[key] = _str_list(msg[key], key, where)
+    if TEXT in msg and msg[TEXT] is not None and not isinstance(msg[TEXT], str):
+        raise TypeError(f"{where}: 'text' must be a string, got {type(msg[TEXT]).__name__}")
+    if EPISODE_DONE in msg:
+        msg[EPISODE_DONE] = _bool(msg[EPISODE_DONE], where)
+    return msg
+
+
+def _str_list(value: Any, key: str, where: str) -> list[str]:
+    if isinstance(value, str):
+        return [value]
+    if isinstance(value, Iterable):
+        out = list(value)
+        if all(isinstance(v, str) for v in out):
+            return out
+    raise TypeError(f"{where}: '{key}' must be a string or a list of strings, got {value!r}")
+
+
+def _bool(value: Any, where: str) -> bool:
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, str) and value.lower() in ("true", "false"):
+        return value.lower() == "true"
+    raise TypeError(f"{where}: 'episode_done' must be true or false, got {value!r}")
