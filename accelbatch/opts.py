@@ -52,8 +52,8 @@ class Opts:
 
     # --- training loop -----------------------------------------------------------------------
     batchsize: int = _opt(32, "-bs", "--batchsize",
-                          help="rows per world step (the combined batch: micro batch x D x R x G)")
-    num_epochs: float = _opt(10.0, "-ne", "--num-epochs", help="passes over the training data (-1: no limit)")
+                          help="micro batch b; a world step has b x D x R x G rows (the combined batch)")
+    num_epochs: float = _opt(5.0, "-ne", "--num-epochs", help="passes over the training data (-1: no limit)")
     max_train_steps: int = _opt(-1, "-tstep", "--max-train-steps",
                                 help="stop after this many world steps (-1: no limit)")
     validation_every_n_epochs: float = _opt(1.0, "-veps", "--validation-every-n-epochs",
@@ -67,8 +67,8 @@ class Opts:
     eval_splits: str = _opt("valid,test", "--eval-splits",
                             help="comma-separated splits evaluated at the end of training")
     numthreads: int = _opt(1, "-nt", "--numthreads", help="hogwild processes sharing one model (cpu)")
-    learning_rate: float = _opt(0.05, "-lr", "--learning-rate", help="optimizer learning rate")
-    optimizer: str = _opt("sgd", "-opt", "--optimizer", choices=("sgd", "adam", "adamw"), help="optimizer")
+    learning_rate: float = _opt(0.01, "-lr", "--learning-rate", help="optimizer learning rate")
+    optimizer: str = _opt("adam", "-opt", "--optimizer", choices=("sgd", "adam", "adamw"), help="optimizer")
     embedding_size: int = _opt(64, "-esz", "--embedding-size", help="embedding size of reference models")
     text_truncate: int = _opt(256, "-tr", "--text-truncate", help="keep at most this many tokens of input text")
 

@@ -1,0 +1,5 @@
+import sys
+
+from accelbatch.cli import main
+
+sys.exit(main())

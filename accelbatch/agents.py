@@ -1,0 +1,317 @@
+"""Agents: ParlAI's observe/act contract, sharing rules, and TorchAgent.
+
+Sharing rules (as in ParlAI): ``share()`` returns what clones may hold in common (the model, the
+optimizer, the engine slot, metrics); ``clone()`` builds a new agent of the same class from it. A clone
+keeps its own conversation state (history, last observation).
+
+A :class:`TorchAgent` subclass says *what* to compute (build_model, vectorize, batchify, replies); the
+backend's engine decides *where and how* the step runs, so agents are the same on every device.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import zlib
+from dataclasses import dataclass, field
+from typing import Any, Sequence
+
+import torch
+
+from accelbatch.messages import EPISODE_DONE, EVAL_LABELS, LABELS, TEXT, Message
+from accelbatch.metrics import Metrics
+from accelbatch.opts import Opts
+
+# name -> "module:Class"; anything else given to -m is read as "module:Class".
+AGENT_PATHS: dict[str, str] = {
+    "memnn": "accelbatch.models.memnn:MemNNAgent",
+    "repeat_label": "accelbatch.models.utility:RepeatLabelAgent",
+    "random_candidate": "accelbatch.models.utility:RandomCandidateAgent",
+}
+
+
+class UnknownNameError(ValueError):
+    """A task, model or device name that is not registered; the message lists the known ones."""
+
+
+def import_path(path: str, kind: str, known: Sequence[str]) -> Any:
+    """Import ``module:Attr``; a clear error listing the registered names when it cannot be found."""
+    module_name, sep, attr = path.partition(":")
+    if not sep or not module_name or not attr:
+        raise UnknownNameError(f"unknown {kind} {path!r}; known {kind}s: {', '.join(known)} "
+                               f"(or give a path as module:Class)")
+    try:
+        module = importlib.import_module(module_name)
+    except ModuleNotFoundError as exc:
+        if exc.name and module_name.startswith(exc.name):
+            raise UnknownNameError(f"{kind} {path!r}: no module named {exc.name!r}; known {kind}s: "
+                                   f"{', '.join(known)}") from None
+        raise
+    try:
+        return getattr(module, attr)
+    except AttributeError:
+        raise UnknownNameError(f"{kind} {path!r}: module {module_name!r} has no {attr!r}") from None
+
+
+def resolve_agent_class(name: str) -> type["Agent"]:
+    return import_path(AGENT_PATHS.get(name, name), "model", list(AGENT_PATHS))
+
+
+class Agent:
+    """Base agent: remembers its last observation; ``act`` is the subclass's."""
+
+    def __init__(self, opts: Opts, shared: dict[str, Any] | None = None):
+        self.opts = opts
+        self.id = type(self).__name__
+        self.observation: Message | None = None
+
+    def observe(self, observation: Message) -> Message:
+        self.observation = observation
+        return observation
+
+    def act(self) -> Message:
+        raise NotImplementedError(f"{type(self).__name__} must implement act()")
+
+    def self_observe(self, reply: Message) -> None:
+        """Called with this agent's own reply (after batch_act); override to learn from it."""
+
+    def share(self) -> dict[str, Any]:
+        return {"class": type(self), "opts": self.opts}
+
+    def clone(self) -> "Agent":
+        shared = self.share()
+        return shared["class"](shared["opts"], shared)
+
+    def fork(self) -> "Agent":
+        """A clone for another world (e.g. validation): same model, its own metrics."""
+        return self.clone()
+
+    def reset(self) -> None:
+        self.observation = None
+
+    def report(self) -> dict[str, float]:
+        return {}
+
+    def reset_metrics(self) -> None:
+        pass
+
+    def shutdown(self) -> None:
+        pass
+
+
+@dataclass
+class EngineSlot:
+    """Holds the engine all clones of a TorchAgent step through; the backend fills it."""
+
+    engine: Any = None
+    backend_name: str = ""
+
+
+@dataclass
+class History:
+    """One conversation's turns, squashed into a single text (context_length -1 keeps all turns)."""
+
+    context_length: int = -1
+    include_labels: bool = True
+    turns: list[str] = field(default_factory=list)
+
+    def add(self, text: str | None, previous_label: str | None) -> str:
+        if self.include_labels and previous_label:
+            self.turns.append(previous_label)
+        if text:
+            self.turns.append(text)
+        kept = self.turns if self.context_length < 0 else self.turns[-(self.context_length + 1):]
+        return "\n".join(kept)
+
+    def clear(self) -> None:
+        self.turns = []
+
+
+_WORD = str.maketrans({c: " " for c in ".,?!;:\"'()"})
+
+
+def tokenize(text: str) -> list[str]:
+    return text.lower().translate(_WORD).split()
+
+
+def hash_tokens(tokens: Sequence[str], vocab_size: int) -> list[int]:
+    """Stable feature hashing of words into [1, vocab_size) (0 is padding)."""
+    return [1 + zlib.crc32(t.encode()) % (vocab_size - 1) for t in tokens]
+
+
+def pad_2d(rows: Sequence[Sequence[int]], length: int | None = None) -> torch.Tensor:
+    """Right-pad integer rows with 0 into a [len(rows), length] LongTensor."""
+    width = max(1, length if length is not None else max((len(r) for r in rows), default=1))
+    out = torch.zeros(len(rows), width, dtype=torch.long)
+    for i, r in enumerate(rows):
+        r = list(r)[:width]
+        if r:
+            out[i, : len(r)] = torch.tensor(r, dtype=torch.long)
+    return out
+
+
+class TorchAgent(Agent):
+    """An agent with a torch model. Subclasses give the four methods below; the engine runs the step.
+
+    - ``build_model()`` -> nn.Module whose ``forward(batch)`` returns a dict with ``loss`` (mean over
+      the rows) and per-row outputs;
+    - ``vectorize(obs)`` -> the observation with whatever per-row features batchify needs;
+    - ``batchify(observations)`` -> dict of tensors, dim 0 = rows;
+    - ``replies(outputs, observations)`` -> one reply dict per row.
+    """
+
+    use_batch_act = True
+
+    def __init__(self, opts: Opts, shared: dict[str, Any] | None = None):
+        super().__init__(opts, shared)
+        self.history = History(opts.context_length, opts.include_labels)
+        self._last_label: str | None = None
+        self._previous_done = True
+        if shared is None:
+            torch.manual_seed(opts.seed)
+            self.model = self.build_model()
+            self.optimizer = self.build_optimizer(self.model)
+            self.slot = EngineSlot()
+            self.metrics = Metrics()
+            if opts.model_file and os.path.isfile(opts.model_file):
+                self.load(opts.model_file)
+        else:
+            self.model = shared["model"]
+            self.optimizer = shared["optimizer"]
+            self.slot = shared["slot"]
+            self.metrics = shared["metrics"]
+
+    # --- what subclasses give ------------------------------------------------------------------
+    def build_model(self) -> torch.nn.Module:
+        raise NotImplementedError
+
+    def vectorize(self, observation: Message) -> Message:
+        return observation
+
+    def batchify(self, observations: list[Message]) -> dict[str, torch.Tensor]:
+        raise NotImplementedError
+
+    def replies(self, outputs: dict[str, torch.Tensor], observations: list[Message]) -> list[dict[str, Any]]:
+        raise NotImplementedError
+
+    def build_optimizer(self, model: torch.nn.Module) -> torch.optim.Optimizer | None:
+        params = [p for p in model.parameters() if p.requires_grad]
+        if not params:
+            return None
+        kinds = {"sgd": torch.optim.SGD, "adam": torch.optim.Adam, "adamw": torch.optim.AdamW}
+        return kinds[self.opts.optimizer](params, lr=self.opts.learning_rate)
+
+    # --- sharing ---------------------------------------------------------------------------------
+    def share(self) -> dict[str, Any]:
+        shared = super().share()
+        shared.update(model=self.model, optimizer=self.optimizer, slot=self.slot, metrics=self.metrics)
+        return shared
+
+    def fork(self) -> "TorchAgent":
+        shared = self.share()
+        shared["metrics"] = Metrics()
+        return shared["class"](shared["opts"], shared)
+
+    # --- engine ----------------------------------------------------------------------------------
+    @property
+    def engine(self) -> Any:
+        """The engine every clone steps through; a one-process CPU engine unless a backend set one."""
+        if self.slot.engine is None:
+            from accelbatch.backends.cpu import CPUBackend
+            try:  # TEMP until plan.py lands
+                from accelbatch.plan import ExecutionPlan
+                plan = ExecutionPlan.from_opts(self.opts, training=True)
+            except ImportError:
+                plan = None
+            self.slot.engine = CPUBackend().compile(self.model, self.optimizer, plan)
+            self.slot.backend_name = "cpu"
+        return self.slot.engine
+
+    def attach_engine(self, engine: Any, backend_name: str) -> None:
+        self.slot.engine = engine
+        self.slot.backend_name = backend_name
+
+    # --- conversation ----------------------------------------------------------------------------
+    def observe(self, observation: Message) -> Message:
+        if observation is None or _is_padding(observation):
+            self.observation = observation
+            return observation
+        if self._previous_done:
+            self.history.clear()
+            self._last_label = None
+        obs = Message(observation)
+        obs["full_text"] = self.history.add(obs.get(TEXT), self._last_label)
+        targets = obs.get(LABELS) or obs.get(EVAL_LABELS)
+        self._last_label = targets[0] if targets else None
+        self._previous_done = bool(obs.get(EPISODE_DONE, False))
+        self.observation = self.vectorize(obs)
+        return self.observation
+
+    def act(self) -> Message:
+        reply = self.batch_act([self.observation])[0]
+        self.self_observe(reply)
+        return reply
+
+    def reset(self) -> None:
+        super().reset()
+        self.history.clear()
+        self._last_label = None
+        self._previous_done = True
+
+    def batch_act(self, observations: Sequence[Message | None]) -> list[Message]:
+        replies = [Message(id=self.id) for _ in observations]
+        rows = [i for i, obs in enumerate(observations) if obs is not None and not _is_padding(obs)]
+        if not rows:
+            return replies
+        batch_obs = [observations[i] for i in rows]
+        batch = self.batchify(batch_obs)
+        training = any(LABELS in obs for obs in batch_obs)
+        result = self.engine.train_step(batch) if training else self.engine.eval_step(batch)
+        if result.loss is not None:
+            self.metrics.add_loss(result.loss, max(result.updates, 1))
+        row_ids = range(len(rows)) if result.rows is None else [int(r) for r in result.rows]
+        if result.rows is None and result.outputs and _leading(result.outputs) != len(rows):
+            return replies  # outputs are not per row (Sum mode): nothing to reply with
+        produced = self.replies(result.outputs, [batch_obs[j] for j in row_ids])
+        for j, reply in zip(row_ids, produced):
+            replies[rows[j]].update(reply)
+        return replies
+
+    # --- metrics and persistence -----------------------------------------------------------------
+    def report(self) -> dict[str, float]:
+        rep = self.metrics.report()
+        rep.pop("exs", None)
+        return rep
+
+    def reset_metrics(self) -> None:
+        self.metrics.clear()
+
+    def save(self, path: str) -> None:
+        """Write model and optimizer weights to ``path`` atomically."""
+        state = {"model": self.model.state_dict()}
+        if self.optimizer is not None:
+            state["optimizer"] = self.optimizer.state_dict()
+        tmp = f"{path}.tmp"
+        os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+        torch.save(state, tmp)
+        os.replace(tmp, path)
+
+    def load(self, path: str) -> None:
+        """Load weights saved by :meth:`save`; never unpickles arbitrary objects."""
+        try:
+            state = torch.load(path, map_location="cpu", weights_only=True)
+            self.model.load_state_dict(state["model"])
+            if self.optimizer is not None and "optimizer" in state:
+                self.optimizer.load_state_dict(state["optimizer"])
+        except Exception as exc:  # noqa: BLE001 - any failure here means the file is not ours
+            raise ValueError(f"--model-file {path}: cannot load ({type(exc).__name__}: {exc}); "
+                             "delete it or point --model-file elsewhere") from None
+
+
+def _is_padding(obs: Message) -> bool:
+    return TEXT not in obs and LABELS not in obs and EVAL_LABELS not in obs
+
+
+def _leading(outputs: dict[str, torch.Tensor]) -> int:
+    first = next(iter(outputs.values()))
+    return first.shape[0] if first.dim() else 1

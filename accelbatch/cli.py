@@ -1,0 +1,71 @@
+"""The command line: ``accelbatch train|eval|tasks [options]`` (also ``python -m accelbatch``)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Sequence
+
+from accelbatch.agents import AGENT_PATHS, UnknownNameError
+from accelbatch.opts import OptionError, Opts, add_arguments
+from accelbatch.tasks.files import DataFileError
+from accelbatch.teachers import list_tasks
+
+USAGE_ERRORS: tuple[type[BaseException], ...] = (OptionError, UnknownNameError, DataFileError)
+
+
+def build_cli() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="accelbatch", description="ParlAI-style worlds on cpu, cuda and ipu.")
+    verbs = parser.add_subparsers(dest="verb", metavar="{train,eval,tasks}")
+    train = verbs.add_parser("train", help="train a model (defaults: the bundled babi:1 task, memnn model)")
+    add_arguments(train)
+    evaluate = verbs.add_parser("eval", help="evaluate a model on a split (default -dt valid)")
+    add_arguments(evaluate)
+    evaluate.set_defaults(datatype="valid")
+    verbs.add_parser("tasks", help="list the registered tasks and models")
+    return parser
+
+
+def _backend_errors() -> tuple[type[BaseException], ...]:
+    from accelbatch.backends.base import BackendUnavailable
+
+    try:
+        from accelbatch.plan import PlanError
+    except ImportError:
+        return (BackendUnavailable,)
+    return (BackendUnavailable, PlanError)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_cli()
+    args = parser.parse_args(argv)
+    if args.verb in (None, "tasks"):
+        if args.verb is None:
+            parser.print_help()
+            return 0
+        print("tasks:")
+        for name, text in list_tasks():
+            print(f"  {name:<14} {text}")
+        print("models:")
+        for name, path in AGENT_PATHS.items():
+            print(f"  {name:<14} {path}")
+        return 0
+    try:
+        opts = Opts.from_namespace(args)
+        from accelbatch.run import format_report, run
+        from accelbatch.worlds import create_world
+
+        world = create_world(opts)
+        report = run(world, opts)
+    except USAGE_ERRORS + _backend_errors() as exc:
+        print(f"accelbatch: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("accelbatch: interrupted", file=sys.stderr)
+        return 130
+    print(format_report(report))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

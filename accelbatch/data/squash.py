@@ -1,0 +1,70 @@
+"""Episode squashing: turn a multi-turn episode into single-turn examples that can be batched freely.
+
+Every turn of an episode becomes one example whose ``text`` is the recent dialogue history joined with
+``"\\n"``, ending with the turn's own text; each squashed example closes its own episode, so examples of one
+conversation may land in different batches (which batch sorting needs).
+
+``context_length`` counts utterances, the current text included: -1 keeps the whole history, 1 keeps the
+current text alone. With ``include_labels`` the earlier turns' answers are part of the history (what a dialogue
+model wants; a question-answering model usually does not). For an episode ``x1 y1 / x2 y2 / x3 y3 / x4 y4``:
+
+=====================  ==========================================================
+settings               texts of the four examples
+=====================  ==========================================================
+-1, labels off         ``x1``, ``x1 x2``, ``x1 x2 x3``, ``x1 x2 x3 x4``
+3, labels on           ``x1``, ``x1 y1 x2``, ``x2 y2 x3``, ``x3 y3 x4``
+=====================  ==========================================================
+
+The label put in the history is the turn's first label (``labels``, else ``eval_labels``), so squashing is
+deterministic. A turn without text adds nothing to the history (its label still does).
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from typing import Iterable, Iterator, Sequence
+
+from accelbatch.messages import EPISODE_DONE, EVAL_LABELS, LABELS, TEXT, Message
+
+DELIMITER = "\n"
+
+
+def check_context_length(context_length: int) -> None:
+    """Raise ValueError unless ``context_length`` is -1 (everything) or at least 1."""
+    if isinstance(context_length, bool) or not isinstance(context_length, int) or (
+            context_length < 1 and context_length != -1):
+        raise ValueError(f"--context-length: must be -1 (all of the history) or at least 1, "
+                         f"got {context_length!r}")
+
+
+def squash_episode(episode: Sequence[Message], context_length: int = -1, include_labels: bool = True,
+                   delimiter: str = DELIMITER) -> list[Message]:
+    """One squashed, single-turn Message per turn of ``episode`` (the input is not modified).
+
+    Each output keeps every field of its turn (labels, eval_labels, label_candidates, id, ...), gets the
+    joined history as ``text`` and ``episode_done=True``.
+    """
+    check_context_length(context_length)
+    history: deque[str] = deque(maxlen=None if context_length == -1 else context_length)
+    out: list[Message] = []
+    for turn in episode:
+        text = turn.get(TEXT)
+        if text is not None and text != "":
+            history.append(text)
+        squashed = Message(turn)
+        squashed[TEXT] = delimiter.join(history)
+        squashed[EPISODE_DONE] = True
+        out.append(squashed)
+        if include_labels:
+            answers = turn.get(LABELS) or turn.get(EVAL_LABELS)
+            if answers:
+                history.append(answers[0])
+    return out
+
+
+def squash_episodes(episodes: Iterable[Sequence[Message]], context_length: int = -1,
+                    include_labels: bool = True, delimiter: str = DELIMITER) -> Iterator[Message]:
+    """Lazily squash a stream of episodes into a stream of single-turn examples."""
+    check_context_length(context_length)
+    for episode in episodes:
+        yield from squash_episode(episode, context_length, include_labels, delimiter)

@@ -1,0 +1,144 @@
+"""Metrics with ParlAI's names (exs, accuracy, f1, loss) that aggregate across clones and processes.
+
+A :class:`Metrics` object holds sums and counts, so two of them merge by addition: clones share one
+object, processes send theirs (``state()``) to be merged (``merge_state``). Accuracy and F1 for a
+batch are computed in one pass over the batch by :func:`score_batch`.
+"""
+
+from __future__ import annotations
+
+import re
+import string
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Iterable, Sequence
+
+_ARTICLES = re.compile(r"\b(a|an|the)\b")
+_PUNCT = str.maketrans("", "", string.punctuation)
+
+
+def normalize_answer(text: str) -> str:
+    """Lower case, no punctuation, no articles, single spaces (SQuAD/ParlAI normalisation)."""
+    text = _ARTICLES.sub(" ", text.lower().translate(_PUNCT))
+    return " ".join(text.split())
+
+
+def _f1_tokens(pred: list[str], gold: list[str]) -> float:
+    common = Counter(pred) & Counter(gold)
+    same = sum(common.values())
+    if same == 0:
+        return 0.0
+    precision, recall = same / len(pred), same / len(gold)
+    return 2 * precision * recall / (precision + recall)
+
+
+def f1_score(prediction: str, answers: Sequence[str]) -> float:
+    """Best token-level F1 of the prediction against any of the answers."""
+    pred = normalize_answer(prediction).split()
+    return max((_f1_tokens(pred, normalize_answer(a).split()) for a in answers), default=0.0)
+
+
+def exact_match(prediction: str, answers: Sequence[str]) -> bool:
+    norm = normalize_answer(prediction)
+    return any(norm == normalize_answer(a) for a in answers)
+
+
+def score_batch(predictions: Sequence[str | None], answers: Sequence[Sequence[str]]) -> tuple[int, float, float]:
+    """(examples, correct, f1 sum) for a batch of replies, in one pass.
+
+    A row whose prediction is None (the model gave no text, e.g. a training row the output mode did not
+    return) counts as an example but is not scored: its accuracy/f1 contribution is excluded from the
+    denominators through the returned scored count. Returns (scored, correct, f1_sum).
+    """
+    scored, correct, f1_sum = 0, 0.0, 0.0
+    for pred, golds in zip(predictions, answers):
+        if pred is None or not golds:
+            continue
+        scored += 1
+        pred_norm = normalize_answer(pred)
+        gold_norms = [normalize_answer(g) for g in golds]
+        if pred_norm in gold_norms:
+            correct += 1
+            f1_sum += 1.0
+        else:
+            pred_toks = pred_norm.split()
+            f1_sum += max(_f1_tokens(pred_toks, g.split()) for g in gold_norms)
+    return scored, correct, f1_sum
+
+
+@dataclass
+class Metrics:
+    """Sums and counts; ``report()`` turns them into ParlAI-named averages."""
+
+    exs: int = 0
+    scored: int = 0
+    correct: float = 0.0
+    f1_sum: float = 0.0
+    loss_sum: float = 0.0
+    loss_count: int = 0
+    extra: dict[str, float] = field(default_factory=dict)
+
+    def add_batch(self, predictions: Sequence[str | None], answers: Sequence[Sequence[str]]) -> None:
+        """Count ``len(predictions)`` examples and score those with a prediction and answers."""
+        scored, correct, f1_sum = score_batch(predictions, answers)
+        self.exs += len(predictions)
+        self.scored += scored
+        self.correct += correct
+        self.f1_sum += f1_sum
+
+    def add_loss(self, loss: float, count: int = 1) -> None:
+        """Record a mean loss that stands for ``count`` updates/rows."""
+        self.loss_sum += float(loss) * count
+        self.loss_count += count
+
+    def add(self, name: str, value: float) -> None:
+        self.extra[name] = self.extra.get(name, 0.0) + float(value)
+
+    def merge(self, other: "Metrics") -> None:
+        self.merge_state(other.state())
+
+    def state(self) -> dict:
+        return {"exs": self.exs, "scored": self.scored, "correct": self.correct, "f1_sum": self.f1_sum,
+                "loss_sum": self.loss_sum, "loss_count": self.loss_count, "extra": dict(self.extra)}
+
+    def merge_state(self, state: dict) -> None:
+        self.exs += state["exs"]
+        self.scored += state["scored"]
+        self.correct += state["correct"]
+        self.f1_sum += state["f1_sum"]
+        self.loss_sum += state["loss_sum"]
+        self.loss_count += state["loss_count"]
+        for k, v in state["extra"].items():
+            self.extra[k] = self.extra.get(k, 0.0) + v
+
+    def clear(self) -> None:
+        self.exs = self.scored = self.loss_count = 0
+        self.correct = self.f1_sum = self.loss_sum = 0.0
+        self.extra = {}
+
+    def report(self) -> dict[str, float]:
+        out: dict[str, float] = {"exs": self.exs}
+        if self.scored:
+            out["accuracy"] = self.correct / self.scored
+            out["f1"] = self.f1_sum / self.scored
+        if self.loss_count:
+            out["loss"] = self.loss_sum / self.loss_count
+        out.update(self.extra)
+        return out
+
+
+def merge_reports(reports: Iterable[tuple[str, dict[str, float]]]) -> dict[str, float]:
+    """Macro-average of per-task reports (multitask), examples summed; each task's keys kept prefixed."""
+    merged: dict[str, float] = {}
+    totals: dict[str, list[float]] = {}
+    exs = 0
+    for name, rep in reports:
+        exs += int(rep.get("exs", 0))
+        for key, value in rep.items():
+            merged[f"{name}/{key}"] = value
+            if key != "exs":
+                totals.setdefault(key, []).append(value)
+    merged["exs"] = exs
+    for key, values in totals.items():
+        merged[key] = sum(values) / len(values)
+    return merged

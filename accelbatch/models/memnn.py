@@ -1,0 +1,108 @@
+"""Reference model: an end-to-end memory network ranking label candidates (bag-of-words memories).
+
+Each line of the conversation so far is a memory (bag of hashed words plus an embedding of how many
+lines ago it was said); the last line is the question. One attention hop over the memories, then the
+candidates are scored by a dot product with the answer vector. Learns the bundled ``babi:1`` task to
+over 95% validation accuracy within a few epochs on a laptop CPU.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+from accelbatch.agents import TorchAgent, hash_tokens, tokenize
+from accelbatch.messages import EVAL_LABELS, LABEL_CANDIDATES, LABELS, Message
+
+VOCAB = 4096
+MAX_MEMORIES = 32
+MAX_WORDS = 16
+
+
+class MemoryNetwork(nn.Module):
+    """forward(batch) -> {"loss", "scores" [rows, candidates]}."""
+
+    def __init__(self, vocab: int, dim: int, max_memories: int):
+        super().__init__()
+        self.query_emb = nn.EmbeddingBag(vocab, dim, mode="sum", padding_idx=0)
+        self.memory_in = nn.EmbeddingBag(vocab, dim, mode="sum", padding_idx=0)
+        self.memory_out = nn.EmbeddingBag(vocab, dim, mode="sum", padding_idx=0)
+        self.time_in = nn.Embedding(max_memories + 1, dim, padding_idx=0)
+        self.time_out = nn.Embedding(max_memories + 1, dim, padding_idx=0)
+        self.cand_emb = nn.EmbeddingBag(vocab, dim, mode="sum", padding_idx=0)
+        for emb in (self.query_emb, self.memory_in, self.memory_out, self.cand_emb, self.time_in, self.time_out):
+            nn.init.normal_(emb.weight, std=0.1)
+
+    def forward(self, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        memories, query, cands = batch["memories"], batch["query"], batch["candidates"]
+        rows, mems, words = memories.shape
+        flat = memories.view(rows * mems, words)
+        age = batch["memory_age"]  # [rows, mems], 0 for padding, 1 = most recent
+        m_in = self.memory_in(flat).view(rows, mems, -1) + self.time_in(age)
+        m_out = self.memory_out(flat).view(rows, mems, -1) + self.time_out(age)
+        u = self.query_emb(query)
+        logits = torch.einsum("rmd,rd->rm", m_in, u).masked_fill(age == 0, -1e9)
+        attention = logits.softmax(dim=-1)
+        answer = u + torch.einsum("rm,rmd->rd", attention, m_out)
+        c_rows, n_cands, c_words = cands.shape
+        cand_vecs = self.cand_emb(cands.view(c_rows * n_cands, c_words)).view(c_rows, n_cands, -1)
+        scores = torch.einsum("rcd,rd->rc", cand_vecs, answer).masked_fill(batch["cand_mask"] == 0, -1e9)
+        out = {"scores": scores}
+        if "label_index" in batch:
+            out["loss"] = F.cross_entropy(scores, batch["label_index"])
+        return out
+
+
+class MemNNAgent(TorchAgent):
+    """``-m memnn``: ranks ``label_candidates`` with :class:`MemoryNetwork`."""
+
+    def build_model(self) -> nn.Module:
+        return MemoryNetwork(VOCAB, self.opts.embedding_size, MAX_MEMORIES)
+
+    def vectorize(self, obs: Message) -> Message:
+        lines = obs.get("full_text", obs.get("text", "")).split("\n")
+        question, story = lines[-1], lines[:-1][-MAX_MEMORIES:]
+        obs["query_vec"] = hash_tokens(tokenize(question)[:MAX_WORDS], VOCAB)
+        obs["memory_vecs"] = [hash_tokens(tokenize(line)[:MAX_WORDS], VOCAB) for line in story]
+        cands = obs.get(LABEL_CANDIDATES) or []
+        obs["cand_vecs"] = [hash_tokens(tokenize(c)[:MAX_WORDS], VOCAB) for c in cands]
+        targets = obs.get(LABELS) or obs.get(EVAL_LABELS) or []
+        obs["label_index"] = next((i for i, c in enumerate(cands) if c in targets), -1)
+        return obs
+
+    def batchify(self, observations: list[Message]) -> dict[str, torch.Tensor]:
+        rows = len(observations)
+        longest = max(1, max(len(o["memory_vecs"]) for o in observations))
+        n_mem = min(MAX_MEMORIES, -(-longest // 8) * 8)  # a multiple of 8: few distinct shapes
+        n_cand = max(1, max(len(o["cand_vecs"]) for o in observations))
+        memories = torch.zeros(rows, n_mem, MAX_WORDS, dtype=torch.long)
+        age = torch.zeros(rows, n_mem, dtype=torch.long)
+        query = torch.zeros(rows, MAX_WORDS, dtype=torch.long)
+        cands = torch.zeros(rows, n_cand, MAX_WORDS, dtype=torch.long)
+        cand_mask = torch.zeros(rows, n_cand, dtype=torch.long)
+        for r, obs in enumerate(observations):
+            mems = obs["memory_vecs"]
+            for m, vec in enumerate(mems):
+                memories[r, m, : len(vec)] = torch.tensor(vec)
+                age[r, m] = len(mems) - m
+            query[r, : len(obs["query_vec"])] = torch.tensor(obs["query_vec"])
+            for c, vec in enumerate(obs["cand_vecs"]):
+                cands[r, c, : len(vec)] = torch.tensor(vec)
+                cand_mask[r, c] = 1
+        batch = {"memories": memories, "memory_age": age, "query": query, "candidates": cands,
+                 "cand_mask": cand_mask}
+        labels = [o["label_index"] for o in observations]
+        if all(i >= 0 for i in labels):
+            batch["label_index"] = torch.tensor(labels, dtype=torch.long)
+        return batch
+
+    def replies(self, outputs: dict[str, torch.Tensor], observations: list[Message]) -> list[dict[str, Any]]:
+        best = outputs["scores"].argmax(dim=-1).tolist()
+        out = []
+        for obs, index in zip(observations, best):
+            cands = obs.get(LABEL_CANDIDATES) or []
+            out.append({"text": cands[index] if index < len(cands) else ""})
+        return out

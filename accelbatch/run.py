@@ -1,0 +1,255 @@
+"""run(world, opts): train and/or evaluate a world on the chosen backend and return a report.
+
+Training runs world steps until the epoch or step limit, validating every N epochs (keeping the best
+model in --model-file), then evaluates the final splits. Evaluation runs a world until its epoch is
+done. The report is a dict with one entry per split (ParlAI's metric names exs, accuracy, f1, loss),
+printed as a table and written to --report-json.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import sys
+import time
+from dataclasses import dataclass, field
+from typing import Any, TextIO
+
+from accelbatch.agents import Agent, TorchAgent
+from accelbatch.opts import Opts
+from accelbatch.teachers import is_training, split_of
+from accelbatch.worlds import World, create_world
+
+
+@dataclass
+class MetricsLog:
+    """Appends one JSON object per line to --metrics-log (nothing when no path is given)."""
+
+    path: str | None
+    handle: TextIO | None = None
+
+    def write(self, record: dict[str, Any]) -> None:
+        if not self.path:
+            return
+        if self.handle is None:
+            os.makedirs(os.path.dirname(os.path.abspath(self.path)), exist_ok=True)
+            self.handle = open(self.path, "a", encoding="utf-8")
+        self.handle.write(json.dumps(record, sort_keys=True) + "\n")
+        self.handle.flush()
+
+    def close(self) -> None:
+        if self.handle is not None:
+            self.handle.close()
+            self.handle = None
+
+
+@dataclass
+class TrainState:
+    """Counters of a training run."""
+
+    steps: int = 0
+    exs: int = 0
+    validations: int = 0
+    best: float = -math.inf
+    stale: int = 0
+    started: float = field(default_factory=time.monotonic)
+
+    def elapsed(self) -> float:
+        return time.monotonic() - self.started
+
+
+def attach_backend(world: World, opts: Opts) -> Any:
+    """Compile the world's model on the --device backend; return the backend (to tear down later)."""
+    from accelbatch.backends.base import get_backend
+
+    backend = get_backend(opts.device)()
+    backend.setup(opts)
+    agent = world.get_model_agent()
+    if isinstance(agent, TorchAgent):
+        plan = _plan(opts)
+        agent.attach_engine(backend.compile(agent.model, agent.optimizer, plan), backend.name)
+    return backend
+
+
+def _plan(opts: Opts) -> Any:
+    try:
+        from accelbatch.plan import ExecutionPlan
+    except ImportError:  # TEMP until plan.py lands
+        return None
+    return ExecutionPlan.from_opts(opts, training=True)
+
+
+def evaluate(world: World, log: MetricsLog | None = None, split: str = "valid") -> dict[str, float]:
+    """Run ``world`` until its epoch is done; return its report (and log it)."""
+    world.reset()
+    world.reset_metrics()
+    start = time.monotonic()
+    while not world.epoch_done():
+        world.parley()
+    report = world.report()
+    report["time_s"] = round(time.monotonic() - start, 3)
+    if log is not None:
+        log.write({"split": split, **report})
+    return report
+
+
+def run(world: World, opts: Opts) -> dict[str, Any]:
+    """Train (datatype train) or evaluate (valid/test) ``world`` on ``opts.device``; return the report."""
+    backend = attach_backend(world, opts)
+    log = MetricsLog(opts.metrics_log)
+    try:
+        if is_training(opts.datatype):
+            report = _train(world, opts, log)
+        else:
+            report = {split_of(opts.datatype): evaluate(world, log, split_of(opts.datatype))}
+        report["device"] = backend.name
+        report = _finish(report, opts)
+    finally:
+        log.close()
+        world.shutdown()
+        backend.teardown()
+    return report
+
+
+def _train(world: World, opts: Opts, log: MetricsLog) -> dict[str, Any]:
+    state = TrainState()
+    model = world.get_model_agent()
+    per_epoch = world.num_examples()
+    target_exs = opts.num_epochs * per_epoch if opts.num_epochs > 0 else math.inf
+    next_validation = opts.validation_every_n_epochs * per_epoch if opts.validation_every_n_epochs > 0 else math.inf
+    bar = _progress(opts, target_exs)
+    last_log, window_exs, window_start = time.monotonic(), 0, time.monotonic()
+    train_report: dict[str, float] = {}
+    last_window: dict[str, float] = {}
+    valid_world: World | None = None
+    stop_reason = "num_epochs"
+    while True:
+        world.parley()
+        state.steps += 1
+        rep = world.report()
+        new_exs = int(rep.get("exs", 0))
+        state.exs += new_exs
+        window_exs += new_exs
+        train_report = _merge_train(train_report, rep)
+        world.reset_metrics()
+        if bar is not None:
+            bar.update(new_exs)
+        now = time.monotonic()
+        if now - last_log >= opts.log_every_n_secs:
+            speed = window_exs / max(now - window_start, 1e-9)
+            record = {"split": "train", "step": state.steps, "epoch": round(state.exs / per_epoch, 4),
+                      "exs_per_s": round(speed, 1), **train_report}
+            log.write(record)
+            if bar is not None:
+                bar.set_postfix(_postfix(train_report, speed))
+            last_log, window_exs, window_start = now, 0, now
+            last_window, train_report = train_report, {}
+        if opts.max_train_steps > 0 and state.steps >= opts.max_train_steps:
+            stop_reason = "max_train_steps"
+            break
+        if state.exs >= next_validation:
+            next_validation += opts.validation_every_n_epochs * per_epoch
+            valid_world = valid_world or create_world(opts.replace(datatype="valid"), agent=model)
+            if _validate(valid_world, opts, log, state, model):
+                stop_reason = "validation"
+                break
+        if state.exs >= target_exs:
+            break
+    if bar is not None:
+        bar.close()
+    if opts.model_file and state.validations == 0:
+        _save(model, opts.model_file)
+    if opts.model_file and os.path.isfile(opts.model_file) and isinstance(model, TorchAgent):
+        model.load(opts.model_file)  # evaluate the best model
+    report: dict[str, Any] = {"train": {**(train_report or last_window), "exs": state.exs, "steps": state.steps,
+                                        "epochs": round(state.exs / per_epoch, 4),
+                                        "exs_per_s": round(state.exs / max(state.elapsed(), 1e-9), 1),
+                                        "time_s": round(state.elapsed(), 3), "stopped_by": stop_reason}}
+    for split in [s.strip() for s in opts.eval_splits.split(",") if s.strip()]:
+        eval_world = create_world(opts.replace(datatype=split), agent=model)
+        report[split] = evaluate(eval_world, log, split)
+    return report
+
+
+def _merge_train(total: dict[str, float], step: dict[str, float]) -> dict[str, float]:
+    """Running averages of the training metrics since the last log (weights: examples)."""
+    exs = step.get("exs", 0)
+    if not exs:
+        return total
+    seen = total.get("_window_exs", 0)
+    out = {"_window_exs": seen + exs}
+    for key in ("accuracy", "f1", "loss"):
+        if key in step:
+            out[key] = (total.get(key, 0.0) * seen + step[key] * exs) / (seen + exs) if key in total else step[key]
+    return out
+
+
+def _validate(world: World, opts: Opts, log: MetricsLog, state: TrainState, model: Agent) -> bool:
+    """Evaluate on valid; save the best model; True when training should stop."""
+    report = evaluate(world, log, "valid")
+    state.validations += 1
+    metric = report.get(opts.validation_metric)
+    if metric is None:
+        return False
+    value = -metric if opts.validation_metric == "loss" else metric
+    if value > state.best:
+        state.best, state.stale = value, 0
+        if opts.model_file:
+            _save(model, opts.model_file)
+    else:
+        state.stale += 1
+    if opts.validation_patience > 0 and state.stale >= opts.validation_patience:
+        return True
+    return opts.validation_cutoff > 0 and metric >= opts.validation_cutoff
+
+
+def _save(model: Agent, path: str) -> None:
+    if isinstance(model, TorchAgent):
+        model.save(path)
+
+
+def _progress(opts: Opts, total: float) -> Any:
+    if not opts.progress:
+        return None
+    from tqdm import tqdm
+
+    return tqdm(total=None if math.isinf(total) else int(total), unit="ex", dynamic_ncols=True,
+                file=sys.stderr, desc="train")
+
+
+def _postfix(report: dict[str, float], speed: float) -> dict[str, str]:
+    out = {"ex/s": f"{speed:,.0f}"}
+    for key in ("loss", "accuracy"):
+        if key in report:
+            out[key] = f"{report[key]:.4f}"
+    return out
+
+
+def _finish(report: dict[str, Any], opts: Opts) -> dict[str, Any]:
+    for split in report.values():
+        if isinstance(split, dict):
+            split.pop("_window_exs", None)
+    if opts.report_json:
+        os.makedirs(os.path.dirname(os.path.abspath(opts.report_json)), exist_ok=True)
+        with open(opts.report_json, "w", encoding="utf-8") as handle:
+            json.dump(report, handle, indent=2, sort_keys=True)
+    return report
+
+
+def format_report(report: dict[str, Any]) -> str:
+    """The report as a plain table: one row per split, ParlAI's metric names as columns."""
+    splits = [(name, rep) for name, rep in report.items() if isinstance(rep, dict)]
+    columns = ["exs", "accuracy", "f1", "loss", "exs_per_s", "time_s"]
+    columns = [c for c in columns if any(c in rep for _, rep in splits)]
+    header = f"{'split':<8}" + "".join(f"{c:>12}" for c in columns)
+    lines = [header, "-" * len(header)]
+    for name, rep in splits:
+        cells = []
+        for c in columns:
+            value = rep.get(c, "")
+            cells.append(f"{value:>12.4f}" if isinstance(value, float) and c not in ("exs_per_s", "time_s")
+                         else f"{value:>12}")
+        lines.append(f"{name:<8}" + "".join(cells))
+    extras = [f"{k}: {v}" for k, v in report.items() if not isinstance(v, dict)]
+    return "\n".join(lines + extras)

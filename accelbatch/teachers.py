@@ -1,0 +1,229 @@
+"""Teachers: agents that serve a dataset and score the replies, and the task registry.
+
+:class:`FixedTeacher` serves episodes from a list held in memory. Its clones (one per BatchWorld row)
+share one :class:`EpisodeCursor`, so in evaluation every episode is handed out exactly once whatever the
+batch size, and in training episodes come in a fresh shuffled order each epoch.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import threading
+from dataclasses import dataclass, field
+from typing import Any, Sequence
+
+from accelbatch.agents import Agent, UnknownNameError, import_path
+from accelbatch.messages import EPISODE_DONE, EVAL_LABELS, ID, LABELS, TEXT, Message, padding_message
+from accelbatch.metrics import Metrics
+from accelbatch.opts import Opts
+from accelbatch.tasks.files import DataFileError, file_format, load_episodes
+
+# task name -> "module:Class"; a task string is "name" or "name:argument" (e.g. babi:1, jsonl:PATH).
+TASK_PATHS: dict[str, str] = {
+    "babi": "accelbatch.tasks.babi:BabiTeacher",
+    "jsonl": "accelbatch.teachers:FileTeacher",
+    "parlai": "accelbatch.teachers:FileTeacher",
+    "dialogues": "accelbatch.tasks.dialogues:SyntheticDialogueTeacher",
+}
+
+TASK_HELP: dict[str, str] = {
+    "babi:1": "generated bAbI-style QA, single supporting fact (no download)",
+    "babi:2": "generated bAbI-style QA, two supporting facts (no download)",
+    "jsonl:PATH": "a JSONL file (or a folder with train/valid/test.jsonl)",
+    "parlai:PATH": "a ParlAI text-format file (or a folder with train/valid/test.txt)",
+    "dialogues": "synthetic dialogues of the throughput benchmark",
+}
+
+
+def split_of(datatype: str) -> str:
+    """'train', 'valid' or 'test' from a datatype such as 'train:stream'."""
+    return datatype.split(":")[0]
+
+
+def is_training(datatype: str) -> bool:
+    return split_of(datatype) == "train" and "evalmode" not in datatype
+
+
+@dataclass
+class EpisodeCursor:
+    """The position in the dataset that all clones of one teacher share (thread-safe)."""
+
+    num_episodes: int
+    shuffle: bool
+    seed: int
+    order: list[int] = field(default_factory=list)
+    next_index: int = 0
+    epoch: int = 0
+    lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    def __post_init__(self) -> None:
+        self._new_order()
+
+    def _new_order(self) -> None:
+        self.order = list(range(self.num_episodes))
+        if self.shuffle:
+            random.Random(self.seed * 1_000_003 + self.epoch).shuffle(self.order)
+
+    def take(self, loop: bool) -> int | None:
+        """The next episode index, or None when the epoch is over and ``loop`` is False."""
+        with self.lock:
+            if self.next_index >= self.num_episodes:
+                if not loop:
+                    return None
+                self.epoch += 1
+                self.next_index = 0
+                self._new_order()
+            index = self.order[self.next_index]
+            self.next_index += 1
+            return index
+
+    def exhausted(self) -> bool:
+        return self.next_index >= self.num_episodes
+
+    def rewind(self) -> None:
+        with self.lock:
+            self.next_index = 0
+            self.epoch = 0
+            self._new_order()
+
+
+class Teacher(Agent):
+    """A teacher acts with examples and observes replies to score them."""
+
+    def epoch_done(self) -> bool:
+        return False
+
+    def num_examples(self) -> int:
+        raise NotImplementedError
+
+    def num_episodes(self) -> int:
+        raise NotImplementedError
+
+
+class FixedTeacher(Teacher):
+    """Serves a fixed list of episodes; subclasses give ``setup_data() -> list[list[Message]]``.
+
+    Training (datatype train) loops forever over shuffled episodes; evaluation (valid/test or
+    train:evalmode) serves each episode once, in order, then only padding rows. In evaluation the
+    ``labels`` become ``eval_labels`` so the agent does not train on them.
+    """
+
+    def __init__(self, opts: Opts, shared: dict[str, Any] | None = None):
+        super().__init__(opts, shared)
+        self.datatype = opts.datatype
+        self.training = is_training(opts.datatype)
+        if shared is None:
+            self.episodes = self.setup_data()
+            if not self.episodes:
+                raise DataFileError(f"task {opts.task!r} ({split_of(opts.datatype)}) has no examples")
+            self.cursor = EpisodeCursor(len(self.episodes), shuffle=self.training and
+                                        "ordered" not in opts.datatype, seed=opts.seed)
+            self.metrics = Metrics()
+            self._num_examples = sum(len(ep) for ep in self.episodes)
+        else:
+            self.episodes = shared["episodes"]
+            self.cursor = shared["cursor"]
+            self.metrics = shared["metrics"]
+            self._num_examples = shared["num_examples"]
+        self._episode: list[Message] | None = None
+        self._entry = 0
+        self._last: Message | None = None
+        self._done = False
+
+    def setup_data(self) -> list[list[Message]]:
+        raise NotImplementedError
+
+    def share(self) -> dict[str, Any]:
+        shared = super().share()
+        shared.update(episodes=self.episodes, cursor=self.cursor, metrics=self.metrics,
+                      num_examples=self._num_examples)
+        return shared
+
+    def num_examples(self) -> int:
+        return self._num_examples
+
+    def num_episodes(self) -> int:
+        return len(self.episodes)
+
+    def act(self) -> Message:
+        if self._episode is None or self._entry >= len(self._episode):
+            index = self.cursor.take(loop=self.training)
+            if index is None:
+                self._done = True
+                self._last = None
+                return padding_message()
+            self._episode, self._entry = self.episodes[index], 0
+        msg = Message(self._episode[self._entry])
+        self._entry += 1
+        msg[ID] = self.id
+        msg[EPISODE_DONE] = self._entry >= len(self._episode) or bool(msg.get(EPISODE_DONE))
+        if not self.training and LABELS in msg:
+            msg[EVAL_LABELS] = msg.pop(LABELS)
+        self._last = msg
+        return msg
+
+    def observe(self, reply: Message) -> Message:
+        """Score the reply to the last example (accuracy and F1 against its labels)."""
+        if self._last is not None:
+            self.metrics.add_batch([reply.get(TEXT)], [self._last.targets()])
+            self._last = None
+        return reply
+
+    def epoch_done(self) -> bool:
+        if self.training:
+            return False
+        finished_episode = self._episode is None or self._entry >= len(self._episode)
+        return self._done or (finished_episode and self.cursor.exhausted())
+
+    def reset(self) -> None:
+        super().reset()
+        self.cursor.rewind()
+        self._episode, self._entry, self._last, self._done = None, 0, None, False
+
+    def report(self) -> dict[str, float]:
+        return self.metrics.report()
+
+    def reset_metrics(self) -> None:
+        self.metrics.clear()
+
+
+class FileTeacher(FixedTeacher):
+    """``jsonl:PATH`` or ``parlai:PATH``: one file served whatever the datatype, or a folder holding
+    ``train``/``valid``/``test`` files (``.jsonl`` or ``.txt``)."""
+
+    def setup_data(self) -> list[list[Message]]:
+        kind, _, path = self.opts.task.partition(":")
+        path = os.path.expanduser(path)
+        if self.opts.datapath and not os.path.isabs(path):
+            path = os.path.join(self.opts.datapath, path)
+        if os.path.isdir(path):
+            ext = ".jsonl" if kind == "jsonl" else ".txt"
+            path = os.path.join(path, split_of(self.opts.datatype) + ext)
+        fmt = "jsonl" if kind == "jsonl" else "parlai"
+        if not path:
+            raise DataFileError(f"-t {kind}: needs a path, e.g. -t {kind}:data/train.{fmt}")
+        return load_episodes(path, fmt if kind in ("jsonl", "parlai") else file_format(path))
+
+
+def resolve_teacher_class(task: str) -> type[Teacher]:
+    """The teacher class for one task string ('babi:1', 'jsonl:PATH', 'pkg.module:Class')."""
+    name = task.split(":", 1)[0]
+    if name in TASK_PATHS:
+        return import_path(TASK_PATHS[name], "task", list(TASK_HELP))
+    if ":" in task and "." in name or ":" in task and task.split(":", 1)[1][:1].isupper():
+        return import_path(task, "task", list(TASK_HELP))
+    raise UnknownNameError(f"unknown task {task!r}; known tasks: {', '.join(TASK_HELP)} "
+                           "(or give a path as module:Class)")
+
+
+def create_teachers(opts: Opts) -> list[Teacher]:
+    """One teacher per comma-separated task."""
+    tasks = [t.strip() for t in opts.task.split(",") if t.strip()]
+    if not tasks:
+        raise UnknownNameError(f"-t/--task is empty; known tasks: {', '.join(TASK_HELP)}")
+    return [resolve_teacher_class(t)(opts.replace(task=t)) for t in tasks]
+
+
+def list_tasks() -> Sequence[tuple[str, str]]:
+    return list(TASK_HELP.items())

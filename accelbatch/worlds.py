@@ -1,0 +1,264 @@
+"""Worlds: where agents take turns. They know agents and messages, never devices.
+
+- :class:`DialogPartnerWorld`: a teacher and a model; one parley is ParlAI's four steps
+  (teacher act, model observe, model act, teacher observe).
+- :class:`BatchWorld`: ``rows`` copies of a world stepped together; the original model agent's
+  ``batch_act`` answers all rows at once (unless it has none or sets ``use_batch_act = False``).
+- :class:`MultiWorld`: several tasks; training picks a task per episode, evaluation runs them in turn.
+- :func:`create_world`: the world for a set of options.
+"""
+
+from __future__ import annotations
+
+import random
+from typing import Any, Sequence
+
+from accelbatch.agents import Agent, resolve_agent_class
+from accelbatch.messages import Message
+from accelbatch.metrics import merge_reports
+from accelbatch.opts import Opts
+from accelbatch.teachers import Teacher, create_teachers, is_training
+
+
+class World:
+    """Base world: a list of agents taking turns."""
+
+    def __init__(self, opts: Opts, agents: Sequence[Agent] = ()):
+        self.opts = opts
+        self.agents = list(agents)
+        self.acts: list[Message | None] = [None] * len(self.agents)
+
+    def parley(self) -> None:
+        raise NotImplementedError
+
+    def parley_init(self) -> None:
+        """Called by BatchWorld before each batched parley."""
+
+    def get_agents(self) -> list[Agent]:
+        return self.agents
+
+    def get_acts(self) -> list[Message | None]:
+        return self.acts
+
+    def get_task_agent(self) -> Teacher:
+        return self.get_agents()[0]  # type: ignore[return-value]
+
+    def get_model_agent(self) -> Agent:
+        return self.get_agents()[-1]
+
+    def clone(self) -> "World":
+        return type(self)(self.opts, [a.clone() for a in self.agents])
+
+    def epoch_done(self) -> bool:
+        return any(getattr(a, "epoch_done", lambda: False)() for a in self.agents)
+
+    def num_examples(self) -> int:
+        return self.get_task_agent().num_examples()
+
+    def num_episodes(self) -> int:
+        return self.get_task_agent().num_episodes()
+
+    def report(self) -> dict[str, float]:
+        rep = dict(self.get_task_agent().report())
+        rep.update(self.get_model_agent().report())
+        return rep
+
+    def reset_metrics(self) -> None:
+        for agent in self.agents:
+            agent.reset_metrics()
+
+    def reset(self) -> None:
+        for agent in self.agents:
+            agent.reset()
+        self.acts = [None] * len(self.agents)
+
+    def shutdown(self) -> None:
+        for agent in self.agents:
+            agent.shutdown()
+
+
+class DialogPartnerWorld(World):
+    """A teacher and a model agent: ParlAI's four-step parley."""
+
+    def parley(self) -> None:
+        teacher, model = self.agents
+        self.acts[0] = teacher.act()
+        model.observe(self.acts[0])
+        self.acts[1] = model.act()
+        teacher.observe(self.acts[1])
+        if self.opts.display_examples:
+            print(display(self.acts))
+
+
+def display(acts: Sequence[Message | None]) -> str:
+    lines = []
+    for act in acts:
+        if act:
+            lines.append(f"[{act.get('id', '?')}]: {act.get('text', '')}"
+                         + (f"  (labels: {'|'.join(act.get('labels') or act.get('eval_labels') or [])})"
+                            if act.get("labels") or act.get("eval_labels") else ""))
+    return "\n".join(lines)
+
+
+class BatchWorld(World):
+    """``rows`` clones of a world stepped together, the model answering them in one batch_act."""
+
+    def __init__(self, opts: Opts, world: World, rows: int):
+        super().__init__(opts, world.get_agents())
+        self.world = world
+        self.rows = rows
+        self.worlds = [world.clone() for _ in range(rows)]
+
+    def get_agents(self) -> list[Agent]:
+        return self.world.get_agents()
+
+    def parley(self) -> None:
+        for w in self.worlds:
+            w.parley_init()
+        num_agents = len(self.world.get_agents())
+        observations: list[list[Message | None]] = [[] for _ in range(num_agents)]
+        for index in range(num_agents):
+            acts = self.batch_act(index, observations[index])
+            for other in range(num_agents):
+                if other != index:
+                    observations[other] = self.batch_observe(other, acts, index)
+
+    def batch_act(self, index: int, observations: list[Message | None]) -> list[Message]:
+        original = self.world.get_agents()[index]
+        if observations and hasattr(original, "batch_act") and getattr(original, "use_batch_act", True):
+            acts = original.batch_act(observations)
+            for w, act in zip(self.worlds, acts):
+                w.get_acts()[index] = act
+                w.get_agents()[index].self_observe(act)
+            return acts
+        acts = []
+        for w in self.worlds:
+            act = w.get_agents()[index].act()
+            w.get_acts()[index] = act
+            acts.append(act)
+        return acts
+
+    def batch_observe(self, index: int, acts: list[Message], source: int) -> list[Message | None]:
+        return [w.get_agents()[index].observe(act) for w, act in zip(self.worlds, acts)]
+
+    def epoch_done(self) -> bool:
+        return all(w.epoch_done() for w in self.worlds)
+
+    def num_examples(self) -> int:
+        return self.world.num_examples()
+
+    def num_episodes(self) -> int:
+        return self.world.num_episodes()
+
+    def report(self) -> dict[str, float]:
+        return self.world.report()
+
+    def reset_metrics(self) -> None:
+        self.world.reset_metrics()
+
+    def reset(self) -> None:
+        for w in self.worlds:
+            w.reset()
+        self.world.reset()
+
+    def shutdown(self) -> None:
+        self.world.shutdown()
+
+
+class MultiWorld(World):
+    """Several task worlds sharing one model agent.
+
+    Training picks a task at random for each new episode; evaluation runs each task to its end, in
+    the order given. The report has each task's metrics prefixed by its name and their macro average.
+    """
+
+    def __init__(self, opts: Opts, worlds: Sequence[World], names: Sequence[str]):
+        super().__init__(opts, worlds[0].get_agents())
+        self.worlds = list(worlds)
+        self.names = list(names)
+        self.training = is_training(opts.datatype)
+        self.rng = random.Random(opts.seed)
+        self.current = 0
+
+    def get_agents(self) -> list[Agent]:
+        return self.worlds[self.current].get_agents()
+
+    def get_acts(self) -> list[Message | None]:
+        return self.worlds[self.current].get_acts()
+
+    def clone(self) -> "MultiWorld":
+        model = self.worlds[0].get_model_agent().clone()
+        worlds = [DialogPartnerWorld(w.opts, [w.get_task_agent().clone(), model]) for w in self.worlds]
+        return MultiWorld(self.opts, worlds, self.names)
+
+    def parley_init(self) -> None:
+        last = self.worlds[self.current].get_acts()[0]
+        if last and not last.get("episode_done", True):
+            return  # finish the episode on the task it started on
+        if self.training:
+            self.current = self.rng.randrange(len(self.worlds))
+        else:
+            while self.current < len(self.worlds) - 1 and self.worlds[self.current].epoch_done():
+                self.current += 1
+
+    def parley(self) -> None:
+        self.parley_init()
+        self.worlds[self.current].parley()
+
+    def epoch_done(self) -> bool:
+        return all(w.epoch_done() for w in self.worlds)
+
+    def num_examples(self) -> int:
+        return sum(w.num_examples() for w in self.worlds)
+
+    def num_episodes(self) -> int:
+        return sum(w.num_episodes() for w in self.worlds)
+
+    def report(self) -> dict[str, float]:
+        merged = merge_reports((name, w.get_task_agent().report()) for name, w in zip(self.names, self.worlds))
+        merged.update(self.worlds[0].get_model_agent().report())
+        return merged
+
+    def reset_metrics(self) -> None:
+        for w in self.worlds:
+            w.reset_metrics()
+
+    def reset(self) -> None:
+        for w in self.worlds:
+            w.reset()
+        self.current = 0
+
+    def shutdown(self) -> None:
+        for w in self.worlds:
+            w.shutdown()
+
+
+def world_rows(opts: Opts) -> int:
+    """Rows per world step: the execution plan's combined batch (micro batch x D x R x G)."""
+    return opts.batchsize * opts.device_iterations * opts.replication_factor * opts.gradient_accumulation
+
+
+def make_agent(opts: Opts, agent: Agent | type[Agent] | None) -> Agent:
+    """The model agent: built from -m, from a class, or a fork of an existing agent (same model)."""
+    if agent is None:
+        return resolve_agent_class(opts.model)(opts)
+    if isinstance(agent, type):
+        return agent(opts)
+    return agent.fork()
+
+
+def create_world(opts: Opts, agent: Agent | type[Agent] | None = None, rows: int | None = None) -> World:
+    """The world for ``opts``: one task or several (MultiWorld), batched when rows > 1.
+
+    ``agent`` may be None (use ``opts.model``), an Agent class, or an agent instance whose model the
+    new world shares (e.g. the training agent, for a validation world).
+    """
+    teachers = create_teachers(opts)
+    model = make_agent(opts, agent)
+    if len(teachers) == 1:
+        world: World = DialogPartnerWorld(opts, [teachers[0], model])
+    else:
+        names = [t.opts.task for t in teachers]
+        world = MultiWorld(opts, [DialogPartnerWorld(opts, [t, model]) for t in teachers], names)
+    rows = world_rows(opts) if rows is None else rows
+    return BatchWorld(opts, world, rows) if rows > 1 else world
