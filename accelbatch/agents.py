@@ -268,7 +268,7 @@ class TorchAgent(Agent):
         training = any(LABELS in obs for obs in batch_obs)
         result = self.engine.train_step(batch) if training else self.engine.eval_step(batch)
         if result.loss is not None:
-            self.metrics.add_loss(result.loss, max(result.updates, 1))
+            self.metrics.add_loss(result.loss, len(rows))  # weighted by rows: a per-example mean
         row_ids = range(len(rows)) if result.rows is None else [int(r) for r in result.rows]
         if result.rows is None and result.outputs and _leading(result.outputs) != len(rows):
             return replies  # outputs are not per row (Sum mode): nothing to reply with

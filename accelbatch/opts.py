@@ -176,7 +176,7 @@ def validate(opts: Opts) -> None:
     """Check types and ranges; raise :class:`OptionError` naming the option at fault."""
     for f in dataclasses.fields(opts):
         value = getattr(opts, f.name)
-        flag = f.metadata["flags"][-1]
+        flag = "/".join(f.metadata["flags"])
         choices = f.metadata.get("choices")
         if choices and value not in choices:
             raise OptionError(f"{flag}: {value!r} is not one of {', '.join(map(str, choices))}")
@@ -212,7 +212,7 @@ def _field_type(f: dataclasses.Field) -> type:
 def _flag(name: str) -> str:
     for f in dataclasses.fields(Opts):
         if f.name == name:
-            return f.metadata["flags"][-1]
+            return "/".join(f.metadata["flags"])
     return name
 
 

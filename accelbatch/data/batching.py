@@ -1,0 +1,521 @@
+"""Dynamic batching: which examples share a batch, and the padded shape of each batch.
+
+Four strategies (``--dynamic-batching``), all working on a stream of ``(item, length)`` pairs through a
+bounded cache, so they serve map-style and streaming datasets alike:
+
+``none``
+    fixed ``batch_size`` rows in arrival order.
+``batchsort``
+    fixed ``batch_size`` rows; inside a cache of ``cache_size`` examples the examples are sorted by length, so
+    similar lengths share a batch (:class:`SortBatcher`). For streams read from disk ParlAI's variant groups
+    lengths that differ by less than ``length_range`` (:class:`RangeBatcher`).
+``full``
+    a token budget (:class:`TokenBatcher`): the row count varies so that ``rows x longest`` (the padded
+    rectangle a device really computes, ``count="padded"``, the default) or the sum of the lengths
+    (``count="words"``, the counting of ParlAI's worked example) stays within ``max_tokens``. Examples are
+    sorted longest first inside the cache and batches are filled greedily.
+``buckets``
+    a few static shapes ``(rows, padded_len)`` planned from the data (:func:`plan_buckets`) for graph
+    compilers (IPU, CUDA graphs): every batch has one of at most ``num_buckets`` shapes; an example goes to the
+    shortest bucket that holds it; a bucket's last, partial batch is completed with padding rows so no new
+    shape appears. Bucket lengths are chosen by dynamic programming to minimise the padding over the
+    length distribution; with a token budget a bucket's rows are ``max_tokens // padded_len``.
+
+Every strategy emits every pushed item exactly once (nothing is dropped here: dropping a partial training
+batch is the loader's decision). ``pad fraction`` = pad tokens / all tokens of the padded batches, padding
+rows included (:func:`batch_stats`).
+
+``row_multiple`` (full and buckets) keeps row counts multiples of a number, e.g. D x R x G of an execution
+plan, whose combined batch must divide evenly.
+"""
+
+from __future__ import annotations
+
+import bisect
+import random
+from collections import defaultdict
+from dataclasses import dataclass
+from statistics import median
+from typing import Any, Generic, Iterable, Iterator, Sequence, TypeVar
+
+import numpy as np
+
+T = TypeVar("T")
+STRATEGIES = ("none", "batchsort", "full", "buckets")
+
+
+@dataclass(frozen=True)
+class Batch(Generic[T]):
+    """Items that share a batch and the shape they are padded to.
+
+    ``rows`` may exceed ``len(items)``: the extra rows are padding rows (at the end of the batch).
+    """
+
+    items: tuple[T, ...]
+    lengths: tuple[int, ...]
+    rows: int
+    padded_len: int
+
+    @property
+    def num_real(self) -> int:
+        return len(self.items)
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return (self.rows, self.padded_len)
+
+    @property
+    def real_tokens(self) -> int:
+        return sum(self.lengths)
+
+    @property
+    def padded_tokens(self) -> int:
+        return self.rows * self.padded_len
+
+    @property
+    def pad_tokens(self) -> int:
+        return self.padded_tokens - self.real_tokens
+
+
+def make_batch(items: Sequence[T], lengths: Sequence[int], rows: int | None = None,
+               padded_len: int | None = None) -> Batch[T]:
+    lengths = tuple(int(n) for n in lengths)
+    return Batch(tuple(items), lengths, len(items) if rows is None else rows,
+                 (max(lengths) if lengths else 0) if padded_len is None else padded_len)
+
+
+@dataclass(frozen=True)
+class BatchStats:
+    batches: int
+    examples: int
+    real_tokens: int
+    padded_tokens: int
+    shapes: frozenset[tuple[int, int]]
+
+    @property
+    def pad_tokens(self) -> int:
+        return self.padded_tokens - self.real_tokens
+
+    @property
+    def pad_fraction(self) -> float:
+        """Pad tokens / all tokens (0 when there are no tokens)."""
+        return self.pad_tokens / self.padded_tokens if self.padded_tokens else 0.0
+
+
+def batch_stats(batches: Iterable[Batch[Any]]) -> BatchStats:
+    n = ex = real = padded = 0
+    shapes = set()
+    for b in batches:
+        n += 1
+        ex += b.num_real
+        real += b.real_tokens
+        padded += b.padded_tokens
+        shapes.add(b.shape)
+    return BatchStats(n, ex, real, padded, frozenset(shapes))
+
+
+def word_count(text: str | None) -> int:
+    """ParlAI-style length of a text: its whitespace-separated words."""
+    return len(text.split()) if text else 0
+
+
+class MessageLength:
+    """Picklable length function for Messages: words of ``text`` (clipped at ``truncate`` when > 0)."""
+
+    def __init__(self, truncate: int = -1, key: str = "text"):
+        self.truncate, self.key = truncate, key
+
+    def __call__(self, msg: Any) -> int:
+        n = word_count(msg.get(self.key) if isinstance(msg, dict) else msg)
+        return min(n, self.truncate) if self.truncate and self.truncate > 0 else n
+
+
+# --------------------------------------------------------------------------------------------------
+# streaming batchers: push(item, length) -> ready batches; finish() -> the rest
+# --------------------------------------------------------------------------------------------------
+
+class Batcher(Generic[T]):
+    """Base of the strategies. ``push`` returns batches that are ready; ``finish`` returns all the rest."""
+
+    def push(self, item: T, length: int) -> list[Batch[T]]:
+        raise NotImplementedError
+
+    def finish(self) -> list[Batch[T]]:
+        raise NotImplementedError
+
+    def run(self, pairs: Iterable[tuple[T, int]]) -> Iterator[Batch[T]]:
+        """Batch a whole stream of (item, length) pairs lazily."""
+        for item, length in pairs:
+            yield from self.push(item, length)
+        yield from self.finish()
+
+
+def _check_positive(name: str, value: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"{name}: must be a positive integer, got {value!r}")
+
+
+def _cut(pairs: Sequence[tuple[T, int]], size: int, pad_rows: bool) -> list[Batch[T]]:
+    out = []
+    for start in range(0, len(pairs), size):
+        chunk = pairs[start:start + size]
+        out.append(make_batch([p[0] for p in chunk], [p[1] for p in chunk],
+                              rows=size if pad_rows else None))
+    return out
+
+
+class FixedBatcher(Batcher[T]):
+    """``none``: ``batch_size`` rows in arrival order; the tail is partial (or padded with ``pad_rows``)."""
+
+    def __init__(self, batch_size: int, pad_rows: bool = False):
+        _check_positive("batch_size", batch_size)
+        self.batch_size, self.pad_rows = batch_size, pad_rows
+        self._pending: list[tuple[T, int]] = []
+
+    def push(self, item: T, length: int) -> list[Batch[T]]:
+        self._pending.append((item, length))
+        if len(self._pending) < self.batch_size:
+            return []
+        out = _cut(self._pending, self.batch_size, self.pad_rows)
+        self._pending = []
+        return out
+
+    def finish(self) -> list[Batch[T]]:
+        out = _cut(self._pending, self.batch_size, self.pad_rows)
+        self._pending = []
+        return out
+
+
+class SortBatcher(Batcher[T]):
+    """``batchsort``: fixed rows, examples sorted by length inside a cache of ``cache_size`` examples.
+
+    When the cache fills, its examples are sorted and cut into full batches (emitted in random order when
+    ``rng`` is given, so training does not see lengths rising); the few left over stay for the next fill.
+    """
+
+    def __init__(self, batch_size: int, cache_size: int = 1000, rng: random.Random | None = None,
+                 pad_rows: bool = False):
+        _check_positive("batch_size", batch_size)
+        _check_positive("batch_sort_cache_size", cache_size)
+        self.batch_size, self.pad_rows, self.rng = batch_size, pad_rows, rng
+        self.cache_size = max(cache_size, batch_size)
+        self._cache: list[tuple[T, int]] = []
+
+    def push(self, item: T, length: int) -> list[Batch[T]]:
+        self._cache.append((item, length))
+        if len(self._cache) < self.cache_size:
+            return []
+        self._cache.sort(key=lambda p: p[1])
+        full = len(self._cache) // self.batch_size * self.batch_size
+        out = _cut(self._cache[:full], self.batch_size, False)
+        self._cache = self._cache[full:]
+        if self.rng is not None:
+            self.rng.shuffle(out)
+        return out
+
+    def finish(self) -> list[Batch[T]]:
+        self._cache.sort(key=lambda p: p[1])
+        out = _cut(self._cache, self.batch_size, self.pad_rows)
+        self._cache = []
+        if self.rng is not None:
+            self.rng.shuffle(out)
+        return out
+
+
+class RangeBatcher(Batcher[T]):
+    """Streaming ``batchsort`` (ParlAI's on-the-fly sorter): lengths within ``length_range`` share a batch.
+
+    Examples wait in groups keyed by ``length // length_range``; a group that reaches ``batch_size`` is
+    emitted. The cache is bounded: past ``cache_size`` waiting examples the fullest group leaves as a partial
+    batch, so memory never grows with the stream.
+    """
+
+    def __init__(self, batch_size: int, length_range: int = 5, cache_size: int = 1000, pad_rows: bool = False):
+        _check_positive("batch_size", batch_size)
+        _check_positive("batch_length_range", length_range)
+        _check_positive("batch_sort_cache_size", cache_size)
+        self.batch_size, self.length_range, self.pad_rows = batch_size, length_range, pad_rows
+        self.cache_size = max(cache_size, batch_size)
+        self._groups: dict[int, list[tuple[T, int]]] = defaultdict(list)
+        self._waiting = 0
+
+    def _emit(self, key: int) -> Batch[T]:
+        group = self._groups.pop(key)
+        self._waiting -= len(group)
+        return make_batch([p[0] for p in group], [p[1] for p in group],
+                          rows=self.batch_size if self.pad_rows else None)
+
+    def push(self, item: T, length: int) -> list[Batch[T]]:
+        key = length // self.length_range
+        group = self._groups[key]
+        group.append((item, length))
+        self._waiting += 1
+        if len(group) >= self.batch_size:
+            return [self._emit(key)]
+        if self._waiting > self.cache_size:
+            fullest = max(self._groups, key=lambda k: len(self._groups[k]))
+            return [self._emit(fullest)]
+        return []
+
+    def finish(self) -> list[Batch[T]]:
+        return [self._emit(k) for k in sorted(self._groups)]
+
+
+class TokenBatcher(Batcher[T]):
+    """``full``: rows vary so each batch stays within a token budget.
+
+    ``count="padded"``: rows x longest <= max_tokens (the padded rectangle; what memory and compute see).
+    ``count="words"``: the sum of the lengths <= max_tokens (ParlAI's documented counting).
+    Inside a cache of ``cache_size`` examples the examples are sorted longest first and batches filled
+    greedily; the last, underfull batch of a fill waits for the next one. An example longer than the whole
+    budget gets a batch of its own (``row_multiple`` rows at least). ``max_rows`` caps the row count.
+    """
+
+    def __init__(self, max_tokens: int, cache_size: int = 1000, count: str = "padded",
+                 max_rows: int | None = None, row_multiple: int = 1, rng: random.Random | None = None):
+        _check_positive("max_batch_tokens", max_tokens)
+        _check_positive("batch_sort_cache_size", cache_size)
+        _check_positive("row_multiple", row_multiple)
+        if count not in ("padded", "words"):
+            raise ValueError(f"count: must be 'padded' or 'words', got {count!r}")
+        if max_rows is not None:
+            _check_positive("max_rows", max_rows)
+            max_rows = max(row_multiple, max_rows // row_multiple * row_multiple)
+        self.max_tokens, self.count, self.max_rows = max_tokens, count, max_rows
+        self.row_multiple, self.rng = row_multiple, rng
+        self.cache_size = cache_size
+        self._cache: list[tuple[T, int]] = []
+        self._next_fill = cache_size
+
+    def _take(self, pairs: list[tuple[T, int]], start: int) -> int:
+        """How many items from ``start`` (pairs sorted longest first) fill one batch."""
+        n = len(pairs) - start
+        limit = n if self.max_rows is None else min(n, self.max_rows)
+        if self.count == "padded":
+            longest = max(pairs[start][1], 1)
+            rows = min(limit, max(1, self.max_tokens // longest))
+        else:
+            total, rows = 0, 0
+            while rows < limit and (rows == 0 or total + pairs[start + rows][1] <= self.max_tokens):
+                total += pairs[start + rows][1]
+                rows += 1
+        m = self.row_multiple
+        if rows % m:
+            rows = rows // m * m if rows >= m else min(m, n)
+        return rows
+
+    def _fill(self, final: bool) -> list[Batch[T]]:
+        pairs = sorted(self._cache, key=lambda p: -p[1])
+        out, start = [], 0
+        while start < len(pairs):
+            take = self._take(pairs, start)
+            chunk = pairs[start:start + take]
+            if not final and start + take >= len(pairs):
+                break  # the last, underfull batch waits for more examples
+            rows = -(-len(chunk) // self.row_multiple) * self.row_multiple
+            out.append(make_batch([p[0] for p in chunk], [p[1] for p in chunk], rows=rows))
+            start += take
+        self._cache = pairs[start:]
+        self._next_fill = len(self._cache) + self.cache_size  # what waits is at most one batch
+        if self.rng is not None:
+            self.rng.shuffle(out)
+        return out
+
+    def push(self, item: T, length: int) -> list[Batch[T]]:
+        self._cache.append((item, length))
+        return self._fill(final=False) if len(self._cache) >= self._next_fill else []
+
+    def finish(self) -> list[Batch[T]]:
+        return self._fill(final=True)
+
+
+@dataclass(frozen=True, order=True)
+class BucketShape:
+    """One static batch shape of the ``buckets`` strategy."""
+
+    padded_len: int
+    rows: int
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return (self.rows, self.padded_len)
+
+
+class BucketBatcher(Batcher[T]):
+    """``buckets``: every batch has one of a few static shapes (see :func:`plan_buckets`).
+
+    An example goes to the shortest bucket whose ``padded_len`` holds it; a bucket emits when it has ``rows``
+    examples; at the end each non-empty bucket emits a partial batch completed with padding rows, so the shape
+    set never grows. An example longer than the longest bucket is an error (plan with ``max_len``).
+    """
+
+    def __init__(self, shapes: Sequence[BucketShape]):
+        if not shapes:
+            raise ValueError("buckets: no shapes given; plan them with plan_buckets()")
+        self.shapes = sorted(shapes)
+        self._lens = [s.padded_len for s in self.shapes]
+        self._queues: list[list[tuple[T, int]]] = [[] for _ in self.shapes]
+
+    def _emit(self, k: int) -> Batch[T]:
+        queue, shape = self._queues[k], self.shapes[k]
+        self._queues[k] = []
+        return make_batch([p[0] for p in queue], [p[1] for p in queue], rows=shape.rows,
+                          padded_len=shape.padded_len)
+
+    def push(self, item: T, length: int) -> list[Batch[T]]:
+        k = bisect.bisect_left(self._lens, length)
+        if k == len(self._lens):
+            raise ValueError(f"buckets: an example of length {length} is longer than the longest bucket "
+                             f"({self._lens[-1]}); plan the buckets with max_len >= the longest example "
+                             "(lengths are clipped at --text-truncate)")
+        self._queues[k].append((item, length))
+        return [self._emit(k)] if len(self._queues[k]) >= self.shapes[k].rows else []
+
+    def finish(self) -> list[Batch[T]]:
+        return [self._emit(k) for k in range(len(self.shapes)) if self._queues[k]]
+
+
+# --------------------------------------------------------------------------------------------------
+# bucket planning
+# --------------------------------------------------------------------------------------------------
+
+def _bucket_rows(padded_len: int, batch_size: int, max_tokens: int | None, row_multiple: int) -> int:
+    if max_tokens and max_tokens > 0:
+        rows = max_tokens // max(padded_len, 1)
+    else:
+        rows = batch_size
+    return max(row_multiple, rows // row_multiple * row_multiple)
+
+
+def plan_buckets(lengths: Iterable[int], num_buckets: int = 8, batch_size: int = 32,
+                 max_tokens: int | None = None, row_multiple: int = 1,
+                 max_len: int | None = None) -> list[BucketShape]:
+    """Choose at most ``num_buckets`` static shapes that minimise padding for these lengths.
+
+    The padded lengths are the optimal partition of the sorted lengths into ``num_buckets`` intervals, each
+    padded to its longest member (exact dynamic programming over the distinct lengths). The longest bucket is
+    ``max_len`` when given (so a stream never meets a longer example), else the longest length. Rows: with a
+    token budget ``max_tokens // padded_len``, else ``batch_size``; always a multiple of ``row_multiple``.
+    """
+    _check_positive("num_buckets", num_buckets)
+    _check_positive("batch_size", batch_size)
+    values, counts = np.unique(np.asarray(list(lengths), dtype=np.int64), return_counts=True)
+    if values.size == 0:
+        raise ValueError("plan_buckets: no lengths to plan from (the dataset is empty)")
+    if max_len is not None:
+        if values[-1] > max_len:
+            raise ValueError(f"plan_buckets: a length {values[-1]} exceeds max_len={max_len}")
+        if values[-1] < max_len:
+            values, counts = np.append(values, max_len), np.append(counts, 0)
+    m = values.size
+    k_max = min(num_buckets, m)
+    c = counts.astype(np.float64)
+    wc = np.concatenate([[0.0], np.cumsum(c * values)])
+    cc = np.concatenate([[0.0], np.cumsum(c)])
+
+    def cost(i: np.ndarray, j: int) -> np.ndarray:
+        """Padding of the items with distinct lengths values[i..j] padded to values[j]."""
+        return values[j] * (cc[j + 1] - cc[i]) - (wc[j + 1] - wc[i])
+
+    inf = float("inf")
+    best = np.full((k_max + 1, m), inf)
+    choice = np.zeros((k_max + 1, m), dtype=np.int64)
+    best[1] = [cost(np.array([0]), j)[0] for j in range(m)]
+    for k in range(2, k_max + 1):
+        for j in range(k - 1, m):
+            starts = np.arange(k - 1, j + 1)        # the k-th bucket covers values[starts..j]
+            total = best[k - 1, starts - 1] + cost(starts, j)
+            pick = int(np.argmin(total))
+            best[k, j], choice[k, j] = total[pick], starts[pick]
+    k = int(np.argmin(best[1:, m - 1])) + 1        # fewest buckets reaching the minimum
+    ends, j = [], m - 1
+    while k >= 1:
+        ends.append(int(values[j]))
+        start = choice[k, j] if k > 1 else 0
+        j, k = start - 1, k - 1
+    return [BucketShape(n, _bucket_rows(n, batch_size, max_tokens, row_multiple)) for n in sorted(ends)]
+
+
+# --------------------------------------------------------------------------------------------------
+# one entry point
+# --------------------------------------------------------------------------------------------------
+
+def default_max_tokens(batch_size: int, lengths: Sequence[int]) -> int:
+    """The budget used for ``full`` when none is given: batch_size x median length (at least batch_size)."""
+    return max(batch_size, int(batch_size * (median(lengths) if lengths else 1)))
+
+
+def make_batcher(strategy: str, batch_size: int, *, max_tokens: int = -1, cache_size: int = 1000,
+                 length_range: int | None = None, shapes: Sequence[BucketShape] | None = None,
+                 count: str = "padded", row_multiple: int = 1, pad_rows: bool = False,
+                 rng: random.Random | None = None) -> Batcher[Any]:
+    """The streaming batcher of ``strategy`` (one of :data:`STRATEGIES`).
+
+    ``batchsort`` uses :class:`RangeBatcher` when ``length_range`` is given (streams), else
+    :class:`SortBatcher`. ``full`` needs ``max_tokens > 0``; ``buckets`` needs ``shapes``.
+    """
+    if strategy == "none":
+        return FixedBatcher(batch_size, pad_rows=pad_rows)
+    if strategy == "batchsort":
+        if length_range is not None:
+            return RangeBatcher(batch_size, length_range, cache_size, pad_rows=pad_rows)
+        return SortBatcher(batch_size, cache_size, rng=rng, pad_rows=pad_rows)
+    if strategy == "full":
+        if max_tokens is None or max_tokens < 1:
+            raise ValueError("--max-batch-tokens: 'full' dynamic batching needs a positive token budget")
+        return TokenBatcher(max_tokens, cache_size, count=count, row_multiple=row_multiple, rng=rng)
+    if strategy == "buckets":
+        if not shapes:
+            raise ValueError("buckets: give the shapes (plan_buckets) to batch with")
+        return BucketBatcher(shapes)
+    raise ValueError(f"--dynamic-batching: {strategy!r} is not one of {', '.join(STRATEGIES)}")
+
+
+@dataclass(frozen=True)
+class BatchingConfig:
+    """Everything that picks a batcher, as one picklable value (it travels to data workers).
+
+    ``length_range`` set: streaming batchsort (:class:`RangeBatcher`). ``buckets`` needs ``shapes`` and
+    ``full`` a positive ``max_tokens`` (see :func:`plan_buckets`, :func:`default_max_tokens`).
+    """
+
+    strategy: str = "none"
+    batch_size: int = 32
+    max_tokens: int = -1
+    cache_size: int = 1000
+    length_range: int | None = None
+    count: str = "padded"
+    row_multiple: int = 1
+    pad_rows: bool = False
+    shapes: tuple[BucketShape, ...] | None = None
+
+    def __post_init__(self) -> None:
+        if self.strategy not in STRATEGIES:
+            raise ValueError(f"--dynamic-batching: {self.strategy!r} is not one of {', '.join(STRATEGIES)}")
+        _check_positive("batch_size", self.batch_size)
+
+    def batcher(self, rng: random.Random | None = None) -> Batcher[Any]:
+        return make_batcher(self.strategy, self.batch_size, max_tokens=self.max_tokens,
+                            cache_size=self.cache_size, length_range=self.length_range, shapes=self.shapes,
+                            count=self.count, row_multiple=self.row_multiple, pad_rows=self.pad_rows, rng=rng)
+
+
+def make_batches(items: Sequence[T], lengths: Sequence[int], strategy: str = "none", batch_size: int = 32, *,
+                 max_tokens: int = -1, num_buckets: int = 8, cache_size: int = 1000,
+                 count: str = "padded", row_multiple: int = 1, pad_rows: bool = False,
+                 rng: random.Random | None = None) -> list[Batch[T]]:
+    """Batch a whole list (map-style data). ``full`` without a budget uses :func:`default_max_tokens`;
+    ``buckets`` plans its shapes from these lengths."""
+    if len(items) != len(lengths):
+        raise ValueError(f"make_batches: {len(items)} items but {len(lengths)} lengths")
+    shapes = None
+    if strategy == "full" and (max_tokens is None or max_tokens < 1):
+        max_tokens = default_max_tokens(batch_size, lengths)
+    if strategy == "buckets":
+        if not items:
+            return []
+        shapes = plan_buckets(lengths, num_buckets, batch_size,
+                              max_tokens if max_tokens and max_tokens > 0 else None, row_multiple)
+    batcher = make_batcher(strategy, batch_size, max_tokens=max_tokens, cache_size=cache_size, shapes=shapes,
+                           count=count, row_multiple=row_multiple, pad_rows=pad_rows, rng=rng)
+    return list(batcher.run(zip(items, lengths)))

@@ -1,0 +1,530 @@
+"""ExecutionPlan: the single source of the batching semantics every backend runs.
+
+Names follow PopTorch: ``b`` the micro batch (``--batchsize``), ``D`` device iterations, ``R`` replication
+factor, ``G`` gradient accumulation. One host call (one world step) carries the *combined batch* of
+``b x D x R x G`` rows in the *host layout* ``[D, G, R, b]``: row ``((d * G + g) * R + r) * b + i`` is row
+``i`` of the micro-batch that replica ``r`` runs at accumulation step ``g`` of weight update ``d``.
+Micro-batch ``j = (d * G + g) * R + r`` is therefore a contiguous block of ``b`` rows, and weight update
+``d`` uses the contiguous block of ``G x R`` micro-batches ``j`` in ``[d*G*R, (d+1)*G*R)``.
+
+Training call, as in PopTorch:
+
+* ``D`` weight updates; update ``d`` combines the gradients of its ``G x R`` micro-batch losses:
+  ``Reduction.MEAN`` (default) divides their sum by ``G x R``, ``Reduction.SUM`` keeps the sum.
+* Outputs per :class:`OutputMode` (the model's per-row outputs; ``(D*G)`` "iterations" per replica):
+
+  ====================  ===========================================================  ==================
+  mode                  micro-batches returned, in this order                        dim0 multiplier
+  ====================  ===========================================================  ==================
+  ``ALL``               every one, order ``[D, G, R]`` (= the input row order)       ``D x G x R``
+  ``EVERY_N`` (N)       iterations ``N-1, 2N-1, ...`` of ``D x G``, each for every R ``D x G x R / N``
+  ``FINAL``             the last iteration of each replica                           ``R``
+  ``SUM``               per replica, the elementwise sum over its ``D x G``          ``R``
+  ====================  ===========================================================  ==================
+
+  A per-row output ``[b, ...]`` of one micro-batch becomes ``[multiplier x b, ...]``; a 0-dim output
+  becomes ``[multiplier]``, and stays 0-dim when the multiplier is 1 (the *multiplier-1 rule*: a plan
+  with ``D = G = R = 1`` changes no shape). ``"default"`` resolves to ``FINAL`` in training and ``ALL`` in
+  inference. The row indices the selected outputs came from are returned with them (``None`` for SUM).
+
+* A call whose row count is a multiple of ``D x R x G`` other than the combined batch is accepted, as
+  PopTorch does: its micro batch is ``rows / (D x R x G)`` (dynamic batching changes ``b``, never ``D``,
+  ``R`` or ``G``). Any other row count fails :meth:`ExecutionPlan.validate_batch` with PopTorch's
+  "Invalid batch dimension" text, unless it is an epoch tail (below).
+
+Inference (:meth:`ExecutionPlan.for_inference`): the same world rows, micro batch ``b x G``, ``G = 1`` (an
+inference plan with ``G > 1`` is refused, as PopTorch's ``inferenceModel`` refuses it), output ``ALL``:
+evaluation always needs every row's reply. An eval call may carry fewer rows than the combined batch (the
+last batch of an evaluation); it is cut into micro-batches of the eval micro batch, the last one shorter.
+
+Partial tail policy (``drop_last=False`` only; with ``drop_last=True``, the default, the world drops the
+tail and says so). A training call with ``n`` rows, ``n`` < combined batch and not a multiple of
+``D x R x G``, is the epoch's tail and runs as follows, identically on every backend:
+
+1. it is cut, in row order, into ``M = ceil(n / b)`` micro-batches of ``b`` rows (the plan's micro batch);
+   only the last one may be shorter;
+2. micro-batch ``j`` goes where it would go in a full call: weight update ``j // (G x R)`` and replica
+   ``j % R`` (so replica shards stay contiguous in row order, filled replica-fastest, and a replica
+   may have fewer micro-batches than another, or none, in the last update);
+3. there are ``ceil(M / (G x R))`` weight updates (fewer than ``D``; the last accumulation window may be
+   partial); each averages over the rows actually present: with ``Reduction.MEAN`` micro-batch ``j``'s
+   loss is weighted ``n_j / N_u`` (``n_j`` its rows, ``N_u`` the rows of its update), so the update's
+   gradient is exactly the gradient of the mean per-row loss over those rows (for a mean-loss model);
+   with ``Reduction.SUM`` the weight is ``n_j / b``, so a full micro-batch counts 1 and a short one in
+   proportion to its rows;
+4. the call returns every row's outputs (as ``ALL``), since the mode's shapes do not apply to a tail.
+
+For full calls the same weights reduce to ``1 / (G x R)`` (MEAN) and ``1`` (SUM), so one formula covers
+both. :meth:`ExecutionPlan.layout` gives the whole layout of a call with ``n`` rows (micro-batch bounds,
+replica, update and loss weight of each micro-batch, which outputs are kept); engines only execute it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import functools
+import math
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Mapping, Sequence
+
+import torch
+
+if TYPE_CHECKING:
+    from accelbatch.opts import Opts
+
+
+class PlanError(ValueError):
+    """An execution plan, or a batch given to it, cannot work; the text names the option to change."""
+
+
+class OutputMode(enum.Enum):
+    ALL = "all"
+    FINAL = "final"
+    SUM = "sum"
+    EVERY_N = "everyn"
+
+    @classmethod
+    def parse(cls, value: "OutputMode | str | None", training: bool) -> "OutputMode":
+        """An OutputMode from itself, its name or value; ``"default"``/None: FINAL training, ALL inference."""
+        if isinstance(value, cls):
+            return value
+        if value is None or str(value).lower() == "default":
+            return cls.FINAL if training else cls.ALL
+        text = str(value).lower().replace("_", "")
+        for mode in cls:
+            if text in (mode.value, mode.name.lower().replace("_", "")):
+                return mode
+        raise PlanError(f"--output-mode: {value!r} is not one of default, all, final, sum, everyn")
+
+
+class Reduction(enum.Enum):
+    MEAN = "mean"
+    SUM = "sum"
+
+    @classmethod
+    def parse(cls, value: "Reduction | str") -> "Reduction":
+        if isinstance(value, cls):
+            return value
+        for red in cls:
+            if str(value).lower() in (red.value, red.name.lower()):
+                return red
+        raise PlanError(f"--reduction: {value!r} is not one of mean, sum")
+
+
+_FLAGS = {
+    "micro_batch": "--batchsize",
+    "device_iterations": "--device-iterations",
+    "replication_factor": "--replication-factor",
+    "gradient_accumulation": "--gradient-accumulation",
+    "output_return_period": "--output-return-period",
+}
+
+
+@dataclass(frozen=True)
+class CallLayout:
+    """How one call with ``rows`` rows runs under a plan (see the module docstring).
+
+    Micro-batch ``j`` covers rows ``starts[j]:stops[j]``, runs on replica ``replica[j]`` in weight update
+    ``update[j]`` with its loss scaled by ``weight[j]``. ``updates[u]`` lists the micro-batches of update
+    ``u``. ``kept`` lists the micro-batches whose outputs the output mode returns (in output order),
+    ``sum_groups`` (SUM only) the micro-batches summed for each replica; ``out_rows`` the row indices of
+    the returned outputs (None for SUM). ``partial`` marks an epoch tail.
+    """
+
+    rows: int
+    micro_batch: int
+    partial: bool
+    mode: OutputMode
+    starts: tuple[int, ...]
+    stops: tuple[int, ...]
+    replica: tuple[int, ...]
+    update: tuple[int, ...]
+    weight: tuple[float, ...]
+    updates: tuple[tuple[int, ...], ...]
+    kept: tuple[int, ...]
+    sum_groups: tuple[tuple[int, ...], ...] | None
+    out_rows: torch.Tensor | None
+
+    @property
+    def num_micro_batches(self) -> int:
+        return len(self.starts)
+
+    @property
+    def num_updates(self) -> int:
+        return len(self.updates)
+
+    def replica_micro_batches(self, replica: int) -> tuple[int, ...]:
+        """The micro-batches ``j`` of one replica, in order (its shard is their rows, concatenated)."""
+        return tuple(j for j, r in enumerate(self.replica) if r == replica)
+
+    def replica_index(self, replica: int) -> torch.Tensor:
+        """Row indices (into the call's rows) of one replica's shard, in shard order."""
+        js = self.replica_micro_batches(replica)
+        if not js:
+            return torch.empty(0, dtype=torch.long)
+        return torch.cat([torch.arange(self.starts[j], self.stops[j]) for j in js])
+
+    def micro_rows(self, j: int) -> int:
+        return self.stops[j] - self.starts[j]
+
+
+@dataclass(frozen=True)
+class ExecutionPlan:
+    """Micro batch, D, R, G, output mode and reduction of one model's steps (frozen, validated)."""
+
+    micro_batch: int = 1
+    device_iterations: int = 1
+    replication_factor: int = 1
+    gradient_accumulation: int = 1
+    output_mode: OutputMode = OutputMode.FINAL  # "default" (or any name) is accepted and resolved
+    output_return_period: int = 1
+    reduction: Reduction = Reduction.MEAN
+    training: bool = True
+    drop_last: bool = True
+
+    def __init__(self, micro_batch: int = 1, device_iterations: int = 1, replication_factor: int = 1,
+                 gradient_accumulation: int = 1, output_mode: OutputMode | str | None = "default",
+                 output_return_period: int = 1, reduction: Reduction | str = Reduction.MEAN,
+                 training: bool = True, drop_last: bool = True) -> None:
+        set_ = functools.partial(object.__setattr__, self)
+        set_("micro_batch", micro_batch)
+        set_("device_iterations", device_iterations)
+        set_("replication_factor", replication_factor)
+        set_("gradient_accumulation", gradient_accumulation)
+        set_("output_return_period", output_return_period)
+        set_("training", bool(training))
+        set_("drop_last", bool(drop_last))
+        set_("output_mode", OutputMode.parse(output_mode, bool(training)))
+        set_("reduction", Reduction.parse(reduction))
+        self._check()
+
+    # --- construction ------------------------------------------------------------------------
+    @classmethod
+    def from_opts(cls, opts: "Opts", training: bool) -> "ExecutionPlan":
+        """The plan of ``opts`` (``--batchsize`` is the micro batch b) for training or inference.
+
+        For inference the training options are mapped as :meth:`for_inference` does: the same world rows
+        with micro batch ``b x G`` and ``G = 1``.
+        """
+        plan = cls(micro_batch=opts.batchsize, device_iterations=opts.device_iterations,
+                   replication_factor=opts.replication_factor,
+                   gradient_accumulation=opts.gradient_accumulation if training else 1,
+                   output_mode=opts.output_mode if training else "all",
+                   output_return_period=opts.output_return_period if training else 1,
+                   reduction=opts.reduction, training=training, drop_last=opts.drop_last)
+        if not training and opts.gradient_accumulation > 1:
+            plan = dataclasses.replace(plan, micro_batch=opts.batchsize * opts.gradient_accumulation)
+        return plan
+
+    def _check(self) -> None:
+        for name, flag in _FLAGS.items():
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise PlanError(f"{flag}: must be an integer of at least 1, got {value!r}")
+        n = self.output_return_period
+        if self.output_mode is OutputMode.EVERY_N:
+            per_call = self.device_iterations * self.gradient_accumulation
+            if per_call % n:
+                fits = [k for k in range(1, per_call + 1) if per_call % k == 0]
+                raise PlanError(
+                    f"--output-return-period {n}: --output-mode everyn returns the last iteration of each "
+                    f"period of N, but a call has --device-iterations({self.device_iterations}) x "
+                    f"--gradient-accumulation({self.gradient_accumulation}) = {per_call} iterations, "
+                    f"which is not a multiple of {n}; use a period dividing {per_call} "
+                    f"({', '.join(map(str, fits))}) or change --device-iterations")
+        elif n != 1:
+            raise PlanError(f"--output-return-period {n} applies only to --output-mode everyn "
+                            f"(the output mode is {self.output_mode.value}); drop it or use everyn")
+        if not self.training and self.gradient_accumulation != 1:
+            raise PlanError(
+                f"--gradient-accumulation {self.gradient_accumulation}: gradient accumulation is a training "
+                "option and an inference plan must have 1 (PopTorch's inferenceModel refuses it too); "
+                "evaluate with plan.for_inference(), which keeps the world's rows with micro batch b x G")
+
+    # --- sizes -------------------------------------------------------------------------------
+    @property
+    def factor(self) -> int:
+        """D x R x G: the number of micro-batches of one call; rows must be a multiple of it."""
+        return self.device_iterations * self.replication_factor * self.gradient_accumulation
+
+    @property
+    def combined_batch(self) -> int:
+        """b x D x R x G: the rows of one host call (the world's rows per step)."""
+        return self.micro_batch * self.factor
+
+    @property
+    def iterations(self) -> int:
+        """D x G: the micro-batches each replica runs per call."""
+        return self.device_iterations * self.gradient_accumulation
+
+    @property
+    def output_multiplier(self) -> int:
+        """How many micro-batches' outputs a full call returns, stacked along dim0."""
+        r = self.replication_factor
+        if self.output_mode is OutputMode.ALL:
+            return self.factor
+        if self.output_mode is OutputMode.EVERY_N:
+            return self.factor // self.output_return_period
+        return r
+
+    def for_inference(self) -> "ExecutionPlan":
+        """The eval plan for the same world rows: micro batch b x G, same D and R, G = 1, output ALL."""
+        if not self.training:
+            return self
+        return ExecutionPlan(micro_batch=self.micro_batch * self.gradient_accumulation,
+                             device_iterations=self.device_iterations,
+                             replication_factor=self.replication_factor, gradient_accumulation=1,
+                             output_mode=OutputMode.ALL, output_return_period=1, reduction=self.reduction,
+                             training=False, drop_last=False)
+
+    def describe(self) -> str:
+        mode = self.output_mode.value + (f"({self.output_return_period})"
+                                         if self.output_mode is OutputMode.EVERY_N else "")
+        return (f"{'training' if self.training else 'inference'} plan: micro batch {self.micro_batch} x "
+                f"D {self.device_iterations} x R {self.replication_factor} x G {self.gradient_accumulation} "
+                f"= {self.combined_batch} rows per call, output {mode}, reduction {self.reduction.value}")
+
+    # --- validation --------------------------------------------------------------------------
+    def validate_batch(self, rows: "int | torch.Tensor | Sequence[int]", name: str = "input") -> int:
+        """Check that a call's row count is a multiple of D x R x G; return the row count.
+
+        ``rows`` is a row count, a shape or a tensor. The error text is PopTorch's, then what to change.
+        """
+        if isinstance(rows, torch.Tensor):
+            shape: Any = rows.shape
+        elif isinstance(rows, int):
+            shape = None
+        else:
+            shape = torch.Size(rows)
+        n = (1 if len(shape) == 0 else shape[0]) if shape is not None else int(rows)
+        if n >= 1 and n % self.factor == 0:
+            return n
+        what = repr(shape) if shape is not None else f"'{name}'"
+        d, r, g = self.device_iterations, self.replication_factor, self.gradient_accumulation
+        tail = ("" if self.drop_last else
+                f" (with --no-drop-last a call of fewer than {self.combined_batch} rows is an epoch tail and "
+                "is cut into micro-batches by the partial-tail policy; more rows must still be a multiple)")
+        raise PlanError(
+            f"Invalid batch dimension: In the input {what}, the batch dimension ({n}) must be a multiple of "
+            f"Options.deviceIterations({d}) * (Options.replicationFactor({r}) / "
+            f"Options.inputReplicaGrouping.input_group_size(1)) * "
+            f"Options.Training.gradientAccumulation({g}) = {self.factor} because it is used to calculate "
+            f"the batch size which will be executed on the device in any given iteration. "
+            f"In accelbatch the rows per call ('{name}') are the combined batch --batchsize({self.micro_batch}) "
+            f"x --device-iterations({d}) x --replication-factor({r}) x --gradient-accumulation({g}) = "
+            f"{self.combined_batch}: give the engine batches of that size (or any multiple of {self.factor}), "
+            f"or change --batchsize, --device-iterations, --replication-factor or --gradient-accumulation"
+            f"{tail}.")
+
+    def is_tail(self, rows: int) -> bool:
+        """True when a call of ``rows`` rows is run by the partial-tail policy."""
+        return (not self.drop_last and 0 < rows < self.combined_batch and rows % self.factor != 0)
+
+    # --- layout ------------------------------------------------------------------------------
+    def layout(self, rows: int, name: str = "input") -> CallLayout:
+        """The layout of a call with ``rows`` rows (cached per row count); PlanError when invalid.
+
+        Training plans: a multiple of D x R x G runs with micro batch rows / (D x R x G); a tail
+        (``drop_last=False``, fewer rows than the combined batch) runs by the partial-tail policy.
+        Inference plans: up to the combined batch, cut into micro-batches of the micro batch (last shorter);
+        more rows must be a multiple of D x R (micro batch rows / (D x R)). Outputs are always ALL.
+        """
+        if rows < 1:
+            raise PlanError(f"'{name}' has no rows: a call needs at least one row")
+        if self.training and not self.is_tail(rows):
+            self.validate_batch(rows, name)
+        return _layout(self, rows)
+
+    def _layout_uncached(self, n: int) -> CallLayout:
+        d, r, g = self.device_iterations, self.replication_factor, self.gradient_accumulation
+        if not self.training:
+            b = self.micro_batch if n <= self.combined_batch else _ceil_div(n, d * r)
+            partial = False
+        elif n % self.factor == 0:
+            b, partial = n // self.factor, False
+        else:
+            b, partial = self.micro_batch, True
+        m = _ceil_div(n, b)
+        starts = tuple(range(0, n, b))
+        stops = tuple(min(s + b, n) for s in starts)
+        per_update = g * r
+        replica = tuple(j % r for j in range(m))
+        update = tuple(j // per_update for j in range(m))
+        updates = tuple(tuple(range(u * per_update, min((u + 1) * per_update, m)))
+                        for u in range(_ceil_div(m, per_update)))
+        weight = []
+        for j in range(m):
+            nj = stops[j] - starts[j]
+            if self.reduction is Reduction.MEAN:
+                nu = sum(stops[k] - starts[k] for k in updates[update[j]])
+                weight.append(nj / nu)
+            else:
+                weight.append(nj / b)
+        mode = self.output_mode if (self.training and not partial) else OutputMode.ALL
+        sum_groups = None
+        if mode is OutputMode.ALL:
+            kept = tuple(range(m))
+        elif mode is OutputMode.FINAL:
+            kept = tuple(range(m - r, m))
+        elif mode is OutputMode.EVERY_N:
+            period = self.output_return_period
+            kept = tuple(k * r + rep for k in range(period - 1, m // r, period) for rep in range(r))
+        else:
+            kept = tuple(range(m))
+            sum_groups = tuple(tuple(range(rep, m, r)) for rep in range(r))
+        out_rows = None
+        if mode is OutputMode.ALL:
+            out_rows = torch.arange(n)
+        elif mode is not OutputMode.SUM:
+            out_rows = torch.cat([torch.arange(starts[j], stops[j]) for j in kept])
+        return CallLayout(rows=n, micro_batch=b, partial=partial, mode=mode, starts=starts, stops=stops,
+                          replica=replica, update=update, weight=tuple(weight), updates=updates, kept=kept,
+                          sum_groups=sum_groups, out_rows=out_rows)
+
+    # --- host layout -------------------------------------------------------------------------
+    def split(self, batch: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """View every tensor of a full call as the host layout ``[D, G, R, b, ...]`` (no copy)."""
+        out = {}
+        for key, t in batch.items():
+            n = self.validate_batch(t, key)
+            out[key] = t.reshape(self.device_iterations, self.gradient_accumulation,
+                                 self.replication_factor, n // self.factor, *t.shape[1:])
+        return out
+
+    def merge(self, batch: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """Inverse of :meth:`split`: ``[D, G, R, b, ...]`` back to ``[D*G*R*b, ...]``."""
+        out = {}
+        for key, t in batch.items():
+            if tuple(t.shape[:3]) != (self.device_iterations, self.gradient_accumulation,
+                                      self.replication_factor):
+                raise PlanError(f"'{key}' of shape {tuple(t.shape)} is not in the host layout [D, G, R, b, ...]"
+                                f" = [{self.device_iterations}, {self.gradient_accumulation}, "
+                                f"{self.replication_factor}, b, ...]")
+            out[key] = t.reshape(-1, *t.shape[4:])
+        return out
+
+    def shard(self, batch: Mapping[str, torch.Tensor], replica: int) -> dict[str, torch.Tensor]:
+        """The rows one replica runs (its ``[D, G, b]`` slice of a full call, or its part of a tail)."""
+        if not 0 <= replica < self.replication_factor:
+            raise PlanError(f"replica {replica} is outside --replication-factor {self.replication_factor}")
+        rows = _rows_of(batch)
+        if self.replication_factor == 1:
+            return dict(batch)
+        lay = self.layout(rows)
+        if not lay.partial:
+            return {k: v.reshape(self.iterations, self.replication_factor, -1, *v.shape[1:])[:, replica]
+                    .reshape(-1, *v.shape[1:]) for k, v in batch.items()}
+        index = lay.replica_index(replica)
+        return {k: v.index_select(0, index) for k, v in batch.items()}
+
+    # --- outputs -----------------------------------------------------------------------------
+    def select_outputs(self, per_micro_batch: Sequence[Mapping[str, torch.Tensor]], rows: int | None = None
+                       ) -> tuple[dict[str, torch.Tensor], torch.Tensor | None]:
+        """Apply the output mode to the outputs of every micro-batch of one call (in order ``j``).
+
+        Returns the selected outputs (per-row tensors concatenated along dim0, 0-dim outputs stacked unless
+        the multiplier is 1) and the row indices they came from (None for SUM). ``rows`` defaults to the
+        sum of the micro-batches' row counts (taken from their first per-row output).
+        """
+        if rows is None:
+            rows = sum(_rows_of(o) for o in per_micro_batch)
+        lay = self.layout(rows)
+        if len(per_micro_batch) != lay.num_micro_batches:
+            raise PlanError(f"{len(per_micro_batch)} micro-batch outputs given, the call has "
+                            f"{lay.num_micro_batches}")
+        return combine_outputs(lay, [per_micro_batch[j] for j in lay.kept]), lay.out_rows
+
+    def select_tensor(self, t: torch.Tensor) -> torch.Tensor:
+        """Apply the output mode to one tensor of a full call in the ALL layout.
+
+        ``t`` has dim0 = ``m x k`` (``m = D x G x R`` micro-batches of ``k`` rows each); the result has
+        dim0 = ``multiplier x k``. A 0-dim tensor (m = 1) is returned unchanged.
+        """
+        m = self.factor
+        if t.dim() == 0:
+            return t
+        if t.shape[0] % m:
+            raise PlanError(f"an output of shape {tuple(t.shape)} is not {m} micro-batches stacked on dim0")
+        r, mode = self.replication_factor, self.output_mode
+        if not self.training or mode is OutputMode.ALL:
+            return t
+        v = t.reshape(self.iterations, r, t.shape[0] // m, *t.shape[1:])
+        if mode is OutputMode.FINAL:
+            v = v[-1]
+        elif mode is OutputMode.SUM:
+            v = v.sum(0)
+        else:
+            v = v[self.output_return_period - 1::self.output_return_period]
+        return v.reshape(-1, *t.shape[1:])
+
+
+@functools.lru_cache(maxsize=256)
+def _layout(plan: ExecutionPlan, rows: int) -> CallLayout:
+    return plan._layout_uncached(rows)
+
+
+def combine_outputs(layout: CallLayout, kept_outputs: Sequence[Mapping[str, torch.Tensor]]
+                    ) -> dict[str, torch.Tensor]:
+    """Concatenate the kept micro-batches' outputs (given in ``layout.kept`` order) per the layout's mode.
+
+    Per-row outputs are concatenated on dim0; 0-dim outputs are stacked, except when only one remains
+    (multiplier 1). For SUM each replica's micro-batches are summed elementwise, then replicas are
+    concatenated in order.
+    """
+    if not kept_outputs:
+        return {}
+    keys = [k for k in kept_outputs[0] if k != "loss"]
+    if layout.sum_groups is not None:
+        pos = {j: i for i, j in enumerate(layout.kept)}
+        summed = []
+        for group in layout.sum_groups:
+            if not group:
+                continue
+            acc = {}
+            for k in keys:
+                acc[k] = torch.stack([kept_outputs[pos[j]][k] for j in group]).sum(0) if len(group) > 1 \
+                    else kept_outputs[pos[group[0]]][k]
+            summed.append(acc)
+        kept_outputs = summed
+    out = {}
+    for k in keys:
+        parts = [o[k] for o in kept_outputs]
+        if len(parts) == 1:
+            out[k] = parts[0]
+        elif parts[0].dim() == 0:
+            out[k] = torch.stack(parts)
+        else:
+            out[k] = torch.cat(parts)
+    return out
+
+
+def _ceil_div(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def _rows_of(batch: Mapping[str, torch.Tensor]) -> int:
+    for t in batch.values():
+        if isinstance(t, torch.Tensor) and t.dim() > 0:
+            return int(t.shape[0])
+    raise PlanError("a batch needs at least one tensor with a row dimension (dim0 = rows)")
+
+
+def batch_rows(batch: Mapping[str, torch.Tensor], name: str = "batch") -> int:
+    """The row count of a batch; PlanError when its tensors disagree on dim0."""
+    rows = None
+    for key, t in batch.items():
+        if not isinstance(t, torch.Tensor) or t.dim() == 0:
+            continue
+        if rows is None:
+            rows = int(t.shape[0])
+        elif t.shape[0] != rows:
+            raise PlanError(f"{name}: '{key}' has {t.shape[0]} rows but the other tensors have {rows}; "
+                            "every tensor of a batch needs dim0 = rows")
+    if rows is None:
+        raise PlanError(f"{name}: no tensor with a row dimension (dim0 = rows)")
+    return rows
+
+
+__all__ = ["ExecutionPlan", "OutputMode", "Reduction", "PlanError", "CallLayout", "combine_outputs",
+           "batch_rows", "math"]

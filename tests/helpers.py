@@ -1,0 +1,45 @@
+"""Small agents and teachers for tests, independent of the bundled ones."""
+
+from __future__ import annotations
+
+from accelbatch.agents import Agent
+from accelbatch.messages import Message
+from accelbatch.teachers import FixedTeacher
+
+
+class ListTeacher(FixedTeacher):
+    """Episodes given as lengths: example i of episode e has text 'e{e}-{i}' and label 'L{e}-{i}'."""
+
+    lengths: tuple[int, ...] = (1,)
+
+    def setup_data(self):
+        episodes = []
+        for e, n in enumerate(self.lengths):
+            episodes.append([Message(text=f"e{e}-{i}", labels=[f"L{e}-{i}"], episode_done=i == n - 1)
+                             for i in range(n)])
+        return episodes
+
+
+def list_teacher(lengths):
+    return type("Teacher_", (ListTeacher,), {"lengths": tuple(lengths)})
+
+
+class RecordingAgent(Agent):
+    """Replies with the label and records every text it observes (shared across clones)."""
+
+    def __init__(self, opts, shared=None):
+        super().__init__(opts, shared)
+        self.seen = shared["seen"] if shared else []
+
+    def share(self):
+        return {**super().share(), "seen": self.seen}
+
+    def observe(self, obs):
+        if obs and "text" in obs:
+            self.seen.append(obs["text"])
+        return super().observe(obs)
+
+    def act(self):
+        obs = self.observation or {}
+        labels = obs.get("labels") or obs.get("eval_labels")
+        return Message(id="rec", text=labels[0]) if labels else Message(id="rec")

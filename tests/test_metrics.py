@@ -1,0 +1,40 @@
+from accelbatch.metrics import Metrics, exact_match, f1_score, merge_reports, normalize_answer
+
+
+def test_normalisation_drops_case_punctuation_and_articles():
+    assert normalize_answer("The  Kitchen!") == "kitchen"
+    assert exact_match("the kitchen.", ["Kitchen"])
+
+
+def test_f1_by_hand():
+    # pred tokens: red apple pie; gold: apple pie crust -> overlap 2, p=2/3, r=2/3, f1=2/3
+    assert abs(f1_score("red apple pie", ["apple pie crust"]) - 2 / 3) < 1e-12
+    assert f1_score("nothing", ["apple"]) == 0.0
+    assert f1_score("apple", ["pear", "apple"]) == 1.0
+
+
+def test_batch_scoring_equals_per_reply_reference():
+    preds = ["the garden", "hall way", None, "office", "blue sky"]
+    golds = [["garden"], ["hallway"], ["kitchen"], ["bedroom", "office"], ["sky"]]
+    m = Metrics()
+    m.add_batch(preds, golds)
+    scored = [(p, g) for p, g in zip(preds, golds) if p is not None]
+    acc = sum(exact_match(p, g) for p, g in scored) / len(scored)
+    f1 = sum(f1_score(p, g) for p, g in scored) / len(scored)
+    rep = m.report()
+    assert rep["exs"] == 5 and abs(rep["accuracy"] - acc) < 1e-12 and abs(rep["f1"] - f1) < 1e-12
+
+
+def test_metrics_merge_by_addition():
+    a, b, both = Metrics(), Metrics(), Metrics()
+    a.add_batch(["x"], [["x"]]); a.add_loss(2.0)
+    b.add_batch(["y", "z"], [["x"], ["z"]]); b.add_loss(4.0, 3)
+    both.add_batch(["x", "y", "z"], [["x"], ["x"], ["z"]]); both.add_loss(2.0); both.add_loss(4.0, 3)
+    a.merge(b)
+    assert a.report() == both.report()
+    assert a.report()["loss"] == (2.0 + 12.0) / 4
+
+
+def test_multitask_report_is_macro_average():
+    rep = merge_reports([("t1", {"exs": 10, "accuracy": 1.0}), ("t2", {"exs": 30, "accuracy": 0.5})])
+    assert rep["exs"] == 40 and rep["accuracy"] == 0.75 and rep["t2/accuracy"] == 0.5
