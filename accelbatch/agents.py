@@ -18,7 +18,7 @@ from typing import Any, Sequence
 
 import torch
 
-from accelbatch.messages import EPISODE_DONE, EVAL_LABELS, LABELS, TEXT, Message
+from accelbatch.messages import EPISODE_DONE, EVAL_LABELS, LABELS, TEXT, Message, is_padding
 from accelbatch.metrics import Metrics
 from accelbatch.opts import Opts
 
@@ -233,7 +233,7 @@ class TorchAgent(Agent):
 
     # --- conversation ----------------------------------------------------------------------------
     def observe(self, observation: Message) -> Message:
-        if observation is None or _is_padding(observation):
+        if is_padding(observation):
             self.observation = observation
             return observation
         if self._previous_done:
@@ -260,7 +260,7 @@ class TorchAgent(Agent):
 
     def batch_act(self, observations: Sequence[Message | None]) -> list[Message]:
         replies = [Message(id=self.id) for _ in observations]
-        rows = [i for i, obs in enumerate(observations) if obs is not None and not _is_padding(obs)]
+        rows = [i for i, obs in enumerate(observations) if not is_padding(obs)]
         if not rows:
             return replies
         batch_obs = [observations[i] for i in rows]
@@ -306,10 +306,6 @@ class TorchAgent(Agent):
         except Exception as exc:  # noqa: BLE001 - any failure here means the file is not ours
             raise ValueError(f"--model-file {path}: cannot load ({type(exc).__name__}: {exc}); "
                              "delete it or point --model-file elsewhere") from None
-
-
-def _is_padding(obs: Message) -> bool:
-    return TEXT not in obs and LABELS not in obs and EVAL_LABELS not in obs
 
 
 def _leading(outputs: dict[str, torch.Tensor]) -> int:

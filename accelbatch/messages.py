@@ -28,15 +28,15 @@ class Message(dict):
     def copy(self) -> "Message":
         return Message(self)
 
-    @property
-    def is_padding(self) -> bool:
-        """An empty observation: a batch row with no example in it (end of an evaluation epoch)."""
-        return not self or (TEXT not in self and LABELS not in self and EVAL_LABELS not in self)
-
     def targets(self) -> list[str]:
         """The answers this message is judged against (labels, else eval_labels)."""
         found = self.get(LABELS, self.get(EVAL_LABELS)) or []
         return list(found)
+
+
+def is_padding(message: dict | None) -> bool:
+    """True for a row with no example in it (None, or no text and no labels: past the end of the data)."""
+    return not message or (TEXT not in message and LABELS not in message and EVAL_LABELS not in message)
 
 
 def padding_message() -> Message:

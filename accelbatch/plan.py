@@ -64,7 +64,6 @@ from __future__ import annotations
 import dataclasses
 import enum
 import functools
-import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
@@ -527,4 +526,4 @@ def batch_rows(batch: Mapping[str, torch.Tensor], name: str = "batch") -> int:
 
 
 __all__ = ["ExecutionPlan", "OutputMode", "Reduction", "PlanError", "CallLayout", "combine_outputs",
-           "batch_rows", "math"]
+           "batch_rows"]

@@ -121,30 +121,26 @@ def _train(world: World, opts: Opts, log: MetricsLog) -> dict[str, Any]:
     bar = _progress(opts, target_exs)
     last_log, window_exs, window_start = time.monotonic(), 0, time.monotonic()
     train_report: dict[str, float] = {}
-    last_window: dict[str, float] = {}
     valid_world: World | None = None
     stop_reason = "num_epochs"
     while True:
         world.parley()
         state.steps += 1
-        rep = world.report()
-        new_exs = int(rep.get("exs", 0))
-        state.exs += new_exs
+        total = world.get_total_exs()
+        new_exs, state.exs = total - state.exs, total
         window_exs += new_exs
-        train_report = _merge_train(train_report, rep)
-        world.reset_metrics()
         if bar is not None:
             bar.update(new_exs)
         now = time.monotonic()
         if now - last_log >= opts.log_every_n_secs:
+            train_report = world.report()
+            world.reset_metrics()
             speed = window_exs / max(now - window_start, 1e-9)
-            record = {"split": "train", "step": state.steps, "epoch": round(state.exs / per_epoch, 4),
-                      "exs_per_s": round(speed, 1), **train_report}
-            log.write(record)
+            log.write({"split": "train", "step": state.steps, "epoch": round(state.exs / per_epoch, 4),
+                       "exs_per_s": round(speed, 1), **train_report})
             if bar is not None:
                 bar.set_postfix(_postfix(train_report, speed))
             last_log, window_exs, window_start = now, 0, now
-            last_window, train_report = train_report, {}
         if opts.max_train_steps > 0 and state.steps >= opts.max_train_steps:
             stop_reason = "max_train_steps"
             break
@@ -162,7 +158,10 @@ def _train(world: World, opts: Opts, log: MetricsLog) -> dict[str, Any]:
         _save(model, opts.model_file)
     if opts.model_file and os.path.isfile(opts.model_file) and isinstance(model, TorchAgent):
         model.load(opts.model_file)  # evaluate the best model
-    report: dict[str, Any] = {"train": {**(train_report or last_window), "exs": state.exs, "steps": state.steps,
+    final_window = world.report()
+    if final_window.get("exs"):
+        train_report = final_window
+    report: dict[str, Any] = {"train": {**train_report, "exs": state.exs, "steps": state.steps,
                                         "epochs": round(state.exs / per_epoch, 4),
                                         "exs_per_s": round(state.exs / max(state.elapsed(), 1e-9), 1),
                                         "time_s": round(state.elapsed(), 3), "stopped_by": stop_reason}}
@@ -170,19 +169,6 @@ def _train(world: World, opts: Opts, log: MetricsLog) -> dict[str, Any]:
         eval_world = create_world(opts.replace(datatype=split), agent=model)
         report[split] = evaluate(eval_world, log, split)
     return report
-
-
-def _merge_train(total: dict[str, float], step: dict[str, float]) -> dict[str, float]:
-    """Running averages of the training metrics since the last log (weights: examples)."""
-    exs = step.get("exs", 0)
-    if not exs:
-        return total
-    seen = total.get("_window_exs", 0)
-    out = {"_window_exs": seen + exs}
-    for key in ("accuracy", "f1", "loss"):
-        if key in step:
-            out[key] = (total.get(key, 0.0) * seen + step[key] * exs) / (seen + exs) if key in total else step[key]
-    return out
 
 
 def _validate(world: World, opts: Opts, log: MetricsLog, state: TrainState, model: Agent) -> bool:
@@ -227,9 +213,6 @@ def _postfix(report: dict[str, float], speed: float) -> dict[str, str]:
 
 
 def _finish(report: dict[str, Any], opts: Opts) -> dict[str, Any]:
-    for split in report.values():
-        if isinstance(split, dict):
-            split.pop("_window_exs", None)
     if opts.report_json:
         os.makedirs(os.path.dirname(os.path.abspath(opts.report_json)), exist_ok=True)
         with open(opts.report_json, "w", encoding="utf-8") as handle:

@@ -14,7 +14,7 @@ import random
 from typing import Any, Sequence
 
 from accelbatch.agents import Agent, resolve_agent_class
-from accelbatch.messages import Message
+from accelbatch.messages import Message, is_padding
 from accelbatch.metrics import merge_reports
 from accelbatch.opts import Opts
 from accelbatch.teachers import Teacher, create_teachers, is_training
@@ -27,6 +27,11 @@ class World:
         self.opts = opts
         self.agents = list(agents)
         self.acts: list[Message | None] = [None] * len(self.agents)
+        self.total_exs = 0  # examples (non-padding teacher turns) parleyed so far
+
+    def get_total_exs(self) -> int:
+        """Examples parleyed since the world was made (padding rows excluded)."""
+        return self.total_exs
 
     def parley(self) -> None:
         raise NotImplementedError
@@ -83,6 +88,8 @@ class DialogPartnerWorld(World):
     def parley(self) -> None:
         teacher, model = self.agents
         self.acts[0] = teacher.act()
+        if not is_padding(self.acts[0]):
+            self.total_exs += 1
         model.observe(self.acts[0])
         self.acts[1] = model.act()
         teacher.observe(self.acts[1])
@@ -139,6 +146,8 @@ class BatchWorld(World):
         return acts
 
     def batch_observe(self, index: int, acts: list[Message], source: int) -> list[Message | None]:
+        if source == 0:
+            self.total_exs += sum(1 for act in acts if not is_padding(act))
         return [w.get_agents()[index].observe(act) for w, act in zip(self.worlds, acts)]
 
     def epoch_done(self) -> bool:
@@ -203,7 +212,10 @@ class MultiWorld(World):
 
     def parley(self) -> None:
         self.parley_init()
-        self.worlds[self.current].parley()
+        world = self.worlds[self.current]
+        before = world.get_total_exs()
+        world.parley()
+        self.total_exs += world.get_total_exs() - before
 
     def epoch_done(self) -> bool:
         return all(w.epoch_done() for w in self.worlds)
