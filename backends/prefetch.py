@@ -1,0 +1,437 @@
+"""Feeding a device: pinned host memory, copies on a side stream, and counting host synchronisations.
+
+The copy of batch k+1 runs on a side stream while batch k computes on the current stream. Three rules make
+that correct on CUDA:
+
+1. the source is page-locked (pinned), or ``non_blocking=True`` silently becomes a synchronous copy;
+2. the consumer's stream waits for the copy (an event recorded on the side stream after the copy, waited on
+   by the consumer's stream) before any kernel reads the batch -- the host never blocks for this;
+3. every device tensor is marked as used by the consumer's stream (``record_stream``), because it was
+   allocated on the side stream: without that, the caching allocator could hand its memory to the next copy
+   while the consumer's kernels still read it.
+
+All stream work goes through :class:`StreamAPI`, a small seam with a CUDA implementation
+(:class:`CUDAStreams`); tests drive the same :class:`StreamCopier` with a fake one and check the order of
+copies, event records, waits and ``record_stream`` calls. On a machine without a device,
+:class:`PassthroughCopier` makes :class:`Prefetcher` a plain (optionally ``.to(device)``) iterator.
+
+:func:`count_host_syncs` counts the calls that make the host wait for a device (``torch.cuda.synchronize``,
+stream/event ``synchronize``, and ``item``/``tolist``/``numpy``/``cpu``/``bool``/``float``/``int``/a blocking
+``.to("cpu")`` of device tensors).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import queue
+import threading
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any, Callable, Generic, Iterable, Iterator, Protocol, TypeVar
+
+import torch
+
+T = TypeVar("T")
+
+__all__ = [
+    "Copier", "CUDAStreams", "PassthroughCopier", "Pending", "Prefetcher", "StreamAPI", "StreamCopier",
+    "SyncCount", "count_host_syncs", "copier_for", "map_tensors", "pin_batch", "pinned_in_background",
+    "tensors_of",
+]
+
+
+# --- batches as trees of tensors ----------------------------------------------------------------------
+
+def map_tensors(obj: Any, fn: Callable[[torch.Tensor], Any]) -> Any:
+    """``obj`` with every tensor ``t`` in it (dicts, lists, tuples) replaced by ``fn(t)``; other leaves kept."""
+    if isinstance(obj, torch.Tensor):
+        return fn(obj)
+    if isinstance(obj, dict):
+        return type(obj)((k, map_tensors(v, fn)) for k, v in obj.items())
+    if isinstance(obj, tuple) and hasattr(obj, "_fields"):  # namedtuple
+        return type(obj)(*(map_tensors(v, fn) for v in obj))
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(map_tensors(v, fn) for v in obj)
+    return obj
+
+
+def tensors_of(obj: Any) -> list[torch.Tensor]:
+    """Every tensor in ``obj`` (dicts, lists, tuples), in order."""
+    found: list[torch.Tensor] = []
+    map_tensors(obj, found.append)
+    return found
+
+
+def pin_batch(batch: Any) -> Any:
+    """``batch`` with its CPU tensors in page-locked memory (already pinned ones are kept, not copied)."""
+    def pin(t: torch.Tensor) -> torch.Tensor:
+        return t if t.device.type != "cpu" or t.is_pinned() else t.pin_memory()
+    return map_tensors(batch, pin)
+
+
+# --- the stream seam ------------------------------------------------------------------------------------
+
+class StreamAPI(Protocol):
+    """What :class:`StreamCopier` needs from a device with streams (CUDA, or a fake in tests)."""
+
+    device: torch.device
+
+    def new_stream(self) -> Any: ...
+    def current_stream(self) -> Any: ...
+    def use_stream(self, stream: Any) -> contextlib.AbstractContextManager: ...
+    def new_event(self) -> Any: ...
+    def record_event(self, event: Any, stream: Any) -> None: ...
+    def wait_event(self, stream: Any, event: Any) -> None: ...
+    def pin(self, t: torch.Tensor) -> torch.Tensor: ...
+    def copy_async(self, t: torch.Tensor) -> torch.Tensor: ...
+    def record_stream(self, t: torch.Tensor, stream: Any) -> None: ...
+    def on_device(self, t: torch.Tensor) -> bool: ...
+
+
+class CUDAStreams:
+    """:class:`StreamAPI` on a CUDA device."""
+
+    def __init__(self, device: torch.device | str | int | None = None):
+        dev = torch.device("cuda", torch.cuda.current_device()) if device is None else torch.device(device)
+        if dev.type != "cuda":
+            raise ValueError(f"CUDAStreams needs a cuda device, got {dev}")
+        self.device = dev if dev.index is not None else torch.device("cuda", torch.cuda.current_device())
+
+    def new_stream(self) -> torch.cuda.Stream:
+        return torch.cuda.Stream(self.device)
+
+    def current_stream(self) -> torch.cuda.Stream:
+        return torch.cuda.current_stream(self.device)
+
+    def use_stream(self, stream: torch.cuda.Stream) -> contextlib.AbstractContextManager:
+        return torch.cuda.stream(stream)
+
+    def new_event(self) -> torch.cuda.Event:
+        return torch.cuda.Event()
+
+    def record_event(self, event: torch.cuda.Event, stream: torch.cuda.Stream) -> None:
+        event.record(stream)
+
+    def wait_event(self, stream: torch.cuda.Stream, event: torch.cuda.Event) -> None:
+        stream.wait_event(event)
+
+    def pin(self, t: torch.Tensor) -> torch.Tensor:
+        return t if t.is_pinned() else t.pin_memory()
+
+    def copy_async(self, t: torch.Tensor) -> torch.Tensor:
+        return t.to(self.device, non_blocking=True)
+
+    def record_stream(self, t: torch.Tensor, stream: torch.cuda.Stream) -> None:
+        t.record_stream(stream)
+
+    def on_device(self, t: torch.Tensor) -> bool:
+        return t.device == self.device
+
+
+# --- copiers --------------------------------------------------------------------------------------------
+
+@dataclass
+class Pending:
+    """A batch whose copy has been issued; ``ready`` (an event) says when it has landed."""
+
+    batch: Any                      # the device-side batch (its contents valid once ``ready`` has fired)
+    ready: Any = None               # an event on the copy stream, or None when nothing was copied
+    host: Any = None                # the pinned source, kept alive until the copy is waited for
+    copied: list[torch.Tensor] = field(default_factory=list)  # the device tensors the copy wrote
+
+
+class Copier(Protocol):
+    """Moves host batches to the device: ``start`` issues the copy, ``finish`` makes it safe to use."""
+
+    device: torch.device
+
+    def start(self, batch: Any) -> Pending: ...
+    def finish(self, pending: Pending) -> Any: ...
+
+
+class PassthroughCopier:
+    """A copier with no streams: a blocking ``.to(device)`` (nothing at all when already there)."""
+
+    def __init__(self, device: torch.device | str = "cpu"):
+        self.device = torch.device(device)
+
+    def start(self, batch: Any) -> Pending:
+        return Pending(map_tensors(batch, lambda t: t.to(self.device)))
+
+    def finish(self, pending: Pending) -> Any:
+        return pending.batch
+
+
+class StreamCopier:
+    """Pinned, non-blocking copies on a side stream, waited for by the consumer's stream (see module doc)."""
+
+    def __init__(self, api: StreamAPI, pin: bool = True):
+        self.api = api
+        self.device = api.device
+        self.pin = pin
+        self.stream = api.new_stream()
+
+    def start(self, batch: Any) -> Pending:
+        copied: list[torch.Tensor] = []
+        sources: list[torch.Tensor] = []
+
+        def copy(t: torch.Tensor) -> torch.Tensor:
+            if self.api.on_device(t):
+                return t
+            src = self.api.pin(t) if self.pin and t.device.type == "cpu" else t   # rule 1
+            out = self.api.copy_async(src)
+            sources.append(src)
+            copied.append(out)
+            return out
+
+        with self.api.use_stream(self.stream):
+            device_batch = map_tensors(batch, copy)
+        if not copied:
+            return Pending(device_batch)
+        event = self.api.new_event()
+        self.api.record_event(event, self.stream)
+        return Pending(device_batch, ready=event, host=sources, copied=copied)
+
+    def finish(self, pending: Pending) -> Any:
+        if pending.ready is not None:
+            consumer = self.api.current_stream()
+            self.api.wait_event(consumer, pending.ready)     # rule 2: kernels on the consumer wait for the copy
+            for t in pending.copied:
+                self.api.record_stream(t, consumer)          # rule 3: memory not reused before the consumer is done
+        pending.host = None
+        return pending.batch
+
+
+def copier_for(device: torch.device | str, pin: bool = True) -> Copier:
+    """A :class:`StreamCopier` for a CUDA device, a :class:`PassthroughCopier` for anything else."""
+    dev = torch.device(device)
+    if dev.type == "cuda":
+        return StreamCopier(CUDAStreams(dev), pin=pin)
+    return PassthroughCopier(dev)
+
+
+# --- the prefetcher ---------------------------------------------------------------------------------------
+
+class _Raised:
+    """An exception from the source, delivered at its position in the stream."""
+
+    def __init__(self, exc: BaseException):
+        self.exc = exc
+
+
+class Prefetcher(Generic[T]):
+    """Iterates ``batches`` on the device, ``depth`` copies ahead of the consumer.
+
+    ``next()`` returns batch k, ordered after its copy, once the copies of batches k+1..k+depth have been
+    issued, so they run while k computes. The source is read lazily: never more than ``depth + 1`` batches
+    ahead of what was returned. An exception from the source is raised where it happened in the stream,
+    after the batches before it were returned.
+
+    For loops that synchronise with the device every step, :meth:`take` and :meth:`fill` split ``next``
+    so the next copy can be issued *after* the step's kernels were queued and *before* the host waits.
+    """
+
+    def __init__(self, batches: Iterable[T], copier: Copier | None = None, depth: int = 1,
+                 device: torch.device | str | None = None):
+        if depth < 0:
+            raise ValueError(f"Prefetcher: depth must be 0 or more, got {depth}")
+        if copier is None:
+            copier = copier_for(device if device is not None else "cpu")
+        self.copier = copier
+        self.depth = depth
+        self._source = iter(batches)
+        self._queue: deque[Pending | _Raised] = deque()
+        self._exhausted = False
+
+    def __iter__(self) -> "Prefetcher[T]":
+        return self
+
+    def __next__(self) -> T:
+        batch = self.take()
+        self.fill()
+        return batch
+
+    def take(self) -> T:
+        """The next batch, ready for the current stream; issues no further copy beyond the one it needs."""
+        if not self._queue:
+            self._pull()
+        if not self._queue:
+            raise StopIteration
+        head = self._queue.popleft()
+        if isinstance(head, _Raised):
+            self._exhausted = True
+            self._queue.clear()
+            raise head.exc
+        return self.copier.finish(head)
+
+    def fill(self) -> None:
+        """Issue copies until ``depth`` batches are in flight (or the source ends)."""
+        while len(self._queue) < self.depth and not self._exhausted:
+            self._pull()
+
+    def in_flight(self) -> int:
+        return len(self._queue)
+
+    def close(self) -> None:
+        """Drop what is in flight and close the source when it can be closed."""
+        self._queue.clear()
+        self._exhausted = True
+        close = getattr(self._source, "close", None)
+        if callable(close):
+            close()
+
+    def _pull(self) -> None:
+        if self._exhausted:
+            return
+        try:
+            batch = next(self._source)
+        except StopIteration:
+            self._exhausted = True
+            return
+        except Exception as exc:  # noqa: BLE001 - delivered in order by take()
+            self._exhausted = True
+            self._queue.append(_Raised(exc))
+            return
+        self._queue.append(self.copier.start(batch))
+
+
+_DONE = object()
+
+
+def pinned_in_background(batches: Iterable[T], depth: int = 2) -> Iterator[T]:
+    """Pin ``batches`` in a background thread, ``depth`` ahead, so pinning stays off the training thread.
+
+    Pinning is a host memcpy about as slow as the copy it enables; done in the loop it would leave the
+    device idle. Order is kept; an exception in the source is re-raised here with its traceback; the
+    thread stops when the iterator is closed or dropped.
+    """
+    q: queue.Queue = queue.Queue(maxsize=max(1, depth))
+    stop = threading.Event()
+
+    def put(item: Any) -> bool:
+        while not stop.is_set():
+            try:
+                q.put(item, timeout=0.05)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+    def work() -> None:
+        try:
+            for batch in batches:
+                if not put(pin_batch(batch)):
+                    return
+        except BaseException as exc:  # noqa: BLE001 - handed to the consumer
+            put(_Raised(exc))
+            return
+        put(_DONE)
+
+    thread = threading.Thread(target=work, name="accelbatch-pin", daemon=True)
+    thread.start()
+    try:
+        while True:
+            item = q.get()
+            if item is _DONE:
+                return
+            if isinstance(item, _Raised):
+                raise item.exc
+            yield item
+    finally:
+        stop.set()
+        thread.join(timeout=5)
+
+
+# --- counting host synchronisations -----------------------------------------------------------------------
+
+@dataclass
+class SyncCount:
+    """Host synchronisations seen inside :func:`count_host_syncs`, by kind."""
+
+    by_kind: dict[str, int] = field(default_factory=dict)
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    @property
+    def total(self) -> int:
+        return sum(self.by_kind.values())
+
+    def add(self, kind: str) -> None:
+        with self._lock:
+            self.by_kind[kind] = self.by_kind.get(kind, 0) + 1
+
+    def reset(self) -> None:
+        with self._lock:
+            self.by_kind.clear()
+
+
+_READS = ("item", "tolist", "numpy")          # explicit reads of tensor values
+_DEVICE_ONLY = ("cpu", "__bool__", "__float__", "__int__")  # syncs only when the tensor is on a device
+
+
+@contextlib.contextmanager
+def count_host_syncs(include_cpu_reads: bool = False) -> Iterator[SyncCount]:
+    """Count the calls that make the host wait for a device, while the block runs.
+
+    Counted: ``torch.cuda.synchronize``, ``torch.cuda.Stream.synchronize``, ``torch.cuda.Event.synchronize``
+    and, on tensors not on the CPU, ``item``/``tolist``/``numpy``/``cpu``/``bool()``/``float()``/``int()``
+    and a blocking ``.to`` that lands on the CPU. ``include_cpu_reads=True`` also counts
+    ``item``/``tolist``/``numpy`` on CPU tensors, so code that reads its results once per call can be
+    checked on a machine without a device. Not thread-isolated: calls from every thread are counted.
+    """
+    count = SyncCount()
+    undo: list[Callable[[], None]] = []
+
+    def patch(owner: Any, name: str, make: Callable[[Callable], Callable]) -> None:
+        had_own = name in vars(owner)
+        original = getattr(owner, name)
+        setattr(owner, name, make(original))
+
+        def restore() -> None:
+            if had_own:
+                setattr(owner, name, original)
+            else:
+                delattr(owner, name)
+        undo.append(restore)
+
+    def counted_always(kind: str) -> Callable[[Callable], Callable]:
+        def make(original: Callable) -> Callable:
+            def wrapper(*args: Any, **kwargs: Any) -> Any:
+                count.add(kind)
+                return original(*args, **kwargs)
+            return wrapper
+        return make
+
+    def counted_tensor(name: str, on_cpu_too: bool) -> Callable[[Callable], Callable]:
+        def make(original: Callable) -> Callable:
+            def wrapper(self: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
+                if self.device.type != "cpu" or on_cpu_too:
+                    count.add(f"Tensor.{name}")
+                return original(self, *args, **kwargs)
+            return wrapper
+        return make
+
+    def counted_to(original: Callable) -> Callable:
+        def wrapper(self: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
+            out = original(self, *args, **kwargs)
+            blocking = not kwargs.get("non_blocking", False) and not any(a is True for a in args)
+            if (isinstance(out, torch.Tensor) and self.device.type != "cpu" and out.device.type == "cpu"
+                    and blocking):
+                count.add("Tensor.to(cpu)")
+            return out
+        return wrapper
+
+    try:
+        patch(torch.cuda, "synchronize", counted_always("torch.cuda.synchronize"))
+        for cls_name in ("Stream", "Event"):
+            cls = getattr(torch.cuda, cls_name, None)
+            if cls is not None and hasattr(cls, "synchronize"):
+                patch(cls, "synchronize", counted_always(f"torch.cuda.{cls_name}.synchronize"))
+        for name in _READS:
+            patch(torch.Tensor, name, counted_tensor(name, include_cpu_reads))
+        for name in _DEVICE_ONLY:
+            patch(torch.Tensor, name, counted_tensor(name, False))
+        patch(torch.Tensor, "to", counted_to)
+        yield count
+    finally:
+        for restore in reversed(undo):
+            restore()
