@@ -1,0 +1,41 @@
+"""A CPU emulator of the PopTorch subset accelbatch's IPU backend uses.
+
+Import it where ``poptorch`` is not installed::
+
+    from accelbatch.backends import poptorch_emulator as poptorch
+
+and the same code runs on an IPU with ``import poptorch``. The emulator reproduces PopTorch's batching
+semantics (device iterations, replication, gradient accumulation, output modes), its DataLoader and
+AsynchronousDataAccessor, option freezing, compilation on the first call with fixed input shapes, and
+PopTorch's error texts. It adds ``PoplarExecutor.compile_count`` and ``compiled_input_shapes`` to make
+recompilations measurable, and ``IS_EMULATOR = True``.
+"""
+
+from . import enums, poptorch_core
+from .dataloader import DataLoader
+from .enums import (CommGroupType, ConnectionType, DataLoaderMode, MeanReductionStrategy, OutputMode,
+                    ReductionType, SharingStrategy)
+from .model import PoplarExecutor, inferenceModel, trainingModel
+from .ops import identity_loss, isRunningOnIpu
+from .options import Options
+from .poptorch_core import Error, RecoverableError, UnrecoverableError
+
+__version__ = "3.3.0+emulator"
+IS_EMULATOR = True
+
+
+def ipuHardwareIsAvailable(num_ipus: int = 1) -> bool:
+    """There is no IPU behind the emulator."""
+    return False
+
+
+def setLogLevel(level: str | int) -> None:
+    """Accepted for compatibility; the emulator logs through the ``poptorch_emulator`` logger."""
+
+
+__all__ = [
+    "CommGroupType", "ConnectionType", "DataLoader", "DataLoaderMode", "Error", "IS_EMULATOR",
+    "MeanReductionStrategy", "Options", "OutputMode", "PoplarExecutor", "RecoverableError", "ReductionType",
+    "SharingStrategy", "UnrecoverableError", "enums", "identity_loss", "inferenceModel",
+    "ipuHardwareIsAvailable", "isRunningOnIpu", "poptorch_core", "setLogLevel", "trainingModel",
+]

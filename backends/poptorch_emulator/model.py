@@ -1,0 +1,350 @@
+"""``trainingModel`` / ``inferenceModel`` and the ``PoplarExecutor`` they return, run on the CPU.
+
+What is reproduced from PopTorch (python/__init__.py, python/_poplar_executor.py):
+
+- The wrapper calls a shallow copy of the user's module, so parameters and buffers are shared: training
+  updates the user's ``nn.Module`` in place (PopTorch copies the weights back to the host on access).
+- The options are frozen when the wrapper is made, and the wrapper keeps an unfrozen-then-frozen clone.
+  The default output mode is ``Final`` for training and ``All`` for inference; a training model without
+  an optimizer gets ``SGD(lr=0.01)``.
+- The first call (or ``compile()``) "compiles": the batch dimension of every tensor input must be a
+  multiple of D * (R / input_group_size) * G (AssertionError "Invalid batch dimension: ..."), and the
+  input shapes, dtypes and constant values are recorded. A later call must match them exactly
+  ("Shape mismatch for {name}: expected ... but got ..."). ``compile_count`` counts compilations.
+- One call runs D device iterations. For training, each iteration runs G micro-batches on each of the R
+  replicas, reduces the gradients (Mean: divided by G*R, the default; Sum: summed) and makes one
+  optimizer step. The loss is the model's last output (``(output, loss)`` or just ``loss``).
+- The optimizer's hyper-parameters (lr, momentum, ...) are read when the model is made and by
+  ``setOptimizer``; changing them on the host optimizer alone has no effect, as on an IPU.
+"""
+
+from __future__ import annotations
+
+import copy
+import datetime
+import logging
+import time
+from typing import Any
+
+import torch
+
+from . import _outputs, _structure
+from ._inputs import ArgBinder, Batching, BoundInputs, CompiledInputs
+from .enums import CommGroupType, ConnectionType, OutputMode, ReductionType
+from .ops import _running_on_device
+from .options import Options
+from .poptorch_core import py_error
+
+logger = logging.getLogger("poptorch_emulator")
+
+NO_EXECUTABLE_ERR = "Model has not been compiled or has been destroyed."
+ALREADY_WRAPPED_ERR = ("Model has already been wrapped in 'poptorch.trainingModel'. Call model.destroy() "
+                       "on the model to unwrap before wrapping again.")
+# Set on a user's module while a trainingModel wraps it (PopTorch swaps the module's class instead).
+_WRAPPED_MARK = "_poptorch_emulator_wrapped"
+
+
+def _is_wrapped(model: torch.nn.Module) -> bool:
+    return bool(model.__dict__.get(_WRAPPED_MARK, False))
+
+
+def _set_wrapped(model: torch.nn.Module, wrapped: bool) -> None:
+    if wrapped:
+        model.__dict__[_WRAPPED_MARK] = True
+    else:
+        model.__dict__.pop(_WRAPPED_MARK, None)
+
+
+def _hyperparameters(optimizer: torch.optim.Optimizer) -> list[dict[str, Any]]:
+    return [{k: copy.copy(v) for k, v in group.items() if k != "params"}
+            for group in optimizer.param_groups]
+
+
+class PoplarExecutor:
+    """A model "compiled" for the (emulated) IPU; call it like the wrapped module."""
+
+    def __init__(self, model: torch.nn.Module, options: Options | None, training: bool,
+                 optimizer: torch.optim.Optimizer | None = None,
+                 user_model: torch.nn.Module | None = None) -> None:
+        if options is not None:
+            if not isinstance(options, Options):
+                raise py_error(f"Invalid type: 'options' is of type {type(options)} "
+                               "(Expected poptorch.Options)")
+            options._freeze()
+            options = options.clone()
+        else:
+            options = Options()
+        self._user_model = user_model or model
+        self._model = model
+        self._training = training
+        if training:
+            if options.defaultOutputMode():
+                options.outputMode(OutputMode.Final)
+            if optimizer is None:
+                optimizer = torch.optim.SGD(self._user_model.parameters(), lr=0.01)
+        else:
+            if options.defaultOutputMode():
+                options.outputMode(OutputMode.All)
+            if options.Training.gradient_accumulation != 1:
+                raise py_error(
+                    "You must set poptorch.Options().Training.gradientAccumulation to 1 or leave it as its "
+                    "default value (1) when running a poptorch.inferenceModel(). Use "
+                    "poptorch.Options().deviceIterations to process a sufficient number of batches each "
+                    "run for pipelined execution instead.")
+            if optimizer is not None:
+                raise AssertionError("Optimizer should be None for inference")
+        self._options = options
+        self._binder = ArgBinder(model)
+        self._compiled: CompiledInputs | None = None
+        self._compile_count = 0
+        self._compilation_time: datetime.timedelta | None = None
+        self._is_attached = False
+        self._optimizer: torch.optim.Optimizer | None = None
+        self._optimizer_hparams: list[dict[str, Any]] = []
+        if optimizer is not None:
+            self.setOptimizer(optimizer)
+        self._options._freeze()
+        if training:
+            _set_wrapped(self._user_model, True)
+
+    # -- attributes ---------------------------------------------------------------------------------
+    def __getattr__(self, attr: str) -> Any:
+        if attr.startswith("__") or attr in ("_user_model", "_model"):
+            raise AttributeError(attr)
+        return getattr(self._user_model, attr)
+
+    def __repr__(self) -> str:
+        return repr(self._user_model)
+
+    @property
+    def model(self) -> torch.nn.Module:
+        """The user's module (its parameters are the ones trained)."""
+        return self._user_model
+
+    @property
+    def options(self) -> Options:
+        return self._options
+
+    @property
+    def training(self) -> bool:
+        return self._training
+
+    # -- emulator extras ----------------------------------------------------------------------------
+    @property
+    def compile_count(self) -> int:
+        """How many times this wrapper compiled (1 after the first call; +1 after each destroy+call)."""
+        return self._compile_count
+
+    @property
+    def compiled_input_shapes(self) -> dict[str, tuple[tuple[int, ...], torch.dtype]]:
+        """Input name -> (shape, dtype) the current executable was compiled for (empty if none)."""
+        return self._compiled.shapes() if self._compiled is not None else {}
+
+    @property
+    def batching(self) -> Batching:
+        o = self._options
+        return Batching(device_iterations=o.device_iterations,
+                        gradient_accumulation=o.Training.gradient_accumulation,
+                        replication_factor=o.replication_factor,
+                        input_group_size=o.input_group_size,
+                        orthogonal_groups=o.input_cgt == CommGroupType.Orthogonal)
+
+    # -- compilation --------------------------------------------------------------------------------
+    def isCompiled(self) -> bool:
+        return self._compiled is not None
+
+    def compile(self, *args: Any, **kwargs: Any) -> None:
+        """Compile for these inputs without running (ignored with a warning if already compiled)."""
+        inputs = self._binder(args, kwargs)
+        if self.isCompiled():
+            logger.warning("Call to compile() ignored: the executable is already compiled")
+            return
+        self._compile(inputs)
+
+    def compilationTime(self) -> datetime.timedelta:
+        if not self.isCompiled():
+            raise py_error("Please compile the model before obtaining compilation time.")
+        assert self._compilation_time is not None
+        return self._compilation_time
+
+    def _compile(self, inputs: BoundInputs) -> None:
+        start = time.perf_counter()
+        batching = self.batching
+        for name, value in (("Options.deviceIterations", batching.device_iterations),
+                            ("Options.replicationFactor", batching.replication_factor),
+                            ("Options.Training.gradientAccumulation", batching.gradient_accumulation)):
+            if value < 1:
+                raise py_error(f"{name} must be at least 1, got {value}")
+        _outputs.check_period(OutputMode(self._options.output_mode), self._options.output_return_period,
+                              batching.device_iterations)
+        for tensor in inputs.tensors():
+            batching.check_batch_dim(tensor)
+        if any(t.requires_grad for t in inputs.tensors()):
+            logger.warning("Input tensor has requires_grad=True set. This tensor will be detached because "
+                           "backward pass via inputs is not supported.")
+        self._compiled = CompiledInputs(inputs)
+        self._compile_count += 1
+        self._compilation_time = datetime.timedelta(seconds=time.perf_counter() - start)
+        self._is_attached = self._options.connection_type != ConnectionType.Never
+
+    # -- device ---------------------------------------------------------------------------------------
+    def isAttachedToDevice(self) -> bool:
+        return self.isCompiled() and self._is_attached
+
+    def attachToDevice(self) -> None:
+        if not self.isCompiled():
+            raise py_error(NO_EXECUTABLE_ERR)
+        if self._options.connection_type == ConnectionType.Never:
+            raise AssertionError("Trying to attach to an offline device (ConnectionType.Never)")
+        if self._is_attached:
+            raise py_error("Device is already attached")
+        self._is_attached = True
+
+    def detachFromDevice(self) -> None:
+        if not self.isCompiled():
+            raise py_error(NO_EXECUTABLE_ERR)
+        if not self._is_attached:
+            raise py_error("Device is not attached")
+        self._is_attached = False
+
+    def destroy(self) -> None:
+        """Release the executable; a training model's module can then be wrapped again."""
+        if not self.isCompiled():
+            return
+        self._compiled = None
+        self._is_attached = False
+        if self._training:
+            _set_wrapped(self._user_model, False)
+
+    # -- weights and optimizer ------------------------------------------------------------------------
+    # Host and device share one copy of the weights, so the copies only check the state PopTorch checks.
+    def copyWeightsToHost(self) -> None:
+        if not self.isCompiled():
+            raise py_error(NO_EXECUTABLE_ERR)
+
+    def copyWeightsToDevice(self) -> None:
+        if not self.isCompiled():
+            raise py_error(NO_EXECUTABLE_ERR)
+
+    def copyWeightsToHostIfNeeded(self) -> bool:
+        return False
+
+    def load_state_dict(self, state_dict: dict[str, torch.Tensor], strict: bool = True) -> Any:
+        return self._user_model.load_state_dict(state_dict, strict)
+
+    def setOptimizer(self, optimizer: torch.optim.Optimizer) -> None:
+        """Use ``optimizer`` with its current hyper-parameters (call again after changing them)."""
+        self._optimizer = optimizer
+        self._optimizer_hparams = _hyperparameters(optimizer)
+
+    def _optimizer_step(self) -> None:
+        assert self._optimizer is not None
+        groups = self._optimizer.param_groups
+        host_values = [{k: g[k] for k in snap if k in g} for g, snap in zip(groups, self._optimizer_hparams)]
+        for group, snap in zip(groups, self._optimizer_hparams):
+            group.update(snap)
+        try:
+            self._optimizer.step()
+        finally:
+            for group, values in zip(groups, host_values):
+                group.update(values)
+
+    # -- running ----------------------------------------------------------------------------------------
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        if self._options.connection_type == ConnectionType.Never:
+            raise AssertionError("Trying to run a model on an offline device (ConnectionType.Never): use "
+                                 "model.compile(inputs) instead of model(inputs)")
+        inputs = self._binder(args, kwargs)
+        if not self.isCompiled():
+            self._compile(inputs)
+        if not self._is_attached:
+            self.attachToDevice()
+        assert self._compiled is not None
+        self._compiled.validate(inputs)
+        inputs = inputs.map(lambda t: t.detach())
+        with _running_on_device():
+            if self._training:
+                per_micro, structure = self._run_training(inputs)
+            else:
+                with torch.no_grad():
+                    per_micro, structure = self._run(inputs, lambda _out: None)
+        flat = _outputs.select(per_micro, OutputMode(self._options.output_mode),
+                               self._options.output_return_period)
+        if structure is None:
+            return None
+        return _structure.rebuild(structure, iter(flat))
+
+    def _run(self, inputs: BoundInputs, on_output) -> tuple[_outputs.MicroOutputs, Any]:
+        """Run every micro-batch of the call, in [D, G, R] order; ``on_output`` sees each raw output."""
+        b = self.batching
+        per_micro: _outputs.MicroOutputs = []
+        structure = None
+        for d in range(b.device_iterations):
+            per_g = []
+            for g in range(b.gradient_accumulation):
+                per_r = []
+                for r in range(b.replication_factor):
+                    micro = inputs.map(lambda t, d=d, g=g, r=r: b.micro_batch(t, d, g, r))
+                    out = self._model(*micro.args, **micro.kwargs)
+                    on_output(out)
+                    structure = out
+                    per_r.append([_outputs.to_host_dtype(t.detach()) for t in _structure.flatten(out)])
+                per_g.append(per_r)
+            per_micro.append(per_g)
+            if self._training:
+                self._end_of_iteration()
+        return per_micro, structure
+
+    def _run_training(self, inputs: BoundInputs) -> tuple[_outputs.MicroOutputs, Any]:
+        self._zero_grad()
+
+        def backward(out: Any) -> None:
+            tensors = _structure.flatten(out)
+            if not tensors or not tensors[-1].requires_grad:
+                raise py_error("Couldn't find a loss in graph! A training model's forward must return the "
+                               "loss as its last output (use poptorch.identity_loss or a torch loss).")
+            loss = tensors[-1]
+            loss.backward(torch.ones_like(loss) if loss.dim() else None)
+
+        return self._run(inputs, backward)
+
+    def _params(self) -> list[torch.nn.Parameter]:
+        assert self._optimizer is not None
+        return [p for group in self._optimizer.param_groups for p in group["params"]]
+
+    def _zero_grad(self) -> None:
+        for p in self._params():
+            p.grad = None
+
+    def _end_of_iteration(self) -> None:
+        """Reduce the accumulated gradients over G micro-batches x R replicas and update the weights."""
+        b = self.batching
+        reduction = self._options.Training.accumulation_and_replication_reduction_type
+        if reduction == ReductionType.Mean:
+            scale = 1.0 / (b.gradient_accumulation * b.replication_factor)
+            for p in self._params():
+                if p.grad is not None:
+                    p.grad.mul_(scale)
+        self._optimizer_step()
+        self._zero_grad()
+
+
+def trainingModel(model: torch.nn.Module | PoplarExecutor, options: Options | None = None,
+                  optimizer: torch.optim.Optimizer | None = None) -> PoplarExecutor:
+    """Wrap ``model`` for training; its forward returns ``(output..., loss)`` or ``loss``."""
+    if isinstance(model, PoplarExecutor):
+        model = model._user_model
+    if _is_wrapped(model):
+        raise RuntimeError(ALREADY_WRAPPED_ERR)
+    return PoplarExecutor(copy.copy(model), options, training=True, optimizer=optimizer, user_model=model)
+
+
+def inferenceModel(model: torch.nn.Module | PoplarExecutor,
+                   options: Options | None = None) -> PoplarExecutor:
+    """Wrap ``model`` for inference (forward only, no gradient)."""
+    if isinstance(model, PoplarExecutor):
+        model = model._user_model
+    return PoplarExecutor(copy.copy(model), options, training=False, user_model=model)
+
+
+__all__ = ["PoplarExecutor", "inferenceModel", "trainingModel"]

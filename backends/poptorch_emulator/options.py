@@ -1,0 +1,373 @@
+"""``poptorch.Options``: the subset of PopTorch's options the emulator honours, with PopTorch's freezing.
+
+Behaviour reproduced from PopTorch (python/options.py, python/_options_impl.py):
+
+- Every option lives in a dictionary of known keys; setting an unknown key or a value of another type
+  fails with an ``AssertionError`` naming the option.
+- Setters return the options object, so calls chain: ``Options().deviceIterations(4).randomSeed(0)``.
+- Options are frozen once a model wrapper or a ``DataLoader`` uses them: every later setter, on the
+  options or on one of their categories (``Training``, ``Distributed``, ``_Popart``), raises
+  ``AttributeError("Can't modify frozen Options")``. ``clone()`` and ``copy.deepcopy`` give an unfrozen
+  copy.
+- Values are read back as attributes: ``opts.device_iterations``, ``opts.replication_factor``,
+  ``opts.input_group_size``, ``opts.output_mode``, ``opts.output_return_period``, ``opts.random_seed``
+  (only once set: check with ``opts.exists("random_seed")``), ``opts.Training.gradient_accumulation``,
+  ``opts.Training.accumulation_and_replication_reduction_type``, ``opts.Distributed.numProcesses``.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+import os
+from typing import Any
+
+import torch
+
+from . import enums
+
+logger = logging.getLogger("poptorch_emulator")
+
+FROZEN_MESSAGE = "Can't modify frozen Options"
+
+_PRIVATE_SLOTS = ("_values", "_frozen", "_children", "_disabled_warnings")
+
+
+class _OptionsDict:
+    """A dictionary of options whose keys are fixed at construction and which can be frozen."""
+
+    def __init__(self, **defaults: Any) -> None:
+        object.__setattr__(self, "_frozen", False)
+        object.__setattr__(self, "_disabled_warnings", set())
+        object.__setattr__(self, "_values", dict(defaults))
+
+    # -- freezing ---------------------------------------------------------------------------------
+    def _sub_options(self) -> list[Any]:
+        return [v for v in vars(self).values() if isinstance(v, (_OptionsDict, _PopartOptions))]
+
+    def _set_frozen(self, frozen: bool) -> None:
+        object.__setattr__(self, "_frozen", frozen)
+        for child in self._sub_options():
+            child._set_frozen(frozen)
+
+    def _freeze(self) -> None:
+        self._set_frozen(True)
+
+    def _unfreeze(self) -> None:
+        self._set_frozen(False)
+
+    def checkIsFrozen(self, option: str | None = None) -> None:
+        if self._frozen:
+            raise AttributeError(FROZEN_MESSAGE)
+
+    # -- values -----------------------------------------------------------------------------------
+    def set(self, **kwargs: Any) -> "_OptionsDict":
+        self.checkIsFrozen()
+        for option, value in kwargs.items():
+            if option not in self._values:
+                raise AssertionError(
+                    "Invalid option %s, valid options are %s" % (option, self._values.keys()))
+            expected = type(self._values[option])
+            if not isinstance(value, expected):
+                raise AssertionError(
+                    "Unexpected type %s for option %s. Expected %s" % (type(value), option, expected))
+            self._values[option] = value
+        return self
+
+    def createOrSet(self, **kwargs: Any) -> "_OptionsDict":
+        self.checkIsFrozen()
+        for option, value in kwargs.items():
+            if option in self._values:
+                self.set(**{option: value})
+            else:
+                self._values[option] = value
+        return self
+
+    def exists(self, option: str) -> bool:
+        return option in self._values
+
+    def deleteIfExists(self, option: str) -> None:
+        self.checkIsFrozen()
+        self._values.pop(option, None)
+
+    def toDict(self) -> dict[str, Any]:
+        return dict(self._values)
+
+    def __getattr__(self, option: str) -> Any:
+        # Only called when normal lookup fails: public names are option values.
+        values = self.__dict__.get("_values")
+        if values is None or option.startswith("_") or option not in values:
+            raise AttributeError(f"Invalid attribute {option}.")
+        return values[option]
+
+    def __setattr__(self, option: str, value: Any) -> None:
+        self.checkIsFrozen(option)
+        if option.startswith("_"):
+            object.__setattr__(self, option, value)
+        else:
+            self.set(**{option: value})
+
+    def __call__(self, option: str) -> Any:
+        return getattr(self, option)
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> "_OptionsDict":
+        cls = type(self)
+        new = cls.__new__(cls)
+        memo[id(self)] = new
+        for key, val in vars(self).items():
+            object.__setattr__(new, key, False if key == "_frozen" else copy.deepcopy(val, memo))
+        return new
+
+    def __getstate__(self) -> dict[str, Any]:
+        return dict(vars(self))
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        for key, val in state.items():
+            object.__setattr__(self, key, val)
+
+    def __repr__(self) -> str:
+        body = ", ".join(f"{k}={v!r}" for k, v in self._values.items())
+        return f"{type(self).__name__}({body})"
+
+
+class _PopartOptions:
+    """Free-form backend options (``opts._Popart.set(key, value)``); stored, not interpreted."""
+
+    def __init__(self) -> None:
+        self._frozen = False
+        self.options: dict[str, Any] = {}
+
+    def _set_frozen(self, frozen: bool) -> None:
+        self._frozen = frozen
+
+    def checkIsFrozen(self, option: str | None = None) -> None:
+        if self._frozen:
+            raise AttributeError(FROZEN_MESSAGE)
+
+    def set(self, key: str, value: Any) -> "_PopartOptions":
+        self.checkIsFrozen()
+        self.options[key] = value
+        return self
+
+    def setEngineOptions(self, engine_options: dict[str, str]) -> "_PopartOptions":
+        return self.set("engineOptions", engine_options)
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> "_PopartOptions":
+        new = _PopartOptions()
+        memo[id(self)] = new
+        new.options = copy.deepcopy(self.options, memo)
+        return new
+
+    def __repr__(self) -> str:
+        return "_PopartOptions(" + ", ".join(f"{k}={v!r}" for k, v in self.options.items()) + ")"
+
+
+class _TrainingOptions(_OptionsDict):
+    """``opts.Training``: options that only apply to a ``trainingModel``."""
+
+    def __init__(self) -> None:
+        super().__init__(
+            gradient_accumulation=1,
+            accumulation_and_replication_reduction_type=enums.ReductionType.Mean,
+            meanAccumulationAndReplicationReductionStrategy=enums.MeanReductionStrategy.Post,
+        )
+
+    def gradientAccumulation(self, gradient_accumulation: int) -> "_TrainingOptions":
+        """Micro-batches whose gradients are accumulated before each weight update."""
+        self.set(gradient_accumulation=gradient_accumulation)
+        return self
+
+    def accumulationAndReplicationReductionType(
+            self, reduction_type: enums.ReductionType) -> "_TrainingOptions":
+        """Mean (default) or Sum of the gradients over accumulated micro-batches and replicas."""
+        if (not isinstance(reduction_type, enums.ReductionType)
+                or reduction_type == enums.ReductionType.NoReduction):
+            raise ValueError("accumulationAndReplicationReductionType must be set to "
+                             "poptorch.ReductionType.Mean or poptorch.ReductionType.Sum")
+        self.set(accumulation_and_replication_reduction_type=reduction_type)
+        return self
+
+    def setMeanAccumulationAndReplicationReductionStrategy(
+            self, mean_reduction_strategy: enums.MeanReductionStrategy) -> "_TrainingOptions":
+        """When the Mean reduction divides; all strategies give the same float32 result here."""
+        self.set(meanAccumulationAndReplicationReductionStrategy=mean_reduction_strategy)
+        return self
+
+
+class _DistributedOptions(_OptionsDict):
+    """``opts.Distributed``: this process's id among the processes sharing a run.
+
+    As in PopTorch, the defaults come from ``OMPI_COMM_WORLD_RANK`` / ``OMPI_COMM_WORLD_SIZE``.
+    """
+
+    def __init__(self) -> None:
+        super().__init__(num_distributed_processes=1, distributed_process_id=0)
+        self.setEnvVarNames("OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_RANK")
+
+    def disable(self) -> "_DistributedOptions":
+        self.set(num_distributed_processes=1, distributed_process_id=0)
+        return self
+
+    def setEnvVarNames(self, var_num_processes: str, var_process_id: str) -> "_DistributedOptions":
+        return self.configureProcessId(int(os.environ.get(var_process_id, "0")),
+                                       int(os.environ.get(var_num_processes, "1")))
+
+    def configureProcessId(self, process_id: int, num_processes: int) -> "_DistributedOptions":
+        self.set(distributed_process_id=process_id)
+        self.set(num_distributed_processes=num_processes)
+        return self
+
+    @property
+    def processId(self) -> int:
+        return self.distributed_process_id
+
+    @property
+    def numProcesses(self) -> int:
+        return self.num_distributed_processes
+
+
+class Options(_OptionsDict):
+    """How a model is compiled and run; pass it to the model wrappers and to ``poptorch.DataLoader``.
+
+    >>> opts = Options().deviceIterations(4).replicationFactor(2)
+    >>> opts.Training.gradientAccumulation(8)
+    """
+
+    def __init__(self) -> None:
+        object.__setattr__(self, "_training", _TrainingOptions())
+        object.__setattr__(self, "_distributed", _DistributedOptions())
+        object.__setattr__(self, "_popart", _PopartOptions())
+        super().__init__(
+            replication_factor=1,
+            input_group_size=1,
+            input_cgt=enums.CommGroupType.Consecutive,
+            broadcast_buffers=True,
+            device_iterations=1,
+            log_dir=".",
+            auto_round_num_ipus=False,
+            output_mode=enums.OutputMode.Default.value,
+            output_return_period=1,
+            connection_type=enums.ConnectionType.Always.value,
+        )
+        path = os.environ.get("POPTORCH_CACHE_DIR", "")
+        if path:
+            self.enableExecutableCaching(path)
+
+    # -- categories -------------------------------------------------------------------------------
+    @property
+    def Training(self) -> _TrainingOptions:
+        return self._training
+
+    @property
+    def Distributed(self) -> _DistributedOptions:
+        return self._distributed
+
+    @property
+    def _Popart(self) -> _PopartOptions:
+        return self._popart
+
+    # -- batching ---------------------------------------------------------------------------------
+    def deviceIterations(self, device_iterations: int) -> "Options":
+        """Iterations (weight updates when training) run on the device per host call."""
+        self.set(device_iterations=device_iterations)
+        return self
+
+    def replicationFactor(self, replication_factor: int) -> "Options":
+        """Number of replicas of the model, each fed its own micro-batch (data parallelism)."""
+        self.set(replication_factor=replication_factor)
+        return self
+
+    def inputReplicaGrouping(self, input_group_size: int,
+                             input_group_type: enums.CommGroupType) -> "Options":
+        """Replicas in one input group receive the same input data."""
+        if input_group_type == enums.CommGroupType.NoGrouping:
+            input_group_size = 1
+            input_group_type = enums.CommGroupType.Consecutive
+        if input_group_type == enums.CommGroupType.All:
+            raise ValueError("input_group_type cannot be All")
+        if self.replication_factor < input_group_size:
+            raise ValueError("input_group_size cannot be larger than replication_factor")
+        if self.replication_factor % input_group_size != 0:
+            raise ValueError("input_group_size must be a factor of replication_factor")
+        self.set(input_group_size=input_group_size)
+        self.set(input_cgt=input_group_type)
+        return self
+
+    def outputMode(self, output_mode: enums.OutputMode,
+                   output_return_period: int | None = None) -> "Options":
+        """Which micro-batches' outputs to return: All, Final, Sum, EveryN (with a period) or Default."""
+        if not isinstance(output_mode, enums.OutputMode):
+            raise AssertionError(f"output_mode must be a poptorch.OutputMode, not {output_mode!r}")
+        if output_mode == enums.OutputMode.EveryN:
+            if not (output_return_period and output_return_period > 0):
+                raise AssertionError(
+                    "EveryN anchor must have output_return_period set to valid positive integer")
+        elif output_return_period:
+            logger.info("Anchor return period argument ignored with output_mode set to %s", output_mode)
+        self.set(output_mode=output_mode.value, output_return_period=output_return_period or 1)
+        return self
+
+    def defaultOutputMode(self) -> bool:
+        return self.output_mode == enums.OutputMode.Default
+
+    # -- misc ---------------------------------------------------------------------------------------
+    def randomSeed(self, random_seed: int) -> "Options":
+        """Seed the device's random generator (and, as PopTorch does, torch's host generator)."""
+        if not isinstance(random_seed, int):
+            raise AssertionError(f"random_seed must be an int, not {type(random_seed)}")
+        torch.manual_seed(random_seed)
+        self.createOrSet(random_seed=random_seed)
+        return self
+
+    def enableExecutableCaching(self, path: str | None) -> "Options":
+        if path is None:
+            self._Popart.set("enableEngineCaching", False)
+        else:
+            self._Popart.set("cachePath", path)
+            self._Popart.set("enableEngineCaching", True)
+        return self
+
+    def connectionType(self, connection_type: enums.ConnectionType) -> "Options":
+        if not isinstance(connection_type, enums.ConnectionType):
+            raise AssertionError(f"connection_type must be a poptorch.ConnectionType, not {connection_type!r}")
+        self.set(connection_type=connection_type.value)
+        return self
+
+    def useIpuModel(self, use_model: bool) -> "Options":
+        self.createOrSet(use_model=use_model)
+        return self
+
+    def autoRoundNumIPUs(self, auto_round_num_ipus: bool = True) -> "Options":
+        self.set(auto_round_num_ipus=auto_round_num_ipus)
+        return self
+
+    def broadcastBuffers(self, broadcast_buffers: bool = True) -> "Options":
+        self.set(broadcast_buffers=broadcast_buffers)
+        return self
+
+    def logDir(self, log_dir: str) -> "Options":
+        self.set(log_dir=log_dir)
+        return self
+
+    def modelName(self, name: str) -> "Options":
+        self.createOrSet(model_name=name)
+        return self
+
+    def clone(self) -> "Options":
+        """An unfrozen deep copy."""
+        return copy.deepcopy(self)
+
+    def toDict(self) -> dict[str, Any]:
+        out = dict(self._popart.options)
+        out.update(self._values)
+        out.update(self._training.toDict())
+        out.update(self._distributed.toDict())
+        return out
+
+    def __repr__(self) -> str:
+        body = ", ".join(f"{k}={v!r}" for k, v in self._values.items())
+        return (f"Options({body}, Training={self._training!r}, Distributed={self._distributed!r}, "
+                f"_Popart={self._popart!r})")
+
+
+__all__ = ["Options", "FROZEN_MESSAGE"]

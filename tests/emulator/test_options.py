@@ -1,0 +1,117 @@
+"""Options: setters, getters, freezing (PopTorch python/options.py, python/_options_impl.py)."""
+
+import copy
+
+import pytest
+import torch
+
+from accelbatch.backends import poptorch_emulator as poptorch
+
+FROZEN = "Can't modify frozen Options"
+
+
+def test_defaults_and_getters():
+    opts = poptorch.Options()
+    assert opts.device_iterations == 1
+    assert opts.replication_factor == 1
+    assert opts.input_group_size == 1
+    assert opts.Training.gradient_accumulation == 1
+    assert opts.Training.accumulation_and_replication_reduction_type == poptorch.ReductionType.Mean
+    assert opts.defaultOutputMode()
+    assert opts.Distributed.numProcesses == 1 and opts.Distributed.processId == 0
+    assert not opts.exists("random_seed")
+
+
+def test_setters_chain_and_read_back():
+    opts = poptorch.Options().deviceIterations(4).replicationFactor(2).randomSeed(7)
+    opts.Training.gradientAccumulation(3).accumulationAndReplicationReductionType(poptorch.ReductionType.Sum)
+    opts.outputMode(poptorch.OutputMode.EveryN, output_return_period=2)
+    assert (opts.device_iterations, opts.replication_factor, opts.random_seed) == (4, 2, 7)
+    assert opts.Training.gradient_accumulation == 3
+    assert opts.Training.accumulation_and_replication_reduction_type == poptorch.ReductionType.Sum
+    assert opts.output_mode == poptorch.OutputMode.EveryN and opts.output_return_period == 2
+    # attribute-style assignment goes through the same checks
+    opts.device_iterations = 5
+    assert opts.device_iterations == 5
+
+
+def test_invalid_option_name_and_type():
+    opts = poptorch.Options()
+    with pytest.raises(AssertionError, match="Invalid option foo, valid options are"):
+        opts.set(foo=1)
+    with pytest.raises(AssertionError, match="Unexpected type <class 'float'> for option device_iterations"):
+        opts.deviceIterations(2.0)
+    with pytest.raises(AttributeError, match="Invalid attribute nope."):
+        _ = opts.nope
+
+
+def test_reduction_type_and_output_mode_checks():
+    opts = poptorch.Options()
+    msg = ("accumulationAndReplicationReductionType must be set to poptorch.ReductionType.Mean or "
+           "poptorch.ReductionType.Sum")
+    with pytest.raises(ValueError, match=msg):
+        opts.Training.accumulationAndReplicationReductionType(poptorch.ReductionType.NoReduction)
+    with pytest.raises(AssertionError, match="EveryN anchor must have output_return_period set to valid"):
+        opts.outputMode(poptorch.OutputMode.EveryN)
+
+
+def test_input_replica_grouping_checks():
+    opts = poptorch.Options().replicationFactor(4)
+    with pytest.raises(ValueError, match="input_group_type cannot be All"):
+        opts.inputReplicaGrouping(2, poptorch.CommGroupType.All)
+    with pytest.raises(ValueError, match="input_group_size cannot be larger than replication_factor"):
+        opts.inputReplicaGrouping(8, poptorch.CommGroupType.Consecutive)
+    with pytest.raises(ValueError, match="input_group_size must be a factor of replication_factor"):
+        opts.inputReplicaGrouping(3, poptorch.CommGroupType.Consecutive)
+    opts.inputReplicaGrouping(2, poptorch.CommGroupType.Orthogonal)
+    assert opts.input_group_size == 2
+
+
+def _assert_frozen(opts):
+    with pytest.raises(AttributeError, match=FROZEN):
+        opts.deviceIterations(2)
+    with pytest.raises(AttributeError, match=FROZEN):
+        opts.randomSeed(42)
+    with pytest.raises(AttributeError, match=FROZEN):
+        opts.Training.gradientAccumulation(2)
+    with pytest.raises(AttributeError, match=FROZEN):
+        opts.Distributed.configureProcessId(0, 2)
+    with pytest.raises(AttributeError, match=FROZEN):
+        opts._Popart.set("groupNormStridedChannelGrouping", True)
+    with pytest.raises(AttributeError, match=FROZEN):
+        opts.replication_factor = 2
+
+
+def test_model_freezes_options_and_keeps_a_frozen_clone():
+    opts = poptorch.Options()
+    model = poptorch.trainingModel(torch.nn.Linear(2, 2), options=opts)
+    _assert_frozen(opts)
+    _assert_frozen(model.options)
+    assert model.options is not opts
+    # the wrapper's clone got the training default; the user's options did not
+    assert model.options.output_mode == poptorch.OutputMode.Final
+    assert opts.defaultOutputMode()
+
+
+def test_dataloader_freezes_options():
+    opts = poptorch.Options()
+    loader = poptorch.DataLoader(opts, torch.utils.data.TensorDataset(torch.zeros(4, 1)))
+    _assert_frozen(opts)
+    _assert_frozen(loader.options)
+
+
+def test_clone_and_deepcopy_are_unfrozen():
+    opts = poptorch.Options().deviceIterations(3)
+    poptorch.inferenceModel(torch.nn.Linear(2, 2), opts)
+    for copied in (opts.clone(), copy.deepcopy(opts)):
+        copied.deviceIterations(5)
+        copied.Training.gradientAccumulation(2)
+        copied.Distributed.configureProcessId(1, 2)
+        copied._Popart.set("autoRecomputation", 3)
+        assert copied.device_iterations == 5
+    assert opts.device_iterations == 3
+
+
+def test_invalid_options_type_for_model():
+    with pytest.raises(poptorch.Error, match="Invalid type: 'options' is of type"):
+        poptorch.inferenceModel(torch.nn.Linear(2, 2), options={"deviceIterations": 2})
