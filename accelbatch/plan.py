@@ -30,7 +30,8 @@ Training call, as in PopTorch:
 * A call whose row count is a multiple of ``D x R x G`` other than the combined batch is accepted, as
   PopTorch does: its micro batch is ``rows / (D x R x G)`` (dynamic batching changes ``b``, never ``D``,
   ``R`` or ``G``). Any other row count fails :meth:`ExecutionPlan.validate_batch` with PopTorch's
-  "Invalid batch dimension" text, unless it is an epoch tail (below).
+  "Invalid batch dimension" text, unless the plan has ``drop_last=False`` and the call has fewer rows than
+  the combined batch: that is an epoch tail (below), whatever its divisibility.
 
 Inference (:meth:`ExecutionPlan.for_inference`): the same world rows, micro batch ``b x G``, ``G = 1`` (an
 inference plan with ``G > 1`` is refused, as PopTorch's ``inferenceModel`` refuses it), output ``ALL``:
@@ -38,8 +39,8 @@ evaluation always needs every row's reply. An eval call may carry fewer rows tha
 last batch of an evaluation); it is cut into micro-batches of the eval micro batch, the last one shorter.
 
 Partial tail policy (``drop_last=False`` only; with ``drop_last=True``, the default, the world drops the
-tail and says so). A training call with ``n`` rows, ``n`` < combined batch and not a multiple of
-``D x R x G``, is the epoch's tail and runs as follows, identically on every backend:
+tail and says so). A training call with ``n`` rows, ``n`` < combined batch, is the epoch's tail and runs as
+follows, identically on every backend:
 
 1. it is cut, in row order, into ``M = ceil(n / b)`` micro-batches of ``b`` rows (the plan's micro batch);
    only the last one may be shorter;
@@ -318,7 +319,7 @@ class ExecutionPlan:
 
     def is_tail(self, rows: int) -> bool:
         """True when a call of ``rows`` rows is run by the partial-tail policy."""
-        return (not self.drop_last and 0 < rows < self.combined_batch and rows % self.factor != 0)
+        return not self.drop_last and 0 < rows < self.combined_batch
 
     # --- layout ------------------------------------------------------------------------------
     def layout(self, rows: int, name: str = "input") -> CallLayout:
@@ -340,10 +341,10 @@ class ExecutionPlan:
         if not self.training:
             b = self.micro_batch if n <= self.combined_batch else _ceil_div(n, d * r)
             partial = False
-        elif n % self.factor == 0:
-            b, partial = n // self.factor, False
-        else:
+        elif self.is_tail(n):
             b, partial = self.micro_batch, True
+        else:
+            b, partial = n // self.factor, False
         m = _ceil_div(n, b)
         starts = tuple(range(0, n, b))
         stops = tuple(min(s + b, n) for s in starts)
