@@ -332,14 +332,14 @@ class ExecutionPlan:
         """
         if rows < 1:
             raise PlanError(f"'{name}' has no rows: a call needs at least one row")
-        if self.training and not self.is_tail(rows):
+        if (self.training and not self.is_tail(rows)) or (not self.training and rows > self.combined_batch):
             self.validate_batch(rows, name)
         return _layout(self, rows)
 
     def _layout_uncached(self, n: int) -> CallLayout:
         d, r, g = self.device_iterations, self.replication_factor, self.gradient_accumulation
         if not self.training:
-            b = self.micro_batch if n <= self.combined_batch else _ceil_div(n, d * r)
+            b = self.micro_batch if n <= self.combined_batch else n // (d * r)
             partial = False
         elif self.is_tail(n):
             b, partial = self.micro_batch, True

@@ -5,7 +5,7 @@ from __future__ import annotations
 import importlib
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, Iterable
 
 import torch
 
@@ -75,6 +75,25 @@ class Backend(ABC):
     def setup(self, opts: "Opts") -> None:
         """Start whatever the backend needs (processes, devices)."""
 
+    @property
+    def rank(self) -> int:
+        """This process's replica index (0 without replication processes)."""
+        return 0
+
+    @property
+    def world_size(self) -> int:
+        """Replica processes taking part (1 in a single process)."""
+        return 1
+
+    def is_main_process(self) -> bool:
+        """True on the process that writes checkpoints and logs (rank 0)."""
+        return self.rank == 0
+
+    def make_loader(self, batches: Iterable[TensorBatch], plan: Any) -> Iterable[TensorBatch]:
+        """Wrap an iterable of combined batches for this device (pinned memory, prefetch, poptorch's
+        DataLoader...); the default hands them over unchanged."""
+        return batches
+
     @abstractmethod
     def compile(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer | None, plan: Any) -> Engine:
         """Wrap model and optimizer into an engine running the given execution plan."""
@@ -119,5 +138,6 @@ def get_backend(name: str) -> type[Backend]:
     ok, why = cls.is_available()
     if not ok:
         usable = [n for n, reason in available_backends().items() if not reason]
-        raise BackendUnavailable(f"--device {name}: {why}. Usable here: {', '.join(usable) or 'none'}")
+        raise BackendUnavailable(f"--device {name}: {why}. Usable here: {', '.join(usable) or 'none'} "
+                                 "(pick one with --device)")
     return cls

@@ -1,51 +1,369 @@
-"""CPU backend (minimal placeholder: one process, one micro batch per call).
+"""CPU backend: the execution plan run in one process, or replicated over torch.distributed (gloo).
 
-The full plan-aware engine (device iterations, accumulation, replication, hogwild) replaces this.
+* :class:`PlanEngine` (one process) runs a call as :meth:`ExecutionPlan.layout` describes it: D weight
+  updates, each over G micro-batches x R replicas; with R > 1 and no process group the replicas are
+  simulated in this process (their micro-batches simply join the update's accumulation), which gives the
+  same weights as R processes. Micro-batches are views of the combined batch (no copy, no per-row Python).
+* :class:`ReplicatedEngine` (R processes, torch.distributed initialised with ``world_size == R``):
+  **each process receives only its own replica's rows**, the ``[D, G, b]`` slice of the combined batch
+  (``plan.shard(batch, rank)`` cuts it from a full batch; a sharded world can produce it directly), runs
+  its micro-batches and all-reduces the gradients before each of the D updates. The gradients live in one
+  flat buffer (each ``param.grad`` is a view of it), so an update costs one ``all_reduce``; the loss and
+  micro-batch count ride in two extra slots of the same buffer. Micro-batch losses are pre-scaled by the
+  layout's weights (1/(G*R) for Mean), so the all-reduced SUM is the update's gradient. Initial weights and
+  buffers are broadcast from rank 0. With ``drop_last=False`` every call first all-reduces the shard
+  sizes (R integers) so all replicas agree on the tail layout; with ``drop_last=True`` (default) no extra
+  collective is made. Outputs: by default each process gets its own shard's outputs (``rows`` index its
+  shard), which is what a world running on its own shard needs; ``gather_outputs=True`` all-gathers them
+  so every rank (rank 0 builds the replies) gets the full call's outputs in the plan's order with ``rows``
+  indexing the combined batch. ``eval_step`` is local (no collective): each process evaluates its rows.
+  Metrics are combined with :meth:`CPUBackend.reduce_metrics` (sums across processes).
 """
 
 from __future__ import annotations
 
-from typing import Any
+import dataclasses
+from typing import Any, Mapping
 
 import torch
+import torch.distributed as dist
 
+from accelbatch.plan import CallLayout, ExecutionPlan, OutputMode, PlanError, batch_rows, combine_outputs
+
+from . import distributed
 from .base import Backend, Engine, StepResult, TensorBatch
 
 
-class LocalEngine(Engine):
-    """Runs forward/backward/step in the calling process."""
+def _slice(batch: Mapping[str, torch.Tensor], start: int, stop: int, rows: int) -> TensorBatch:
+    if start == 0 and stop == rows:
+        return batch  # type: ignore[return-value]
+    return {k: (v[start:stop] if v.dim() else v) for k, v in batch.items()}
 
-    def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer | None, plan: Any = None):
+
+def _loss_of(out: Mapping[str, torch.Tensor]) -> torch.Tensor:
+    try:
+        return out["loss"]
+    except (KeyError, TypeError):
+        raise PlanError("the model's forward(batch) must return a dict with 'loss' (the mean loss over the "
+                        "micro-batch's rows) when training") from None
+
+
+def _detached(out: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    return {k: v.detach() for k, v in out.items() if k != "loss"}
+
+
+class PlanEngine(Engine):
+    """Runs an :class:`ExecutionPlan` in the calling process (replicas, if any, simulated in order)."""
+
+    def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer | None,
+                 plan: ExecutionPlan | None = None):
         self.model = model
         self.optimizer = optimizer
-        self.plan = plan
+        self.plan = plan if plan is not None else ExecutionPlan()
+        self.eval_plan = self.plan.for_inference()
+
+    # --- training ----------------------------------------------------------------------------
+    def _check_train(self) -> None:
+        if self.optimizer is None:
+            raise PlanError("train_step needs an optimizer: compile the model with one")
+        if not self.plan.training:
+            raise PlanError("this engine was compiled with an inference plan; compile with "
+                            "ExecutionPlan.from_opts(opts, training=True) to train")
+        if not self.model.training:
+            self.model.train()
 
     def train_step(self, batch: TensorBatch) -> StepResult:
-        self.model.train()
-        out = self.model(batch)
-        loss = out["loss"]
-        assert self.optimizer is not None
-        self.optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        self.optimizer.step()
-        outputs = {k: v.detach() for k, v in out.items() if k != "loss"}
-        return StepResult(outputs=outputs, rows=None, loss=float(loss.detach()), updates=1)
+        self._check_train()
+        n = batch_rows(batch)
+        lay = self.plan.layout(n)
+        model, opt = self.model, self.optimizer
+        keep = _keep_flags(lay)
+        losses: list[torch.Tensor] = []
+        kept: dict[int, dict[str, torch.Tensor]] = {}
+        for js in lay.updates:
+            opt.zero_grad(set_to_none=True)
+            for j in js:
+                out = model(_slice(batch, lay.starts[j], lay.stops[j], n))
+                loss = _loss_of(out)
+                w = lay.weight[j]
+                (loss if w == 1.0 else loss * w).backward()
+                losses.append(loss.detach())
+                if keep[j]:
+                    kept[j] = _detached(out)
+            opt.step()
+        outputs = combine_outputs(lay, [kept[j] for j in lay.kept])
+        mean_loss = (losses[0] if len(losses) == 1 else torch.stack(losses).mean()).item()
+        return StepResult(outputs=outputs, rows=lay.out_rows, loss=mean_loss, updates=lay.num_updates,
+                          extras={"micro_batches": lay.num_micro_batches, "partial": lay.partial})
 
+    # --- inference ---------------------------------------------------------------------------
     @torch.no_grad()
     def eval_step(self, batch: TensorBatch) -> StepResult:
-        self.model.eval()
-        out = self.model(batch)
-        loss = out.get("loss")
-        outputs = {k: v for k, v in out.items() if k != "loss"}
-        return StepResult(outputs=outputs, rows=None, loss=None if loss is None else float(loss))
+        n = batch_rows(batch)
+        lay = self.eval_plan.layout(n)
+        if self.model.training:
+            self.model.eval()
+        outs: list[dict[str, torch.Tensor]] = []
+        loss_sum: torch.Tensor | None = None
+        for j in range(lay.num_micro_batches):
+            s, e = lay.starts[j], lay.stops[j]
+            out = self.model(_slice(batch, s, e, n))
+            loss = out.get("loss")
+            if loss is not None:
+                part = loss * (e - s)
+                loss_sum = part if loss_sum is None else loss_sum + part
+            outs.append(_detached(out))
+        outputs = combine_outputs(lay, outs)
+        return StepResult(outputs=outputs, rows=lay.out_rows,
+                          loss=None if loss_sum is None else float(loss_sum) / n, updates=0,
+                          extras={"micro_batches": lay.num_micro_batches})
+
+    # --- persistence -------------------------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        state = {"model": self.model.state_dict()}
+        if self.optimizer is not None:
+            state["optimizer"] = self.optimizer.state_dict()
+        return state
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.model.load_state_dict(state["model"])
+        if self.optimizer is not None and "optimizer" in state:
+            self.optimizer.load_state_dict(state["optimizer"])
+
+
+def _keep_flags(lay: CallLayout) -> list[bool]:
+    flags = [False] * lay.num_micro_batches
+    for j in lay.kept:
+        flags[j] = True
+    return flags
+
+
+@dataclasses.dataclass(frozen=True)
+class _ReplicaSteps:
+    """One replica's part of a call: per update, (local start, local stop, weight, j) of its micro-batches."""
+
+    updates: tuple[tuple[tuple[int, int, float, int], ...], ...]
+    shard_rows: int
+    local_start: dict[int, int]
+
+
+def _replica_steps(lay: CallLayout, replica: int) -> _ReplicaSteps:
+    local_start, pos = {}, 0
+    for j in lay.replica_micro_batches(replica):
+        local_start[j] = pos
+        pos += lay.micro_rows(j)
+    updates = tuple(tuple((local_start[j], local_start[j] + lay.micro_rows(j), lay.weight[j], j)
+                          for j in js if lay.replica[j] == replica) for js in lay.updates)
+    return _ReplicaSteps(updates=updates, shard_rows=pos, local_start=local_start)
+
+
+class ReplicatedEngine(PlanEngine):
+    """One replica of a synchronous data-parallel plan over torch.distributed (see the module docstring).
+
+    Every process of the group builds one with the same plan (``replication_factor == world_size``) and
+    calls ``train_step`` with its shard, in step.
+    """
+
+    def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer | None,
+                 plan: ExecutionPlan, group: Any = None, gather_outputs: bool = False,
+                 broadcast_init: bool = True):
+        if not dist.is_available() or not dist.is_initialized():
+            raise PlanError("ReplicatedEngine needs torch.distributed initialised (use "
+                            "accelbatch.backends.distributed.spawn_replicas, or torchrun)")
+        world = dist.get_world_size(group)
+        if plan.replication_factor != world:
+            raise PlanError(f"--replication-factor {plan.replication_factor} but torch.distributed has "
+                            f"{world} processes: start one process per replica "
+                            f"(torchrun --nproc-per-node {plan.replication_factor}) or change the option")
+        super().__init__(model, optimizer, plan)
+        self.group = group
+        self.rank = dist.get_rank(group)
+        self.world_size = world
+        self.gather_outputs = gather_outputs
+        # eval is local: a replica evaluates its own rows with micro batch b*G over D iterations
+        self.eval_plan = dataclasses.replace(plan.for_inference(), replication_factor=1)
+        self._params = [p for p in model.parameters() if p.requires_grad]
+        dtypes = {p.dtype for p in self._params}
+        if len(dtypes) > 1:
+            raise PlanError(f"ReplicatedEngine needs parameters of one dtype, found {sorted(map(str, dtypes))}")
+        dtype = dtypes.pop() if dtypes else torch.float32
+        total = sum(p.numel() for p in self._params)
+        self._numel = total
+        self._flat = torch.zeros(total + 2, dtype=dtype)  # grads, then [loss sum, micro-batch count]
+        self._views: list[torch.Tensor] = []
+        offset = 0
+        for p in self._params:
+            self._views.append(self._flat[offset:offset + p.numel()].view_as(p))
+            offset += p.numel()
+        self._steps_cache: dict[int, tuple[CallLayout, _ReplicaSteps, list[_ReplicaSteps]]] = {}
+        if broadcast_init:
+            self._broadcast_state()
+
+    def _broadcast_state(self) -> None:
+        tensors = [t for t in list(self.model.parameters()) + list(self.model.buffers())
+                   if t.is_floating_point() or t.dtype in (torch.int64, torch.int32)]
+        by_dtype: dict[torch.dtype, list[torch.Tensor]] = {}
+        for t in tensors:
+            by_dtype.setdefault(t.dtype, []).append(t)
+        with torch.no_grad():
+            for dtype, ts in by_dtype.items():
+                flat = torch.cat([t.detach().reshape(-1) for t in ts])
+                dist.broadcast(flat, src=0, group=self.group)
+                offset = 0
+                for t in ts:
+                    t.copy_(flat[offset:offset + t.numel()].view_as(t))
+                    offset += t.numel()
+
+    def _steps(self, total_rows: int) -> tuple[CallLayout, _ReplicaSteps, list[_ReplicaSteps]]:
+        cached = self._steps_cache.get(total_rows)
+        if cached is None:
+            lay = self.plan.layout(total_rows)
+            every = [_replica_steps(lay, r) for r in range(self.world_size)]
+            cached = (lay, every[self.rank], every)
+            if len(self._steps_cache) > 64:
+                self._steps_cache.clear()
+            self._steps_cache[total_rows] = cached
+        return cached
+
+    def _total_rows(self, local_rows: int) -> int:
+        if self.plan.drop_last:
+            return local_rows * self.world_size
+        counts = torch.zeros(self.world_size, dtype=torch.int64)
+        counts[self.rank] = local_rows
+        dist.all_reduce(counts, group=self.group)
+        total = int(counts.sum())
+        lay, _, every = self._steps(total)
+        expected = [s.shard_rows for s in every]
+        if counts.tolist() != expected:  # every rank sees the same counts, so every rank raises
+            raise PlanError(f"replica shards have {counts.tolist()} rows but the plan's layout of a "
+                            f"{total}-row call gives {expected}: cut shards with plan.shard(batch, rank)")
+        return total
+
+    def train_step(self, batch: TensorBatch) -> StepResult:
+        self._check_train()
+        local_rows = batch_rows(batch)
+        total = self._total_rows(local_rows)
+        lay, mine, every = self._steps(total)
+        if mine.shard_rows != local_rows:
+            raise PlanError(f"replica {self.rank} got {local_rows} rows; a {total}-row call gives it "
+                            f"{mine.shard_rows} (the plan's [D, G, b] slice: plan.shard(batch, rank))")
+        model, opt, flat = self.model, self.optimizer, self._flat
+        params, views = self._params, self._views
+        keep = _keep_flags(lay)
+        kept: dict[int, dict[str, torch.Tensor]] = {}
+        loss_total = torch.zeros((), dtype=torch.float64)
+        count_total = 0.0
+        for steps in mine.updates:
+            flat.zero_()
+            for p, v in zip(params, views):
+                p.grad = v
+            local_loss = None
+            for start, stop, w, j in steps:
+                out = model(_slice(batch, start, stop, local_rows))
+                loss = _loss_of(out)
+                (loss if w == 1.0 else loss * w).backward()
+                d = loss.detach()
+                local_loss = d if local_loss is None else local_loss + d
+                if keep[j]:
+                    kept[j] = _detached(out)
+            for p, v in zip(params, views):
+                if p.grad is not v:  # something replaced the grad tensor: fold it back into the bucket
+                    if p.grad is not None:
+                        v.copy_(p.grad)
+                    p.grad = v
+            if local_loss is not None:
+                flat[-2] = local_loss
+            flat[-1] = len(steps)
+            dist.all_reduce(flat, group=self.group)
+            loss_total += flat[-2]
+            count_total += float(flat[-1])
+            opt.step()
+        outputs, rows = self._outputs(lay, mine, every, kept)
+        return StepResult(outputs=outputs, rows=rows,
+                          loss=float(loss_total) / count_total if count_total else None,
+                          updates=lay.num_updates,
+                          extras={"micro_batches": lay.num_micro_batches, "partial": lay.partial,
+                                  "replica": self.rank, "shard_rows": local_rows})
+
+    def _outputs(self, lay: CallLayout, mine: _ReplicaSteps, every: list[_ReplicaSteps],
+                 kept: dict[int, dict[str, torch.Tensor]]) -> tuple[dict[str, torch.Tensor], torch.Tensor | None]:
+        my_js = [j for j in lay.kept if lay.replica[j] == self.rank]
+        if not self.gather_outputs:
+            parts = [kept[j] for j in my_js]
+            if lay.sum_groups is not None:
+                return _sum_parts(parts), None
+            rows = (torch.cat([torch.arange(mine.local_start[j], mine.local_start[j] + lay.micro_rows(j))
+                               for j in my_js]) if my_js else torch.empty(0, dtype=torch.long))
+            return _cat_parts(parts), rows
+        local = {j: kept[j] for j in my_js}
+        gathered: list[Any] = [None] * self.world_size
+        dist.all_gather_object(gathered, local, group=self.group)
+        by_j: dict[int, dict[str, torch.Tensor]] = {}
+        for part in gathered:
+            by_j.update(part)
+        return combine_outputs(lay, [by_j[j] for j in lay.kept]), lay.out_rows
+
+
+def _cat_parts(parts: list[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
+    if not parts:
+        return {}
+    out = {}
+    for k in parts[0]:
+        ts = [p[k] for p in parts]
+        out[k] = ts[0] if len(ts) == 1 else (torch.stack(ts) if ts[0].dim() == 0 else torch.cat(ts))
+    return out
+
+
+def _sum_parts(parts: list[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
+    if not parts:
+        return {}
+    return {k: (parts[0][k] if len(parts) == 1 else torch.stack([p[k] for p in parts]).sum(0))
+            for k in parts[0]}
 
 
 class CPUBackend(Backend):
+    """``--device cpu``: one process, simulated replicas, or one process per replica over gloo."""
+
     name = "cpu"
+
+    def __init__(self) -> None:
+        self._owns_group = False
 
     @classmethod
     def is_available(cls) -> tuple[bool, str]:
         return True, ""
 
-    def compile(self, model, optimizer, plan=None) -> Engine:
-        return LocalEngine(model, optimizer, plan)
+    @property
+    def rank(self) -> int:
+        return distributed.rank()
+
+    @property
+    def world_size(self) -> int:
+        return distributed.world_size()
+
+    def setup(self, opts: Any) -> None:
+        """Join the process group when launched by torchrun (or spawn_replicas) and R > 1."""
+        if getattr(opts, "replication_factor", 1) > 1 and not distributed.is_initialized():
+            if distributed.init_from_env() is not None:
+                self._owns_group = True
+
+    def compile(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer | None,
+                plan: ExecutionPlan | None = None, *, gather_outputs: bool = False) -> Engine:
+        plan = plan if plan is not None else ExecutionPlan()
+        if distributed.is_initialized() and distributed.world_size() > 1:
+            return ReplicatedEngine(model, optimizer, plan, gather_outputs=gather_outputs)
+        return PlanEngine(model, optimizer, plan)
+
+    def reduce_metrics(self, metrics: Any) -> Any:
+        return distributed.reduce_metrics(metrics)
+
+    def teardown(self) -> None:
+        if self._owns_group:
+            distributed.shutdown()
+            self._owns_group = False
+
+
+# The one-process engine under its former name.
+LocalEngine = PlanEngine
+
+__all__ = ["CPUBackend", "PlanEngine", "ReplicatedEngine", "LocalEngine", "OutputMode"]

@@ -1,0 +1,327 @@
+"""Process helpers for synchronous replication over torch.distributed (gloo).
+
+What the CLI / run integration needs:
+
+* ``spawn_replicas(fn, R, *args, timeout_s=...)`` starts R processes with the ``spawn`` start method
+  (``MASTER_ADDR=127.0.0.1``, a free ``MASTER_PORT``, ``OMP_NUM_THREADS=1``, and torchrun's ``RANK``,
+  ``LOCAL_RANK``, ``WORLD_SIZE``), initialises the gloo process group in each (``init_process_group=True``),
+  calls ``fn(rank, *args)`` there and returns the list of the values they returned (rank order; values
+  travel through ``torch.save`` files, so return tensors/dicts, not open resources). ``fn`` and ``args``
+  must be picklable (a module-level function). If a replica raises, the others are ended at once and
+  :class:`ReplicaError` carries the replica's traceback; past ``timeout_s`` :class:`ReplicaTimeout`; on
+  KeyboardInterrupt every child is ended before the interrupt propagates. No process outlives the call.
+  ``accelbatch train --device cpu --replication-factor 2`` is then: ``spawn_replicas(train_main, 2, opts)``
+  where ``train_main(rank, opts)`` builds the world on its shard and calls ``run`` (the backend's
+  ``setup`` sees the initialised group and compiles a :class:`ReplicatedEngine`).
+* ``init_from_env()`` joins the group when launched by torchrun (``RANK``/``WORLD_SIZE``/``LOCAL_RANK``
+  set), so ``torchrun --nproc-per-node 2 -m accelbatch train ...`` takes the same path;
+  :meth:`CPUBackend.setup` calls it when ``--replication-factor`` > 1.
+* ``rank()``, ``world_size()``, ``is_main_process()`` (write the one checkpoint and the logs on rank 0),
+  and each replica runs the rows ``ExecutionPlan.shard(batch, rank)`` gives it.
+* ``reduce_metrics(metrics)`` sums metrics across processes: a mapping of numbers / tensors / lists /
+  nested mappings (e.g. ``Metrics.state()``), or an object with ``state()`` and ``merge_state()`` (e.g.
+  ``Metrics``), which comes back merged. Identity in a single process.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import json
+import os
+import signal
+import socket
+import tempfile
+import time
+import traceback
+from dataclasses import dataclass
+from typing import Any, Callable, Iterator, Mapping
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as tmp
+
+
+class ReplicaError(RuntimeError):
+    """A replica process failed; the message holds its traceback (or how it died)."""
+
+    def __init__(self, message: str, index: int | None = None, pid: int | None = None):
+        super().__init__(message)
+        self.index = index
+        self.pid = pid
+
+
+class ReplicaTimeout(ReplicaError, TimeoutError):
+    """The replicas did not finish within ``timeout_s``; they were ended."""
+
+
+@dataclass(frozen=True)
+class DistInfo:
+    rank: int
+    world_size: int
+    local_rank: int
+
+
+def find_free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port free on ``host`` right now (the OS picks it)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        s.bind((host, 0))
+        return int(s.getsockname()[1])
+
+
+def env_info(env: Mapping[str, str] | None = None) -> DistInfo | None:
+    """Rank, world size and local rank from torchrun's environment; None when not launched that way."""
+    env = os.environ if env is None else env
+    if "RANK" not in env or "WORLD_SIZE" not in env:
+        return None
+    try:
+        rank, world = int(env["RANK"]), int(env["WORLD_SIZE"])
+        local = int(env.get("LOCAL_RANK", rank))
+    except ValueError:
+        raise ValueError(f"RANK={env.get('RANK')!r}, WORLD_SIZE={env.get('WORLD_SIZE')!r}, "
+                         f"LOCAL_RANK={env.get('LOCAL_RANK')!r}: expected integers (as torchrun sets)") from None
+    if not 0 <= rank < world:
+        raise ValueError(f"RANK={rank} is outside WORLD_SIZE={world}")
+    return DistInfo(rank=rank, world_size=world, local_rank=local)
+
+
+def init_from_env(backend: str = "gloo", timeout_s: float = 300.0) -> DistInfo | None:
+    """Join the process group described by torchrun's environment (no-op if already joined).
+
+    Returns None when the environment names no rank (a plain single-process run).
+    """
+    info = env_info()
+    if info is None:
+        return None
+    if not is_initialized():
+        os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+        if "MASTER_PORT" not in os.environ:
+            raise RuntimeError("RANK/WORLD_SIZE are set but MASTER_PORT is not: launch with torchrun or "
+                               "spawn_replicas, which set it")
+        dist.init_process_group(backend, init_method="env://", rank=info.rank, world_size=info.world_size,
+                                timeout=datetime.timedelta(seconds=timeout_s))
+    return info
+
+
+def is_initialized() -> bool:
+    return dist.is_available() and dist.is_initialized()
+
+
+def rank() -> int:
+    return dist.get_rank() if is_initialized() else 0
+
+
+def world_size() -> int:
+    return dist.get_world_size() if is_initialized() else 1
+
+
+def is_main_process() -> bool:
+    """True on rank 0 (or without a process group): the process that writes checkpoints and logs."""
+    return rank() == 0
+
+
+def shutdown() -> None:
+    if is_initialized():
+        dist.destroy_process_group()
+
+
+# --- metrics ---------------------------------------------------------------------------------
+def _add(a: Any, b: Any) -> Any:
+    if a is None:
+        return b
+    if isinstance(a, Mapping):
+        out = dict(a)
+        for k, v in b.items():
+            out[k] = _add(out.get(k), v)
+        return out
+    if isinstance(a, (list, tuple)):
+        return type(a)(_add(x, y) for x, y in zip(a, b))
+    return a + b
+
+
+def reduce_metrics(metrics: Any, group: Any = None) -> Any:
+    """Sum metrics over the processes of the group (every process calls it; every one gets the sum).
+
+    Keys present on some processes only are kept. Averages must be sent as sums and counts.
+    """
+    if not is_initialized() or dist.get_world_size(group) == 1:
+        return metrics
+    merge_obj = hasattr(metrics, "state") and hasattr(metrics, "merge_state")
+    local = metrics.state() if merge_obj else _to_cpu(dict(metrics))
+    gathered: list[Any] = [None] * dist.get_world_size(group)
+    dist.all_gather_object(gathered, local, group=group)
+    if merge_obj:
+        out = type(metrics)()
+        for state in gathered:
+            out.merge_state(state)
+        return out
+    total: Any = None
+    for state in gathered:
+        total = _add(total, state)
+    return total
+
+
+def _to_cpu(x: Any) -> Any:
+    if isinstance(x, torch.Tensor):
+        return x.detach().cpu()
+    if isinstance(x, Mapping):
+        return {k: _to_cpu(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return type(x)(_to_cpu(v) for v in x)
+    return x
+
+
+# --- processes -------------------------------------------------------------------------------
+@contextlib.contextmanager
+def _env(changes: Mapping[str, str]) -> Iterator[None]:
+    old = {k: os.environ.get(k) for k in changes}
+    os.environ.update(changes)
+    try:
+        yield
+    finally:
+        for k, v in old.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+def _replica_main(index: int, fn: Callable[..., Any], nprocs: int, port: int, result_dir: str,
+                  init_group: bool, backend: str, group_timeout_s: float, args: tuple) -> None:
+    os.environ.update({"RANK": str(index), "LOCAL_RANK": str(index), "WORLD_SIZE": str(nprocs),
+                       "LOCAL_WORLD_SIZE": str(nprocs), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)})
+    torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1") or 1))
+    if init_group:
+        dist.init_process_group(backend, init_method="env://", rank=index, world_size=nprocs,
+                                timeout=datetime.timedelta(seconds=group_timeout_s))
+    try:
+        result = fn(index, *args)
+    except Exception:
+        # when one replica fails its peers fail too (their collectives break); the parent reports the
+        # replica that failed first, so each failure is stamped with its time
+        with open(os.path.join(result_dir, f"{index}.err"), "w") as fh:
+            json.dump({"time": time.time(), "trace": traceback.format_exc()}, fh)
+        raise
+    finally:
+        if init_group and dist.is_initialized():
+            dist.destroy_process_group()
+    if result is not None:
+        path = os.path.join(result_dir, f"{index}.pt")
+        torch.save(result, path + ".tmp")
+        os.replace(path + ".tmp", path)
+
+
+def _end(processes: list[Any], grace_s: float = 3.0) -> None:
+    """Terminate, then kill, every process still alive; reap them all."""
+    for p in processes:
+        if p.is_alive():
+            p.terminate()
+    deadline = time.monotonic() + grace_s
+    for p in processes:
+        p.join(max(0.0, deadline - time.monotonic()))
+    for p in processes:
+        if p.is_alive():
+            p.kill()
+        p.join()
+
+
+def spawn_replicas(fn: Callable[..., Any], nprocs: int, *args: Any, timeout_s: float | None = None,
+                   init_process_group: bool = True, backend: str = "gloo",
+                   group_timeout_s: float = 120.0) -> list[Any]:
+    """Run ``fn(rank, *args)`` in ``nprocs`` spawned processes joined in one gloo group; return results.
+
+    See the module docstring. Raises :class:`ReplicaError` (a replica raised or died: its traceback is in
+    the message) or :class:`ReplicaTimeout`; never leaves a child process behind.
+    """
+    if nprocs < 1:
+        raise ValueError(f"nprocs must be at least 1, got {nprocs}")
+    port = find_free_port()
+    with tempfile.TemporaryDirectory(prefix="accelbatch-replicas-") as result_dir:
+        env = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "OMP_NUM_THREADS": "1"}
+        ctx = None
+        try:
+            with _env(env):
+                ctx = tmp.start_processes(
+                    _replica_main, nprocs=nprocs, join=False, start_method="spawn",
+                    args=(fn, nprocs, port, result_dir, init_process_group, backend, group_timeout_s, args))
+            deadline = None if timeout_s is None else time.monotonic() + timeout_s
+            while True:
+                wait = 0.5 if deadline is None else max(0.0, min(0.5, deadline - time.monotonic()))
+                if ctx.join(timeout=wait, grace_period=1.0):
+                    break
+                if deadline is not None and time.monotonic() >= deadline:
+                    alive = [p.pid for p in ctx.processes if p.is_alive()]
+                    raise ReplicaTimeout(f"{nprocs} replicas did not finish within {timeout_s} s "
+                                         f"(still running: pids {alive}); they were ended")
+        except tmp.ProcessRaisedException as exc:
+            raise _first_failure(exc, nprocs, result_dir, ctx) from None
+        except tmp.ProcessExitedException as exc:
+            how = (f"was killed by {exc.signal_name}" if exc.signal_name else f"exited with code {exc.exit_code}")
+            raise ReplicaError(f"replica {exc.error_index} of {nprocs} (pid {exc.error_pid}) {how} without a "
+                               f"Python traceback (out of memory? killed?); the other replicas were ended",
+                               index=exc.error_index, pid=exc.error_pid) from None
+        finally:
+            if ctx is not None:
+                with _sigint_deferred():
+                    _end(ctx.processes)
+        results = []
+        for index in range(nprocs):
+            path = os.path.join(result_dir, f"{index}.pt")
+            results.append(torch.load(path, weights_only=False) if os.path.exists(path) else None)
+        return results
+
+
+def _first_failure(exc: Any, nprocs: int, result_dir: str, ctx: Any) -> ReplicaError:
+    """The ReplicaError naming the replica that raised first, with its traceback; later ones listed."""
+    failures = []
+    for index in range(nprocs):
+        try:
+            with open(os.path.join(result_dir, f"{index}.err")) as fh:
+                failures.append((json.load(fh)["time"], index))
+        except (OSError, ValueError, KeyError):
+            continue
+    if not failures:
+        trace, index = str(exc).split("terminated with the following error:\n", 1)[-1], exc.error_index
+        others: list[int] = []
+    else:
+        failures.sort()
+        index = failures[0][1]
+        with open(os.path.join(result_dir, f"{index}.err")) as fh:
+            trace = json.load(fh)["trace"]
+        others = [i for _, i in failures[1:]]
+    pid = ctx.processes[index].pid if ctx is not None else exc.error_pid
+    also = ""
+    if others:
+        lasts = []
+        for i in others:
+            with open(os.path.join(result_dir, f"{i}.err")) as fh:
+                lines = json.load(fh)["trace"].strip().splitlines()
+            lasts.append(f"replica {i}: {lines[-1] if lines else '?'}")
+        also = ("\nAfter it failed, these replicas failed too (most likely as a consequence): "
+                + "; ".join(lasts))
+    return ReplicaError(f"replica {index} of {nprocs} (pid {pid}) raised first; the other replicas were "
+                        f"ended. Its traceback:\n{trace}{also}", index=index, pid=pid)
+
+
+@contextlib.contextmanager
+def _sigint_deferred() -> Iterator[None]:
+    """Hold a second Ctrl-C while children are being ended, so cleanup finishes; re-raise it after."""
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    pending: list[Any] = []
+    old = signal.signal(signal.SIGINT, lambda *a: pending.append(a))
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, old)
+        if pending:
+            raise KeyboardInterrupt
+
+
+__all__ = ["ReplicaError", "ReplicaTimeout", "DistInfo", "find_free_port", "env_info", "init_from_env",
+           "is_initialized", "rank", "world_size", "is_main_process", "shutdown", "reduce_metrics",
+           "spawn_replicas"]

@@ -1,0 +1,294 @@
+"""R=2 over gloo (two spawned processes) against a one-process plain-torch reference; process hygiene.
+
+The workers below run in spawned children (they must stay module-level). Every replica starts from a
+*different* seed, so equality also shows that the engine broadcasts rank 0's initial weights.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+import torch
+
+from accelbatch.backends import distributed
+from accelbatch.backends.distributed import ReplicaError, ReplicaTimeout, spawn_replicas
+
+pytestmark = pytest.mark.multiprocess
+
+D_IN, D_OUT, LR = 5, 4, 0.1
+
+# name -> plan keywords, rows per call, number of calls, gather outputs
+SCENARIOS = {
+    "mean": (dict(micro_batch=3, device_iterations=2, replication_factor=2, gradient_accumulation=2), 24, 2,
+             False),
+    "sum_final_gathered": (dict(micro_batch=2, device_iterations=3, replication_factor=2, gradient_accumulation=1,
+                                reduction="sum"), 12, 2, True),
+    "tail": (dict(micro_batch=4, device_iterations=2, replication_factor=2, gradient_accumulation=2,
+                  drop_last=False, output_mode="all"), 22, 1, True),
+}
+
+
+class Net(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(D_IN, D_OUT)
+
+    def forward(self, batch):
+        scores = self.lin(batch["x"])
+        return {"loss": (scores - batch["y"]).pow(2).mean(dim=1).mean(), "scores": scores}
+
+
+def scenario_data(name: str, call: int, rows: int):
+    g = torch.Generator().manual_seed(1000 + 10 * list(SCENARIOS).index(name) + call)
+    return {"x": torch.randn(rows, D_IN, generator=g), "y": torch.randn(rows, D_OUT, generator=g)}
+
+
+def initial_net() -> Net:
+    torch.manual_seed(0)
+    return Net()
+
+
+def _train_worker(rank: int, names: list[str]):
+    """Runs in each replica: every scenario, on this replica's shard of the same combined batches."""
+    from accelbatch.backends.cpu import CPUBackend, ReplicatedEngine
+    from accelbatch.plan import ExecutionPlan
+
+    out = {}
+    for name in names:
+        plan_kw, rows, calls, gather = SCENARIOS[name]
+        plan = ExecutionPlan(**plan_kw)
+        torch.manual_seed(0 if rank == 0 else 123)  # rank 1 starts elsewhere: the engine broadcasts rank 0's
+        model = Net()
+        engine = CPUBackend().compile(model, torch.optim.SGD(model.parameters(), lr=LR), plan,
+                                      gather_outputs=gather)
+        assert isinstance(engine, ReplicatedEngine)
+        results = []
+        for call in range(calls):
+            shard = plan.shard(scenario_data(name, call, rows), rank)
+            res = engine.train_step(shard)
+            results.append({"loss": res.loss, "updates": res.updates, "outputs": res.outputs, "rows": res.rows})
+        out[name] = {"state": {k: v.clone() for k, v in model.state_dict().items()}, "results": results}
+    out["metrics"] = CPUBackend().reduce_metrics({"exs": rank + 1, "loss_sum": 0.5, "extra": {f"r{rank}": 1.0}})
+    return out
+
+
+def reference(name: str):
+    """Plain torch, one process: each weight update over its contiguous block of rows."""
+    plan_kw, rows, calls, _ = SCENARIOS[name]
+    b, d = plan_kw["micro_batch"], plan_kw["device_iterations"]
+    per_update = b * plan_kw["replication_factor"] * plan_kw["gradient_accumulation"]
+    sum_red = plan_kw.get("reduction") == "sum"
+    net = initial_net()
+    outs = []
+    for call in range(calls):
+        data = scenario_data(name, call, rows)
+        scores_before = []
+        for start in range(0, rows, per_update):
+            stop = min(start + per_update, rows)
+            scores = net.lin(data["x"][start:stop])
+            scores_before.append(scores.detach())
+            per_row = (scores - data["y"][start:stop]).pow(2).mean(dim=1)
+            loss = per_row.sum() / b if sum_red else per_row.mean()
+            net.zero_grad()
+            loss.backward()
+            with torch.no_grad():
+                for p in net.parameters():
+                    p -= LR * p.grad
+        assert len(scores_before) <= d
+        outs.append(torch.cat(scores_before))
+    return net, outs
+
+
+@pytest.fixture(scope="module")
+def replicated():
+    return spawn_replicas(_train_worker, 2, list(SCENARIOS), timeout_s=120)
+
+
+def _assert_close_state(state, net, atol=1e-6):
+    for k, v in net.state_dict().items():
+        diff = (state[k] - v).abs().max().item()
+        assert diff <= atol, f"{k}: max diff {diff:.3g}"
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("name", list(SCENARIOS))
+def test_r2_gloo_equals_r1_reference(replicated, name):
+    net, _ = reference(name)
+    assert not torch.allclose(net.lin.weight, initial_net().lin.weight)
+    for rank in range(2):
+        _assert_close_state(replicated[rank][name]["state"], net)
+
+
+@pytest.mark.timeout(180)
+def test_local_outputs_are_the_replicas_shard(replicated):
+    _, outs = reference("mean")
+    plan_kw, rows, _, _ = SCENARIOS["mean"]
+    b, d, r, g = (plan_kw[k] for k in ("micro_batch", "device_iterations", "replication_factor",
+                                       "gradient_accumulation"))
+    for rank in range(2):
+        res = replicated[rank]["mean"]["results"][-1]
+        assert res["updates"] == d
+        # Final: this replica's last micro-batch, rows local to its shard ([D, G, b] -> last b rows)
+        assert res["rows"].tolist() == list(range(d * g * b - b, d * g * b))
+        global_rows = [((d - 1) * g + g - 1) * r * b + rank * b + i for i in range(b)]
+        assert torch.allclose(res["outputs"]["scores"], outs[-1][global_rows], atol=1e-5)
+    assert replicated[0]["mean"]["results"][0]["loss"] == pytest.approx(
+        replicated[1]["mean"]["results"][0]["loss"], abs=1e-7)
+
+
+@pytest.mark.timeout(180)
+def test_gathered_outputs_follow_the_plan_order(replicated):
+    _, outs = reference("sum_final_gathered")
+    plan_kw, rows, _, _ = SCENARIOS["sum_final_gathered"]
+    b, d, r = plan_kw["micro_batch"], plan_kw["device_iterations"], plan_kw["replication_factor"]
+    final_rows = [(d - 1) * r * b + rep * b + i for rep in range(r) for i in range(b)]
+    for rank in range(2):
+        res = replicated[rank]["sum_final_gathered"]["results"][-1]
+        assert res["rows"].tolist() == final_rows
+        assert torch.allclose(res["outputs"]["scores"], outs[-1][final_rows], atol=1e-5)
+    _, tail_outs = reference("tail")
+    res = replicated[0]["tail"]["results"][0]
+    assert res["updates"] == 2 and res["rows"].tolist() == list(range(22))
+    assert torch.allclose(res["outputs"]["scores"], tail_outs[0], atol=1e-5)
+
+
+@pytest.mark.timeout(180)
+def test_reduce_metrics_sums_across_processes(replicated):
+    want = {"exs": 3, "loss_sum": 1.0, "extra": {"r0": 1.0, "r1": 1.0}}
+    assert replicated[0]["metrics"] == want and replicated[1]["metrics"] == want
+
+
+# --- process hygiene -------------------------------------------------------------------------------
+def live_children(pid: int | None = None) -> list[tuple[int, str]]:
+    """(pid, state) of this process's children from /proc, zombies included; the resource tracker
+    (one long-lived multiprocessing helper per parent, not a replica) is left out."""
+    pid = os.getpid() if pid is None else pid
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as fh:
+                stat = fh.read()
+            with open(f"/proc/{entry}/cmdline", "rb") as fh:
+                cmd = fh.read().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        fields = stat[stat.rindex(")") + 2:].split()
+        if int(fields[1]) == pid and "resource_tracker" not in cmd:
+            found.append((int(entry), fields[0]))
+    return found
+
+
+def assert_no_leaked_children():
+    assert multiprocessing.active_children() == []
+    assert live_children() == []
+
+
+def _raising_worker(rank: int):
+    import torch.distributed as dist
+
+    if rank == 1:
+        raise ValueError("boom from replica 1")
+    dist.barrier()  # rank 0 would wait here forever if nobody ended it
+
+
+def _sleeping_worker(rank: int, pid_dir: str | None = None):
+    if pid_dir:
+        with open(os.path.join(pid_dir, f"{rank}.pid"), "w") as fh:
+            fh.write(str(os.getpid()))
+    time.sleep(120)
+
+
+@pytest.mark.timeout(120)
+def test_no_leak_after_gloo_run(replicated):
+    assert replicated[0] is not None
+    assert_no_leaked_children()
+
+
+@pytest.mark.timeout(120)
+def test_child_exception_propagates_and_ends_the_others():
+    start = time.monotonic()
+    with pytest.raises(ReplicaError) as err:
+        spawn_replicas(_raising_worker, 2, timeout_s=90)
+    text = str(err.value)
+    assert "replica 1 of 2" in text and "Traceback" in text and "ValueError: boom from replica 1" in text
+    assert "_raising_worker" in text
+    assert err.value.index == 1
+    assert time.monotonic() - start < 60
+    assert_no_leaked_children()
+
+
+@pytest.mark.timeout(120)
+def test_timeout_ends_every_child():
+    start = time.monotonic()
+    with pytest.raises(ReplicaTimeout, match="did not finish within 4"):
+        spawn_replicas(_sleeping_worker, 2, timeout_s=4, init_process_group=False)
+    assert time.monotonic() - start < 30
+    assert_no_leaked_children()
+
+
+@pytest.mark.timeout(120)
+def test_ctrl_c_leaves_no_process(tmp_path):
+    """SIGINT to a parent blocked in spawn_replicas: it ends its children and exits with the interrupt."""
+    script = textwrap.dedent(f"""
+        import sys
+        sys.path[:0] = {[p for p in sys.path if p]!r}
+        from accelbatch.backends.distributed import spawn_replicas
+        from {__name__} import _sleeping_worker
+        try:
+            spawn_replicas(_sleeping_worker, 2, {str(tmp_path)!r}, init_process_group=False, timeout_s=100)
+        except KeyboardInterrupt:
+            print("interrupted", flush=True)
+            sys.exit(130)
+    """)
+    proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            cwd=os.getcwd(), start_new_session=True)
+    try:
+        deadline = time.monotonic() + 60
+        while len(list(tmp_path.glob("*.pid"))) < 2:
+            assert proc.poll() is None, proc.communicate()
+            assert time.monotonic() < deadline, "replicas did not start"
+            time.sleep(0.1)
+        pids = [int(p.read_text()) for p in tmp_path.glob("*.pid")]
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    assert proc.returncode == 130, err.decode()
+    assert b"interrupted" in out
+    deadline = time.monotonic() + 10
+    while any(_state(pid) not in ("gone", "Z") for pid in pids) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert [(pid, _state(pid)) for pid in pids if _state(pid) not in ("gone", "Z")] == []
+
+
+def _state(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            stat = fh.read()
+    except OSError:
+        return "gone"
+    return stat[stat.rindex(")") + 2:].split()[0]
+
+
+def test_env_info_reads_torchrun_variables():
+    assert distributed.env_info({}) is None
+    info = distributed.env_info({"RANK": "1", "WORLD_SIZE": "2", "LOCAL_RANK": "1"})
+    assert (info.rank, info.world_size, info.local_rank) == (1, 2, 1)
+    with pytest.raises(ValueError, match="outside WORLD_SIZE"):
+        distributed.env_info({"RANK": "2", "WORLD_SIZE": "2"})
+    assert distributed.init_from_env() is None or distributed.is_initialized()
+    port = distributed.find_free_port()
+    assert 0 < port < 65536
+    assert distributed.rank() == 0 and distributed.world_size() == 1 and distributed.is_main_process()
+    assert distributed.reduce_metrics({"exs": 2}) == {"exs": 2}
