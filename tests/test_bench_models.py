@@ -1,0 +1,185 @@
+"""The benchmark's models (trivial, bag, conv) and the one-pass metrics they are scored with."""
+
+import random
+
+import pytest
+import torch
+from hypothesis import assume, given, settings, strategies as st
+
+from accelbatch.messages import Message
+from accelbatch.metrics import Metrics, exact_match, f1_score, normalize_answer, score_batch
+from accelbatch.models.bag import BagAgent, pad_rows
+from accelbatch.models.conv import ConvAgent
+from accelbatch.models.trivial import REPLY_TEXT, TrivialAgent
+from accelbatch.opts import Opts
+from accelbatch.tasks.dialogues import generate
+
+
+def _examples(n_episodes=40, seed=0, split="train"):
+    return [m for ep in generate(n_episodes, seed, split) for m in ep]
+
+
+def _vectorized(agent, examples):
+    return [agent.vectorize(Message(m)) for m in examples]
+
+
+# --- trivial -----------------------------------------------------------------------------------------
+
+def test_trivial_replies_with_text_and_skips_padding():
+    agent = TrivialAgent(Opts())
+    replies = agent.batch_act([Message(text="hi", labels=["x"]), Message(episode_done=True), None])
+    assert replies[0]["text"] == REPLY_TEXT
+    assert "text" not in replies[1] and "text" not in replies[2]
+
+
+def test_trivial_through_a_world_gets_scored():
+    from accelbatch.run import evaluate
+    from accelbatch.worlds import create_world
+
+    opts = Opts(task="dialogues:50", datatype="valid", model="accelbatch.models.trivial:TrivialAgent",
+                batchsize=8)
+    report = evaluate(create_world(opts))
+    assert report["exs"] > 0 and "f1" in report and "accuracy" in report
+
+
+# --- bag and conv ------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("cls", [BagAgent, ConvAgent])
+def test_shapes(cls):
+    agent = cls(Opts(embedding_size=16))
+    obs = _vectorized(agent, _examples(10))
+    batch = agent.batchify(obs)
+    rows = len(obs)
+    assert batch["text_vec"].shape[0] == rows and batch["text_vec"].dtype == torch.long
+    assert batch["candidates"].shape[:2] == (rows, 10) and batch["cand_mask"].shape == (rows, 10)
+    assert batch["label_index"].shape == (rows,) and bool((batch["label_index"] >= 0).all())
+    out = agent.model(batch)
+    assert out["scores"].shape == (rows, 10) and out["loss"].dim() == 0
+    replies = agent.replies({"scores": out["scores"].detach()}, obs)
+    assert len(replies) == rows and all(r["text"] in o["label_candidates"] for r, o in zip(replies, obs))
+
+
+def test_text_truncated_keeping_the_end():
+    agent = BagAgent(Opts(text_truncate=5))
+    obs = agent.vectorize(Message(text="a1 b2 c3 d4 e5 f6 g7", labels=["x"], label_candidates=["x", "y"]))
+    assert len(obs["text_vec"]) == 5
+    assert obs["text_vec"] == BagAgent(Opts()).vectorize(Message(text="c3 d4 e5 f6 g7"))["text_vec"]
+
+
+def test_label_missing_from_candidates_is_left_out_of_the_loss():
+    agent = BagAgent(Opts(embedding_size=8))
+    obs = [agent.vectorize(Message(text="w", labels=["z"], label_candidates=["x", "y"]))]
+    batch = agent.batchify(obs)
+    assert batch["label_index"].tolist() == [-1]
+    assert float(agent.model(batch)["loss"].detach()) == 0.0
+
+
+@pytest.mark.parametrize("cls", [BagAgent, ConvAgent])
+def test_deterministic_by_seed(cls):
+    a, b, c = cls(Opts(seed=1)), cls(Opts(seed=1)), cls(Opts(seed=2))
+    obs = _vectorized(a, _examples(8))
+    batch = a.batchify(obs)
+    with torch.no_grad():
+        sa, sb, sc = (m.model(batch)["scores"] for m in (a, b, c))
+    assert torch.equal(sa, sb) and not torch.equal(sa, sc)
+
+
+def test_conv_scores_do_not_depend_on_padding():
+    agent = ConvAgent(Opts(embedding_size=16))
+    obs = _vectorized(agent, _examples(6))
+    batch = agent.batchify(obs)
+    wider = dict(batch, text_vec=torch.nn.functional.pad(batch["text_vec"], (0, 37)))
+    with torch.no_grad():
+        assert torch.allclose(agent.model(batch)["scores"], agent.model(wider)["scores"], atol=1e-5)
+
+
+def test_pad_rows():
+    t = pad_rows([[3, 4], [5], []], multiple=4)
+    assert t.tolist() == [[3, 4, 0, 0], [5, 0, 0, 0], [0, 0, 0, 0]]
+
+
+def _train(agent, examples, steps, bs=32, seed=0):
+    rng = random.Random(seed)
+    obs = _vectorized(agent, examples)
+    for _ in range(steps):
+        batch = agent.batchify(rng.sample(obs, bs))
+        loss = agent.model(batch)["loss"]
+        agent.optimizer.zero_grad()
+        loss.backward()
+        agent.optimizer.step()
+
+
+def _accuracy(agent, examples):
+    obs = _vectorized(agent, examples)
+    batch = agent.batchify(obs)
+    with torch.no_grad():
+        scores = agent.model(batch)["scores"]
+    return float((scores.argmax(-1) == batch["label_index"]).float().mean())
+
+
+def test_bag_learns_the_task():
+    torch.set_num_threads(1)
+    agent = BagAgent(Opts(learning_rate=0.5, seed=0))
+    valid = _examples(300, split="valid")
+    before = _accuracy(agent, valid)
+    _train(agent, _examples(1500), steps=400)
+    after = _accuracy(agent, valid)
+    assert after > 0.3 and after > before + 0.15  # chance is 1 in 10
+
+
+def test_conv_learns_a_small_set():
+    torch.set_num_threads(1)
+    agent = ConvAgent(Opts(learning_rate=0.05, seed=0, embedding_size=32))
+    train = _examples(40)
+    before = _accuracy(agent, train)
+    _train(agent, train, steps=60, bs=16)
+    assert _accuracy(agent, train) > max(0.5, before + 0.3)
+
+
+def test_bag_trains_through_the_engine():
+    agent = BagAgent(Opts(learning_rate=0.5))
+    obs = _vectorized(agent, _examples(10))
+    replies = agent.batch_act(obs)
+    assert len(replies) == len(obs) and all("text" in r for r in replies)
+    assert agent.report()["loss"] > 0
+
+
+# --- metrics: one pass over a batch == a per-reply reference -----------------------------------------
+
+# words that collide under normalisation (case, punctuation, articles), so matches and overlaps are common
+_WORD = st.sampled_from(["a", "an", "the", "The", "cat", "Cat.", "dog", "dog!", "x-y", "xy", "'s", ",", ""])
+_TEXT = st.one_of(st.lists(_WORD, max_size=6).map(" ".join), st.text(max_size=10))
+
+
+def _reference(preds, golds):
+    """One reply at a time with the public per-reply functions (what score_batch must equal)."""
+    rows = [(p, g) for p, g in zip(preds, golds) if p is not None and g]
+    return len(rows), sum(exact_match(p, g) for p, g in rows), sum(f1_score(p, g) for p, g in rows)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.tuples(st.one_of(st.none(), _TEXT), st.lists(_TEXT, max_size=3)), max_size=20))
+def test_one_pass_equals_per_reply_reference(rows):
+    preds = [p for p, _ in rows]
+    golds = [g for _, g in rows]
+    # both sides empty after normalisation: see test_f1_of_answers_empty_after_normalisation
+    assume(not any(p is not None and normalize_answer(p) == "" and any(normalize_answer(x) == "" for x in g)
+                   for p, g in rows))
+    scored, correct, f1_sum = score_batch(preds, golds)
+    r_scored, r_correct, r_f1 = _reference(preds, golds)
+    assert (scored, correct) == (r_scored, r_correct)
+    assert f1_sum == pytest.approx(r_f1, abs=1e-12)
+    m = Metrics()
+    m.add_batch(preds, golds)
+    rep = m.report()
+    assert rep["exs"] == len(rows)
+    if r_scored:
+        assert rep["accuracy"] == pytest.approx(r_correct / r_scored, abs=1e-12)
+        assert rep["f1"] == pytest.approx(r_f1 / r_scored, abs=1e-12)
+
+
+@pytest.mark.xfail(reason="core score_batch counts F1 1.0 when prediction and answer are both empty after "
+                          "normalisation ('the' vs 'a'), f1_score says 0.0 (ParlAI's rule); "
+                          "fixed by /tmp/perf_patches/01-metrics-one-pass.diff")
+def test_f1_of_answers_empty_after_normalisation():
+    assert score_batch(["the"], [["a"]]) == (1, 1, f1_score("the", ["a"]))
