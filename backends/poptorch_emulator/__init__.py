@@ -12,6 +12,7 @@ recompilations measurable, and ``IS_EMULATOR = True``.
 """
 
 from . import enums, poptorch_core
+from .accessor import AsynchronousDataAccessor
 from .dataloader import DataLoader
 from .enums import (CommGroupType, ConnectionType, DataLoaderMode, MeanReductionStrategy, OutputMode,
                     ReductionType, SharingStrategy)
@@ -34,7 +35,7 @@ def setLogLevel(level: str | int) -> None:
 
 
 __all__ = [
-    "CommGroupType", "ConnectionType", "DataLoader", "DataLoaderMode", "Error", "IS_EMULATOR",
+    "AsynchronousDataAccessor", "CommGroupType", "ConnectionType", "DataLoader", "DataLoaderMode", "Error", "IS_EMULATOR",
     "MeanReductionStrategy", "Options", "OutputMode", "PoplarExecutor", "RecoverableError", "ReductionType",
     "SharingStrategy", "UnrecoverableError", "enums", "identity_loss", "inferenceModel",
     "ipuHardwareIsAvailable", "isRunningOnIpu", "poptorch_core", "setLogLevel", "trainingModel",

@@ -44,7 +44,7 @@ class _ProcessShard(torch.utils.data.Dataset):
     number of left-over items on every other epoch, so left-over items are used too.
     """
 
-    def __init__(self, dataset: Any, options: Options, step: int, drop_last: bool) -> None:
+    def __init__(self, dataset: Any, options: Options, step: int, drop_last: bool, shuffle: bool) -> None:
         n = len(dataset)
         procs, pid = options.Distributed.numProcesses, options.Distributed.processId
         if drop_last:
@@ -63,7 +63,9 @@ class _ProcessShard(torch.utils.data.Dataset):
         self._offset = torch.tensor([offset], dtype=torch.int64).share_memory_()
         self._seed = options.random_seed if options.exists("random_seed") else None
         self._generator_state: torch.Tensor | None = None
-        self._permutation: torch.Tensor | None = None
+        # Allocated now, in shared memory, so that every copy of the shard (data workers, the accessor's
+        # process) reads the permutation of the epoch.
+        self._permutation = torch.arange(n).share_memory_() if shuffle else None
 
     def next_epoch(self) -> None:
         """New global permutation and (every other epoch) a block shifted by the left-over count."""
@@ -77,10 +79,8 @@ class _ProcessShard(torch.utils.data.Dataset):
             gen.set_state(self._generator_state)
         perm = torch.randperm(len(self._dataset), generator=gen)
         self._generator_state = gen.get_state()
-        if self._permutation is None:
-            self._permutation = perm.share_memory_()
-        else:
-            self._permutation.copy_(perm)
+        assert self._permutation is not None, "next_epoch() is for a shuffled shard"
+        self._permutation.copy_(perm)
         shifted = int(self._offset[0]) != self._base_offset
         self._offset[0] = self._base_offset if shifted else self._base_offset + self._leftovers
 
@@ -180,11 +180,11 @@ class DataLoader(torch.utils.data.DataLoader):
                 if self._combined_batch_size is None:
                     raise AssertionError("batch_size=None not allowed when using "
                                          "auto_distributed_partitioning.")
-                self._shard = _ProcessShard(dataset, options, self._combined_batch_size, drop_last)
+                self._shard = _ProcessShard(dataset, options, self._combined_batch_size, drop_last,
+                                            shuffle=bool(shuffle))
                 dataset = self._shard
-                if shuffle:  # the shard shuffles over the whole dataset instead
-                    self._shard_shuffles = True
-                    shuffle = False
+                self._shard_shuffles = bool(shuffle)
+                shuffle = False  # the shard shuffles over the whole dataset instead
 
         loader_batch_size = 1 if self._user_batch_sampler else self._combined_batch_size
         real_drop_last = self._batch_sampler_drop_last if self._user_batch_sampler else drop_last
@@ -216,6 +216,7 @@ class DataLoader(torch.utils.data.DataLoader):
             from .accessor import AsynchronousDataAccessor  # imported late: the accessor imports this module
 
             self._accessor = AsynchronousDataAccessor(self, **async_options, rebatched_size=rebatched_size)
+            self._accessor._owned_by(self)
 
     # -- PopTorch API -------------------------------------------------------------------------------
     @property
@@ -247,24 +248,23 @@ class DataLoader(torch.utils.data.DataLoader):
         return super().__len__()
 
     def __iter__(self) -> Iterator[Any]:
-        if self._shard is not None and self._shard_shuffles:
-            self._shard.next_epoch()
-        if self._accessor is not None:
-            return iter(self._accessor)
-        if self._user_batch_sampler and self._num_batches_to_combine != 1:
-            return _combine_sampled_batches(super().__iter__(), self._num_batches_to_combine,
-                                            self._batch_sampler_drop_last)
-        return super().__iter__()
+        accessor = self.__dict__.get("_accessor")
+        if accessor is not None:
+            return iter(accessor)
+        return self._epoch_iter()
 
     def __getstate__(self) -> dict[str, Any]:
-        # What the accessor's process receives: the loader without the accessor or a live iterator.
+        # The loader is the source of its accessor: the accessor's process gets it without the accessor
+        # (so iterating it there reads the dataset) and without a live iterator.
         state = dict(self.__dict__)
         state["_accessor"] = None
         state["_iterator"] = None
         return state
 
-    def _torch_iter(self) -> Iterator[Any]:
-        """Iterate as torch's DataLoader would (what the accessor's process reads)."""
+    def _epoch_iter(self) -> Iterator[Any]:
+        """One epoch read as torch's DataLoader reads it (in the accessor's process in Async modes)."""
+        if self._shard is not None and self._shard_shuffles:
+            self._shard.next_epoch()
         if self._user_batch_sampler and self._num_batches_to_combine != 1:
             return _combine_sampled_batches(super().__iter__(), self._num_batches_to_combine,
                                             self._batch_sampler_drop_last)
