@@ -85,10 +85,11 @@ class DoubleData(torch.nn.Module):
 
 @pytest.fixture(autouse=True)
 def no_leaked_processes():
+    before = set(multiprocessing.active_children())
     yield
     gc.collect()
-    leaked = [p for p in multiprocessing.active_children() if p.name == "accelbatch-async-data"]
-    assert not leaked, f"loading processes left running: {leaked}"
+    leaked = set(multiprocessing.active_children()) - before
+    assert not leaked, f"processes left running: {leaked}"
 
 
 def values(batches):

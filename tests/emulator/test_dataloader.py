@@ -59,14 +59,18 @@ class CheckOrder(torch.nn.Module):
         return torch.sum(data - expected)
 
 
-def assert_no_child_processes():
+@pytest.fixture(autouse=True)
+def no_leaked_processes():
+    before = set(multiprocessing.active_children())
+    yield
     gc.collect()
-    children = multiprocessing.active_children()
-    assert not children, f"leaked processes: {children}"
+    leaked = set(multiprocessing.active_children()) - before
+    assert not leaked, f"data workers left running: {leaked}"
 
 
 @pytest.mark.parametrize("b,D,R,workers", [(1, 1, 1, 0), (4, 1, 1, 0), (1, 4, 1, 0), (1, 1, 4, 0),
                                            (2, 5, 2, 0), (2, 5, 2, 4)])
+@pytest.mark.multiprocess
 @pytest.mark.timeout(60)
 def test_lengths_and_order(b, D, R, workers):
     shape, n = [2, 3], 100
@@ -82,8 +86,6 @@ def test_lengths_and_order(b, D, R, workers):
         assert float(torch.sum(model(batch, expected))) == 0.0
         seen += batch[:, 0, 0].int().tolist()
     assert seen == list(range(len(loader) * b * D * R))
-    del loader, model
-    assert_no_child_processes()
 
 
 def test_gradient_accumulation_is_part_of_the_combined_batch():
@@ -104,6 +106,7 @@ def test_map_style_drop_last_false_keeps_the_tail():
     assert len(poptorch.DataLoader(poptorch.Options(), IncrementDataset([2, 3], 101), batch_size=6)) == 16
 
 
+@pytest.mark.multiprocess
 @pytest.mark.timeout(60)
 def test_iterable_dataset_loses_each_workers_tail():
     # 101 items over 7 workers: slices of 15 (and 11); batches of 4 drop 3 per worker -> 20 batches, 80 items
@@ -119,10 +122,9 @@ def test_iterable_dataset_loses_each_workers_tail():
         values = [int(v) for batch in loader for v in batch[:, 0, 0]]
         assert all(batch_shape == (b, 2, 3) for batch_shape in [tuple(t.shape) for t in loader])
         assert len(values) == len(set(values)) == expected_items
-    del loader
-    assert_no_child_processes()
 
 
+@pytest.mark.multiprocess
 @pytest.mark.timeout(60)
 def test_iterable_dataset_drop_last_false_tails_per_worker():
     n, workers, b = 101, 7, 6
@@ -132,8 +134,6 @@ def test_iterable_dataset_drop_last_false_tails_per_worker():
     sizes = sorted(batch.shape[0] for batch in loader)
     # 6 workers of 15 items -> 2 full + a tail of 3; the last worker's 11 -> 1 full + a tail of 5
     assert sizes == sorted([3] * 6 + [5] + [6] * 13)
-    del loader
-    assert_no_child_processes()
 
 
 def test_iterable_dataset_rejects_auto_distributed_partitioning():
@@ -145,6 +145,7 @@ def test_iterable_dataset_rejects_auto_distributed_partitioning():
 
 
 @pytest.mark.parametrize("b,hosts,workers", [(4, 3, 0), (2, 2, 3)])
+@pytest.mark.multiprocess
 @pytest.mark.timeout(60)
 def test_distributed_processes_read_disjoint_blocks(b, hosts, workers):
     n = 100
@@ -161,6 +162,7 @@ def test_distributed_processes_read_disjoint_blocks(b, hosts, workers):
     assert next_expected == hosts * b * (n // (b * hosts))
 
 
+@pytest.mark.multiprocess
 @pytest.mark.timeout(60)
 def test_distributed_shuffle_uses_every_item_over_two_epochs():
     n, b, hosts = 100, 4, 3
