@@ -218,11 +218,9 @@ class TorchAgent(Agent):
         """The engine every clone steps through; a one-process CPU engine unless a backend set one."""
         if self.slot.engine is None:
             from accelbatch.backends.cpu import CPUBackend
-            try:  # TEMP until plan.py lands
-                from accelbatch.plan import ExecutionPlan
-                plan = ExecutionPlan.from_opts(self.opts, training=True)
-            except ImportError:
-                plan = None
+            from accelbatch.plan import ExecutionPlan
+
+            plan = ExecutionPlan.from_opts(self.opts, training=True)
             self.slot.engine = CPUBackend().compile(self.model, self.optimizer, plan)
             self.slot.backend_name = "cpu"
         return self.slot.engine

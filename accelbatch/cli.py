@@ -8,6 +8,7 @@ from typing import Sequence
 
 from accelbatch.agents import AGENT_PATHS, UnknownNameError
 from accelbatch.opts import OptionError, Opts, add_arguments
+from accelbatch.plan import PlanError
 from accelbatch.tasks.files import DataFileError
 from accelbatch.teachers import list_tasks
 
@@ -29,10 +30,6 @@ def build_cli() -> argparse.ArgumentParser:
 def _backend_errors() -> tuple[type[BaseException], ...]:
     from accelbatch.backends.base import BackendUnavailable
 
-    try:
-        from accelbatch.plan import PlanError
-    except ImportError:
-        return (BackendUnavailable,)
     return (BackendUnavailable, PlanError)
 
 

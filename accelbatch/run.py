@@ -18,6 +18,7 @@ from typing import Any, TextIO
 
 from accelbatch.agents import Agent, TorchAgent
 from accelbatch.opts import Opts
+from accelbatch.plan import ExecutionPlan
 from accelbatch.teachers import is_training, split_of
 from accelbatch.worlds import World, create_world
 
@@ -72,11 +73,7 @@ def attach_backend(world: World, opts: Opts) -> Any:
     return backend
 
 
-def _plan(opts: Opts) -> Any:
-    try:
-        from accelbatch.plan import ExecutionPlan
-    except ImportError:  # TEMP until plan.py lands
-        return None
+def _plan(opts: Opts) -> ExecutionPlan:
     return ExecutionPlan.from_opts(opts, training=True)
 
 

@@ -17,6 +17,7 @@ from accelbatch.agents import Agent, resolve_agent_class
 from accelbatch.messages import Message, is_padding
 from accelbatch.metrics import merge_reports
 from accelbatch.opts import Opts
+from accelbatch.plan import ExecutionPlan
 from accelbatch.teachers import Teacher, create_teachers, is_training
 
 
@@ -247,7 +248,7 @@ class MultiWorld(World):
 
 def world_rows(opts: Opts) -> int:
     """Rows per world step: the execution plan's combined batch (micro batch x D x R x G)."""
-    return opts.batchsize * opts.device_iterations * opts.replication_factor * opts.gradient_accumulation
+    return ExecutionPlan.from_opts(opts, training=is_training(opts.datatype)).combined_batch
 
 
 def make_agent(opts: Opts, agent: Agent | type[Agent] | None) -> Agent:
