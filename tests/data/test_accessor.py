@@ -1,0 +1,334 @@
+"""AsyncDataAccessor: ring views, epochs, resets, preloading, errors, and no leaked process or segment."""
+
+import dataclasses
+import gc
+import multiprocessing
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+import torch
+
+from accelbatch.data.accessor import (AccessorError, AsyncDataAccessor, EmptySourceError, WorkerDiedError,
+                                      WorkerTimeoutError, WorkerTraceback)
+from accelbatch.messages import Message
+
+pytestmark = pytest.mark.filterwarnings("ignore:This DataLoader will create")
+
+
+def leaked_shm(before):
+    """/dev/shm entries created since ``before`` that no live process maps (a leak, not a neighbour's)."""
+    new = set(os.listdir("/dev/shm")) - before
+    if not new:
+        return set()
+    mapped = set()
+    for pid in os.listdir("/proc"):
+        if pid.isdigit():
+            try:
+                with open(f"/proc/{pid}/maps") as f:
+                    mapped.update(line.rsplit("/", 1)[-1].strip() for line in f if "/dev/shm/" in line)
+            except OSError:
+                pass
+    return {name for name in new if name not in mapped and os.path.exists(f"/dev/shm/{name}")}
+
+
+def gone(pid, within=10.0):
+    deadline = time.monotonic() + within
+    while time.monotonic() < deadline:
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                if f.read().split(") ", 1)[1].startswith("Z"):
+                    return True
+        except OSError:
+            return True
+        time.sleep(0.05)
+    return False
+
+
+@pytest.fixture
+def no_leaks():
+    shm = set(os.listdir("/dev/shm"))
+    yield
+    gc.collect()
+    deadline = time.monotonic() + 10
+    while multiprocessing.active_children() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert multiprocessing.active_children() == []
+    assert leaked_shm(shm) == set()
+
+
+# --- sources (module level: they travel to the worker process) ----------------------------------
+
+def batches(n=10, rows=4):
+    return [{"x": torch.full((rows, 3), float(i)), "i": torch.tensor(i)} for i in range(n)]
+
+
+class Marked:
+    """Batches 0..n-1; every pass appends a line to ``marker`` when it starts."""
+
+    def __init__(self, n, marker, delay=0.0):
+        self.n, self.marker, self.delay = n, marker, delay
+
+    def __len__(self):
+        return self.n
+
+    def __iter__(self):
+        with open(self.marker, "a") as f:
+            f.write("pass\n")
+        for i in range(self.n):
+            time.sleep(self.delay)
+            yield torch.full((2,), float(i))
+
+
+class Failing:
+    def __init__(self, at, how):
+        self.at, self.how = at, how
+
+    def __iter__(self):
+        for i in range(5):
+            if i == self.at:
+                if self.how == "raise":
+                    raise_from_the_source(i)
+                if self.how == "unpicklable":
+                    raise Unpicklable(lambda: i)
+                if self.how == "exit":
+                    os._exit(3)
+                if self.how == "kill":
+                    os.kill(os.getpid(), signal.SIGKILL)
+                if self.how == "hang":
+                    time.sleep(120)
+            yield torch.full((2,), float(i))
+
+
+def raise_from_the_source(i):
+    raise ValueError(f"bad example {i}")
+
+
+class Unpicklable(Exception):
+    def __init__(self, fn):
+        super().__init__("cannot travel")
+        self.fn = fn
+
+
+@dataclasses.dataclass
+class Record:
+    tensor: torch.Tensor
+    name: str
+
+
+def marker_lines(path, expect, within=10.0):
+    deadline = time.monotonic() + within
+    while time.monotonic() < deadline:
+        if os.path.exists(path) and len(open(path).read().splitlines()) >= expect:
+            return len(open(path).read().splitlines())
+        time.sleep(0.02)
+    return len(open(path).read().splitlines()) if os.path.exists(path) else 0
+
+
+# --- tests -------------------------------------------------------------------------------------
+
+@pytest.mark.timeout(60)
+def test_epochs_len_and_views_of_the_ring(no_leaks):
+    with AsyncDataAccessor(batches(), buffer_size=1) as accessor:
+        assert len(accessor) == 10
+        for _ in range(3):
+            assert [int(b["i"]) for b in accessor] == list(range(10))
+        kept, cloned = [], []
+        for b in accessor:
+            assert b["x"].is_shared() and b["x"].shape == (4, 3) and b["i"].dim() == 0
+            kept.append(b["x"])
+            cloned.append(b["x"].clone())
+        assert [int(c[0, 0]) for c in cloned] == list(range(10))
+        assert len({int(k[0, 0]) for k in kept}) < 10        # views were overwritten: clone what you keep
+
+
+@pytest.mark.timeout(60)
+def test_any_structure_dtype_and_shape(no_leaks):
+    source = [
+        (torch.arange(6).view(2, 3).t(), [torch.tensor([True, False]), "text"],
+         {"bf16": torch.ones(3, dtype=torch.bfloat16), "empty": torch.zeros(0, 5),
+          "msgs": [Message({"text": "hi", "labels": ["a"]})], "n": 7},
+         Record(torch.full((i + 1, 100 * (i + 1)), float(i)), f"r{i}"))
+        for i in range(6)
+    ]
+    with AsyncDataAccessor(source, buffer_size=2) as accessor:
+        for i, (a, (flags, word), d, rec) in enumerate(accessor):
+            assert torch.equal(a, torch.arange(6).view(2, 3).t())
+            assert flags.dtype == torch.bool and flags.tolist() == [True, False] and word == "text"
+            assert d["bf16"].dtype == torch.bfloat16 and d["empty"].shape == (0, 5) and d["n"] == 7
+            assert isinstance(d["msgs"][0], Message) and d["msgs"][0]["labels"] == ["a"]
+            assert isinstance(rec, Record) and rec.name == f"r{i}" and rec.tensor.shape == (i + 1, 100 * (i + 1))
+            assert float(rec.tensor[-1, -1]) == i                 # slots grow for bigger batches
+
+
+@pytest.mark.timeout(60)
+def test_leaving_early_resets_to_the_first_item(no_leaks):
+    with AsyncDataAccessor(batches(20), buffer_size=3) as accessor:
+        for k in (1, 5, 0):
+            for b in accessor:
+                if int(b["i"]) == k:
+                    break
+            assert [int(b["i"]) for b in accessor][:3] == [0, 1, 2]
+        first = iter(accessor)
+        assert int(next(first)["i"]) == 0 and int(next(first)["i"]) == 1
+        assert [int(b["i"]) for b in accessor] == list(range(20))   # a new pass abandons the old one
+        with pytest.raises(AccessorError, match="abandoned"):
+            next(first)
+
+
+@pytest.mark.timeout(60)
+def test_early_preload_and_load_indefinitely(tmp_path, no_leaks):
+    lazy = str(tmp_path / "lazy")
+    with AsyncDataAccessor(Marked(3, lazy), early_preload=False, load_indefinitely=False) as accessor:
+        time.sleep(0.5)
+        assert not os.path.exists(lazy)                          # nothing loaded before iterating
+        assert [int(b[0]) for b in accessor] == [0, 1, 2]
+        time.sleep(0.5)
+        assert marker_lines(lazy, 1) == 1                        # waits to be asked for the next pass
+        assert [int(b[0]) for b in accessor] == [0, 1, 2]
+        assert marker_lines(lazy, 2) == 2
+
+    eager = str(tmp_path / "eager")
+    with AsyncDataAccessor(Marked(3, eager), early_preload=True, load_indefinitely=True) as accessor:
+        assert marker_lines(eager, 1) == 1                       # loading started at construction
+        assert [int(b[0]) for b in accessor] == [0, 1, 2]
+        assert marker_lines(eager, 2) >= 2                       # the next pass starts by itself
+
+
+@pytest.mark.timeout(60)
+def test_overlaps_loading_with_compute(tmp_path, no_leaks):
+    n, step = 12, 0.05
+    with AsyncDataAccessor(Marked(n, str(tmp_path / "m"), delay=step), early_preload=True) as accessor:
+        it = iter(accessor)
+        next(it)                                                 # the worker process is up
+        start = time.monotonic()
+        for _ in it:
+            time.sleep(step)                                     # the "model step"
+        elapsed = time.monotonic() - start
+    assert elapsed < 1.6 * (n - 1) * step                        # serial would be 2 * (n - 1) * step
+
+
+@pytest.mark.timeout(60)
+def test_worker_exception_reaches_the_caller_with_its_traceback(no_leaks):
+    accessor = AsyncDataAccessor(Failing(2, "raise"))
+    seen = []
+    with pytest.raises(ValueError, match="bad example 2") as info:
+        for b in accessor:
+            seen.append(int(b[0]))
+    assert seen == [0, 1]
+    assert isinstance(info.value.__cause__, WorkerTraceback)
+    assert "raise_from_the_source" in str(info.value.__cause__)
+    assert any("worker process" in note and "raise_from_the_source" in note for note in info.value.__notes__)
+    with pytest.raises(AccessorError, match="terminated"):
+        iter(accessor)
+
+
+@pytest.mark.timeout(60)
+def test_unpicklable_worker_exception_still_reported(no_leaks):
+    with pytest.raises(AccessorError, match="Unpicklable: cannot travel"):
+        list(AsyncDataAccessor(Failing(0, "unpicklable")))
+
+
+@pytest.mark.timeout(60)
+def test_empty_source_is_a_clear_error(no_leaks):
+    with pytest.raises(EmptySourceError, match="no batches"):
+        list(AsyncDataAccessor([]))
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("how, message", [("exit", "exited with code 3"), ("kill", "killed by signal 9")])
+def test_a_dying_worker_is_an_error_not_a_hang(how, message, no_leaks):
+    with pytest.raises(WorkerDiedError, match=message):
+        list(AsyncDataAccessor(Failing(1, how), timeout_s=30))
+
+
+@pytest.mark.timeout(60)
+def test_a_hanging_worker_times_out_and_is_stopped(no_leaks):
+    accessor = AsyncDataAccessor(Failing(1, "hang"), timeout_s=1.0)
+    pid = accessor.worker_pid
+    start = time.monotonic()
+    with pytest.raises(WorkerTimeoutError, match="timeout_s=1"):
+        list(accessor)
+    assert time.monotonic() - start < 10
+    assert gone(pid)
+
+
+@pytest.mark.timeout(60)
+def test_terminate_and_garbage_collection_leave_nothing(no_leaks):
+    accessor = AsyncDataAccessor(batches(), early_preload=True)
+    next(iter(accessor))
+    pid = accessor.worker_pid
+    accessor.terminate()
+    accessor.terminate()                                       # idempotent
+    assert gone(pid)
+    with pytest.raises(AccessorError, match="terminated"):
+        iter(accessor)
+    accessor = AsyncDataAccessor(batches(), early_preload=True)
+    pid = accessor.worker_pid
+    del accessor
+    gc.collect()
+    assert gone(pid)
+
+
+@pytest.mark.timeout(60)
+def test_unpicklable_source_is_a_clear_error(no_leaks):
+    class Local:
+        def __iter__(self):
+            yield torch.zeros(1)
+
+    with pytest.raises(TypeError, match="cannot be sent to the worker"):
+        AsyncDataAccessor(Local())
+
+
+def test_bad_arguments():
+    with pytest.raises(ValueError, match="buffer_size"):
+        AsyncDataAccessor([], buffer_size=0)
+    with pytest.raises(ValueError, match="rebatch_size"):
+        AsyncDataAccessor([], rebatch_size=0)
+
+
+SCRIPT = textwrap.dedent("""
+    import os, sys, time, torch
+    sys.path.insert(0, {root!r})
+    from accelbatch.data.accessor import AsyncDataAccessor
+
+    class Slow:
+        def __iter__(self):
+            for i in range(10_000):
+                time.sleep(0.01)
+                yield torch.zeros(4)
+
+    if __name__ == "__main__":
+        accessor = AsyncDataAccessor(Slow(), early_preload=True)
+        print(accessor.worker_pid, flush=True)
+        if sys.argv[1] == "crash":
+            next(iter(accessor))
+            os._exit(0)                     # the consumer vanishes without cleaning up
+        for batch in accessor:
+            time.sleep(0.01)
+""")
+
+
+@pytest.mark.timeout(90)
+@pytest.mark.parametrize("how", ["ctrl-c", "crash"])
+def test_ctrl_c_or_a_vanished_consumer_leave_no_worker(tmp_path, how):
+    script = tmp_path / "consumer.py"
+    script.write_text(SCRIPT.format(root=os.getcwd()))
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    shm = set(os.listdir("/dev/shm"))
+    proc = subprocess.Popen([sys.executable, str(script), how], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, env=env)
+    worker = int(proc.stdout.readline())
+    if how == "ctrl-c":
+        time.sleep(1.0)
+        proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=30)
+    if how == "ctrl-c":
+        assert proc.returncode != 0 and "KeyboardInterrupt" in err
+        assert "Traceback" not in err.split("KeyboardInterrupt")[-1]     # the worker printed nothing
+    assert gone(worker, within=15)
+    assert leaked_shm(shm) == set()

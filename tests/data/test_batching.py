@@ -1,0 +1,157 @@
+"""Dynamic batching: ParlAI's worked examples, the four strategies, and exactly-once as a property."""
+
+import random
+from collections import Counter
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from accelbatch.data.batching import (STRATEGIES, BatchingConfig, BucketBatcher, BucketShape, RangeBatcher,
+                                      TokenBatcher, batch_stats, make_batcher, make_batches, plan_buckets)
+
+# ParlAI's 12 movie quotes (id -> number of words), from "Worlds, Sharing & Batching"
+QUOTE_WORDS = [8, 10, 17, 2, 2, 38, 6, 12, 6, 12, 13, 5]
+
+
+def test_full_reproduces_parlai_worked_example():
+    batches = make_batches(list(range(12)), QUOTE_WORDS, "full", 3, max_tokens=80, count="words")
+    assert [b.real_tokens for b in batches] == [80, 51]
+    assert set(batches[0].items) == {5, 2, 10, 7} or set(batches[0].items) == {5, 2, 10, 9}
+    assert sorted(i for b in batches for i in b.items) == list(range(12))
+
+
+def test_full_padded_budget_keeps_rows_times_longest_within_budget():
+    batches = make_batches(list(range(12)), QUOTE_WORDS, "full", 3, max_tokens=80)
+    assert all(b.padded_tokens <= 80 for b in batches)
+    assert sorted(i for b in batches for i in b.items) == list(range(12))
+    assert [b.num_real for b in batches] == [2, 6, 4]     # 38+17 | 13,12,12,10,8,6 | 6,5,2,2
+
+
+def test_batchsort_reproduces_parlai_grouping():
+    batches = make_batches(list(range(12)), QUOTE_WORDS, "batchsort", 3)
+    assert [sorted(b.lengths) for b in batches] == [[2, 2, 5], [6, 6, 8], [10, 12, 12], [13, 17, 38]]
+
+
+def test_none_keeps_order_and_pads_to_longest():
+    batches = make_batches(list(range(12)), QUOTE_WORDS, "none", 3)
+    assert [list(b.items) for b in batches] == [[0, 1, 2], [3, 4, 5], [6, 7, 8], [9, 10, 11]]
+    assert batches[1].shape == (3, 38) and batches[1].pad_tokens == 3 * 38 - 42
+
+
+def test_pad_fraction_counts_padding_rows():
+    stats = batch_stats(make_batches(list(range(5)), [4] * 5, "none", 4, pad_rows=True))
+    assert stats.batches == 2 and stats.padded_tokens == 32 and stats.real_tokens == 20
+    assert stats.pad_fraction == pytest.approx(12 / 32)
+
+
+def long_tail(n=5000, seed=0):
+    rng = random.Random(seed)
+    return [max(1, min(256, int(rng.lognormvariate(2.5, 0.7)))) for _ in range(n)]
+
+
+def test_sorting_strategies_cut_padding_on_long_tails():
+    lengths = long_tail()
+    waste = {s: batch_stats(make_batches(list(range(len(lengths))), lengths, s, 32)).pad_fraction
+             for s in STRATEGIES}
+    assert waste["none"] > 0.4
+    assert waste["batchsort"] < 0.15 and waste["full"] < 0.1
+    assert waste["buckets"] < waste["none"] / 2
+
+
+def test_buckets_use_few_static_shapes():
+    lengths = long_tail()
+    batches = make_batches(list(range(len(lengths))), lengths, "buckets", 32, num_buckets=6)
+    stats = batch_stats(batches)
+    assert len(stats.shapes) <= 6 and all(rows == 32 for rows, _ in stats.shapes)
+    assert stats.examples == len(lengths)
+    budget = make_batches(list(range(len(lengths))), lengths, "buckets", 32, num_buckets=6, max_tokens=640,
+                          row_multiple=4)
+    shapes = batch_stats(budget).shapes
+    assert len(shapes) <= 6 and all(r % 4 == 0 and (r * n <= 640 or r == 4) for r, n in shapes)
+
+
+def test_plan_buckets_is_optimal_on_a_small_case():
+    # lengths 1,2 (many) and 10: two buckets should split {1,2} | {10}
+    shapes = plan_buckets([1] * 5 + [2] * 5 + [10], num_buckets=2, batch_size=4)
+    assert [s.padded_len for s in shapes] == [2, 10]
+    # fewer distinct lengths than buckets: one bucket per length, no padding at all
+    assert [s.padded_len for s in plan_buckets([3, 3, 7], 8)] == [3, 7]
+    # max_len makes the longest bucket cover later, longer examples
+    assert plan_buckets([3, 4], 2, max_len=20)[-1].padded_len == 20
+
+
+def test_bucket_batcher_rejects_examples_longer_than_planned():
+    batcher = BucketBatcher([BucketShape(8, 2)])
+    with pytest.raises(ValueError, match="longer than the longest bucket"):
+        batcher.push("x", 9)
+
+
+def test_range_batcher_groups_by_length_range_with_a_bounded_cache():
+    batcher = RangeBatcher(batch_size=4, length_range=5, cache_size=12)
+    rng = random.Random(1)
+    out, waiting_max = [], 0
+    for i in range(500):
+        out += batcher.push(i, rng.randint(1, 30))
+        waiting_max = max(waiting_max, batcher._waiting)
+    out += batcher.finish()
+    assert waiting_max <= 12
+    assert sorted(i for b in out for i in b.items) == list(range(500))
+    full = [b for b in out if b.num_real == 4]
+    assert full and all(max(b.lengths) // 5 == min(b.lengths) // 5 for b in full)
+
+
+def test_token_batcher_memory_is_bounded_by_the_cache_and_one_batch():
+    batcher = TokenBatcher(max_tokens=64, cache_size=16)
+    out, biggest = [], 0
+    for i in range(1000):
+        out += batcher.push(i, 1)
+        biggest = max(biggest, len(batcher._cache))
+    out += batcher.finish()
+    assert biggest <= 16 + 64
+    assert sorted(i for b in out for i in b.items) == list(range(1000))
+    assert all(b.padded_tokens <= 64 for b in out)
+
+
+def test_unknown_strategy_names_the_option():
+    with pytest.raises(ValueError, match="--dynamic-batching"):
+        make_batcher("sorted", 4)
+    with pytest.raises(ValueError, match="--max-batch-tokens"):
+        make_batcher("full", 4)
+
+
+@settings(max_examples=150, deadline=None)
+@given(lengths=st.lists(st.integers(0, 60), min_size=0, max_size=120),
+       strategy=st.sampled_from(STRATEGIES), batch_size=st.integers(1, 9), cache=st.integers(1, 40),
+       row_multiple=st.integers(1, 3), count=st.sampled_from(["padded", "words"]),
+       num_buckets=st.integers(1, 5), budget=st.integers(1, 200), pad_rows=st.booleans(),
+       streaming_sort=st.booleans())
+def test_every_example_is_in_exactly_one_batch(lengths, strategy, batch_size, cache, row_multiple, count,
+                                               num_buckets, budget, pad_rows, streaming_sort):
+    items = list(range(len(lengths)))
+    if strategy == "buckets":
+        if not lengths:
+            return
+        shapes = tuple(plan_buckets(lengths, num_buckets, batch_size, budget if budget % 2 else None,
+                                    row_multiple))
+    else:
+        shapes = None
+    config = BatchingConfig(strategy, batch_size, max_tokens=budget, cache_size=cache,
+                            length_range=3 if streaming_sort else None, count=count, row_multiple=row_multiple,
+                            pad_rows=pad_rows, shapes=shapes)
+    batches = list(config.batcher(random.Random(0)).run(zip(items, lengths)))
+    assert Counter(i for b in batches for i in b.items) == Counter(items)
+    for b in batches:
+        assert b.num_real >= 1 and b.rows >= b.num_real
+        assert all(n <= b.padded_len for n in b.lengths)
+        assert 0 <= b.pad_tokens <= b.padded_tokens
+    if strategy == "buckets":
+        assert len({b.shape for b in batches}) <= num_buckets
+        assert {b.shape for b in batches} <= {s.shape for s in shapes}
+    if strategy == "full":
+        for b in batches:
+            assert b.rows % row_multiple == 0
+            over = b.padded_tokens > budget if count == "padded" else b.real_tokens > budget
+            assert not over or b.num_real <= row_multiple
+    if strategy in ("none", "batchsort") and not streaming_sort:
+        assert all(b.num_real == batch_size for b in batches[:-1]) or strategy == "batchsort"

@@ -1,0 +1,234 @@
+"""make_loader: every mode x strategy x workers; collate in the workers; training and evaluation rules."""
+
+import gc
+import json
+import multiprocessing
+import os
+import time
+from collections import Counter
+
+import pytest
+import torch
+
+from accelbatch.data import LoaderConfig, ShardSpec, StreamSource, make_loader
+from accelbatch.data.batching import STRATEGIES
+from accelbatch.data.loader import AgentCollate
+from accelbatch.messages import Message
+from accelbatch.opts import Opts
+
+pytestmark = pytest.mark.filterwarnings("ignore:This DataLoader will create")
+
+
+def leaked_shm(before):
+    """/dev/shm entries created since ``before`` that no live process maps (a leak, not a neighbour's)."""
+    new = set(os.listdir("/dev/shm")) - before
+    if not new:
+        return set()
+    mapped = set()
+    for pid in os.listdir("/proc"):
+        if pid.isdigit():
+            try:
+                with open(f"/proc/{pid}/maps") as f:
+                    mapped.update(line.rsplit("/", 1)[-1].strip() for line in f if "/dev/shm/" in line)
+            except OSError:
+                pass
+    return {name for name in new if name not in mapped and os.path.exists(f"/dev/shm/{name}")}
+
+
+@pytest.fixture
+def no_leaks():
+    shm = set(os.listdir("/dev/shm"))
+    yield
+    gc.collect()
+    deadline = time.monotonic() + 10
+    while multiprocessing.active_children() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert multiprocessing.active_children() == []
+    assert leaked_shm(shm) == set()
+
+
+# --- an agent-like collate: per-row vectorize, batchify pads (module level: it runs in workers) -------
+
+def vectorize(msg):
+    msg = Message(msg)
+    msg["text_vec"] = torch.tensor([len(w) for w in msg["text"].split()] or [0])
+    msg["vec_pid"] = os.getpid()
+    return msg
+
+
+def batchify(rows):
+    width = max(len(r["text_vec"]) for r in rows)
+    text = torch.zeros(len(rows), width, dtype=torch.long)
+    for i, r in enumerate(rows):
+        text[i, :len(r["text_vec"])] = r["text_vec"]
+    return {"text_vec": text, "vec_pid": torch.tensor([r["vec_pid"] for r in rows]),
+            "batchify_pid": torch.full((len(rows),), os.getpid())}
+
+
+COLLATE = AgentCollate(vectorize, batchify)
+
+
+def examples(n=203, seed=0):
+    import random
+
+    rng = random.Random(seed)
+    return [Message({"text": f"q{i} " + "w " * int(rng.lognormvariate(1.5, 0.9)), "labels": [f"a{i}"],
+                     "episode_done": True}) for i in range(n)]
+
+
+def write_jsonl(path, msgs):
+    with open(path, "w") as f:
+        for m in msgs:
+            f.write(json.dumps(dict(m)) + "\n")
+    return str(path)
+
+
+def key(msg):
+    return msg["text"].split()[0]
+
+
+def run_epoch(loader):
+    seen, shapes = [], set()
+    for b in loader:
+        assert b.rows >= b.num_real == len(b.ids) == len(b.lengths)
+        assert b.tensors["text_vec"].shape[0] == b.rows
+        if loader.config.dynamic_batching == "buckets":
+            assert b.tensors["text_vec"].shape[1] == b.padded_len
+        seen += [key(m) for m in b.messages]
+        shapes.add(tuple(b.tensors["text_vec"].shape))
+    return seen, shapes
+
+
+CASES = [("map", "sync", 0), ("map", "sync", 2), ("map", "async", 0), ("map", "async-rebatched", 2),
+         ("stream", "sync", 0), ("stream", "sync", 2), ("stream", "async", 2), ("stream", "async-rebatched", 0),
+         ("stream", "async-rebatched", 2)]
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("kind, mode, workers", CASES)
+def test_evaluation_sees_every_example_exactly_once(tmp_path, kind, mode, workers, no_leaks):
+    msgs = examples()
+    data = msgs if kind == "map" else write_jsonl(tmp_path / "d.jsonl", msgs)
+    expected = Counter(key(m) for m in msgs)
+    for strategy in STRATEGIES:
+        with make_loader(data, collate=COLLATE, training=False, batch_size=8, mode=mode, num_workers=workers,
+                         dynamic_batching=strategy, num_buckets=4, batch_sort_cache_size=50) as loader:
+            for epoch in range(2 if strategy == "none" else 1):
+                seen, shapes = run_epoch(loader)
+                assert Counter(seen) == expected, (strategy, epoch)
+            if strategy == "buckets":
+                assert len(shapes) <= 4
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("mode, workers", [("sync", 2), ("async", 2), ("async-rebatched", 2)])
+def test_collate_runs_off_the_main_process(tmp_path, mode, workers, no_leaks):
+    data = write_jsonl(tmp_path / "d.jsonl", examples(60))
+    with make_loader(data, collate=COLLATE, training=False, batch_size=8, mode=mode, num_workers=workers) as loader:
+        batch = next(iter(loader))
+        vec_pids = set(batch.tensors["vec_pid"].tolist())
+        batchify_pids = set(batch.tensors["batchify_pid"].tolist())
+    assert os.getpid() not in vec_pids | batchify_pids
+    if mode == "async-rebatched":   # rows vectorized in the workers, re-formed batches batchified by the accessor
+        assert vec_pids.isdisjoint(batchify_pids)
+
+
+@pytest.mark.timeout(120)
+def test_stream_workers_drop_tails_unless_rebatched(tmp_path, no_leaks):
+    """PopTorch's case on a stream: 101 examples, 7 workers, batches of 4, drop_last."""
+    data = write_jsonl(tmp_path / "d.jsonl", examples(101))
+    used = {}
+    for mode in ("sync", "async-rebatched"):
+        with make_loader(data, collate=COLLATE, training=True, batch_size=4, mode=mode, num_workers=7) as loader:
+            seen = []
+            for b in loader:
+                assert b.num_real == b.rows == 4
+                seen += [key(m) for m in b.messages]
+            assert len(seen) == len(set(seen))
+            used[mode] = len(seen)
+    assert used["sync"] < 100 and used["async-rebatched"] == 100
+
+
+@pytest.mark.timeout(60)
+def test_training_shuffles_each_epoch_and_drops_the_partial_batch(no_leaks):
+    loader = make_loader(examples(50), collate=COLLATE, training=True, batch_size=8, seed=3)
+    assert len(loader) == 6 and loader.dropped == 2
+    first = [key(m) for b in loader for m in b.messages]
+    second = [key(m) for b in loader for m in b.messages]
+    assert len(first) == len(set(first)) == 48 and first != second
+    again = make_loader(examples(50), collate=COLLATE, training=True, batch_size=8, seed=3)
+    assert [key(m) for b in again for m in b.messages] == first          # seeded
+    keep = make_loader(examples(50), collate=COLLATE, training=True, batch_size=8, drop_last=False)
+    assert sum(b.num_real for b in keep) == 50
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("strategy", STRATEGIES)
+def test_replicas_split_the_data_and_train_in_step(strategy, no_leaks):
+    msgs = examples(101)
+    eval_seen, train_counts = [], []
+    for replica in range(3):
+        shard = ShardSpec(num_replicas=3, replica_index=replica)
+        with make_loader(msgs, collate=COLLATE, training=False, batch_size=4, dynamic_batching=strategy,
+                         shard=shard) as loader:
+            eval_seen += [key(m) for b in loader for m in b.messages]
+        with make_loader(msgs, collate=COLLATE, training=True, batch_size=4, dynamic_batching=strategy,
+                         shard=shard) as loader:
+            train_counts.append(len(list(loader)))
+    assert Counter(eval_seen) == Counter(key(m) for m in msgs)
+    assert len(set(train_counts)) == 1
+
+
+@pytest.mark.timeout(60)
+def test_buckets_pad_to_static_shapes(no_leaks):
+    with make_loader(examples(300), collate=COLLATE, training=False, batch_size=8, dynamic_batching="buckets",
+                     num_buckets=3) as loader:
+        assert loader.shapes is not None and len(loader.shapes) <= 3
+        planned = {s.shape for s in loader.shapes}
+        shapes = {tuple(b.tensors["text_vec"].shape) for b in loader}
+        assert shapes <= planned
+        stats = loader.plan_stats()
+        assert stats.shapes <= planned and 0 < stats.pad_fraction < 1
+
+
+@pytest.mark.timeout(60)
+def test_static_rows_pad_the_last_evaluation_batch(no_leaks):
+    with make_loader(examples(10), collate=COLLATE, training=False, batch_size=4, static_rows=True) as loader:
+        batches = list(loader)
+    assert [b.rows for b in batches] == [4, 4, 4] and batches[-1].num_real == 2
+    assert batches[-1].tensors["text_vec"][2:].abs().sum() == 0
+
+
+def short_length(msg):
+    return 1
+
+
+@pytest.mark.timeout(60)
+def test_bucket_length_fn_that_undercounts_is_a_clear_error(no_leaks):
+    loader = make_loader(examples(20), collate=COLLATE, training=False, batch_size=4, dynamic_batching="buckets",
+                         length_fn=short_length)
+    with pytest.raises(ValueError, match="length_fn"):
+        list(loader)
+
+
+def test_config_from_opts_and_errors(tmp_path):
+    opts = Opts(batchsize=5, dataloader_mode="async", dynamic_batching="full", num_workers=1, buffer_size=2)
+    config = LoaderConfig.from_opts(opts, num_workers=0)
+    assert (config.batch_size, config.mode, config.dynamic_batching, config.num_workers, config.buffer_size) == \
+        (5, "async", "full", 0, 2)
+    with pytest.raises(ValueError, match="--dataloader-mode"):
+        LoaderConfig(mode="threads")
+    with pytest.raises(ValueError, match="no examples"):
+        make_loader([], batch_size=2)
+    stream = make_loader(StreamSource(write_jsonl(tmp_path / "d.jsonl", examples(5))), batch_size=2)
+    with pytest.raises(TypeError, match="unknown before reading"):
+        len(stream)
+
+
+def test_episodes_are_squashed_and_no_collate_means_no_tensors():
+    episode = [Message({"text": "x1", "labels": ["y1"]}), Message({"text": "x2", "labels": ["y2"],
+                                                                   "episode_done": True})]
+    loader = make_loader([episode], batch_size=2, training=False, context_length=-1, include_labels=True)
+    (batch,) = list(loader)
+    assert batch.tensors is None and [m["text"] for m in batch.messages] == ["x1", "x1\ny1\nx2"]
+    assert batch.ids == [0, 1]
