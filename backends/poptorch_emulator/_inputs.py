@@ -8,7 +8,6 @@ but got ...") and python/_poplar_executor.py ``_narrow_tensor`` ("Invalid batch 
 from __future__ import annotations
 
 import inspect
-import logging
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -16,8 +15,6 @@ import torch
 
 from . import _structure
 from .poptorch_core import py_error
-
-logger = logging.getLogger("poptorch_emulator")
 
 RECOMPILE_HINT = (
     "\nThis error occurred because the inputs passed at runtime"

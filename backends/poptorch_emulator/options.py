@@ -30,7 +30,6 @@ logger = logging.getLogger("poptorch_emulator")
 
 FROZEN_MESSAGE = "Can't modify frozen Options"
 
-_PRIVATE_SLOTS = ("_values", "_frozen", "_children", "_disabled_warnings")
 
 
 class _OptionsDict:
