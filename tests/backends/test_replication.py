@@ -281,6 +281,44 @@ def _state(pid: int) -> str:
     return stat[stat.rindex(")") + 2:].split()[0]
 
 
+@pytest.mark.timeout(180)
+def test_torchrun_launch_equals_reference(tmp_path):
+    """torchrun --nproc-per-node 2: CPUBackend.setup joins the group from torchrun's environment."""
+    script = tmp_path / "replica.py"
+    script.write_text(textwrap.dedent(f"""
+        import sys, types
+        sys.path[:0] = {[p for p in sys.path if p]!r}
+        import torch
+        from accelbatch.backends.cpu import CPUBackend, ReplicatedEngine
+        from accelbatch.plan import ExecutionPlan
+        from {__name__} import SCENARIOS, Net, scenario_data, LR
+
+        backend = CPUBackend()
+        backend.setup(types.SimpleNamespace(replication_factor=2))
+        plan_kw, rows, calls, _ = SCENARIOS["mean"]
+        plan = ExecutionPlan(**plan_kw)
+        torch.manual_seed(backend.rank)
+        model = Net()
+        engine = backend.compile(model, torch.optim.SGD(model.parameters(), lr=LR), plan)
+        assert isinstance(engine, ReplicatedEngine) and backend.world_size == 2
+        for call in range(calls):
+            engine.train_step(plan.shard(scenario_data("mean", call, rows), backend.rank))
+        if backend.is_main_process():
+            torch.save(model.state_dict(), {str(tmp_path / "state.pt")!r})
+        backend.teardown()
+    """))
+    torchrun = os.path.join(os.path.dirname(sys.executable), "torchrun")
+    if not os.path.exists(torchrun):
+        pytest.skip("torchrun is not installed next to this python")
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    proc = subprocess.run([torchrun, "--nproc-per-node", "2", "--master-addr", "127.0.0.1",
+                           "--master-port", str(distributed.find_free_port()), str(script)],
+                          capture_output=True, timeout=150, env=env, start_new_session=True)
+    assert proc.returncode == 0, proc.stderr.decode()[-3000:]
+    net, _ = reference("mean")
+    _assert_close_state(torch.load(tmp_path / "state.pt"), net)
+
+
 def test_env_info_reads_torchrun_variables():
     assert distributed.env_info({}) is None
     info = distributed.env_info({"RANK": "1", "WORLD_SIZE": "2", "LOCAL_RANK": "1"})
