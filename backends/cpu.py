@@ -5,19 +5,23 @@
   simulated in this process (their micro-batches simply join the update's accumulation), which gives the
   same weights as R processes. Micro-batches are views of the combined batch (no copy, no per-row Python).
 * :class:`ReplicatedEngine` (R processes, torch.distributed initialised with ``world_size == R``):
-  **each process receives only its own replica's rows**, the ``[D, G, b]`` slice of the combined batch
-  (``plan.shard(batch, rank)`` cuts it from a full batch; a sharded world can produce it directly), runs
-  its micro-batches and all-reduces the gradients before each of the D updates. The gradients live in one
+  by default (``inputs="shard"``) **each process receives only its own replica's rows**, the ``[D, G, b]``
+  slice of the combined batch (``plan.shard(batch, rank)`` cuts it from a full batch; a sharded world
+  produces it directly, which saves R-1 copies of the data work); ``inputs="full"`` accepts the whole
+  combined batch in every process and shards it inside (simpler when every process runs the same
+  unsharded world, at R times the data work). Each process runs its micro-batches and all-reduces the gradients before each of the D updates. The gradients live in one
   flat buffer (each ``param.grad`` is a view of it), so an update costs one ``all_reduce``; the loss and
   micro-batch count ride in two extra slots of the same buffer. Micro-batch losses are pre-scaled by the
   layout's weights (1/(G*R) for Mean), so the all-reduced SUM is the update's gradient. Initial weights and
   buffers are broadcast from rank 0. With ``drop_last=False`` every call first all-reduces the shard
-  sizes (R integers) so all replicas agree on the tail layout; with ``drop_last=True`` (default) no extra
-  collective is made. Outputs: by default each process gets its own shard's outputs (``rows`` index its
-  shard), which is what a world running on its own shard needs; ``gather_outputs=True`` all-gathers them
-  so every rank (rank 0 builds the replies) gets the full call's outputs in the plan's order with ``rows``
-  indexing the combined batch. ``eval_step`` is local (no collective): each process evaluates its rows.
-  Metrics are combined with :meth:`CPUBackend.reduce_metrics` (sums across processes).
+  sizes (R integers) so all replicas agree on the tail layout (not needed with ``inputs="full"``); with
+  ``drop_last=True`` (default) no extra collective is made. Outputs: by default each process gets its own
+  replica's outputs (``rows`` index its shard, or the combined batch with ``inputs="full"``), which is
+  what a world running on its own shard needs; ``gather_outputs=True`` all-gathers them so every rank
+  (rank 0 builds the replies) gets the whole call's outputs in the plan's order with ``rows`` indexing
+  the combined batch. ``eval_step`` is local (no collective): each process evaluates the rows it is given.
+  Metrics: with sharded inputs every process scores its own rows and :meth:`CPUBackend.reduce_metrics`
+  sums them; with ``inputs="full"`` every process sees every row, so take metrics from rank 0 unsummed.
 """
 
 from __future__ import annotations
@@ -166,7 +170,7 @@ class ReplicatedEngine(PlanEngine):
 
     def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer | None,
                  plan: ExecutionPlan, group: Any = None, gather_outputs: bool = False,
-                 broadcast_init: bool = True):
+                 inputs: str = "shard", broadcast_init: bool = True):
         if not dist.is_available() or not dist.is_initialized():
             raise PlanError("ReplicatedEngine needs torch.distributed initialised (use "
                             "accelbatch.backends.distributed.spawn_replicas, or torchrun)")
@@ -175,7 +179,11 @@ class ReplicatedEngine(PlanEngine):
             raise PlanError(f"--replication-factor {plan.replication_factor} but torch.distributed has "
                             f"{world} processes: start one process per replica "
                             f"(torchrun --nproc-per-node {plan.replication_factor}) or change the option")
+        if inputs not in ("shard", "full"):
+            raise PlanError(f"inputs={inputs!r}: expected 'shard' (each process gets its replica's rows) or "
+                            "'full' (each process gets the whole combined batch)")
         super().__init__(model, optimizer, plan)
+        self.inputs = inputs
         self.group = group
         self.rank = dist.get_rank(group)
         self.world_size = world
@@ -241,8 +249,14 @@ class ReplicatedEngine(PlanEngine):
 
     def train_step(self, batch: TensorBatch) -> StepResult:
         self._check_train()
-        local_rows = batch_rows(batch)
-        total = self._total_rows(local_rows)
+        if self.inputs == "full":
+            total = batch_rows(batch)
+            self.plan.layout(total)  # validates
+            batch = self.plan.shard(batch, self.rank)
+            local_rows = batch_rows(batch)
+        else:
+            local_rows = batch_rows(batch)
+            total = self._total_rows(local_rows)
         lay, mine, every = self._steps(total)
         if mine.shard_rows != local_rows:
             raise PlanError(f"replica {self.rank} got {local_rows} rows; a {total}-row call gives it "
@@ -292,8 +306,12 @@ class ReplicatedEngine(PlanEngine):
             parts = [kept[j] for j in my_js]
             if lay.sum_groups is not None:
                 return _sum_parts(parts), None
-            rows = (torch.cat([torch.arange(mine.local_start[j], mine.local_start[j] + lay.micro_rows(j))
-                               for j in my_js]) if my_js else torch.empty(0, dtype=torch.long))
+            if self.inputs == "full":  # rows index the combined batch this process was given
+                rows = (torch.cat([torch.arange(lay.starts[j], lay.stops[j]) for j in my_js]) if my_js
+                        else torch.empty(0, dtype=torch.long))
+            else:  # rows index this process's shard
+                rows = (torch.cat([torch.arange(mine.local_start[j], mine.local_start[j] + lay.micro_rows(j))
+                                   for j in my_js]) if my_js else torch.empty(0, dtype=torch.long))
             return _cat_parts(parts), rows
         local = {j: kept[j] for j in my_js}
         gathered: list[Any] = [None] * self.world_size
@@ -348,10 +366,14 @@ class CPUBackend(Backend):
                 self._owns_group = True
 
     def compile(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer | None,
-                plan: ExecutionPlan | None = None, *, gather_outputs: bool = False) -> Engine:
+                plan: ExecutionPlan | None = None, *, gather_outputs: bool = False,
+                inputs: str = "shard") -> Engine:
+        """A :class:`ReplicatedEngine` when a process group of R > 1 processes is up, else a
+        :class:`PlanEngine` (replicas, if R > 1, simulated in this process). ``gather_outputs`` and
+        ``inputs`` apply to the replicated engine (see the module docstring)."""
         plan = plan if plan is not None else ExecutionPlan()
         if distributed.is_initialized() and distributed.world_size() > 1:
-            return ReplicatedEngine(model, optimizer, plan, gather_outputs=gather_outputs)
+            return ReplicatedEngine(model, optimizer, plan, gather_outputs=gather_outputs, inputs=inputs)
         return PlanEngine(model, optimizer, plan)
 
     def reduce_metrics(self, metrics: Any) -> Any:

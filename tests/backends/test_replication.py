@@ -24,14 +24,16 @@ pytestmark = pytest.mark.multiprocess
 
 D_IN, D_OUT, LR = 5, 4, 0.1
 
-# name -> plan keywords, rows per call, number of calls, gather outputs
+# name -> plan keywords, rows per call, number of calls, gather outputs, engine inputs
 SCENARIOS = {
     "mean": (dict(micro_batch=3, device_iterations=2, replication_factor=2, gradient_accumulation=2), 24, 2,
-             False),
+             False, "shard"),
     "sum_final_gathered": (dict(micro_batch=2, device_iterations=3, replication_factor=2, gradient_accumulation=1,
-                                reduction="sum"), 12, 2, True),
+                                reduction="sum"), 12, 2, True, "shard"),
     "tail": (dict(micro_batch=4, device_iterations=2, replication_factor=2, gradient_accumulation=2,
-                  drop_last=False, output_mode="all"), 22, 1, True),
+                  drop_last=False, output_mode="all"), 22, 1, True, "shard"),
+    "full_inputs_everyn": (dict(micro_batch=2, device_iterations=4, replication_factor=2, output_mode="everyn",
+                                output_return_period=2), 16, 2, False, "full"),
 }
 
 
@@ -62,17 +64,17 @@ def _train_worker(rank: int, names: list[str]):
 
     out = {}
     for name in names:
-        plan_kw, rows, calls, gather = SCENARIOS[name]
+        plan_kw, rows, calls, gather, inputs = SCENARIOS[name]
         plan = ExecutionPlan(**plan_kw)
         torch.manual_seed(0 if rank == 0 else 123)  # rank 1 starts elsewhere: the engine broadcasts rank 0's
         model = Net()
         engine = CPUBackend().compile(model, torch.optim.SGD(model.parameters(), lr=LR), plan,
-                                      gather_outputs=gather)
+                                      gather_outputs=gather, inputs=inputs)
         assert isinstance(engine, ReplicatedEngine)
         results = []
         for call in range(calls):
-            shard = plan.shard(scenario_data(name, call, rows), rank)
-            res = engine.train_step(shard)
+            data = scenario_data(name, call, rows)
+            res = engine.train_step(plan.shard(data, rank) if inputs == "shard" else data)
             results.append({"loss": res.loss, "updates": res.updates, "outputs": res.outputs, "rows": res.rows})
         out[name] = {"state": {k: v.clone() for k, v in model.state_dict().items()}, "results": results}
     out["metrics"] = CPUBackend().reduce_metrics({"exs": rank + 1, "loss_sum": 0.5, "extra": {f"r{rank}": 1.0}})
@@ -81,9 +83,9 @@ def _train_worker(rank: int, names: list[str]):
 
 def reference(name: str):
     """Plain torch, one process: each weight update over its contiguous block of rows."""
-    plan_kw, rows, calls, _ = SCENARIOS[name]
+    plan_kw, rows, calls, _, _ = SCENARIOS[name]
     b, d = plan_kw["micro_batch"], plan_kw["device_iterations"]
-    per_update = b * plan_kw["replication_factor"] * plan_kw["gradient_accumulation"]
+    per_update = b * plan_kw["replication_factor"] * plan_kw.get("gradient_accumulation", 1)
     sum_red = plan_kw.get("reduction") == "sum"
     net = initial_net()
     outs = []
@@ -129,7 +131,7 @@ def test_r2_gloo_equals_r1_reference(replicated, name):
 @pytest.mark.timeout(180)
 def test_local_outputs_are_the_replicas_shard(replicated):
     _, outs = reference("mean")
-    plan_kw, rows, _, _ = SCENARIOS["mean"]
+    plan_kw, rows, _, _, _ = SCENARIOS["mean"]
     b, d, r, g = (plan_kw[k] for k in ("micro_batch", "device_iterations", "replication_factor",
                                        "gradient_accumulation"))
     for rank in range(2):
@@ -144,9 +146,23 @@ def test_local_outputs_are_the_replicas_shard(replicated):
 
 
 @pytest.mark.timeout(180)
+def test_full_inputs_return_rows_of_the_combined_batch(replicated):
+    """inputs='full': each process got the whole batch; EveryN(2) of D=4: iterations 1 and 3, own replica."""
+    _, outs = reference("full_inputs_everyn")
+    b, r = 2, 2
+    for rank in range(2):
+        res = replicated[rank]["full_inputs_everyn"]["results"][-1]
+        want = [(k * r + rank) * b + i for k in (1, 3) for i in range(b)]
+        assert res["rows"].tolist() == want
+        # iteration k's outputs were computed before update k: compare with the reference's pre-update scores
+        ref_scores = torch.cat([outs[-1][(k * r + rank) * b:(k * r + rank + 1) * b] for k in (1, 3)])
+        assert torch.allclose(res["outputs"]["scores"], ref_scores, atol=1e-5)
+
+
+@pytest.mark.timeout(180)
 def test_gathered_outputs_follow_the_plan_order(replicated):
     _, outs = reference("sum_final_gathered")
-    plan_kw, rows, _, _ = SCENARIOS["sum_final_gathered"]
+    plan_kw, rows, _, _, _ = SCENARIOS["sum_final_gathered"]
     b, d, r = plan_kw["micro_batch"], plan_kw["device_iterations"], plan_kw["replication_factor"]
     final_rows = [(d - 1) * r * b + rep * b + i for rep in range(r) for i in range(b)]
     for rank in range(2):
@@ -295,7 +311,7 @@ def test_torchrun_launch_equals_reference(tmp_path):
 
         backend = CPUBackend()
         backend.setup(types.SimpleNamespace(replication_factor=2))
-        plan_kw, rows, calls, _ = SCENARIOS["mean"]
+        plan_kw, rows, calls, _, _ = SCENARIOS["mean"]
         plan = ExecutionPlan(**plan_kw)
         torch.manual_seed(backend.rank)
         model = Net()
