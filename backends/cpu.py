@@ -46,10 +46,14 @@ def _slice(batch: Mapping[str, torch.Tensor], start: int, stop: int, rows: int) 
 
 def _loss_of(out: Mapping[str, torch.Tensor]) -> torch.Tensor:
     try:
-        return out["loss"]
+        loss = out["loss"]
     except (KeyError, TypeError):
         raise PlanError("the model's forward(batch) must return a dict with 'loss' (the mean loss over the "
                         "micro-batch's rows) when training") from None
+    if loss.dim() != 0:
+        raise PlanError(f"the model's 'loss' has shape {tuple(loss.shape)}; it must be a scalar: the mean "
+                        "loss over the micro-batch's rows")
+    return loss
 
 
 def _detached(out: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:

@@ -285,6 +285,12 @@ def test_train_step_errors_are_clear():
         CPUBackend().compile(model, None, ExecutionPlan()).train_step(make_data(2))
     with pytest.raises(PlanError, match="'loss'"):
         engine_for(model, 0.1).train_step({"x": torch.randn(2, 6)})
+    class PerRowLoss(Regressor):
+        def forward(self, batch):
+            return {"loss": row_losses(self.lin(batch["x"]), batch["y"], "mse")}
+
+    with pytest.raises(PlanError, match="must be a scalar"):
+        engine_for(PerRowLoss(), 0.1).train_step(make_data(2))
     with pytest.raises(PlanError, match="'y' has 3 rows"):
         engine_for(model, 0.1).train_step({"x": torch.randn(2, 6), "y": torch.randn(3, 3)})
 
