@@ -43,7 +43,7 @@ __all__ = [
 # --- batches as trees of tensors ----------------------------------------------------------------------
 
 def map_tensors(obj: Any, fn: Callable[[torch.Tensor], Any]) -> Any:
-    """``obj`` with every tensor ``t`` in it (dicts, lists, tuples) replaced by ``fn(t)``; other leaves kept."""
+    """``obj`` with each tensor ``t`` (in dicts, lists, tuples) replaced by ``fn(t)``; other leaves kept."""
     if isinstance(obj, torch.Tensor):
         return fn(obj)
     if isinstance(obj, dict):
@@ -195,9 +195,11 @@ class StreamCopier:
     def finish(self, pending: Pending) -> Any:
         if pending.ready is not None:
             consumer = self.api.current_stream()
-            self.api.wait_event(consumer, pending.ready)     # rule 2: kernels on the consumer wait for the copy
+            # rule 2: kernels queued on the consumer stream from now on wait for the copy
+            self.api.wait_event(consumer, pending.ready)
+            # rule 3: the allocator does not reuse this memory before the consumer's kernels are done
             for t in pending.copied:
-                self.api.record_stream(t, consumer)          # rule 3: memory not reused before the consumer is done
+                self.api.record_stream(t, consumer)
         pending.host = None
         return pending.batch
 

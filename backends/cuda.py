@@ -1,0 +1,462 @@
+"""CUDA backend on Hugging Face accelerate: the execution plan on a GPU, fed without stalls.
+
+* Placement, mixed precision (``--mixed-precision no|bf16|fp16``) and DDP come from ``accelerate``: one
+  :class:`accelerate.Accelerator` per backend; ``Accelerator(cpu=True)`` runs the very same code on the CPU
+  (that is how it is tested without a GPU).
+* A call runs the plan exactly as :class:`accelbatch.backends.cpu.PlanEngine` does (same layout, loss weights,
+  update order, output selection, loss reporting), so the same plan gives the same numbers.
+* Feeding: host rows are pinned and copied with ``non_blocking=True`` on a side stream
+  (:mod:`accelbatch.backends.prefetch`). Inside a call, the rows of weight update d+1 are copied while update
+  d computes; across calls, :meth:`CUDAEngine.run` copies batch k+1 while batch k computes. A batch that is
+  already on the device is not copied.
+* No host synchronisation inside a call: the D updates are queued back to back, the loss is summed on the
+  device, and the call ends with one wait, after which the loss and the selected outputs (copied to pinned
+  host memory without blocking) are read. ``engine.host_syncs`` counts those waits, and
+  :func:`accelbatch.backends.prefetch.count_host_syncs` checks that nothing else waits. Exceptions: fp16 (the
+  GradScaler reads its overflow flag at every update) and, with R processes and ``--no-drop-last``, one small
+  all-reduce of shard sizes per call.
+* Replication: one process per replica. Launched by ``torchrun``/``accelerate launch``, accelerate joins the
+  group (NCCL) and wraps the model in DDP; on one node :func:`spawn_cuda_replicas` starts the R processes.
+  Each process runs its own shard (``plan.shard(batch, rank)``), as with the CPU backend's ReplicatedEngine.
+  Gradients: DDP averages over R, so a micro-batch's loss is scaled by ``weight x R`` (Mean: 1/G, giving
+  the Mean over G x R; Sum: R, giving the sum). An epoch tail (``--no-drop-last``) may leave a replica with
+  fewer micro-batches than another, which DDP cannot all-reduce, so tails accumulate under ``no_sync`` and
+  all-reduce the gradients explicitly. In one process with R > 1 the replicas are run in turn (as the CPU
+  engine does), which gives the same weights.
+* Hogwild on CUDA: :func:`hogwild_start_method` says ``spawn`` or refuses with the reason.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import os
+import sys
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator
+
+import torch
+import torch.distributed as dist
+
+from accelbatch.plan import CallLayout, ExecutionPlan, PlanError, batch_rows, combine_outputs
+
+from . import distributed
+from .base import Backend, Engine, StepResult, TensorBatch
+from .cpu import _cat_parts, _detached, _keep_flags, _loss_of, _replica_steps, _slice, _sum_parts
+from .prefetch import Copier, Prefetcher, copier_for, map_tensors, tensors_of
+
+if TYPE_CHECKING:
+    from accelerate import Accelerator
+
+    from accelbatch.opts import Opts
+
+MIXED_PRECISION = ("no", "bf16", "fp16")
+
+
+# --- availability ---------------------------------------------------------------------------------------
+
+def cuda_unavailable_reason() -> str | None:
+    """Why ``--device cuda`` cannot run here (None when it can)."""
+    if torch.cuda.is_available():
+        return None
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    shown = "unset" if visible is None else repr(visible)
+    why = f"no CUDA GPU is visible (torch.cuda.device_count() == 0; CUDA_VISIBLE_DEVICES={shown})"
+    if torch.version.cuda is None:
+        why += (f"; this torch ({torch.__version__}) is built without CUDA: install a CUDA build of torch "
+                "to use a GPU")
+    elif visible is not None and visible.strip() in ("", "-1"):
+        why += "; CUDA_VISIBLE_DEVICES hides every GPU: unset it or name a GPU index"
+    else:
+        why += "; check the NVIDIA driver (nvidia-smi)"
+    return why
+
+
+def unavailable_message() -> str:
+    """The full ``--device cuda`` refusal: why, and the devices that can run here."""
+    from .base import BACKEND_PATHS, available_backends
+
+    why = cuda_unavailable_reason() or "CUDA is available"
+    usable = [name for name, reason in available_backends().items() if not reason and name in BACKEND_PATHS]
+    return f"--device cuda: {why}. Usable here: {', '.join(usable) or 'none'}"
+
+
+# --- accelerate -------------------------------------------------------------------------------------------
+
+def make_accelerator(cpu: bool = False, mixed_precision: str = "no") -> "Accelerator":
+    """An ``Accelerator`` for this process (``cpu=True``: the CPU; else the GPU of this rank).
+
+    accelerate keeps one shared state per process and refuses a second Accelerator with other settings;
+    in a single process (tests, notebooks) that state is reset so each backend gets what it asks for.
+    """
+    from accelerate import Accelerator
+    from accelerate.state import AcceleratorState, GradientState, PartialState
+
+    if mixed_precision not in MIXED_PRECISION:
+        raise PlanError(f"--mixed-precision: {mixed_precision!r} is not one of {', '.join(MIXED_PRECISION)}")
+    if cpu and mixed_precision == "fp16":
+        raise PlanError("--mixed-precision fp16 needs a GPU (fp16 autocast with a GradScaler); on the CPU "
+                        "use bf16 or no")
+    try:
+        return Accelerator(cpu=cpu, mixed_precision=mixed_precision)
+    except ValueError as exc:
+        if "already been initialized" not in str(exc) or distributed.is_initialized():
+            raise
+    AcceleratorState._reset_state(reset_partial_state=True)
+    GradientState._reset_state()
+    PartialState._reset_state()
+    return Accelerator(cpu=cpu, mixed_precision=mixed_precision)
+
+
+# --- the engine -------------------------------------------------------------------------------------------
+
+@dataclass
+class _Queued:
+    """A call whose kernels are queued but not waited for."""
+
+    loss_sum: torch.Tensor | None        # on the device
+    count: int                            # micro-batches (rows, for eval) the loss sum covers
+    outputs: dict[str, torch.Tensor]      # on the device
+    rows: torch.Tensor | None
+    updates: int
+    extras: dict[str, Any]
+
+
+class CUDAEngine(Engine):
+    """Runs an :class:`ExecutionPlan` through an ``Accelerator`` (see the module docstring)."""
+
+    def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer | None,
+                 plan: ExecutionPlan | None, accelerator: "Accelerator", prefetch: bool = True,
+                 copier: Copier | None = None):
+        self.plan = plan if plan is not None else ExecutionPlan()
+        self.accelerator = accelerator
+        device = accelerator.device
+        if device.type == "cuda" and device.index is None:
+            device = torch.device("cuda", torch.cuda.current_device())
+        self.device = device
+        self.world_size = accelerator.num_processes
+        self.rank = accelerator.process_index
+        if self.world_size > 1 and self.plan.replication_factor != self.world_size:
+            raise PlanError(f"--replication-factor {self.plan.replication_factor} but {self.world_size} "
+                            f"processes were launched: start one process per replica "
+                            f"(torchrun --nproc-per-node {self.plan.replication_factor}) or change the "
+                            "option")
+        self.model = model                         # the user's module (moved to the device in place)
+        if optimizer is None:
+            self.module = accelerator.prepare(model)
+            self.optimizer = None
+        else:
+            self.module, self.optimizer = accelerator.prepare(model, optimizer)
+        self.raw_optimizer = optimizer
+        if self.world_size > 1:   # eval is local: a replica evaluates its own rows
+            self.eval_plan = dataclasses.replace(self.plan.for_inference(), replication_factor=1)
+        else:
+            self.eval_plan = self.plan.for_inference()
+        self.prefetch = prefetch
+        self.copier = copier if copier is not None else copier_for(self.device)
+        self.host_syncs = 0
+
+    # --- public steps ------------------------------------------------------------------------------
+    def train_step(self, batch: TensorBatch) -> StepResult:
+        return self._fetch(self._queue_train(batch))
+
+    def eval_step(self, batch: TensorBatch) -> StepResult:
+        return self._fetch(self._queue_eval(batch))
+
+    def run(self, batches: Iterable[TensorBatch], training: bool = True, depth: int = 1,
+            pin_in_background: bool = False) -> Iterator[StepResult]:
+        """Step through ``batches``, copying batch k+1 to the device while batch k computes.
+
+        The next copy is issued after batch k's kernels are queued and before the host waits for them, so
+        the host-side work of the copy (pinning, when the source is not pinned) also overlaps the device.
+        ``pin_in_background=True`` pins in a helper thread instead (best when batches are large).
+        """
+        from .prefetch import pinned_in_background
+
+        source: Iterable[TensorBatch] = batches
+        if pin_in_background and self.device.type == "cuda":
+            source = pinned_in_background(batches, depth=depth + 1)
+        feed = Prefetcher(source, self.copier, depth=depth)
+        queue_step = self._queue_train if training else self._queue_eval
+        try:
+            while True:
+                try:
+                    batch = feed.take()
+                except StopIteration:
+                    return
+                queued = queue_step(batch)
+                feed.fill()
+                yield self._fetch(queued)
+        finally:
+            feed.close()
+
+    # --- training ------------------------------------------------------------------------------------
+    def _check_train(self) -> None:
+        if self.optimizer is None:
+            raise PlanError("train_step needs an optimizer: compile the model with one")
+        if not self.plan.training:
+            raise PlanError("this engine was compiled with an inference plan; compile with "
+                            "ExecutionPlan.from_opts(opts, training=True) to train")
+        if not self.module.training:
+            self.module.train()
+
+    def _queue_train(self, batch: TensorBatch) -> _Queued:
+        self._check_train()
+        local_rows = batch_rows(batch)
+        if self.world_size > 1:
+            total = self._total_rows(local_rows)
+            lay = self.plan.layout(total)
+            mine = _replica_steps(lay, self.rank)
+            if mine.shard_rows != local_rows:
+                raise PlanError(f"replica {self.rank} got {local_rows} rows; a {total}-row call gives it "
+                                f"{mine.shard_rows} (the plan's [D, G, b] slice: plan.shard(batch, rank))")
+            per_update = mine.updates
+        else:
+            lay = self.plan.layout(local_rows)
+            per_update = tuple(tuple((lay.starts[j], lay.stops[j], lay.weight[j], j) for j in js)
+                               for js in lay.updates)
+        ddp = self.world_size > 1 and not lay.partial   # DDP all-reduces; tails all-reduce explicitly
+        manual = self.world_size > 1 and lay.partial
+        scale = float(self.world_size) if ddp else 1.0
+        keep = _keep_flags(lay)
+        kept: dict[int, dict[str, torch.Tensor]] = {}
+        loss_sum = torch.zeros((), dtype=torch.float32, device=self.device)
+        spans = [(steps[0][0], steps[-1][1]) if steps else None for steps in per_update]
+        # a tail runs the bare module (no DDP hooks or buffer broadcasts, which need every replica to run
+        # the same number of forwards) and all-reduces the gradients itself
+        forward = self.model if manual else self.module
+        for steps, (offset, chunk) in zip(per_update, self._feed(batch, spans, local_rows)):
+            self.optimizer.zero_grad(set_to_none=True)
+            rows_here = 0 if chunk is None else batch_rows(chunk)
+            for i, (start, stop, weight, j) in enumerate(steps):
+                last = i == len(steps) - 1
+                sync = contextlib.nullcontext() if (ddp and last) or self.world_size == 1 \
+                    else self.accelerator.no_sync(self.module)
+                with sync:
+                    out = forward(_slice(chunk, start - offset, stop - offset, rows_here))
+                    loss = _loss_of(out)
+                    w = weight * scale
+                    self.accelerator.backward(loss if w == 1.0 else loss * w)
+                loss_sum += loss.detach().float()
+                if keep[j]:
+                    kept[j] = _detached(out)
+            if manual:
+                self._all_reduce_grads()
+            self.optimizer.step()
+        if self.world_size > 1:
+            dist.all_reduce(loss_sum)          # queued on the device with NCCL; no host wait
+            outputs, rows = self._local_outputs(lay, mine, kept)
+        else:
+            outputs, rows = combine_outputs(lay, [kept[j] for j in lay.kept]), lay.out_rows
+        extras: dict[str, Any] = {"micro_batches": lay.num_micro_batches, "partial": lay.partial}
+        if self.world_size > 1:
+            extras.update(replica=self.rank, shard_rows=local_rows)
+        return _Queued(loss_sum, lay.num_micro_batches, outputs, rows, lay.num_updates, extras)
+
+    def _total_rows(self, local_rows: int) -> int:
+        if self.plan.drop_last:
+            return local_rows * self.world_size
+        counts = torch.zeros(self.world_size, dtype=torch.int64, device=self.device)
+        counts[self.rank] = local_rows
+        dist.all_reduce(counts)
+        got = counts.tolist()          # the one extra host wait of a --no-drop-last replicated call
+        total = sum(got)
+        expected = [s.shard_rows for s in (_replica_steps(self.plan.layout(total), r)
+                                           for r in range(self.world_size))]
+        if got != expected:
+            raise PlanError(f"replica shards have {got} rows but the plan's layout of a {total}-row call "
+                            f"gives {expected}: cut shards with plan.shard(batch, rank)")
+        return total
+
+    def _all_reduce_grads(self) -> None:
+        for p in self.model.parameters():
+            if not p.requires_grad:
+                continue
+            if p.grad is None:
+                p.grad = torch.zeros_like(p)
+            dist.all_reduce(p.grad)
+
+    def _local_outputs(self, lay: CallLayout, mine: Any, kept: dict[int, dict[str, torch.Tensor]]
+                       ) -> tuple[dict[str, torch.Tensor], torch.Tensor | None]:
+        my_js = [j for j in lay.kept if lay.replica[j] == self.rank]
+        parts = [kept[j] for j in my_js]
+        if lay.sum_groups is not None:
+            return _sum_parts(parts), None
+        rows = (torch.cat([torch.arange(mine.local_start[j], mine.local_start[j] + lay.micro_rows(j))
+                           for j in my_js]) if my_js else torch.empty(0, dtype=torch.long))
+        return _cat_parts(parts), rows
+
+    # --- inference ------------------------------------------------------------------------------------
+    @torch.no_grad()
+    def _queue_eval(self, batch: TensorBatch) -> _Queued:
+        n = batch_rows(batch)
+        lay = self.eval_plan.layout(n)
+        if self.module.training:
+            self.module.eval()
+        forward = self.model      # eval is local: the bare module (accelerate's autocast is on its forward)
+        spans = [(lay.starts[js[0]], lay.stops[js[-1]]) for js in lay.updates]
+        outs: list[dict[str, torch.Tensor]] = []
+        loss_sum: torch.Tensor | None = None
+        for js, (offset, chunk) in zip(lay.updates, self._feed(batch, spans, n)):
+            rows_here = batch_rows(chunk)
+            for j in js:
+                s, e = lay.starts[j], lay.stops[j]
+                out = forward(_slice(chunk, s - offset, e - offset, rows_here))
+                loss = out.get("loss")
+                if loss is not None:
+                    part = loss.detach().float() * (e - s)
+                    loss_sum = part if loss_sum is None else loss_sum + part
+                outs.append(_detached(out))
+        outputs = combine_outputs(lay, outs)
+        return _Queued(loss_sum, n, outputs, lay.out_rows, 0, {"micro_batches": lay.num_micro_batches})
+
+    # --- feeding and fetching ------------------------------------------------------------------------
+    def _feed(self, batch: TensorBatch, spans: list[tuple[int, int] | None], rows: int
+              ) -> Iterator[tuple[int, TensorBatch | None]]:
+        """(row offset, rows of each span on the device): the copy of span u+1 overlaps span u's work."""
+        if self._on_device(batch):
+            for span in spans:
+                yield (0, batch) if span is not None else (0, None)
+            return
+        if not self.prefetch or len(spans) == 1:
+            whole = self.copier.finish(self.copier.start(batch))
+            for span in spans:
+                yield (0, whole) if span is not None else (0, None)
+            return
+        chunks = [_slice(batch, s, e, rows) for s, e in (span for span in spans if span is not None)]
+        feed = Prefetcher(chunks, self.copier, depth=1)
+        for span in spans:
+            yield (span[0], next(feed)) if span is not None else (0, None)
+
+    def _on_device(self, batch: TensorBatch) -> bool:
+        return all(t.device == self.device for t in tensors_of(batch))
+
+    def _fetch(self, queued: _Queued) -> StepResult:
+        """The call's one host wait: loss and outputs come back together."""
+        on_device = self.device.type != "cpu"
+        outputs = queued.outputs
+        loss = queued.loss_sum
+        if on_device:
+            outputs = map_tensors(outputs, lambda t: t.to("cpu", non_blocking=True))
+            loss = None if loss is None else loss.to("cpu", non_blocking=True)
+            torch.cuda.current_stream(self.device).synchronize()
+        self.host_syncs += 1
+        value = None if loss is None else loss.item() / max(queued.count, 1)
+        extras = dict(queued.extras)
+        extras["host_syncs"] = 1
+        return StepResult(outputs=outputs, rows=queued.rows, loss=value, updates=queued.updates,
+                          extras=extras)
+
+    # --- persistence ------------------------------------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        state = {"model": self.model.state_dict()}
+        if self.raw_optimizer is not None:
+            state["optimizer"] = self.raw_optimizer.state_dict()
+        return state
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.model.load_state_dict(state["model"])
+        if self.raw_optimizer is not None and "optimizer" in state:
+            self.raw_optimizer.load_state_dict(state["optimizer"])
+
+
+# --- the backend ------------------------------------------------------------------------------------------
+
+class CUDABackend(Backend):
+    """``--device cuda``: accelerate on the GPU of this process (``cpu=True``: the same code on the CPU)."""
+
+    name = "cuda"
+
+    def __init__(self, cpu: bool = False, prefetch: bool = True) -> None:
+        self.cpu = cpu
+        self.prefetch = prefetch
+        self.mixed_precision = "no"
+        self.accelerator: Accelerator | None = None
+        self._owns_group = False
+
+    @classmethod
+    def is_available(cls) -> tuple[bool, str]:
+        why = cuda_unavailable_reason()
+        return (why is None), (why or "")
+
+    def setup(self, opts: "Opts") -> None:
+        self.mixed_precision = getattr(opts, "mixed_precision", "no") or "no"
+        hogwild_start_method(opts)
+        had_group = distributed.is_initialized()
+        self.accelerator = make_accelerator(cpu=self.cpu, mixed_precision=self.mixed_precision)
+        # accelerate joins the group torchrun describes; then this backend leaves it at teardown
+        self._owns_group = not had_group and distributed.is_initialized()
+
+    def compile(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer | None,
+                plan: ExecutionPlan | None = None) -> CUDAEngine:
+        if self.accelerator is None:
+            self.accelerator = make_accelerator(cpu=self.cpu, mixed_precision=self.mixed_precision)
+        return CUDAEngine(model, optimizer, plan, self.accelerator, prefetch=self.prefetch)
+
+    def reduce_metrics(self, metrics: Any) -> Any:
+        return distributed.reduce_metrics(metrics)
+
+    def teardown(self) -> None:
+        if self.accelerator is not None:
+            self.accelerator.free_memory()
+            self.accelerator = None
+        if self._owns_group:
+            from accelerate.state import AcceleratorState
+
+            distributed.shutdown()
+            AcceleratorState._reset_state(reset_partial_state=True)
+            self._owns_group = False
+
+
+# --- processes --------------------------------------------------------------------------------------------
+
+def spawn_cuda_replicas(fn: Callable[..., Any], replicas: int, *args: Any, timeout_s: float | None = None,
+                        cpu: bool = False) -> list[Any]:
+    """Run ``fn(rank, *args)`` in ``replicas`` spawned processes, one GPU each; return their results.
+
+    For ``--device cuda --replication-factor R`` on one node. Each process gets torchrun's environment
+    (``RANK``, ``LOCAL_RANK``, ``WORLD_SIZE``, a free ``MASTER_PORT``); the ``Accelerator`` made in it
+    (:meth:`CUDABackend.setup`) joins the NCCL group on ``cuda:LOCAL_RANK``. ``cpu=True`` joins a gloo group
+    instead (tests). Errors and cleanup as :func:`accelbatch.backends.distributed.spawn_replicas`.
+    """
+    if not cpu:
+        why = cuda_unavailable_reason()
+        if why:
+            raise PlanError(f"--replication-factor {replicas} on --device cuda: {why}")
+        if torch.cuda.device_count() < replicas:
+            raise PlanError(f"--replication-factor {replicas} on --device cuda needs {replicas} GPUs, "
+                            f"{torch.cuda.device_count()} are visible: lower --replication-factor, or use "
+                            f"--gradient-accumulation for the same combined batch on fewer GPUs")
+    return distributed.spawn_replicas(fn, replicas, *args, timeout_s=timeout_s, init_process_group=cpu,
+                                      backend="gloo")
+
+
+class HogwildError(PlanError):
+    """Hogwild (--numthreads > 1) cannot run with these options on CUDA; the text says what to change."""
+
+
+def hogwild_start_method(opts: Any) -> str | None:
+    """The start method hogwild processes must use for ``opts`` (None: no constraint from CUDA).
+
+    With ``--device cuda`` and ``--numthreads`` > 1 it is ``spawn`` (a forked child cannot use CUDA;
+    the model's CUDA tensors reach the children through CUDA IPC, so the parent must keep the model alive
+    while they run); the hogwild code should use ``torch.multiprocessing.get_context(...)`` with it.
+    Refused with :class:`HogwildError`: a platform without CUDA IPC (not Linux), and hogwild combined with
+    --replication-factor > 1.
+    """
+    if getattr(opts, "device", "cpu") != "cuda" or getattr(opts, "numthreads", 1) <= 1:
+        return None
+    n = opts.numthreads
+    if not sys.platform.startswith("linux"):
+        raise HogwildError(f"--numthreads {n} with --device cuda: hogwild processes share the model's CUDA "
+                           f"tensors through CUDA IPC, which {sys.platform} does not support; use "
+                           f"--numthreads 1 (and --device-iterations for throughput) or --device cpu")
+    if getattr(opts, "replication_factor", 1) > 1:
+        raise HogwildError(f"--numthreads {n} with --replication-factor {opts.replication_factor} on "
+                           "--device cuda: hogwild (asynchronous, one shared model) and replication "
+                           "(synchronous, one model per GPU) do not combine; pick one of the two")
+    return "spawn"
+
+
+__all__ = ["CUDABackend", "CUDAEngine", "HogwildError", "cuda_unavailable_reason", "hogwild_start_method",
+           "make_accelerator", "spawn_cuda_replicas", "unavailable_message"]

@@ -1,0 +1,252 @@
+"""CUDA measurements: prefetch against compute alone, host syncs per call, throughput against a naive loop.
+
+Each function returns numbers measured in the same run (ratios, never absolute targets). They need a GPU
+(``torch.cuda.is_available()``); ``tests/backends/test_cuda.py`` asserts on them and
+``bench/cuda_check.py`` prints them. Run alone: ``python bench/cuda_throughput.py``.
+"""
+
+from __future__ import annotations
+
+import copy
+import statistics
+import sys
+import time
+import warnings
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import torch
+from torch import nn
+
+from accelbatch.backends.cpu import PlanEngine
+from accelbatch.backends.cuda import CUDABackend, CUDAEngine
+from accelbatch.backends.prefetch import count_host_syncs, pin_batch
+from accelbatch.plan import ExecutionPlan
+
+
+class MLPRegressor(nn.Module):
+    """forward(batch) -> {"loss": mean over rows, "pred": per row}; compute grows with ``hidden``."""
+
+    def __init__(self, features: int, hidden: int, seed: int = 0):
+        super().__init__()
+        g = torch.Generator().manual_seed(seed)
+        self.l1 = nn.Linear(features, hidden)
+        self.l2 = nn.Linear(hidden, 1)
+        with torch.no_grad():
+            for p in self.parameters():
+                p.copy_(torch.randn(p.shape, generator=g) * (1.0 / p.shape[-1]) ** 0.5)
+
+    def forward(self, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        pred = self.l2(torch.relu(self.l1(batch["x"]))).squeeze(-1)
+        return {"loss": ((pred - batch["y"]) ** 2).mean(), "pred": pred.detach()}
+
+
+def make_batches(n: int, rows: int, features: int, seed: int = 0, pinned: bool = False) -> list[dict]:
+    g = torch.Generator().manual_seed(seed)
+    out = []
+    for _ in range(n):
+        b = {"x": torch.randn(rows, features, generator=g), "y": torch.randn(rows, generator=g)}
+        out.append(pin_batch(b) if pinned else b)
+    return out
+
+
+def _engine(model: nn.Module, plan: ExecutionPlan, lr: float = 1e-3, prefetch: bool = True) -> CUDAEngine:
+    backend = CUDABackend(prefetch=prefetch)
+    opt = torch.optim.SGD(model.parameters(), lr=lr)
+    return backend.compile(model, opt, plan)
+
+
+def _timed(fn: Callable[[], Any], repeats: int = 3) -> float:
+    """Median wall time of ``fn`` (which must end synchronised) over ``repeats`` runs."""
+    times = []
+    for _ in range(repeats):
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        fn()
+        torch.cuda.synchronize()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+# --- same plan, same numbers ---------------------------------------------------------------------------
+
+def weights_vs_cpu(d: int, g: int, b: int = 8, calls: int = 3, features: int = 16, hidden: int = 32
+                   ) -> float:
+    """Largest |weight difference| after ``calls`` calls of the same plan on cuda and on the CPU engine."""
+    plan = ExecutionPlan(micro_batch=b, device_iterations=d, gradient_accumulation=g)
+    cpu_model = MLPRegressor(features, hidden)
+    gpu_model = copy.deepcopy(cpu_model)
+    cpu = PlanEngine(cpu_model, torch.optim.SGD(cpu_model.parameters(), lr=0.05), plan)
+    gpu = _engine(gpu_model, plan, lr=0.05)
+    for batch in make_batches(calls, plan.combined_batch, features, seed=1):
+        cpu.train_step(batch)
+        gpu.train_step(batch)
+    return max((a.detach().cpu() - c.detach()).abs().max().item()
+               for a, c in zip(gpu_model.parameters(), cpu_model.parameters()))
+
+
+# --- prefetch hides copies ------------------------------------------------------------------------------
+
+@dataclass
+class PrefetchTiming:
+    compute_s: float         # per call, batches already on the GPU
+    prefetch_s: float        # per call, pinned host batches through engine.run (copy k+1 under compute k)
+    blocking_s: float        # per call, host batches copied in the step (.to(device), then compute)
+    copy_mb: float
+
+    @property
+    def prefetch_ratio(self) -> float:
+        return self.prefetch_s / self.compute_s
+
+    @property
+    def blocking_ratio(self) -> float:
+        return self.blocking_s / self.compute_s
+
+
+def measure_prefetch(rows: int = 8192, features: int = 2048, hidden: int = 4096, steps: int = 12
+                     ) -> PrefetchTiming:
+    """A copy-heavy batch (rows x features fp32) on an MLP: prefetch vs compute alone vs a blocking copy."""
+    dev = torch.device("cuda", torch.cuda.current_device())
+    plan = ExecutionPlan(micro_batch=rows)
+    engine = _engine(MLPRegressor(features, hidden).to(dev), plan)
+    host = make_batches(4, rows, features, pinned=True)
+    on_gpu = [{k: v.to(dev) for k, v in b.items()} for b in host]
+
+    def feed(src: list[dict]) -> list[dict]:
+        return [src[i % len(src)] for i in range(steps)]
+
+    def compute_alone() -> None:
+        for _ in engine.run(feed(on_gpu)):
+            pass
+
+    def prefetched() -> None:
+        for _ in engine.run(feed(host), depth=1):
+            pass
+
+    def blocking() -> None:
+        for b in feed(host):
+            engine.train_step({k: v.to(dev) for k, v in b.items()})
+
+    for fn in (compute_alone, prefetched, blocking):  # warm-up: allocator, kernels, pinned pools
+        fn()
+    copy_mb = sum(t.numel() * t.element_size() for t in host[0].values()) / 2**20
+    return PrefetchTiming(compute_s=_timed(compute_alone) / steps, prefetch_s=_timed(prefetched) / steps,
+                          blocking_s=_timed(blocking) / steps, copy_mb=copy_mb)
+
+
+# --- host synchronisations ------------------------------------------------------------------------------
+
+@dataclass
+class SyncReport:
+    counted: int             # by count_host_syncs (synchronize, item, tolist, .cpu() ... of device tensors)
+    debug_mode: int          # by torch.cuda.set_sync_debug_mode("warn") warnings
+    by_kind: dict[str, int]
+
+
+def syncs_per_call(d: int = 8, b: int = 64, features: int = 64, hidden: int = 256) -> SyncReport:
+    """Host waits in one training call with D device iterations (after a warm-up call)."""
+    dev = torch.device("cuda", torch.cuda.current_device())
+    plan = ExecutionPlan(micro_batch=b, device_iterations=d)
+    engine = _engine(MLPRegressor(features, hidden).to(dev), plan)
+    batches = make_batches(2, plan.combined_batch, features, pinned=True)
+    engine.train_step(batches[0])
+    torch.cuda.synchronize()
+    with count_host_syncs() as syncs:
+        engine.train_step(batches[1])
+    engine.train_step(batches[0])
+    torch.cuda.synchronize()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            engine.train_step(batches[1])
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+    flagged = [w for w in caught if "synchroniz" in str(w.message).lower()]
+    return SyncReport(counted=syncs.total, debug_mode=len(flagged), by_kind=dict(syncs.by_kind))
+
+
+# --- throughput against a naive loop ----------------------------------------------------------------------
+
+@dataclass
+class Throughput:
+    engine_exs: float        # examples/s, engine with D device iterations and prefetch
+    naive_exs: float         # examples/s, DataLoader + .to(device) + .item() every step
+
+    @property
+    def ratio(self) -> float:
+        return self.engine_exs / self.naive_exs
+
+
+class _MicroBatches(torch.utils.data.Dataset):
+    """Ready-made micro-batches (so the naive loop pays no per-row collate the engine does not pay)."""
+
+    def __init__(self, x: torch.Tensor, y: torch.Tensor, b: int):
+        self.x, self.y, self.b = x, y, b
+
+    def __len__(self) -> int:
+        return len(self.x) // self.b
+
+    def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
+        s = slice(i * self.b, (i + 1) * self.b)
+        return {"x": self.x[s], "y": self.y[s]}
+
+
+def measure_throughput(b: int = 256, d: int = 8, features: int = 256, hidden: int = 512, calls: int = 20
+                       ) -> Throughput:
+    """Examples/s of the same model and rows: engine (D=d, prefetch) vs a textbook loop."""
+    dev = torch.device("cuda", torch.cuda.current_device())
+    rows = b * d * calls
+    g = torch.Generator().manual_seed(0)
+    x, y = torch.randn(rows, features, generator=g), torch.randn(rows, generator=g)
+
+    naive_model = MLPRegressor(features, hidden).to(dev)
+    naive_opt = torch.optim.SGD(naive_model.parameters(), lr=1e-3)
+    loader = torch.utils.data.DataLoader(_MicroBatches(x, y, b), batch_size=None, shuffle=False)
+
+    def naive() -> None:
+        total = 0.0
+        for batch in loader:
+            batch = {k: v.to(dev) for k, v in batch.items()}
+            loss = naive_model(batch)["loss"]
+            naive_opt.zero_grad()
+            loss.backward()
+            naive_opt.step()
+            total += loss.item()
+
+    plan = ExecutionPlan(micro_batch=b, device_iterations=d)
+    engine = _engine(MLPRegressor(features, hidden).to(dev), plan)
+    combined = [{"x": x[i:i + plan.combined_batch], "y": y[i:i + plan.combined_batch]}
+                for i in range(0, rows, plan.combined_batch)]
+
+    def ours() -> None:
+        for _ in engine.run(combined, pin_in_background=True):
+            pass
+
+    naive()
+    ours()
+    return Throughput(engine_exs=rows / _timed(ours), naive_exs=rows / _timed(naive))
+
+
+def main() -> int:
+    if not torch.cuda.is_available():
+        from accelbatch.backends.cuda import cuda_unavailable_reason
+        print(f"cuda_throughput: {cuda_unavailable_reason()}; nothing to measure")
+        return 0
+    for d, g in ((1, 1), (4, 2)):
+        print(f"weights cuda vs cpu, D={d} G={g}: max |diff| = {weights_vs_cpu(d, g):.2e}")
+    p = measure_prefetch()
+    print(f"prefetch ({p.copy_mb:.0f} MB per batch): compute alone {p.compute_s * 1e3:.2f} ms, "
+          f"with prefetch {p.prefetch_s * 1e3:.2f} ms ({p.prefetch_ratio:.3f}x), "
+          f"blocking copy {p.blocking_s * 1e3:.2f} ms ({p.blocking_ratio:.3f}x)")
+    s = syncs_per_call()
+    print(f"host syncs per call with D=8: counted {s.counted} {s.by_kind}, "
+          f"sync-debug warnings {s.debug_mode}")
+    t = measure_throughput()
+    print(f"throughput: engine {t.engine_exs:,.0f} ex/s vs naive loop {t.naive_exs:,.0f} ex/s "
+          f"= {t.ratio:.2f}x")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
