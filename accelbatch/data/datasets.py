@@ -236,8 +236,9 @@ class StreamDataset(IterableDataset):
     """Batches streamed from disk; each data worker reads its own shard (see the module docstring).
 
     ``emit`` turns each :class:`~accelbatch.data.batching.Batch` of ``(example_id, Message)`` items into what
-    the dataset yields (e.g. collated tensors); by default the Batch itself. ``shard`` names the process and
-    replica; the worker is taken from torch's worker info when iterated.
+    the dataset yields (e.g. collated tensors); by default the Batch itself. ``keep`` (optional) decides which
+    batches are emitted at all. ``shard`` names the process and replica; the worker is taken from torch's
+    worker info when iterated.
     """
 
     source: StreamSource
@@ -246,6 +247,7 @@ class StreamDataset(IterableDataset):
     shard: ShardSpec = field(default_factory=ShardSpec)
     emit: Callable[[Batch], Any] = _identity
     seed: int | None = None
+    keep: Callable[[Batch], bool] | None = None
 
     def __post_init__(self) -> None:
         super().__init__()
@@ -256,8 +258,11 @@ class StreamDataset(IterableDataset):
         rng = None if self.seed is None else random.Random(hash((self.seed, self._epoch, spec.index)))
         self._epoch += 1
         batcher = self.batching.batcher(rng)
+        keep = self.keep
         for item_id, msg in self.source.examples(spec.num_shards, spec.index):
             for batch in batcher.push((item_id, msg), int(self.length_fn(msg))):
-                yield self.emit(batch)
+                if keep is None or keep(batch):
+                    yield self.emit(batch)
         for batch in batcher.finish():
-            yield self.emit(batch)
+            if keep is None or keep(batch):
+                yield self.emit(batch)

@@ -2,7 +2,6 @@
 
 import dataclasses
 import gc
-import multiprocessing
 import os
 import signal
 import subprocess
@@ -17,48 +16,9 @@ from accelbatch.data.accessor import (AccessorError, AsyncDataAccessor, EmptySou
                                       WorkerTimeoutError, WorkerTraceback)
 from accelbatch.messages import Message
 
+from . import gone, no_leaks, orphaned_shm  # noqa: F401  (pytest fixture)
+
 pytestmark = pytest.mark.filterwarnings("ignore:This DataLoader will create")
-
-
-def leaked_shm(before):
-    """/dev/shm entries created since ``before`` that no live process maps (a leak, not a neighbour's)."""
-    new = set(os.listdir("/dev/shm")) - before
-    if not new:
-        return set()
-    mapped = set()
-    for pid in os.listdir("/proc"):
-        if pid.isdigit():
-            try:
-                with open(f"/proc/{pid}/maps") as f:
-                    mapped.update(line.rsplit("/", 1)[-1].strip() for line in f if "/dev/shm/" in line)
-            except OSError:
-                pass
-    return {name for name in new if name not in mapped and os.path.exists(f"/dev/shm/{name}")}
-
-
-def gone(pid, within=10.0):
-    deadline = time.monotonic() + within
-    while time.monotonic() < deadline:
-        try:
-            with open(f"/proc/{pid}/stat") as f:
-                if f.read().split(") ", 1)[1].startswith("Z"):
-                    return True
-        except OSError:
-            return True
-        time.sleep(0.05)
-    return False
-
-
-@pytest.fixture
-def no_leaks():
-    shm = set(os.listdir("/dev/shm"))
-    yield
-    gc.collect()
-    deadline = time.monotonic() + 10
-    while multiprocessing.active_children() and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert multiprocessing.active_children() == []
-    assert leaked_shm(shm) == set()
 
 
 # --- sources (module level: they travel to the worker process) ----------------------------------
@@ -194,7 +154,7 @@ def test_early_preload_and_load_indefinitely(tmp_path, no_leaks):
 
     eager = str(tmp_path / "eager")
     with AsyncDataAccessor(Marked(3, eager), early_preload=True, load_indefinitely=True) as accessor:
-        assert marker_lines(eager, 1) == 1                       # loading started at construction
+        assert marker_lines(eager, 1) >= 1                       # loading started at construction
         assert [int(b[0]) for b in accessor] == [0, 1, 2]
         assert marker_lines(eager, 2) >= 2                       # the next pass starts by itself
 
@@ -331,4 +291,4 @@ def test_ctrl_c_or_a_vanished_consumer_leave_no_worker(tmp_path, how):
         assert proc.returncode != 0 and "KeyboardInterrupt" in err
         assert "Traceback" not in err.split("KeyboardInterrupt")[-1]     # the worker printed nothing
     assert gone(worker, within=15)
-    assert leaked_shm(shm) == set()
+    assert orphaned_shm(shm) == set()

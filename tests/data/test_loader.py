@@ -1,10 +1,7 @@
 """make_loader: every mode x strategy x workers; collate in the workers; training and evaluation rules."""
 
-import gc
 import json
-import multiprocessing
 import os
-import time
 from collections import Counter
 
 import pytest
@@ -16,35 +13,9 @@ from accelbatch.data.loader import AgentCollate
 from accelbatch.messages import Message
 from accelbatch.opts import Opts
 
+from . import no_leaks  # noqa: F401  (pytest fixture)
+
 pytestmark = pytest.mark.filterwarnings("ignore:This DataLoader will create")
-
-
-def leaked_shm(before):
-    """/dev/shm entries created since ``before`` that no live process maps (a leak, not a neighbour's)."""
-    new = set(os.listdir("/dev/shm")) - before
-    if not new:
-        return set()
-    mapped = set()
-    for pid in os.listdir("/proc"):
-        if pid.isdigit():
-            try:
-                with open(f"/proc/{pid}/maps") as f:
-                    mapped.update(line.rsplit("/", 1)[-1].strip() for line in f if "/dev/shm/" in line)
-            except OSError:
-                pass
-    return {name for name in new if name not in mapped and os.path.exists(f"/dev/shm/{name}")}
-
-
-@pytest.fixture
-def no_leaks():
-    shm = set(os.listdir("/dev/shm"))
-    yield
-    gc.collect()
-    deadline = time.monotonic() + 10
-    while multiprocessing.active_children() and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert multiprocessing.active_children() == []
-    assert leaked_shm(shm) == set()
 
 
 # --- an agent-like collate: per-row vectorize, batchify pads (module level: it runs in workers) -------

@@ -1,9 +1,6 @@
 """rebatch(): structures, and PopTorch's iterable-dataset vectors through torch's DataLoader workers."""
 
 import math
-import multiprocessing
-import os
-import time
 from collections import namedtuple
 
 import pytest
@@ -12,32 +9,7 @@ import torch
 from accelbatch.data.accessor import AsyncDataAccessor
 from accelbatch.data.rebatch import RebatchError, Rows, flatten, rebatch, unflatten
 
-
-def leaked_shm(before):
-    """/dev/shm entries created since ``before`` that no live process maps (a leak, not a neighbour's)."""
-    new = set(os.listdir("/dev/shm")) - before
-    if not new:
-        return set()
-    mapped = set()
-    for pid in os.listdir("/proc"):
-        if pid.isdigit():
-            try:
-                with open(f"/proc/{pid}/maps") as f:
-                    mapped.update(line.rsplit("/", 1)[-1].strip() for line in f if "/dev/shm/" in line)
-            except OSError:
-                pass
-    return {name for name in new if name not in mapped and os.path.exists(f"/dev/shm/{name}")}
-
-
-@pytest.fixture
-def no_leaks():
-    shm = set(os.listdir("/dev/shm"))
-    yield
-    deadline = time.monotonic() + 10
-    while multiprocessing.active_children() and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert multiprocessing.active_children() == []
-    assert leaked_shm(shm) == set()
+from . import no_leaks  # noqa: F401  (pytest fixture)
 
 
 class Increment(torch.utils.data.IterableDataset):
