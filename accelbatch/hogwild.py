@@ -1,0 +1,765 @@
+"""Hogwild on CPU: ``--numthreads N`` processes, each with its own copy of the world, one model in shared memory.
+
+ParlAI's semantics, in processes (started with ``spawn``):
+
+* The main process builds the model agent once and moves its parameters and buffers into shared memory.
+  Each child process rebuilds the world with ``create_world(opts with numthreads=1, agent=<class>)`` (a
+  BatchWorld when the combined batch is > 1, so hogwild and batching combine) and then *aliases* its model's
+  parameters and buffers to the shared tensors (``param.data = shared``). Every process keeps its own
+  optimizer and engine; updates land in the one shared storage without locks (hogwild).
+* :meth:`HogwildWorld.parley` releases one process to do one parley and returns without waiting: the parley
+  goes to the free process with the fewest parleys queued (at most ``depth`` each, so the main loop cannot
+  run away from the workers).
+* :meth:`get_total_exs` reads a shared counter (one int64 slot per process), with no synchronisation.
+* :meth:`report`, :meth:`reset_metrics` and :meth:`reset` reach every process: each process has its own
+  ordered pipe, so it handles each control message exactly once, after the parleys queued before it; the
+  main process waits for every answer (a barrier). :meth:`report` merges the processes' metric sums.
+* Data: every teacher clone in every process reads one process-shared :class:`SharedEpisodeCursor` per task
+  (indices in shared memory behind a lock; the same deterministic shuffle per epoch as
+  :class:`~accelbatch.teachers.EpisodeCursor`), so evaluation serves each episode exactly once across all
+  processes, and a training epoch is one pass over the data between them.
+* :meth:`epoch_done` (evaluation) is true when the shared cursors are exhausted and every process has
+  finished its episodes; the processes are asked only once the cursors are exhausted, so there is no
+  barrier per step.
+* A child's exception is raised in the main process as :class:`HogwildChildError` carrying the child's
+  traceback; a child that dies or stops answering is detected (the main process waits on the children's
+  pipes and process sentinels together, with timeouts), and then all children are stopped.
+* :meth:`shutdown` stops and joins the children (idempotent); it also runs when the world is garbage
+  collected and at interpreter exit. Children ignore SIGINT: on Ctrl-C the main process stops them, and a
+  child whose main process vanished sees its pipe close and exits.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import random
+import signal
+import time
+import traceback
+import weakref
+from multiprocessing import connection
+from typing import Any, Sequence
+
+import torch
+import torch.multiprocessing as tmp
+
+from accelbatch.agents import Agent, TorchAgent
+from accelbatch.metrics import Metrics, merge_reports
+from accelbatch.opts import Opts
+from accelbatch.teachers import EpisodeCursor, Teacher, is_training
+from accelbatch.worlds import BatchWorld, MultiWorld, World, create_world, world_rows
+
+__all__ = ["HogwildWorld", "HogwildError", "HogwildChildError", "SharedEpisodeCursor", "create_hogwild_world"]
+
+_PARLEY = ("p",)
+_STOP = ("stop",)
+
+
+class HogwildError(RuntimeError):
+    """The hogwild processes cannot go on (a child died or stopped answering, or the world is shut down)."""
+
+
+class HogwildChildError(HogwildError):
+    """An exception raised in a hogwild child process; the message holds the child's traceback.
+
+    ``child_exception`` is the original exception when it could be sent back (also set as ``__cause__``),
+    ``child_traceback`` the formatted traceback text, ``rank`` and ``pid`` name the process.
+    """
+
+    def __init__(self, message: str, *, rank: int, pid: int | None, child_traceback: str = "",
+                 child_exception: BaseException | None = None):
+        super().__init__(message)
+        self.rank = rank
+        self.pid = pid
+        self.child_traceback = child_traceback
+        self.child_exception = child_exception
+
+
+# --------------------------------------------------------------------------------------------------------
+# the process-shared episode cursor
+# --------------------------------------------------------------------------------------------------------
+class SharedEpisodeCursor:
+    """:class:`~accelbatch.teachers.EpisodeCursor` for processes: position and epoch in shared memory.
+
+    ``take``/``exhausted``/``rewind`` behave as EpisodeCursor's do, and the order of an epoch is the same
+    (``range(n)`` shuffled by ``random.Random(seed * 1_000_003 + epoch)`` when ``shuffle``), computed in each
+    process from the shared epoch number. Made in the main process and handed to children at spawn.
+    """
+
+    def __init__(self, num_episodes: int, shuffle: bool, seed: int, ctx: Any):
+        self.num_episodes = num_episodes
+        self.shuffle = shuffle
+        self.seed = seed
+        self._next = ctx.RawValue("q", 0)
+        self._epoch = ctx.RawValue("q", 0)
+        self._lock = ctx.Lock()
+        self._order_epoch = -1
+        self._order: list[int] = []
+
+    @classmethod
+    def like(cls, cursor: EpisodeCursor, ctx: Any) -> "SharedEpisodeCursor":
+        return cls(cursor.num_episodes, cursor.shuffle, cursor.seed, ctx)
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = dict(self.__dict__)
+        state["_order_epoch"], state["_order"] = -1, []
+        return state
+
+    @property
+    def lock(self) -> Any:
+        return self._lock
+
+    @property
+    def next_index(self) -> int:
+        return self._next.value
+
+    @property
+    def epoch(self) -> int:
+        return self._epoch.value
+
+    @property
+    def order(self) -> list[int]:
+        return list(self._order_for(self._epoch.value))
+
+    def _order_for(self, epoch: int) -> list[int]:
+        if epoch != self._order_epoch:
+            order = list(range(self.num_episodes))
+            if self.shuffle:
+                random.Random(self.seed * 1_000_003 + epoch).shuffle(order)
+            self._order, self._order_epoch = order, epoch
+        return self._order
+
+    def take(self, loop: bool) -> int | None:
+        """The next episode index, or None when the epoch is over and ``loop`` is False."""
+        with self._lock:
+            position = self._next.value
+            if position >= self.num_episodes:
+                if not loop:
+                    return None
+                self._epoch.value += 1
+                position = 0
+            self._next.value = position + 1
+            epoch = self._epoch.value
+        return self._order_for(epoch)[position]
+
+    def exhausted(self) -> bool:
+        return self._next.value >= self.num_episodes
+
+    def rewind(self) -> None:
+        with self._lock:
+            self._next.value = 0
+            self._epoch.value = 0
+
+
+# --------------------------------------------------------------------------------------------------------
+# walking worlds
+# --------------------------------------------------------------------------------------------------------
+def task_teachers(world: World) -> list[list[Agent]]:
+    """The teacher agents of ``world`` grouped by task (group i: every clone of task i's teacher)."""
+    if isinstance(world, BatchWorld):
+        groups = task_teachers(world.world)
+        for clone in world.worlds:
+            for i, teachers in enumerate(task_teachers(clone)):
+                groups[i].extend(teachers)
+    elif isinstance(world, MultiWorld):
+        groups = [[w.get_task_agent()] for w in world.worlds]
+    else:
+        groups = [[world.get_task_agent()]]
+    out = []
+    for group in groups:
+        seen: dict[int, Agent] = {}
+        for teacher in group:
+            seen.setdefault(id(teacher), teacher)
+        out.append(list(seen.values()))
+    return out
+
+
+def _multi_worlds(world: World) -> list[MultiWorld]:
+    if isinstance(world, BatchWorld):
+        return _multi_worlds(world.world) + [m for w in world.worlds for m in _multi_worlds(w)]
+    return [world] if isinstance(world, MultiWorld) else []
+
+
+def _base_world(world: World) -> World:
+    return world.world if isinstance(world, BatchWorld) else world
+
+
+def _model_module(agent: Agent) -> torch.nn.Module | None:
+    model = getattr(agent, "model", None)
+    return model if isinstance(model, torch.nn.Module) else None
+
+
+def _agent_metrics(agent: Agent) -> tuple[str, Any]:
+    metrics = getattr(agent, "metrics", None)
+    if isinstance(metrics, Metrics):
+        return ("metrics", metrics.state())
+    return ("report", dict(agent.report()))
+
+
+def world_metric_states(world: World) -> dict[str, Any]:
+    """What :meth:`HogwildWorld.report` needs from one process: each task's and the model's metric sums."""
+    base = _base_world(world)
+    if isinstance(base, MultiWorld):
+        tasks = [(name, _agent_metrics(w.get_task_agent())) for name, w in zip(base.names, base.worlds)]
+        model = base.worlds[0].get_model_agent()
+    else:
+        tasks = [(None, _agent_metrics(base.get_task_agent()))]
+        model = base.get_model_agent()
+    return {"tasks": tasks, "model": _agent_metrics(model), "model_is_torch": isinstance(model, TorchAgent)}
+
+
+def _merge_kind(parts: Sequence[tuple[str, Any]]) -> tuple[dict[str, float], bool]:
+    """Merge one agent's metrics from every process -> (report, came from Metrics sums)."""
+    if all(kind == "metrics" for kind, _ in parts):
+        total = Metrics()
+        for _, state in parts:
+            total.merge_state(state)
+        return total.report(), True
+    # agents without a Metrics object: examples summed, the rest averaged weighted by examples
+    reports = [rep if kind == "report" else _state_report(rep) for kind, rep in parts]
+    exs = sum(float(r.get("exs", 0)) for r in reports)
+    merged: dict[str, float] = {}
+    if any("exs" in r for r in reports):
+        merged["exs"] = exs
+    keys = {k for r in reports for k in r if k != "exs"}
+    for key in sorted(keys):
+        have = [r for r in reports if key in r]
+        weights = [float(r.get("exs", 1)) for r in have]
+        if sum(weights) > 0:
+            merged[key] = sum(w * r[key] for w, r in zip(weights, have)) / sum(weights)
+        else:
+            merged[key] = sum(r[key] for r in have) / len(have)
+    return merged, False
+
+
+def _state_report(state: dict) -> dict[str, float]:
+    metrics = Metrics()
+    metrics.merge_state(state)
+    return metrics.report()
+
+
+def merge_world_states(states: Sequence[dict[str, Any]]) -> dict[str, float]:
+    """One report from every process's :func:`world_metric_states`, keyed as World.report keys it."""
+    if not states:
+        return {}
+    names = [name for name, _ in states[0]["tasks"]]
+    task_reports = []
+    for i, name in enumerate(names):
+        rep, _ = _merge_kind([s["tasks"][i][1] for s in states])
+        task_reports.append((name, rep))
+    model_rep, _ = _merge_kind([s["model"] for s in states])
+    if states[0]["model_is_torch"]:
+        model_rep.pop("exs", None)  # TorchAgent.report leaves examples to the teacher
+    if len(names) == 1 and names[0] is None:
+        report = dict(task_reports[0][1])
+    else:
+        report = merge_reports(task_reports)
+    report.update(model_rep)
+    return report
+
+
+# --------------------------------------------------------------------------------------------------------
+# the child process
+# --------------------------------------------------------------------------------------------------------
+def _alias_model(agent: Agent, names: Sequence[str], params: Sequence[torch.Tensor],
+                 buffer_names: Sequence[str], buffers: Sequence[torch.Tensor]) -> None:
+    """Point the agent's parameters and buffers at the main process's shared tensors."""
+    model = _model_module(agent)
+    if model is None:
+        if params or buffers:
+            raise HogwildError(f"{type(agent).__name__} has no torch model in this process, but the main "
+                               "process shared one: build_model must not depend on the process")
+        return
+    own = list(model.named_parameters())
+    if [n for n, _ in own] != list(names):
+        raise HogwildError(f"{type(agent).__name__}: the model built in this process has parameters "
+                           f"{[n for n, _ in own]}, the shared one {list(names)}; build_model must build the "
+                           "same model in every process")
+    for (name, param), shared in zip(own, params):
+        if param.shape != shared.shape or param.dtype != shared.dtype:
+            raise HogwildError(f"{type(agent).__name__}: parameter {name} is {tuple(param.shape)} "
+                               f"{param.dtype} here but {tuple(shared.shape)} {shared.dtype} in the shared "
+                               "model")
+        param.data = shared
+    for name, shared in zip(buffer_names, buffers):
+        module_path, _, leaf = name.rpartition(".")
+        module = model.get_submodule(module_path) if module_path else model
+        module._buffers[leaf] = shared
+
+
+def _install_cursors(world: World, cursors: Sequence[SharedEpisodeCursor | None]) -> None:
+    for group, cursor in zip(task_teachers(world), cursors):
+        if cursor is None:
+            continue
+        for teacher in group:
+            teacher.cursor = cursor
+
+
+def _child_main(rank: int, opts: Opts, agent_cls: type[Agent] | None, rows: int, names: list[str],
+                params: list[torch.Tensor], buffer_names: list[str], buffers: list[torch.Tensor],
+                cursors: list[SharedEpisodeCursor | None], counts: torch.Tensor, conn: Any) -> None:
+    """Entry point of one hogwild process: build the world, alias the model, serve the pipe."""
+    try:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)  # the main process decides when we stop
+    except ValueError:
+        pass
+    os.environ["OMP_NUM_THREADS"] = "1"
+    torch.set_num_threads(1)
+    world: World | None = None
+    try:
+        world = create_world(opts.replace(numthreads=1), agent=agent_cls, rows=rows)
+        _alias_model(world.get_model_agent(), names, params, buffer_names, buffers)
+        _install_cursors(world, cursors)
+        torch.manual_seed(opts.seed * 1_000_003 + 7919 * (rank + 1))
+        for i, multi in enumerate(_multi_worlds(world)):
+            multi.rng = random.Random(opts.seed * 1_000_003 + 7919 * (rank + 1) + i)
+        conn.send(("ready", os.getpid()))
+        _serve(rank, world, counts, conn)
+    except EOFError:
+        pass  # the main process went away: nothing to report to
+    except BaseException as exc:  # noqa: BLE001 - everything goes back to the main process
+        _send_error(conn, rank, exc)
+        raise SystemExit(1) from None
+    finally:
+        if world is not None:
+            try:
+                world.shutdown()
+            except Exception:  # noqa: BLE001 - already stopping
+                pass
+        conn.close()
+
+
+def _serve(rank: int, world: World, counts: torch.Tensor, conn: Any) -> None:
+    while True:
+        msg = conn.recv()
+        kind = msg[0]
+        if kind == "p":
+            world.parley()
+            counts[rank] = world.get_total_exs()
+            conn.send(("d",))
+            continue
+        if kind == "stop":
+            return
+        seq = msg[1]
+        if kind == "report":
+            answer: Any = world_metric_states(world)
+        elif kind == "reset_metrics":
+            world.reset_metrics()
+            answer = None
+        elif kind == "reset":
+            world.reset()
+            answer = None
+        elif kind == "epoch_done":
+            answer = bool(world.epoch_done())
+        else:
+            raise HogwildError(f"unknown control message {kind!r}")
+        conn.send(("reply", seq, answer))
+
+
+def _send_error(conn: Any, rank: int, exc: BaseException) -> None:
+    text = traceback.format_exc()
+    try:
+        blob = pickle.dumps(exc)
+        pickle.loads(blob)
+    except Exception:  # noqa: BLE001 - some exceptions cannot travel; the text always can
+        blob = None
+    try:
+        conn.send(("error", type(exc).__name__, str(exc), text, blob))
+    except Exception:  # noqa: BLE001 - the main process is gone
+        pass
+
+
+# --------------------------------------------------------------------------------------------------------
+# the main process
+# --------------------------------------------------------------------------------------------------------
+def _stop_children(procs: list[Any], conns: list[Any], grace: float) -> None:
+    """Ask every child to stop, join, then terminate/kill the ones still alive. Never raises."""
+    for conn in conns:
+        try:
+            conn.send(_STOP)
+        except Exception:  # noqa: BLE001 - a dead child's pipe
+            pass
+    deadline = time.monotonic() + grace
+    for proc in procs:
+        try:
+            proc.join(max(0.0, deadline - time.monotonic()))
+        except Exception:  # noqa: BLE001
+            pass
+    for proc in procs:
+        try:
+            if proc.is_alive():
+                proc.terminate()
+                proc.join(3.0)
+            if proc.is_alive():
+                proc.kill()
+                proc.join(3.0)
+        except Exception:  # noqa: BLE001
+            pass
+    for conn in conns:
+        try:
+            conn.close()
+        except Exception:  # noqa: BLE001
+            pass
+    for proc in procs:
+        try:
+            if not proc.is_alive():
+                proc.close()
+        except Exception:  # noqa: BLE001
+            pass
+
+
+class HogwildWorld(World):
+    """``numthreads`` processes parleying their own copies of the world on one shared-memory model.
+
+    ``agent`` is None (``opts.model``), an Agent class, or an agent instance whose model the processes share
+    (as with :func:`~accelbatch.worlds.create_world`). ``rows`` is each process's combined batch (default:
+    the usual :func:`~accelbatch.worlds.world_rows`). ``depth`` bounds the parleys queued per process;
+    ``timeout`` is how long to wait for a process that gives no sign of life before failing;
+    ``start_timeout`` the same for start-up.
+    """
+
+    def __init__(self, opts: Opts, agent: Agent | type[Agent] | None = None, rows: int | None = None, *,
+                 numthreads: int | None = None, depth: int = 2, timeout: float = 300.0,
+                 start_timeout: float = 180.0, stop_grace: float = 30.0):
+        n = opts.numthreads if numthreads is None else numthreads
+        if n < 1:
+            raise ValueError(f"--numthreads: must be at least 1, got {n}")
+        if depth < 1:
+            raise ValueError(f"depth: must be at least 1, got {depth}")
+        single = opts.replace(numthreads=1)
+        # the main process's world: the model agent (shared model), num_examples, the teachers' cursors
+        self._world = create_world(single, agent=agent, rows=1)
+        super().__init__(opts, self._world.get_agents())
+        self.numthreads = n
+        self.rows = world_rows(opts) if rows is None else rows
+        self.depth = depth
+        self.timeout = timeout
+        self._training = is_training(opts.datatype)
+        self._closed = False
+        self._parleys = 0
+        self._outstanding = [0] * n
+        self._replies: list[tuple[int, Any] | None] = [None] * n
+        self._prefer: set[int] = set()
+        self._seq = 0
+        self._pids: list[int] = []
+
+        model_agent = self._world.get_model_agent()
+        agent_cls = None if agent is None else (agent if isinstance(agent, type) else type(agent))
+        model = _model_module(model_agent)
+        names: list[str] = []
+        params: list[torch.Tensor] = []
+        buffer_names: list[str] = []
+        buffers: list[torch.Tensor] = []
+        if model is not None:
+            model.share_memory()
+            for name, p in model.named_parameters():
+                names.append(name)
+                params.append(p.detach())
+            for name, b in model.named_buffers():
+                buffer_names.append(name)
+                buffers.append(b.detach() if b.is_shared() else b.detach().share_memory_())
+
+        ctx = tmp.get_context("spawn")
+        self._cursors: list[SharedEpisodeCursor | None] = []
+        for group in task_teachers(self._world):
+            cursor = getattr(group[0], "cursor", None)
+            if isinstance(cursor, EpisodeCursor):
+                self._cursors.append(SharedEpisodeCursor.like(cursor, ctx))
+            elif self._training:
+                self._cursors.append(None)  # a streaming teacher: each process reads its own copy
+            else:
+                raise ValueError(f"--numthreads {n} in evaluation needs teachers that serve episodes from an "
+                                 f"EpisodeCursor (FixedTeacher) so every example is seen once; "
+                                 f"{type(group[0]).__name__} has none: evaluate with --numthreads 1")
+        self._counts = torch.zeros(n, dtype=torch.int64).share_memory_()
+
+        self._procs: list[Any] = []
+        self._conns: list[Any] = []
+        self._finalizer = weakref.finalize(self, _stop_children, self._procs, self._conns, stop_grace)
+        child_ends = []
+        saved_env = {k: os.environ.get(k) for k in ("OMP_NUM_THREADS", "MKL_NUM_THREADS")}
+        old_sigint = _ignore_sigint()
+        try:
+            os.environ["OMP_NUM_THREADS"] = "1"
+            os.environ["MKL_NUM_THREADS"] = "1"
+            for rank in range(n):
+                parent_end, child_end = ctx.Pipe(duplex=True)
+                proc = ctx.Process(target=_child_main, name=f"hogwild-{rank}", daemon=False,
+                                   args=(rank, opts, agent_cls, self.rows, names, params, buffer_names,
+                                         buffers, self._cursors, self._counts, child_end))
+                proc.start()
+                self._procs.append(proc)
+                self._conns.append(parent_end)
+                child_ends.append(child_end)
+        except BaseException:
+            self.shutdown()
+            raise
+        finally:
+            for key, value in saved_env.items():
+                if value is None:
+                    os.environ.pop(key, None)
+                else:
+                    os.environ[key] = value
+            _restore_sigint(old_sigint)
+            for end in child_ends:
+                end.close()
+        try:
+            ready = self._wait_all("ready", start_timeout)
+            self._pids = [int(pid) for pid in ready]
+        except BaseException:
+            self.shutdown()
+            raise
+
+    # --- what the run loop calls ---------------------------------------------------------------------
+    def parley(self) -> None:
+        """Release one process to do one parley of its world; returns without waiting for it."""
+        self._check_open()
+        self._poll()
+        rank = self._free_process()
+        if rank is None:
+            last = time.monotonic()
+            while rank is None:
+                if self._pump(min(1.0, self.timeout)):
+                    last = time.monotonic()
+                elif time.monotonic() - last > self.timeout:
+                    self._fail(HogwildError(f"no hogwild process finished a parley in {self.timeout:.0f}s "
+                                            f"(processes {self._pids}); a parley is stuck"))
+                rank = self._free_process()
+        self._send(rank, _PARLEY)
+        self._outstanding[rank] += 1
+        self._parleys += 1
+
+    def get_total_exs(self) -> int:
+        """Examples parleyed by all processes so far (a shared counter; no waiting)."""
+        return int(self._counts.sum())
+
+    def report(self) -> dict[str, float]:
+        """Metrics of every process merged (sums), after the parleys released before this call."""
+        states = self._broadcast("report")
+        return merge_world_states(states)
+
+    def reset_metrics(self) -> None:
+        self._broadcast("reset_metrics")
+
+    def reset(self) -> None:
+        """Reset every process's world (episodes, shared cursors rewound) before the next parley."""
+        self._broadcast("reset")
+        self._prefer = set()
+        self.acts = [None] * len(self.agents)
+
+    def epoch_done(self) -> bool:
+        """Evaluation: the shared cursors are exhausted and every process has finished its episodes."""
+        if self._training:
+            return False
+        self._check_open()
+        if any(c is not None and not c.exhausted() for c in self._cursors):
+            self._poll()
+            return False
+        done = self._broadcast("epoch_done")
+        self._prefer = {rank for rank, finished in enumerate(done) if not finished}
+        return not self._prefer
+
+    def num_examples(self) -> int:
+        return self._world.num_examples()
+
+    def num_episodes(self) -> int:
+        return self._world.num_episodes()
+
+    def get_agents(self) -> list[Agent]:
+        return self._world.get_agents()
+
+    def get_task_agent(self) -> Teacher:
+        return self._world.get_task_agent()
+
+    def get_model_agent(self) -> Agent:
+        """The main process's model agent: the same shared model (save it, validate with it)."""
+        return self._world.get_model_agent()
+
+    def clone(self) -> "World":
+        raise NotImplementedError("a HogwildWorld cannot be cloned; build another with create_hogwild_world")
+
+    # --- introspection --------------------------------------------------------------------------------
+    @property
+    def pids(self) -> list[int]:
+        """The child processes' ids."""
+        return list(self._pids)
+
+    @property
+    def parleys(self) -> int:
+        """Parleys released so far."""
+        return self._parleys
+
+    def exs_per_process(self) -> list[int]:
+        return [int(x) for x in self._counts.tolist()]
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    # --- shutting down --------------------------------------------------------------------------------
+    def shutdown(self) -> None:
+        """Stop and join the children; release shared resources. Safe to call more than once."""
+        self._closed = True
+        finalizer = getattr(self, "_finalizer", None)
+        if finalizer is not None and finalizer.alive:
+            finalizer()
+        self._cursors = []  # drops the cursor locks (their semaphores are unlinked with them)
+        world = getattr(self, "_world", None)
+        if world is not None and not getattr(self, "_world_shut", False):
+            self._world_shut = True
+            world.shutdown()
+
+    def __del__(self) -> None:
+        try:
+            self.shutdown()
+        except Exception:  # noqa: BLE001 - at interpreter exit anything may be gone
+            pass
+
+    def __enter__(self) -> "HogwildWorld":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.shutdown()
+
+    # --- plumbing -------------------------------------------------------------------------------------
+    def _check_open(self) -> None:
+        if self._closed:
+            raise HogwildError("this HogwildWorld has been shut down (or a process failed); build a new one")
+
+    def _free_process(self) -> int | None:
+        pool = [r for r in self._prefer if self._outstanding[r] < self.depth] if self._prefer else []
+        if not pool:
+            pool = [r for r in range(self.numthreads) if self._outstanding[r] < self.depth]
+        if not pool:
+            return None
+        return min(pool, key=lambda r: (self._outstanding[r], r))
+
+    def _send(self, rank: int, msg: tuple) -> None:
+        try:
+            self._conns[rank].send(msg)
+        except (BrokenPipeError, ConnectionResetError, OSError):
+            self._pump(0.5)
+            self._fail(self._dead_error(rank))
+
+    def _poll(self) -> None:
+        """Read whatever the children have sent, without waiting."""
+        for rank, conn in enumerate(self._conns):
+            self._drain(rank, conn)
+
+    def _drain(self, rank: int, conn: Any) -> bool:
+        got = False
+        try:
+            while conn.poll():
+                self._handle(rank, conn.recv())
+                got = True
+        except (EOFError, OSError):
+            self._fail(self._dead_error(rank))
+        return got
+
+    def _pump(self, timeout: float) -> bool:
+        """Wait up to ``timeout`` for a message or a child's death; handle it. True if a message came."""
+        sentinels = {proc.sentinel: rank for rank, proc in enumerate(self._procs)}
+        ready = connection.wait(list(self._conns) + list(sentinels), timeout)
+        got = False
+        for rank, conn in enumerate(self._conns):
+            got |= self._drain(rank, conn)
+        for obj in ready:
+            if obj in sentinels:
+                rank = sentinels[obj]
+                self._drain(rank, self._conns[rank])
+                self._fail(self._dead_error(rank))
+        return got
+
+    def _handle(self, rank: int, msg: tuple) -> None:
+        kind = msg[0]
+        if kind == "d":
+            self._outstanding[rank] -= 1
+        elif kind in ("reply", "ready"):
+            self._replies[rank] = (msg[1], msg[2]) if kind == "reply" else (-1, msg[1])
+        elif kind == "error":
+            _, type_name, text, tb, blob = msg
+            original = None
+            if blob is not None:
+                try:
+                    original = pickle.loads(blob)
+                except Exception:  # noqa: BLE001
+                    original = None
+            pid = self._procs[rank].pid
+            err = HogwildChildError(
+                f"hogwild process {rank} (pid {pid}) raised {type_name}: {text}\n\n"
+                f"traceback in the child process:\n{tb.rstrip()}",
+                rank=rank, pid=pid, child_traceback=tb, child_exception=original)
+            self._fail(err, cause=original)
+        else:
+            self._fail(HogwildError(f"hogwild process {rank} sent an unknown message {kind!r}"))
+
+    def _dead_error(self, rank: int) -> HogwildError:
+        proc = self._procs[rank]
+        try:
+            proc.join(1.0)
+            code = proc.exitcode
+        except Exception:  # noqa: BLE001
+            code = None
+        how = (f"was killed by signal {-code}" if code is not None and code < 0 else
+               f"exited with code {code}" if code is not None else "stopped answering (its pipe closed)")
+        return HogwildError(f"hogwild process {rank} (pid {proc.pid}) {how} without reporting an error; "
+                            "all hogwild processes were stopped")
+
+    def _fail(self, err: HogwildError, cause: BaseException | None = None) -> None:
+        self.shutdown()
+        if cause is not None:
+            raise err from cause
+        raise err
+
+    def _wait_all(self, what: str, timeout: float, seq: int = -1) -> list[Any]:
+        """Wait until every process has answered ``seq``; fail on death, error or ``timeout`` of silence."""
+        last = time.monotonic()
+        while True:
+            missing = [r for r in range(self.numthreads)
+                       if self._replies[r] is None or self._replies[r][0] != seq]
+            if not missing:
+                break
+            if self._pump(min(1.0, timeout)):
+                last = time.monotonic()
+            elif time.monotonic() - last > timeout:
+                pids = [self._procs[r].pid for r in missing]
+                self._fail(HogwildError(f"hogwild processes {missing} (pids {pids}) gave no answer to "
+                                        f"{what!r} in {timeout:.0f}s; all hogwild processes were stopped"))
+        answers = [reply[1] for reply in self._replies]  # type: ignore[index]
+        self._replies = [None] * self.numthreads
+        return answers
+
+    def _broadcast(self, kind: str) -> list[Any]:
+        """Send a control message to every process; return their answers (each handles it once)."""
+        self._check_open()
+        self._seq += 1
+        for rank in range(self.numthreads):
+            self._send(rank, (kind, self._seq))
+        return self._wait_all(kind, self.timeout, self._seq)
+
+
+def _ignore_sigint() -> Any:
+    """Ignore SIGINT while children start (they inherit SIG_IGN, so Ctrl-C never hits their start-up)."""
+    try:
+        return signal.signal(signal.SIGINT, signal.SIG_IGN)
+    except ValueError:  # not the main thread
+        return None
+
+
+def _restore_sigint(old: Any) -> None:
+    if old is not None:
+        try:
+            signal.signal(signal.SIGINT, old)
+        except ValueError:
+            pass
+
+
+def create_hogwild_world(opts: Opts, agent: Agent | type[Agent] | None = None,
+                         rows: int | None = None, **kwargs: Any) -> HogwildWorld:
+    """The world for ``--numthreads N > 1``: N hogwild processes (cpu only). See :class:`HogwildWorld`."""
+    if opts.device != "cpu":
+        raise ValueError(f"--numthreads {opts.numthreads} (hogwild) runs on --device cpu only, not "
+                         f"--device {opts.device}; use --numthreads 1 with --device {opts.device}, or "
+                         "--replication-factor for data parallelism")
+    return HogwildWorld(opts, agent=agent, rows=rows, **kwargs)

@@ -1,0 +1,335 @@
+"""Hogwild (--numthreads N): processes sharing one model, exactly-once evaluation, errors, clean exits.
+
+Agents used by child processes live at module level (children import this module by name).
+"""
+
+from __future__ import annotations
+
+import gc
+import json
+import multiprocessing
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from collections import Counter
+
+import pytest
+import torch
+
+from accelbatch.agents import Agent
+from accelbatch.hogwild import (HogwildChildError, HogwildError, SharedEpisodeCursor, create_hogwild_world,
+                                merge_world_states)
+from accelbatch.messages import Message
+from accelbatch.metrics import Metrics
+from accelbatch.models.memnn import MemNNAgent
+from accelbatch.opts import Opts
+from accelbatch.run import evaluate, run
+from accelbatch.teachers import EpisodeCursor
+from accelbatch.worlds import create_world
+
+pytestmark = pytest.mark.multiprocess
+LOG_ENV = "ACCELBATCH_TEST_HOGWILD_LOG"
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+# --- agents the children build ------------------------------------------------------------------------
+class LoggingAgent(Agent):
+    """Replies with the label; appends every text it observes to $LOG_ENV/<pid>.txt (one file per process)."""
+
+    def observe(self, observation):
+        if observation and "text" in observation:
+            with open(os.path.join(os.environ[LOG_ENV], f"{os.getpid()}.txt"), "a", encoding="utf-8") as f:
+                f.write(observation["text"] + "\n")
+        return super().observe(observation)
+
+    def act(self):
+        obs = self.observation or {}
+        labels = obs.get("labels") or obs.get("eval_labels")
+        return Message(id=self.id, text=labels[0]) if labels else Message(id=self.id)
+
+
+def explode_here(text):
+    raise ValueError(f"boom on {text!r}")
+
+
+class CrashingAgent(LoggingAgent):
+    """Fails in a child when it sees the text 'boom'."""
+
+    def act(self):
+        obs = self.observation or {}
+        if obs.get("text") == "boom":
+            explode_here(obs["text"])
+        return super().act()
+
+
+class FailsInChildAgent(Agent):
+    """Cannot be built outside the main test process."""
+
+    def __init__(self, opts, shared=None):
+        super().__init__(opts, shared)
+        if os.getpid() != int(os.environ["ACCELBATCH_TEST_MAIN_PID"]):
+            raise RuntimeError("no GPU here (built in a child)")
+
+    def act(self):
+        return Message(id=self.id, text="x")
+
+
+# --- leak checks ----------------------------------------------------------------------------------------
+def _helper_pids() -> set[int]:
+    """Long-lived helpers multiprocessing starts once per interpreter (not ours to stop)."""
+    from multiprocessing import resource_tracker
+
+    pid = getattr(resource_tracker._resource_tracker, "_pid", None)
+    return {pid} if pid else set()
+
+
+def _child_pids(parent: int) -> set[int]:
+    out = set()
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                stat = f.read()
+        except OSError:
+            continue
+        fields = stat.rsplit(")", 1)[1].split()
+        if int(fields[1]) == parent:
+            out.add(int(entry))
+    return out
+
+
+def _unmapped_new_shm(before: set[str]) -> set[str]:
+    """/dev/shm entries made since ``before`` that no live process maps: leaked (not a neighbour's live one)."""
+    new = set(os.listdir("/dev/shm")) - before
+    if not new:
+        return set()
+    mapped = set()
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/maps") as f:
+                    mapped.update(line.rsplit("/", 1)[-1].strip() for line in f if "/dev/shm/" in line)
+            except OSError:
+                pass
+    return {n for n in new if n not in mapped and os.path.exists(f"/dev/shm/{n}")}
+
+
+@pytest.fixture(autouse=True)
+def no_leaks():
+    shm = set(os.listdir("/dev/shm"))
+    yield
+    gc.collect()
+    deadline = time.monotonic() + 10
+    while (multiprocessing.active_children() or _child_pids(os.getpid()) - _helper_pids()) \
+            and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert multiprocessing.active_children() == []
+    assert _child_pids(os.getpid()) - _helper_pids() == set()
+    assert _unmapped_new_shm(shm) == set()
+
+
+@pytest.fixture
+def log_dir(tmp_path, monkeypatch):
+    path = tmp_path / "seen"
+    path.mkdir()
+    monkeypatch.setenv(LOG_ENV, str(path))
+    return path
+
+
+def _seen(log_dir) -> dict[str, list[str]]:
+    return {p.name: p.read_text().splitlines() for p in log_dir.iterdir()}
+
+
+def _jsonl(path, episodes):
+    """episodes: list of lists of texts; label of text t is 'L' + t."""
+    with open(path, "w", encoding="utf-8") as f:
+        for ep in episodes:
+            for i, text in enumerate(ep):
+                f.write(json.dumps({"text": text, "labels": ["L" + text], "episode_done": i == len(ep) - 1}) + "\n")
+    return str(path)
+
+
+# --- no processes ----------------------------------------------------------------------------------------
+@pytest.mark.timeout(30)
+def test_shared_cursor_matches_episode_cursor_order():
+    ctx = multiprocessing.get_context("spawn")
+    for shuffle in (False, True):
+        ref = EpisodeCursor(23, shuffle=shuffle, seed=5)
+        shared = SharedEpisodeCursor(23, shuffle=shuffle, seed=5, ctx=ctx)
+        assert [ref.take(loop=True) for _ in range(80)] == [shared.take(loop=True) for _ in range(80)]
+        assert shared.epoch == ref.epoch == 3
+        ref.rewind(), shared.rewind()
+        assert [ref.take(loop=False) for _ in range(25)] == [shared.take(loop=False) for _ in range(25)]
+        assert shared.exhausted() and shared.take(loop=False) is None
+
+
+@pytest.mark.timeout(30)
+def test_merged_report_sums_processes_like_one_metrics_object():
+    a, b, both = Metrics(), Metrics(), Metrics()
+    a.add_batch(["x", "y"], [["x"], ["z"]]), a.add_loss(2.0, 2)
+    b.add_batch(["q"], [["q"]]), b.add_loss(0.5, 1)
+    for m in (a, b):
+        both.merge(m)
+    model_a, model_b = Metrics(), Metrics()
+    model_a.add_loss(1.0, 4), model_b.add_loss(3.0, 4)
+    states = [{"tasks": [(None, ("metrics", a.state()))], "model": ("metrics", model_a.state()),
+               "model_is_torch": True},
+              {"tasks": [(None, ("metrics", b.state()))], "model": ("metrics", model_b.state()),
+               "model_is_torch": True}]
+    rep = merge_world_states(states)
+    assert rep["exs"] == 3 and rep["accuracy"] == pytest.approx(2 / 3)
+    assert rep["loss"] == pytest.approx(2.0)  # the model's loss (4 x 1.0 + 4 x 3.0) / 8 replaces the teacher's
+
+
+# --- processes -------------------------------------------------------------------------------------------
+@pytest.mark.timeout(150)
+def test_two_processes_train_babi_past_95_percent_like_one_process(tmp_path):
+    opts = Opts(task="babi:1", model="memnn", numthreads=2, batchsize=32, num_epochs=0.6,
+                validation_every_n_epochs=-1, eval_splits="valid", progress=False, log_every_n_secs=0.5,
+                metrics_log=str(tmp_path / "log.jsonl"))
+    world = create_hogwild_world(opts, agent=MemNNAgent)
+    model = world.get_model_agent()
+    before = [p.detach().clone() for p in model.model.parameters()]
+    report = run(world, opts)  # validation: a one-process world on the main process's agent (same model)
+    assert world.closed and min(world.exs_per_process()) > 0
+    assert report["train"]["exs"] >= 3000 and world.num_examples() == 5000
+    # the main process never stepped: its weights moved only because the children wrote the shared storage
+    assert any(not torch.equal(b, p) for b, p in zip(before, model.model.parameters()))
+    train_logs = [json.loads(line) for line in (tmp_path / "log.jsonl").read_text().splitlines()]
+    assert any(r["split"] == "train" and r.get("exs", 0) > 0 and "loss" in r for r in train_logs)
+    # the reference: one process, same options, same number of examples
+    single = opts.replace(numthreads=1, metrics_log=None)
+    reference = run(create_world(single, agent=MemNNAgent), single)
+    assert report["valid"]["exs"] == reference["valid"]["exs"] == 1000
+    assert reference["valid"]["accuracy"] >= 0.95
+    assert report["valid"]["accuracy"] >= 0.95
+    assert report["valid"]["accuracy"] >= reference["valid"]["accuracy"] - 0.03
+
+
+@pytest.mark.timeout(90)
+def test_eval_serves_every_line_once_across_processes_with_batching(tmp_path, log_dir):
+    episodes = [[f"e{e}-{i}" for i in range(1 + e % 3)] for e in range(500)] + [["t-0", "t-1"]]  # 1-3 turns
+    texts = [t for ep in episodes for t in ep]
+    assert len(texts) == 1001
+    path = _jsonl(tmp_path / "data.jsonl", episodes)
+    opts = Opts(task=f"jsonl:{path}", model="test_hogwild:LoggingAgent", datatype="valid", numthreads=2,
+                batchsize=8, progress=False)
+    world = create_hogwild_world(opts, agent=LoggingAgent)
+    pids = world.pids
+    first = evaluate(world)
+    seen = _seen(log_dir)
+    assert first["exs"] == 1001 and first["accuracy"] == 1.0 and world.get_total_exs() == 1001
+    assert sorted(t for lines in seen.values() for t in lines) == sorted(texts)
+    assert set(seen) == {f"{pid}.txt" for pid in pids}  # both processes served some
+    where = {t: (name, i) for name, lines in seen.items() for i, t in enumerate(lines)}
+    for ep in episodes:  # an episode's turns are served by one process, in order
+        assert len({where[t][0] for t in ep}) == 1
+        assert [where[t][1] for t in ep] == sorted(where[t][1] for t in ep)
+    # again: reset reaches every process, rewinds the shared cursor, metrics start from zero
+    for f in log_dir.iterdir():
+        f.unlink()
+    second = evaluate(world)
+    assert second["exs"] == 1001 and second["accuracy"] == 1.0
+    assert Counter(t for lines in _seen(log_dir).values() for t in lines) == Counter(texts)
+    world.shutdown()
+    world.shutdown()  # idempotent
+    with pytest.raises(HogwildError, match="shut down"):
+        world.parley()
+
+
+@pytest.mark.timeout(90)
+def test_run_evaluates_single_turn_file_exactly_once_without_batching(tmp_path, log_dir):
+    path = _jsonl(tmp_path / "data.jsonl", [[f"line{i}"] for i in range(1001)])
+    opts = Opts(task=f"jsonl:{path}", model="repeat_label", datatype="test", numthreads=3, batchsize=1,
+                progress=False)
+    world = create_hogwild_world(opts, agent=LoggingAgent)
+    report = run(world, opts)
+    assert report["test"]["exs"] == 1001 and report["test"]["accuracy"] == 1.0
+    assert Counter(t for lines in _seen(log_dir).values() for t in lines) == Counter(f"line{i}" for i in range(1001))
+    assert world.closed  # run shut it down
+    del world  # nothing left to collect: the fixture checks processes and /dev/shm
+
+
+@pytest.mark.timeout(90)
+def test_a_crash_in_a_child_raises_in_the_parent_with_the_child_traceback(tmp_path, log_dir):
+    lines = [[f"ok{i}"] for i in range(40)] + [["boom"]] + [[f"ok{i}"] for i in range(40, 80)]
+    path = _jsonl(tmp_path / "data.jsonl", lines)
+    opts = Opts(task=f"jsonl:{path}", datatype="valid", numthreads=2, batchsize=1, progress=False)
+    world = create_hogwild_world(opts, agent=CrashingAgent)
+    pids = world.pids
+    with pytest.raises(HogwildChildError) as info:
+        evaluate(world)
+    err = info.value
+    text = str(err)
+    assert "ValueError: boom on 'boom'" in text and "explode_here" in text and "Traceback" in text
+    assert err.pid in pids and isinstance(err.child_exception, ValueError)
+    assert isinstance(err.__cause__, ValueError)
+    assert world.closed
+    for pid in pids:
+        assert not os.path.exists(f"/proc/{pid}") or "Z" in open(f"/proc/{pid}/stat").read().split()[2]
+
+
+@pytest.mark.timeout(90)
+def test_a_child_failing_at_start_or_dying_is_an_error_not_a_hang(tmp_path, monkeypatch):
+    path = _jsonl(tmp_path / "data.jsonl", [[f"q{i}"] for i in range(50)])
+    monkeypatch.setenv("ACCELBATCH_TEST_MAIN_PID", str(os.getpid()))
+    opts = Opts(task=f"jsonl:{path}", datatype="train", numthreads=2, batchsize=2, progress=False)
+    start = time.monotonic()
+    with pytest.raises(HogwildChildError, match="no GPU here") as info:
+        create_hogwild_world(opts, agent=FailsInChildAgent)
+    assert "test_hogwild.py" in info.value.child_traceback and info.value.pid is not None
+    # a child killed from outside (OOM killer, kill -9): the next call says so
+    world = create_hogwild_world(opts.replace(model="repeat_label"))
+    os.kill(world.pids[1], signal.SIGKILL)
+    with pytest.raises(HogwildError, match=r"process 1 .* killed by signal 9"):
+        for _ in range(10_000):
+            world.parley()
+            world.report()
+    assert world.closed and time.monotonic() - start < 80
+
+
+CTRL_C_SCRIPT = textwrap.dedent("""
+    import sys
+    sys.path.insert(0, {root!r})
+    from accelbatch.hogwild import create_hogwild_world
+    from accelbatch.opts import Opts
+    from accelbatch.run import run
+
+    if __name__ == "__main__":
+        opts = Opts(task="babi:1", model="memnn", numthreads=2, batchsize=8, num_epochs=-1,
+                    validation_every_n_epochs=-1, progress=False, log_every_n_secs=0.2)
+        world = create_hogwild_world(opts)
+        print("PIDS", *world.pids, flush=True)
+        run(world, opts)
+""")
+
+
+@pytest.mark.timeout(120)
+def test_ctrl_c_stops_training_and_leaves_no_process(tmp_path):
+    script = tmp_path / "train_forever.py"
+    script.write_text(CTRL_C_SCRIPT.format(root=ROOT))
+    shm = set(os.listdir("/dev/shm"))
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    proc = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, env=env)
+    try:
+        line = proc.stdout.readline()
+        assert line.startswith("PIDS"), (line, proc.stderr.read() if proc.poll() is not None else "")
+        pids = [int(p) for p in line.split()[1:]]
+        assert len(pids) == 2 and set(pids) <= _child_pids(proc.pid)
+        time.sleep(1.5)  # training under way
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode != 0 and "KeyboardInterrupt" in err
+    assert "Traceback" not in err.split("KeyboardInterrupt")[-1]  # nothing after the interrupt failed
+    for pid in pids:
+        assert not os.path.exists(f"/proc/{pid}"), f"hogwild child {pid} survived Ctrl-C"
+    assert _unmapped_new_shm(shm) == set()
