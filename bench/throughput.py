@@ -1,0 +1,524 @@
+"""Throughput benchmark of issue 8: every figure is a ratio of two variants measured in this one run.
+
+Workload (the spec peers are compared on): synthetic dialogues by seed (``-t dialogues``: 10,000 training
+episodes of 1-3 turns, log-normal turns of median 12 words clipped at 300, labels of 1-4 words with label
+candidates; 3,000 validation episodes), text truncated at 256 tokens, torch threads 1 per process. Agents:
+trivial (a fixed reply with text, so the teacher scores accuracy and F1), bag (EmbeddingBag + Linear, SGD),
+conv (Embedding + Conv1d + pooling + Linear, so padding costs compute).
+
+Parts (``--parts``, comma separated; all by default):
+
+``overhead``  world overhead: the trivial agent through the world with teacher metrics vs a bare loop that
+              iterates the same prepared examples and calls ``batch_act`` (bs 1, 32, 128; goal >= 0.50 at 32).
+``metrics``   accuracy + F1 for a batch in one pass (``Metrics.add_batch``) vs one reply at a time
+              (``exact_match`` + ``f1_score`` per reply); the values must be identical.
+``async``     bag at bs 32: ``--dataloader-mode async`` with 2 workers (vectorize + batchify in the workers)
+              vs sync with everything in the main process (goal >= 1.5x).
+``dynamic``   conv at bs 32: dynamic batching batchsort / full / buckets vs none, with the pad fraction (pad
+              tokens over all tokens of the text tensors fed to the model; goal >= 1.8x, pad <= 0.05).
+``hogwild``   conv at bs 32: ``--numthreads 2`` vs 1 (goal >= 1.8x on 2 cores).
+
+Compared variants are interleaved and repeated (``--repeats``) so that load from other processes hits both
+sides alike; the median of the per-round ratios is printed with the individual rounds. ``async``,
+``dynamic`` and ``hogwild`` run through the world when ``create_world`` honours those options; until then
+``async`` and ``dynamic`` drive the data loader directly (said in the output) and ``hogwild`` prints "not
+available yet".
+
+    python bench/throughput.py --quick            # about a minute and a half
+    python bench/throughput.py                    # the full workload
+    python bench/throughput.py --parts overhead --repeats 7
+"""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+os.environ.setdefault("MKL_NUM_THREADS", "1")
+
+import argparse  # noqa: E402
+import importlib.util  # noqa: E402
+import inspect  # noqa: E402
+import random  # noqa: E402
+import statistics  # noqa: E402
+import sys  # noqa: E402
+import time  # noqa: E402
+from typing import Any, Callable  # noqa: E402
+
+import torch  # noqa: E402
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from accelbatch.messages import ID, Message  # noqa: E402
+from accelbatch.metrics import Metrics, exact_match, f1_score  # noqa: E402
+from accelbatch.opts import Opts  # noqa: E402
+from accelbatch.worlds import create_world  # noqa: E402
+
+TRIVIAL = "accelbatch.models.trivial:TrivialAgent"
+BAG = "accelbatch.models.bag:BagAgent"
+CONV = "accelbatch.models.conv:ConvAgent"
+LEARNING_RATES = {BAG: 0.5, CONV: 0.05}
+
+
+def say(line: str = "") -> None:
+    print(line, flush=True)
+
+
+def median_ratio(pairs: list[tuple[float, float]]) -> tuple[float, list[float]]:
+    ratios = [a / b if b else float("nan") for a, b in pairs]
+    return statistics.median(ratios), ratios
+
+
+def fmt_rounds(ratios: list[float]) -> str:
+    return "rounds " + " ".join(f"{r:.3f}" for r in ratios)
+
+
+def task_name(args: argparse.Namespace) -> str:
+    return "dialogues" if args.episodes is None else f"dialogues:{args.episodes}"
+
+
+def base_opts(args: argparse.Namespace, **changes: Any) -> Opts:
+    values = dict(task=task_name(args), seed=args.seed, batchsize=32, progress=False, text_truncate=256,
+                  eval_splits="", validation_every_n_epochs=-1, log_every_n_secs=1e9)
+    values.update(changes)
+    if values.get("model") in LEARNING_RATES and "learning_rate" not in changes:
+        values["learning_rate"] = LEARNING_RATES[values["model"]]
+    return Opts(**values)
+
+
+CLOCKS = {"wall": time.perf_counter, "cpu": time.process_time}
+CLOCK = {"now": time.perf_counter}
+
+
+def timed(fn: Callable[[], int], min_seconds: float, now: Callable[[], float] | None = None) -> float:
+    """Examples per second of ``fn`` (returns examples done), called until ``min_seconds`` have passed.
+
+    Single-process parts use ``--clock`` (wall by default; ``cpu`` counts this process's CPU seconds, which
+    other processes competing for the cores disturb far less)."""
+    now = now or CLOCK["now"]
+    done, start = 0, now()
+    while True:
+        done += fn()
+        elapsed = now() - start
+        if elapsed >= min_seconds:
+            return done / elapsed
+
+
+# --------------------------------------------------------------------------------------------------
+# overhead: world + teacher metrics vs bare loop
+# --------------------------------------------------------------------------------------------------
+
+def prepared_examples(teacher: Any) -> list[Message]:
+    """The teacher's examples as the model observes them (id and episode_done set), in data order."""
+    out = []
+    for episode in teacher.episodes:
+        for i, msg in enumerate(episode):
+            m = Message(msg)
+            m[ID] = teacher.id
+            m["episode_done"] = i == len(episode) - 1
+            out.append(m)
+    return out
+
+
+def part_overhead(args: argparse.Namespace) -> dict[str, float]:
+    say("== world overhead: trivial agent, world + teacher metrics vs bare loop (examples/s) ==")
+    results = {}
+    for bs in args.batchsizes:
+        opts = base_opts(args, model=TRIVIAL, batchsize=bs)
+        world = create_world(opts)
+        agent = world.get_model_agent()
+        examples = prepared_examples(world.get_task_agent())
+        chunk = max(bs, (len(examples) // 4) // bs * bs)  # examples per timed call
+        position = [0]
+
+        def bare() -> int:
+            start = position[0] if position[0] + chunk <= len(examples) else 0
+            batch_act = agent.batch_act
+            for i in range(start, start + chunk, bs):
+                batch_act(examples[i:i + bs])
+            position[0] = start + chunk
+            return chunk
+
+        def in_world() -> int:
+            before = world.get_total_exs()
+            for _ in range(chunk // bs):
+                world.parley()
+            return world.get_total_exs() - before
+
+        metrics = Metrics()
+
+        def bare_with_metrics() -> int:  # the bare loop plus one-pass scoring of its replies: metrics' share
+            start = position[0] if position[0] + chunk <= len(examples) else 0
+            batch_act, add_batch = agent.batch_act, metrics.add_batch
+            for i in range(start, start + chunk, bs):
+                rows = examples[i:i + bs]
+                replies = batch_act(rows)
+                add_batch([r.get("text") for r in replies], [m.get("labels") for m in rows])
+            position[0] = start + chunk
+            return chunk
+
+        pairs, floor = [], []
+        for _ in range(args.repeats):
+            w = timed(in_world, args.min_seconds)
+            b = timed(bare, args.min_seconds)
+            m = timed(bare_with_metrics, args.min_seconds)
+            pairs.append((w, b))
+            floor.append((m, b))
+        ratio, ratios = median_ratio(pairs)
+        floor_ratio, _ = median_ratio(floor)
+        report = world.report()
+        say(f"bs {bs:>4}: world {statistics.median(p[0] for p in pairs):>12,.0f}  bare "
+            f"{statistics.median(p[1] for p in pairs):>12,.0f}  ratio {ratio:.3f}  ({fmt_rounds(ratios)})"
+            f"  [teacher metrics: accuracy {report.get('accuracy', float('nan')):.3f} "
+            f"f1 {report.get('f1', float('nan')):.3f}]" + ("   goal >= 0.50" if bs == 32 else ""))
+        say(f"          bare loop + one-pass teacher metrics, no world: ratio {floor_ratio:.3f} "
+            "(the most any world that scores replies could reach)")
+        results[f"overhead_bs{bs}"] = ratio
+        results[f"overhead_metrics_only_bs{bs}"] = floor_ratio
+        world.shutdown()
+    return results
+
+
+# --------------------------------------------------------------------------------------------------
+# metrics: one pass over a batch vs per reply
+# --------------------------------------------------------------------------------------------------
+
+def part_metrics(args: argparse.Namespace) -> dict[str, float]:
+    say("== metrics: accuracy + F1, one pass per batch vs per reply (bs 32) ==")
+    from accelbatch.tasks.dialogues import generate
+
+    rng = random.Random(args.seed)
+    examples = [m for ep in generate(args.eval_episodes, args.seed, "valid") for m in ep]
+    # predictions like a half-trained ranker's: the label or another candidate (partial overlaps for F1)
+    preds = [m["labels"][0] if rng.random() < 0.5 else rng.choice(m["label_candidates"]) for m in examples]
+    golds = [list(m["labels"]) for m in examples]
+    batches = [(preds[i:i + 32], golds[i:i + 32]) for i in range(0, len(preds), 32)]
+
+    def one_pass() -> tuple[Metrics, int]:
+        metrics = Metrics()
+        for p, g in batches:
+            metrics.add_batch(p, g)
+        return metrics, len(preds)
+
+    def per_reply() -> tuple[dict[str, float], int]:
+        exs = correct = 0
+        f1 = 0.0
+        for p, g in batches:
+            for text, answers in zip(p, g):
+                reply = Message(id="model", text=text)  # one reply object at a time, ParlAI's way
+                exs += 1
+                correct += exact_match(reply["text"], answers)
+                f1 += f1_score(reply["text"], answers)
+        return {"accuracy": correct / exs, "f1": f1 / exs}, exs
+
+    # a memo of scores per (prediction, answers), if the core keeps one: 'cold' clears it before each pass
+    import accelbatch.metrics as metrics_module
+
+    memo_clear = getattr(getattr(metrics_module, "_score_pair", None), "cache_clear", None)
+
+    def one_pass_cold() -> int:
+        if memo_clear is not None:
+            memo_clear()
+        return one_pass()[1]
+
+    pairs, cold = [], []
+    for _ in range(args.repeats):
+        a = timed(lambda: one_pass()[1], args.min_seconds / 2)
+        b = timed(lambda: per_reply()[1], args.min_seconds / 2)
+        c = timed(one_pass_cold, args.min_seconds / 2) if memo_clear is not None else a
+        pairs.append((a, b))
+        cold.append((c, b))
+    ratio, ratios = median_ratio(pairs)
+    cold_ratio, cold_ratios = median_ratio(cold)
+    mine = one_pass()[0].report()
+    ref = per_reply()[0]
+    same = all(abs(mine[k] - ref[k]) <= 1e-12 for k in ("accuracy", "f1"))
+    say(f"one pass {statistics.median(p[0] for p in pairs):>12,.0f}/s  per reply "
+        f"{statistics.median(p[1] for p in pairs):>12,.0f}/s  speedup {ratio:.2f}x  ({fmt_rounds(ratios)})")
+    if memo_clear is not None:
+        say(f"one pass with its memo cleared before every pass over the {len(preds)} replies: "
+            f"{statistics.median(p[0] for p in cold):>12,.0f}/s  speedup {cold_ratio:.2f}x  "
+            f"({fmt_rounds(cold_ratios)})")
+    say(f"values: one pass accuracy {mine['accuracy']:.6f} f1 {mine['f1']:.6f}; per reply accuracy "
+        f"{ref['accuracy']:.6f} f1 {ref['f1']:.6f} -> {'identical' if same else 'DIFFERENT'}")
+    return {"metrics_speedup": ratio, "metrics_speedup_cold": cold_ratio, "metrics_identical": float(same)}
+
+
+# --------------------------------------------------------------------------------------------------
+# what is wired: the loader and hogwild inside create_world / run
+# --------------------------------------------------------------------------------------------------
+
+def _sources(*modules: str) -> str:
+    text = ""
+    for name in modules:
+        try:
+            text += inspect.getsource(importlib.import_module(name))
+        except (ImportError, OSError, TypeError):
+            pass
+    return text
+
+
+def loader_available() -> bool:
+    return importlib.util.find_spec("accelbatch.data.loader") is not None
+
+
+def loader_wired() -> bool:
+    """True once create_world builds its worlds on the data loader (dynamic batching, async workers)."""
+    return "make_loader" in _sources("accelbatch.worlds", "accelbatch.run")
+
+
+def hogwild_wired() -> bool:
+    return (importlib.util.find_spec("accelbatch.hogwild") is not None
+            and "hogwild" in _sources("accelbatch.worlds", "accelbatch.run").lower())
+
+
+def world_speed(opts: Opts, min_seconds: float, warmup_steps: int = 5) -> tuple[float, dict[str, Any]]:
+    """(examples/s of world.parley() on the --device backend, the world's report over the timed steps);
+    start-up (workers, compile) excluded."""
+    from accelbatch.run import attach_backend
+
+    world = create_world(opts)
+    backend = attach_backend(world, opts)
+    try:
+        for _ in range(warmup_steps):
+            world.parley()
+        world.reset_metrics()
+
+        def steps() -> int:
+            before = world.get_total_exs()
+            for _ in range(10):
+                world.parley()
+            return world.get_total_exs() - before
+
+        speed = timed(steps, min_seconds, time.perf_counter)  # wall: workers run in other processes
+        return speed, world.report()
+    finally:
+        world.shutdown()
+        backend.teardown()
+
+
+class LoaderRun:
+    """Drive the data loader directly: tensors -> engine.train_step -> replies -> teacher metrics.
+
+    What a loader-fed world does per batch, without the world; used while create_world does not use the
+    loader yet. Timing starts after ``warmup`` batches (worker start-up excluded), covers ``epochs`` passes.
+    """
+
+    def __init__(self, opts: Opts, model: str):
+        from accelbatch.agents import resolve_agent_class
+        from accelbatch.data.loader import AgentCollate, make_loader
+        from accelbatch.teachers import create_teachers
+
+        cls = resolve_agent_class(model)
+        self.agent = cls(opts)
+        collator = cls(opts)  # vectorize/batchify only; pickled to the workers
+        teacher = create_teachers(opts)[0]
+        self.loader = make_loader(teacher.episodes, opts, collate=AgentCollate(collator.vectorize, collator.batchify),
+                                  training=True, seed=opts.seed, text_truncate=opts.text_truncate)
+        self.metrics = Metrics()
+        self.pad = self.tokens = 0
+
+    def run(self, max_seconds: float, warmup: int = 3) -> float:
+        engine, replies_of, metrics = self.agent.engine, self.agent.replies, self.metrics
+        done, start = 0, None
+        self.pad = self.tokens = 0
+        for index, lb in enumerate(self.loader):
+            if index == warmup:
+                start, done = time.perf_counter(), 0
+            text = lb.tensors["text_vec"]
+            self.pad += int((text == 0).sum())
+            self.tokens += text.numel()
+            result = engine.train_step(lb.tensors)
+            if result.rows is None and result.outputs:
+                replies = replies_of(result.outputs, lb.messages)
+                metrics.add_batch([r.get("text") for r in replies], [m.targets() for m in lb.messages])
+            done += lb.num_real
+            if start is not None and time.perf_counter() - start >= max_seconds:
+                break
+        if start is None:
+            raise RuntimeError("LoaderRun: the epoch ended during warm-up; use more episodes")
+        return done / (time.perf_counter() - start)
+
+    def close(self) -> None:
+        self.loader.close()
+
+
+# --------------------------------------------------------------------------------------------------
+# async workers vs main process
+# --------------------------------------------------------------------------------------------------
+
+def part_async(args: argparse.Namespace) -> dict[str, float]:
+    say("== batching off the critical path: bag bs 32, async + 2 workers vs all in the main process ==")
+    variants = {"async, 2 workers": dict(dataloader_mode="async", num_workers=2),
+                "sync, main process": dict(dataloader_mode="sync", num_workers=0)}
+    if loader_wired():
+        how = "through the world"
+        measure = lambda o: world_speed(o, args.min_seconds * 2)[0]  # noqa: E731
+    elif loader_available():
+        how = "loader direct: create_world does not use the loader yet"
+        runs: dict[str, LoaderRun] = {}
+
+        def measure(o: Opts) -> float:
+            key = o.dataloader_mode
+            if key not in runs:
+                runs[key] = LoaderRun(o, BAG)
+            return runs[key].run(args.min_seconds * 2)
+    else:
+        say("async: not available yet (no accelbatch.data.loader)")
+        return {}
+    say(f"({how})")
+    pairs = []
+    try:
+        for _ in range(args.repeats):
+            speeds = {name: measure(base_opts(args, model=BAG, **v)) for name, v in variants.items()}
+            pairs.append((speeds["async, 2 workers"], speeds["sync, main process"]))
+    finally:
+        if not loader_wired() and loader_available():
+            for r in runs.values():
+                r.close()
+    ratio, ratios = median_ratio(pairs)
+    say(f"async+2 workers {statistics.median(p[0] for p in pairs):>10,.0f}/s  main process "
+        f"{statistics.median(p[1] for p in pairs):>10,.0f}/s  ratio {ratio:.2f}x  ({fmt_rounds(ratios)})"
+        "   goal >= 1.5x")
+    return {"async_ratio": ratio}
+
+
+# --------------------------------------------------------------------------------------------------
+# dynamic batching
+# --------------------------------------------------------------------------------------------------
+
+def part_dynamic(args: argparse.Namespace) -> dict[str, float]:
+    say("== dynamic batching: conv bs 32, examples/s vs none, pad fraction of the text tensors ==")
+    strategies = ["none", "batchsort", "full", "buckets"]
+    speeds: dict[str, list[float]] = {s: [] for s in strategies}
+    pads: dict[str, float] = {}
+    if loader_wired():
+        say("(through the world; pad fraction from the world's report, else from the loader's plan)")
+        planned = _planned_pads(args, strategies)
+        for _ in range(args.repeats):
+            for s in strategies:
+                speed, report = world_speed(base_opts(args, model=CONV, dynamic_batching=s,
+                                                      max_batch_tokens=args.max_batch_tokens),
+                                            args.min_seconds * 2)
+                speeds[s].append(speed)
+                pads[s] = report.get("pad_fraction", planned.get(s, float("nan")))
+    elif loader_available():
+        say("(loader direct: create_world does not use the loader yet; sync, main process)")
+        runs = {s: LoaderRun(base_opts(args, model=CONV, dynamic_batching=s,
+                                       max_batch_tokens=args.max_batch_tokens), CONV) for s in strategies}
+        try:
+            for _ in range(args.repeats):
+                for s in strategies:
+                    speeds[s].append(runs[s].run(args.min_seconds * 2))
+                    pads[s] = runs[s].pad / max(1, runs[s].tokens)
+        finally:
+            for r in runs.values():
+                r.close()
+    else:
+        say("dynamic: not available yet (no accelbatch.data.loader)")
+        return {}
+    results = {}
+    for s in strategies:
+        ratio, ratios = median_ratio(list(zip(speeds[s], speeds["none"])))
+        goal = "   goal >= 1.8x, pad <= 0.05" if s in ("full", "buckets") else ""
+        say(f"{s:>9}: {statistics.median(speeds[s]):>8,.0f}/s  ratio vs none {ratio:.2f}x  pad fraction "
+            f"{pads.get(s, float('nan')):.3f}  ({fmt_rounds(ratios)}){goal}")
+        results[f"dynamic_{s}_ratio"] = ratio
+        results[f"dynamic_{s}_pad"] = pads.get(s, float("nan"))
+    return results
+
+
+def _planned_pads(args: argparse.Namespace, strategies: list[str]) -> dict[str, float]:
+    """Pad fraction of the loader's planned batches (when the world hides the tensors from us)."""
+    if not loader_available():
+        return {}
+    from accelbatch.data.loader import make_loader
+    from accelbatch.teachers import create_teachers
+
+    out = {}
+    for s in strategies:
+        opts = base_opts(args, model=CONV, dynamic_batching=s, max_batch_tokens=args.max_batch_tokens)
+        loader = make_loader(create_teachers(opts)[0].episodes, opts, training=True)
+        out[s] = loader.plan_stats().pad_fraction
+        loader.close()
+    return out
+
+
+# --------------------------------------------------------------------------------------------------
+# hogwild
+# --------------------------------------------------------------------------------------------------
+
+def part_hogwild(args: argparse.Namespace) -> dict[str, float]:
+    say("== hogwild: conv bs 32, --numthreads 2 vs 1 ==")
+    if not hogwild_wired():
+        say("hogwild: not available yet (accelbatch.hogwild is not wired into create_world/run)")
+        return {}
+    from accelbatch.run import run
+
+    def speed(threads: int) -> float:
+        opts = base_opts(args, model=CONV, numthreads=threads, num_epochs=args.hogwild_epochs)
+        report = run(create_world(opts), opts)
+        return float(report["train"]["exs_per_s"])
+
+    pairs = []
+    for _ in range(args.repeats):
+        pairs.append((speed(2), speed(1)))
+    ratio, ratios = median_ratio(pairs)
+    say(f"2 processes {statistics.median(p[0] for p in pairs):>8,.0f}/s  1 process "
+        f"{statistics.median(p[1] for p in pairs):>8,.0f}/s  ratio {ratio:.2f}x  ({fmt_rounds(ratios)})"
+        "   goal >= 1.8x")
+    return {"hogwild_ratio": ratio}
+
+
+PARTS = {"overhead": part_overhead, "metrics": part_metrics, "async": part_async, "dynamic": part_dynamic,
+         "hogwild": part_hogwild}
+
+
+def main(argv: list[str] | None = None) -> dict[str, float]:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--parts", default=",".join(PARTS), help=f"comma separated, of {', '.join(PARTS)}")
+    parser.add_argument("--quick", action="store_true",
+                        help="small sizes: 2,000 training episodes, 2 repeats, short timings (< 2 min)")
+    parser.add_argument("--episodes", type=int, default=None,
+                        help="training episodes of the dialogues task (default: the spec's 10,000)")
+    parser.add_argument("--eval-episodes", type=int, default=3000, help="episodes scored by the metrics part")
+    parser.add_argument("--repeats", type=int, default=None, help="interleaved rounds per comparison")
+    parser.add_argument("--min-seconds", type=float, default=None, help="time per measurement")
+    parser.add_argument("--batchsizes", default="1,32,128", help="batch sizes of the overhead part")
+    parser.add_argument("--max-batch-tokens", type=int, default=-1,
+                        help="dynamic part: token budget of 'full' (-1: the loader's default, bs x median length)")
+    parser.add_argument("--hogwild-epochs", type=float, default=None, help="epochs per hogwild run")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--clock", choices=tuple(CLOCKS), default="wall",
+                        help="overhead and metrics parts: wall time, or this process's CPU time (steadier when "
+                             "other processes share the cores); multi-process parts always use wall time")
+    args = parser.parse_args(argv)
+    if args.quick:
+        args.episodes = 2000 if args.episodes is None else args.episodes
+        args.eval_episodes = min(args.eval_episodes, 600)
+    args.repeats = args.repeats or (2 if args.quick else 5)
+    args.min_seconds = args.min_seconds or (0.4 if args.quick else 1.5)
+    args.hogwild_epochs = args.hogwild_epochs or (0.5 if args.quick else 1.0)
+    args.batchsizes = [int(b) for b in args.batchsizes.split(",") if b.strip()]
+    torch.set_num_threads(1)
+    CLOCK["now"] = CLOCKS[args.clock]
+    parts = [p.strip() for p in args.parts.split(",") if p.strip()]
+    unknown = [p for p in parts if p not in PARTS]
+    if unknown:
+        parser.error(f"--parts: unknown {', '.join(unknown)}; choose from {', '.join(PARTS)}")
+    say(f"workload: -t {task_name(args)} seed {args.seed}, torch threads 1, {os.cpu_count()} cpus, "
+        f"repeats {args.repeats}, {args.min_seconds}s per measurement, {args.clock} clock")
+    results: dict[str, float] = {}
+    start = time.perf_counter()
+    for name in parts:
+        t = time.perf_counter()
+        results.update(PARTS[name](args))
+        say(f"   ({name}: {time.perf_counter() - t:.1f}s)")
+        say()
+    say(f"total {time.perf_counter() - start:.1f}s")
+    return results
+
+
+if __name__ == "__main__":
+    main()
