@@ -47,7 +47,8 @@ class CandidateScorer(nn.Module):
         scores = torch.einsum("rcd,rd->rc", cand_vecs, text_vec).masked_fill(batch["cand_mask"] == 0, -1e9)
         out = {"scores": scores}
         if "label_index" in batch:
-            target = batch["label_index"]
+            # rows without candidates (padding rows added by static-shape batching) are left out of the loss
+            target = batch["label_index"].masked_fill(batch["cand_mask"].sum(dim=1) == 0, -1)
             if bool((target >= 0).any()):
                 out["loss"] = F.cross_entropy(scores, target, ignore_index=-1)
             else:  # no row has its label among its candidates: nothing to learn from, a zero loss
@@ -75,10 +76,26 @@ def pad_rows(rows: list[list[int]], multiple: int = 1) -> torch.Tensor:
     return torch.tensor([r + [0] * (width - len(r)) for r in rows], dtype=torch.long)
 
 
+class TokenLength:
+    """Picklable length function for dynamic batching: the tokens ``vectorize`` keeps of a message's text."""
+
+    def __init__(self, truncate: int):
+        self.truncate = truncate
+
+    def __call__(self, msg: Message) -> int:
+        n = len(tokenize(msg.get("full_text", msg.get(TEXT)) or ""))
+        return min(n, self.truncate) if self.truncate > 0 else n
+
+
 class RankerAgent(TorchAgent):
     """Ranks label candidates; subclasses give ``build_model`` (forward(batch) -> scores and loss)."""
 
     pad_multiple = 1  # text padded to a multiple of this (1: exactly the longest row)
+
+    def __init__(self, opts: Any, shared: dict[str, Any] | None = None):
+        super().__init__(opts, shared)
+        # the loader sorts and buckets examples by this; it counts exactly the tokens of text_vec
+        self.example_length = TokenLength(opts.text_truncate)
 
     def build_optimizer(self, model: nn.Module) -> torch.optim.Optimizer | None:
         params = [p for p in model.parameters() if p.requires_grad]
