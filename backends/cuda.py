@@ -120,6 +120,7 @@ class _Queued:
     rows: torch.Tensor | None
     updates: int
     extras: dict[str, Any]
+    gather: CallLayout | None = None      # gather_outputs: ``outputs`` maps j -> that micro-batch's outputs
 
 
 class CUDAEngine(Engine):
@@ -127,7 +128,12 @@ class CUDAEngine(Engine):
 
     def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer | None,
                  plan: ExecutionPlan | None, accelerator: "Accelerator", prefetch: bool = True,
-                 copier: Copier | None = None):
+                 copier: Copier | None = None, inputs: str = "shard", gather_outputs: bool = False):
+        if inputs not in ("shard", "full"):
+            raise PlanError(f"inputs={inputs!r}: expected 'shard' (each process gets its replica's rows) or "
+                            "'full' (each process gets the whole combined batch)")
+        self.inputs = inputs
+        self.gather_outputs = gather_outputs
         self.plan = plan if plan is not None else ExecutionPlan()
         self.accelerator = accelerator
         device = accelerator.device
@@ -204,7 +210,13 @@ class CUDAEngine(Engine):
         self._check_train()
         local_rows = batch_rows(batch)
         if self.world_size > 1:
-            total = self._total_rows(local_rows)
+            if self.inputs == "full":     # every process got the whole call: keep this replica's rows
+                total = local_rows
+                self.plan.layout(total)   # validates
+                batch = self.plan.shard(batch, self.rank)
+                local_rows = batch_rows(batch)
+            else:
+                total = self._total_rows(local_rows)
             lay = self.plan.layout(total)
             mine = _replica_steps(lay, self.rank)
             if mine.shard_rows != local_rows:
@@ -243,14 +255,17 @@ class CUDAEngine(Engine):
             if manual:
                 self._all_reduce_grads()
             self.optimizer.step()
-        if self.world_size > 1:
-            dist.all_reduce(loss_sum)          # queued on the device with NCCL; no host wait
-            outputs, rows = self._local_outputs(lay, mine, kept)
-        else:
-            outputs, rows = combine_outputs(lay, [kept[j] for j in lay.kept]), lay.out_rows
         extras: dict[str, Any] = {"micro_batches": lay.num_micro_batches, "partial": lay.partial}
-        if self.world_size > 1:
-            extras.update(replica=self.rank, shard_rows=local_rows)
+        if self.world_size == 1:
+            outputs = combine_outputs(lay, [kept[j] for j in lay.kept])
+            return _Queued(loss_sum, lay.num_micro_batches, outputs, lay.out_rows, lay.num_updates, extras)
+        dist.all_reduce(loss_sum)          # queued on the device with NCCL; no host wait
+        extras.update(replica=self.rank, shard_rows=local_rows)
+        if self.gather_outputs:            # gathered after the call's wait, in _fetch
+            mine_kept = {j: kept[j] for j in lay.kept if lay.replica[j] == self.rank}
+            return _Queued(loss_sum, lay.num_micro_batches, mine_kept, lay.out_rows, lay.num_updates, extras,
+                           gather=lay)
+        outputs, rows = self._local_outputs(lay, mine, kept)
         return _Queued(loss_sum, lay.num_micro_batches, outputs, rows, lay.num_updates, extras)
 
     def _total_rows(self, local_rows: int) -> int:
@@ -282,8 +297,13 @@ class CUDAEngine(Engine):
         parts = [kept[j] for j in my_js]
         if lay.sum_groups is not None:
             return _sum_parts(parts), None
-        rows = (torch.cat([torch.arange(mine.local_start[j], mine.local_start[j] + lay.micro_rows(j))
-                           for j in my_js]) if my_js else torch.empty(0, dtype=torch.long))
+        if not my_js:
+            return _cat_parts(parts), torch.empty(0, dtype=torch.long)
+        if self.inputs == "full":   # rows index the combined batch this process was given
+            rows = torch.cat([torch.arange(lay.starts[j], lay.stops[j]) for j in my_js])
+        else:                       # rows index this process's shard
+            rows = torch.cat([torch.arange(mine.local_start[j], mine.local_start[j] + lay.micro_rows(j))
+                              for j in my_js])
         return _cat_parts(parts), rows
 
     # --- inference ------------------------------------------------------------------------------------
@@ -344,6 +364,13 @@ class CUDAEngine(Engine):
         value = None if loss is None else loss.item() / max(queued.count, 1)
         extras = dict(queued.extras)
         extras["host_syncs"] = 1
+        if queued.gather is not None:     # the whole call's outputs on every rank, in the plan's order
+            gathered: list[Any] = [None] * self.world_size
+            dist.all_gather_object(gathered, outputs)
+            by_j: dict[int, dict[str, torch.Tensor]] = {}
+            for part in gathered:
+                by_j.update(part)
+            outputs = combine_outputs(queued.gather, [by_j[j] for j in queued.gather.kept])
         return StepResult(outputs=outputs, rows=queued.rows, loss=value, updates=queued.updates,
                           extras=extras)
 
@@ -388,10 +415,15 @@ class CUDABackend(Backend):
         self._owns_group = not had_group and distributed.is_initialized()
 
     def compile(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer | None,
-                plan: ExecutionPlan | None = None) -> CUDAEngine:
+                plan: ExecutionPlan | None = None, *, gather_outputs: bool = False,
+                inputs: str = "shard") -> CUDAEngine:
+        """A :class:`CUDAEngine`; ``inputs`` and ``gather_outputs`` apply with R processes, as for the CPU
+        backend's ReplicatedEngine (``inputs="full"``: every process gets the whole combined batch and
+        keeps its replica's rows; ``gather_outputs=True``: every rank gets the whole call's outputs)."""
         if self.accelerator is None:
             self.accelerator = make_accelerator(cpu=self.cpu, mixed_precision=self.mixed_precision)
-        return CUDAEngine(model, optimizer, plan, self.accelerator, prefetch=self.prefetch)
+        return CUDAEngine(model, optimizer, plan, self.accelerator, prefetch=self.prefetch, inputs=inputs,
+                          gather_outputs=gather_outputs)
 
     def reduce_metrics(self, metrics: Any) -> Any:
         return distributed.reduce_metrics(metrics)

@@ -256,18 +256,20 @@ def test_one_host_read_per_call_with_eight_device_iterations():
 # --- replication: DDP through accelerate, two processes on gloo ------------------------------------------
 
 def _replica(rank: int, plan: ExecutionPlan, state: dict, calls: list) -> dict:
-    model = Tiny()
-    model.load_state_dict(state)
+    """One replica, twice: fed its shard (default), and fed the whole call with outputs gathered."""
     backend = CUDABackend(cpu=True)
     backend.setup(Opts(device="cuda", replication_factor=plan.replication_factor))
-    engine = backend.compile(model, torch.optim.SGD(model.parameters(), lr=0.1), plan)
-    losses, parts = [], []
-    for batch in calls:
-        result = engine.train_step(plan.shard(batch, rank))
-        losses.append(result.loss)
-        parts.append(result.outputs)
-    return {"state": model.state_dict(), "losses": losses, "outputs": parts,
-            "wrapper": type(engine.module).__name__}
+    out: dict = {}
+    for name, kwargs in (("shard", {}), ("full", {"inputs": "full", "gather_outputs": True})):
+        model = Tiny()
+        model.load_state_dict(state)
+        engine = backend.compile(model, torch.optim.SGD(model.parameters(), lr=0.1), plan, **kwargs)
+        results = [engine.train_step(batch if name == "full" else plan.shard(batch, rank)) for batch in calls]
+        out[name] = {"state": model.state_dict(), "losses": [r.loss for r in results],
+                     "outputs": [r.outputs for r in results], "rows": [r.rows for r in results],
+                     "wrapper": type(engine.module).__name__}
+    backend.teardown()
+    return out
 
 
 @pytest.mark.multiprocess
@@ -281,16 +283,21 @@ def test_two_replicas_with_ddp_equal_one_process():
     ref_model = Tiny()
     ref_model.load_state_dict(init)
     ref = PlanEngine(ref_model, torch.optim.SGD(ref_model.parameters(), lr=0.1), plan)
-    ref_losses = [ref.train_step(b).loss for b in calls]
+    ref_results = [ref.train_step(b) for b in calls]
     results = spawn_cuda_replicas(_replica, 2, plan, init, calls, timeout_s=100, cpu=True)
-    for rank, res in enumerate(results):
-        assert res["wrapper"] == "DistributedDataParallel"
-        assert res["losses"] == pytest.approx(ref_losses, rel=1e-5)
-        for k, v in ref_model.state_dict().items():
-            torch.testing.assert_close(res["state"][k], v, rtol=0, atol=1e-6)
-        # each replica returns its own shard's outputs: rank r's micro-batches of the full call
+    for rank, both in enumerate(results):
+        for name, res in both.items():
+            assert res["wrapper"] == "DistributedDataParallel"
+            assert res["losses"] == pytest.approx([r.loss for r in ref_results], rel=1e-5)
+            for k, v in ref_model.state_dict().items():
+                torch.testing.assert_close(res["state"][k], v, rtol=0, atol=1e-6)
+        # fed its shard, a replica returns its own micro-batches' outputs, rows indexing the shard
         shard = plan.shard(calls[0], rank)
-        assert res["outputs"][0]["pred"].shape[0] == shard["x"].shape[0]
+        assert torch.equal(both["shard"]["rows"][0], torch.arange(shard["x"].shape[0]))
+        # fed the whole call with gather_outputs, every rank returns the whole call's outputs in order
+        for got, want in zip(both["full"]["outputs"], ref_results):
+            torch.testing.assert_close(got["pred"], want.outputs["pred"], rtol=1e-5, atol=1e-6)
+        assert torch.equal(both["full"]["rows"][0], ref_results[0].rows)
 
 
 def test_spawning_gpu_replicas_without_gpus_is_refused():
