@@ -43,7 +43,7 @@ from accelbatch.plan import CallLayout, ExecutionPlan, PlanError, batch_rows, co
 from . import distributed
 from .base import Backend, Engine, StepResult, TensorBatch
 from .cpu import _cat_parts, _detached, _keep_flags, _loss_of, _replica_steps, _slice, _sum_parts
-from .prefetch import Copier, Prefetcher, copier_for, map_tensors, tensors_of
+from .prefetch import Copier, DeviceLoader, Prefetcher, copier_for, map_tensors, tensors_of
 
 if TYPE_CHECKING:
     from accelerate import Accelerator
@@ -70,15 +70,6 @@ def cuda_unavailable_reason() -> str | None:
     else:
         why += "; check the NVIDIA driver (nvidia-smi)"
     return why
-
-
-def unavailable_message() -> str:
-    """The full ``--device cuda`` refusal: why, and the devices that can run here."""
-    from .base import BACKEND_PATHS, available_backends
-
-    why = cuda_unavailable_reason() or "CUDA is available"
-    usable = [name for name, reason in available_backends().items() if not reason and name in BACKEND_PATHS]
-    return f"--device cuda: {why}. Usable here: {', '.join(usable) or 'none'}"
 
 
 # --- accelerate -------------------------------------------------------------------------------------------
@@ -425,6 +416,24 @@ class CUDABackend(Backend):
         return CUDAEngine(model, optimizer, plan, self.accelerator, prefetch=self.prefetch, inputs=inputs,
                           gather_outputs=gather_outputs)
 
+    @property
+    def rank(self) -> int:
+        return self.accelerator.process_index if self.accelerator is not None else distributed.rank()
+
+    @property
+    def world_size(self) -> int:
+        return self.accelerator.num_processes if self.accelerator is not None else distributed.world_size()
+
+    def make_loader(self, batches: Iterable[TensorBatch], plan: Any) -> Iterable[TensorBatch]:
+        """On a GPU: batches pinned in a helper thread and copied on a side stream one batch ahead (the
+        engine then finds them on the device and copies nothing). With ``cpu=True``: unchanged."""
+        if self.accelerator is None:
+            self.accelerator = make_accelerator(cpu=self.cpu, mixed_precision=self.mixed_precision)
+        device = self.accelerator.device
+        if device.type != "cuda":
+            return batches
+        return DeviceLoader(batches, copier_for(device), depth=1, pin_in_background=True)
+
     def reduce_metrics(self, metrics: Any) -> Any:
         return distributed.reduce_metrics(metrics)
 
@@ -491,4 +500,4 @@ def hogwild_start_method(opts: Any) -> str | None:
 
 
 __all__ = ["CUDABackend", "CUDAEngine", "HogwildError", "cuda_unavailable_reason", "hogwild_start_method",
-           "make_accelerator", "spawn_cuda_replicas", "unavailable_message"]
+           "make_accelerator", "spawn_cuda_replicas"]

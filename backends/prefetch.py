@@ -34,7 +34,7 @@ import torch
 T = TypeVar("T")
 
 __all__ = [
-    "Copier", "CUDAStreams", "PassthroughCopier", "Pending", "Prefetcher", "StreamAPI", "StreamCopier",
+    "Copier", "CUDAStreams", "DeviceLoader", "PassthroughCopier", "Pending", "Prefetcher", "StreamAPI", "StreamCopier",
     "SyncCount", "count_host_syncs", "copier_for", "map_tensors", "pin_batch", "pinned_in_background",
     "tensors_of",
 ]
@@ -295,6 +295,33 @@ class Prefetcher(Generic[T]):
             self._queue.append(_Raised(exc))
             return
         self._queue.append(self.copier.start(batch))
+
+
+class DeviceLoader(Generic[T]):
+    """A re-iterable view of ``batches`` on the device: each pass is a fresh :class:`Prefetcher`.
+
+    ``pin_in_background=True`` pins the host batches in a helper thread first (see
+    :func:`pinned_in_background`), so neither pinning nor copying happens on the training thread.
+    """
+
+    def __init__(self, batches: Iterable[T], copier: Copier, depth: int = 1, pin_in_background: bool = False):
+        self.batches = batches
+        self.copier = copier
+        self.depth = depth
+        self.pin_in_background = pin_in_background
+
+    def __iter__(self) -> Iterator[T]:
+        source: Iterable[T] = self.batches
+        if self.pin_in_background:
+            source = pinned_in_background(source, depth=self.depth + 1)
+        feed = Prefetcher(source, self.copier, depth=self.depth)
+        try:
+            yield from feed
+        finally:
+            feed.close()
+
+    def __len__(self) -> int:
+        return len(self.batches)  # type: ignore[arg-type]
 
 
 _DONE = object()

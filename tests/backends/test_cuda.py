@@ -163,6 +163,10 @@ def test_accelerate_places_the_model_and_keeps_the_users_module():
     state = engine.state_dict()
     assert set(state) == {"model", "optimizer"}
     engine.load_state_dict(state)
+    assert backend.rank == 0 and backend.world_size == 1 and backend.is_main_process()
+    data = batches(2, 2)
+    assert backend.make_loader(data, engine.plan) is data        # nothing to pin or copy on the CPU
+    assert backend.reduce_metrics({"exs": 3}) == {"exs": 3}
     backend.teardown()
     backend.teardown()
 

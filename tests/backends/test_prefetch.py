@@ -15,6 +15,7 @@ import pytest
 import torch
 
 from accelbatch.backends.prefetch import (
+    DeviceLoader,
     PassthroughCopier,
     Prefetcher,
     StreamCopier,
@@ -244,6 +245,16 @@ def test_cpu_copier_is_a_passthrough():
     out = list(Prefetcher([batch], copier))
     assert len(out) == 1 and out[0]["x"] is batch["x"] and out[0]["meta"] == ["a", "b"]
     assert out[0]["pair"][0] is batch["pair"][0]
+
+
+def test_device_loader_is_reiterable_and_keeps_len():
+    data = list(_batches(3))
+    loader = DeviceLoader(data, PassthroughCopier(), depth=1)
+    assert len(loader) == 3
+    for _ in range(2):
+        assert [b["tag"] for b in loader] == ["b0", "b1", "b2"]
+    fake = FakeStreams()
+    assert [int(b["x"][0, 0]) for b in DeviceLoader(data, StreamCopier(fake))] == [0, 1, 2]
 
 
 def test_map_tensors_keeps_structure():
