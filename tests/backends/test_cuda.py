@@ -420,7 +420,9 @@ def test_gpu_prefetch_hides_copies():
 def test_gpu_one_host_sync_per_call_with_d8():
     s = bench().syncs_per_call(d=8)
     assert s.counted == 1, s.by_kind
-    assert s.debug_mode == 1
+    # torch's sync-debug mode sees the syncs the counter cannot (inside kernels' launch code); the call's
+    # own wait may or may not be among those it flags, so at most that one
+    assert s.debug_mode <= 1
 
 
 @pytest.mark.cuda
