@@ -10,6 +10,7 @@ backend's engine decides *where and how* the step runs, so agents are the same o
 
 from __future__ import annotations
 
+import copy
 import importlib
 import os
 import zlib
@@ -109,7 +110,10 @@ class EngineSlot:
 
 @dataclass
 class History:
-    """One conversation's turns, squashed into a single text (context_length -1 keeps all turns)."""
+    """One conversation's turns squashed into one text, as :mod:`accelbatch.data.squash` does.
+
+    ``context_length`` counts utterances, the current text included (-1: all of them).
+    """
 
     context_length: int = -1
     include_labels: bool = True
@@ -120,7 +124,7 @@ class History:
             self.turns.append(previous_label)
         if text:
             self.turns.append(text)
-        kept = self.turns if self.context_length < 0 else self.turns[-(self.context_length + 1):]
+        kept = self.turns if self.context_length < 0 else self.turns[-self.context_length:]
         return "\n".join(kept)
 
     def clear(self) -> None:
@@ -261,19 +265,50 @@ class TorchAgent(Agent):
         rows = [i for i, obs in enumerate(observations) if not is_padding(obs)]
         if not rows:
             return replies
-        batch_obs = [observations[i] for i in rows]
-        batch = self.batchify(batch_obs)
-        training = any(LABELS in obs for obs in batch_obs)
-        result = self.engine.train_step(batch) if training else self.engine.eval_step(batch)
-        if result.loss is not None:
-            self.metrics.add_loss(result.loss, len(rows))  # weighted by rows: a per-example mean
-        row_ids = range(len(rows)) if result.rows is None else [int(r) for r in result.rows]
-        if result.rows is None and result.outputs and _leading(result.outputs) != len(rows):
-            return replies  # outputs are not per row (Sum mode): nothing to reply with
-        produced = self.replies(result.outputs, [batch_obs[j] for j in row_ids])
-        for j, reply in zip(row_ids, produced):
+        batch_obs = [observations[i] for i in rows]  # type: ignore[misc]
+        for j, reply in self.step(batch_obs, self.batchify(batch_obs)):
             replies[rows[j]].update(reply)
         return replies
+
+    def step(self, observations: Sequence[Message], batch: dict[str, torch.Tensor]) -> list[tuple[int, dict]]:
+        """Run one engine call on a batchified batch whose first rows are ``observations``.
+
+        Rows past ``len(observations)`` are padding (static shapes) and get no reply. Training when the
+        rows carry ``labels``. Returns (row, reply) for the rows the output mode returned.
+        """
+        training = any(LABELS in obs for obs in observations)
+        if training and _leading(batch) != len(observations):
+            raise ValueError(f"a training batch has {_leading(batch)} rows but {len(observations)} examples: "
+                             "padding rows would enter the loss; train with --drop-last (the default)")
+        result = self.engine.train_step(batch) if training else self.engine.eval_step(batch)
+        if result.loss is not None:
+            self.metrics.add_loss(result.loss, len(observations))  # weighted by rows: a per-example mean
+        outputs, real = result.outputs, len(observations)
+        if not outputs:
+            return []
+        if result.rows is None:
+            produced_rows = _leading(outputs)
+            if produced_rows < real:
+                return []  # outputs are not per row (Sum mode): nothing to reply with
+            row_ids = list(range(real))
+            if produced_rows > real:
+                outputs = {k: v[:real] for k, v in outputs.items()}
+        else:
+            keep = result.rows < real
+            row_ids = result.rows[keep].tolist()
+            if len(row_ids) < len(result.rows):
+                outputs = {k: v[keep] for k, v in outputs.items()}
+        produced = self.replies(outputs, [observations[j] for j in row_ids])
+        return list(zip(row_ids, produced))
+
+    def collate_fn(self) -> "AgentCollate":
+        """vectorize + batchify as a picklable callable for data workers (model, optimizer left behind)."""
+        from accelbatch.data.loader import AgentCollate
+
+        light = copy.copy(self)
+        for name in ("model", "optimizer", "slot", "metrics"):
+            light.__dict__[name] = None
+        return AgentCollate(light.vectorize, light.batchify)
 
     # --- metrics and persistence -----------------------------------------------------------------
     def report(self) -> dict[str, float]:

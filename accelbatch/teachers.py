@@ -17,7 +17,7 @@ from accelbatch.agents import Agent, UnknownNameError, import_path
 from accelbatch.messages import EPISODE_DONE, EVAL_LABELS, ID, LABELS, TEXT, Message, padding_message
 from accelbatch.metrics import Metrics
 from accelbatch.opts import Opts
-from accelbatch.tasks.files import DataFileError, file_format, load_episodes
+from accelbatch.tasks.files import DataFileError, load_episodes
 
 # task name -> "module:Class"; a task string is "name" or "name:argument" (e.g. babi:1, jsonl:PATH).
 TASK_PATHS: dict[str, str] = {
@@ -141,10 +141,17 @@ class FixedTeacher(Teacher):
         return shared
 
     def num_examples(self) -> int:
+        """Examples of the whole split (every shard's), so epochs mean the same on every replica."""
         return self._num_examples
 
     def num_episodes(self) -> int:
         return len(self.episodes)
+
+    def keep_shard(self, index: int, count: int) -> None:
+        """Serve only episodes ``index, index + count, ...`` (this replica's share); call before cloning."""
+        if count > 1:
+            self.episodes = self.episodes[index::count]
+            self.cursor = EpisodeCursor(len(self.episodes), self.cursor.shuffle, self.cursor.seed)
 
     def act(self) -> Message:
         if self._episode is None or self._entry >= len(self._episode):
@@ -193,17 +200,22 @@ class FileTeacher(FixedTeacher):
     ``train``/``valid``/``test`` files (``.jsonl`` or ``.txt``)."""
 
     def setup_data(self) -> list[list[Message]]:
-        kind, _, path = self.opts.task.partition(":")
-        path = os.path.expanduser(path)
-        if self.opts.datapath and not os.path.isabs(path):
-            path = os.path.join(self.opts.datapath, path)
-        if os.path.isdir(path):
-            ext = ".jsonl" if kind == "jsonl" else ".txt"
-            path = os.path.join(path, split_of(self.opts.datatype) + ext)
-        fmt = "jsonl" if kind == "jsonl" else "parlai"
+        kind = self.opts.task.partition(":")[0]
+        return load_episodes(self.resolve_path(self.opts), "jsonl" if kind == "jsonl" else "parlai")
+
+    @staticmethod
+    def resolve_path(opts: Opts) -> str:
+        """The file a ``jsonl:PATH``/``parlai:PATH`` task reads for ``opts.datatype``."""
+        kind, _, path = opts.task.partition(":")
         if not path:
-            raise DataFileError(f"-t {kind}: needs a path, e.g. -t {kind}:data/train.{fmt}")
-        return load_episodes(path, fmt if kind in ("jsonl", "parlai") else file_format(path))
+            example = "data/train.jsonl" if kind == "jsonl" else "data/train.txt"
+            raise DataFileError(f"-t {kind}: needs a path, e.g. -t {kind}:{example}")
+        path = os.path.expanduser(path)
+        if opts.datapath and not os.path.isabs(path):
+            path = os.path.join(opts.datapath, path)
+        if os.path.isdir(path):
+            path = os.path.join(path, split_of(opts.datatype) + (".jsonl" if kind == "jsonl" else ".txt"))
+        return path
 
 
 def resolve_teacher_class(task: str) -> type[Teacher]:

@@ -18,7 +18,8 @@ from accelbatch.messages import Message, is_padding
 from accelbatch.metrics import merge_reports
 from accelbatch.opts import Opts
 from accelbatch.plan import ExecutionPlan
-from accelbatch.teachers import Teacher, create_teachers, is_training
+from accelbatch.data.sharding import ShardSpec
+from accelbatch.teachers import FixedTeacher, Teacher, create_teachers, is_training
 
 
 class World:
@@ -64,8 +65,12 @@ class World:
     def num_episodes(self) -> int:
         return self.get_task_agent().num_episodes()
 
+    def task_report(self) -> dict[str, float]:
+        """The teacher's metrics (examples, accuracy, f1)."""
+        return dict(self.get_task_agent().report())
+
     def report(self) -> dict[str, float]:
-        rep = dict(self.get_task_agent().report())
+        rep = self.task_report()
         rep.update(self.get_model_agent().report())
         return rep
 
@@ -228,7 +233,7 @@ class MultiWorld(World):
         return sum(w.num_episodes() for w in self.worlds)
 
     def report(self) -> dict[str, float]:
-        merged = merge_reports((name, w.get_task_agent().report()) for name, w in zip(self.names, self.worlds))
+        merged = merge_reports((name, w.task_report()) for name, w in zip(self.names, self.worlds))
         merged.update(self.worlds[0].get_model_agent().report())
         return merged
 
@@ -251,6 +256,15 @@ def world_rows(opts: Opts) -> int:
     return ExecutionPlan.from_opts(opts, training=is_training(opts.datatype)).combined_batch
 
 
+def replica_shard() -> ShardSpec:
+    """This process's data shard: its rank among the replicas when torch.distributed runs several."""
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+        return ShardSpec(num_replicas=dist.get_world_size(), replica_index=dist.get_rank())
+    return ShardSpec()
+
+
 def make_agent(opts: Opts, agent: Agent | type[Agent] | None) -> Agent:
     """The model agent: built from -m, from a class, or a fork of an existing agent (same model)."""
     if agent is None:
@@ -264,14 +278,27 @@ def create_world(opts: Opts, agent: Agent | type[Agent] | None = None, rows: int
     """The world for ``opts``: one task or several (MultiWorld), batched when rows > 1.
 
     ``agent`` may be None (use ``opts.model``), an Agent class, or an agent instance whose model the
-    new world shares (e.g. the training agent, for a validation world).
+    new world shares (e.g. the training agent, for a validation world). Under torch.distributed with
+    several replicas, each process's world holds its replica's share of the rows and of the data.
+    With the data loader options (see :func:`accelbatch.loader_world.uses_loader`) the world is fed
+    by the loader; otherwise it is ParlAI's BatchWorld of teacher and agent clones.
     """
-    teachers = create_teachers(opts)
+    from accelbatch.loader_world import make_loader_worlds, uses_loader
+
+    shard = replica_shard()
     model = make_agent(opts, agent)
+    plan = ExecutionPlan.from_opts(opts, training=is_training(opts.datatype))
+    tasks = [t.strip() for t in opts.task.split(",") if t.strip()]
+    if uses_loader(opts):
+        worlds: list[World] = list(make_loader_worlds(opts, model, plan, shard))
+        return worlds[0] if len(worlds) == 1 else MultiWorld(opts, worlds, tasks)
+    teachers = create_teachers(opts)
+    for teacher in teachers:
+        if isinstance(teacher, FixedTeacher):
+            teacher.keep_shard(shard.rank, shard.world_size)
     if len(teachers) == 1:
         world: World = DialogPartnerWorld(opts, [teachers[0], model])
     else:
-        names = [t.opts.task for t in teachers]
-        world = MultiWorld(opts, [DialogPartnerWorld(opts, [t, model]) for t in teachers], names)
-    rows = world_rows(opts) if rows is None else rows
+        world = MultiWorld(opts, [DialogPartnerWorld(opts, [t, model]) for t in teachers], tasks)
+    rows = plan.combined_batch // shard.world_size if rows is None else rows
     return BatchWorld(opts, world, rows) if rows > 1 else world
