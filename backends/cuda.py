@@ -145,6 +145,13 @@ class CUDAEngine(Engine):
         else:
             self.module, self.optimizer = accelerator.prepare(model, optimizer)
         self.raw_optimizer = optimizer
+        # accelerate's optimizer wrapper and backward add per-step host work (a package lookup per step, a
+        # division by 1) that this engine does not need, since it does its own accumulation: with plain
+        # DDP or one device it calls torch (and accelerate's GradScaler for fp16) directly
+        from accelerate.utils import DistributedType
+
+        self._direct = accelerator.distributed_type in (DistributedType.NO, DistributedType.MULTI_GPU,
+                                                         DistributedType.MULTI_CPU)
         if self.world_size > 1:   # eval is local: a replica evaluates its own rows
             self.eval_plan = dataclasses.replace(self.plan.for_inference(), replication_factor=1)
         else:
@@ -229,7 +236,7 @@ class CUDAEngine(Engine):
         # the same number of forwards) and all-reduces the gradients itself
         forward = self.model if manual else self.module
         for steps, (offset, chunk) in zip(per_update, self._feed(batch, spans, local_rows)):
-            self.optimizer.zero_grad(set_to_none=True)
+            self._zero_grad()
             rows_here = 0 if chunk is None else batch_rows(chunk)
             for i, (start, stop, weight, j) in enumerate(steps):
                 last = i == len(steps) - 1
@@ -239,13 +246,13 @@ class CUDAEngine(Engine):
                     out = forward(_slice(chunk, start - offset, stop - offset, rows_here))
                     loss = _loss_of(out)
                     w = weight * scale
-                    self.accelerator.backward(loss if w == 1.0 else loss * w)
+                    self._backward(loss if w == 1.0 else loss * w)
                 loss_sum += loss.detach().float()
                 if keep[j]:
                     kept[j] = _detached(out)
             if manual:
                 self._all_reduce_grads()
-            self.optimizer.step()
+            self._step()
         extras: dict[str, Any] = {"micro_batches": lay.num_micro_batches, "partial": lay.partial}
         if self.world_size == 1:
             outputs = combine_outputs(lay, [kept[j] for j in lay.kept])
@@ -258,6 +265,31 @@ class CUDAEngine(Engine):
                            gather=lay)
         outputs, rows = self._local_outputs(lay, mine, kept)
         return _Queued(loss_sum, lay.num_micro_batches, outputs, rows, lay.num_updates, extras)
+
+    def _zero_grad(self) -> None:
+        if self._direct:
+            self.raw_optimizer.zero_grad(set_to_none=True)
+        else:
+            self.optimizer.zero_grad(set_to_none=True)
+
+    def _backward(self, loss: torch.Tensor) -> None:
+        scaler = self.accelerator.scaler
+        if not self._direct:
+            self.accelerator.backward(loss)
+        elif scaler is not None:
+            scaler.scale(loss).backward()
+        else:
+            loss.backward()
+
+    def _step(self) -> None:
+        scaler = self.accelerator.scaler
+        if not self._direct:
+            self.optimizer.step()
+        elif scaler is not None:     # fp16: skips the step on overflow (reads a flag: one host wait)
+            scaler.step(self.raw_optimizer)
+            scaler.update()
+        else:
+            self.raw_optimizer.step()
 
     def _total_rows(self, local_rows: int) -> int:
         if self.plan.drop_last:

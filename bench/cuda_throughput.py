@@ -1,8 +1,9 @@
 """CUDA measurements: prefetch against compute alone, host syncs per call, throughput against a naive loop.
 
-Each function returns numbers measured in the same run (ratios, never absolute targets). They need a GPU
-(``torch.cuda.is_available()``); ``tests/backends/test_cuda.py`` asserts on them and
-``bench/cuda_check.py`` prints them. Run alone: ``python bench/cuda_throughput.py``.
+Each function returns numbers measured in the same run (ratios, never absolute targets). They are meant
+for a GPU; ``tests/backends/test_cuda.py`` asserts on them there and ``bench/cuda_check.py`` prints them.
+Every function also takes ``device="cpu"`` (the engine on ``Accelerator(cpu=True)``), which the CPU tests use
+to run this code with tiny sizes; its timings mean nothing. Run alone: ``python bench/cuda_throughput.py``.
 """
 
 from __future__ import annotations
@@ -50,34 +51,48 @@ def make_batches(n: int, rows: int, features: int, seed: int = 0, pinned: bool =
     return out
 
 
-def _engine(model: nn.Module, plan: ExecutionPlan, lr: float = 1e-3, prefetch: bool = True) -> CUDAEngine:
-    backend = CUDABackend(prefetch=prefetch)
+def _device(device: str | torch.device | None) -> torch.device:
+    dev = torch.device(device if device is not None else "cuda")
+    if dev.type == "cuda" and dev.index is None:
+        dev = torch.device("cuda", torch.cuda.current_device())
+    return dev
+
+
+def _sync(dev: torch.device) -> None:
+    if dev.type == "cuda":
+        torch.cuda.synchronize(dev)
+
+
+def _engine(model: nn.Module, plan: ExecutionPlan, dev: torch.device, lr: float = 1e-3,
+            prefetch: bool = True) -> CUDAEngine:
+    backend = CUDABackend(cpu=dev.type == "cpu", prefetch=prefetch)
     opt = torch.optim.SGD(model.parameters(), lr=lr)
     return backend.compile(model, opt, plan)
 
 
-def _timed(fn: Callable[[], Any], repeats: int = 3) -> float:
+def _timed(fn: Callable[[], Any], dev: torch.device, repeats: int = 3) -> float:
     """Median wall time of ``fn`` (which must end synchronised) over ``repeats`` runs."""
     times = []
     for _ in range(repeats):
-        torch.cuda.synchronize()
+        _sync(dev)
         t0 = time.perf_counter()
         fn()
-        torch.cuda.synchronize()
+        _sync(dev)
         times.append(time.perf_counter() - t0)
     return statistics.median(times)
 
 
 # --- same plan, same numbers ---------------------------------------------------------------------------
 
-def weights_vs_cpu(d: int, g: int, b: int = 8, calls: int = 3, features: int = 16, hidden: int = 32
-                   ) -> float:
+def weights_vs_cpu(d: int, g: int, b: int = 8, calls: int = 3, features: int = 16, hidden: int = 32,
+                   device: str | None = None) -> float:
     """Largest |weight difference| after ``calls`` calls of the same plan on cuda and on the CPU engine."""
+    dev = _device(device)
     plan = ExecutionPlan(micro_batch=b, device_iterations=d, gradient_accumulation=g)
     cpu_model = MLPRegressor(features, hidden)
     gpu_model = copy.deepcopy(cpu_model)
     cpu = PlanEngine(cpu_model, torch.optim.SGD(cpu_model.parameters(), lr=0.05), plan)
-    gpu = _engine(gpu_model, plan, lr=0.05)
+    gpu = _engine(gpu_model, plan, dev, lr=0.05)
     for batch in make_batches(calls, plan.combined_batch, features, seed=1):
         cpu.train_step(batch)
         gpu.train_step(batch)
@@ -103,13 +118,13 @@ class PrefetchTiming:
         return self.blocking_s / self.compute_s
 
 
-def measure_prefetch(rows: int = 8192, features: int = 2048, hidden: int = 4096, steps: int = 12
-                     ) -> PrefetchTiming:
+def measure_prefetch(rows: int = 8192, features: int = 2048, hidden: int = 4096, steps: int = 12,
+                     device: str | None = None) -> PrefetchTiming:
     """A copy-heavy batch (rows x features fp32) on an MLP: prefetch vs compute alone vs a blocking copy."""
-    dev = torch.device("cuda", torch.cuda.current_device())
+    dev = _device(device)
     plan = ExecutionPlan(micro_batch=rows)
-    engine = _engine(MLPRegressor(features, hidden).to(dev), plan)
-    host = make_batches(4, rows, features, pinned=True)
+    engine = _engine(MLPRegressor(features, hidden).to(dev), plan, dev)
+    host = make_batches(4, rows, features, pinned=dev.type == "cuda")
     on_gpu = [{k: v.to(dev) for k, v in b.items()} for b in host]
 
     def feed(src: list[dict]) -> list[dict]:
@@ -130,8 +145,9 @@ def measure_prefetch(rows: int = 8192, features: int = 2048, hidden: int = 4096,
     for fn in (compute_alone, prefetched, blocking):  # warm-up: allocator, kernels, pinned pools
         fn()
     copy_mb = sum(t.numel() * t.element_size() for t in host[0].values()) / 2**20
-    return PrefetchTiming(compute_s=_timed(compute_alone) / steps, prefetch_s=_timed(prefetched) / steps,
-                          blocking_s=_timed(blocking) / steps, copy_mb=copy_mb)
+    return PrefetchTiming(compute_s=_timed(compute_alone, dev) / steps,
+                          prefetch_s=_timed(prefetched, dev) / steps,
+                          blocking_s=_timed(blocking, dev) / steps, copy_mb=copy_mb)
 
 
 # --- host synchronisations ------------------------------------------------------------------------------
@@ -143,18 +159,26 @@ class SyncReport:
     by_kind: dict[str, int]
 
 
-def syncs_per_call(d: int = 8, b: int = 64, features: int = 64, hidden: int = 256) -> SyncReport:
-    """Host waits in one training call with D device iterations (after a warm-up call)."""
-    dev = torch.device("cuda", torch.cuda.current_device())
+def syncs_per_call(d: int = 8, b: int = 64, features: int = 64, hidden: int = 256,
+                   device: str | None = None) -> SyncReport:
+    """Host waits in one training call with D device iterations (after a warm-up call).
+
+    On the CPU nothing waits for a device, so the count is of the host reads of results instead
+    (``count_host_syncs(include_cpu_reads=True)``), and torch's sync-debug mode is not consulted.
+    """
+    dev = _device(device)
+    on_cpu = dev.type == "cpu"
     plan = ExecutionPlan(micro_batch=b, device_iterations=d)
-    engine = _engine(MLPRegressor(features, hidden).to(dev), plan)
-    batches = make_batches(2, plan.combined_batch, features, pinned=True)
+    engine = _engine(MLPRegressor(features, hidden).to(dev), plan, dev)
+    batches = make_batches(2, plan.combined_batch, features, pinned=not on_cpu)
     engine.train_step(batches[0])
-    torch.cuda.synchronize()
-    with count_host_syncs() as syncs:
+    _sync(dev)
+    with count_host_syncs(include_cpu_reads=on_cpu) as syncs:
         engine.train_step(batches[1])
+    if on_cpu:
+        return SyncReport(counted=syncs.total, debug_mode=0, by_kind=dict(syncs.by_kind))
     engine.train_step(batches[0])
-    torch.cuda.synchronize()
+    _sync(dev)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         torch.cuda.set_sync_debug_mode("warn")
@@ -192,14 +216,14 @@ class _MicroBatches(torch.utils.data.Dataset):
         return {"x": self.x[s], "y": self.y[s]}
 
 
-def measure_throughput(b: int = 1024, d: int = 8, features: int = 1024, hidden: int = 4096, calls: int = 12
-                       ) -> Throughput:
+def measure_throughput(b: int = 1024, d: int = 8, features: int = 1024, hidden: int = 4096, calls: int = 12,
+                       device: str | None = None) -> Throughput:
     """Examples/s of the same model and rows: engine (D=d, prefetch) vs a textbook loop.
 
     The sizes make a step's GPU time comparable to its host-side work and to its copy, the regime where
     a runtime that keeps the GPU queue full (no per-step wait, copies off the critical path) matters.
     """
-    dev = torch.device("cuda", torch.cuda.current_device())
+    dev = _device(device)
     rows = b * d * calls
     g = torch.Generator().manual_seed(0)
     x, y = torch.randn(rows, features, generator=g), torch.randn(rows, generator=g)
@@ -219,7 +243,7 @@ def measure_throughput(b: int = 1024, d: int = 8, features: int = 1024, hidden: 
             total += loss.item()
 
     plan = ExecutionPlan(micro_batch=b, device_iterations=d)
-    engine = _engine(MLPRegressor(features, hidden).to(dev), plan)
+    engine = _engine(MLPRegressor(features, hidden).to(dev), plan, dev)
     combined = [{"x": x[i:i + plan.combined_batch], "y": y[i:i + plan.combined_batch]}
                 for i in range(0, rows, plan.combined_batch)]
 
@@ -229,7 +253,7 @@ def measure_throughput(b: int = 1024, d: int = 8, features: int = 1024, hidden: 
 
     naive()
     ours()
-    return Throughput(engine_exs=rows / _timed(ours), naive_exs=rows / _timed(naive))
+    return Throughput(engine_exs=rows / _timed(ours, dev), naive_exs=rows / _timed(naive, dev))
 
 
 def main() -> int:

@@ -384,8 +384,20 @@ def test_hogwild_on_cuda_uses_spawn_or_refuses(monkeypatch):
 def bench():
     spec = importlib.util.spec_from_file_location("cuda_throughput", ROOT / "bench" / "cuda_throughput.py")
     module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module      # dataclasses look their module up while the module runs
     spec.loader.exec_module(module)
     return module
+
+
+def test_the_gpu_measurements_run_on_the_cpu():
+    """The code of bench/cuda_throughput.py, tiny and on the CPU (numbers only, no timing claims)."""
+    m = bench()
+    assert m.weights_vs_cpu(4, 2, device="cpu") <= 1e-6
+    assert m.syncs_per_call(d=8, b=4, features=8, hidden=8, device="cpu").counted == 1
+    p = m.measure_prefetch(rows=16, features=8, hidden=8, steps=3, device="cpu")
+    assert p.compute_s > 0 and p.prefetch_ratio > 0 and p.blocking_ratio > 0
+    t = m.measure_throughput(b=8, d=2, features=8, hidden=8, calls=2, device="cpu")
+    assert t.engine_exs > 0 and t.naive_exs > 0
 
 
 @pytest.mark.cuda
