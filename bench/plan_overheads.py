@@ -26,7 +26,7 @@ from accelbatch.backends.cpu import CPUBackend, PlanEngine
 from accelbatch.backends.distributed import spawn_replicas
 from accelbatch.plan import ExecutionPlan
 
-MODELS = {"mlp": (256, 1024, 10), "tiny": (16, 16, 4)}
+MODELS = {"mlp": (256, 512, 10), "tiny": (16, 16, 4)}
 
 
 class MLP(torch.nn.Module):
@@ -80,6 +80,7 @@ def interleaved(fns: dict, calls: int, warmup: int = 3) -> dict:
 # --- 1. device iterations ------------------------------------------------------------------------------
 def bench_device_iterations(calls: int, b: int = 32) -> None:
     kind = "mlp"
+    torch.set_num_threads(1)  # the engine's overhead, not thread scheduling, is measured here
     batch = make_batch(8 * b, kind)
     parts = [{k: v[i * b:(i + 1) * b] for k, v in batch.items()} for i in range(8)]
 
@@ -116,7 +117,13 @@ def _replica_timing(rank: int, kind: str, plan_kw: dict, calls: int, threads: in
     engine = CPUBackend().compile(model, torch.optim.SGD(model.parameters(), lr=0.01), plan)
     full = make_batch(plan.combined_batch, kind)
     shard = plan.shard(full, rank)
-    return median_time(lambda: engine.train_step(shard), calls)
+    t_call = median_time(lambda: engine.train_step(shard), calls)
+    if plan.replication_factor == 1:
+        return t_call, 0.0
+    import torch.distributed as dist
+
+    flat = torch.zeros(sum(p.numel() for p in model.parameters()) + 2)
+    return t_call, median_time(lambda: dist.all_reduce(flat), calls * 4)
 
 
 def bench_replication(calls: int, rounds: int = 2, b: int = 32, g: int = 1, d: int = 4) -> None:
@@ -126,28 +133,34 @@ def bench_replication(calls: int, rounds: int = 2, b: int = 32, g: int = 1, d: i
         r1 = dict(micro_batch=2 * b, device_iterations=d, replication_factor=1, gradient_accumulation=g)
         best: dict = {}
         for _ in range(rounds):  # alternate the configurations; keep each one's best round
-            runs = {"r2": max(spawn_replicas(_replica_timing, 2, kind, r2, calls, 1, timeout_s=600)),
+            both = spawn_replicas(_replica_timing, 2, kind, r2, calls, 1, timeout_s=600)
+            runs = {"r2": max(t for t, _ in both), "ar": max(a for _, a in both),
                     "r1_1": spawn_replicas(_replica_timing, 1, kind, r1, calls, 1, timeout_s=600,
-                                           init_process_group=False)[0],
+                                           init_process_group=False)[0][0],
                     "r1_2": spawn_replicas(_replica_timing, 1, kind, r1, calls, 2, timeout_s=600,
-                                           init_process_group=False)[0]}
+                                           init_process_group=False)[0][0]}
             for k, v in runs.items():
                 best[k] = min(best.get(k, v), v)
-        t_r2, t_r1_1, t_r1_2 = best["r2"], best["r1_1"], best["r1_2"]
+        t_r2, t_r1_1, t_r1_2, t_ar = best["r2"], best["r1_1"], best["r1_2"], best["ar"]
         print(f"  {kind:4s} {str(MODELS[kind]):16s} R=2 gloo {t_r2 * 1e3:8.2f} ms | R=1 1 thread "
               f"{t_r1_1 * 1e3:8.2f} ms | R=1 2 threads {t_r1_2 * 1e3:8.2f} ms")
         print(f"       ratio R=2 / R=1(1 thread) = {t_r2 / t_r1_1:.3f}   R=2 / R=1(2 threads) = "
               f"{t_r2 / t_r1_2:.3f}")
+        n_params = sum(p.numel() for p in new_model(kind).parameters())
+        print(f"       gloo all_reduce of the {n_params}-float gradient bucket: {t_ar * 1e3:.3f} ms per update "
+              f"x {d} updates = {d * t_ar / t_r2:.1%} of the R=2 call")
 
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--calls", type=int, default=30)
+    parser.add_argument("--calls", type=int, default=20)
     parser.add_argument("--rounds", type=int, default=2, help="alternating rounds of the replication runs")
     parser.add_argument("--quick", action="store_true", help="few calls (a smoke run)")
     args = parser.parse_args(argv)
     calls = 5 if args.quick else args.calls
-    print(f"cpu cores: {os.cpu_count()}, torch {torch.__version__}, python {sys.version.split()[0]}")
+    load = ", ".join(f"{x:.1f}" for x in os.getloadavg())
+    print(f"cpu cores: {os.cpu_count()}, load average {load} (other work on the machine skews timings), "
+          f"torch {torch.__version__}, python {sys.version.split()[0]}")
     bench_device_iterations(calls)
     bench_replication(calls, rounds=1 if args.quick else args.rounds)
     return 0
