@@ -281,8 +281,10 @@ class TorchAgent(Agent):
             raise ValueError(f"a training batch has {_leading(batch)} rows but {len(observations)} examples: "
                              "padding rows would enter the loss; train with --drop-last (the default)")
         result = self.engine.train_step(batch) if training else self.engine.eval_step(batch)
-        if result.loss is not None:
-            self.metrics.add_loss(result.loss, len(observations))  # weighted by rows: a per-example mean
+        if result.loss is not None and _leading(batch) == len(observations):
+            # weighted by rows: a per-example mean. A batch with padding rows (static shapes) mixes them
+            # into the model's mean loss, so its loss is left out rather than reported wrong.
+            self.metrics.add_loss(result.loss, len(observations))
         outputs, real = result.outputs, len(observations)
         if not outputs:
             return []
