@@ -7,8 +7,9 @@
   update order, output selection, loss reporting), so the same plan gives the same numbers.
 * Feeding: host rows are pinned and copied with ``non_blocking=True`` on a side stream
   (:mod:`accelbatch.backends.prefetch`). Inside a call, the rows of weight update d+1 are copied while update
-  d computes; across calls, :meth:`CUDAEngine.run` copies batch k+1 while batch k computes. A batch that is
-  already on the device is not copied.
+  d computes; across calls, :meth:`CUDAEngine.run` (an engine-driven loop) and
+  :meth:`CUDABackend.make_loader` (any loop) copy batch k+1 while batch k computes, pinning in a helper
+  thread. A batch that is already on the device is not copied.
 * No host synchronisation inside a call: the D updates are queued back to back, the loss is summed on the
   device, and the call ends with one wait, after which the loss and the selected outputs (copied to pinned
   host memory without blocking) are read. ``engine.host_syncs`` counts those waits, and
@@ -17,12 +18,17 @@
   all-reduce of shard sizes per call.
 * Replication: one process per replica. Launched by ``torchrun``/``accelerate launch``, accelerate joins the
   group (NCCL) and wraps the model in DDP; on one node :func:`spawn_cuda_replicas` starts the R processes.
-  Each process runs its own shard (``plan.shard(batch, rank)``), as with the CPU backend's ReplicatedEngine.
+  Each process runs its own shard (``plan.shard(batch, rank)``; or, with ``inputs="full"``, is given the
+  whole call and keeps its shard; ``gather_outputs=True`` returns the whole call's outputs on every rank),
+  as with the CPU backend's ReplicatedEngine.
   Gradients: DDP averages over R, so a micro-batch's loss is scaled by ``weight x R`` (Mean: 1/G, giving
   the Mean over G x R; Sum: R, giving the sum). An epoch tail (``--no-drop-last``) may leave a replica with
   fewer micro-batches than another, which DDP cannot all-reduce, so tails accumulate under ``no_sync`` and
   all-reduce the gradients explicitly. In one process with R > 1 the replicas are run in turn (as the CPU
   engine does), which gives the same weights.
+* The optimizer step, ``zero_grad`` and ``backward`` call torch (and accelerate's GradScaler for fp16)
+  directly for one device or DDP: accelerate's optimizer wrapper does per-step host work (it looked up a
+  package on every step) that an engine doing its own accumulation does not need.
 * Hogwild on CUDA: :func:`hogwild_start_method` says ``spawn`` or refuses with the reason.
 """
 

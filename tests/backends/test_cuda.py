@@ -12,7 +12,6 @@ from __future__ import annotations
 import copy
 import functools
 import importlib.util
-import os
 import pathlib
 import sys
 
