@@ -27,6 +27,12 @@ def build_cli() -> argparse.ArgumentParser:
     return parser
 
 
+def _replica_errors() -> tuple[type[BaseException], ...]:
+    from accelbatch.backends.distributed import ReplicaError
+
+    return (ReplicaError,)
+
+
 def _backend_errors() -> tuple[type[BaseException], ...]:
     from accelbatch.backends.base import BackendUnavailable
 
@@ -49,19 +55,54 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     try:
         opts = Opts.from_namespace(args)
-        from accelbatch.run import format_report, run
-        from accelbatch.worlds import create_world
+        from accelbatch.run import format_report
 
-        world = create_world(opts)
-        report = run(world, opts)
+        report = run_replicas(opts) if _spawns_replicas(opts) else train_or_eval(opts)
     except USAGE_ERRORS + _backend_errors() as exc:
         print(f"accelbatch: error: {exc}", file=sys.stderr)
         return 2
+    except _replica_errors() as exc:
+        print(f"accelbatch: error: {exc}", file=sys.stderr)
+        return 1
     except KeyboardInterrupt:
         print("accelbatch: interrupted", file=sys.stderr)
         return 130
-    print(format_report(report))
+    if report is not None:
+        print(format_report(report))
     return 0
+
+
+def train_or_eval(opts: Opts) -> dict | None:
+    """Build the world for ``opts`` and run it here (one process, or one replica under torchrun)."""
+    from accelbatch.backends import distributed
+    from accelbatch.run import run
+    from accelbatch.worlds import create_world
+
+    if opts.replication_factor > 1 and distributed.env_info() is not None:
+        distributed.init_from_env()  # torchrun: join the group before the world takes its data shard
+    world = create_world(opts)
+    report = run(world, opts)
+    return report if distributed.rank() == 0 else None
+
+
+def _spawns_replicas(opts: Opts) -> bool:
+    """``--replication-factor R`` on the CPU outside torchrun: accelbatch starts the R processes."""
+    from accelbatch.backends import distributed
+
+    return opts.device == "cpu" and opts.replication_factor > 1 and distributed.env_info() is None
+
+
+def _replica(rank: int, opts: Opts) -> dict | None:
+    report = train_or_eval(opts)
+    return report if rank == 0 else None
+
+
+def run_replicas(opts: Opts) -> dict | None:
+    """Start one process per replica (spawn, gloo) and return rank 0's report."""
+    from accelbatch.backends.distributed import spawn_replicas
+
+    reports = spawn_replicas(_replica, opts.replication_factor, opts)
+    return reports[0]
 
 
 if __name__ == "__main__":

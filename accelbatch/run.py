@@ -77,31 +77,55 @@ def _plan(opts: Opts) -> ExecutionPlan:
     return ExecutionPlan.from_opts(opts, training=True)
 
 
-def evaluate(world: World, log: MetricsLog | None = None, split: str = "valid") -> dict[str, float]:
-    """Run ``world`` until its epoch is done; return its report (and log it)."""
+def evaluate(world: World, log: MetricsLog | None = None, split: str = "valid",
+             backend: Any = None) -> dict[str, float]:
+    """Run ``world`` until its epoch is done; return its report (merged across replicas) and log it."""
     world.reset()
     world.reset_metrics()
     start = time.monotonic()
     while not world.epoch_done():
         world.parley()
-    report = world.report()
+    report = reduce_report(world.report(), backend)
     report["time_s"] = round(time.monotonic() - start, 3)
     if log is not None:
         log.write({"split": split, **report})
     return report
 
 
+def reduce_report(report: dict[str, float], backend: Any) -> dict[str, float]:
+    """Merge one replica's report with the others' (averages weighted by examples); identity alone."""
+    if backend is None or backend.world_size == 1:
+        return report
+    exs = float(report.get("exs", 0))
+    sums = {"exs": exs}
+    for key, value in report.items():
+        if key != "exs" and isinstance(value, (int, float)):
+            sums[key] = value * exs
+            sums[f"{key}/present"] = exs
+    keys = sorted(sums)
+    total = backend.reduce_metrics({k: sums[k] for k in keys})
+    merged: dict[str, float] = {"exs": int(total["exs"])}
+    for key in keys:
+        if key != "exs" and not key.endswith("/present") and total[f"{key}/present"]:
+            merged[key] = float(total[key]) / float(total[f"{key}/present"])
+    return merged
+
+
 def run(world: World, opts: Opts) -> dict[str, Any]:
     """Train (datatype train) or evaluate (valid/test) ``world`` on ``opts.device``; return the report."""
     backend = attach_backend(world, opts)
-    log = MetricsLog(opts.metrics_log)
+    main = backend.is_main_process()
+    log = MetricsLog(opts.metrics_log if main else None)
     try:
         if is_training(opts.datatype):
-            report = _train(world, opts, log)
+            report = _train(world, opts, log, backend)
         else:
-            report = {split_of(opts.datatype): evaluate(world, log, split_of(opts.datatype))}
+            split = split_of(opts.datatype)
+            report = {split: evaluate(world, log, split, backend)}
         report["device"] = backend.name
-        report = _finish(report, opts)
+        if backend.world_size > 1:
+            report["replicas"] = backend.world_size
+        report = _finish(report, opts if main else opts.replace(report_json=None))
     finally:
         log.close()
         world.shutdown()
@@ -109,13 +133,15 @@ def run(world: World, opts: Opts) -> dict[str, Any]:
     return report
 
 
-def _train(world: World, opts: Opts, log: MetricsLog) -> dict[str, Any]:
+def _train(world: World, opts: Opts, log: MetricsLog, backend: Any) -> dict[str, Any]:
     state = TrainState()
     model = world.get_model_agent()
+    main = backend.is_main_process()
+    replicas = backend.world_size  # each replica's world holds its share; epochs count all of them
     per_epoch = world.num_examples()
     target_exs = opts.num_epochs * per_epoch if opts.num_epochs > 0 else math.inf
     next_validation = opts.validation_every_n_epochs * per_epoch if opts.validation_every_n_epochs > 0 else math.inf
-    bar = _progress(opts, target_exs)
+    bar = _progress(opts, target_exs) if main else None
     last_log, window_exs, window_start = time.monotonic(), 0, time.monotonic()
     train_report: dict[str, float] = {}
     valid_world: World | None = None
@@ -123,7 +149,7 @@ def _train(world: World, opts: Opts, log: MetricsLog) -> dict[str, Any]:
     while True:
         world.parley()
         state.steps += 1
-        total = world.get_total_exs()
+        total = world.get_total_exs() * replicas
         new_exs, state.exs = total - state.exs, total
         window_exs += new_exs
         if bar is not None:
@@ -144,18 +170,19 @@ def _train(world: World, opts: Opts, log: MetricsLog) -> dict[str, Any]:
         if state.exs >= next_validation:
             next_validation += opts.validation_every_n_epochs * per_epoch
             valid_world = valid_world or create_world(opts.replace(datatype="valid"), agent=model)
-            if _validate(valid_world, opts, log, state, model):
+            if _validate(valid_world, opts, log, state, model, backend):
                 stop_reason = "validation"
                 break
         if state.exs >= target_exs:
             break
     if bar is not None:
         bar.close()
-    if opts.model_file and state.validations == 0:
+    if opts.model_file and state.validations == 0 and main:
         _save(model, opts.model_file)
+    _barrier(backend)
     if opts.model_file and os.path.isfile(opts.model_file) and isinstance(model, TorchAgent):
         model.load(opts.model_file)  # evaluate the best model
-    final_window = world.report()
+    final_window = reduce_report(world.report(), backend)
     if final_window.get("exs"):
         train_report = final_window
     report: dict[str, Any] = {"train": {**train_report, "exs": state.exs, "steps": state.steps,
@@ -164,13 +191,25 @@ def _train(world: World, opts: Opts, log: MetricsLog) -> dict[str, Any]:
                                         "time_s": round(state.elapsed(), 3), "stopped_by": stop_reason}}
     for split in [s.strip() for s in opts.eval_splits.split(",") if s.strip()]:
         eval_world = create_world(opts.replace(datatype=split), agent=model)
-        report[split] = evaluate(eval_world, log, split)
+        report[split] = evaluate(eval_world, log, split, backend)
+        eval_world.shutdown()
+    if valid_world is not None:
+        valid_world.shutdown()
     return report
 
 
-def _validate(world: World, opts: Opts, log: MetricsLog, state: TrainState, model: Agent) -> bool:
-    """Evaluate on valid; save the best model; True when training should stop."""
-    report = evaluate(world, log, "valid")
+def _barrier(backend: Any) -> None:
+    """Wait for every replica (so all read the checkpoint rank 0 just wrote)."""
+    if backend.world_size > 1:
+        import torch.distributed as dist
+
+        dist.barrier()
+
+
+def _validate(world: World, opts: Opts, log: MetricsLog, state: TrainState, model: Agent,
+              backend: Any) -> bool:
+    """Evaluate on valid; save the best model (rank 0); True when training should stop."""
+    report = evaluate(world, log, "valid", backend)
     state.validations += 1
     metric = report.get(opts.validation_metric)
     if metric is None:
@@ -178,7 +217,7 @@ def _validate(world: World, opts: Opts, log: MetricsLog, state: TrainState, mode
     value = -metric if opts.validation_metric == "loss" else metric
     if value > state.best:
         state.best, state.stale = value, 0
-        if opts.model_file:
+        if opts.model_file and backend.is_main_process():
             _save(model, opts.model_file)
     else:
         state.stale += 1

@@ -1,0 +1,53 @@
+"""`accelbatch train --replication-factor 2` starts its own gloo processes; data sharded per replica."""
+
+import json
+import multiprocessing
+import os
+
+import pytest
+
+from accelbatch.cli import main
+
+
+def _children() -> list[int]:
+    me = str(os.getpid())
+    kids = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as handle:
+                    fields = handle.read().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            if fields[1] == me and fields[0] != "Z":
+                with open(f"/proc/{entry}/cmdline", "rb") as handle:
+                    if b"resource_tracker" in handle.read():
+                        continue  # multiprocessing's shared helper: one per parent, lives with it
+                kids.append(int(entry))
+    return kids
+
+
+@pytest.mark.timeout(240)
+def test_two_replicas_train_and_evaluate_every_example_once(tmp_path, write_jsonl):
+    path = write_jsonl([{"text": f"q{i}", "labels": [f"a{i}"]} for i in range(101)])
+    report_path = tmp_path / "r.json"
+    before = set(_children())
+    rc = main(["train", "-t", f"jsonl:{path}", "-m", "repeat_label", "-rf", "2", "-bs", "4",
+               "--max-train-steps", "3", "--no-progress", "--report-json", str(report_path)])
+    assert rc == 0
+    report = json.loads(report_path.read_text())
+    assert report["replicas"] == 2
+    assert report["valid"]["exs"] == 101 and report["valid"]["accuracy"] == 1.0  # each example once, summed
+    assert report["train"]["exs"] == 3 * 4 * 2  # steps x micro batch x replicas
+    assert not multiprocessing.active_children() and set(_children()) <= before
+
+
+@pytest.mark.timeout(240)
+def test_a_failing_replica_ends_the_run_with_its_error(tmp_path, capsys):
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"text": "x", "labels": ["y"]}\n{"text": \n')
+    rc = main(["train", "-t", f"jsonl:{bad}", "-m", "repeat_label", "-rf", "2", "--no-progress"])
+    assert rc == 1
+    err = capsys.readouterr().err
+    assert f"{bad}:2" in err and "not valid JSON" in err
+    assert not multiprocessing.active_children()
