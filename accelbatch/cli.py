@@ -78,18 +78,18 @@ def train_or_eval(opts: Opts) -> dict | None:
     from accelbatch.run import run
     from accelbatch.worlds import create_world
 
-    if opts.replication_factor > 1 and distributed.env_info() is not None:
-        distributed.init_from_env()  # torchrun: join the group before the world takes its data shard
+    if opts.device == "cpu" and opts.replication_factor > 1 and distributed.env_info() is not None:
+        distributed.init_from_env()  # torchrun: join the gloo group (cuda: accelerate joins in setup)
     world = create_world(opts)
     report = run(world, opts)
     return report if distributed.rank() == 0 else None
 
 
 def _spawns_replicas(opts: Opts) -> bool:
-    """``--replication-factor R`` on the CPU outside torchrun: accelbatch starts the R processes."""
+    """``--replication-factor R`` outside torchrun on cpu or cuda: accelbatch starts the R processes."""
     from accelbatch.backends import distributed
 
-    return opts.device == "cpu" and opts.replication_factor > 1 and distributed.env_info() is None
+    return opts.device in ("cpu", "cuda") and opts.replication_factor > 1 and distributed.env_info() is None
 
 
 def _replica(rank: int, opts: Opts) -> dict | None:
@@ -99,10 +99,13 @@ def _replica(rank: int, opts: Opts) -> dict | None:
 
 def run_replicas(opts: Opts) -> dict | None:
     """Start one process per replica (spawn, gloo) and return rank 0's report."""
+    if opts.device == "cuda":
+        from accelbatch.backends.cuda import spawn_cuda_replicas
+
+        return spawn_cuda_replicas(_replica, opts.replication_factor, opts)[0]
     from accelbatch.backends.distributed import spawn_replicas
 
-    reports = spawn_replicas(_replica, opts.replication_factor, opts)
-    return reports[0]
+    return spawn_replicas(_replica, opts.replication_factor, opts)[0]
 
 
 if __name__ == "__main__":

@@ -257,12 +257,17 @@ def world_rows(opts: Opts) -> int:
 
 
 def replica_shard() -> ShardSpec:
-    """This process's data shard: its rank among the replicas when torch.distributed runs several."""
+    """This process's data shard: its rank among the replicas of torch.distributed (or torchrun's
+    RANK/WORLD_SIZE when the backend joins the group later, as accelerate does)."""
+    import os
+
     import torch.distributed as dist
 
-    if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
-        return ShardSpec(num_replicas=dist.get_world_size(), replica_index=dist.get_rank())
-    return ShardSpec()
+    if dist.is_available() and dist.is_initialized():
+        rank, size = dist.get_rank(), dist.get_world_size()
+    else:
+        rank, size = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
+    return ShardSpec(num_replicas=size, replica_index=rank) if size > 1 else ShardSpec()
 
 
 def make_agent(opts: Opts, agent: Agent | type[Agent] | None) -> Agent:
