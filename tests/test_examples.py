@@ -1,0 +1,16 @@
+"""The non-IPU examples run to completion at small size."""
+
+import runpy
+import sys
+
+import pytest
+
+
+@pytest.mark.timeout(180)
+def test_custom_agent_example_runs_with_a_plan(monkeypatch):
+    module = runpy.run_path("examples/custom_agent.py", run_name="example")
+    report = module["main"](["--no-progress", "-tstep", "20", "-di", "2", "-rf", "2", "-bs", "4",
+                             "--eval-splits", "valid", "-veps", "-1"])
+    assert report["train"]["steps"] == 20 and report["train"]["exs"] == 20 * 4 * 2 * 2
+    assert report["valid"]["exs"] == 1000
+    assert sys.modules.get("accelbatch") is not None
