@@ -21,8 +21,8 @@ Parts (``--parts``, comma separated; all by default):
 Compared variants are interleaved and repeated (``--repeats``) so that load from other processes hits both
 sides alike; the median of the per-round ratios is printed with the individual rounds. ``async``,
 ``dynamic`` and ``hogwild`` run through the world when ``create_world`` honours those options; until then
-``async`` and ``dynamic`` drive the data loader directly (said in the output) and ``hogwild`` prints "not
-available yet".
+``async`` and ``dynamic`` drive the data loader directly and ``hogwild`` makes its HogwildWorld directly (said
+in the output); a part whose feature is missing altogether prints "not available yet".
 
     python bench/throughput.py --quick            # about a minute and a half
     python bench/throughput.py                    # the full workload
@@ -87,15 +87,13 @@ def base_opts(args: argparse.Namespace, **changes: Any) -> Opts:
 
 
 CLOCKS = {"wall": time.perf_counter, "cpu": time.process_time}
-CLOCK = {"now": time.perf_counter}
 
 
-def timed(fn: Callable[[], int], min_seconds: float, now: Callable[[], float] | None = None) -> float:
+def timed(fn: Callable[[], int], min_seconds: float, now: Callable[[], float]) -> float:
     """Examples per second of ``fn`` (returns examples done), called until ``min_seconds`` have passed.
 
-    Single-process parts use ``--clock`` (wall by default; ``cpu`` counts this process's CPU seconds, which
-    other processes competing for the cores disturb far less)."""
-    now = now or CLOCK["now"]
+    Single-process parts pass ``--clock`` (wall by default; ``cpu`` counts this process's CPU seconds, which
+    other processes competing for the cores disturb far less); multi-process parts always pass wall time."""
     done, start = 0, now()
     while True:
         done += fn()
@@ -159,9 +157,9 @@ def part_overhead(args: argparse.Namespace) -> dict[str, float]:
 
         pairs, floor = [], []
         for _ in range(args.repeats):
-            w = timed(in_world, args.min_seconds)
-            b = timed(bare, args.min_seconds)
-            m = timed(bare_with_metrics, args.min_seconds)
+            w = timed(in_world, args.min_seconds, args.now)
+            b = timed(bare, args.min_seconds, args.now)
+            m = timed(bare_with_metrics, args.min_seconds, args.now)
             pairs.append((w, b))
             floor.append((m, b))
         ratio, ratios = median_ratio(pairs)
@@ -223,9 +221,9 @@ def part_metrics(args: argparse.Namespace) -> dict[str, float]:
 
     pairs, cold = [], []
     for _ in range(args.repeats):
-        a = timed(lambda: one_pass()[1], args.min_seconds / 2)
-        b = timed(lambda: per_reply()[1], args.min_seconds / 2)
-        c = timed(one_pass_cold, args.min_seconds / 2) if memo_clear is not None else a
+        a = timed(lambda: one_pass()[1], args.min_seconds / 2, args.now)
+        b = timed(lambda: per_reply()[1], args.min_seconds / 2, args.now)
+        c = timed(one_pass_cold, args.min_seconds / 2, args.now) if memo_clear is not None else a
         pairs.append((a, b))
         cold.append((c, b))
     ratio, ratios = median_ratio(pairs)
@@ -448,21 +446,38 @@ def _planned_pads(args: argparse.Namespace, strategies: list[str]) -> dict[str, 
 # hogwild
 # --------------------------------------------------------------------------------------------------
 
+def hogwild_available() -> bool:
+    return importlib.util.find_spec("accelbatch.hogwild") is not None
+
+
+def hogwild_speed(opts: Opts, min_seconds: float, warmup_exs: int = 200) -> float:
+    """Examples/s of a HogwildWorld: parley (non-blocking) and read the shared example counter."""
+    from accelbatch.hogwild import create_hogwild_world
+
+    world = create_world(opts) if hogwild_wired() else create_hogwild_world(opts)
+    try:
+        while world.get_total_exs() < warmup_exs:  # children started, first steps done
+            world.parley()
+        start, before = time.perf_counter(), world.get_total_exs()
+        while time.perf_counter() - start < min_seconds:
+            world.parley()
+        return (world.get_total_exs() - before) / (time.perf_counter() - start)
+    finally:
+        world.shutdown()
+
+
 def part_hogwild(args: argparse.Namespace) -> dict[str, float]:
     say("== hogwild: conv bs 32, --numthreads 2 vs 1 ==")
-    if not hogwild_wired():
-        say("hogwild: not available yet (accelbatch.hogwild is not wired into create_world/run)")
+    if not hogwild_available():
+        say("hogwild: not available yet (no accelbatch.hogwild)")
         return {}
-    from accelbatch.run import run
-
-    def speed(threads: int) -> float:
-        opts = base_opts(args, model=CONV, numthreads=threads, num_epochs=args.hogwild_epochs)
-        report = run(create_world(opts), opts)
-        return float(report["train"]["exs_per_s"])
-
+    say("(through the world)" if hogwild_wired() else
+        "(HogwildWorld made directly: create_world does not build it for --numthreads yet)")
     pairs = []
     for _ in range(args.repeats):
-        pairs.append((speed(2), speed(1)))
+        two = hogwild_speed(base_opts(args, model=CONV, numthreads=2), args.min_seconds * 3)
+        one = world_speed(base_opts(args, model=CONV, numthreads=1), args.min_seconds * 3)[0]
+        pairs.append((two, one))
     ratio, ratios = median_ratio(pairs)
     say(f"2 processes {statistics.median(p[0] for p in pairs):>8,.0f}/s  1 process "
         f"{statistics.median(p[1] for p in pairs):>8,.0f}/s  ratio {ratio:.2f}x  ({fmt_rounds(ratios)})"
@@ -488,7 +503,6 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     parser.add_argument("--batchsizes", default="1,32,128", help="batch sizes of the overhead part")
     parser.add_argument("--max-batch-tokens", type=int, default=-1,
                         help="dynamic part: token budget of 'full' (-1: the loader's default, bs x median length)")
-    parser.add_argument("--hogwild-epochs", type=float, default=None, help="epochs per hogwild run")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--clock", choices=tuple(CLOCKS), default="wall",
                         help="overhead and metrics parts: wall time, or this process's CPU time (steadier when "
@@ -499,10 +513,9 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
         args.eval_episodes = min(args.eval_episodes, 600)
     args.repeats = args.repeats or (2 if args.quick else 5)
     args.min_seconds = args.min_seconds or (0.4 if args.quick else 1.5)
-    args.hogwild_epochs = args.hogwild_epochs or (0.5 if args.quick else 1.0)
     args.batchsizes = [int(b) for b in args.batchsizes.split(",") if b.strip()]
     torch.set_num_threads(1)
-    CLOCK["now"] = CLOCKS[args.clock]
+    args.now = CLOCKS[args.clock]
     parts = [p.strip() for p in args.parts.split(",") if p.strip()]
     unknown = [p for p in parts if p not in PARTS]
     if unknown:

@@ -93,6 +93,24 @@ def test_conv_scores_do_not_depend_on_padding():
         assert torch.allclose(agent.model(batch)["scores"], agent.model(wider)["scores"], atol=1e-5)
 
 
+def test_padding_rows_are_left_out_of_the_loss():
+    agent = BagAgent(Opts(embedding_size=8))
+    obs = _vectorized(agent, _examples(4))
+    batch = agent.batchify(obs)
+    rows = len(obs)
+    padded = {k: torch.cat([v, v.new_zeros((3, *v.shape[1:]))]) for k, v in batch.items()}  # as static shapes pad
+    with torch.no_grad():
+        assert torch.allclose(agent.model(batch)["loss"], agent.model(padded)["loss"])
+        assert agent.model(padded)["scores"].shape[0] == rows + 3
+
+
+def test_example_length_counts_the_tokens_vectorize_keeps():
+    agent = ConvAgent(Opts(text_truncate=6))
+    for text in ["a b c", "it's the end. of, the world as we know it", "", "x\ny z"]:
+        msg = Message(text=text, labels=["x"], label_candidates=["x"])
+        assert agent.example_length(msg) == len(agent.vectorize(Message(msg))["text_vec"])
+
+
 def test_pad_rows():
     t = pad_rows([[3, 4], [5], []], multiple=4)
     assert t.tolist() == [[3, 4, 0, 0], [5, 0, 0, 0], [0, 0, 0, 0]]
@@ -183,3 +201,20 @@ def test_one_pass_equals_per_reply_reference(rows):
                           "fixed by /tmp/perf_patches/01-metrics-one-pass.diff")
 def test_f1_of_answers_empty_after_normalisation():
     assert score_batch(["the"], [["a"]]) == (1, 1, f1_score("the", ["a"]))
+
+
+# --- the benchmark script stays runnable (not timed: tiny sizes, one round) ---------------------------
+
+def test_bench_script_runs(capsys):
+    import importlib.util
+    import pathlib
+
+    path = pathlib.Path(__file__).resolve().parent.parent / "bench" / "throughput.py"
+    spec = importlib.util.spec_from_file_location("throughput_bench", path)
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    results = bench.main(["--parts", "overhead,metrics", "--episodes", "60", "--eval-episodes", "30",
+                          "--repeats", "1", "--min-seconds", "0.01", "--batchsizes", "1,8"])
+    out = capsys.readouterr().out
+    assert "ratio" in out and "identical" in out
+    assert results["metrics_identical"] == 1.0 and results["overhead_bs8"] > 0
