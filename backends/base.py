@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib
+import inspect
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar, Iterable
@@ -70,7 +71,11 @@ class Backend(ABC):
     @classmethod
     @abstractmethod
     def is_available(cls) -> tuple[bool, str]:
-        """(True, "") when usable here, else (False, reason the user can act on)."""
+        """(True, "") when usable here, else (False, reason the user can act on).
+
+        A backend whose availability depends on the options (the IPU backend's emulator switch) may
+        take them: ``is_available(cls, opts=None)``; :func:`get_backend` passes them when given.
+        """
 
     def setup(self, opts: "Opts") -> None:
         """Start whatever the backend needs (processes, devices)."""
@@ -117,27 +122,44 @@ def _load(name: str) -> type[Backend]:
     return getattr(module, cls_name)
 
 
-def available_backends() -> dict[str, str]:
-    """Each registered backend name -> "" if usable here, else the reason it is not."""
+def _check_available(cls: type[Backend], opts: "Opts | None") -> tuple[bool, str]:
+    """``cls.is_available(opts)`` when it takes the options (and they are given), else ``is_available()``."""
+    if opts is not None and _takes_options(cls):
+        return cls.is_available(opts)  # type: ignore[call-arg]
+    return cls.is_available()
+
+
+def _takes_options(cls: type[Backend]) -> bool:
+    try:
+        return len(inspect.signature(cls.is_available).parameters) >= 1
+    except (TypeError, ValueError):
+        return False
+
+
+def available_backends(opts: "Opts | None" = None) -> dict[str, str]:
+    """Each registered backend name -> "" if usable here (with ``opts``, if given), else the reason it is not."""
     out = {}
     for name in BACKEND_PATHS:
         try:
-            ok, why = _load(name).is_available()
+            ok, why = _check_available(_load(name), opts)
         except BackendUnavailable as exc:
             ok, why = False, str(exc).split(": ", 1)[-1]
         out[name] = "" if ok else why
     return out
 
 
-def get_backend(name: str) -> type[Backend]:
-    """The backend class registered as ``name``; a clear error listing the usable ones otherwise."""
+def get_backend(name: str, opts: "Opts | None" = None) -> type[Backend]:
+    """The backend class registered as ``name``; a clear error listing the usable ones otherwise.
+
+    ``opts`` (optional) lets a backend's availability depend on the options, e.g. ``--ipu-emulator``.
+    """
     if name not in BACKEND_PATHS:
         raise BackendUnavailable(
             f"--device {name!r} is unknown; known devices: {', '.join(BACKEND_PATHS)}")
     cls = _load(name)
-    ok, why = cls.is_available()
+    ok, why = _check_available(cls, opts)
     if not ok:
-        usable = [n for n, reason in available_backends().items() if not reason]
+        usable = [n for n, reason in available_backends(opts).items() if not reason]
         raise BackendUnavailable(f"--device {name}: {why}. Usable here: {', '.join(usable) or 'none'} "
                                  "(pick one with --device)")
     return cls

@@ -1,0 +1,171 @@
+"""``--device ipu``: the execution plan on Graphcore IPUs through poptorch, or on its CPU emulator.
+
+Which poptorch runs (:func:`select_poptorch`):
+
+1. the emulator (:mod:`accelbatch.backends.poptorch_emulator`) when the user asks for it:
+   ``--ipu-emulator`` (``Opts.ipu_emulator``) or ``ACCELBATCH_IPU_EMULATOR=1``;
+2. otherwise the real ``poptorch`` when it imports (it ships with Graphcore's Poplar SDK);
+3. otherwise ``--device ipu`` is unavailable, with a one-line reason naming the SDK and the switch.
+
+An explicit request for the emulator wins over an installed poptorch, so the same command checks IPU code
+on the CPU on an SDK machine too. :attr:`IPUBackend.implementation` says which one ran (``"poptorch"`` or
+``"poptorch-emulator"``), :meth:`IPUBackend.describe` says it in words with the version, and
+:attr:`IPUBackend.compilations` counts the graphs compiled by the engines this backend made.
+
+The engine (:class:`~accelbatch.backends.ipu_engine.IPUEngine`) maps the plan to ``poptorch.Options`` and
+runs ``trainingModel`` / ``inferenceModel``; :meth:`IPUBackend.make_loader` gives a ``poptorch.DataLoader``
+with the plan's options for a dataset.
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+import os
+from types import ModuleType
+from typing import Any, Iterable
+
+import torch
+
+from accelbatch.plan import ExecutionPlan
+
+from .base import Backend, BackendUnavailable, Engine, TensorBatch
+from .ipu_engine import IPUEngine, plan_options
+
+log = logging.getLogger("accelbatch.ipu")
+
+EMULATOR_ENV = "ACCELBATCH_IPU_EMULATOR"
+REAL = "poptorch"
+EMULATOR = "poptorch-emulator"
+_TRUE = ("1", "true", "yes", "on")
+_MODES = {"sync": "Sync", "async": "Async", "async-rebatched": "AsyncRebatched", "asyncrebatched": "AsyncRebatched"}
+
+
+def emulator_requested(opts: Any = None) -> bool:
+    """True when ``opts.ipu_emulator`` is set or ``ACCELBATCH_IPU_EMULATOR`` is 1/true/yes/on."""
+    if opts is not None and bool(getattr(opts, "ipu_emulator", False)):
+        return True
+    return os.environ.get(EMULATOR_ENV, "").strip().lower() in _TRUE
+
+
+def _import_real() -> tuple[ModuleType | None, str]:
+    """(poptorch, "") when it imports, else (None, why not)."""
+    try:
+        module = importlib.import_module("poptorch")
+    except ModuleNotFoundError as exc:
+        if exc.name == "poptorch":
+            return None, "poptorch is not installed"
+        return None, f"poptorch failed to import ({type(exc).__name__}: {exc})"
+    except Exception as exc:  # noqa: BLE001 - an SDK not enabled fails in many ways
+        return None, f"poptorch failed to import ({type(exc).__name__}: {exc})"
+    return module, ""
+
+
+def unavailable_reason(why: str) -> str:
+    return (f"{why}: it ships with Graphcore's Poplar SDK (not on PyPI; install and enable the SDK, then "
+            "pip install its poptorch wheel), or run on the CPU emulator of poptorch with --ipu-emulator or "
+            f"{EMULATOR_ENV}=1")
+
+
+def select_poptorch(opts: Any = None) -> tuple[ModuleType, str]:
+    """(the poptorch module, "poptorch" | "poptorch-emulator"); BackendUnavailable when there is none."""
+    if emulator_requested(opts):
+        from . import poptorch_emulator
+
+        return poptorch_emulator, EMULATOR
+    module, why = _import_real()
+    if module is None:
+        raise BackendUnavailable(unavailable_reason(why))
+    return module, (EMULATOR if getattr(module, "IS_EMULATOR", False) else REAL)
+
+
+class IPUBackend(Backend):
+    """``--device ipu``: poptorch (or its emulator) running the execution plan."""
+
+    name = "ipu"
+
+    def __init__(self) -> None:
+        self.poptorch: ModuleType | None = None
+        self.implementation: str | None = None  # "poptorch" or "poptorch-emulator" once selected
+        self.seed: int | None = None
+        self.engines: list[IPUEngine] = []
+
+    @classmethod
+    def is_available(cls, opts: Any = None) -> tuple[bool, str]:
+        try:
+            select_poptorch(opts)
+        except BackendUnavailable as exc:
+            return False, str(exc)
+        return True, ""
+
+    def setup(self, opts: Any) -> None:
+        """Pick poptorch or the emulator for ``opts`` (see :func:`select_poptorch`); keep the seed."""
+        self._select(opts)
+        seed = getattr(opts, "seed", None)
+        self.seed = int(seed) if seed is not None else None
+
+    def _select(self, opts: Any = None) -> ModuleType:
+        if self.poptorch is None:
+            self.poptorch, self.implementation = select_poptorch(opts)
+            if self.implementation == EMULATOR:
+                log.info("ipu: running on the CPU emulator of poptorch (%s)", self.poptorch.__version__)
+        return self.poptorch
+
+    def describe(self) -> str:
+        """Which poptorch runs, in words (for the run's report)."""
+        if self.poptorch is None:
+            return "ipu (poptorch not selected yet)"
+        version = getattr(self.poptorch, "__version__", "?")
+        where = "CPU emulator of poptorch" if self.implementation == EMULATOR else "poptorch on IPU"
+        return f"ipu: {where} {version}"
+
+    @property
+    def compilations(self) -> int:
+        """Graphs compiled by every engine this backend made."""
+        return sum(e.compilations for e in self.engines)
+
+    def compile(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer | None,
+                plan: ExecutionPlan | None = None, *, max_executors: int = 16) -> Engine:
+        """An :class:`IPUEngine` for ``plan`` (weights shared with ``model``)."""
+        poptorch = self._select()
+        engine = IPUEngine(poptorch, model, optimizer, plan, seed=self.seed, max_executors=max_executors)
+        self.engines.append(engine)
+        return engine
+
+    def options(self, plan: ExecutionPlan) -> Any:
+        """``poptorch.Options`` for ``plan`` (the engine's mapping), e.g. for a loader or your own wrapper."""
+        return plan_options(self._select(), plan, self.seed)
+
+    def make_loader(self, batches: Any, plan: Any, *, mode: Any = "sync", num_workers: int = 0,
+                    drop_last: bool | None = None, rebatched_worker_size: int | None = None,
+                    shuffle: bool = False, batch_size: int | None = None, **kwargs: Any) -> Iterable[TensorBatch]:
+        """A ``poptorch.DataLoader`` over a dataset, with the plan's options.
+
+        ``batches`` a ``torch.utils.data.Dataset`` (map-style or iterable): each element of the loader is
+        one host call's combined batch (``batch_size`` defaults to the plan's micro batch).
+        ``mode`` sync, async or async-rebatched (or a ``poptorch.DataLoaderMode``); ``drop_last`` defaults
+        to the plan's; ``rebatched_worker_size``, ``num_workers``, ``shuffle`` and other keyword arguments
+        (``collate_fn``, ``worker_init_fn``, ``async_options``) go to ``poptorch.DataLoader``. Anything
+        else (an iterable of ready combined batches) is returned unchanged, as on the other backends.
+        """
+        if not isinstance(batches, (torch.utils.data.Dataset, torch.utils.data.IterableDataset)):
+            return batches
+        poptorch = self._select()
+        if isinstance(mode, str):
+            key = mode.strip().lower()
+            if key not in _MODES:
+                raise ValueError(f"--dataloader-mode: {mode!r} is not one of sync, async, async-rebatched")
+            mode = getattr(poptorch.DataLoaderMode, _MODES[key])
+        return poptorch.DataLoader(
+            plan_options(poptorch, plan, self.seed), batches,
+            batch_size=plan.micro_batch if batch_size is None else batch_size, shuffle=shuffle,
+            num_workers=num_workers, drop_last=plan.drop_last if drop_last is None else drop_last, mode=mode,
+            rebatched_worker_size=rebatched_worker_size, **kwargs)
+
+    def teardown(self) -> None:
+        """Weights back to the host, graphs destroyed; safe to call twice."""
+        for engine in self.engines:
+            engine.close()
+
+
+__all__ = ["IPUBackend", "EMULATOR", "EMULATOR_ENV", "REAL", "emulator_requested", "select_poptorch"]

@@ -1,0 +1,417 @@
+"""The IPU engine: an :class:`~accelbatch.plan.ExecutionPlan` run through the poptorch API.
+
+Written once against ``poptorch`` (real, or :mod:`accelbatch.backends.poptorch_emulator` with the same API):
+
+* :func:`plan_options` maps the plan to ``poptorch.Options``: ``deviceIterations(D)``,
+  ``replicationFactor(R)``, ``Training.gradientAccumulation(G)``,
+  ``Training.accumulationAndReplicationReductionType(Mean|Sum)``, ``outputMode(mode, period)`` and
+  ``randomSeed``. PopTorch's ``EveryN`` counts device iterations while the plan's counts the ``D x G``
+  iterations of a call; the two agree when ``G = 1``. With ``G > 1`` the device returns ``All`` and the
+  host applies the plan's selection (:meth:`ExecutionPlan.select_tensor`).
+* accelbatch models take a dict and return a dict; an IPU graph takes positional tensors and returns
+  ``(outputs..., loss)`` with the loss last. :class:`InputsAdapter` does the translation in a fixed key
+  order (the batch's keys, sorted), so PopTorch's errors name the batch keys.
+* Static shapes: a graph is compiled per input signature (keys, shapes, dtypes). The engine keeps one
+  ``trainingModel`` / ``inferenceModel`` per signature, each around its own adapter of the *same* user
+  module (host weights are shared), counts compilations (:attr:`IPUEngine.compilations`,
+  ``StepResult.extras["compilations"]``) and keeps one executor attached at a time: switching copies the
+  weights to the host (``copyWeightsToHost``), detaches, attaches the next and copies the weights to it
+  (``copyWeightsToDevice``), as a real IPU needs.
+* Evaluation: a call with fewer rows than the eval combined batch is padded with zero rows up to it (so the
+  last batch of an evaluation compiles nothing new) and the outputs are cut back. The loss averages the
+  micro-batch losses weighted by their real rows, as the CPU engine does; the one micro-batch that mixes
+  real and padding rows reports the model's loss over all its rows, which is the loss over the real rows
+  for models that leave all-zero padding rows out of their loss (accelbatch's convention for static-shape
+  padding, the same the loader's buckets use).
+* Training runs full calls (any multiple of D x R x G rows, as the plan allows); a partial training tail
+  (``--no-drop-last``) has no static shape and is refused with a PlanError saying to use ``--drop-last``.
+* ``StepResult.loss`` is the mean of the losses the output mode brings back: every micro-batch's for All
+  and Sum (exactly the CPU engine's number), the last of each replica for Final, every N-th for EveryN
+  (``extras["loss_micro_batches"]`` says how many). ``int64`` outputs, which an IPU returns as ``int32``,
+  are cast back to the dtype the model produced.
+"""
+
+from __future__ import annotations
+
+import inspect
+import keyword
+import logging
+from collections import OrderedDict
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+import torch
+
+from accelbatch.plan import ExecutionPlan, OutputMode, PlanError, Reduction, batch_rows
+
+from .base import Engine, StepResult, TensorBatch
+
+log = logging.getLogger("accelbatch.ipu")
+
+Signature = tuple[tuple[str, tuple[int, ...], torch.dtype], ...]
+
+
+# --- options -------------------------------------------------------------------------------------------
+
+def device_output_mode(plan: ExecutionPlan) -> OutputMode:
+    """The output mode the device runs: the plan's, except EveryN with G > 1 (All, selected on the host)."""
+    if plan.output_mode is OutputMode.EVERY_N and plan.gradient_accumulation > 1:
+        return OutputMode.ALL
+    return plan.output_mode
+
+
+def plan_options(poptorch: Any, plan: ExecutionPlan, seed: int | None = None) -> Any:
+    """``poptorch.Options`` for ``plan`` (a new, unfrozen object; one per model wrapper).
+
+    ``randomSeed`` seeds the device; the host's torch generator is left as it was (PopTorch's
+    ``randomSeed`` also reseeds it, which would restart the host's random stream at every new graph).
+    """
+    opts = poptorch.Options()
+    opts.deviceIterations(plan.device_iterations)
+    opts.replicationFactor(plan.replication_factor)
+    if plan.training:
+        opts.Training.gradientAccumulation(plan.gradient_accumulation)
+        opts.Training.accumulationAndReplicationReductionType(
+            poptorch.ReductionType.Sum if plan.reduction is Reduction.SUM else poptorch.ReductionType.Mean)
+    mode = device_output_mode(plan)
+    names = {OutputMode.ALL: "All", OutputMode.FINAL: "Final", OutputMode.SUM: "Sum", OutputMode.EVERY_N: "EveryN"}
+    if mode is OutputMode.EVERY_N:
+        opts.outputMode(poptorch.OutputMode.EveryN, plan.output_return_period)
+    else:
+        opts.outputMode(getattr(poptorch.OutputMode, names[mode]))
+    if seed is not None:
+        state = torch.get_rng_state()
+        try:
+            opts.randomSeed(int(seed))
+        finally:
+            torch.set_rng_state(state)
+    return opts
+
+
+# --- the dict <-> positional adapter --------------------------------------------------------------------
+
+def input_names(keys: tuple[str, ...]) -> tuple[str, ...]:
+    """Parameter names for the graph's inputs: the batch keys where they are identifiers."""
+    names, seen = [], set()
+    for i, key in enumerate(keys):
+        name = key if key.isidentifier() and not keyword.iskeyword(key) and key != "self" else f"input_{i}"
+        while name in seen:
+            name = f"{name}_{i}"
+        seen.add(name)
+        names.append(name)
+    return tuple(names)
+
+
+class InputsAdapter(torch.nn.Module):
+    """``forward(*tensors)`` -> ``(outputs..., loss)`` around a dict-in/dict-out model.
+
+    The inputs are the batch's tensors in the order of ``keys``; ``forward`` has one named parameter per
+    key (so PopTorch's input errors name them). The output keys, whether a loss is returned and the
+    dtypes the model produced are recorded on the first call in ``meta``, a dict shared with the
+    (shallow) copies poptorch makes of this module.
+    """
+
+    def __init__(self, model: torch.nn.Module, keys: tuple[str, ...], training: bool):
+        super().__init__()
+        self.model = model
+        self.keys = tuple(keys)
+        self.graph_training = training
+        self.meta: dict[str, Any] = {"out_keys": None, "has_loss": None, "dtypes": None}
+
+    def forward(self, *tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        out = self.model(dict(zip(self.keys, tensors)))
+        if not isinstance(out, Mapping):
+            raise PlanError("the model's forward(batch) must return a dict of tensors ('loss' and per-row "
+                            f"outputs), got {type(out).__name__}")
+        keys = tuple(k for k in out if k != "loss")
+        has_loss = "loss" in out
+        if self.graph_training:
+            if not has_loss:
+                raise PlanError("the model's forward(batch) must return a dict with 'loss' (the mean loss over "
+                                "the micro-batch's rows) when training")
+            if out["loss"].dim() != 0:
+                raise PlanError(f"the model's 'loss' has shape {tuple(out['loss'].shape)}; it must be a scalar: "
+                                "the mean loss over the micro-batch's rows")
+        meta = self.meta
+        if meta["out_keys"] is None:
+            meta.update(out_keys=keys, has_loss=has_loss, dtypes={k: out[k].dtype for k in keys})
+        elif meta["out_keys"] != keys or meta["has_loss"] != has_loss:
+            raise PlanError(f"the model returned outputs {list(keys) + (['loss'] if has_loss else [])} but "
+                            f"{list(meta['out_keys']) + (['loss'] if meta['has_loss'] else [])} when its graph "
+                            "was compiled: a compiled graph has fixed outputs")
+        return tuple(out[k] for k in keys) + ((out["loss"],) if has_loss else ())
+
+
+def make_adapter(model: torch.nn.Module, keys: tuple[str, ...], training: bool) -> InputsAdapter:
+    """An :class:`InputsAdapter` whose ``forward`` signature names the inputs after ``keys``."""
+    names = input_names(keys)
+
+    def forward(self: InputsAdapter, *tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        return InputsAdapter.forward(self, *tensors)
+
+    params = [inspect.Parameter("self", inspect.Parameter.POSITIONAL_OR_KEYWORD)]
+    params += [inspect.Parameter(n, inspect.Parameter.POSITIONAL_OR_KEYWORD) for n in names]
+    forward.__signature__ = inspect.Signature(params)  # type: ignore[attr-defined]
+    cls = type("IPUInputs", (InputsAdapter,), {"forward": forward})
+    return cls(model, keys, training)
+
+
+# --- the engine ------------------------------------------------------------------------------------------
+
+def signature_of(batch: Mapping[str, torch.Tensor]) -> Signature:
+    """What a compiled graph is specialised for: each input's key, shape and dtype (keys sorted)."""
+    return tuple((k, tuple(batch[k].shape), batch[k].dtype) for k in sorted(batch))
+
+
+@dataclass
+class _Executor:
+    training: bool
+    signature: Signature
+    adapter: InputsAdapter
+    executor: Any
+    host_select: bool
+    compilations: int = 0
+    calls: int = 0
+    hparams: str | None = None
+
+    @property
+    def keys(self) -> tuple[str, ...]:
+        return self.adapter.keys
+
+
+class IPUEngine(Engine):
+    """Runs an :class:`ExecutionPlan` through ``poptorch`` (see the module docstring).
+
+    ``poptorch`` is the module to use (real or emulator); ``seed`` goes to ``Options.randomSeed``;
+    ``max_executors`` bounds the graphs kept (least recently used ones are destroyed and, if needed
+    again, compiled again and counted).
+    """
+
+    def __init__(self, poptorch: Any, model: torch.nn.Module, optimizer: torch.optim.Optimizer | None,
+                 plan: ExecutionPlan | None = None, seed: int | None = None, max_executors: int = 16):
+        self.poptorch = poptorch
+        self.model = model
+        self.optimizer = optimizer
+        self.plan = plan if plan is not None else ExecutionPlan()
+        self.eval_plan = self.plan.for_inference()
+        self.seed = seed
+        self.max_executors = max(2, int(max_executors))
+        self._executors: OrderedDict[tuple[bool, Signature], _Executor] = OrderedDict()
+        self._active: _Executor | None = None
+        self._compilations = 0
+        self._history: list[dict[str, Any]] = []
+
+    # --- reporting -------------------------------------------------------------------------------
+    @property
+    def compilations(self) -> int:
+        """Graphs compiled so far (training and inference, recompilations after eviction included)."""
+        return self._compilations
+
+    @property
+    def compiled_graphs(self) -> list[dict[str, Any]]:
+        """One record per compilation: {"training", "inputs": {key: shape}} in compile order."""
+        return list(self._history)
+
+    @property
+    def num_executors(self) -> int:
+        return len(self._executors)
+
+    # --- executors -------------------------------------------------------------------------------
+    def _executor_for(self, training: bool, batch: Mapping[str, torch.Tensor]) -> _Executor:
+        sig = signature_of(batch)
+        key = (training, sig)
+        entry = self._executors.get(key)
+        if entry is not None:
+            self._executors.move_to_end(key)
+            return entry
+        plan = self.plan if training else self.eval_plan
+        keys = tuple(k for k, _, _ in sig)
+        adapter = make_adapter(self.model, keys, training)
+        options = plan_options(self.poptorch, plan, self.seed)
+        if training:
+            executor = self.poptorch.trainingModel(adapter, options=options, optimizer=self.optimizer)
+        else:
+            executor = self.poptorch.inferenceModel(adapter, options=options)
+        entry = _Executor(training=training, signature=sig, adapter=adapter, executor=executor,
+                          host_select=training and device_output_mode(plan) is not plan.output_mode)
+        self._executors[key] = entry
+        while len(self._executors) > self.max_executors:
+            self._evict(next(iter(self._executors)))
+        return entry
+
+    def _evict(self, key: tuple[bool, Signature]) -> None:
+        entry = self._executors.pop(key)
+        if entry is self._active:
+            self._release(entry)
+            self._active = None
+        if entry.executor.isCompiled():
+            entry.executor.destroy()
+
+    def _release(self, entry: _Executor) -> None:
+        """Weights back to the host (training graphs change them), then off the device."""
+        ex = entry.executor
+        if not ex.isCompiled():
+            return
+        if entry.training:
+            ex.copyWeightsToHost()
+        if ex.isAttachedToDevice():
+            ex.detachFromDevice()
+
+    def _activate(self, entry: _Executor) -> None:
+        """Make ``entry`` the one executor on the device, with the host's current weights."""
+        if self._active is entry:
+            return
+        if self._active is not None:
+            self._release(self._active)
+        ex = entry.executor
+        if ex.isCompiled():  # (a first call compiles, attaches and uploads the host weights itself)
+            if not ex.isAttachedToDevice():
+                ex.attachToDevice()
+            ex.copyWeightsToDevice()
+        self._active = entry
+
+    def _sync_optimizer(self, entry: _Executor) -> None:
+        """Send changed hyper-parameters (lr, ...) to the executor: a device reads them only on setOptimizer."""
+        if self.optimizer is None:
+            return
+        now = repr([sorted((k, v) for k, v in g.items() if k != "params") for g in self.optimizer.param_groups])
+        if entry.hparams is None:
+            entry.hparams = now  # the wrapper read them when it was made
+        elif entry.hparams != now:
+            entry.executor.setOptimizer(self.optimizer)
+            entry.hparams = now
+
+    def _call(self, entry: _Executor, batch: Mapping[str, torch.Tensor]) -> tuple[dict[str, torch.Tensor],
+                                                                                 torch.Tensor | None, bool]:
+        ex = entry.executor
+        compiled_before = ex.isCompiled()
+        result = ex(*[batch[k] for k in entry.keys])
+        compiled = not compiled_before
+        if compiled:
+            self._compilations += 1
+            entry.compilations += 1
+            self._history.append({"training": entry.training,
+                                  "inputs": {k: shape for k, shape, _ in entry.signature}})
+            if self._compilations > 1:
+                log.info("ipu: compiled graph #%d (%s) for inputs %s", self._compilations,
+                         "training" if entry.training else "inference",
+                         ", ".join(f"{k}{list(s)}" for k, s, _ in entry.signature))
+        entry.calls += 1
+        flat = (result,) if isinstance(result, torch.Tensor) else tuple(result or ())
+        meta = entry.adapter.meta
+        keys, has_loss, dtypes = meta["out_keys"] or (), bool(meta["has_loss"]), meta["dtypes"] or {}
+        outputs = {}
+        for k, t in zip(keys, flat):
+            want = dtypes.get(k)
+            outputs[k] = t.to(want) if want is not None and t.dtype != want else t
+        loss = flat[len(keys)] if has_loss else None
+        return outputs, loss, compiled
+
+    # --- training --------------------------------------------------------------------------------
+    def _check_train(self) -> None:
+        if self.optimizer is None:
+            raise PlanError("train_step needs an optimizer: compile the model with one")
+        if not self.plan.training:
+            raise PlanError("this engine was compiled with an inference plan; compile with "
+                            "ExecutionPlan.from_opts(opts, training=True) to train")
+
+    def train_step(self, batch: TensorBatch) -> StepResult:
+        self._check_train()
+        n = batch_rows(batch)
+        plan = self.plan
+        lay = plan.layout(n)
+        if lay.partial:
+            raise PlanError(
+                f"a training call of {n} rows is a partial tail (fewer than the combined batch of "
+                f"{plan.combined_batch}); an IPU graph has static shapes and cannot run it: train with "
+                "--drop-last (the default), which drops the tail and says so")
+        entry = self._executor_for(True, batch)
+        self._activate(entry)
+        self._sync_optimizer(entry)
+        if not self.model.training:
+            self.model.train()
+        outputs, loss, compiled = self._call(entry, batch)
+        if entry.host_select:
+            outputs = {k: plan.select_tensor(v) for k, v in outputs.items()}
+            loss = plan.select_tensor(loss) if loss is not None else None
+        mode = plan.output_mode
+        loss_value, counted = None, 0
+        if loss is not None:
+            lf = loss.detach().float()
+            if mode is OutputMode.SUM:
+                loss_value, counted = float(lf.sum()) / plan.factor, plan.factor
+            else:
+                loss_value, counted = float(lf.mean()), max(1, lf.numel())
+        return StepResult(outputs=outputs, rows=lay.out_rows, loss=loss_value, updates=lay.num_updates,
+                          extras={"micro_batches": lay.num_micro_batches, "partial": False,
+                                  "compilations": self._compilations, "compiled": compiled,
+                                  "loss_micro_batches": counted})
+
+    # --- inference -------------------------------------------------------------------------------
+    def eval_step(self, batch: TensorBatch) -> StepResult:
+        n = batch_rows(batch)
+        plan = self.eval_plan
+        lay = plan.layout(n)
+        target = max(n, plan.combined_batch)
+        padded = _pad_rows(batch, n, target) if target > n else batch
+        entry = self._executor_for(False, padded)
+        self._activate(entry)
+        if self.model.training:
+            self.model.eval()
+        outputs, loss, compiled = self._call(entry, padded)
+        if target > n:
+            outputs = {k: (v[:n] if v.dim() and v.shape[0] == target else v) for k, v in outputs.items()}
+        loss_value = None
+        if loss is not None:
+            lf = loss.detach().double().reshape(-1)
+            m = lf.numel()
+            per = target // m
+            real = torch.tensor([min(max(n - j * per, 0), per) for j in range(m)], dtype=torch.float64)
+            loss_value = float((lf * real).sum()) / n
+        return StepResult(outputs=outputs, rows=lay.out_rows, loss=loss_value, updates=0,
+                          extras={"micro_batches": lay.num_micro_batches, "padded_rows": target - n,
+                                  "compilations": self._compilations, "compiled": compiled})
+
+    # --- weights and lifetime ---------------------------------------------------------------------
+    def sync_to_host(self) -> None:
+        """Copy the device's weights to the host model (before reading or saving them on a real IPU)."""
+        if self._active is not None and self._active.training and self._active.executor.isCompiled():
+            self._active.executor.copyWeightsToHost()
+
+    def state_dict(self) -> dict[str, Any]:
+        self.sync_to_host()
+        state = {"model": self.model.state_dict()}
+        if self.optimizer is not None:
+            state["optimizer"] = self.optimizer.state_dict()
+        return state
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.model.load_state_dict(state["model"])
+        if self.optimizer is not None and "optimizer" in state:
+            self.optimizer.load_state_dict(state["optimizer"])
+        active = self._active
+        if active is not None and active.executor.isCompiled():
+            active.executor.copyWeightsToDevice()
+
+    def close(self) -> None:
+        """Weights to the host, every graph destroyed (the engine compiles again if used afterwards)."""
+        if self._active is not None:
+            self._release(self._active)
+            self._active = None
+        for entry in self._executors.values():
+            if entry.executor.isCompiled():
+                entry.executor.destroy()
+        self._executors.clear()
+
+
+def _pad_rows(batch: Mapping[str, torch.Tensor], n: int, target: int) -> dict[str, torch.Tensor]:
+    """Zero rows appended to every tensor with ``n`` rows, up to ``target`` rows."""
+    out = {}
+    for k, t in batch.items():
+        if t.dim() and t.shape[0] == n:
+            t = torch.cat([t, t.new_zeros((target - n, *t.shape[1:]))])
+        out[k] = t
+    return out
+
+
+__all__ = ["IPUEngine", "InputsAdapter", "device_output_mode", "make_adapter", "plan_options", "signature_of"]
