@@ -18,9 +18,12 @@ ParlAI's semantics, in processes (started with ``spawn``):
   (indices in shared memory behind a lock; the same deterministic shuffle per epoch as
   :class:`~accelbatch.teachers.EpisodeCursor`), so evaluation serves each episode exactly once across all
   processes, and a training epoch is one pass over the data between them.
-* :meth:`epoch_done` (evaluation) is true when the shared cursors are exhausted and every process has
-  finished its episodes; the processes are asked only once the cursors are exhausted, so there is no
-  barrier per step.
+  Loader-fed worlds (dynamic batching, data workers, streaming) instead give each process its own shard
+  of the data (``ShardSpec(num_processes=N, process_index=rank)``), which is exactly-once too.
+* :meth:`epoch_done` (evaluation) is true when every process's world is done (the shared cursors exhausted
+  and its episodes finished). Each process publishes its ``world.epoch_done()`` in a shared flag after every
+  parley; the main process reads the flags (no waiting), sends the next parleys to the processes not yet
+  done, and confirms with one round trip only when all flags are set: there is no barrier per step.
 * A child's exception is raised in the main process as :class:`HogwildChildError` carrying the child's
   traceback; a child that dies or stops answering is detected (the main process waits on the children's
   pipes and process sentinels together, with timeouts), and then all children are stopped.
@@ -197,14 +200,25 @@ def _agent_metrics(agent: Agent) -> tuple[str, Any]:
     return ("report", dict(agent.report()))
 
 
+def _task_metrics(world: World) -> tuple[str, Any]:
+    teacher = world.get_task_agent()
+    if teacher is None:  # a loader-fed world scores the replies itself
+        metrics = getattr(world, "metrics", None)
+        if isinstance(metrics, Metrics):
+            return ("metrics", metrics.state())
+        rep = dict(world.report())
+        return ("report", {k: v for k, v in rep.items() if k in ("exs", "accuracy", "f1")})
+    return _agent_metrics(teacher)
+
+
 def world_metric_states(world: World) -> dict[str, Any]:
     """What :meth:`HogwildWorld.report` needs from one process: each task's and the model's metric sums."""
     base = _base_world(world)
     if isinstance(base, MultiWorld):
-        tasks = [(name, _agent_metrics(w.get_task_agent())) for name, w in zip(base.names, base.worlds)]
+        tasks = [(name, _task_metrics(w)) for name, w in zip(base.names, base.worlds)]
         model = base.worlds[0].get_model_agent()
     else:
-        tasks = [(None, _agent_metrics(base.get_task_agent()))]
+        tasks = [(None, _task_metrics(base))]
         model = base.get_model_agent()
     return {"tasks": tasks, "model": _agent_metrics(model), "model_is_torch": isinstance(model, TorchAgent)}
 
@@ -296,9 +310,36 @@ def _install_cursors(world: World, cursors: Sequence[SharedEpisodeCursor | None]
             teacher.cursor = cursor
 
 
-def _child_main(rank: int, opts: Opts, agent_cls: type[Agent] | None, rows: int, names: list[str],
-                params: list[torch.Tensor], buffer_names: list[str], buffers: list[torch.Tensor],
-                cursors: list[SharedEpisodeCursor | None], counts: torch.Tensor, conn: Any) -> None:
+def build_process_world(opts: Opts, agent: Agent | type[Agent] | None, rows: int | None, rank: int,
+                        numthreads: int) -> World:
+    """Hogwild process ``rank``'s own world (``opts.numthreads`` is 1 here).
+
+    Teacher-fed worlds are create_world's (their teachers get the shared cursors afterwards). Loader-fed worlds
+    (dynamic batching, data workers, async modes, streaming) take this process's shard of the data instead,
+    ``ShardSpec(num_processes=numthreads, process_index=rank)``, so the processes split every epoch between them.
+    """
+    from accelbatch.loader_world import LoaderWorld, uses_loader
+
+    if not uses_loader(opts):
+        return create_world(opts, agent=agent, rows=rows)
+    from accelbatch.data import ShardSpec
+    from accelbatch.plan import ExecutionPlan
+    from accelbatch.worlds import make_agent
+
+    model = make_agent(opts, agent)
+    plan = ExecutionPlan.from_opts(opts, training=is_training(opts.datatype))
+    shard = ShardSpec(num_processes=numthreads, process_index=rank)
+    tasks = [t.strip() for t in opts.task.split(",") if t.strip()]
+    # every process steps the whole combined batch (hogwild processes are not replicas of one step)
+    worlds: list[World] = [LoaderWorld(opts.replace(task=t), model, plan.combined_batch if rows is None else rows,
+                                       shard, plan.factor) for t in tasks]
+    return worlds[0] if len(worlds) == 1 else MultiWorld(opts, worlds, tasks)
+
+
+def _child_main(rank: int, numthreads: int, opts: Opts, agent_cls: type[Agent] | None, rows: int,
+                names: list[str], params: list[torch.Tensor], buffer_names: list[str],
+                buffers: list[torch.Tensor], cursors: list[SharedEpisodeCursor | None], counts: torch.Tensor,
+                done: torch.Tensor, conn: Any) -> None:
     """Entry point of one hogwild process: build the world, alias the model, serve the pipe."""
     try:
         signal.signal(signal.SIGINT, signal.SIG_IGN)  # the main process decides when we stop
@@ -308,14 +349,14 @@ def _child_main(rank: int, opts: Opts, agent_cls: type[Agent] | None, rows: int,
     torch.set_num_threads(1)
     world: World | None = None
     try:
-        world = create_world(opts.replace(numthreads=1), agent=agent_cls, rows=rows)
+        world = build_process_world(opts.replace(numthreads=1), agent_cls, rows, rank, numthreads)
         _alias_model(world.get_model_agent(), names, params, buffer_names, buffers)
         _install_cursors(world, cursors)
         torch.manual_seed(opts.seed * 1_000_003 + 7919 * (rank + 1))
         for i, multi in enumerate(_multi_worlds(world)):
             multi.rng = random.Random(opts.seed * 1_000_003 + 7919 * (rank + 1) + i)
         conn.send(("ready", os.getpid()))
-        _serve(rank, world, counts, conn)
+        _serve(rank, world, counts, done, not is_training(opts.datatype), conn)
     except EOFError:
         pass  # the main process went away: nothing to report to
     except BaseException as exc:  # noqa: BLE001 - everything goes back to the main process
@@ -330,13 +371,17 @@ def _child_main(rank: int, opts: Opts, agent_cls: type[Agent] | None, rows: int,
         conn.close()
 
 
-def _serve(rank: int, world: World, counts: torch.Tensor, conn: Any) -> None:
+def _serve(rank: int, world: World, counts: torch.Tensor, done: torch.Tensor, evaluating: bool,
+           conn: Any) -> None:
+    """Answer the main process's messages in order until told to stop (or its pipe closes)."""
     while True:
         msg = conn.recv()
         kind = msg[0]
         if kind == "p":
             world.parley()
             counts[rank] = world.get_total_exs()
+            if evaluating:
+                done[rank] = int(world.epoch_done())
             conn.send(("d",))
             continue
         if kind == "stop":
@@ -349,6 +394,7 @@ def _serve(rank: int, world: World, counts: torch.Tensor, conn: Any) -> None:
             answer = None
         elif kind == "reset":
             world.reset()
+            done[rank] = 0
             answer = None
         elif kind == "epoch_done":
             answer = bool(world.epoch_done())
@@ -460,19 +506,22 @@ class HogwildWorld(World):
                 buffer_names.append(name)
                 buffers.append(b.detach() if b.is_shared() else b.detach().share_memory_())
 
+        from accelbatch.loader_world import uses_loader
+
         ctx = tmp.get_context("spawn")
         self._cursors: list[SharedEpisodeCursor | None] = []
         for group in task_teachers(self._world):
             cursor = getattr(group[0], "cursor", None)
             if isinstance(cursor, EpisodeCursor):
                 self._cursors.append(SharedEpisodeCursor.like(cursor, ctx))
-            elif self._training:
-                self._cursors.append(None)  # a streaming teacher: each process reads its own copy
+            elif self._training or uses_loader(single):
+                self._cursors.append(None)  # loader-fed: each process reads its own shard
             else:
                 raise ValueError(f"--numthreads {n} in evaluation needs teachers that serve episodes from an "
                                  f"EpisodeCursor (FixedTeacher) so every example is seen once; "
                                  f"{type(group[0]).__name__} has none: evaluate with --numthreads 1")
         self._counts = torch.zeros(n, dtype=torch.int64).share_memory_()
+        self._done = torch.zeros(n, dtype=torch.int8).share_memory_()  # eval: world.epoch_done() per process
 
         self._procs: list[Any] = []
         self._conns: list[Any] = []
@@ -485,13 +534,13 @@ class HogwildWorld(World):
             os.environ["MKL_NUM_THREADS"] = "1"
             for rank in range(n):
                 parent_end, child_end = ctx.Pipe(duplex=True)
+                self._conns.append(parent_end)
+                child_ends.append(child_end)  # closed here once started: EOF then means the child is gone
                 proc = ctx.Process(target=_child_main, name=f"hogwild-{rank}", daemon=False,
-                                   args=(rank, opts, agent_cls, self.rows, names, params, buffer_names,
-                                         buffers, self._cursors, self._counts, child_end))
+                                   args=(rank, n, opts, agent_cls, self.rows, names, params, buffer_names,
+                                         buffers, self._cursors, self._counts, self._done, child_end))
                 proc.start()
                 self._procs.append(proc)
-                self._conns.append(parent_end)
-                child_ends.append(child_end)
         except BaseException:
             self.shutdown()
             raise
@@ -549,14 +598,16 @@ class HogwildWorld(World):
         self.acts = [None] * len(self.agents)
 
     def epoch_done(self) -> bool:
-        """Evaluation: the shared cursors are exhausted and every process has finished its episodes."""
+        """Evaluation: every process's world is done (shared cursors exhausted, its episodes finished)."""
         if self._training:
             return False
         self._check_open()
-        if any(c is not None and not c.exhausted() for c in self._cursors):
+        flags = self._done.tolist()  # each process's world.epoch_done() after its last parley: no waiting
+        if not all(flags):
+            self._prefer = {rank for rank, finished in enumerate(flags) if not finished}
             self._poll()
             return False
-        done = self._broadcast("epoch_done")
+        done = self._broadcast("epoch_done")  # all say done: confirm once, after the parleys in flight
         self._prefer = {rank for rank, finished in enumerate(done) if not finished}
         return not self._prefer
 

@@ -262,15 +262,17 @@ def test_multitask_eval_serves_every_line_once_across_processes_with_batching(tm
 
 
 @pytest.mark.timeout(90)
-def test_run_evaluates_single_turn_file_exactly_once_without_batching(tmp_path, log_dir):
-    path = _jsonl(tmp_path / "data.jsonl", [[f"line{i}"] for i in range(1001)])
-    opts = Opts(task=f"jsonl:{path}", model="repeat_label", datatype="test", numthreads=3, batchsize=1,
-                progress=False)
+def test_run_evaluates_a_loader_fed_task_exactly_once_in_three_processes(tmp_path, log_dir):
+    """Dynamic batching feeds worlds from the data loader: each process takes its shard of the file."""
+    path = _jsonl(tmp_path / "data.jsonl", [[f"line{i}" + " w" * (i % 13)] for i in range(1001)])
+    opts = Opts(task=f"jsonl:{path}", model="repeat_label", datatype="test", numthreads=3, batchsize=4,
+                dynamic_batching="batchsort", progress=False)
     world = create_hogwild_world(opts, agent=LoggingAgent)
     report = run(world, opts)
     assert report["test"]["exs"] == 1001 and report["test"]["accuracy"] == 1.0
     seen = _seen(log_dir)
-    assert Counter(t for lines in seen.values() for t in lines) == Counter(f"line{i}" for i in range(1001))
+    assert Counter(t for lines in seen.values() for t in lines) == \
+        Counter(f"line{i}" + " w" * (i % 13) for i in range(1001))
     assert len(seen) == 3
     assert world.closed  # run shut it down
     world.shutdown()  # idempotent
