@@ -40,7 +40,10 @@ start data-loader workers. The ring is made of torch shared-memory tensors; with
 ``file_descriptor`` sharing strategy their ``/dev/shm`` entries are unlinked as soon as they are created, so
 no segment can outlive the processes. :meth:`terminate` (also run by ``with``, by garbage collection and at
 interpreter exit) stops the worker (request, then SIGTERM, then SIGKILL); the worker ignores SIGINT so that
-Ctrl-C reaches the consumer only, and it exits by itself when the consumer process dies.
+Ctrl-C reaches the consumer only, and it exits by itself when the consumer process dies. The worker runs
+torch with one thread (it copies batches; a source that computes should use its own data workers), and
+gives the source the consumer's default start method, so a torch DataLoader inside starts its workers as it
+would in the consumer.
 """
 
 from __future__ import annotations

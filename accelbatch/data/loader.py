@@ -437,12 +437,14 @@ class Loader:
         return len(self.sampler.plan(self.epoch)[0])
 
     def __iter__(self) -> Iterator[LoadedBatch]:
+        if self._dataloader is None:
+            raise RuntimeError("this loader was closed; make a new one with make_loader()")
         epoch = self.epoch
         self.epoch += 1
-        if self.sampler is not None and self.config.mode == "sync" and epoch == 0:
+        if self.sampler is not None and epoch == 0:
             _, dropped = self.sampler.plan(epoch)
             if dropped:
-                log.info("data: %d examples left out of this epoch (partial batch with --drop-last, or "
+                log.info("data: %d examples left out of each epoch (partial batch with --drop-last, or "
                          "replicas cut to the same number of batches)", dropped)
         if self._accessor is not None:
             return iter(self._accessor)
