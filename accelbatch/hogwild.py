@@ -34,10 +34,12 @@ ParlAI's semantics, in processes (started with ``spawn``):
 
 from __future__ import annotations
 
+import atexit
 import os
 import pickle
 import random
 import signal
+import sys
 import time
 import traceback
 import weakref
@@ -348,6 +350,7 @@ def _child_main(rank: int, numthreads: int, opts: Opts, agent_cls: type[Agent] |
     os.environ["OMP_NUM_THREADS"] = "1"
     torch.set_num_threads(1)
     world: World | None = None
+    code = 0
     try:
         world = build_process_world(opts.replace(numthreads=1), agent_cls, rows, rank, numthreads)
         _alias_model(world.get_model_agent(), names, params, buffer_names, buffers)
@@ -361,7 +364,7 @@ def _child_main(rank: int, numthreads: int, opts: Opts, agent_cls: type[Agent] |
         pass  # the main process went away: nothing to report to
     except BaseException as exc:  # noqa: BLE001 - everything goes back to the main process
         _send_error(conn, rank, exc)
-        raise SystemExit(1) from None
+        code = 1
     finally:
         if world is not None:
             try:
@@ -369,6 +372,18 @@ def _child_main(rank: int, numthreads: int, opts: Opts, agent_cls: type[Agent] |
             except Exception:  # noqa: BLE001 - already stopping
                 pass
         conn.close()
+    _quick_exit(code)
+
+
+def _quick_exit(code: int) -> None:
+    """Leave without tearing the interpreter down (a second or more with torch loaded): run the exit hooks
+    (multiprocessing's finalizers among them), flush, and exit."""
+    try:
+        atexit._run_exitfuncs()
+        sys.stdout.flush()
+        sys.stderr.flush()
+    finally:
+        os._exit(code)
 
 
 def _serve(rank: int, world: World, counts: torch.Tensor, done: torch.Tensor, evaluating: bool,
