@@ -11,6 +11,8 @@ from accelbatch.data.rebatch import RebatchError, Rows, flatten, rebatch, unflat
 
 from . import no_leaks  # noqa: F401  (pytest fixture)
 
+pytestmark = pytest.mark.filterwarnings("ignore:This DataLoader will create")
+
 
 class Increment(torch.utils.data.IterableDataset):
     """Yields tensors [2, 3] filled with start .. start+length-1 (PopTorch's IncrementIterableDataset)."""

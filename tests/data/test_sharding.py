@@ -13,6 +13,8 @@ from accelbatch.data.batching import BatchingConfig
 from accelbatch.data.datasets import StreamDataset, StreamSource
 from accelbatch.data.sharding import ShardSpec, byte_ranges, even_shards, shard_bounds, shard_indices, shard_stream
 
+from . import no_leaks  # noqa: F401  (pytest fixture)
+
 layouts = dict(n=st.integers(0, 300), processes=st.integers(1, 3), replicas=st.integers(1, 4),
                workers=st.integers(1, 4))
 
@@ -84,7 +86,8 @@ def test_shard_bounds_and_even_shards():
     assert even_shards([4, 3, 3]) == (3, 1)
 
 
-def test_stream_dataset_in_torch_workers_takes_worker_shards(tmp_path):
+@pytest.mark.timeout(60)
+def test_stream_dataset_in_torch_workers_takes_worker_shards(tmp_path, no_leaks):
     import torch
 
     path = tmp_path / "d.jsonl"
