@@ -1,4 +1,4 @@
-"""Hogwild on CPU: ``--numthreads N`` processes, each with its own copy of the world, one model in shared memory.
+"""Hogwild on CPU: ``--numthreads N`` processes, each with its own copy of the world, one shared model.
 
 ParlAI's semantics, in processes (started with ``spawn``):
 
@@ -225,13 +225,13 @@ def world_metric_states(world: World) -> dict[str, Any]:
     return {"tasks": tasks, "model": _agent_metrics(model), "model_is_torch": isinstance(model, TorchAgent)}
 
 
-def _merge_kind(parts: Sequence[tuple[str, Any]]) -> tuple[dict[str, float], bool]:
-    """Merge one agent's metrics from every process -> (report, came from Metrics sums)."""
+def _merge_kind(parts: Sequence[tuple[str, Any]]) -> dict[str, float]:
+    """One agent's (or world's) metrics from every process, merged into one report."""
     if all(kind == "metrics" for kind, _ in parts):
         total = Metrics()
         for _, state in parts:
             total.merge_state(state)
-        return total.report(), True
+        return total.report()
     # agents without a Metrics object: examples summed, the rest averaged weighted by examples
     reports = [rep if kind == "report" else _state_report(rep) for kind, rep in parts]
     exs = sum(float(r.get("exs", 0)) for r in reports)
@@ -246,7 +246,7 @@ def _merge_kind(parts: Sequence[tuple[str, Any]]) -> tuple[dict[str, float], boo
             merged[key] = sum(w * r[key] for w, r in zip(weights, have)) / sum(weights)
         else:
             merged[key] = sum(r[key] for r in have) / len(have)
-    return merged, False
+    return merged
 
 
 def _state_report(state: dict) -> dict[str, float]:
@@ -262,9 +262,8 @@ def merge_world_states(states: Sequence[dict[str, Any]]) -> dict[str, float]:
     names = [name for name, _ in states[0]["tasks"]]
     task_reports = []
     for i, name in enumerate(names):
-        rep, _ = _merge_kind([s["tasks"][i][1] for s in states])
-        task_reports.append((name, rep))
-    model_rep, _ = _merge_kind([s["model"] for s in states])
+        task_reports.append((name, _merge_kind([s["tasks"][i][1] for s in states])))
+    model_rep = _merge_kind([s["model"] for s in states])
     if states[0]["model_is_torch"]:
         model_rep.pop("exs", None)  # TorchAgent.report leaves examples to the teacher
     if len(names) == 1 and names[0] is None:
@@ -316,9 +315,9 @@ def build_process_world(opts: Opts, agent: Agent | type[Agent] | None, rows: int
                         numthreads: int) -> World:
     """Hogwild process ``rank``'s own world (``opts.numthreads`` is 1 here).
 
-    Teacher-fed worlds are create_world's (their teachers get the shared cursors afterwards). Loader-fed worlds
-    (dynamic batching, data workers, async modes, streaming) take this process's shard of the data instead,
-    ``ShardSpec(num_processes=numthreads, process_index=rank)``, so the processes split every epoch between them.
+    Teacher-fed worlds are create_world's (their teachers get the shared cursors afterwards). Loader-fed
+    worlds (dynamic batching, data workers, async modes, streaming) take this process's shard of the data
+    instead, ``ShardSpec(num_processes=numthreads, process_index=rank)``, so the processes split every epoch.
     """
     from accelbatch.loader_world import LoaderWorld, uses_loader
 
@@ -333,8 +332,8 @@ def build_process_world(opts: Opts, agent: Agent | type[Agent] | None, rows: int
     shard = ShardSpec(num_processes=numthreads, process_index=rank)
     tasks = [t.strip() for t in opts.task.split(",") if t.strip()]
     # every process steps the whole combined batch (hogwild processes are not replicas of one step)
-    worlds: list[World] = [LoaderWorld(opts.replace(task=t), model, plan.combined_batch if rows is None else rows,
-                                       shard, plan.factor) for t in tasks]
+    per_step = plan.combined_batch if rows is None else rows
+    worlds: list[World] = [LoaderWorld(opts.replace(task=t), model, per_step, shard, plan.factor) for t in tasks]
     return worlds[0] if len(worlds) == 1 else MultiWorld(opts, worlds, tasks)
 
 

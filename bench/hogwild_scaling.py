@@ -136,7 +136,8 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
             world.shutdown()
     median = {name: statistics.median(r[0] for r in v) for name, v in runs.items()}
     hog = f"hogwild-{args.numthreads}"
-    print(f"hogwild scaling: WideMLP ({params / 1e6:.1f}M parameters, hidden {HIDDEN}), batch {args.batchsize}, "
+    print(f"hogwild scaling: WideMLP ({params / 1e6:.1f}M parameters, hidden {HIDDEN}), "
+          f"batch {args.batchsize}, "
           f"{args.optimizer}, {args.rounds} rounds x {args.seconds:.0f}s, os.cpu_count()={os.cpu_count()}, "
           f"load average {os.getloadavg()[0]:.1f}")
     for name, values in runs.items():

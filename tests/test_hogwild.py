@@ -164,7 +164,8 @@ def _jsonl(path, episodes):
     with open(path, "w", encoding="utf-8") as f:
         for ep in episodes:
             for i, text in enumerate(ep):
-                f.write(json.dumps({"text": text, "labels": ["L" + text], "episode_done": i == len(ep) - 1}) + "\n")
+                row = {"text": text, "labels": ["L" + text], "episode_done": i == len(ep) - 1}
+                f.write(json.dumps(row) + "\n")
     return str(path)
 
 
@@ -197,7 +198,7 @@ def test_merged_report_sums_processes_like_one_metrics_object():
                "model_is_torch": True}]
     rep = merge_world_states(states)
     assert rep["exs"] == 3 and rep["accuracy"] == pytest.approx(2 / 3)
-    assert rep["loss"] == pytest.approx(2.0)  # the model's loss (4 x 1.0 + 4 x 3.0) / 8 replaces the teacher's
+    assert rep["loss"] == pytest.approx(2.0)  # the model's (4 x 1.0 + 4 x 3.0) / 8 replaces the teacher's
 
 
 # --- processes -------------------------------------------------------------------------------------------
@@ -252,7 +253,8 @@ def test_multitask_eval_serves_every_line_once_across_processes_with_batching(tm
         f.unlink()
     second = evaluate(world)
     assert second["exs"] == 1051 and second["accuracy"] == 1.0
-    assert Counter(t for lines in _seen(log_dir).values() for t in lines) == Counter(texts + [t for [t] in other])
+    assert Counter(t for lines in _seen(log_dir).values() for t in lines) == \
+        Counter(texts + [t for [t] in other])
     # dropped without shutdown(): garbage collection stops the children
     ref = weakref.ref(world)
     del world
