@@ -1,0 +1,223 @@
+"""``accelbatch report RUN_DIR``: plot a run's metrics log (loss and throughput per step) to a PNG.
+
+The log is the JSONL file ``--metrics-log`` writes (one record per line: ``split``, ``step``, ``epoch``,
+``exs_per_s``, ``loss``, ``accuracy``, ...). ``RUN_DIR`` may be that file, or a directory holding
+``metrics.jsonl`` or exactly one ``*.jsonl``. The PNG goes next to the log (``metrics.jsonl`` ->
+``metrics.png``) unless ``out`` is given.
+
+* Records without a ``step`` (validation and test reports) are placed at the step of the last train
+  record before them; a missing ``exs_per_s`` is ``exs / time_s`` when both are there.
+* A log appended to by several runs (MetricsLog appends) or a resumed run whose last records went past
+  its checkpoint has steps that go back; each such restart starts a new line of the same colour.
+* A malformed line (not JSON, not an object, no ``split``) is an error naming ``file:line``, unless
+  ``skip_bad`` (``--skip-bad``): then it is reported on stderr and skipped. A last line without a
+  newline that does not parse (a write cut short by a kill) is always skipped with a notice.
+* Needs matplotlib (an optional extra): without it :class:`MissingDependency` says
+  ``pip install matplotlib`` and the command exits with code 2. Nothing here uses pyplot's global state.
+"""
+
+from __future__ import annotations
+
+import argparse
+import glob
+import json
+import math
+import os
+import sys
+from typing import Any, Callable, Sequence
+
+__all__ = ["MetricsLogError", "MissingDependency", "find_metrics_log", "read_metrics", "plot_run",
+           "add_report_arguments", "report_command", "main"]
+
+SPLIT_STYLE = {"train": ("tab:blue", "-", None), "valid": ("tab:orange", "-", "o"),
+               "test": ("tab:green", "", "s")}
+PANELS = (("loss", "loss"), ("exs_per_s", "examples / s"), ("accuracy", "accuracy"))
+
+
+class MetricsLogError(ValueError):
+    """The metrics log cannot be found or read; the text names the file (and line) and what to do."""
+
+
+class MissingDependency(RuntimeError):
+    """An optional dependency is not installed; the text says what to install."""
+
+
+def find_metrics_log(path: str | os.PathLike) -> str:
+    """The JSONL file of ``path``: the file itself, or ``metrics.jsonl`` / the only ``*.jsonl`` in it."""
+    path = os.fspath(path)
+    if os.path.isfile(path):
+        return path
+    if not os.path.isdir(path):
+        raise MetricsLogError(f"{path}: no such file or directory; give a run directory or its metrics "
+                              "log (the --metrics-log file)")
+    preferred = os.path.join(path, "metrics.jsonl")
+    if os.path.isfile(preferred):
+        return preferred
+    found = sorted(glob.glob(os.path.join(glob.escape(path), "*.jsonl")))
+    if len(found) == 1:
+        return found[0]
+    if not found:
+        raise MetricsLogError(f"{path}: no metrics.jsonl or other *.jsonl file here; give the "
+                              "--metrics-log file of the run")
+    names = ", ".join(os.path.basename(f) for f in found)
+    raise MetricsLogError(f"{path}: several JSONL files ({names}); give one of them, e.g. "
+                          f"accelbatch report {found[0]}")
+
+
+def _notice(text: str) -> None:
+    print(f"accelbatch report: {text}", file=sys.stderr)
+
+
+def read_metrics(path: str | os.PathLike, *, skip_bad: bool = False,
+                 warn: Callable[[str], None] = _notice) -> list[dict[str, Any]]:
+    """The records of a metrics log, in file order (see the module docstring for malformed lines)."""
+    file = find_metrics_log(path)
+    with open(file, "rb") as handle:
+        raw = handle.read()
+    lines = raw.split(b"\n")
+    records: list[dict[str, Any]] = []
+    bad: list[str] = []
+    for number, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        last_unterminated = number == len(lines)  # split leaves b"" after a final newline
+        problem = None
+        try:
+            record = json.loads(line.decode("utf-8"))
+        except (ValueError, UnicodeDecodeError) as exc:
+            problem = f"not valid JSON ({str(exc).splitlines()[0]})"
+            if last_unterminated:
+                warn(f"{file}:{number}: skipped an unfinished last line ({problem}); the run was "
+                     "probably stopped while writing it")
+                continue
+        else:
+            if not isinstance(record, dict):
+                problem = f"expected a JSON object, got {type(record).__name__}"
+            elif not isinstance(record.get("split"), str):
+                problem = "the record has no 'split'"
+        if problem is None:
+            records.append(record)
+        elif skip_bad:
+            warn(f"{file}:{number}: skipped: {problem}")
+        else:
+            bad.append(f"{file}:{number}: {problem}")
+    if bad:
+        more = f"\n... and {len(bad) - 5} more" if len(bad) > 5 else ""
+        raise MetricsLogError("\n".join(bad[:5]) + more + "\nFix or delete these lines, or plot the others "
+                              "with accelbatch report --skip-bad")
+    if not records:
+        raise MetricsLogError(f"{file}: no metric records; is it the --metrics-log file of a run that "
+                              "logged (see --log-every-n-secs)?")
+    return records
+
+
+def _number(value: Any) -> float | None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    value = float(value)
+    return value if math.isfinite(value) else None
+
+
+def series(records: Sequence[dict[str, Any]]) -> dict[tuple[str, str], list[list[tuple[float, float]]]]:
+    """``{(split, metric): [segment, ...]}``, each segment a list of ``(step, value)`` of one run."""
+    out: dict[tuple[str, str], list[list[tuple[float, float]]]] = {}
+    step, run, last_train_step = 0.0, 0, None
+    for record in records:
+        split = record["split"]
+        record_step = _number(record.get("step"))
+        if split == "train" and record_step is not None:
+            if last_train_step is not None and record_step < last_train_step:
+                run += 1  # a restart: a new run appended to the log, or a resume
+            last_train_step = record_step
+        if record_step is not None:
+            step = record_step
+        values = dict(record)
+        if _number(values.get("exs_per_s")) is None:
+            exs, secs = _number(values.get("exs")), _number(values.get("time_s"))
+            if exs is not None and secs:
+                values["exs_per_s"] = exs / secs
+        for metric, _ in PANELS:
+            value = _number(values.get(metric))
+            if value is None:
+                continue
+            segments = out.setdefault((split, metric), [])
+            while len(segments) <= run:
+                segments.append([])
+            segments[run].append((step, value))
+    return {key: [seg for seg in segs if seg] for key, segs in out.items()}
+
+
+def _default_out(log_file: str) -> str:
+    stem, _ = os.path.splitext(log_file)
+    return stem + ".png"
+
+
+def plot_run(path: str | os.PathLike, out: str | os.PathLike | None = None, *, skip_bad: bool = False) -> str:
+    """Plot loss, examples/s (and accuracy when logged) against step for each split; return the PNG path."""
+    try:
+        from matplotlib.backends.backend_agg import FigureCanvasAgg
+        from matplotlib.figure import Figure
+    except ImportError:
+        raise MissingDependency("accelbatch report needs matplotlib to draw the PNG: pip install matplotlib "
+                                "(or pip install 'accelbatch[report]')") from None
+    log_file = find_metrics_log(path)
+    data = series(read_metrics(log_file, skip_bad=skip_bad))
+    panels = [(metric, label) for metric, label in PANELS if any(m == metric for _, m in data)]
+    if not any(metric in ("loss", "exs_per_s") for metric, _ in panels):
+        raise MetricsLogError(f"{log_file}: no loss or exs_per_s values to plot")
+    out = os.fspath(out) if out is not None else _default_out(log_file)
+
+    fig = Figure(figsize=(7.5, 2.6 * len(panels)), dpi=100, layout="constrained")
+    FigureCanvasAgg(fig)
+    axes = fig.subplots(len(panels), 1, sharex=True, squeeze=False)[:, 0]
+    splits = sorted({split for split, _ in data}, key=lambda s: (list(SPLIT_STYLE).index(s)
+                                                                 if s in SPLIT_STYLE else 99, s))
+    for ax, (metric, label) in zip(axes, panels):
+        for index, split in enumerate(splits):
+            segments = data.get((split, metric), [])
+            color, line, marker = SPLIT_STYLE.get(split, (f"C{3 + index}", "-", "^"))
+            for n, segment in enumerate(segments):
+                xs, ys = zip(*segment)
+                ax.plot(xs, ys, color=color, linestyle=line or "none", marker=marker, markersize=4,
+                        linewidth=1.4, label=split if n == 0 else None)
+        ax.set_ylabel(label)
+        ax.grid(True, alpha=0.3)
+        ax.legend(loc="best", fontsize="small")
+    axes[-1].set_xlabel("step")
+    axes[0].set_title(os.path.join(*os.path.abspath(log_file).split(os.sep)[-2:]), fontsize="medium")
+    os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
+    fig.savefig(out, format="png")
+    return out
+
+
+# ------------------------------------------------------------------------------------------------------
+# command line: accelbatch report RUN_DIR [-o OUT] [--skip-bad]
+# ------------------------------------------------------------------------------------------------------
+def add_report_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("run_dir", metavar="RUN_DIR",
+                        help="the run's directory (with metrics.jsonl or one *.jsonl) or its metrics log")
+    parser.add_argument("-o", "--out", default=None, help="PNG to write (default: next to the log, .png)")
+    parser.add_argument("--skip-bad", action="store_true",
+                        help="skip malformed log lines (reported on stderr) instead of stopping")
+
+
+def report_command(args: argparse.Namespace) -> int:
+    """Run ``accelbatch report`` for parsed arguments: 0 with the PNG path printed, 2 on any error."""
+    try:
+        png = plot_run(args.run_dir, args.out, skip_bad=args.skip_bad)
+    except (MetricsLogError, MissingDependency, OSError) as exc:
+        print(f"accelbatch: error: {exc}", file=sys.stderr)
+        return 2
+    print(png)
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="accelbatch report",
+                                     description="Plot a run's loss and throughput curves to a PNG.")
+    add_report_arguments(parser)
+    return report_command(parser.parse_args(argv))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

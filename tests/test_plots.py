@@ -1,0 +1,153 @@
+"""accelbatch report (plots.py) and the TensorBoard scalars writer (tensorboard_log.py)."""
+
+import json
+import sys
+
+import pytest
+
+from accelbatch import plots
+from accelbatch.plots import MetricsLogError, MissingDependency
+from accelbatch.tensorboard_log import TensorBoardLog
+
+
+def _records(steps=20, restart_at=None):
+    out = []
+    for step in range(1, steps + 1):
+        logged = step if restart_at is None or step < restart_at else step - restart_at // 2
+        out.append({"split": "train", "step": logged, "epoch": step / 10, "exs_per_s": 1000.0 + 10 * step,
+                    "loss": 2.0 / step, "accuracy": 1 - 1.0 / step, "exs": 32})
+        if step % 5 == 0:
+            out.append({"split": "valid", "exs": 100, "time_s": 0.5, "loss": 2.5 / step, "accuracy": 0.5})
+    out.append({"split": "test", "exs": 100, "time_s": 0.25, "loss": 0.2, "accuracy": 0.9,
+                "stopped_by": "num_epochs"})
+    return out
+
+
+def _write(path, records, tail=""):
+    path.write_text("".join(json.dumps(r) + "\n" for r in records) + tail, encoding="utf-8")
+    return path
+
+
+def test_series_places_reports_at_the_last_train_step_and_derives_throughput():
+    data = plots.series(_records(10))
+    assert data[("valid", "loss")] == [[(5.0, 0.5), (10.0, 0.25)]]
+    assert data[("valid", "exs_per_s")] == [[(5.0, 200.0), (10.0, 200.0)]]
+    assert data[("test", "exs_per_s")] == [[(10.0, 400.0)]]
+    assert [len(s) for s in data[("train", "loss")]] == [10]
+
+
+def test_a_restart_starts_a_new_segment():
+    data = plots.series(_records(10, restart_at=6))
+    assert [s[0][0] for s in data[("train", "loss")]] == [1.0, 3.0]
+
+
+def test_plot_run_writes_a_png(tmp_path):
+    matplotlib = pytest.importorskip("matplotlib")
+    _write(tmp_path / "metrics.jsonl", _records())
+    png = plots.plot_run(tmp_path)
+    assert png == str(tmp_path / "metrics.png")
+    with open(png, "rb") as handle:
+        assert handle.read(8) == b"\x89PNG\r\n\x1a\n"
+    import matplotlib.image
+
+    height, width = matplotlib.image.imread(png).shape[:2]
+    assert width >= 600 and height >= 600  # three panels: loss, examples/s, accuracy
+    assert matplotlib.get_backend()  # untouched global state is still usable
+    out = plots.plot_run(tmp_path / "metrics.jsonl", tmp_path / "sub" / "curves.png")
+    assert out == str(tmp_path / "sub" / "curves.png")
+
+
+def test_malformed_line_is_reported_with_file_and_line(tmp_path):
+    log = tmp_path / "run.jsonl"
+    lines = [json.dumps(r) for r in _records(3)]
+    lines[1] = '{"split": "train", "step": 2, "loss": '
+    lines[2] = "[1, 2]"
+    log.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    with pytest.raises(MetricsLogError) as info:
+        plots.read_metrics(tmp_path)
+    text = str(info.value)
+    assert f"{log}:2: not valid JSON" in text and f"{log}:3: expected a JSON object, got list" in text
+    assert "--skip-bad" in text
+    warnings = []
+    records = plots.read_metrics(log, skip_bad=True, warn=warnings.append)
+    assert len(records) == len(lines) - 2 and len(warnings) == 2 and f"{log}:2: skipped" in warnings[0]
+
+
+def test_an_unfinished_last_line_is_skipped_with_a_notice(tmp_path):
+    log = _write(tmp_path / "metrics.jsonl", _records(3), tail='{"split": "train", "st')
+    warnings = []
+    records = plots.read_metrics(log, warn=warnings.append)
+    assert len(records) == len(_records(3)) and "unfinished last line" in warnings[0]
+    assert f"{log}:{len(records) + 1}:" in warnings[0]
+
+
+def test_finding_the_log(tmp_path):
+    with pytest.raises(MetricsLogError, match="no metrics.jsonl"):
+        plots.find_metrics_log(tmp_path)
+    _write(tmp_path / "a.jsonl", _records(2))
+    assert plots.find_metrics_log(tmp_path) == str(tmp_path / "a.jsonl")
+    _write(tmp_path / "b.jsonl", _records(2))
+    with pytest.raises(MetricsLogError, match=r"several JSONL files \(a.jsonl, b.jsonl\)"):
+        plots.find_metrics_log(tmp_path)
+    _write(tmp_path / "metrics.jsonl", _records(2))
+    assert plots.find_metrics_log(tmp_path) == str(tmp_path / "metrics.jsonl")
+    with pytest.raises(MetricsLogError, match="no such file"):
+        plots.find_metrics_log(tmp_path / "nope")
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "empty" / "metrics.jsonl").write_text("\n")
+    with pytest.raises(MetricsLogError, match="no metric records"):
+        plots.read_metrics(tmp_path / "empty")
+
+
+def test_without_matplotlib_the_command_says_what_to_install(tmp_path, monkeypatch, capsys):
+    _write(tmp_path / "metrics.jsonl", _records(3))
+    for name in ("matplotlib", "matplotlib.figure", "matplotlib.backends.backend_agg"):
+        monkeypatch.setitem(sys.modules, name, None)
+    with pytest.raises(MissingDependency, match="pip install matplotlib"):
+        plots.plot_run(tmp_path)
+    assert plots.main([str(tmp_path)]) == 2
+    assert "pip install matplotlib" in capsys.readouterr().err
+
+
+def test_command_exit_codes(tmp_path, capsys):
+    assert plots.main([str(tmp_path / "missing")]) == 2
+    assert "no such file or directory" in capsys.readouterr().err
+    pytest.importorskip("matplotlib")
+    _write(tmp_path / "metrics.jsonl", _records(3))
+    assert plots.main([str(tmp_path), "-o", str(tmp_path / "r.png")]) == 0
+    assert capsys.readouterr().out.strip() == str(tmp_path / "r.png")
+
+
+# --- TensorBoard --------------------------------------------------------------------------------------
+def test_scalars_mapping():
+    record = {"split": "valid", "step": 3, "loss": 0.5, "accuracy": 1, "stopped_by": "x", "flag": True,
+              "bad": float("nan")}
+    assert TensorBoardLog.scalars(record) == {"valid/loss": 0.5, "valid/accuracy": 1.0}
+
+
+def test_tensorboard_missing_is_a_noop_with_one_notice(tmp_path, monkeypatch):
+    monkeypatch.setitem(sys.modules, "torch.utils.tensorboard", None)
+    notices = []
+    log = TensorBoardLog(str(tmp_path / "tb"), notice=notices.append)
+    for record in _records(3):
+        log.write(record)
+    log.close()
+    assert not log.enabled and len(notices) == 1 and "pip install tensorboard" in notices[0]
+    assert not (tmp_path / "tb").exists()
+    assert TensorBoardLog(None, notice=notices.append).enabled is False and len(notices) == 1
+
+
+def test_tensorboard_scalars_are_written(tmp_path):
+    pytest.importorskip("tensorboard")
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    with TensorBoardLog(str(tmp_path / "tb")) as log:
+        assert log.enabled
+        for record in _records(10):
+            log.write(record)
+    events = EventAccumulator(str(tmp_path / "tb"))
+    events.Reload()
+    tags = set(events.Tags()["scalars"])
+    assert {"train/loss", "train/exs_per_s", "valid/loss", "test/accuracy"} <= tags
+    assert [e.step for e in events.Scalars("valid/loss")] == [5, 10]
+    assert [e.step for e in events.Scalars("train/loss")] == list(range(1, 11))
