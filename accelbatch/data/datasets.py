@@ -238,7 +238,8 @@ class StreamDataset(IterableDataset):
     ``emit`` turns each :class:`~accelbatch.data.batching.Batch` of ``(example_id, Message)`` items into what
     the dataset yields (e.g. collated tensors); by default the Batch itself. ``keep`` (optional) decides which
     batches are emitted at all. ``shard`` names the process and replica; the worker is taken from torch's
-    worker info when iterated.
+    worker info when iterated. ``seed`` (training) shuffles the order of the batches a cache emits, varying
+    with ``epoch``.
     """
 
     source: StreamSource
@@ -248,15 +249,15 @@ class StreamDataset(IterableDataset):
     emit: Callable[[Batch], Any] = _identity
     seed: int | None = None
     keep: Callable[[Batch], bool] | None = None
+    epoch: int = 0
 
     def __post_init__(self) -> None:
         super().__init__()
-        self._epoch = 0
 
     def __iter__(self) -> Iterator[Any]:
         spec = self.shard.in_worker()
-        rng = None if self.seed is None else random.Random(hash((self.seed, self._epoch, spec.index)))
-        self._epoch += 1
+        rng = None if self.seed is None else random.Random(hash((self.seed, self.epoch, spec.index)))
+        self.epoch += 1  # (data workers iterate copies: the loader sets ``epoch`` before each pass)
         batcher = self.batching.batcher(rng)
         keep = self.keep
         for item_id, msg in self.source.examples(spec.num_shards, spec.index):

@@ -307,6 +307,17 @@ def _identity(x: Any) -> Any:
     return x
 
 
+class _EpochDataLoader(DataLoader):
+    """A DataLoader that tells its stream which epoch begins (data workers iterate copies of the dataset,
+    so the stream cannot count its own passes there)."""
+
+    def __iter__(self):
+        epoch = self.__dict__.get("_passes", 0)
+        self.__dict__["_passes"] = epoch + 1
+        self.dataset.epoch = epoch
+        return super().__iter__()
+
+
 # --------------------------------------------------------------------------------------------------
 # streams
 # --------------------------------------------------------------------------------------------------
@@ -530,7 +541,7 @@ def make_loader(data: Any, config: LoaderConfig | Any | None = None, *, collate:
                       streaming=True)
     stream = StreamDataset(dataset, batching, length_fn, shard, emit=_EmitBatch(finisher, pack=workers > 0),
                            seed=seed, keep=_FullOnly(config.batch_size) if drop_partial else None)
-    dataloader = DataLoader(stream, **loader_kwargs)
+    dataloader = _EpochDataLoader(stream, **loader_kwargs)
     return Loader(dataloader, config, sampler=None, transform=None, shapes=batching.shapes, streaming=True)
 
 
