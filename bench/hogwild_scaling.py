@@ -145,9 +145,17 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
         cores = statistics.median(r[2] for r in values)
         print(f"  {name:<10} {median[name]:8.1f} ex/s  {cpu_ms:6.3f} CPU ms/ex  {cores:4.2f} cores busy  "
               f"(rounds: {', '.join(f'{r[0]:.1f}' for r in values)} ex/s)")
-    ratios = {"vs_single": median[hog] / median["single"], "vs_hogwild_1": median[hog] / median["hogwild-1"]}
-    print(f"ratio {hog} / single    = {ratios['vs_single']:.2f}x")
-    print(f"ratio {hog} / hogwild-1 = {ratios['vs_hogwild_1']:.2f}x")
+    cpu = {name: statistics.median(r[1] for r in v) for name, v in runs.items()}
+    busy = {name: statistics.median(r[2] for r in v) for name, v in runs.items()}
+    ratios = {"vs_single": median[hog] / median["single"], "vs_hogwild_1": median[hog] / median["hogwild-1"],
+              "cpu_efficiency": cpu["single"] / cpu[hog]}
+    print(f"ratio {hog} / single    = {ratios['vs_single']:.2f}x   (examples/s)")
+    print(f"ratio {hog} / hogwild-1 = {ratios['vs_hogwild_1']:.2f}x   (examples/s)")
+    print(f"CPU per example, single / {hog} = {ratios['cpu_efficiency']:.2f}  (1.0: sharing the weights costs "
+          f"nothing); cores busy {busy['single']:.2f} -> {busy[hog]:.2f}")
+    if busy[hog] < 0.8 * min(args.numthreads, os.cpu_count() or 1):
+        print(f"note: the {args.numthreads} processes kept only {busy[hog]:.2f} cores busy: this machine had no "
+              "free cores to give them, so the examples/s ratio measures its load, not hogwild's scaling")
     return ratios
 
 
