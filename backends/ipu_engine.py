@@ -213,6 +213,11 @@ class IPUEngine(Engine):
         return list(self._history)
 
     @property
+    def implementation(self) -> str:
+        """Which poptorch runs the graphs: "poptorch" or "poptorch-emulator"."""
+        return "poptorch-emulator" if getattr(self.poptorch, "IS_EMULATOR", False) else "poptorch"
+
+    @property
     def num_executors(self) -> int:
         return len(self._executors)
 

@@ -1,0 +1,91 @@
+"""The IPU tutorials in examples/ipu run to completion at small size (on the poptorch emulator here).
+
+Each script is run as a user runs it (``python examples/ipu/NN_name.py ...``) in a subprocess with a
+timeout; the checks read what it prints. The scripts assert their own results (weights, item counts,
+output values) and exit non-zero when one is wrong.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+EXAMPLES = ROOT / "examples" / "ipu"
+SCRIPTS = sorted(p.name for p in EXAMPLES.glob("[0-9][0-9]_*.py"))
+
+
+def run_example(name: str, *args: str, timeout: float = 120) -> str:
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}
+    env.pop("ACCELBATCH_IPU_EMULATOR", None)
+    proc = subprocess.run([sys.executable, str(EXAMPLES / name), *args], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=timeout)
+    assert proc.returncode == 0, f"{name} exited with {proc.returncode}\n{proc.stdout}\n{proc.stderr}"
+    return proc.stdout
+
+
+def test_there_are_five_tutorials_each_with_a_readme_section():
+    assert len(SCRIPTS) == 5
+    readme = (EXAMPLES / "README.md").read_text(encoding="utf-8")
+    for name in SCRIPTS:
+        assert f"`{name}`" in readme, name
+
+
+@pytest.mark.multiprocess
+@pytest.mark.timeout(180)
+def test_01_efficient_data_loading():
+    out = run_example("01_efficient_data_loading.py", "--emulator", "--items", "96", "--features", "8",
+                      "--hidden", "8", "--batch-size", "2", "--device-iterations", "3", "--workers", "1",
+                      "--max-batches", "3")
+    assert "= 6 rows per call; 16 calls per epoch of 96 items" in out
+    assert "poptorch.DataLoader batch: x[6, 8] y[6]" in out and "torch DataLoader batch:    x[2, 8]" in out
+    assert "Invalid batch dimension: In the input torch.Size([2, 8]), the batch dimension (2) must be a " \
+           "multiple of Options.deviceIterations(3)" in out
+    for mode in ("Sync, 0 workers", "Sync, 1 workers", "Async, 1 workers"):
+        line = next(l for l in out.splitlines() if mode in l)
+        assert line.count("it/s") == 2 and ("data loading" in line or "the model" in line)
+
+
+def test_02_device_iterations_and_output_modes():
+    out = run_example("02_device_iterations_and_output_modes.py", "--emulator", "--batch-size", "1",
+                      "--device-iterations", "6", "--period", "3")
+    assert "pred[6] loss[6] out" in out
+    assert "EveryN(3)      [2]     [2]   2, 5                  [2, 5]" in out
+    assert "every mode matches the host's predictions" in out
+
+
+def test_03_replication_and_gradient_accumulation():
+    out = run_example("03_replication_and_gradient_accumulation.py", "--emulator", "--batch-size", "1",
+                      "--device-iterations", "2", "--replication-factor", "2", "--gradient-accumulation", "2",
+                      "--calls", "2")
+    assert "micro batch 1 x D 2 x R 2 x G 2 = 8 rows per call" in out
+    assert out.count("same weights") == 3 and "weights equal plain host SGD over 4-row updates" in out
+
+
+@pytest.mark.multiprocess
+@pytest.mark.timeout(180)
+def test_04_rebatched_iterable_datasets_7_workers_80_vs_100():
+    out = run_example("04_rebatched_iterable_datasets.py", "--emulator", "--skip-async")
+    lines = {line.split()[0]: line for line in out.splitlines() if "distinct items used" in line}
+    assert "20 batches of 4:   80 distinct items used (expected 80)" in lines["Sync"]
+    assert "25 batches of 4:  100 distinct items used (expected 100)" in lines["AsyncRebatched"]
+
+
+@pytest.mark.timeout(180)
+def test_05_world_training_on_ipu_matches_cpu():
+    out = run_example("05_world_training_on_ipu.py", "--ipu-emulator", "-bs", "4", "-di", "2", "-rf", "2",
+                      "--max-train-steps", "4", "--eval-splits", "", "--compare-cpu")
+    assert "device: ipu" in out and "ran on poptorch-emulator" in out
+    assert "largest weight difference ipu vs cpu" in out
+
+
+@pytest.mark.timeout(180)
+def test_05_via_the_cli():
+    out = run_example("05_world_training_on_ipu.py", "--via-cli", "--ipu-emulator", "-bs", "4",
+                      "--max-train-steps", "2", "--eval-splits", "")
+    assert "accelbatch train " in out and "--device ipu" in out and "--ipu-emulator" in out
+    assert "device: ipu" in out
