@@ -372,7 +372,8 @@ class IPUEngine(Engine):
             m = lf.numel()
             per = target // m
             real = torch.tensor([min(max(n - j * per, 0), per) for j in range(m)], dtype=torch.float64)
-            loss_value = float((lf * real).sum()) / n
+            used = real > 0  # micro-batches of padding only are left out (their loss may well be NaN)
+            loss_value = float((lf[used] * real[used]).sum()) / n
         return StepResult(outputs=outputs, rows=lay.out_rows, loss=loss_value, updates=0,
                           extras={"micro_batches": lay.num_micro_batches, "padded_rows": target - n,
                                   "compilations": self._compilations, "compiled": compiled})

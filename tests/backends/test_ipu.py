@@ -306,6 +306,29 @@ def test_partial_eval_batches_are_padded_to_one_graph_and_cut_back():
         engine.eval_step(data(18))
 
 
+class NaNOnPadding(Classifier):
+    """Its loss is NaN on a micro-batch of padding rows only (0 / 0), as many masked losses are."""
+
+    def forward(self, batch):
+        out = super().forward(batch)
+        if "t" in batch:
+            real = (batch["x"].abs().sum(dim=1) > 0).float()
+            per_row = F.cross_entropy(out["scores"], batch["t"], reduction="none")
+            out["loss"] = (per_row * real).sum() / real.sum()
+        return out
+
+
+def test_micro_batches_of_padding_only_do_not_enter_the_eval_loss():
+    torch.manual_seed(0)
+    model = NaNOnPadding()
+    engine = ipu_engine(model, ExecutionPlan(micro_batch=2, device_iterations=2, replication_factor=2))
+    batch = data(3)
+    res = engine.eval_step(batch)
+    with torch.no_grad():
+        expected = F.cross_entropy(model.lin(batch["x"]), batch["t"])
+    assert res.loss == pytest.approx(float(expected), abs=1e-5)
+
+
 def test_eval_without_labels_returns_outputs_and_no_loss():
     engine = ipu_engine(fresh(), ExecutionPlan(micro_batch=4))
     res = engine.eval_step({"x": torch.randn(3, 4)})
