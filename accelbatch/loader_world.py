@@ -13,6 +13,8 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
+import torch
+
 from accelbatch.agents import Agent, TorchAgent
 from accelbatch.data.datasets import _is_example
 from accelbatch.data.loader import LoadedBatch, Loader, make_loader
@@ -49,6 +51,7 @@ class LoaderWorld(World):
         self._done = False
         self.padded_tokens = 0
         self.real_tokens = 0
+        self.dropped_exs = 0  # training examples left out in partial static-shape batches (--drop-last)
         self.acts = [None, None]
 
     def get_task_agent(self) -> Any:
@@ -62,6 +65,14 @@ class LoaderWorld(World):
 
     def parley(self) -> None:
         batch = self._next_batch()
+        while batch is not None and self.training and batch.num_real < batch.rows:
+            if self.opts.drop_last:
+                # a static-shape batch with padding rows (a bucket's partial tail): padding must not enter
+                # the loss, so with --drop-last it is left out like any partial training batch, and counted
+                self.dropped_exs += batch.num_real
+                batch = self._next_batch()
+            else:
+                batch = _real_rows_only(batch)
         if batch is None:
             return
         messages = batch.messages if self.training else [_as_eval(m) for m in batch.messages]
@@ -122,6 +133,8 @@ class LoaderWorld(World):
         rep.update(self.get_model_agent().report())
         if self.padded_tokens:
             rep["pad_fraction"] = round(1 - self.real_tokens / self.padded_tokens, 4)
+        if self.dropped_exs:
+            rep["dropped_exs"] = self.dropped_exs
         return rep
 
     def reset_metrics(self) -> None:
@@ -135,6 +148,17 @@ class LoaderWorld(World):
 
     def shutdown(self) -> None:
         self.loader.close()
+
+
+def _real_rows_only(batch: LoadedBatch) -> LoadedBatch:
+    """The batch without its padding rows (training with --no-drop-last: the plan's tail policy)."""
+    real = batch.num_real
+
+    def cut(t: Any) -> Any:
+        return t[:real] if isinstance(t, torch.Tensor) and t.dim() and t.shape[0] == batch.rows else t
+
+    tensors = {k: cut(v) for k, v in batch.tensors.items()} if isinstance(batch.tensors, dict) else batch.tensors
+    return LoadedBatch(tensors, batch.messages, batch.ids, batch.lengths, real, batch.padded_len)
 
 
 def _as_eval(msg: Message) -> Message:

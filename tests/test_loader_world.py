@@ -104,3 +104,17 @@ def test_agent_history_matches_squashing(turns, context_length, include_labels):
         texts.append(history.add(msg["text"], previous))
         previous = msg["labels"][0]
     assert texts == squashed
+
+
+def test_bucket_training_leaves_padding_rows_out_of_the_loss():
+    opts = Opts(task="babi:1", dynamic_batching="buckets", batchsize=16, progress=False)
+    world = create_world(opts)
+    attach_backend(world, opts)
+    steps = 0
+    while world.loader.epoch < 2 and steps < 2000:  # a full epoch, with each bucket's partial tail
+        world.parley()
+        steps += 1
+    report = world.report()
+    world.shutdown()
+    assert report["dropped_exs"] > 0  # partial bucket batches were left out, and counted
+    assert world.get_total_exs() + report["dropped_exs"] >= world.num_examples()
