@@ -154,17 +154,17 @@ def _default_out(log_file: str) -> str:
 
 def plot_run(path: str | os.PathLike, out: str | os.PathLike | None = None, *, skip_bad: bool = False) -> str:
     """Plot loss, examples/s (and accuracy when logged) against step for each split; return the PNG path."""
-    try:
-        from matplotlib.backends.backend_agg import FigureCanvasAgg
-        from matplotlib.figure import Figure
-    except ImportError:
-        raise MissingDependency("accelbatch report needs matplotlib to draw the PNG: pip install matplotlib "
-                                "(or pip install 'accelbatch[report]')") from None
     log_file = find_metrics_log(path)
     data = series(read_metrics(log_file, skip_bad=skip_bad))
     panels = [(metric, label) for metric, label in PANELS if any(m == metric for _, m in data)]
     if not any(metric in ("loss", "exs_per_s") for metric, _ in panels):
         raise MetricsLogError(f"{log_file}: no loss or exs_per_s values to plot")
+    try:
+        from matplotlib.backends.backend_agg import FigureCanvasAgg
+        from matplotlib.figure import Figure
+    except ImportError:
+        raise MissingDependency("accelbatch report needs matplotlib to draw the PNG: "
+                                "pip install matplotlib") from None
     out = os.fspath(out) if out is not None else _default_out(log_file)
 
     fig = Figure(figsize=(7.5, 2.6 * len(panels)), dpi=100, layout="constrained")
