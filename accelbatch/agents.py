@@ -260,6 +260,17 @@ class TorchAgent(Agent):
         self._last_label = None
         self._previous_done = True
 
+    def conversation_state(self) -> dict[str, Any]:
+        """This clone's episode in progress (history, last label) as JSON data, for checkpoints."""
+        return {"turns": list(self.history.turns), "last_label": self._last_label,
+                "previous_done": self._previous_done}
+
+    def restore_conversation(self, state: dict[str, Any]) -> None:
+        """Continue an episode from :meth:`conversation_state`'s data."""
+        self.history.turns = list(state["turns"])
+        self._last_label = state["last_label"]
+        self._previous_done = bool(state["previous_done"])
+
     def batch_act(self, observations: Sequence[Message | None]) -> list[Message]:
         replies = [Message(id=self.id) for _ in observations]
         rows = [i for i, obs in enumerate(observations) if not is_padding(obs)]

@@ -7,22 +7,27 @@ import sys
 from typing import Sequence
 
 from accelbatch.agents import AGENT_PATHS, UnknownNameError
+from accelbatch.checkpoint import CheckpointError
 from accelbatch.opts import OptionError, Opts, add_arguments
 from accelbatch.plan import PlanError
 from accelbatch.tasks.files import DataFileError
 from accelbatch.teachers import list_tasks
 
-USAGE_ERRORS: tuple[type[BaseException], ...] = (OptionError, UnknownNameError, DataFileError)
+USAGE_ERRORS: tuple[type[BaseException], ...] = (OptionError, UnknownNameError, DataFileError,
+                                                  CheckpointError)
 
 
 def build_cli() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="accelbatch", description="ParlAI-style worlds on cpu, cuda and ipu.")
-    verbs = parser.add_subparsers(dest="verb", metavar="{train,eval,tasks}")
+    verbs = parser.add_subparsers(dest="verb", metavar="{train,eval,report,tasks}")
     train = verbs.add_parser("train", help="train a model (defaults: the bundled babi:1 task, memnn model)")
     add_arguments(train)
     evaluate = verbs.add_parser("eval", help="evaluate a model on a split (default -dt valid)")
     add_arguments(evaluate)
     evaluate.set_defaults(datatype="valid")
+    from accelbatch.plots import add_report_arguments
+
+    add_report_arguments(verbs.add_parser("report", help="plot a run's loss and throughput to a PNG"))
     verbs.add_parser("tasks", help="list the registered tasks and models")
     return parser
 
@@ -42,6 +47,10 @@ def _backend_errors() -> tuple[type[BaseException], ...]:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_cli()
     args = parser.parse_args(argv)
+    if args.verb == "report":
+        from accelbatch.plots import report_command
+
+        return report_command(args)
     if args.verb in (None, "tasks"):
         if args.verb is None:
             parser.print_help()
@@ -64,8 +73,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     except _replica_errors() as exc:
         print(f"accelbatch: error: {exc}", file=sys.stderr)
         return 1
-    except KeyboardInterrupt:
-        print("accelbatch: interrupted", file=sys.stderr)
+    except KeyboardInterrupt as exc:
+        print(f"accelbatch: interrupted{': ' + str(exc) if str(exc) else ''}", file=sys.stderr)
         return 130
     if report is not None:
         print(format_report(report))

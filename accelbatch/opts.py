@@ -77,6 +77,9 @@ class Opts:
     report_json: str | None = _opt(None, "--report-json", help="write the final report to this JSON file")
     log_every_n_secs: float = _opt(2.0, "-ltim", "--log-every-n-secs", help="seconds between metric logs")
     progress: bool = _opt(True, "--progress", help="show a progress bar (--no-progress to hide)")
+    tensorboard_logdir: str | None = _opt(None, "--tensorboard-logdir",
+                                          help="also write the logged metrics as TensorBoard scalars here "
+                                               "(needs `pip install tensorboard`)")
     display_examples: bool = _opt(False, "--display-examples", help="print each parley (debugging)")
 
     # --- data pipeline -----------------------------------------------------------------------

@@ -17,8 +17,12 @@ from dataclasses import dataclass, field
 from typing import Any, TextIO
 
 from accelbatch.agents import Agent, TorchAgent
+from accelbatch.checkpoint import (CheckpointError, PeriodicSaver, StopSignals, capture_rng, check_resumable,
+                                   find_checkpoint, load_checkpoint, restore_rng, restore_world_position,
+                                   save_checkpoint, world_position)
 from accelbatch.opts import Opts
 from accelbatch.plan import ExecutionPlan
+from accelbatch.tensorboard_log import TensorBoardLog
 from accelbatch.teachers import is_training, split_of
 from accelbatch.worlds import World, create_world
 
@@ -29,8 +33,11 @@ class MetricsLog:
 
     path: str | None
     handle: TextIO | None = None
+    tensorboard: TensorBoardLog | None = None  # the same records as TensorBoard scalars (optional)
 
     def write(self, record: dict[str, Any]) -> None:
+        if self.tensorboard is not None:
+            self.tensorboard.write(record)
         if not self.path:
             return
         if self.handle is None:
@@ -43,6 +50,8 @@ class MetricsLog:
         if self.handle is not None:
             self.handle.close()
             self.handle = None
+        if self.tensorboard is not None:
+            self.tensorboard.close()
 
 
 @dataclass
@@ -58,6 +67,15 @@ class TrainState:
 
     def elapsed(self) -> float:
         return time.monotonic() - self.started
+
+    def to_json(self) -> dict[str, Any]:
+        return {"steps": self.steps, "exs": self.exs, "validations": self.validations, "best": self.best,
+                "stale": self.stale, "elapsed_s": self.elapsed()}
+
+    def load_json(self, data: dict[str, Any]) -> None:
+        self.steps, self.exs, self.validations = data["steps"], data["exs"], data["validations"]
+        self.best, self.stale = data["best"], data["stale"]
+        self.started = time.monotonic() - data["elapsed_s"]
 
 
 def attach_backend(world: World, opts: Opts) -> Any:
@@ -115,7 +133,9 @@ def run(world: World, opts: Opts) -> dict[str, Any]:
     """Train (datatype train) or evaluate (valid/test) ``world`` on ``opts.device``; return the report."""
     backend = attach_backend(world, opts)
     main = backend.is_main_process()
-    log = MetricsLog(opts.metrics_log if main else None)
+    tb_dir = opts.tensorboard_logdir
+    log = MetricsLog(opts.metrics_log if main else None,
+                     tensorboard=TensorBoardLog(tb_dir) if main and tb_dir else None)
     try:
         if is_training(opts.datatype):
             report = _train(world, opts, log, backend)
@@ -134,6 +154,11 @@ def run(world: World, opts: Opts) -> dict[str, Any]:
 
 
 def _train(world: World, opts: Opts, log: MetricsLog, backend: Any) -> dict[str, Any]:
+    with StopSignals() as stop:
+        return _train_loop(world, opts, log, backend, stop)
+
+
+def _train_loop(world: World, opts: Opts, log: MetricsLog, backend: Any, stop: StopSignals) -> dict[str, Any]:
     state = TrainState()
     model = world.get_model_agent()
     main = backend.is_main_process()
@@ -141,7 +166,13 @@ def _train(world: World, opts: Opts, log: MetricsLog, backend: Any) -> dict[str,
     per_epoch = world.num_examples()
     target_exs = opts.num_epochs * per_epoch if opts.num_epochs > 0 else math.inf
     next_validation = opts.validation_every_n_epochs * per_epoch if opts.validation_every_n_epochs > 0 else math.inf
+    resumed = _resume(world, opts, state, model, backend)
+    if resumed is not None:
+        next_validation = resumed.get("next_validation", next_validation)
+    saver = PeriodicSaver(opts.save_every_n_secs)
     bar = _progress(opts, target_exs) if main else None
+    if bar is not None and state.exs:
+        bar.update(state.exs)
     last_log, window_exs, window_start = time.monotonic(), 0, time.monotonic()
     train_report: dict[str, float] = {}
     valid_world: World | None = None
@@ -175,6 +206,16 @@ def _train(world: World, opts: Opts, log: MetricsLog, backend: Any) -> dict[str,
                 break
         if state.exs >= target_exs:
             break
+        # between world steps: every call's D updates (and their G-micro-batch windows) are complete
+        if _collective_flag(backend, saver.due() or stop.requested is not None):
+            _checkpoint(world, opts, state, model, backend, next_validation)
+            if stop.requested is not None:
+                if bar is not None:
+                    bar.close()
+                raise KeyboardInterrupt(f"{stop.name}: checkpoint saved to {opts.model_file}; "
+                                        "continue with --resume")
+    if opts.model_file and opts.save_every_n_secs > 0:
+        _checkpoint(world, opts, state, model, backend, next_validation)  # a resume goes on from here
     if bar is not None:
         bar.close()
     if opts.model_file and state.validations == 0 and main:
@@ -196,6 +237,77 @@ def _train(world: World, opts: Opts, log: MetricsLog, backend: Any) -> dict[str,
     if valid_world is not None:
         valid_world.shutdown()
     return report
+
+
+def _gather(backend: Any, obj: Any) -> list[Any]:
+    """Every replica's ``obj`` (JSON data), in rank order; ``[obj]`` alone."""
+    if backend.world_size == 1:
+        return [obj]
+    import torch.distributed as dist
+
+    out: list[Any] = [None] * backend.world_size
+    dist.all_gather_object(out, obj)
+    return out
+
+
+def _collective_flag(backend: Any, flag: bool) -> bool:
+    """True on every replica when it is True on any (all must join a checkpoint's gather)."""
+    if backend.world_size == 1:
+        return flag
+    import torch
+    import torch.distributed as dist
+
+    value = torch.tensor([int(flag)])
+    dist.all_reduce(value, op=dist.ReduceOp.MAX)
+    return bool(value.item())
+
+
+def _checkpoint(world: World, opts: Opts, state: TrainState, model: Agent, backend: Any,
+                next_validation: float) -> None:
+    """Save model, optimizer, plan, counters, data position and RNG (all replicas join; rank 0 writes)."""
+    if not opts.model_file or not isinstance(model, TorchAgent):
+        return
+    positions = _gather(backend, world_position(world))
+    rngs = _gather(backend, capture_rng())
+    if backend.is_main_process():
+        save_checkpoint(opts.model_file, model=model.model, optimizer=model.optimizer, opts=opts,
+                        plan=_plan(opts), rng=rngs,
+                        state={"train": state.to_json(), "data": positions,
+                               "next_validation": next_validation})
+    _barrier(backend)
+
+
+def _resume(world: World, opts: Opts, state: TrainState, model: Agent, backend: Any) -> dict[str, Any] | None:
+    """--resume: load the checkpoint of --model-file into the engine, counters, data position and RNG."""
+    if not opts.resume or not opts.model_file or not isinstance(model, TorchAgent):
+        return None
+    if find_checkpoint(opts.model_file) is None:
+        if backend.is_main_process():
+            print(f"accelbatch: --resume: no checkpoint at {opts.model_file}; starting afresh",
+                  file=sys.stderr)
+        return None
+    ckpt = load_checkpoint(opts.model_file)
+    model.engine.load_state_dict(ckpt.engine_state())  # after compile: the engine moves it to its device
+    if ckpt.legacy:
+        if backend.is_main_process():
+            print(f"accelbatch: --resume: {ckpt.path} holds weights only; the data starts from the beginning",
+                  file=sys.stderr)
+        return None
+    check_resumable(ckpt, opts)
+    positions = ckpt.data or []
+    if len(positions) != backend.world_size:
+        raise CheckpointError(f"--resume: {ckpt.path} has the data position of {len(positions)} replicas, "
+                              f"this run has {backend.world_size}; use the same --replication-factor")
+    position = positions[backend.rank]
+    if position.get("unsupported"):
+        print(f"accelbatch: --resume: the data position of this world is not restored "
+              f"({'; '.join(position['unsupported'])}): examples of the interrupted epoch may repeat",
+              file=sys.stderr)
+    else:
+        restore_world_position(world, position)
+    restore_rng(ckpt, rank=backend.rank)
+    state.load_json(ckpt.state["train"])
+    return ckpt.state
 
 
 def _barrier(backend: Any) -> None:

@@ -82,10 +82,14 @@ class EpisodeCursor:
         return self.next_index >= self.num_episodes
 
     def rewind(self) -> None:
+        self.seek(0, 0)
+
+    def seek(self, epoch: int, next_index: int) -> None:
+        """Continue from a saved position: episode ``next_index`` of ``epoch``'s order (checkpoints)."""
         with self.lock:
-            self.next_index = 0
-            self.epoch = 0
+            self.epoch = epoch
             self._new_order()
+            self.next_index = next_index
 
 
 class Teacher(Agent):
@@ -127,6 +131,7 @@ class FixedTeacher(Teacher):
             self.metrics = shared["metrics"]
             self._num_examples = shared["num_examples"]
         self._episode: list[Message] | None = None
+        self._episode_index: int | None = None  # index of _episode in self.episodes (checkpoints)
         self._entry = 0
         self._last: Message | None = None
         self._done = False
@@ -160,7 +165,7 @@ class FixedTeacher(Teacher):
                 self._done = True
                 self._last = None
                 return padding_message()
-            self._episode, self._entry = self.episodes[index], 0
+            self._episode, self._episode_index, self._entry = self.episodes[index], index, 0
         msg = Message(self._episode[self._entry])
         self._entry += 1
         msg[ID] = self.id
@@ -186,7 +191,26 @@ class FixedTeacher(Teacher):
     def reset(self) -> None:
         super().reset()
         self.cursor.rewind()
-        self._episode, self._entry, self._last, self._done = None, 0, None, False
+        self._episode, self._episode_index, self._entry, self._last, self._done = None, None, 0, None, False
+
+    def position(self) -> tuple[int, int] | None:
+        """``(episode index, next entry)`` of the episode this clone is in the middle of, else None.
+
+        Taken between world steps (every example handed out has been observed), with the shared
+        cursor's position it is where this clone's data continues; see accelbatch.checkpoint.
+        """
+        if self._episode is None or self._entry >= len(self._episode):
+            return None
+        return (self._episode_index, self._entry)  # type: ignore[return-value]
+
+    def restore(self, position: tuple[int, int] | None) -> None:
+        """Continue inside episode ``position[0]`` at entry ``position[1]`` (None: between episodes)."""
+        if position is None:
+            self._episode, self._episode_index, self._entry = None, None, 0
+        else:
+            index, entry = position
+            self._episode, self._episode_index, self._entry = self.episodes[index], index, entry
+        self._last, self._done = None, False
 
     def report(self) -> dict[str, float]:
         return self.metrics.report()

@@ -1,0 +1,88 @@
+"""Kill a training run (SIGKILL at a random point, or SIGTERM) and --resume: nothing lost or repeated."""
+
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+
+from accelbatch.checkpoint import load_checkpoint
+
+
+def _dataset(root):
+    rng = random.Random(1)
+    os.makedirs(root / "data")
+    answers = ["red", "blue", "green", "kitchen", "garden"]
+    with open(root / "data" / "train.jsonl", "w") as handle:
+        for e in range(40):
+            n = rng.randint(1, 4)
+            for i in range(n):
+                a = rng.choice(answers)
+                handle.write(json.dumps({"text": f"ep {e} turn {i} where is the {a} thing", "labels": [a],
+                                         "label_candidates": answers, "episode_done": i == n - 1}) + "\n")
+
+
+def _command(root, model_file, *extra):
+    return [sys.executable, "-m", "accelbatch", "train", "-t", f"jsonl:{root}/data", "-m", "memnn", "-bs", "3",
+            "-ne", "2", "-veps", "-1", "--eval-splits", "", "--no-progress", "-ltim", "1000",
+            "-mf", str(model_file), *extra]
+
+
+ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
+
+
+def _weights(path):
+    return torch.load(path, weights_only=True)["model"]
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("how", ["SIGKILL", "SIGTERM"])
+def test_interrupted_run_resumes_to_the_same_weights(tmp_path, how):
+    _dataset(tmp_path)
+    reference = tmp_path / "ref" / "model.pt"
+    subprocess.run(_command(tmp_path, reference), env=ENV, check=True, capture_output=True, timeout=240)
+
+    model = tmp_path / "cut" / "model.pt"
+    proc = subprocess.Popen(_command(tmp_path, model, "--save-every-n-secs", "0.01"), env=ENV,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    manifest = tmp_path / "cut" / "model.pt.ckpt" / "MANIFEST.json"
+    deadline = time.monotonic() + 120
+    while not manifest.exists():
+        assert proc.poll() is None, proc.communicate()
+        assert time.monotonic() < deadline
+        time.sleep(0.02)
+    time.sleep(random.Random().uniform(0.0, 0.4))
+    proc.send_signal(getattr(signal, how))
+    _, err = proc.communicate(timeout=60)
+    if how == "SIGTERM":
+        assert proc.returncode == 130 and "continue with --resume" in err
+    steps_at_cut = load_checkpoint(str(model)).state["train"]["steps"]
+    assert steps_at_cut > 0
+
+    resumed = subprocess.run(_command(tmp_path, model, "--resume"), env=ENV, capture_output=True, text=True,
+                             timeout=240)
+    assert resumed.returncode == 0, resumed.stderr
+    ref, got = _weights(reference), _weights(model)
+    assert ref.keys() == got.keys()
+    for key in ref:
+        assert torch.equal(ref[key], got[key]), key
+
+
+def test_a_tampered_checkpoint_is_refused_with_a_clear_message(tmp_path, capsys):
+    from accelbatch.cli import main
+
+    _dataset(tmp_path)
+    model = tmp_path / "m" / "model.pt"
+    assert main(["train", "-t", f"jsonl:{tmp_path}/data", "-bs", "3", "-tstep", "4", "--save-every-n-secs",
+                 "0.001", "-mf", str(model), "--no-progress", "--eval-splits", "", "-veps", "-1"]) == 0
+    state = next((tmp_path / "m" / "model.pt.ckpt").glob("gen-*")) / "state.json"
+    state.write_text(state.read_text().replace('"steps": 4', '"steps": 5'))
+    assert main(["train", "-t", f"jsonl:{tmp_path}/data", "-bs", "3", "-tstep", "8", "--resume",
+                 "-mf", str(model), "--no-progress", "--eval-splits", "", "-veps", "-1"]) == 2
+    err = capsys.readouterr().err
+    assert "state.json" in err and "--resume" in err
