@@ -200,7 +200,7 @@ def _train_loop(world: World, opts: Opts, log: MetricsLog, backend: Any, stop: S
             break
         if state.exs >= next_validation:
             next_validation += opts.validation_every_n_epochs * per_epoch
-            valid_world = valid_world or create_world(opts.replace(datatype="valid"), agent=model)
+            valid_world = valid_world or create_world(_eval_opts(opts, "valid"), agent=model)
             if _validate(valid_world, opts, log, state, model, backend):
                 stop_reason = "validation"
                 break
@@ -231,7 +231,7 @@ def _train_loop(world: World, opts: Opts, log: MetricsLog, backend: Any, stop: S
                                         "exs_per_s": round(state.exs / max(state.elapsed(), 1e-9), 1),
                                         "time_s": round(state.elapsed(), 3), "stopped_by": stop_reason}}
     for split in [s.strip() for s in opts.eval_splits.split(",") if s.strip()]:
-        eval_world = create_world(opts.replace(datatype=split), agent=model)
+        eval_world = create_world(_eval_opts(opts, split), agent=model)
         report[split] = evaluate(eval_world, log, split, backend)
         eval_world.shutdown()
     if valid_world is not None:
@@ -308,6 +308,12 @@ def _resume(world: World, opts: Opts, state: TrainState, model: Agent, backend: 
     restore_rng(ckpt, rank=backend.rank)
     state.load_json(ckpt.state["train"])
     return ckpt.state
+
+
+def _eval_opts(opts: Opts, split: str) -> Opts:
+    """Options of an evaluation inside training: in this process even when training is hogwild (the
+    model is shared, so this sees the latest weights without starting processes)."""
+    return opts.replace(datatype=split, numthreads=1)
 
 
 def _barrier(backend: Any) -> None:

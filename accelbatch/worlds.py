@@ -286,8 +286,13 @@ def create_world(opts: Opts, agent: Agent | type[Agent] | None = None, rows: int
     new world shares (e.g. the training agent, for a validation world). Under torch.distributed with
     several replicas, each process's world holds its replica's share of the rows and of the data.
     With the data loader options (see :func:`accelbatch.loader_world.uses_loader`) the world is fed
-    by the loader; otherwise it is ParlAI's BatchWorld of teacher and agent clones.
+    by the loader; otherwise it is ParlAI's BatchWorld of teacher and agent clones. With
+    ``--numthreads N`` > 1 it is a HogwildWorld: N processes, one model in shared memory.
     """
+    if opts.numthreads > 1:
+        from accelbatch.hogwild import create_hogwild_world  # hogwild's children call back with numthreads=1
+
+        return create_hogwild_world(opts, agent=agent, rows=rows)
     from accelbatch.loader_world import make_loader_worlds, uses_loader
 
     shard = replica_shard()
