@@ -15,13 +15,16 @@ import importlib
 import os
 import zlib
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import TYPE_CHECKING, Any, Sequence
 
 import torch
 
 from accelbatch.messages import EPISODE_DONE, EVAL_LABELS, LABELS, TEXT, Message, is_padding
 from accelbatch.metrics import Metrics
 from accelbatch.opts import Opts
+
+if TYPE_CHECKING:
+    from accelbatch.data.loader import AgentCollate
 
 # name -> "module:Class"; anything else given to -m is read as "module:Class".
 AGENT_PATHS: dict[str, str] = {

@@ -82,7 +82,7 @@ def attach_backend(world: World, opts: Opts) -> Any:
     """Compile the world's model on the --device backend; return the backend (to tear down later)."""
     from accelbatch.backends.base import get_backend
 
-    backend = get_backend(opts.device)()
+    backend = get_backend(opts.device, opts)()
     backend.setup(opts)
     agent = world.get_model_agent()
     if isinstance(agent, TorchAgent):
@@ -143,6 +143,8 @@ def run(world: World, opts: Opts) -> dict[str, Any]:
             split = split_of(opts.datatype)
             report = {split: evaluate(world, log, split, backend)}
         report["device"] = backend.name
+        if backend.name == "ipu":
+            report["ipu"] = {"poptorch": backend.implementation, "compilations": backend.compilations}
         if backend.world_size > 1:
             report["replicas"] = backend.world_size
         report = _finish(report, opts if main else opts.replace(report_json=None))
@@ -376,7 +378,7 @@ def _finish(report: dict[str, Any], opts: Opts) -> dict[str, Any]:
 
 def format_report(report: dict[str, Any]) -> str:
     """The report as a plain table: one row per split, ParlAI's metric names as columns."""
-    splits = [(name, rep) for name, rep in report.items() if isinstance(rep, dict)]
+    splits = [(name, rep) for name, rep in report.items() if isinstance(rep, dict) and "exs" in rep]
     columns = ["exs", "accuracy", "f1", "loss", "exs_per_s", "time_s"]
     columns = [c for c in columns if any(c in rep for _, rep in splits)]
     header = f"{'split':<8}" + "".join(f"{c:>12}" for c in columns)
@@ -388,5 +390,6 @@ def format_report(report: dict[str, Any]) -> str:
             cells.append(f"{value:>12.4f}" if isinstance(value, float) and c not in ("exs_per_s", "time_s")
                          else f"{value:>12}")
         lines.append(f"{name:<8}" + "".join(cells))
-    extras = [f"{k}: {v}" for k, v in report.items() if not isinstance(v, dict)]
+    extras = [f"{k}: " + (", ".join(f"{a}={b}" for a, b in v.items()) if isinstance(v, dict) else str(v))
+              for k, v in report.items() if not (isinstance(v, dict) and "exs" in v)]
     return "\n".join(lines + extras)

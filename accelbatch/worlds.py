@@ -11,7 +11,7 @@
 from __future__ import annotations
 
 import random
-from typing import Any, Sequence
+from typing import Sequence
 
 from accelbatch.agents import Agent, resolve_agent_class
 from accelbatch.messages import Message, is_padding

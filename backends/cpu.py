@@ -27,7 +27,7 @@
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Mapping
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -36,28 +36,8 @@ from accelbatch.plan import CallLayout, ExecutionPlan, OutputMode, PlanError, ba
 
 from . import distributed
 from .base import Backend, Engine, StepResult, TensorBatch
-
-
-def _slice(batch: Mapping[str, torch.Tensor], start: int, stop: int, rows: int) -> TensorBatch:
-    if start == 0 and stop == rows:
-        return batch  # type: ignore[return-value]
-    return {k: (v[start:stop] if v.dim() else v) for k, v in batch.items()}
-
-
-def _loss_of(out: Mapping[str, torch.Tensor]) -> torch.Tensor:
-    try:
-        loss = out["loss"]
-    except (KeyError, TypeError):
-        raise PlanError("the model's forward(batch) must return a dict with 'loss' (the mean loss over the "
-                        "micro-batch's rows) when training") from None
-    if loss.dim() != 0:
-        raise PlanError(f"the model's 'loss' has shape {tuple(loss.shape)}; it must be a scalar: the mean "
-                        "loss over the micro-batch's rows")
-    return loss
-
-
-def _detached(out: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    return {k: v.detach() for k, v in out.items() if k != "loss"}
+from .engine_parts import (ReplicaSteps, cat_parts, detached_outputs, keep_flags, loss_of, replica_steps,
+                           slice_rows, sum_parts)
 
 
 class PlanEngine(Engine):
@@ -85,19 +65,19 @@ class PlanEngine(Engine):
         n = batch_rows(batch)
         lay = self.plan.layout(n)
         model, opt = self.model, self.optimizer
-        keep = _keep_flags(lay)
+        keep = keep_flags(lay)
         losses: list[torch.Tensor] = []
         kept: dict[int, dict[str, torch.Tensor]] = {}
         for js in lay.updates:
             opt.zero_grad(set_to_none=True)
             for j in js:
-                out = model(_slice(batch, lay.starts[j], lay.stops[j], n))
-                loss = _loss_of(out)
+                out = model(slice_rows(batch, lay.starts[j], lay.stops[j], n))
+                loss = loss_of(out)
                 w = lay.weight[j]
                 (loss if w == 1.0 else loss * w).backward()
                 losses.append(loss.detach())
                 if keep[j]:
-                    kept[j] = _detached(out)
+                    kept[j] = detached_outputs(out)
             opt.step()
         outputs = combine_outputs(lay, [kept[j] for j in lay.kept])
         mean_loss = (losses[0] if len(losses) == 1 else torch.stack(losses).mean()).item()
@@ -115,12 +95,12 @@ class PlanEngine(Engine):
         loss_sum: torch.Tensor | None = None
         for j in range(lay.num_micro_batches):
             s, e = lay.starts[j], lay.stops[j]
-            out = self.model(_slice(batch, s, e, n))
+            out = self.model(slice_rows(batch, s, e, n))
             loss = out.get("loss")
             if loss is not None:
                 part = loss * (e - s)
                 loss_sum = part if loss_sum is None else loss_sum + part
-            outs.append(_detached(out))
+            outs.append(detached_outputs(out))
         outputs = combine_outputs(lay, outs)
         return StepResult(outputs=outputs, rows=lay.out_rows,
                           loss=None if loss_sum is None else float(loss_sum) / n, updates=0,
@@ -137,32 +117,6 @@ class PlanEngine(Engine):
         self.model.load_state_dict(state["model"])
         if self.optimizer is not None and "optimizer" in state:
             self.optimizer.load_state_dict(state["optimizer"])
-
-
-def _keep_flags(lay: CallLayout) -> list[bool]:
-    flags = [False] * lay.num_micro_batches
-    for j in lay.kept:
-        flags[j] = True
-    return flags
-
-
-@dataclasses.dataclass(frozen=True)
-class _ReplicaSteps:
-    """One replica's part of a call: per update, (local start, local stop, weight, j) of its micro-batches."""
-
-    updates: tuple[tuple[tuple[int, int, float, int], ...], ...]
-    shard_rows: int
-    local_start: dict[int, int]
-
-
-def _replica_steps(lay: CallLayout, replica: int) -> _ReplicaSteps:
-    local_start, pos = {}, 0
-    for j in lay.replica_micro_batches(replica):
-        local_start[j] = pos
-        pos += lay.micro_rows(j)
-    updates = tuple(tuple((local_start[j], local_start[j] + lay.micro_rows(j), lay.weight[j], j)
-                          for j in js if lay.replica[j] == replica) for js in lay.updates)
-    return _ReplicaSteps(updates=updates, shard_rows=pos, local_start=local_start)
 
 
 class ReplicatedEngine(PlanEngine):
@@ -207,7 +161,7 @@ class ReplicatedEngine(PlanEngine):
         for p in self._params:
             self._views.append(self._flat[offset:offset + p.numel()].view_as(p))
             offset += p.numel()
-        self._steps_cache: dict[int, tuple[CallLayout, _ReplicaSteps, list[_ReplicaSteps]]] = {}
+        self._steps_cache: dict[int, tuple[CallLayout, ReplicaSteps, list[ReplicaSteps]]] = {}
         if broadcast_init:
             self._broadcast_state()
 
@@ -226,11 +180,11 @@ class ReplicatedEngine(PlanEngine):
                     t.copy_(flat[offset:offset + t.numel()].view_as(t))
                     offset += t.numel()
 
-    def _steps(self, total_rows: int) -> tuple[CallLayout, _ReplicaSteps, list[_ReplicaSteps]]:
+    def _steps(self, total_rows: int) -> tuple[CallLayout, ReplicaSteps, list[ReplicaSteps]]:
         cached = self._steps_cache.get(total_rows)
         if cached is None:
             lay = self.plan.layout(total_rows)
-            every = [_replica_steps(lay, r) for r in range(self.world_size)]
+            every = [replica_steps(lay, r) for r in range(self.world_size)]
             cached = (lay, every[self.rank], every)
             if len(self._steps_cache) > 64:
                 self._steps_cache.clear()
@@ -267,7 +221,7 @@ class ReplicatedEngine(PlanEngine):
                             f"{mine.shard_rows} (the plan's [D, G, b] slice: plan.shard(batch, rank))")
         model, opt, flat = self.model, self.optimizer, self._flat
         params, views = self._params, self._views
-        keep = _keep_flags(lay)
+        keep = keep_flags(lay)
         kept: dict[int, dict[str, torch.Tensor]] = {}
         loss_total = torch.zeros((), dtype=torch.float64)
         count_total = 0.0
@@ -277,13 +231,13 @@ class ReplicatedEngine(PlanEngine):
                 p.grad = v
             local_loss = None
             for start, stop, w, j in steps:
-                out = model(_slice(batch, start, stop, local_rows))
-                loss = _loss_of(out)
+                out = model(slice_rows(batch, start, stop, local_rows))
+                loss = loss_of(out)
                 (loss if w == 1.0 else loss * w).backward()
                 d = loss.detach()
                 local_loss = d if local_loss is None else local_loss + d
                 if keep[j]:
-                    kept[j] = _detached(out)
+                    kept[j] = detached_outputs(out)
             for p, v in zip(params, views):
                 if p.grad is not v:  # something replaced the grad tensor: fold it back into the bucket
                     if p.grad is not None:
@@ -303,20 +257,20 @@ class ReplicatedEngine(PlanEngine):
                           extras={"micro_batches": lay.num_micro_batches, "partial": lay.partial,
                                   "replica": self.rank, "shard_rows": local_rows})
 
-    def _outputs(self, lay: CallLayout, mine: _ReplicaSteps, every: list[_ReplicaSteps],
+    def _outputs(self, lay: CallLayout, mine: ReplicaSteps, every: list[ReplicaSteps],
                  kept: dict[int, dict[str, torch.Tensor]]) -> tuple[dict[str, torch.Tensor], torch.Tensor | None]:
         my_js = [j for j in lay.kept if lay.replica[j] == self.rank]
         if not self.gather_outputs:
             parts = [kept[j] for j in my_js]
             if lay.sum_groups is not None:
-                return _sum_parts(parts), None
+                return sum_parts(parts), None
             if self.inputs == "full":  # rows index the combined batch this process was given
                 rows = (torch.cat([torch.arange(lay.starts[j], lay.stops[j]) for j in my_js]) if my_js
                         else torch.empty(0, dtype=torch.long))
             else:  # rows index this process's shard
                 rows = (torch.cat([torch.arange(mine.local_start[j], mine.local_start[j] + lay.micro_rows(j))
                                    for j in my_js]) if my_js else torch.empty(0, dtype=torch.long))
-            return _cat_parts(parts), rows
+            return cat_parts(parts), rows
         local = {j: kept[j] for j in my_js}
         gathered: list[Any] = [None] * self.world_size
         dist.all_gather_object(gathered, local, group=self.group)
@@ -324,23 +278,6 @@ class ReplicatedEngine(PlanEngine):
         for part in gathered:
             by_j.update(part)
         return combine_outputs(lay, [by_j[j] for j in lay.kept]), lay.out_rows
-
-
-def _cat_parts(parts: list[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
-    if not parts:
-        return {}
-    out = {}
-    for k in parts[0]:
-        ts = [p[k] for p in parts]
-        out[k] = ts[0] if len(ts) == 1 else (torch.stack(ts) if ts[0].dim() == 0 else torch.cat(ts))
-    return out
-
-
-def _sum_parts(parts: list[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
-    if not parts:
-        return {}
-    return {k: (parts[0][k] if len(parts) == 1 else torch.stack([p[k] for p in parts]).sum(0))
-            for k in parts[0]}
 
 
 class CPUBackend(Backend):

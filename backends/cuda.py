@@ -48,7 +48,7 @@ from accelbatch.plan import CallLayout, ExecutionPlan, PlanError, batch_rows, co
 
 from . import distributed
 from .base import Backend, Engine, StepResult, TensorBatch
-from .cpu import _cat_parts, _detached, _keep_flags, _loss_of, _replica_steps, _slice, _sum_parts
+from .engine_parts import cat_parts, detached_outputs, keep_flags, loss_of, replica_steps, slice_rows, sum_parts
 from .prefetch import Copier, DeviceLoader, Prefetcher, copier_for, map_tensors, tensors_of
 
 if TYPE_CHECKING:
@@ -222,7 +222,7 @@ class CUDAEngine(Engine):
             else:
                 total = self._total_rows(local_rows)
             lay = self.plan.layout(total)
-            mine = _replica_steps(lay, self.rank)
+            mine = replica_steps(lay, self.rank)
             if mine.shard_rows != local_rows:
                 raise PlanError(f"replica {self.rank} got {local_rows} rows; a {total}-row call gives it "
                                 f"{mine.shard_rows} (the plan's [D, G, b] slice: plan.shard(batch, rank))")
@@ -234,7 +234,7 @@ class CUDAEngine(Engine):
         ddp = self.world_size > 1 and not lay.partial   # DDP all-reduces; tails all-reduce explicitly
         manual = self.world_size > 1 and lay.partial
         scale = float(self.world_size) if ddp else 1.0
-        keep = _keep_flags(lay)
+        keep = keep_flags(lay)
         kept: dict[int, dict[str, torch.Tensor]] = {}
         loss_sum = torch.zeros((), dtype=torch.float32, device=self.device)
         spans = [(steps[0][0], steps[-1][1]) if steps else None for steps in per_update]
@@ -249,13 +249,13 @@ class CUDAEngine(Engine):
                 sync = contextlib.nullcontext() if (ddp and last) or self.world_size == 1 \
                     else self.accelerator.no_sync(self.module)
                 with sync:
-                    out = forward(_slice(chunk, start - offset, stop - offset, rows_here))
-                    loss = _loss_of(out)
+                    out = forward(slice_rows(chunk, start - offset, stop - offset, rows_here))
+                    loss = loss_of(out)
                     w = weight * scale
                     self._backward(loss if w == 1.0 else loss * w)
                 loss_sum += loss.detach().float()
                 if keep[j]:
-                    kept[j] = _detached(out)
+                    kept[j] = detached_outputs(out)
             if manual:
                 self._all_reduce_grads()
             self._step()
@@ -305,7 +305,7 @@ class CUDAEngine(Engine):
         dist.all_reduce(counts)
         got = counts.tolist()          # the one extra host wait of a --no-drop-last replicated call
         total = sum(got)
-        expected = [s.shard_rows for s in (_replica_steps(self.plan.layout(total), r)
+        expected = [s.shard_rows for s in (replica_steps(self.plan.layout(total), r)
                                            for r in range(self.world_size))]
         if got != expected:
             raise PlanError(f"replica shards have {got} rows but the plan's layout of a {total}-row call "
@@ -325,15 +325,15 @@ class CUDAEngine(Engine):
         my_js = [j for j in lay.kept if lay.replica[j] == self.rank]
         parts = [kept[j] for j in my_js]
         if lay.sum_groups is not None:
-            return _sum_parts(parts), None
+            return sum_parts(parts), None
         if not my_js:
-            return _cat_parts(parts), torch.empty(0, dtype=torch.long)
+            return cat_parts(parts), torch.empty(0, dtype=torch.long)
         if self.inputs == "full":   # rows index the combined batch this process was given
             rows = torch.cat([torch.arange(lay.starts[j], lay.stops[j]) for j in my_js])
         else:                       # rows index this process's shard
             rows = torch.cat([torch.arange(mine.local_start[j], mine.local_start[j] + lay.micro_rows(j))
                               for j in my_js])
-        return _cat_parts(parts), rows
+        return cat_parts(parts), rows
 
     # --- inference ------------------------------------------------------------------------------------
     @torch.no_grad()
@@ -350,12 +350,12 @@ class CUDAEngine(Engine):
             rows_here = batch_rows(chunk)
             for j in js:
                 s, e = lay.starts[j], lay.stops[j]
-                out = forward(_slice(chunk, s - offset, e - offset, rows_here))
+                out = forward(slice_rows(chunk, s - offset, e - offset, rows_here))
                 loss = out.get("loss")
                 if loss is not None:
                     part = loss.detach().float() * (e - s)
                     loss_sum = part if loss_sum is None else loss_sum + part
-                outs.append(_detached(out))
+                outs.append(detached_outputs(out))
         outputs = combine_outputs(lay, outs)
         return _Queued(loss_sum, n, outputs, lay.out_rows, 0, {"micro_batches": lay.num_micro_batches})
 
@@ -372,7 +372,7 @@ class CUDAEngine(Engine):
             for span in spans:
                 yield (0, whole) if span is not None else (0, None)
             return
-        chunks = [_slice(batch, s, e, rows) for s, e in (span for span in spans if span is not None)]
+        chunks = [slice_rows(batch, s, e, rows) for s, e in (span for span in spans if span is not None)]
         feed = Prefetcher(chunks, self.copier, depth=1)
         for span in spans:
             yield (span[0], next(feed)) if span is not None else (0, None)

@@ -50,7 +50,6 @@ from __future__ import annotations
 
 import functools
 import multiprocessing as mp
-import os
 import pickle
 import signal
 import sys

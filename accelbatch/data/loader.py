@@ -71,7 +71,7 @@ import logging
 import os
 import pickle
 import random
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import dataclass, fields, replace
 from typing import Any, Callable, Iterator, Sequence
 
 import torch
