@@ -1,7 +1,6 @@
 import torch
 from hypothesis import given, settings, strategies as st
 
-from accelbatch.agents import Agent
 from accelbatch.messages import Message
 from accelbatch.models.memnn import MemNNAgent
 from accelbatch.opts import Opts
