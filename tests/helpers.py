@@ -43,3 +43,30 @@ class RecordingAgent(Agent):
         obs = self.observation or {}
         labels = obs.get("labels") or obs.get("eval_labels")
         return Message(id="rec", text=labels[0]) if labels else Message(id="rec")
+
+
+# multiprocessing's long-lived helpers (one per parent, shared by every pool/accessor): not leaks
+_MP_HELPERS = (b"resource_tracker", b"forkserver")
+
+
+def live_children(pid: int | None = None) -> list[tuple[int, str]]:
+    """(pid, state) of a process's children from /proc, zombies included, multiprocessing's own
+    long-lived helpers (resource tracker, forkserver) left out."""
+    import os
+
+    pid = os.getpid() if pid is None else pid
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as handle:
+                stat = handle.read()
+            with open(f"/proc/{entry}/cmdline", "rb") as handle:
+                cmd = handle.read()
+        except OSError:
+            continue
+        fields = stat[stat.rindex(")") + 2:].split()
+        if int(fields[1]) == pid and not any(h in cmd for h in _MP_HELPERS):
+            found.append((int(entry), fields[0]))
+    return found

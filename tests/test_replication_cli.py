@@ -2,29 +2,16 @@
 
 import json
 import multiprocessing
-import os
 
 import pytest
+
+from helpers import live_children
 
 from accelbatch.cli import main
 
 
 def _children() -> list[int]:
-    me = str(os.getpid())
-    kids = []
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                with open(f"/proc/{entry}/stat") as handle:
-                    fields = handle.read().rsplit(")", 1)[1].split()
-            except OSError:
-                continue
-            if fields[1] == me and fields[0] != "Z":
-                with open(f"/proc/{entry}/cmdline", "rb") as handle:
-                    if b"resource_tracker" in handle.read():
-                        continue  # multiprocessing's shared helper: one per parent, lives with it
-                kids.append(int(entry))
-    return kids
+    return [pid for pid, _ in live_children()]
 
 
 @pytest.mark.timeout(240)

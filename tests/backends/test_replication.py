@@ -19,6 +19,7 @@ import torch
 
 from accelbatch.backends import distributed
 from accelbatch.backends.distributed import ReplicaError, ReplicaTimeout, spawn_replicas
+from helpers import live_children
 
 pytestmark = pytest.mark.multiprocess
 
@@ -182,27 +183,6 @@ def test_reduce_metrics_sums_across_processes(replicated):
 
 
 # --- process hygiene -------------------------------------------------------------------------------
-def live_children(pid: int | None = None) -> list[tuple[int, str]]:
-    """(pid, state) of this process's children from /proc, zombies included; the resource tracker
-    (one long-lived multiprocessing helper per parent, not a replica) is left out."""
-    pid = os.getpid() if pid is None else pid
-    found = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat") as fh:
-                stat = fh.read()
-            with open(f"/proc/{entry}/cmdline", "rb") as fh:
-                cmd = fh.read().replace(b"\0", b" ").decode(errors="replace")
-        except OSError:
-            continue
-        fields = stat[stat.rindex(")") + 2:].split()
-        if int(fields[1]) == pid and "resource_tracker" not in cmd:
-            found.append((int(entry), fields[0]))
-    return found
-
-
 def assert_no_leaked_children():
     assert multiprocessing.active_children() == []
     assert live_children() == []
