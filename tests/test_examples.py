@@ -14,3 +14,11 @@ def test_custom_agent_example_runs_with_a_plan(monkeypatch):
     assert report["train"]["steps"] == 20 and report["train"]["exs"] == 20 * 4 * 2 * 2
     assert report["valid"]["exs"] == 1000
     assert sys.modules.get("accelbatch") is not None
+
+
+@pytest.mark.timeout(240)
+def test_hogwild_example_runs_and_evaluates_exactly_once():
+    module = runpy.run_path("examples/hogwild_cpu.py", run_name="example")
+    out = module["main"](["--no-progress", "-tstep", "30", "--eval-splits", "", "-veps", "-1"])
+    assert out["run"]["train"]["steps"] == 30
+    assert out["test"]["exs"] == 1000
