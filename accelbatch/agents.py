@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import copy
 import importlib
+import math
 import os
 import zlib
 from dataclasses import dataclass, field
@@ -295,6 +296,14 @@ class TorchAgent(Agent):
             raise ValueError(f"a training batch has {_leading(batch)} rows but {len(observations)} examples: "
                              "padding rows would enter the loss; train with --drop-last (the default)")
         result = self.engine.train_step(batch) if training else self.engine.eval_step(batch)
+        if training and result.loss is not None and not math.isfinite(result.loss):
+            from accelbatch.backends.base import NonFiniteLoss
+
+            raise NonFiniteLoss(f"non-finite training loss ({result.loss}) on {self.slot.backend_name}: "
+                                "this backend applies a call's updates before the loss is read, so the run "
+                                "stops here; lower --learning-rate (--skip-nan skips such steps on cpu)")
+        if result.extras.get("skipped_updates"):
+            self.metrics.add("skipped_updates", result.extras["skipped_updates"])
         if result.loss is not None and _leading(batch) == len(observations):
             # weighted by rows: a per-example mean. A batch with padding rows (static shapes) mixes them
             # into the model's mean loss, so its loss is left out rather than reported wrong.

@@ -33,9 +33,10 @@ def build_cli() -> argparse.ArgumentParser:
 
 
 def _replica_errors() -> tuple[type[BaseException], ...]:
+    from accelbatch.backends.base import NonFiniteLoss
     from accelbatch.backends.distributed import ReplicaError
 
-    return (ReplicaError,)
+    return (ReplicaError, NonFiniteLoss)
 
 
 def _backend_errors() -> tuple[type[BaseException], ...]:

@@ -23,6 +23,10 @@ BACKEND_PATHS: dict[str, str] = {
 }
 
 
+class NonFiniteLoss(RuntimeError):
+    """A training loss was NaN or infinite; the message says where and how to skip such steps."""
+
+
 class BackendUnavailable(RuntimeError):
     """The named backend cannot run here; the message says why and lists those that can."""
 

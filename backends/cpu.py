@@ -35,7 +35,7 @@ import torch.distributed as dist
 from accelbatch.plan import CallLayout, ExecutionPlan, OutputMode, PlanError, batch_rows, combine_outputs
 
 from . import distributed
-from .base import Backend, Engine, StepResult, TensorBatch
+from .base import Backend, Engine, NonFiniteLoss, StepResult, TensorBatch
 from .engine_parts import (ReplicaSteps, cat_parts, detached_outputs, keep_flags, loss_of, replica_steps,
                            slice_rows, sum_parts)
 
@@ -49,6 +49,7 @@ class PlanEngine(Engine):
         self.optimizer = optimizer
         self.plan = plan if plan is not None else ExecutionPlan()
         self.eval_plan = self.plan.for_inference()
+        self.skip_nonfinite = False  # --skip-nan: drop an update whose loss is NaN/inf instead of stopping
 
     # --- training ----------------------------------------------------------------------------
     def _check_train(self) -> None:
@@ -68,8 +69,10 @@ class PlanEngine(Engine):
         keep = keep_flags(lay)
         losses: list[torch.Tensor] = []
         kept: dict[int, dict[str, torch.Tensor]] = {}
-        for js in lay.updates:
+        skipped = 0
+        for d, js in enumerate(lay.updates):
             opt.zero_grad(set_to_none=True)
+            first = len(losses)
             for j in js:
                 out = model(slice_rows(batch, lay.starts[j], lay.stops[j], n))
                 loss = loss_of(out)
@@ -78,11 +81,21 @@ class PlanEngine(Engine):
                 losses.append(loss.detach())
                 if keep[j]:
                     kept[j] = detached_outputs(out)
+            if not bool(torch.isfinite(torch.stack(losses[first:])).all()):
+                if not self.skip_nonfinite:
+                    raise NonFiniteLoss(f"non-finite training loss ({_first_bad(losses[first:])}) in weight "
+                                        f"update {d + 1} of {lay.num_updates} of this call; the update was not "
+                                        "applied. Lower --learning-rate, or pass --skip-nan to skip such steps")
+                opt.zero_grad(set_to_none=True)
+                skipped += 1
+                continue
             opt.step()
         outputs = combine_outputs(lay, [kept[j] for j in lay.kept])
-        mean_loss = (losses[0] if len(losses) == 1 else torch.stack(losses).mean()).item()
-        return StepResult(outputs=outputs, rows=lay.out_rows, loss=mean_loss, updates=lay.num_updates,
-                          extras={"micro_batches": lay.num_micro_batches, "partial": lay.partial})
+        finite = [x for x in losses if bool(torch.isfinite(x))] if skipped else losses
+        mean_loss = (torch.stack(finite).mean().item() if finite else None)
+        return StepResult(outputs=outputs, rows=lay.out_rows, loss=mean_loss, updates=lay.num_updates - skipped,
+                          extras={"micro_batches": lay.num_micro_batches, "partial": lay.partial,
+                                  "skipped_updates": skipped})
 
     # --- inference ---------------------------------------------------------------------------
     @torch.no_grad()
@@ -287,6 +300,7 @@ class CPUBackend(Backend):
 
     def __init__(self) -> None:
         self._owns_group = False
+        self._skip_nonfinite = False
 
     @classmethod
     def is_available(cls) -> tuple[bool, str]:
@@ -302,6 +316,7 @@ class CPUBackend(Backend):
 
     def setup(self, opts: Any) -> None:
         """Join the process group when launched by torchrun (or spawn_replicas) and R > 1."""
+        self._skip_nonfinite = bool(getattr(opts, "skip_nan", False))
         if getattr(opts, "replication_factor", 1) > 1 and not distributed.is_initialized():
             if distributed.init_from_env() is not None:
                 self._owns_group = True
@@ -315,7 +330,9 @@ class CPUBackend(Backend):
         plan = plan if plan is not None else ExecutionPlan()
         if distributed.is_initialized() and distributed.world_size() > 1:
             return ReplicatedEngine(model, optimizer, plan, gather_outputs=gather_outputs, inputs=inputs)
-        return PlanEngine(model, optimizer, plan)
+        engine = PlanEngine(model, optimizer, plan)
+        engine.skip_nonfinite = self._skip_nonfinite
+        return engine
 
     def reduce_metrics(self, metrics: Any) -> Any:
         return distributed.reduce_metrics(metrics)
@@ -324,6 +341,11 @@ class CPUBackend(Backend):
         if self._owns_group:
             distributed.shutdown()
             self._owns_group = False
+
+
+def _first_bad(losses: list[torch.Tensor]) -> str:
+    bad = [float(x) for x in losses if not bool(torch.isfinite(x))]
+    return f"{bad[0]}" if bad else "?"
 
 
 # The one-process engine under its former name.
