@@ -11,6 +11,7 @@ against the batch's labels in one pass.
 
 from __future__ import annotations
 
+import time
 from typing import Any, Callable
 
 import torch
@@ -84,6 +85,13 @@ class LoaderWorld(World):
         self.acts = [messages[-1] if messages else None, None]
 
     def _next_batch(self) -> LoadedBatch | None:
+        start = time.perf_counter()
+        try:
+            return self._fetch()
+        finally:
+            self.data_time_s += time.perf_counter() - start
+
+    def _fetch(self) -> LoadedBatch | None:
         if self._done:
             return None
         if self._iter is None:

@@ -176,6 +176,7 @@ def _train_loop(world: World, opts: Opts, log: MetricsLog, backend: Any, stop: S
     if bar is not None and state.exs:
         bar.update(state.exs)
     last_log, window_exs, window_start = time.monotonic(), 0, time.monotonic()
+    window_data = getattr(world, "data_time_s", 0.0)
     train_report: dict[str, float] = {}
     valid_world: World | None = None
     stop_reason = "num_epochs"
@@ -192,11 +193,13 @@ def _train_loop(world: World, opts: Opts, log: MetricsLog, backend: Any, stop: S
             train_report = world.report()
             world.reset_metrics()
             speed = window_exs / max(now - window_start, 1e-9)
+            data_time = getattr(world, "data_time_s", 0.0)
+            wait_share = (data_time - window_data) / max(now - window_start, 1e-9)
             log.write({"split": "train", "step": state.steps, "epoch": round(state.exs / per_epoch, 4),
-                       "exs_per_s": round(speed, 1), **train_report})
+                       "exs_per_s": round(speed, 1), "data_wait_share": round(wait_share, 4), **train_report})
             if bar is not None:
-                bar.set_postfix(_postfix(train_report, speed))
-            last_log, window_exs, window_start = now, 0, now
+                bar.set_postfix(_postfix(train_report, speed, wait_share))
+            last_log, window_exs, window_start, window_data = now, 0, now, data_time
         if opts.max_train_steps > 0 and state.steps >= opts.max_train_steps:
             stop_reason = "max_train_steps"
             break
@@ -360,8 +363,9 @@ def _progress(opts: Opts, total: float) -> Any:
                 file=sys.stderr, desc="train")
 
 
-def _postfix(report: dict[str, float], speed: float) -> dict[str, str]:
-    out = {"ex/s": f"{speed:,.0f}"}
+def _postfix(report: dict[str, float], speed: float, wait_share: float) -> dict[str, str]:
+    """Progress-bar fields; 'data' is the share of time the model waited for its inputs."""
+    out = {"ex/s": f"{speed:,.0f}", "data": f"{wait_share:.0%}"}
     for key in ("loss", "accuracy"):
         if key in report:
             out[key] = f"{report[key]:.4f}"

@@ -11,6 +11,7 @@
 from __future__ import annotations
 
 import random
+import time
 from typing import Sequence
 
 from accelbatch.agents import Agent, resolve_agent_class
@@ -30,6 +31,7 @@ class World:
         self.agents = list(agents)
         self.acts: list[Message | None] = [None] * len(self.agents)
         self.total_exs = 0  # examples (non-padding teacher turns) parleyed so far
+        self.data_time_s = 0.0  # seconds spent producing the model's inputs (the device waits meanwhile)
 
     def get_total_exs(self) -> int:
         """Examples parleyed since the world was made (padding rows excluded)."""
@@ -131,10 +133,13 @@ class BatchWorld(World):
         num_agents = len(self.world.get_agents())
         observations: list[list[Message | None]] = [[] for _ in range(num_agents)]
         for index in range(num_agents):
+            start = time.perf_counter() if index == 0 else 0.0
             acts = self.batch_act(index, observations[index])
             for other in range(num_agents):
                 if other != index:
                     observations[other] = self.batch_observe(other, acts, index)
+            if index == 0:  # the teacher's acts and the model clones' observe (vectorize): data work
+                self.data_time_s += time.perf_counter() - start
 
     def batch_act(self, index: int, observations: list[Message | None]) -> list[Message]:
         original = self.world.get_agents()[index]
@@ -225,6 +230,14 @@ class MultiWorld(World):
 
     def epoch_done(self) -> bool:
         return all(w.epoch_done() for w in self.worlds)
+
+    @property
+    def data_time_s(self) -> float:  # type: ignore[override]
+        return sum(w.data_time_s for w in self.worlds)
+
+    @data_time_s.setter
+    def data_time_s(self, value: float) -> None:
+        pass  # the task worlds keep their own
 
     def num_examples(self) -> int:
         return sum(w.num_examples() for w in self.worlds)

@@ -26,6 +26,8 @@ def test_demo_defaults_train_the_bundled_task_past_95_percent(tmp_path, capsys):
     assert report["device"] == "cpu"
     records = [json.loads(line) for line in log_path.read_text().splitlines()]
     assert {r["split"] for r in records} >= {"train", "valid", "test"}
+    shares = [r["data_wait_share"] for r in records if r["split"] == "train"]
+    assert shares and all(0.0 < share < 1.0 for share in shares)  # teacher acts + vectorize: some, not all
     out = capsys.readouterr().out
     assert "valid" in out and "accuracy" in out
 
