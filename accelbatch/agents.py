@@ -30,6 +30,9 @@ if TYPE_CHECKING:
 # name -> "module:Class"; anything else given to -m is read as "module:Class".
 AGENT_PATHS: dict[str, str] = {
     "memnn": "accelbatch.models.memnn:MemNNAgent",
+    "bag": "accelbatch.models.bag:BagAgent",
+    "conv": "accelbatch.models.conv:ConvAgent",
+    "trivial": "accelbatch.models.trivial:TrivialAgent",
     "repeat_label": "accelbatch.models.utility:RepeatLabelAgent",
     "random_candidate": "accelbatch.models.utility:RandomCandidateAgent",
 }

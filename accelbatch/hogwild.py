@@ -52,7 +52,7 @@ import torch.multiprocessing as tmp
 from accelbatch.agents import Agent, TorchAgent
 from accelbatch.metrics import Metrics, merge_reports
 from accelbatch.opts import Opts
-from accelbatch.teachers import EpisodeCursor, Teacher, is_training
+from accelbatch.teachers import EpisodeCursor, Teacher, epoch_order, is_training
 from accelbatch.worlds import BatchWorld, MultiWorld, World, create_world, world_rows
 
 __all__ = ["HogwildWorld", "HogwildError", "HogwildChildError", "SharedEpisodeCursor", "create_hogwild_world"]
@@ -88,7 +88,7 @@ class SharedEpisodeCursor:
     """:class:`~accelbatch.teachers.EpisodeCursor` for processes: position and epoch in shared memory.
 
     ``take``/``exhausted``/``rewind`` behave as EpisodeCursor's do, and the order of an epoch is the same
-    (``range(n)`` shuffled by ``random.Random(seed * 1_000_003 + epoch)`` when ``shuffle``), computed in each
+    (:func:`~accelbatch.teachers.epoch_order` of the epoch), computed in each
     process from the shared epoch number. Made in the main process and handed to children at spawn.
     """
 
@@ -129,10 +129,8 @@ class SharedEpisodeCursor:
 
     def _order_for(self, epoch: int) -> list[int]:
         if epoch != self._order_epoch:
-            order = list(range(self.num_episodes))
-            if self.shuffle:
-                random.Random(self.seed * 1_000_003 + epoch).shuffle(order)
-            self._order, self._order_epoch = order, epoch
+            self._order = epoch_order(self.num_episodes, self.shuffle, self.seed, epoch)
+            self._order_epoch = epoch
         return self._order
 
     def take(self, loop: bool) -> int | None:

@@ -11,6 +11,7 @@ import re
 import string
 from collections import Counter
 from dataclasses import dataclass, field
+from functools import lru_cache
 from typing import Iterable, Sequence
 
 _ARTICLES = re.compile(r"\b(a|an|the)\b")
@@ -49,21 +50,31 @@ def score_batch(predictions: Sequence[str | None], answers: Sequence[Sequence[st
     A row whose prediction is None (the model gave no text, e.g. a training row the output mode did not
     return) counts as an example but is not scored: its accuracy/f1 contribution is excluded from the
     denominators through the returned scored count. Returns (scored, correct, f1_sum).
+
+    Each row's score equals ``exact_match`` and ``f1_score`` of that reply; a (prediction, answers) pair
+    seen before is not normalised again (classification-like tasks repeat a few labels and predictions).
     """
-    scored, correct, f1_sum = 0, 0.0, 0.0
+    scored, correct, f1_sum = 0, 0, 0.0
+    score = _score_pair
     for pred, golds in zip(predictions, answers):
         if pred is None or not golds:
             continue
         scored += 1
-        pred_norm = normalize_answer(pred)
-        gold_norms = [normalize_answer(g) for g in golds]
-        if pred_norm in gold_norms:
-            correct += 1
-            f1_sum += 1.0
-        else:
-            pred_toks = pred_norm.split()
-            f1_sum += max(_f1_tokens(pred_toks, g.split()) for g in gold_norms)
+        hit, f1 = score(pred, golds if type(golds) is tuple else tuple(golds))
+        correct += hit
+        f1_sum += f1
     return scored, correct, f1_sum
+
+
+@lru_cache(maxsize=1 << 16)
+def _score_pair(pred: str, golds: tuple[str, ...]) -> tuple[bool, float]:
+    """(exact match, best F1) of one reply; a memo of a pure function, bounded."""
+    pred_norm = normalize_answer(pred)
+    gold_norms = [normalize_answer(g) for g in golds]
+    if pred_norm and pred_norm in gold_norms:
+        return True, 1.0
+    pred_toks = pred_norm.split()
+    return pred_norm in gold_norms, max(_f1_tokens(pred_toks, g.split()) for g in gold_norms)
 
 
 @dataclass

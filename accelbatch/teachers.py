@@ -8,10 +8,11 @@ batch size, and in training episodes come in a fresh shuffled order each epoch.
 from __future__ import annotations
 
 import os
-import random
 import threading
 from dataclasses import dataclass, field
 from typing import Any, Sequence
+
+import numpy as np
 
 from accelbatch.agents import Agent, UnknownNameError, import_path
 from accelbatch.messages import EPISODE_DONE, EVAL_LABELS, ID, LABELS, TEXT, Message, padding_message
@@ -45,6 +46,16 @@ def is_training(datatype: str) -> bool:
     return split_of(datatype) == "train" and "evalmode" not in datatype
 
 
+def epoch_order(num_episodes: int, shuffle: bool, seed: int, epoch: int) -> list[int]:
+    """The order episodes are served in during ``epoch``: a seeded permutation when ``shuffle``.
+
+    numpy's permutation: random.shuffle costs about a microsecond per episode, as much as serving it.
+    """
+    if not shuffle:
+        return list(range(num_episodes))
+    return np.random.default_rng([seed, epoch]).permutation(num_episodes).tolist()
+
+
 @dataclass
 class EpisodeCursor:
     """The position in the dataset that all clones of one teacher share (thread-safe)."""
@@ -61,9 +72,7 @@ class EpisodeCursor:
         self._new_order()
 
     def _new_order(self) -> None:
-        self.order = list(range(self.num_episodes))
-        if self.shuffle:
-            random.Random(self.seed * 1_000_003 + self.epoch).shuffle(self.order)
+        self.order = epoch_order(self.num_episodes, self.shuffle, self.seed, self.epoch)
 
     def take(self, loop: bool) -> int | None:
         """The next episode index, or None when the epoch is over and ``loop`` is False."""
@@ -77,6 +86,22 @@ class EpisodeCursor:
             index = self.order[self.next_index]
             self.next_index += 1
             return index
+
+    def take_many(self, count: int, loop: bool) -> list[int | None]:
+        """``count`` successive :meth:`take` results under one lock (a batch of rows starting episodes)."""
+        out: list[int | None] = []
+        with self.lock:
+            for _ in range(count):
+                if self.next_index >= self.num_episodes:
+                    if not loop:
+                        out.append(None)
+                        continue
+                    self.epoch += 1
+                    self.next_index = 0
+                    self._new_order()
+                out.append(self.order[self.next_index])
+                self.next_index += 1
+        return out
 
     def exhausted(self) -> bool:
         return self.next_index >= self.num_episodes
@@ -125,11 +150,13 @@ class FixedTeacher(Teacher):
                                         "ordered" not in opts.datatype, seed=opts.seed)
             self.metrics = Metrics()
             self._num_examples = sum(len(ep) for ep in self.episodes)
+            self._served = self._prepare(self.episodes)
         else:
             self.episodes = shared["episodes"]
             self.cursor = shared["cursor"]
             self.metrics = shared["metrics"]
             self._num_examples = shared["num_examples"]
+            self._served = shared["served"]
         self._episode: list[Message] | None = None
         self._episode_index: int | None = None  # index of _episode in self.episodes (checkpoints)
         self._entry = 0
@@ -139,10 +166,26 @@ class FixedTeacher(Teacher):
     def setup_data(self) -> list[list[Message]]:
         raise NotImplementedError
 
+    def _prepare(self, episodes: list[list[Message]]) -> list[list[Message]]:
+        """``episodes`` as act() serves them (id, episode_done, eval_labels set): built once, not per act.
+        ``self._served[i]`` is ``self.episodes[i]`` prepared; ``_episode`` stays an entry of ``episodes``."""
+        served = []
+        for episode in episodes:
+            out = []
+            for entry, example in enumerate(episode, 1):
+                msg = Message(example)
+                msg[ID] = self.id
+                msg[EPISODE_DONE] = entry >= len(episode) or bool(msg.get(EPISODE_DONE))
+                if not self.training and LABELS in msg:
+                    msg[EVAL_LABELS] = msg.pop(LABELS)
+                out.append(msg)
+            served.append(out)
+        return served
+
     def share(self) -> dict[str, Any]:
         shared = super().share()
         shared.update(episodes=self.episodes, cursor=self.cursor, metrics=self.metrics,
-                      num_examples=self._num_examples)
+                      num_examples=self._num_examples, served=self._served)
         return shared
 
     def num_examples(self) -> int:
@@ -156,6 +199,7 @@ class FixedTeacher(Teacher):
         """Serve only episodes ``index, index + count, ...`` (this replica's share); call before cloning."""
         if count > 1:
             self.episodes = self.episodes[index::count]
+            self._served = self._served[index::count]
             self.cursor = EpisodeCursor(len(self.episodes), self.cursor.shuffle, self.cursor.seed)
 
     def act(self) -> Message:
@@ -166,12 +210,9 @@ class FixedTeacher(Teacher):
                 self._last = None
                 return padding_message()
             self._episode, self._episode_index, self._entry = self.episodes[index], index, 0
-        msg = Message(self._episode[self._entry])
+        # a fresh message per act (agents may modify what they observe) of the prepared example
+        msg = Message(self._served[self._episode_index][self._entry])  # type: ignore[index]
         self._entry += 1
-        msg[ID] = self.id
-        msg[EPISODE_DONE] = self._entry >= len(self._episode) or bool(msg.get(EPISODE_DONE))
-        if not self.training and LABELS in msg:
-            msg[EVAL_LABELS] = msg.pop(LABELS)
         self._last = msg
         return msg
 
@@ -181,6 +222,51 @@ class FixedTeacher(Teacher):
             self.metrics.add_batch([reply.get(TEXT)], [self._last.targets()])
             self._last = None
         return reply
+
+    def batch_act_rows(self, teachers: Sequence["Agent"]) -> list[Message]:
+        """Each clone in ``teachers`` (BatchWorld rows) acts; the rows starting an episode take their episodes
+        from the cursor together, under one lock. The same messages as calling each clone's act()."""
+        if any(type(t).act is not FixedTeacher.act or t.cursor is not self.cursor for t in teachers):
+            return [t.act() for t in teachers]
+        starting = [t for t in teachers if t._episode is None or t._entry >= len(t._episode)]
+        if starting:
+            cursor, loop, episodes = self.cursor, self.training, self.episodes
+            take_many = getattr(cursor, "take_many", None)  # hogwild's process-shared cursor takes one at a time
+            indices = take_many(len(starting), loop) if take_many else [cursor.take(loop) for _ in starting]
+            for t, index in zip(starting, indices):
+                if index is None:
+                    t._episode, t._episode_index, t._entry = None, None, 0
+                    t._done = True
+                else:
+                    t._episode, t._episode_index, t._entry = episodes[index], index, 0
+        served = self._served
+        acts = []
+        for t in teachers:
+            if t._episode is None:
+                t._last = None
+                acts.append(padding_message())
+                continue
+            msg = Message(served[t._episode_index][t._entry])
+            t._entry += 1
+            t._last = msg
+            acts.append(msg)
+        return acts
+
+    def batch_observe_rows(self, teachers: Sequence["Agent"], replies: Sequence[Message]) -> list[Message]:
+        """Each clone in ``teachers`` observes its reply; the rows are scored in one pass (BatchWorld)."""
+        metrics = self.metrics
+        if any(type(t).observe is not FixedTeacher.observe or t.metrics is not metrics for t in teachers):
+            return [t.observe(r) for t, r in zip(teachers, replies)]  # scored their own way, or elsewhere
+        preds, golds = [], []
+        for teacher, reply in zip(teachers, replies):
+            last = teacher._last
+            if last is not None:
+                preds.append(reply.get(TEXT))
+                golds.append(last.get(LABELS, last.get(EVAL_LABELS)) or ())
+                teacher._last = None
+        if preds:
+            metrics.add_batch(preds, golds)
+        return list(replies)
 
     def epoch_done(self) -> bool:
         if self.training:

@@ -123,13 +123,16 @@ class BatchWorld(World):
         self.world = world
         self.rows = rows
         self.worlds = [world.clone() for _ in range(rows)]
+        # hooks that do nothing are not called once per row (checked once, the row worlds never change type)
+        self._parley_init = any(type(w).parley_init is not World.parley_init for w in self.worlds)
 
     def get_agents(self) -> list[Agent]:
         return self.world.get_agents()
 
     def parley(self) -> None:
-        for w in self.worlds:
-            w.parley_init()
+        if self._parley_init:
+            for w in self.worlds:
+                w.parley_init()
         num_agents = len(self.world.get_agents())
         observations: list[list[Message | None]] = [[] for _ in range(num_agents)]
         for index in range(num_agents):
@@ -141,25 +144,37 @@ class BatchWorld(World):
             if index == 0:  # the teacher's acts and the model clones' observe (vectorize): data work
                 self.data_time_s += time.perf_counter() - start
 
+    def _row_agents(self, index: int) -> list[Agent]:
+        return [w.get_agents()[index] for w in self.worlds]
+
     def batch_act(self, index: int, observations: list[Message | None]) -> list[Message]:
         original = self.world.get_agents()[index]
         if observations and hasattr(original, "batch_act") and getattr(original, "use_batch_act", True):
             acts = original.batch_act(observations)
+            agents = self._row_agents(index)
             for w, act in zip(self.worlds, acts):
                 w.get_acts()[index] = act
-                w.get_agents()[index].self_observe(act)
+            if any(type(a).self_observe is not Agent.self_observe for a in agents):
+                for agent, act in zip(agents, acts):
+                    agent.self_observe(act)
             return acts
-        acts = []
-        for w in self.worlds:
-            act = w.get_agents()[index].act()
+        hook = getattr(original, "batch_act_rows", None)
+        agents = self._row_agents(index)
+        acts = hook(agents) if hook is not None else [agent.act() for agent in agents]
+        for w, act in zip(self.worlds, acts):
             w.get_acts()[index] = act
-            acts.append(act)
         return acts
 
     def batch_observe(self, index: int, acts: list[Message], source: int) -> list[Message | None]:
+        """Each row's agent ``index`` observes its act; an agent with ``batch_observe_rows(agents, acts)``
+        (e.g. a FixedTeacher scoring a whole batch in one pass) does it for all rows at once."""
         if source == 0:
             self.total_exs += sum(1 for act in acts if not is_padding(act))
-        return [w.get_agents()[index].observe(act) for w, act in zip(self.worlds, acts)]
+        agents = self._row_agents(index)
+        hook = getattr(self.world.get_agents()[index], "batch_observe_rows", None)
+        if hook is not None:
+            return hook(agents, acts)
+        return [agent.observe(act) for agent, act in zip(agents, acts)]
 
     def epoch_done(self) -> bool:
         return all(w.epoch_done() for w in self.worlds)

@@ -123,7 +123,18 @@ def is_main_process() -> bool:
 
 def shutdown() -> None:
     if is_initialized():
-        dist.destroy_process_group()
+        _leave_group(wait_for_peers=True)
+
+
+def _leave_group(wait_for_peers: bool) -> None:
+    """Destroy the process group; first a barrier, so no peer is still inside its last collective when
+    this process closes its connections (gloo's threads abort the peer with SIGABRT otherwise)."""
+    if wait_for_peers:
+        try:
+            dist.barrier()
+        except Exception:  # noqa: BLE001 - a peer already gone: nothing left to wait for
+            pass
+    dist.destroy_process_group()
 
 
 # --- metrics ---------------------------------------------------------------------------------
@@ -195,8 +206,10 @@ def _replica_main(index: int, fn: Callable[..., Any], nprocs: int, port: int, re
     if init_group:
         dist.init_process_group(backend, init_method="env://", rank=index, world_size=nprocs,
                                 timeout=datetime.timedelta(seconds=group_timeout_s))
+    failed = True
     try:
         result = fn(index, *args)
+        failed = False
     except Exception:
         # when one replica fails its peers fail too (their collectives break); the parent reports the
         # replica that failed first, so each failure is stamped with its time
@@ -205,7 +218,7 @@ def _replica_main(index: int, fn: Callable[..., Any], nprocs: int, port: int, re
         raise
     finally:
         if init_group and dist.is_initialized():
-            dist.destroy_process_group()
+            _leave_group(wait_for_peers=not failed)
     if result is not None:
         path = os.path.join(result_dir, f"{index}.pt")
         torch.save(result, path + ".tmp")

@@ -196,9 +196,6 @@ def test_one_pass_equals_per_reply_reference(rows):
         assert rep["f1"] == pytest.approx(r_f1 / r_scored, abs=1e-12)
 
 
-@pytest.mark.xfail(reason="core score_batch counts F1 1.0 when prediction and answer are both empty after "
-                          "normalisation ('the' vs 'a'), f1_score says 0.0 (ParlAI's rule); "
-                          "fixed by /tmp/perf_patches/01-metrics-one-pass.diff")
 def test_f1_of_answers_empty_after_normalisation():
     assert score_batch(["the"], [["a"]]) == (1, 1, f1_score("the", ["a"]))
 
