@@ -60,11 +60,22 @@ class Engine(ABC):
     def eval_step(self, batch: TensorBatch) -> StepResult:
         """Forward only; returns every row's outputs, whatever the output mode."""
 
+    def host_optimizer(self) -> torch.optim.Optimizer | None:
+        """The optimizer whose state a checkpoint holds (None: weights only)."""
+        return getattr(self, "optimizer", None)
+
     def state_dict(self) -> dict[str, Any]:
-        return {"model": self.model.state_dict()}
+        state = {"model": self.model.state_dict()}
+        optimizer = self.host_optimizer()
+        if optimizer is not None:
+            state["optimizer"] = optimizer.state_dict()
+        return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.model.load_state_dict(state["model"])
+        optimizer = self.host_optimizer()
+        if optimizer is not None and "optimizer" in state:
+            optimizer.load_state_dict(state["optimizer"])
 
 
 class Backend(ABC):

@@ -119,18 +119,6 @@ class PlanEngine(Engine):
                           loss=None if loss_sum is None else float(loss_sum) / n, updates=0,
                           extras={"micro_batches": lay.num_micro_batches})
 
-    # --- persistence -------------------------------------------------------------------------
-    def state_dict(self) -> dict[str, Any]:
-        state = {"model": self.model.state_dict()}
-        if self.optimizer is not None:
-            state["optimizer"] = self.optimizer.state_dict()
-        return state
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.model.load_state_dict(state["model"])
-        if self.optimizer is not None and "optimizer" in state:
-            self.optimizer.load_state_dict(state["optimizer"])
-
 
 class ReplicatedEngine(PlanEngine):
     """One replica of a synchronous data-parallel plan over torch.distributed (see the module docstring).

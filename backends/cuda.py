@@ -404,16 +404,8 @@ class CUDAEngine(Engine):
                           extras=extras)
 
     # --- persistence ------------------------------------------------------------------------------------
-    def state_dict(self) -> dict[str, Any]:
-        state = {"model": self.model.state_dict()}
-        if self.raw_optimizer is not None:
-            state["optimizer"] = self.raw_optimizer.state_dict()
-        return state
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.model.load_state_dict(state["model"])
-        if self.raw_optimizer is not None and "optimizer" in state:
-            self.raw_optimizer.load_state_dict(state["optimizer"])
+    def host_optimizer(self) -> torch.optim.Optimizer | None:
+        return self.raw_optimizer  # the torch optimizer, not accelerate's wrapper
 
 
 # --- the backend ------------------------------------------------------------------------------------------

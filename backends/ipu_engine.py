@@ -386,15 +386,10 @@ class IPUEngine(Engine):
 
     def state_dict(self) -> dict[str, Any]:
         self.sync_to_host()
-        state = {"model": self.model.state_dict()}
-        if self.optimizer is not None:
-            state["optimizer"] = self.optimizer.state_dict()
-        return state
+        return super().state_dict()
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.model.load_state_dict(state["model"])
-        if self.optimizer is not None and "optimizer" in state:
-            self.optimizer.load_state_dict(state["optimizer"])
+        super().load_state_dict(state)
         active = self._active
         if active is not None and active.executor.isCompiled():
             active.executor.copyWeightsToDevice()

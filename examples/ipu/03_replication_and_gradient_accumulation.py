@@ -29,19 +29,7 @@ import torch
 
 from accelbatch.plan import ExecutionPlan
 
-
-def import_poptorch(force_emulator: bool):
-    """``import poptorch``, or accelbatch's CPU emulator of it when it is missing (or when asked)."""
-    if not force_emulator:
-        try:
-            import poptorch
-
-            return poptorch
-        except ImportError:
-            print("poptorch not found (it ships with the Poplar SDK): using accelbatch's CPU emulator of poptorch")
-    from accelbatch.backends import poptorch_emulator as poptorch
-
-    return poptorch
+from poptorch_or_emulator import import_poptorch  # examples/ipu/poptorch_or_emulator.py
 
 
 class L1Model(torch.nn.Module):

@@ -23,23 +23,11 @@ import warnings
 
 import torch
 
+from poptorch_or_emulator import import_poptorch  # examples/ipu/poptorch_or_emulator.py
+
 # 7 workers on a small machine is the point of the example: silence torch's advice about it (module level,
 # so the loading processes, which import this file, silence it too)
 warnings.filterwarnings("ignore", message="This DataLoader will create")
-
-
-def import_poptorch(force_emulator: bool):
-    """``import poptorch``, or accelbatch's CPU emulator of it when it is missing (or when asked)."""
-    if not force_emulator:
-        try:
-            import poptorch
-
-            return poptorch
-        except ImportError:
-            print("poptorch not found (it ships with the Poplar SDK): using accelbatch's CPU emulator of poptorch")
-    from accelbatch.backends import poptorch_emulator as poptorch
-
-    return poptorch
 
 
 class Numbers(torch.utils.data.IterableDataset):
