@@ -701,10 +701,12 @@ def world_position(world: Any) -> dict[str, Any]:
 
     Holds each shared episode cursor (epoch and next index), each teacher clone's episode in progress
     (``[episode index, next entry]`` or None), each model agent clone's conversation history, each
-    MultiWorld's task choice and RNG, and ``total_exs``. Worlds whose data comes from elsewhere
-    (LoaderWorld, HogwildWorld) are listed under ``"unsupported"``: :func:`restore_world_position`
-    refuses them with the reason.
+    MultiWorld's task choice and RNG, and ``total_exs``. A LoaderWorld gives its own
+    (``LoaderWorld.data_position``). Worlds whose data comes from elsewhere (HogwildWorld, a LoaderWorld of
+    streamed data) are listed under ``"unsupported"``: :func:`restore_world_position` refuses them.
     """
+    if hasattr(world, "data_position"):  # a LoaderWorld: its loader's position (accelbatch.loader_world)
+        return {"version": POSITION_VERSION, "world": type(world).__name__, **world.data_position()}
     cursors: list[Any] = []
     teachers, agents, multi, unsupported = [], [], [], []
     seen_agents: set[int] = set()
@@ -738,6 +740,8 @@ def restore_world_position(world: Any, position: Mapping[str, Any]) -> None:
     if position.get("unsupported"):
         raise CheckpointError("data position: the checkpointed world cannot be resumed exactly ("
                               + "; ".join(position["unsupported"]) + "); start afresh without --resume")
+    if hasattr(world, "restore_data_position"):  # a LoaderWorld
+        return world.restore_data_position(dict(position))
     parts = list(_walk(world))
     reasons = [p for k, p in parts if k == "unsupported"]
     if reasons:

@@ -7,6 +7,12 @@ batching, sharding across replicas), and the agent's ``vectorize`` and ``batchif
 workers, so the main process receives ready tensors. One parley is still ParlAI's four steps, for a
 whole batch: the loader acts as the teacher, the agent steps on the batch, and the replies are scored
 against the batch's labels in one pass.
+
+Resume. :meth:`LoaderWorld.data_position` (taken between parleys) is the loader's position as batches the
+world has consumed (:meth:`accelbatch.data.loader.Loader.position`) with ``total_exs`` and
+``dropped_exs``; :meth:`LoaderWorld.restore_data_position` puts a freshly built world (same options) there
+before its first parley. :func:`accelbatch.checkpoint.world_position` uses them. Streamed data has no exact
+position: :meth:`data_position` lists it as unsupported (the run then warns at ``--resume``).
 """
 
 from __future__ import annotations
@@ -18,7 +24,7 @@ import torch
 
 from accelbatch.agents import Agent, TorchAgent
 from accelbatch.data.datasets import _is_example
-from accelbatch.data.loader import LoadedBatch, Loader, make_loader
+from accelbatch.data.loader import LoadedBatch, Loader, PositionUnsupported, make_loader
 from accelbatch.data.sharding import ShardSpec
 from accelbatch.messages import EVAL_LABELS, LABELS, TEXT, Message
 from accelbatch.metrics import Metrics
@@ -127,6 +133,35 @@ class LoaderWorld(World):
     def epoch_done(self) -> bool:
         return self._done
 
+    # data position (resume) ------------------------------------------------------------------------
+    def data_position(self) -> dict[str, Any]:
+        """JSON data: ``{"loader": Loader.position(), "total_exs", "dropped_exs", "unsupported": []}``;
+        for a stream ``{"unsupported": [reason]}``. Take it between parleys."""
+        out: dict[str, Any] = {"total_exs": int(self.total_exs), "dropped_exs": int(self.dropped_exs)}
+        try:
+            out["loader"] = self.loader.position()
+            out["unsupported"] = []
+        except PositionUnsupported as exc:
+            out["unsupported"] = [f"LoaderWorld -t {self.opts.task}: {exc}"]
+        return out
+
+    def restore_data_position(self, position: dict[str, Any]) -> None:
+        """Put this world (freshly built with the same options) at a :meth:`data_position`."""
+        from accelbatch.checkpoint import CheckpointError
+
+        if not isinstance(position.get("loader"), dict):
+            raise CheckpointError(f"data position: the checkpoint was taken with a {position.get('world')} "
+                                  "world, this run feeds a LoaderWorld through the data loader; resume with the "
+                                  "same --dynamic-batching, --num-workers, --dataloader-mode and -dt")
+        try:
+            self.loader.restore(position["loader"])
+        except (ValueError, TypeError) as exc:
+            raise CheckpointError(f"{exc}") from None
+        self._iter = None
+        self._done = False
+        self.total_exs = int(position["total_exs"])
+        self.dropped_exs = int(position.get("dropped_exs", 0))
+
     def num_examples(self) -> int:
         return self._num_examples
 
@@ -166,7 +201,7 @@ def _real_rows_only(batch: LoadedBatch) -> LoadedBatch:
         return t[:real] if isinstance(t, torch.Tensor) and t.dim() and t.shape[0] == batch.rows else t
 
     tensors = {k: cut(v) for k, v in batch.tensors.items()} if isinstance(batch.tensors, dict) else batch.tensors
-    return LoadedBatch(tensors, batch.messages, batch.ids, batch.lengths, real, batch.padded_len)
+    return LoadedBatch(tensors, batch.messages, batch.ids, batch.lengths, real, batch.padded_len, batch.source)
 
 
 def _as_eval(msg: Message) -> Message:

@@ -42,9 +42,19 @@ A :class:`Loader` is re-iterable (one pass = one epoch) and yields :class:`Loade
 ``rows``         rows of the tensors; rows ``num_real..rows-1`` are padding rows
 ``padded_len``   the planned padded length (``buckets``: the bucket's length)
 
+``source``       ``(epoch, index)``: where the batch is in its epoch's plan (map-style; None for streams)
+
 ``len(loader)`` is the number of batches of the coming epoch (map-style only). ``loader.close()`` (or
 ``with``) stops the accessor process and the data workers. In ``async`` modes the tensors of a batch are
 views of the accessor's shared ring: valid until the next batch is asked for (``.clone()`` what you keep).
+
+Data position (resume). ``loader.position()`` is JSON data naming the batches the caller has *received*
+(not those the workers or the accessor loaded ahead): ``{"epoch": E, "batches": K, "plan_sha256": ...}``,
+the first K batches of epoch E's plan consumed. ``loader.restore(position)`` on a fresh loader built with the
+same data and options makes the next pass start at batch K of epoch E: the epoch's plan is rebuilt from
+(seed, epoch) and the consumed batches are skipped in the sampler, so they are neither read nor collated
+(the accessor process, if any, is restarted from there). Map-style data only: a stream's position raises
+:class:`PositionUnsupported`.
 
 Modes (``--dataloader-mode``), with ``--num-workers`` W data worker processes (torch DataLoader workers):
 
@@ -67,6 +77,7 @@ to ``rows``, and the tensors named in ``seq_keys`` (default ``text_vec``) are ze
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import os
 import pickle
@@ -85,10 +96,15 @@ from accelbatch.data.rebatch import tree_map
 from accelbatch.data.sharding import ShardSpec, even_shards
 from accelbatch.messages import Message
 
-__all__ = ["LoaderConfig", "LoadedBatch", "Loader", "AgentCollate", "make_loader", "pad_to_shape", "MODES"]
+__all__ = ["LoaderConfig", "LoadedBatch", "Loader", "AgentCollate", "make_loader", "pad_to_shape", "MODES",
+           "PositionUnsupported"]
 
 log = logging.getLogger(__name__)
 MODES = ("sync", "async", "async-rebatched")
+
+
+class PositionUnsupported(TypeError):
+    """This loader cannot report or restore an exact data position (streamed data)."""
 
 
 @dataclass(frozen=True)
@@ -153,6 +169,7 @@ class LoadedBatch:
     lengths: list[int]
     rows: int
     padded_len: int
+    source: tuple[int, int] | None = None  # (epoch, index in that epoch's plan); map-style only
 
     @property
     def num_real(self) -> int:
@@ -240,6 +257,8 @@ class _PlanSampler(Sampler):
         self.lengths, self.config, self.batching = list(lengths), config, batching
         self.training, self.shard = training, shard.without_workers()
         self.epoch = 0
+        self.skip: tuple[int, int] | None = None  # (epoch, K): that epoch's next pass starts at batch K
+        self._pass: tuple[int, int] | None = None  # (epoch, first batch) of the pass under way
         self._cache: tuple[int, list[Batch[int]], int] | None = None
 
     def _rank_plan(self, order: list[int], rank: int, world: int, rng: random.Random | None) -> list[Batch[int]]:
@@ -274,10 +293,22 @@ class _PlanSampler(Sampler):
         self._cache = (epoch, batches, dropped)
         return batches, dropped
 
-    def __iter__(self) -> Iterator[Batch[int]]:
-        batches, _ = self.plan(self.epoch)
+    def begin_pass(self) -> None:
+        """A new pass (epoch) begins: called once per pass by :class:`_PlanDataLoader` (torch's DataLoader
+        may call ``iter(sampler)`` more than once for one pass: twice with workers)."""
+        epoch = self.epoch
         self.epoch += 1
-        return iter(batches)
+        start = self.skip[1] if self.skip is not None and self.skip[0] == epoch else 0
+        self.skip = None
+        self._pass = (epoch, start)
+
+    def __iter__(self) -> Iterator[tuple[int, int, Batch[int]]]:
+        """``(epoch, index, batch)`` for each planned batch of the pass (after a restore's skip)."""
+        if self._pass is None:
+            self.begin_pass()
+        epoch, start = self._pass
+        batches, _ = self.plan(epoch)
+        return iter([(epoch, i, batches[i]) for i in range(start, len(batches))])
 
     def __len__(self) -> int:
         return len(self.plan(self.epoch)[0])
@@ -297,14 +328,25 @@ class _MapDataset(Dataset):
     def __len__(self) -> int:
         return len(self.examples)
 
-    def __getitem__(self, batch: Batch[int]) -> LoadedBatch | bytes:
+    def __getitem__(self, planned: tuple[int, int, Batch[int]] | Batch[int]) -> LoadedBatch | bytes:
+        source, batch = (planned[:2], planned[2]) if isinstance(planned, tuple) else (None, planned)
         messages = [self.examples[i] for i in batch.items]
         out = self.finisher(batch, messages, list(batch.items))
+        out.source = source
         return _pack(out) if self.pack else out
 
 
 def _identity(x: Any) -> Any:
     return x
+
+
+class _PlanDataLoader(DataLoader):
+    """A DataLoader that starts one pass of its :class:`_PlanSampler` per iteration (wherever it is
+    iterated: in the caller or in the accessor process)."""
+
+    def __iter__(self):
+        self.sampler.begin_pass()
+        return super().__iter__()
 
 
 class _EpochDataLoader(DataLoader):
@@ -417,15 +459,21 @@ class Loader:
         self.shapes = list(shapes) if shapes else None
         self.streaming = streaming
         self.epoch = 0
+        self._consumed = (0, 0)  # (epoch, batches of it) the caller has received
+        self._digests: dict[int, str] = {}
         self._dataloader = dataloader
         self._accessor: AsyncDataAccessor | None = None
         self._packed = config.num_workers > 0 and transform is None
         if self._packed:
             transform = _unpack_all
+        self._transform = transform
         if config.mode != "sync":
-            self._accessor = AsyncDataAccessor(dataloader, buffer_size=config.buffer_size, early_preload=True,
-                                               load_indefinitely=True, timeout_s=config.timeout_s,
-                                               transform=transform)
+            self._start_accessor()
+
+    def _start_accessor(self) -> None:
+        self._accessor = AsyncDataAccessor(self._dataloader, buffer_size=self.config.buffer_size,
+                                           early_preload=True, load_indefinitely=True,
+                                           timeout_s=self.config.timeout_s, transform=self._transform)
 
     @property
     def mode(self) -> str:
@@ -458,8 +506,82 @@ class Loader:
                 log.info("data: %d examples left out of each epoch (partial batch with --drop-last, or "
                          "replicas cut to the same number of batches)", dropped)
         if self._accessor is not None:
-            return iter(self._accessor)
-        return _unpack_all(iter(self._dataloader)) if self._packed else iter(self._dataloader)
+            it = iter(self._accessor)
+        else:
+            it = _unpack_all(iter(self._dataloader)) if self._packed else iter(self._dataloader)
+        return it if self.sampler is None else self._track(it)
+
+    def _track(self, it: Iterator[LoadedBatch]) -> Iterator[LoadedBatch]:
+        """Record each batch's plan position as it is handed to the caller (what the caller consumed)."""
+        try:
+            for batch in it:
+                if batch.source is not None:
+                    self._consumed = (int(batch.source[0]), int(batch.source[1]) + 1)
+                yield batch
+        finally:
+            close = getattr(it, "close", None)
+            if close is not None:
+                close()
+
+    # data position -------------------------------------------------------------------------------
+    def _plan_digest(self, epoch: int) -> str:
+        if epoch not in self._digests:
+            batches = self.sampler.plan(epoch)[0]
+            text = ";".join(",".join(map(str, b.items)) for b in batches)
+            self._digests = {epoch: hashlib.sha256(text.encode("ascii")).hexdigest()[:16]}
+        return self._digests[epoch]
+
+    def _unsupported(self, what: str) -> PositionUnsupported:
+        return PositionUnsupported(
+            f"{what}: a streamed dataset (-dt ...:stream) has no exact data position yet (its batches are "
+            "formed while the files are read, across data workers); resuming would repeat or lose examples "
+            "of the interrupted epoch. Train without :stream (map-style) to resume exactly")
+
+    def position(self) -> dict[str, Any]:
+        """The data position as the caller consumed it: ``{"epoch", "batches", "plan_sha256"}`` (JSON).
+
+        ``batches`` is how many batches of ``epoch``'s plan the caller has received; an epoch received in
+        full is reported as the next epoch at batch 0. Raises :class:`PositionUnsupported` for streams.
+        """
+        if self.sampler is None:
+            raise self._unsupported("loader.position()")
+        epoch, done = self._consumed
+        if done >= len(self.sampler.plan(epoch)[0]):
+            epoch, done = epoch + 1, 0
+        return {"epoch": epoch, "batches": done, "plan_sha256": self._plan_digest(epoch)}
+
+    def restore(self, position: dict[str, Any]) -> None:
+        """Make the next pass continue from :meth:`position` (same data and options; before iterating on).
+
+        The epoch's plan is rebuilt from (seed, epoch) and its first ``batches`` batches are skipped
+        without being read or collated; a running accessor process is restarted from there. Raises
+        ValueError when the position does not fit this loader's data and options.
+        """
+        if self.sampler is None:
+            raise self._unsupported("loader.restore()")
+        if self._dataloader is None:
+            raise RuntimeError("this loader was closed; make a new one with make_loader()")
+        try:
+            epoch, done, digest = int(position["epoch"]), int(position["batches"]), str(position["plan_sha256"])
+        except (KeyError, TypeError, ValueError):
+            raise ValueError(f"data position: {position!r} is not a loader position") from None
+        planned = len(self.sampler.plan(epoch)[0]) if epoch >= 0 else -1
+        if epoch < 0 or not 0 <= done <= planned:
+            raise ValueError(f"data position: batch {done} of epoch {epoch} does not exist in this loader's "
+                             f"plan ({planned} batches); resume with the same data and options")
+        if self._plan_digest(epoch) != digest:
+            raise ValueError(f"data position: epoch {epoch}'s batch plan differs from the checkpointed run's "
+                             "(other data, --seed, --batchsize, --dynamic-batching or its options, or "
+                             "replicas); resume with the same ones, or start afresh without --resume")
+        if done >= planned:
+            epoch, done = epoch + 1, 0
+        self.sampler.epoch = epoch
+        self.sampler.skip = (epoch, done) if done else None
+        self.epoch = epoch
+        self._consumed = (epoch, done)
+        if self._accessor is not None:  # it has loaded ahead from the old position: start it afresh
+            self._accessor.terminate()
+            self._start_accessor()
 
     def close(self) -> None:
         if self._accessor is not None:
@@ -519,7 +641,8 @@ def make_loader(data: Any, config: LoaderConfig | Any | None = None, *, collate:
         lengths = dataset.lengths
         batching = _batching(config, lengths, pad_rows, streaming=False)
         sampler = _PlanSampler(lengths, config, batching, training, shard)
-        dataloader = DataLoader(_MapDataset(dataset, finisher, pack=workers > 0), sampler=sampler, **loader_kwargs)
+        dataloader = _PlanDataLoader(_MapDataset(dataset, finisher, pack=workers > 0), sampler=sampler,
+                                     **loader_kwargs)
         return Loader(dataloader, config, sampler=sampler, transform=None, shapes=batching.shapes, streaming=False)
 
     # streams

@@ -1,0 +1,188 @@
+"""Resume through the data loader (LoaderWorld): SIGKILL a run at a random moment, --resume, same weights.
+
+The loader's position is the batches the world has *consumed* (not those prefetched by the data workers or
+the async accessor); a resume rebuilds that epoch's batch plan from (seed, epoch) and skips the consumed
+batches. Checked for the sync, async and async-rebatched modes with dynamic batching, and that no process
+of a killed or finished run (accessor, data workers, forkserver) is left behind.
+"""
+
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+import uuid
+
+import pytest
+import torch
+
+from accelbatch.checkpoint import load_checkpoint
+from accelbatch.data import make_loader
+from accelbatch.data.loader import PositionUnsupported
+from accelbatch.messages import Message
+
+ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
+MODES = [("sync", "0"), ("async", "0"), ("async-rebatched", "1")]
+
+
+def _dataset(root):
+    rng = random.Random(1)
+    os.makedirs(root / "data")
+    answers = ["red", "blue", "green", "kitchen", "garden"]
+    with open(root / "data" / "train.jsonl", "w") as handle:
+        for e in range(40):
+            n = rng.randint(1, 4)
+            for i in range(n):
+                a = rng.choice(answers)
+                words = " ".join(["very"] * rng.randint(0, 6))
+                handle.write(json.dumps({"text": f"ep {e} turn {i} where is the {words} {a} thing",
+                                         "labels": [a], "label_candidates": answers,
+                                         "episode_done": i == n - 1}) + "\n")
+
+
+def _command(root, model_file, mode, workers, *extra):
+    return [sys.executable, "-m", "accelbatch", "train", "-t", f"jsonl:{root}/data", "-m", "memnn", "-bs", "3",
+            "-ne", "3", "-veps", "-1", "--eval-splits", "", "--no-progress", "-ltim", "1000",
+            "--dynamic-batching", "batchsort", "--dataloader-mode", mode, "--num-workers", workers,
+            "-mf", str(model_file), *extra]
+
+
+def _weights(path):
+    return torch.load(path, weights_only=True)["model"]
+
+
+def _tagged_pids(tag):
+    """Processes (other than zombies) whose environment holds ``tag``: the run and all its descendants."""
+    out = []
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit():
+            continue
+        try:
+            with open(f"/proc/{pid}/environ", "rb") as f:
+                if tag.encode() not in f.read():
+                    continue
+            with open(f"/proc/{pid}/stat") as f:
+                if f.read().split(") ", 1)[1].startswith("Z"):
+                    continue
+        except OSError:
+            continue
+        out.append(int(pid))
+    return out
+
+
+def _assert_no_process_left(tag, within=15.0):
+    deadline = time.monotonic() + within
+    while _tagged_pids(tag) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    left = _tagged_pids(tag)
+    for pid in left:  # do not leave them to other tests, but fail
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except OSError:
+            pass
+    assert not left, f"processes left behind by the run: {left}"
+
+
+def _run(cmd, tag, timeout=240):
+    done = subprocess.run(cmd, env={**ENV, "ACCELBATCH_TEST_TAG": tag}, capture_output=True, text=True,
+                          timeout=timeout)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return done
+
+
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("mode,workers", MODES, ids=[m for m, _ in MODES])
+def test_killed_loader_run_resumes_to_the_same_weights(tmp_path, mode, workers):
+    _dataset(tmp_path)
+    tag = uuid.uuid4().hex
+    reference = tmp_path / "ref" / "model.pt"
+    _run(_command(tmp_path, reference, mode, workers), tag)
+    _assert_no_process_left(tag)
+
+    model = tmp_path / "cut" / "model.pt"
+    proc = subprocess.Popen(_command(tmp_path, model, mode, workers, "--save-every-n-secs", "0.01"),
+                            env={**ENV, "ACCELBATCH_TEST_TAG": tag}, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    manifest = tmp_path / "cut" / "model.pt.ckpt" / "MANIFEST.json"
+    deadline = time.monotonic() + 120
+    while not manifest.exists():
+        assert proc.poll() is None, proc.communicate()
+        assert time.monotonic() < deadline
+        time.sleep(0.02)
+    time.sleep(random.Random().uniform(0.0, 0.5))
+    proc.send_signal(signal.SIGKILL)
+    proc.communicate(timeout=60)
+    _assert_no_process_left(tag)  # the accessor and data workers go when their consumer dies
+
+    ckpt = load_checkpoint(str(model))
+    assert ckpt.state["train"]["steps"] > 0
+    (position,) = ckpt.data
+    assert position["world"] == "LoaderWorld" and position["unsupported"] == []
+    assert set(position["loader"]) == {"epoch", "batches", "plan_sha256"}
+
+    resumed = _run(_command(tmp_path, model, mode, workers, "--resume"), tag)
+    assert "not restored" not in resumed.stderr
+    _assert_no_process_left(tag)
+    ref, got = _weights(reference), _weights(model)
+    assert ref.keys() == got.keys()
+    for key in ref:
+        assert torch.equal(ref[key], got[key]), key
+
+
+def test_a_mismatched_loader_position_is_refused(tmp_path):
+    """A position from another plan (here: another --batchsize) is refused with a clear message."""
+    _dataset(tmp_path)
+    model = tmp_path / "m" / "model.pt"
+    base = ["-bs", "3", "-tstep", "4", "--save-every-n-secs", "0.001", "--eval-splits", "", "-veps", "-1", "--no-progress",
+            "--dynamic-batching", "batchsort", "-mf", str(model)]
+    tag = uuid.uuid4().hex
+    _run([sys.executable, "-m", "accelbatch", "train", "-t", f"jsonl:{tmp_path}/data", *base], tag)
+    state = next((tmp_path / "m" / "model.pt.ckpt").glob("gen-*")) / "state.json"
+    ckpt = load_checkpoint(str(model))
+    assert ckpt.data[0]["loader"]["batches"] == 4 and ckpt.data[0]["total_exs"] == 12
+    # the loader itself refuses a position of another plan
+    msgs = [Message({"text": f"q {i}", "labels": ["a"], "episode_done": True}) for i in range(20)]
+    with make_loader(msgs, batch_size=3, dynamic_batching="batchsort") as loader:
+        with pytest.raises(ValueError, match="plan differs"):
+            loader.restore(ckpt.data[0]["loader"])
+        with pytest.raises(ValueError, match="does not exist"):
+            loader.restore({"epoch": 0, "batches": 99, "plan_sha256": "x"})
+    assert state.exists()
+
+
+def test_loader_position_counts_consumed_batches_not_prefetched_ones():
+    msgs = [Message({"text": "w " * (i % 7 + 1), "labels": ["a"], "episode_done": True}) for i in range(50)]
+    kw = dict(batch_size=4, dynamic_batching="batchsort", seed=5, mode="async", buffer_size=4)
+    with make_loader(msgs, **kw) as loader:
+        epochs = [[tuple(b.ids) for b in loader] for _ in range(2)]
+        assert loader.position()["epoch"] == 2
+    flat = epochs[0] + epochs[1]
+    for cut in (0, 1, len(epochs[0]) - 1, len(epochs[0]), len(epochs[0]) + 2):
+        with make_loader(msgs, **kw) as loader:
+            got = []
+            while len(got) < cut:
+                it = iter(loader)
+                for batch in it:
+                    got.append(tuple(batch.ids))
+                    if len(got) == cut:
+                        break
+            if cut == len(epochs[0]):  # a whole epoch consumed: position is the next epoch's start
+                time.sleep(0.2)
+            position = loader.position()
+            # 4 batches are buffered ahead by the accessor: the position ignores them
+            assert position["epoch"] * len(epochs[0]) + position["batches"] == cut
+        with make_loader(msgs, **kw) as loader:
+            loader.restore(position)
+            while len(got) < len(flat):
+                got += [tuple(b.ids) for b in loader]
+        assert got == flat
+
+
+def test_a_stream_has_no_position_and_says_so(tmp_path):
+    path = tmp_path / "s.jsonl"
+    path.write_text("".join(json.dumps({"text": f"q {i}", "labels": ["a"]}) + "\n" for i in range(10)))
+    with make_loader(str(path), batch_size=2) as loader:
+        with pytest.raises(PositionUnsupported, match="stream"):
+            loader.position()
