@@ -702,8 +702,10 @@ def world_position(world: Any) -> dict[str, Any]:
     Holds each shared episode cursor (epoch and next index), each teacher clone's episode in progress
     (``[episode index, next entry]`` or None), each model agent clone's conversation history, each
     MultiWorld's task choice and RNG, and ``total_exs``. A LoaderWorld gives its own
-    (``LoaderWorld.data_position``). Worlds whose data comes from elsewhere (HogwildWorld, a LoaderWorld of
-    streamed data) are listed under ``"unsupported"``: :func:`restore_world_position` refuses them.
+    (``LoaderWorld.data_position``), and so does a HogwildWorld (``HogwildWorld.data_position``: it drains
+    the queued parleys, then holds the shared cursors and each process's world position). Worlds whose data
+    comes from elsewhere (a LoaderWorld of streamed data) are listed under ``"unsupported"``:
+    :func:`restore_world_position` refuses them.
     """
     if hasattr(world, "data_position"):  # a LoaderWorld: its loader's position (accelbatch.loader_world)
         return {"version": POSITION_VERSION, "world": type(world).__name__, **world.data_position()}
@@ -740,8 +742,13 @@ def restore_world_position(world: Any, position: Mapping[str, Any]) -> None:
     if position.get("unsupported"):
         raise CheckpointError("data position: the checkpointed world cannot be resumed exactly ("
                               + "; ".join(position["unsupported"]) + "); start afresh without --resume")
-    if hasattr(world, "restore_data_position"):  # a LoaderWorld
+    if hasattr(world, "restore_data_position"):  # a LoaderWorld or a HogwildWorld
         return world.restore_data_position(dict(position))
+    if position.get("hogwild") is not None:
+        raise CheckpointError(f"data position: the checkpoint was taken with --numthreads "
+                              f"{position['hogwild'].get('numthreads')} (hogwild), this run builds a "
+                              f"{type(world).__name__}; resume with the same --numthreads, or start afresh "
+                              "without --resume")
     parts = list(_walk(world))
     reasons = [p for k, p in parts if k == "unsupported"]
     if reasons:

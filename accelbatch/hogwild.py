@@ -410,6 +410,18 @@ def _serve(rank: int, world: World, counts: torch.Tensor, done: torch.Tensor, ev
             answer = None
         elif kind == "epoch_done":
             answer = bool(world.epoch_done())
+        elif kind == "drain":  # the parleys queued before this one are done: nothing else to do
+            answer = None
+        elif kind == "position":
+            from accelbatch.checkpoint import world_position
+
+            answer = world_position(world)
+        elif kind == "restore":
+            from accelbatch.checkpoint import restore_world_position
+
+            restore_world_position(world, msg[2])
+            counts[rank] = world.get_total_exs()
+            answer = None
         else:
             raise HogwildError(f"unknown control message {kind!r}")
         conn.send(("reply", seq, answer))
@@ -623,6 +635,62 @@ class HogwildWorld(World):
         self._prefer = {rank for rank, finished in enumerate(done) if not finished}
         return not self._prefer
 
+    def data_position(self) -> dict[str, Any]:
+        """Every process's data position, taken once all of them are idle (JSON data, for a checkpoint;
+        :func:`~accelbatch.checkpoint.world_position` calls it).
+
+        Two rounds: ``drain`` (each process answers after the parleys queued before it, so once all have
+        answered no parley is in flight and the shared cursors stand still), then ``position`` (each
+        process's own ``world_position``, which holds the shared cursors, its teachers' episodes in
+        progress, its model agents' conversations and its example count). Call it between parleys, from
+        the main process, as the run loop does. ``{"total_exs", "hogwild": {"numthreads", "cursors",
+        "children"}, "unsupported": [...]}`` (a process's unsupported reasons, e.g. streamed data).
+        """
+        from accelbatch.checkpoint import cursor_state
+
+        self._broadcast("drain")
+        children = self._broadcast("position")
+        unsupported = [f"hogwild process {rank}: {reason}" for rank, child in enumerate(children)
+                       for reason in child.get("unsupported") or []]
+        return {"total_exs": self.get_total_exs(),
+                "hogwild": {"numthreads": self.numthreads,
+                            "cursors": [None if c is None else cursor_state(c) for c in self._cursors],
+                            "children": children},
+                "unsupported": unsupported}
+
+    def restore_data_position(self, position: dict[str, Any]) -> None:
+        """Put this HogwildWorld (freshly built with the same options, before any parley) at a
+        :meth:`data_position`: the shared cursors, then each process's world (teachers, conversations,
+        example count)."""
+        from accelbatch.checkpoint import CheckpointError, restore_cursor
+
+        data = position.get("hogwild")
+        if not isinstance(data, dict):
+            raise CheckpointError(f"data position: the checkpoint was taken with a {position.get('world')} "
+                                  f"world, this run is hogwild (--numthreads {self.numthreads}); resume with "
+                                  "the same --numthreads, or start afresh without --resume")
+        children = data.get("children") or []
+        if len(children) != self.numthreads:
+            raise CheckpointError(f"data position: the checkpoint has {len(children)} hogwild processes, "
+                                  f"this run {self.numthreads}; resume with the same --numthreads, or start "
+                                  "afresh without --resume")
+        saved_cursors = data.get("cursors") or []
+        if len(saved_cursors) != len(self._cursors):
+            raise CheckpointError(f"data position: the checkpoint has {len(saved_cursors)} tasks, this run "
+                                  f"{len(self._cursors)}; resume with the same -t, or start afresh")
+        for cursor, saved in zip(self._cursors, saved_cursors):
+            if (cursor is None) != (saved is None):
+                raise CheckpointError("data position: the checkpointed hogwild run read its data otherwise "
+                                      "(shared cursor vs. per-process shards); resume with the same options")
+            if cursor is not None:
+                restore_cursor(cursor, saved)
+        try:
+            self._broadcast("restore", children)
+        except HogwildChildError as err:
+            if isinstance(err.child_exception, CheckpointError):
+                raise err.child_exception from None
+            raise
+
     def num_examples(self) -> int:
         return self._world.num_examples()
 
@@ -793,12 +861,13 @@ class HogwildWorld(World):
         self._replies = [None] * self.numthreads
         return answers
 
-    def _broadcast(self, kind: str) -> list[Any]:
-        """Send a control message to every process; return their answers (each handles it once)."""
+    def _broadcast(self, kind: str, payloads: Sequence[Any] | None = None) -> list[Any]:
+        """Send a control message to every process (``payloads[rank]`` with it, when given); return their
+        answers (each handles it once, after the parleys queued before it)."""
         self._check_open()
         self._seq += 1
         for rank in range(self.numthreads):
-            self._send(rank, (kind, self._seq))
+            self._send(rank, (kind, self._seq) if payloads is None else (kind, self._seq, payloads[rank]))
         return self._wait_all(kind, self.timeout, self._seq)
 
 
