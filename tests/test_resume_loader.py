@@ -24,7 +24,8 @@ from accelbatch.data.loader import PositionUnsupported
 from accelbatch.messages import Message
 
 ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
-MODES = [("sync", "0"), ("async", "0"), ("async-rebatched", "1")]
+MODES = {"sync": ("sync", "0"), "async": ("async", "0"), "async-rebatched": ("async-rebatched", "1"),
+         "async-R2": ("async", "0", "-rf", "2", "-bs", "6")}
 
 
 def _dataset(root):
@@ -42,10 +43,11 @@ def _dataset(root):
                                          "episode_done": i == n - 1}) + "\n")
 
 
-def _command(root, model_file, mode, workers, *extra):
+def _command(root, model_file, setting, *extra):
+    mode, workers, *more = MODES[setting]
     return [sys.executable, "-m", "accelbatch", "train", "-t", f"jsonl:{root}/data", "-m", "memnn", "-bs", "3",
             "-ne", "3", "-veps", "-1", "--eval-splits", "", "--no-progress", "-ltim", "1000",
-            "--dynamic-batching", "batchsort", "--dataloader-mode", mode, "--num-workers", workers,
+            "--dynamic-batching", "batchsort", "--dataloader-mode", mode, "--num-workers", workers, *more,
             "-mf", str(model_file), *extra]
 
 
@@ -93,16 +95,16 @@ def _run(cmd, tag, timeout=240):
 
 
 @pytest.mark.timeout(600)
-@pytest.mark.parametrize("mode,workers", MODES, ids=[m for m, _ in MODES])
-def test_killed_loader_run_resumes_to_the_same_weights(tmp_path, mode, workers):
+@pytest.mark.parametrize("setting", list(MODES))
+def test_killed_loader_run_resumes_to_the_same_weights(tmp_path, setting):
     _dataset(tmp_path)
     tag = uuid.uuid4().hex
     reference = tmp_path / "ref" / "model.pt"
-    _run(_command(tmp_path, reference, mode, workers), tag)
+    _run(_command(tmp_path, reference, setting), tag)
     _assert_no_process_left(tag)
 
     model = tmp_path / "cut" / "model.pt"
-    proc = subprocess.Popen(_command(tmp_path, model, mode, workers, "--save-every-n-secs", "0.01"),
+    proc = subprocess.Popen(_command(tmp_path, model, setting, "--save-every-n-secs", "0.01"),
                             env={**ENV, "ACCELBATCH_TEST_TAG": tag}, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
     manifest = tmp_path / "cut" / "model.pt.ckpt" / "MANIFEST.json"
@@ -118,11 +120,12 @@ def test_killed_loader_run_resumes_to_the_same_weights(tmp_path, mode, workers):
 
     ckpt = load_checkpoint(str(model))
     assert ckpt.state["train"]["steps"] > 0
-    (position,) = ckpt.data
-    assert position["world"] == "LoaderWorld" and position["unsupported"] == []
-    assert set(position["loader"]) == {"epoch", "batches", "plan_sha256"}
+    assert len(ckpt.data) == (2 if "-rf" in MODES[setting] else 1)  # one position per replica
+    for position in ckpt.data:
+        assert position["world"] == "LoaderWorld" and position["unsupported"] == []
+        assert set(position["loader"]) == {"epoch", "batches", "plan_sha256"}
 
-    resumed = _run(_command(tmp_path, model, mode, workers, "--resume"), tag)
+    resumed = _run(_command(tmp_path, model, setting, "--resume"), tag)
     assert "not restored" not in resumed.stderr
     _assert_no_process_left(tag)
     ref, got = _weights(reference), _weights(model)
