@@ -116,6 +116,7 @@ def test_killed_loader_run_resumes_to_the_same_weights(tmp_path, setting):
     time.sleep(random.Random().uniform(0.0, 0.5))
     proc.send_signal(signal.SIGKILL)
     proc.communicate(timeout=60)
+    assert proc.returncode == -signal.SIGKILL  # cut while training, not after it
     _assert_no_process_left(tag)  # the accessor and data workers go when their consumer dies
 
     ckpt = load_checkpoint(str(model))
@@ -189,3 +190,30 @@ def test_a_stream_has_no_position_and_says_so(tmp_path):
     with make_loader(str(path), batch_size=2) as loader:
         with pytest.raises(PositionUnsupported, match="stream"):
             loader.position()
+
+
+@pytest.mark.timeout(600)
+def test_stopping_at_an_epoch_boundary_and_mid_epoch_resumes_exactly(tmp_path):
+    """Deterministic cuts (-tstep, final checkpoint) with the async loader: mid-epoch, and right after the
+    last batch of an epoch (the position is then the next epoch's start, while the accessor has already
+    loaded ahead into it)."""
+    _dataset(tmp_path)
+    tag = uuid.uuid4().hex
+    end = ["-tstep", "70"]
+    _run(_command(tmp_path, tmp_path / "ref" / "model.pt", "async", *end), tag)
+    mid = tmp_path / "mid" / "model.pt"
+    _run(_command(tmp_path, mid, "async", "-tstep", "40", "--save-every-n-secs", "1000"), tag)
+    position = load_checkpoint(str(mid)).data[0]["loader"]
+    assert position["epoch"] == 1 and 0 < position["batches"] < 40
+    per_epoch = 40 - position["batches"]
+    edge = tmp_path / "edge" / "model.pt"
+    _run(_command(tmp_path, edge, "async", "-tstep", str(per_epoch), "--save-every-n-secs", "1000"), tag)
+    assert load_checkpoint(str(edge)).data[0]["loader"]["epoch"] == 1
+    assert load_checkpoint(str(edge)).data[0]["loader"]["batches"] == 0
+    ref = _weights(tmp_path / "ref" / "model.pt")
+    for model in (mid, edge):
+        _run(_command(tmp_path, model, "async", "--resume", *end), tag)
+        got = _weights(model)
+        for key in ref:
+            assert torch.equal(ref[key], got[key]), (model, key)
+    _assert_no_process_left(tag)
