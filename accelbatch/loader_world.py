@@ -141,8 +141,11 @@ class LoaderWorld(World):
         try:
             out["loader"] = self.loader.position()
             out["unsupported"] = []
-        except PositionUnsupported as exc:
-            out["unsupported"] = [f"LoaderWorld -t {self.opts.task}: {exc}"]
+        except PositionUnsupported:
+            out["unsupported"] = [f"LoaderWorld -t {self.opts.task} -dt {self.opts.datatype}: a streamed "
+                                  "dataset has no exact data position yet (its batches are formed while the "
+                                  "files are read, across data workers); train without :stream to resume "
+                                  "exactly"]
         return out
 
     def restore_data_position(self, position: dict[str, Any]) -> None:

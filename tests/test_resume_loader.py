@@ -190,6 +190,16 @@ def test_a_stream_has_no_position_and_says_so(tmp_path):
     with make_loader(str(path), batch_size=2) as loader:
         with pytest.raises(PositionUnsupported, match="stream"):
             loader.position()
+    # through the CLI: the checkpoint says so, and --resume warns that examples may repeat
+    _dataset(tmp_path)
+    model, tag = tmp_path / "m" / "model.pt", uuid.uuid4().hex
+    base = [sys.executable, "-m", "accelbatch", "train", "-t", f"jsonl:{tmp_path}/data/train.jsonl", "-dt",
+            "train:stream", "-bs", "3", "--eval-splits", "", "-veps", "-1", "--no-progress", "-mf", str(model)]
+    _run([*base, "-tstep", "3", "--save-every-n-secs", "1000"], tag)
+    (position,) = load_checkpoint(str(model)).data
+    assert "loader" not in position and "without :stream" in position["unsupported"][0]
+    resumed = _run([*base, "-tstep", "6", "--resume"], tag)
+    assert "not restored" in resumed.stderr and "without :stream" in resumed.stderr
 
 
 @pytest.mark.timeout(600)
