@@ -10,6 +10,7 @@
 """
 
 import json
+import multiprocessing
 import os
 import random
 import signal
@@ -20,9 +21,26 @@ import time
 import pytest
 import torch
 
-from accelbatch.checkpoint import load_checkpoint
+from accelbatch.agents import Agent
+from accelbatch.checkpoint import load_checkpoint, restore_world_position, world_position
+from accelbatch.messages import Message
+from accelbatch.opts import Opts
 
 ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
+
+
+class SlowSecondProcessAgent(Agent):
+    """Replies with the label; in hogwild process 1 each observation takes 100 ms (children import this
+    module by name)."""
+
+    def observe(self, observation):
+        if multiprocessing.current_process().name == "hogwild-1" and observation and "text" in observation:
+            time.sleep(0.1)
+        return super().observe(observation)
+
+    def act(self):
+        labels = (self.observation or {}).get("labels")
+        return Message(id=self.id, text=labels[0]) if labels else Message(id=self.id)
 
 
 def _dataset(root, episodes=40):
@@ -240,3 +258,35 @@ def test_hogwild_run_killed_and_resumed_sees_every_example_of_the_epoch_once(tmp
     overshoot_bound = 2 * 2 * 3 + 2 * 3  # processes x queue depth x rows, plus the episodes in progress
     assert set(twice) <= set(second[:overshoot_bound]), (twice, second[:overshoot_bound])
     assert len(seen) - len(texts) <= overshoot_bound * 4
+
+
+@pytest.mark.timeout(200)
+def test_hogwild_position_is_taken_with_no_parley_in_flight_and_restores(write_jsonl):
+    """Process 1 is slow and has parleys queued when the position is asked for: the position must wait
+    for them (every process's view of the shared cursor is the same, and the counts add up), and a new
+    world restored from it reports the same position."""
+    from accelbatch.hogwild import create_hogwild_world
+
+    path = write_jsonl([{"text": f"x{i}", "labels": [f"y{i}"], "episode_done": True} for i in range(300)])
+    opts = Opts(task=f"jsonl:{path}", datatype="train", numthreads=2, batchsize=3, progress=False)
+    world = create_hogwild_world(opts, agent=SlowSecondProcessAgent)
+    try:
+        for _ in range(6):
+            world.parley()
+        position = world_position(world)
+    finally:
+        world.shutdown()
+    data = position["hogwild"]
+    assert position["total_exs"] == sum(c["total_exs"] for c in data["children"]) == 6 * 3
+    shared = [c for c in data["cursors"] if c is not None]
+    assert shared and shared[0]["next_index"] == 6 * 3
+    for child in data["children"]:
+        assert child["cursors"] == shared
+
+    again = create_hogwild_world(opts, agent=SlowSecondProcessAgent)
+    try:
+        restore_world_position(again, position)
+        assert again.get_total_exs() == 6 * 3
+        assert world_position(again) == position
+    finally:
+        again.shutdown()
