@@ -52,6 +52,7 @@ import functools
 import io
 import multiprocessing as mp
 import pickle
+import select
 import signal
 import sys
 import time
@@ -175,6 +176,8 @@ class _Worker:
                  load_indefinitely: bool):
         self.source, self.transform = source, transform
         self.control, self.ready = control, ready   # pipe ends: orders in, batches out
+        self.poller = select.poll()                 # one poll object, not a selector per check
+        self.poller.register(control.fileno(), select.POLLIN)
         self.load_indefinitely = load_indefinitely
         self.free = set(range(num_slots))
         self.storages: list[torch.Tensor | None] = [None] * num_slots
@@ -201,7 +204,7 @@ class _Worker:
         self._recv()
 
     def _drain(self) -> None:
-        while self.control.poll(0):
+        while self.poller.poll(0):
             self._recv()
 
     def _acquire(self) -> int | None:
@@ -400,6 +403,9 @@ class AsyncDataAccessor:
             ready_w.close()
         self._loading = self.early_preload
         self._slots = {}
+        self._free_msgs: dict[int, bytes] = {}
+        self._poller = select.poll()
+        self._poller.register(self._ready.fileno(), select.POLLIN)
         self._finalizer = weakref.finalize(self, _shutdown, self._process, self._control, self._ready)
 
     def terminate(self) -> None:
@@ -437,7 +443,7 @@ class AsyncDataAccessor:
         while True:
             closed = False
             try:
-                if self._ready.poll(_POLL_S):
+                if self._poller.poll(_POLL_S * 1000):
                     return self._ready.recv()
             except (EOFError, OSError):
                 closed = True   # the worker's end of the pipe is closed: it is exiting
@@ -457,7 +463,10 @@ class AsyncDataAccessor:
 
     def _free(self, slot: int) -> None:
         try:
-            self._control.send(("free", slot))
+            msg = self._free_msgs.get(slot)
+            if msg is None:
+                msg = self._free_msgs[slot] = bytes(ForkingPickler.dumps(("free", slot)))
+            self._control.send_bytes(msg)
         except (ValueError, OSError, AttributeError):
             pass
 
