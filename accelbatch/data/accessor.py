@@ -11,13 +11,15 @@
 How it works. At construction one worker process starts; it iterates ``source`` (after ``transform``, or
 :func:`~accelbatch.data.rebatch.rebatch` when ``rebatch_size`` is given), copies every tensor of each batch
 into a slot of a ring of ``buffer_size + 1`` shared-memory buffers (``buffer_size`` batches ready ahead
-plus the one the consumer holds) and sends the slot number with the batch's structure; the non-tensor
-leaves (ints, strings, Messages, ...) travel pickled with it. The consumer builds the batch from views of
-the slot and hands the slot back when it asks for the next batch.
+plus the one the consumer holds) and sends the slot number with the batch pickled once, in one message:
+the pickler (C, no Python walk over the batch's rows and Messages) sets every tensor aside for the slot and
+leaves a reference in its place. The consumer unpickles it with those references resolved to views of the
+slot (one pickle load, no per-leaf Python work) and hands the slot back when it asks for the next batch.
 
-Batches: a tensor, or any nesting of tuples (named tuples too), lists, dicts and dataclasses; tensors go
-through the ring, everything else is pickled. Shapes may change from batch to batch (a slot grows when a
-batch does not fit).
+Batches: a tensor, or anything picklable holding tensors (tuples, named tuples, lists, dicts, dataclasses,
+objects); tensors go through the ring (a tensor met twice is one view), everything else is pickled.
+Shapes may change from batch to batch (a slot grows when a batch does not fit). :func:`pickle_batch` is
+the matching cheap payload for data workers that send batches to this process (tensors as raw bytes).
 
 Epochs: each ``iter(accessor)`` is one pass over ``source``. ``load_indefinitely=True`` (default): at the
 end of a pass the worker goes straight on to the next one, so the next epoch's first batches are ready when
