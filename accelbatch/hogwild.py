@@ -24,6 +24,13 @@ ParlAI's semantics, in processes (started with ``spawn``):
   and its episodes finished). Each process publishes its ``world.epoch_done()`` in a shared flag after every
   parley; the main process reads the flags (no waiting), sends the next parleys to the processes not yet
   done, and confirms with one round trip only when all flags are set: there is no barrier per step.
+* Checkpoints: :meth:`HogwildWorld.data_position` (what ``checkpoint.world_position`` stores) drains the
+  queued parleys (a ``drain`` round: every process answers after the parleys queued before it) and then
+  gathers each process's own world position (shared cursors, teachers' episodes in progress, model
+  agents' conversations, example count; a loader-fed process's loader position);
+  :meth:`HogwildWorld.restore_data_position` puts a freshly built HogwildWorld back there, so ``--resume``
+  serves the rest of the interrupted epoch exactly once. The weights are the shared model's (hogwild
+  itself is not deterministic); the children's torch RNG states are not saved.
 * A child's exception is raised in the main process as :class:`HogwildChildError` carrying the child's
   traceback; a child that dies or stops answering is detected (the main process waits on the children's
   pipes and process sentinels together, with timeouts), and then all children are stopped.
