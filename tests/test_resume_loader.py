@@ -115,8 +115,8 @@ def test_killed_loader_run_resumes_to_the_same_weights(tmp_path, setting):
         time.sleep(0.02)
     time.sleep(random.Random().uniform(0.0, 0.5))
     proc.send_signal(signal.SIGKILL)
-    proc.communicate(timeout=60)
-    assert proc.returncode == -signal.SIGKILL  # cut while training, not after it
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == -signal.SIGKILL, err[-2000:]  # cut while training, not after it
     _assert_no_process_left(tag)  # the accessor and data workers go when their consumer dies
 
     ckpt = load_checkpoint(str(model))
@@ -131,8 +131,8 @@ def test_killed_loader_run_resumes_to_the_same_weights(tmp_path, setting):
     _assert_no_process_left(tag)
     ref, got = _weights(reference), _weights(model)
     assert ref.keys() == got.keys()
-    for key in ref:
-        assert torch.equal(ref[key], got[key]), key
+    for key in ref:  # on failure: where the run was cut, and what the resumed run said
+        assert torch.equal(ref[key], got[key]), (key, ckpt.state["train"], ckpt.data, resumed.stderr[-2000:])
 
 
 def test_a_mismatched_loader_position_is_refused(tmp_path):
