@@ -180,7 +180,12 @@ def _train_loop(world: World, opts: Opts, log: MetricsLog, backend: Any, stop: S
     train_report: dict[str, float] = {}
     valid_world: World | None = None
     stop_reason = "num_epochs"
-    while True:
+    # a checkpoint taken after the last step (the save at the end of training) leaves nothing to train
+    finished = resumed is not None and (state.exs >= target_exs or (
+        opts.max_train_steps > 0 and state.steps >= opts.max_train_steps))
+    if finished and opts.max_train_steps > 0 and state.steps >= opts.max_train_steps:
+        stop_reason = "max_train_steps"
+    while not finished:
         world.parley()
         state.steps += 1
         total = world.get_total_exs() * replicas

@@ -303,9 +303,6 @@ def test_hogwild_position_is_taken_with_no_parley_in_flight_and_restores(write_j
 
 
 @pytest.mark.timeout(300)
-@pytest.mark.xfail(strict=True, reason="run._train_loop parleys once before checking that the resumed "
-                   "counters already reached the end of training (fix: /tmp/resume_patches/run.diff, "
-                   "outside this test's files); remove this mark once it is applied")
 def test_resuming_the_checkpoint_saved_at_the_end_of_training_trains_nothing_more(tmp_path):
     """A kill after the end-of-training save (a window of the -rf 2 and one-process kill tests) leaves a
     checkpoint with every step done: --resume from it must end with the same weights."""
