@@ -31,6 +31,7 @@ import json
 import os
 import signal
 import socket
+import sys
 import tempfile
 import time
 import traceback
@@ -217,12 +218,22 @@ def _replica_main(index: int, fn: Callable[..., Any], nprocs: int, port: int, re
             json.dump({"time": time.time(), "trace": traceback.format_exc()}, fh)
         raise
     finally:
-        if init_group and dist.is_initialized():
-            _leave_group(wait_for_peers=not failed)
+        if failed and init_group and dist.is_initialized():
+            _leave_group(wait_for_peers=False)
     if result is not None:
         path = os.path.join(result_dir, f"{index}.pt")
         torch.save(result, path + ".tmp")
         os.replace(path + ".tmp", path)
+    if init_group and dist.is_initialized():
+        # every replica has its result saved past this barrier; then leave without running C++ destructors:
+        # tearing a gloo group down while its peer does the same aborts one of them now and then
+        # ("terminate called without an active exception", SIGABRT), after the work is done
+        try:
+            dist.barrier()
+        finally:
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(0)
 
 
 def _end(processes: list[Any], grace_s: float = 3.0) -> None:
