@@ -88,7 +88,7 @@ from typing import Any, Callable, Iterator, Sequence
 import torch
 from torch.utils.data import DataLoader, Dataset, Sampler
 
-from accelbatch.data.accessor import AsyncDataAccessor
+from accelbatch.data.accessor import AsyncDataAccessor, pickle_batch
 from accelbatch.data.batching import (STRATEGIES, Batch, BatchingConfig, BatchStats, BucketShape, MessageLength,
                                       batch_stats, default_max_tokens, plan_buckets)
 from accelbatch.data.datasets import ExampleDataset, StreamDataset, StreamSource
@@ -317,8 +317,8 @@ class _PlanSampler(Sampler):
 def _pack(batch: LoadedBatch) -> bytes:
     """A worker's batch as one pickled payload, tensors by value: for the small tensors of text batches this
     is several times cheaper than torch's default of one shared-memory segment and one passed file
-    descriptor per tensor."""
-    return pickle.dumps(batch, protocol=pickle.HIGHEST_PROTOCOL)
+    descriptor per tensor. Tensors travel as raw bytes (pickle_batch), not one torch.save per storage."""
+    return pickle_batch(batch)
 
 
 class _MapDataset(Dataset):
@@ -390,7 +390,7 @@ class _EmitRows:
         for (item_id, msg), length in zip(batch.items, batch.lengths):
             vec = self.vectorize(Message(msg)) if self.vectorize is not None else None
             rows.append((item_id, msg, length, vec))
-        return pickle.dumps(rows, protocol=pickle.HIGHEST_PROTOCOL)
+        return pickle_batch(rows)
 
 
 @dataclass(frozen=True)
@@ -630,8 +630,10 @@ def make_loader(data: Any, config: LoaderConfig | Any | None = None, *, collate:
     finisher = _Finisher(collate, static_len, tuple(config.seq_keys))
     pad_rows = config.static_rows
     workers = config.num_workers
+    # map-style: the plan is made where the DataLoader is iterated, so its workers can stay up across epochs
+    # (no fork and cold prefetch queue at every epoch boundary); streams count epochs in the workers' copies
     loader_kwargs: dict[str, Any] = dict(batch_size=None, num_workers=workers, collate_fn=_identity,
-                                         persistent_workers=False)
+                                         persistent_workers=workers > 0 and isinstance(dataset, ExampleDataset))
     if workers > 0:
         loader_kwargs["timeout"] = config.timeout_s
 
