@@ -36,8 +36,8 @@ from accelbatch.plan import CallLayout, ExecutionPlan, OutputMode, PlanError, ba
 
 from . import distributed
 from .base import Backend, Engine, NonFiniteLoss, StepResult, TensorBatch
-from .engine_parts import (ReplicaSteps, cat_parts, detached_outputs, keep_flags, loss_of, replica_steps,
-                           slice_rows, sum_parts)
+from .engine_parts import (ReplicaSteps, cat_parts, check_trainable, detached_outputs, keep_flags, loss_of,
+                           replica_steps, slice_rows, sum_parts)
 
 
 class PlanEngine(Engine):
@@ -53,11 +53,7 @@ class PlanEngine(Engine):
 
     # --- training ----------------------------------------------------------------------------
     def _check_train(self) -> None:
-        if self.optimizer is None:
-            raise PlanError("train_step needs an optimizer: compile the model with one")
-        if not self.plan.training:
-            raise PlanError("this engine was compiled with an inference plan; compile with "
-                            "ExecutionPlan.from_opts(opts, training=True) to train")
+        check_trainable(self.optimizer, self.plan)
         if not self.model.training:
             self.model.train()
 

@@ -48,7 +48,8 @@ from accelbatch.plan import CallLayout, ExecutionPlan, PlanError, batch_rows, co
 
 from . import distributed
 from .base import Backend, Engine, StepResult, TensorBatch
-from .engine_parts import cat_parts, detached_outputs, keep_flags, loss_of, replica_steps, slice_rows, sum_parts
+from .engine_parts import (cat_parts, check_trainable, detached_outputs, keep_flags, loss_of, replica_steps,
+                           slice_rows, sum_parts)
 from .prefetch import Copier, DeviceLoader, Prefetcher, copier_for, map_tensors, tensors_of
 
 if TYPE_CHECKING:
@@ -202,11 +203,7 @@ class CUDAEngine(Engine):
 
     # --- training ------------------------------------------------------------------------------------
     def _check_train(self) -> None:
-        if self.optimizer is None:
-            raise PlanError("train_step needs an optimizer: compile the model with one")
-        if not self.plan.training:
-            raise PlanError("this engine was compiled with an inference plan; compile with "
-                            "ExecutionPlan.from_opts(opts, training=True) to train")
+        check_trainable(self.optimizer, self.plan)
         if not self.module.training:
             self.module.train()
 

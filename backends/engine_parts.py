@@ -11,7 +11,7 @@ from typing import Mapping
 
 import torch
 
-from accelbatch.plan import CallLayout, PlanError
+from accelbatch.plan import CallLayout, ExecutionPlan, PlanError
 
 from .base import TensorBatch
 
@@ -80,3 +80,11 @@ def sum_parts(parts: list[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
     return {k: (parts[0][k] if len(parts) == 1 else torch.stack([p[k] for p in parts]).sum(0))
             for k in parts[0]}
 
+
+def check_trainable(optimizer: object, plan: "ExecutionPlan") -> None:
+    """Refuse train_step without an optimizer or on an engine compiled for inference."""
+    if optimizer is None:
+        raise PlanError("train_step needs an optimizer: compile the model with one")
+    if not plan.training:
+        raise PlanError("this engine was compiled with an inference plan; compile with "
+                        "ExecutionPlan.from_opts(opts, training=True) to train")

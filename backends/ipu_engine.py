@@ -45,6 +45,7 @@ import torch
 from accelbatch.plan import ExecutionPlan, OutputMode, PlanError, Reduction, batch_rows
 
 from .base import Engine, StepResult, TensorBatch
+from .engine_parts import check_trainable
 
 log = logging.getLogger("accelbatch.ipu")
 
@@ -314,11 +315,7 @@ class IPUEngine(Engine):
 
     # --- training --------------------------------------------------------------------------------
     def _check_train(self) -> None:
-        if self.optimizer is None:
-            raise PlanError("train_step needs an optimizer: compile the model with one")
-        if not self.plan.training:
-            raise PlanError("this engine was compiled with an inference plan; compile with "
-                            "ExecutionPlan.from_opts(opts, training=True) to train")
+        check_trainable(self.optimizer, self.plan)
 
     def train_step(self, batch: TensorBatch) -> StepResult:
         self._check_train()
