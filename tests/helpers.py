@@ -70,3 +70,24 @@ def live_children(pid: int | None = None) -> list[tuple[int, str]]:
         if int(fields[1]) == pid and not any(h in cmd for h in _MP_HELPERS):
             found.append((int(entry), fields[0]))
     return found
+
+
+def write_qa_episodes(root, episodes: int = 40, filler: bool = False) -> None:
+    """``root/data/train.jsonl``: seeded where-is episodes of 1-4 turns with 5 candidate answers, for the
+    kill-and-resume tests (``filler`` adds 0-6 words per turn so dynamic batching has lengths to sort)."""
+    import json
+    import os
+    import random
+
+    rng = random.Random(1)
+    os.makedirs(root / "data")
+    answers = ["red", "blue", "green", "kitchen", "garden"]
+    with open(root / "data" / "train.jsonl", "w") as handle:
+        for e in range(episodes):
+            n = rng.randint(1, 4)
+            for i in range(n):
+                a = rng.choice(answers)
+                words = (" ".join(["very"] * rng.randint(0, 6)) + " ") if filler else ""
+                handle.write(json.dumps({"text": f"ep {e} turn {i} where is the {words}{a} thing",
+                                         "labels": [a], "label_candidates": answers,
+                                         "episode_done": i == n - 1}) + "\n")

@@ -1,6 +1,5 @@
 """Kill a training run (SIGKILL at a random point, or SIGTERM) and --resume: nothing lost or repeated."""
 
-import json
 import os
 import random
 import signal
@@ -12,19 +11,11 @@ import pytest
 import torch
 
 from accelbatch.checkpoint import load_checkpoint
+from helpers import write_qa_episodes
 
 
 def _dataset(root):
-    rng = random.Random(1)
-    os.makedirs(root / "data")
-    answers = ["red", "blue", "green", "kitchen", "garden"]
-    with open(root / "data" / "train.jsonl", "w") as handle:
-        for e in range(40):
-            n = rng.randint(1, 4)
-            for i in range(n):
-                a = rng.choice(answers)
-                handle.write(json.dumps({"text": f"ep {e} turn {i} where is the {a} thing", "labels": [a],
-                                         "label_candidates": answers, "episode_done": i == n - 1}) + "\n")
+    write_qa_episodes(root)
 
 
 def _command(root, model_file, *extra):

@@ -22,6 +22,7 @@ from accelbatch.checkpoint import load_checkpoint
 from accelbatch.data import make_loader
 from accelbatch.data.loader import PositionUnsupported
 from accelbatch.messages import Message
+from helpers import write_qa_episodes
 
 ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
 MODES = {"sync": ("sync", "0"), "async": ("async", "0"), "async-rebatched": ("async-rebatched", "1"),
@@ -29,18 +30,7 @@ MODES = {"sync": ("sync", "0"), "async": ("async", "0"), "async-rebatched": ("as
 
 
 def _dataset(root):
-    rng = random.Random(1)
-    os.makedirs(root / "data")
-    answers = ["red", "blue", "green", "kitchen", "garden"]
-    with open(root / "data" / "train.jsonl", "w") as handle:
-        for e in range(40):
-            n = rng.randint(1, 4)
-            for i in range(n):
-                a = rng.choice(answers)
-                words = " ".join(["very"] * rng.randint(0, 6))
-                handle.write(json.dumps({"text": f"ep {e} turn {i} where is the {words} {a} thing",
-                                         "labels": [a], "label_candidates": answers,
-                                         "episode_done": i == n - 1}) + "\n")
+    write_qa_episodes(root, filler=True)
 
 
 def _command(root, model_file, setting, *extra):

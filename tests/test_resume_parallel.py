@@ -25,6 +25,7 @@ from accelbatch.agents import Agent
 from accelbatch.checkpoint import load_checkpoint, restore_world_position, world_position
 from accelbatch.messages import Message
 from accelbatch.opts import Opts
+from helpers import write_qa_episodes
 
 ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
 
@@ -44,16 +45,7 @@ class SlowSecondProcessAgent(Agent):
 
 
 def _dataset(root, episodes=40):
-    rng = random.Random(1)
-    os.makedirs(root / "data")
-    answers = ["red", "blue", "green", "kitchen", "garden"]
-    with open(root / "data" / "train.jsonl", "w") as handle:
-        for e in range(episodes):
-            n = rng.randint(1, 4)
-            for i in range(n):
-                a = rng.choice(answers)
-                handle.write(json.dumps({"text": f"ep {e} turn {i} where is the {a} thing", "labels": [a],
-                                         "label_candidates": answers, "episode_done": i == n - 1}) + "\n")
+    write_qa_episodes(root, episodes)
 
 
 def _command(root, model_file, *extra):
