@@ -12,6 +12,14 @@
     on the fly through a bounded cache (:class:`~accelbatch.data.batching.BatchingConfig`; ParlAI's streaming
     batchsort groups lengths within ``--batch-length-range``) and yields ``emit(batch)`` for every batch, where
     a batch's items are ``(example_id, Message)`` pairs and ``example_id`` is ``(file index, line number)``.
+
+Data position (resume). With ``positions=True`` a StreamDataset calls ``emit(batch, origin)`` with
+``origin = (epoch, worker, n)`` (the ``n``-th batch this worker emits in ``epoch``) and ends every worker's
+pass with a :class:`ShardEnd`. Its ``resume`` (a :class:`StreamResume`) makes one epoch continue where a
+run stopped: each worker re-reads its shard and re-batches it, discarding its first ``n`` batches without
+emitting them (no collate or vectorize: the cost is reading and parsing the consumed part of the shard),
+and the workers' turns are rotated so torch's round-robin over them serves batches in the same order as
+the interrupted run.
 """
 
 from __future__ import annotations
@@ -227,8 +235,32 @@ class StreamSource:
         return out
 
 
-def _identity(batch: Any) -> Any:
+def _identity(batch: Any, origin: Any = None) -> Any:
     return batch
+
+
+@dataclass(frozen=True)
+class ShardEnd:
+    """Yielded after a worker's last batch of an epoch (``positions=True``): ``count`` batches emitted."""
+
+    epoch: int
+    worker: int
+    count: int
+
+
+@dataclass(frozen=True)
+class StreamResume:
+    """Where a stream's ``epoch`` continues: ``counts[w]`` batches of logical worker ``w`` already consumed,
+    ``done[w]`` when its :class:`ShardEnd` was; ``rotation``: torch worker ``j`` plays logical worker
+    ``(j + rotation) % len(counts)``, so the round-robin goes on with the worker after the last one served."""
+
+    epoch: int
+    counts: tuple[int, ...]
+    done: tuple[bool, ...]
+    rotation: int = 0
+
+    def worker(self, torch_worker: int) -> int:
+        return (torch_worker + self.rotation) % len(self.counts)
 
 
 @dataclass
@@ -239,31 +271,59 @@ class StreamDataset(IterableDataset):
     the dataset yields (e.g. collated tensors); by default the Batch itself. ``keep`` (optional) decides which
     batches are emitted at all. ``shard`` names the process and replica; the worker is taken from torch's
     worker info when iterated. ``seed`` (training) shuffles the order of the batches a cache emits, varying
-    with ``epoch``.
+    with ``epoch``. ``positions`` and ``resume``: see the module docstring.
     """
 
     source: StreamSource
     batching: BatchingConfig = field(default_factory=BatchingConfig)
     length_fn: Callable[[Message], int] = field(default_factory=MessageLength)
     shard: ShardSpec = field(default_factory=ShardSpec)
-    emit: Callable[[Batch], Any] = _identity
+    emit: Callable[..., Any] = _identity
     seed: int | None = None
     keep: Callable[[Batch], bool] | None = None
     epoch: int = 0
+    positions: bool = False
+    resume: StreamResume | None = None
 
     def __post_init__(self) -> None:
         super().__init__()
 
-    def __iter__(self) -> Iterator[Any]:
+    def _spec(self, epoch: int) -> tuple[ShardSpec, StreamResume | None]:
+        """This worker's shard, and the resume that applies to this pass (None: start at the beginning)."""
         spec = self.shard.in_worker()
-        rng = None if self.seed is None else random.Random(hash((self.seed, self.epoch, spec.index)))
-        self.epoch += 1  # (data workers iterate copies: the loader sets ``epoch`` before each pass)
+        resume = self.resume if self.resume is not None and self.resume.epoch == epoch else None
+        if resume is None:
+            return spec, None
+        if len(resume.counts) != spec.num_workers:
+            raise ValueError(f"data position: the stream was read by {len(resume.counts)} data workers, this "
+                             f"run has {spec.num_workers}; resume with the same --num-workers")
+        return spec.with_workers(spec.num_workers, resume.worker(spec.worker_id)), resume
+
+    def _batches(self, spec: ShardSpec, rng: random.Random | None) -> Iterator[Batch]:
+        """The shard's batches that are kept, in order (not emitted)."""
         batcher = self.batching.batcher(rng)
         keep = self.keep
         for item_id, msg in self.source.examples(spec.num_shards, spec.index):
             for batch in batcher.push((item_id, msg), int(self.length_fn(msg))):
                 if keep is None or keep(batch):
-                    yield self.emit(batch)
+                    yield batch
         for batch in batcher.finish():
             if keep is None or keep(batch):
-                yield self.emit(batch)
+                yield batch
+
+    def __iter__(self) -> Iterator[Any]:
+        epoch = self.epoch
+        self.epoch += 1  # (data workers iterate copies: the loader sets ``epoch`` before each pass)
+        spec, resume = self._spec(epoch)
+        worker = spec.worker_id
+        if resume is not None and resume.done[worker]:
+            return  # this worker's part of the epoch was consumed to its end
+        skip = resume.counts[worker] if resume is not None else 0
+        rng = None if self.seed is None else random.Random(hash((self.seed, epoch, spec.index)))
+        count = 0
+        for batch in self._batches(spec, rng):
+            if count >= skip:
+                yield self.emit(batch, (epoch, worker, count)) if self.positions else self.emit(batch)
+            count += 1
+        if self.positions:
+            yield ShardEnd(epoch, worker, count)

@@ -43,6 +43,7 @@ A :class:`Loader` is re-iterable (one pass = one epoch) and yields :class:`Loade
 ``padded_len``   the planned padded length (``buckets``: the bucket's length)
 
 ``source``       ``(epoch, index)``: where the batch is in its epoch's plan (map-style; None for streams)
+``origin``       ``(epoch, worker, n)``: the ``n``-th batch of that data worker in that epoch (streams)
 
 ``len(loader)`` is the number of batches of the coming epoch (map-style only). ``loader.close()`` (or
 ``with``) stops the accessor process and the data workers. In ``async`` modes the tensors of a batch are
@@ -53,8 +54,19 @@ Data position (resume). ``loader.position()`` is JSON data naming the batches th
 the first K batches of epoch E's plan consumed. ``loader.restore(position)`` on a fresh loader built with the
 same data and options makes the next pass start at batch K of epoch E: the epoch's plan is rebuilt from
 (seed, epoch) and the consumed batches are skipped in the sampler, so they are neither read nor collated
-(the accessor process, if any, is restarted from there). Map-style data only: a stream's position raises
-:class:`PositionUnsupported`.
+(the accessor process, if any, is restarted from there).
+
+A stream's position counts batches per data worker, as the caller received them: ``{"epoch": E,
+"batches": [n_0, ...], "done": [...], "rotation": r, "stream": "workers" | "rebatched", "files": [sizes]}``
+(``batches[w]``: batches of worker ``w`` received in epoch E; ``done[w]``: its shard's end was reached). A
+stream has no plan to skip in, so the restore re-reads: each worker reads and re-batches its shard from the
+start of the epoch and discards its first ``n_w`` batches without collating them (cost: reading and parsing
+the consumed part of the shard; memory stays bounded), and the workers' turns are rotated so the batches
+come in the interrupted run's order. In ``async-rebatched`` mode the accessor process re-forms batches from
+the rows of all workers, so ``batches`` is one count, of re-formed batches: the restore replays the epoch's
+rows through the workers (which vectorize them again) and the accessor discards the first ``n`` re-formed
+batches without batchifying them. Batches buffered ahead (data workers, the accessor, a dynamic-batching
+cache) are never counted: the position is where the caller's consumption is.
 
 Modes (``--dataloader-mode``), with ``--num-workers`` W data worker processes (torch DataLoader workers):
 
@@ -91,7 +103,7 @@ from torch.utils.data import DataLoader, Dataset, Sampler
 from accelbatch.data.accessor import AsyncDataAccessor, pickle_batch
 from accelbatch.data.batching import (STRATEGIES, Batch, BatchingConfig, BatchStats, BucketShape, MessageLength,
                                       batch_stats, default_max_tokens, plan_buckets)
-from accelbatch.data.datasets import ExampleDataset, StreamDataset, StreamSource
+from accelbatch.data.datasets import ExampleDataset, ShardEnd, StreamDataset, StreamResume, StreamSource
 from accelbatch.data.rebatch import tree_map
 from accelbatch.data.sharding import ShardSpec, even_shards
 from accelbatch.messages import Message
@@ -104,7 +116,8 @@ MODES = ("sync", "async", "async-rebatched")
 
 
 class PositionUnsupported(TypeError):
-    """This loader cannot report or restore an exact data position (streamed data)."""
+    """A loader cannot report or restore an exact data position (kept for callers that catch it; every
+    loader has one now, streams included)."""
 
 
 @dataclass(frozen=True)
@@ -170,6 +183,7 @@ class LoadedBatch:
     rows: int
     padded_len: int
     source: tuple[int, int] | None = None  # (epoch, index in that epoch's plan); map-style only
+    origin: tuple[int, int, int] | None = None  # (epoch, data worker, n-th batch of it); streams only
 
     @property
     def num_real(self) -> int:
@@ -371,10 +385,11 @@ class _EmitBatch:
     finisher: _Finisher
     pack: bool
 
-    def __call__(self, batch: Batch) -> LoadedBatch | bytes:
+    def __call__(self, batch: Batch, origin: tuple[int, int, int] | None = None) -> LoadedBatch | bytes:
         ids = [item[0] for item in batch.items]
         messages = [item[1] for item in batch.items]
         out = self.finisher(batch, messages, ids)
+        out.origin = origin
         return _pack(out) if self.pack else out
 
 
@@ -385,7 +400,7 @@ class _EmitRows:
 
     vectorize: Callable[[Message], Any] | None
 
-    def __call__(self, batch: Batch) -> bytes:
+    def __call__(self, batch: Batch, origin: Any = None) -> bytes:
         rows = []
         for (item_id, msg), length in zip(batch.items, batch.lengths):
             vec = self.vectorize(Message(msg)) if self.vectorize is not None else None
@@ -393,28 +408,43 @@ class _EmitRows:
         return pickle_batch(rows)
 
 
-@dataclass(frozen=True)
+@dataclass
 class _RebatchRows:
-    """In the accessor process: re-form batches from the workers' row chunks, then batchify them."""
+    """In the accessor process: re-form batches from the workers' row chunks, then batchify them.
+
+    One call is one epoch (``epoch`` counts them in the accessor's copy). Each batch is stamped with
+    ``origin = (epoch, 0, n)`` and the pass ends with a :class:`ShardEnd`; ``resume`` makes its epoch drop
+    the first ``counts[0]`` re-formed batches without batchifying them."""
 
     batching: BatchingConfig
     finisher: _Finisher
     batchify: Callable[[list[Any]], Any] | None
     drop_partial: bool
+    epoch: int = 0
+    resume: StreamResume | None = None
 
-    def __call__(self, payloads: Iterator[bytes]) -> Iterator[LoadedBatch]:
+    def _batches(self, payloads: Iterator[bytes]) -> Iterator[Batch]:
         batcher = self.batching.batcher()
-        pending: list[Batch] = []
         for payload in payloads:
             for item_id, msg, length, vec in pickle.loads(payload):
-                for batch in batcher.push((item_id, msg, vec), length):
-                    yield self._finish(batch)
+                yield from batcher.push((item_id, msg, vec), length)
         for batch in batcher.finish():
-            if self.drop_partial and batch.num_real < self.batching.batch_size:
-                continue
-            pending.append(batch)
-        for batch in pending:
-            yield self._finish(batch)
+            if not (self.drop_partial and batch.num_real < self.batching.batch_size):
+                yield batch
+
+    def __call__(self, payloads: Iterator[bytes]) -> Iterator[LoadedBatch | ShardEnd]:
+        epoch = self.epoch
+        self.epoch += 1
+        resume = self.resume if self.resume is not None and self.resume.epoch == epoch else None
+        skip = resume.counts[0] if resume is not None else 0
+        count = 0
+        for batch in self._batches(payloads):
+            if count >= skip:
+                out = self._finish(batch)
+                out.origin = (epoch, 0, count)
+                yield out
+            count += 1
+        yield ShardEnd(epoch, 0, count)
 
     def _finish(self, batch: Batch) -> LoadedBatch:
         ids = [it[0] for it in batch.items]
@@ -446,6 +476,47 @@ def _unpack_all(items: Iterator[Any]) -> Iterator[Any]:
         yield _unpack(item)
 
 
+@dataclass
+class _StreamProgress:
+    """What the caller has received of a stream's epoch: batches per (logical) data worker, which workers'
+    shards ended (their :class:`ShardEnd` was received), and the worker of the last item received."""
+
+    epoch: int
+    counts: list[int]
+    done: list[bool]
+    last: int = -1
+
+    @classmethod
+    def start(cls, epoch: int, workers: int) -> "_StreamProgress":
+        return cls(epoch, [0] * workers, [False] * workers)
+
+    def _enter(self, epoch: int) -> None:
+        if epoch != self.epoch:  # the first item of a new epoch
+            workers = len(self.counts)
+            self.epoch, self.counts, self.done, self.last = epoch, [0] * workers, [False] * workers, -1
+
+    def received(self, origin: tuple[int, int, int]) -> None:
+        epoch, worker, n = (int(x) for x in origin)
+        self._enter(epoch)
+        self.counts[worker], self.last = n + 1, worker
+
+    def ended(self, mark: ShardEnd) -> None:
+        self._enter(mark.epoch)
+        if mark.count < self.counts[mark.worker]:
+            raise ValueError(f"data position: data worker {mark.worker}'s part of the stream has {mark.count} "
+                             f"batches in epoch {mark.epoch}, fewer than the {self.counts[mark.worker]} the "
+                             "checkpointed run had consumed; the files changed since (resume with the same "
+                             "data and options)")
+        self.done[mark.worker], self.last = True, mark.worker
+
+    def position(self) -> dict[str, Any]:
+        workers = len(self.counts)
+        if all(self.done):  # the epoch was received to its end: the next one starts afresh
+            return {"epoch": self.epoch + 1, "batches": [0] * workers, "done": [False] * workers, "rotation": 0}
+        rotation = (self.last + 1) % workers if self.last >= 0 else 0
+        return {"epoch": self.epoch, "batches": list(self.counts), "done": list(self.done), "rotation": rotation}
+
+
 # --------------------------------------------------------------------------------------------------
 # the loader
 # --------------------------------------------------------------------------------------------------
@@ -460,6 +531,7 @@ class Loader:
         self.streaming = streaming
         self.epoch = 0
         self._consumed = (0, 0)  # (epoch, batches of it) the caller has received
+        self._stream = _StreamProgress.start(0, self._stream_workers()) if streaming else None
         self._digests: dict[int, str] = {}
         self._dataloader = dataloader
         self._accessor: AsyncDataAccessor | None = None
@@ -509,7 +581,7 @@ class Loader:
             it = iter(self._accessor)
         else:
             it = _unpack_all(iter(self._dataloader)) if self._packed else iter(self._dataloader)
-        return it if self.sampler is None else self._track(it)
+        return self._track(it) if self._stream is None else self._track_stream(it)
 
     def _track(self, it: Iterator[LoadedBatch]) -> Iterator[LoadedBatch]:
         """Record each batch's plan position as it is handed to the caller (what the caller consumed)."""
@@ -523,6 +595,31 @@ class Loader:
             if close is not None:
                 close()
 
+    def _track_stream(self, it: Iterator[Any]) -> Iterator[LoadedBatch]:
+        """Count each stream batch as it is handed to the caller; take the workers' ShardEnd marks out."""
+        try:
+            for item in it:
+                if isinstance(item, ShardEnd):
+                    self._stream.ended(item)
+                    continue
+                if item.origin is not None:
+                    self._stream.received(item.origin)
+                yield item
+        finally:
+            close = getattr(it, "close", None)
+            if close is not None:
+                close()
+
+    def _stream_workers(self) -> int:
+        """How many counts a stream position holds: one per data worker, or one for the re-formed batches."""
+        return 1 if self.config.mode == "async-rebatched" else max(1, self.config.num_workers)
+
+    def _stream_kind(self) -> str:
+        return "rebatched" if self.config.mode == "async-rebatched" else "workers"
+
+    def _stream_files(self) -> list[int]:
+        return [os.path.getsize(p) for p in self._dataloader.dataset.source.paths]
+
     # data position -------------------------------------------------------------------------------
     def _plan_digest(self, epoch: int) -> str:
         if epoch not in self._digests:
@@ -531,20 +628,14 @@ class Loader:
             self._digests = {epoch: hashlib.sha256(text.encode("ascii")).hexdigest()[:16]}
         return self._digests[epoch]
 
-    def _unsupported(self, what: str) -> PositionUnsupported:
-        return PositionUnsupported(
-            f"{what}: a streamed dataset (-dt ...:stream) has no exact data position yet (its batches are "
-            "formed while the files are read, across data workers); resuming would repeat or lose examples "
-            "of the interrupted epoch. Train without :stream (map-style) to resume exactly")
-
     def position(self) -> dict[str, Any]:
         """The data position as the caller consumed it: ``{"epoch", "batches", "plan_sha256"}`` (JSON).
 
         ``batches`` is how many batches of ``epoch``'s plan the caller has received; an epoch received in
-        full is reported as the next epoch at batch 0. Raises :class:`PositionUnsupported` for streams.
+        full is reported as the next epoch at batch 0. A stream's position: see the module docstring.
         """
-        if self.sampler is None:
-            raise self._unsupported("loader.position()")
+        if self._stream is not None:
+            return {**self._stream.position(), "stream": self._stream_kind(), "files": self._stream_files()}
         epoch, done = self._consumed
         if done >= len(self.sampler.plan(epoch)[0]):
             epoch, done = epoch + 1, 0
@@ -557,10 +648,13 @@ class Loader:
         without being read or collated; a running accessor process is restarted from there. Raises
         ValueError when the position does not fit this loader's data and options.
         """
-        if self.sampler is None:
-            raise self._unsupported("loader.restore()")
         if self._dataloader is None:
             raise RuntimeError("this loader was closed; make a new one with make_loader()")
+        if self._stream is not None:
+            return self._restore_stream(position)
+        if "plan_sha256" not in position and "stream" in position:
+            raise ValueError("data position: the checkpoint was taken reading the data as a stream "
+                             "(-dt ...:stream), this run reads it into memory; resume with the same -dt")
         try:
             epoch, done, digest = int(position["epoch"]), int(position["batches"]), str(position["plan_sha256"])
         except (KeyError, TypeError, ValueError):
@@ -583,6 +677,23 @@ class Loader:
             self._accessor.terminate()
             self._start_accessor()
 
+    def _restore_stream(self, position: dict[str, Any]) -> None:
+        """:meth:`restore` for a stream: each worker skips what was consumed (see the module docstring)."""
+        resume = _stream_resume(position, self._stream_kind(), self._stream_workers(), self._stream_files())
+        if all(resume.done):
+            resume = StreamResume(resume.epoch + 1, (0,) * len(resume.counts), (False,) * len(resume.done))
+        if self.config.mode == "async-rebatched":
+            self._transform.epoch, self._transform.resume = resume.epoch, resume
+        else:
+            self._dataloader.dataset.resume = resume
+            self._dataloader.__dict__["_passes"] = resume.epoch
+        self.epoch = resume.epoch
+        self._stream = _StreamProgress(resume.epoch, list(resume.counts), list(resume.done),
+                                       (resume.rotation - 1) % len(resume.counts))
+        if self._accessor is not None:  # it has loaded ahead from the old position: start it afresh
+            self._accessor.terminate()
+            self._start_accessor()
+
     def close(self) -> None:
         if self._accessor is not None:
             self._accessor.terminate()
@@ -594,6 +705,33 @@ class Loader:
 
     def __exit__(self, *exc: Any) -> None:
         self.close()
+
+
+def _stream_resume(position: dict[str, Any], kind: str, workers: int, files: list[int]) -> StreamResume:
+    """Check a stream position against this loader (same kind, workers and files) and read it."""
+    if "plan_sha256" in position:
+        raise ValueError("data position: the checkpoint was taken reading the data into memory, this run "
+                         "streams it (-dt ...:stream); resume with the same -dt")
+    try:
+        epoch, rotation = int(position["epoch"]), int(position["rotation"])
+        counts = tuple(int(n) for n in position["batches"])
+        done = tuple(bool(d) for d in position["done"])
+        saved_kind, saved_files = str(position["stream"]), [int(n) for n in position["files"]]
+    except (KeyError, TypeError, ValueError):
+        raise ValueError(f"data position: {position!r} is not a stream position") from None
+    if saved_kind != kind:
+        saved_mode = "async-rebatched" if saved_kind == "rebatched" else "sync or async"
+        raise ValueError(f"data position: the checkpointed run used --dataloader-mode {saved_mode}, this one "
+                         "does not; resume with the same --dataloader-mode")
+    if len(counts) != workers or len(done) != workers:
+        raise ValueError(f"data position: the stream was read by {len(counts)} data workers, this run has "
+                         f"{workers}; resume with the same --num-workers")
+    if saved_files != files:
+        raise ValueError(f"data position: the streamed files are {saved_files} bytes long in the checkpoint, "
+                         f"{files} now; resume with the same data, or start afresh without --resume")
+    if epoch < 0 or min(counts) < 0 or not 0 <= rotation < workers:
+        raise ValueError(f"data position: {position!r} is not a valid stream position")
+    return StreamResume(epoch, counts, done, rotation)
 
 
 def _as_dataset(data: Any, config: LoaderConfig, length_fn: Callable) -> ExampleDataset | StreamSource:
@@ -665,7 +803,8 @@ def make_loader(data: Any, config: LoaderConfig | Any | None = None, *, collate:
         return Loader(dataloader, config, sampler=None, transform=transform, shapes=batching.shapes,
                       streaming=True)
     stream = StreamDataset(dataset, batching, length_fn, shard, emit=_EmitBatch(finisher, pack=workers > 0),
-                           seed=seed, keep=_FullOnly(config.batch_size) if drop_partial else None)
+                           seed=seed, keep=_FullOnly(config.batch_size) if drop_partial else None,
+                           positions=True)
     dataloader = _EpochDataLoader(stream, **loader_kwargs)
     return Loader(dataloader, config, sampler=None, transform=None, shapes=batching.shapes, streaming=True)
 
