@@ -672,7 +672,8 @@ def _walk(world: Any) -> Iterator[tuple[str, Any]]:
     """The parts of a world that hold a data position, in a deterministic order.
 
     Yields ("teacher", FixedTeacher), ("agent", model agent clone), ("multi", MultiWorld),
-    ("unsupported", reason).
+    ("loader", a world with its own ``data_position`` / ``restore_data_position``, e.g. a LoaderWorld task
+    of a MultiWorld), ("unsupported", reason).
     """
     from accelbatch.teachers import FixedTeacher
     from accelbatch.worlds import BatchWorld, DialogPartnerWorld, MultiWorld
@@ -692,6 +693,8 @@ def _walk(world: Any) -> Iterator[tuple[str, Any]]:
         else:
             yield ("unsupported", f"{type(teacher).__name__} is not a FixedTeacher")
         yield ("agent", world.get_model_agent())
+    elif hasattr(world, "data_position") and hasattr(world, "restore_data_position"):
+        yield ("loader", world)
     else:
         yield ("unsupported", f"{type(world).__name__} has no data position yet")
 
@@ -703,14 +706,15 @@ def world_position(world: Any) -> dict[str, Any]:
     (``[episode index, next entry]`` or None), each model agent clone's conversation history, each
     MultiWorld's task choice and RNG, and ``total_exs``. A LoaderWorld gives its own
     (``LoaderWorld.data_position``), and so does a HogwildWorld (``HogwildWorld.data_position``: it drains
-    the queued parleys, then holds the shared cursors and each process's world position). Worlds whose data
-    comes from elsewhere (a LoaderWorld of streamed data) are listed under ``"unsupported"``:
-    :func:`restore_world_position` refuses them.
+    the queued parleys, then holds the shared cursors and each process's world position). A MultiWorld
+    whose tasks are LoaderWorlds (``-t A,B`` through the data loader) holds their positions under
+    ``"loaders"``, in task order, next to its own task choice and RNG under ``"multi"``. Worlds with no
+    position are listed under ``"unsupported"``: :func:`restore_world_position` refuses them.
     """
     if hasattr(world, "data_position"):  # a LoaderWorld: its loader's position (accelbatch.loader_world)
         return {"version": POSITION_VERSION, "world": type(world).__name__, **world.data_position()}
     cursors: list[Any] = []
-    teachers, agents, multi, unsupported = [], [], [], []
+    teachers, agents, multi, loaders, unsupported = [], [], [], [], []
     seen_agents: set[int] = set()
     for kind, part in _walk(world):
         if kind == "teacher":
@@ -727,11 +731,15 @@ def world_position(world: Any) -> dict[str, Any]:
             last = part.worlds[part.current].get_acts()[0]
             multi.append({"current": part.current, "rng": random_state(part.rng),
                           "in_episode": bool(last and not last.get("episode_done", True))})
+        elif kind == "loader":
+            loaders.append({"world": type(part).__name__, **part.data_position()})
+            unsupported.extend(loaders[-1].get("unsupported") or [])
         else:
             unsupported.append(part)
     return {"version": POSITION_VERSION, "world": type(world).__name__,
             "total_exs": int(world.get_total_exs()), "cursors": [cursor_state(c) for c in cursors],
-            "teachers": teachers, "agents": agents, "multi": multi, "unsupported": unsupported}
+            "teachers": teachers, "agents": agents, "multi": multi, "loaders": loaders,
+            "unsupported": unsupported}
 
 
 def restore_world_position(world: Any, position: Mapping[str, Any]) -> None:
@@ -760,9 +768,12 @@ def restore_world_position(world: Any, position: Mapping[str, Any]) -> None:
         if kind == "agent" and all(part is not a for a in agents):
             agents.append(part)
     multis = [p for k, p in parts if k == "multi"]
+    loaders = [p for k, p in parts if k == "loader"]
+    saved_loaders = position.get("loaders") or []
     counts = {"teacher clones": (len(teachers), len(position["teachers"])),
               "model agent clones": (len(agents), len(position["agents"])),
-              "multi-task worlds": (len(multis), len(position["multi"]))}
+              "multi-task worlds": (len(multis), len(position["multi"])),
+              "data-loader task worlds": (len(loaders), len(saved_loaders))}
     for what, (now, saved) in counts.items():
         if now != saved:
             raise CheckpointError(f"data position: the checkpoint has {saved} {what}, this world {now}; "
@@ -780,6 +791,8 @@ def restore_world_position(world: Any, position: Mapping[str, Any]) -> None:
         restore_teacher(teacher, saved["episode"])
     for agent, saved in zip(agents, position["agents"]):
         restore_agent_conversation(agent, saved)
+    for loader, saved in zip(loaders, saved_loaders):
+        loader.restore_data_position(dict(saved))
     for multi, saved in zip(multis, position["multi"]):
         multi.current = int(saved["current"])
         set_random_state(multi.rng, saved["rng"])

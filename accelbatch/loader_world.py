@@ -11,8 +11,9 @@ against the batch's labels in one pass.
 Resume. :meth:`LoaderWorld.data_position` (taken between parleys) is the loader's position as batches the
 world has consumed (:meth:`accelbatch.data.loader.Loader.position`) with ``total_exs`` and
 ``dropped_exs``; :meth:`LoaderWorld.restore_data_position` puts a freshly built world (same options) there
-before its first parley. :func:`accelbatch.checkpoint.world_position` uses them. Streamed data has no exact
-position: :meth:`data_position` lists it as unsupported (the run then warns at ``--resume``).
+before its first parley. :func:`accelbatch.checkpoint.world_position` uses them. Streamed data
+(``-dt train:stream``) has an exact position too: batches per data worker consumed in the current epoch,
+restored by re-reading each worker's shard and discarding them (see :mod:`accelbatch.data.loader`).
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ import torch
 
 from accelbatch.agents import Agent, TorchAgent
 from accelbatch.data.datasets import _is_example
-from accelbatch.data.loader import LoadedBatch, Loader, PositionUnsupported, make_loader
+from accelbatch.data.loader import LoadedBatch, Loader, make_loader
 from accelbatch.data.sharding import ShardSpec
 from accelbatch.messages import EVAL_LABELS, LABELS, TEXT, Message
 from accelbatch.metrics import Metrics
@@ -135,18 +136,10 @@ class LoaderWorld(World):
 
     # data position (resume) ------------------------------------------------------------------------
     def data_position(self) -> dict[str, Any]:
-        """JSON data: ``{"loader": Loader.position(), "total_exs", "dropped_exs", "unsupported": []}``;
-        for a stream ``{"unsupported": [reason]}``. Take it between parleys."""
-        out: dict[str, Any] = {"total_exs": int(self.total_exs), "dropped_exs": int(self.dropped_exs)}
-        try:
-            out["loader"] = self.loader.position()
-            out["unsupported"] = []
-        except PositionUnsupported:
-            out["unsupported"] = [f"LoaderWorld -t {self.opts.task} -dt {self.opts.datatype}: a streamed "
-                                  "dataset has no exact data position yet (its batches are formed while the "
-                                  "files are read, across data workers); train without :stream to resume "
-                                  "exactly"]
-        return out
+        """JSON data: ``{"loader": Loader.position(), "total_exs", "dropped_exs", "unsupported": []}``.
+        Take it between parleys."""
+        return {"loader": self.loader.position(), "total_exs": int(self.total_exs),
+                "dropped_exs": int(self.dropped_exs), "unsupported": []}
 
     def restore_data_position(self, position: dict[str, Any]) -> None:
         """Put this world (freshly built with the same options) at a :meth:`data_position`."""

@@ -1,0 +1,255 @@
+"""Exact resume of streamed data (``-dt train:stream``) and of a MultiWorld of data-loader tasks.
+
+A stream's position is the batches each data worker has handed to the world in the current epoch (not
+those read ahead by the workers, the accessor or a batchsort cache); a resume re-reads each worker's shard
+and discards them without collating, and rotates the workers' turns so the batches come in the same order.
+In-process: every cut of the loader continues the uninterrupted batch sequence. Through the CLI: a run
+SIGKILLed at a random moment after its first checkpoint, then resumed, trains exactly the batches of an
+uninterrupted run (each epoch a permutation of the data, nothing repeated or lost) and ends with the same
+weights; no process of either run is left behind.
+"""
+
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+import uuid
+
+import pytest
+import torch
+
+from accelbatch.checkpoint import load_checkpoint
+from accelbatch.data import make_loader
+from accelbatch.models.memnn import MemNNAgent
+from helpers import live_children, write_qa_episodes
+from test_resume_loader import ENV, _assert_no_process_left, _weights
+
+TESTS = os.path.dirname(os.path.abspath(__file__))
+LOG_VAR = "ACCELBATCH_TEST_TRAINED"
+
+
+class RecordingMemNN(MemNNAgent):
+    """``-m test_resume_stream:RecordingMemNN``: memnn that appends each trained batch's texts (one JSON
+    line per step) to the file named by $ACCELBATCH_TEST_TRAINED."""
+
+    def step(self, observations, batch):
+        out = super().step(observations, batch)
+        path = os.environ.get(LOG_VAR)
+        if path and any("labels" in obs for obs in observations):
+            with open(path, "a") as handle:
+                handle.write(json.dumps([obs["text"] for obs in observations]) + "\n")
+        return out
+
+
+# --------------------------------------------------------------------------------------------------
+# the loader, in process
+# --------------------------------------------------------------------------------------------------
+
+def _stream_file(path, n=45):
+    rng = random.Random(3)
+    with open(path, "w") as handle:
+        for i in range(n):
+            handle.write(json.dumps({"text": "w " * rng.randint(1, 9) + f"q{i}", "labels": ["a"],
+                                     "episode_done": True}) + "\n")
+    return str(path)
+
+
+def _ids(batch):
+    return tuple(tuple(i) for i in batch.ids)
+
+
+def _take(loader, count):
+    """The first ``count`` batches' ids, across epochs (leaves the loader mid-pass, as a kill would)."""
+    got = []
+    while len(got) < count:
+        for batch in loader:
+            got.append(_ids(batch))
+            if len(got) == count:
+                break
+    return got
+
+
+LOADER_CASES = {"sync-W0": ("sync", 0), "async-W2": ("async", 2), "rebatched-W2": ("async-rebatched", 2)}
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("case", list(LOADER_CASES))
+def test_every_cut_of_a_stream_continues_the_same_batches(tmp_path, case):
+    mode, workers = LOADER_CASES[case]
+    path = _stream_file(tmp_path / "s.jsonl")
+    kw = dict(batch_size=4, dynamic_batching="batchsort", batch_sort_cache_size=12, batch_length_range=2,
+              seed=5, mode=mode, num_workers=workers, buffer_size=3)
+    with make_loader(path, **kw) as loader:
+        epochs = [[_ids(b) for b in loader] for _ in range(2)]
+    for epoch in epochs:  # each epoch: every example once
+        assert sorted(i for b in epoch for i in b) == [(0, line) for line in range(1, 46)]
+    flat = epochs[0] + epochs[1]
+    cuts = [1, len(epochs[0]), random.Random().randrange(2, len(flat) - 1)]
+    for cut in cuts:
+        with make_loader(path, **kw) as loader:
+            got = _take(loader, cut)
+            position = json.loads(json.dumps(loader.position()))  # what a checkpoint keeps
+        with make_loader(path, **kw) as loader:
+            loader.restore(position)
+            assert loader.position() == position
+            while len(got) < len(flat):
+                got += [_ids(b) for b in loader]
+        assert got == flat, (cut, position)
+    assert not live_children()
+
+
+def test_a_stream_position_of_other_options_is_refused(tmp_path):
+    path = _stream_file(tmp_path / "s.jsonl")
+    with make_loader(path, batch_size=4) as loader:
+        _take(loader, 2)
+        position = loader.position()
+    assert position["batches"] == [2] and position["stream"] == "workers"
+    with make_loader(path, batch_size=4, num_workers=2) as loader:
+        with pytest.raises(ValueError, match="--num-workers"):
+            loader.restore(position)
+    with make_loader(path, batch_size=4, mode="async-rebatched") as loader:
+        with pytest.raises(ValueError, match="--dataloader-mode"):
+            loader.restore(position)
+    msgs = [{"text": "q", "labels": ["a"], "episode_done": True}] * 8
+    with make_loader(msgs, batch_size=4) as loader:
+        with pytest.raises(ValueError, match="-dt"):
+            loader.restore(position)
+    with open(path, "a") as handle:
+        handle.write(json.dumps({"text": "new", "labels": ["a"]}) + "\n")
+    with make_loader(path, batch_size=4) as loader:
+        with pytest.raises(ValueError, match="same data"):
+            loader.restore(position)
+
+
+# --------------------------------------------------------------------------------------------------
+# kill and resume through the CLI
+# --------------------------------------------------------------------------------------------------
+
+CLI_CASES = {"sync-W2": ("sync", "2", 1), "async": ("async", "0", 1), "rebatched": ("async-rebatched", "1", 1),
+             "multi-task": ("async", "0", 2)}
+
+
+def _data(root, tasks):
+    """One QA file per task; the second task's texts are made distinct ("b: ...")."""
+    write_qa_episodes(root / "a", episodes=30, filler=True)
+    if tasks == 2:
+        write_qa_episodes(root / "b", episodes=15, filler=True)
+        path = root / "b" / "data" / "train.jsonl"
+        rows = [json.loads(line) for line in path.read_text().splitlines()]
+        path.write_text("".join(json.dumps({**r, "text": "b: " + r["text"]}) + "\n" for r in rows))
+    return [root / t / "data" / "train.jsonl" for t in "ab"[:tasks]]
+
+
+def _command(files, model_file, case, *extra):
+    mode, workers, tasks = CLI_CASES[case]
+    task = ",".join(f"jsonl:{f.parent}" for f in files)
+    stream = ["-dt", "train:stream"] if tasks == 1 else []
+    return [sys.executable, "-m", "accelbatch", "train", "-t", task, *stream, "-m",
+            "test_resume_stream:RecordingMemNN", "-bs", "3", "-ne", "2", "-veps", "-1", "--eval-splits", "",
+            "--no-progress", "-ltim", "1000", "--dynamic-batching", "batchsort", "--dataloader-mode", mode,
+            "--num-workers", workers, "-mf", str(model_file), *extra]
+
+
+def _env(tag, log):
+    path = os.pathsep.join([TESTS, ENV.get("PYTHONPATH", "")])
+    return {**ENV, "ACCELBATCH_TEST_TAG": tag, LOG_VAR: str(log), "PYTHONPATH": path}
+
+
+def _run(cmd, env):
+    done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=240)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return done
+
+
+def _trained(log, steps=None):
+    """The batches a run logged (the first ``steps``); a line cut by SIGKILL is past them."""
+    lines = log.read_text().splitlines() if log.exists() else []
+    return [json.loads(line) for line in lines[:steps]]
+
+
+def _texts(path):
+    return [json.loads(line)["text"] for line in path.read_text().splitlines()]
+
+
+def _kill_after_first_checkpoint(proc, manifest):
+    deadline = time.monotonic() + 120
+    while not manifest.exists():
+        assert proc.poll() is None, proc.communicate()[1][-2000:]
+        assert time.monotonic() < deadline, "no checkpoint within 120 s"
+        time.sleep(0.02)
+    time.sleep(random.Random().uniform(0.0, 0.3))
+    proc.send_signal(signal.SIGKILL)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == -signal.SIGKILL, err[-2000:]  # cut while training, not after it
+
+
+def _assert_clean_first_epochs(batches, files, dropped):
+    """Each task's first epoch in ``batches`` holds each of its examples once, but for at most ``dropped``
+    (a map-style batchsort epoch drops its partial last batch; a stream keeps it)."""
+    turns = [text.split("\n")[-1] for batch in batches for text in batch]  # squashed: the turn is last
+    for path in files:
+        mine = _texts(path)
+        assert len(set(mine)) == len(mine)
+        seen = [t for t in turns if t in set(mine)]
+        first = seen[:len(mine)]
+        repeat = next((i for i, t in enumerate(first) if t in first[:i]), len(first))
+        assert len(mine) - dropped <= repeat, (path, repeat, len(mine))
+        if not dropped:
+            assert sorted(first) == sorted(mine), path
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("case", list(CLI_CASES))
+def test_a_killed_stream_run_resumes_to_the_same_batches_and_weights(tmp_path, case):
+    files = _data(tmp_path, CLI_CASES[case][2])
+    tag = uuid.uuid4().hex
+    ref_model, ref_log = tmp_path / "ref" / "model.pt", tmp_path / "ref.log"
+    cut_model, cut_log = tmp_path / "cut" / "model.pt", tmp_path / "cut.log"
+    # the reference and the run to cut go side by side (they share nothing but the data files)
+    reference = subprocess.Popen(_command(files, ref_model, case), env=_env(tag, ref_log),
+                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    cut = subprocess.Popen(_command(files, cut_model, case, "--save-every-n-secs", "0.01"),
+                           env=_env(tag, cut_log), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        _kill_after_first_checkpoint(cut, tmp_path / "cut" / "model.pt.ckpt" / "MANIFEST.json")
+        _, ref_err = reference.communicate(timeout=240)
+        assert reference.returncode == 0, ref_err[-3000:]
+    finally:
+        for proc in (reference, cut):
+            if proc.poll() is None:
+                proc.kill()
+                proc.communicate()
+    _assert_no_process_left(tag)  # the accessor and data workers go when their consumer dies
+
+    ckpt = load_checkpoint(str(cut_model))
+    steps = ckpt.state["train"]["steps"]
+    (position,) = ckpt.data
+    assert steps > 0 and position["unsupported"] == []
+    loaders = [position] if CLI_CASES[case][2] == 1 else position["loaders"]
+    assert len(loaders) == CLI_CASES[case][2]
+    for saved in loaders:
+        assert saved["world"] == "LoaderWorld"
+    if CLI_CASES[case][2] == 1:
+        assert loaders[0]["loader"]["stream"] == ("rebatched" if case == "rebatched" else "workers")
+        assert len(loaders[0]["loader"]["batches"]) == (2 if case == "sync-W2" else 1)
+    else:
+        assert len(position["multi"]) == 1 and "rng" in position["multi"][0]
+    before = _trained(cut_log, steps)  # batches trained after the checkpoint are trained again
+    assert len(before) == steps
+
+    resumed_log = tmp_path / "resumed.log"
+    resumed = _run(_command(files, cut_model, case, "--resume"), _env(tag, resumed_log))
+    assert "not restored" not in resumed.stderr
+    _assert_no_process_left(tag)
+    assert not live_children()
+
+    expected = _trained(ref_log)
+    assert before + _trained(resumed_log) == expected, (steps, position)
+    _assert_clean_first_epochs(expected, files, dropped=0 if CLI_CASES[case][2] == 1 else 2)
+    ref, now = _weights(ref_model), _weights(cut_model)
+    assert ref.keys() == now.keys()
+    for key in ref:
+        assert torch.equal(ref[key], now[key]), (key, steps, position)
