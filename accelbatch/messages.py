@@ -34,6 +34,25 @@ class Message(dict):
         return list(found)
 
 
+class FrozenMessage(Message):
+    """A Message that cannot be changed: what a teacher serves (one prepared object per example, handed to
+    every epoch and every row that reads that example, with no copy per act).
+
+    An agent that wants to add or change keys of an observation copies it first, ``Message(obs)``, as
+    :meth:`accelbatch.agents.TorchAgent.observe` does. ``copy()`` gives a plain, changeable Message.
+    """
+
+    def _refuse(self, *args: Any, **kwargs: Any) -> None:
+        raise TypeError("this message is shared and read-only (a teacher serves the same object every epoch): "
+                        "copy it first with Message(observation), then change the copy")
+
+    __setitem__ = __delitem__ = __ior__ = _refuse  # type: ignore[assignment]
+    pop = popitem = setdefault = update = clear = _refuse  # type: ignore[assignment]
+
+    def __reduce__(self) -> tuple:  # pickles (hogwild, data workers) as a plain, changeable Message
+        return (Message, (dict(self),))
+
+
 def is_padding(message: dict | None) -> bool:
     """True for a row with no example in it (None, or no text and no labels: past the end of the data)."""
     return not message or (TEXT not in message and LABELS not in message and EVAL_LABELS not in message)
@@ -42,6 +61,11 @@ def is_padding(message: dict | None) -> bool:
 def padding_message() -> Message:
     """An observation that stands for 'nothing here' (a batch row past the end of the data)."""
     return Message({EPISODE_DONE: True})
+
+
+def freeze(message: dict) -> FrozenMessage:
+    """A read-only copy of ``message``."""
+    return FrozenMessage(message)
 
 
 def as_message(obj: Any, where: str = "message") -> Message:

@@ -2,7 +2,9 @@
 
 A :class:`Metrics` object holds sums and counts, so two of them merge by addition: clones share one
 object, processes send theirs (``state()``) to be merged (``merge_state``). Accuracy and F1 for a
-batch are computed in one pass over the batch by :func:`score_batch`.
+batch are computed in one pass over the batch by :func:`score_batch`; :meth:`Metrics.add_rows` (the
+BatchWorld's path) keeps the batches' replies and answers and scores them together a few thousand rows at a
+time, each distinct (reply, answers) pair once, weighted by how often it occurred.
 """
 
 from __future__ import annotations
@@ -10,6 +12,7 @@ from __future__ import annotations
 import re
 import string
 from collections import Counter
+from itertools import chain
 from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Iterable, Sequence
@@ -77,6 +80,24 @@ def _score_pair(pred: str, golds: tuple[str, ...]) -> tuple[bool, float]:
     return pred_norm in gold_norms, max(_f1_tokens(pred_toks, g.split()) for g in gold_norms)
 
 
+def score_counted(pairs: Counter) -> tuple[int, int, float]:
+    """(scored, correct, f1 sum) of (prediction, answers) pairs counted in ``pairs``; pairs without a
+    prediction or answers are not scored. Each distinct pair is scored once and weighted by its count."""
+    scored, correct, f1_sum = 0, 0, 0.0
+    score = _score_pair
+    for (pred, golds), count in pairs.items():
+        if pred is None or not golds:
+            continue
+        hit, f1 = score(pred, golds)
+        scored += count
+        correct += hit * count
+        f1_sum += f1 * count
+    return scored, correct, f1_sum
+
+
+PENDING_ROWS = 4096  # rows add_rows keeps before scoring them (bounds memory; report() scores the rest)
+
+
 @dataclass
 class Metrics:
     """Sums and counts; ``report()`` turns them into ParlAI-named averages."""
@@ -88,6 +109,32 @@ class Metrics:
     loss_sum: float = 0.0
     loss_count: int = 0
     extra: dict[str, float] = field(default_factory=dict)
+    _pending: list[tuple[Sequence, Sequence]] = field(default_factory=list, repr=False, compare=False)
+    _pending_rows: int = field(default=0, repr=False, compare=False)
+
+    def add_rows(self, predictions: Sequence[str | None], answers: Sequence[tuple[str, ...] | None],
+                 examples: int) -> None:
+        """Count ``examples`` examples and keep the rows to be scored (a row whose answers are None or empty,
+        or whose prediction is None, is not scored). ``answers`` are tuples. Scored within
+        :data:`PENDING_ROWS` rows, and before anything reads the sums."""
+        self.exs += examples
+        self._pending.append((predictions, answers))
+        self._pending_rows += len(predictions)
+        if self._pending_rows >= PENDING_ROWS:
+            self.score_pending()
+
+    def score_pending(self) -> None:
+        """Score the rows :meth:`add_rows` kept."""
+        if not self._pending:
+            return
+        pairs = Counter(zip(chain.from_iterable(p for p, _ in self._pending),
+                            chain.from_iterable(a for _, a in self._pending)))
+        self._pending.clear()
+        self._pending_rows = 0
+        scored, correct, f1_sum = score_counted(pairs)
+        self.scored += scored
+        self.correct += correct
+        self.f1_sum += f1_sum
 
     def add_batch(self, predictions: Sequence[str | None], answers: Sequence[Sequence[str]]) -> None:
         """Count ``len(predictions)`` examples and score those with a prediction and answers."""
@@ -109,6 +156,7 @@ class Metrics:
         self.merge_state(other.state())
 
     def state(self) -> dict:
+        self.score_pending()
         return {"exs": self.exs, "scored": self.scored, "correct": self.correct, "f1_sum": self.f1_sum,
                 "loss_sum": self.loss_sum, "loss_count": self.loss_count, "extra": dict(self.extra)}
 
@@ -123,11 +171,14 @@ class Metrics:
             self.extra[k] = self.extra.get(k, 0.0) + v
 
     def clear(self) -> None:
+        self._pending.clear()
+        self._pending_rows = 0
         self.exs = self.scored = self.loss_count = 0
         self.correct = self.f1_sum = self.loss_sum = 0.0
         self.extra = {}
 
     def report(self) -> dict[str, float]:
+        self.score_pending()
         out: dict[str, float] = {"exs": self.exs}
         if self.scored:
             out["accuracy"] = self.correct / self.scored

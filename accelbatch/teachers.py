@@ -15,9 +15,10 @@ from typing import Any, Sequence
 import numpy as np
 
 from accelbatch.agents import Agent, UnknownNameError, import_path
-from accelbatch.messages import EPISODE_DONE, EVAL_LABELS, ID, LABELS, TEXT, Message, padding_message
+from accelbatch.messages import TEXT, Message
 from accelbatch.metrics import Metrics
 from accelbatch.opts import Opts
+from accelbatch.teacher_rows import RowBlock, RowTable, ServedExamples
 from accelbatch.tasks.files import DataFileError, load_episodes
 
 # task name -> "module:Class"; a task string is "name" or "name:argument" (e.g. babi:1, jsonl:PATH).
@@ -91,16 +92,18 @@ class EpisodeCursor:
         """``count`` successive :meth:`take` results under one lock (a batch of rows starting episodes)."""
         out: list[int | None] = []
         with self.lock:
-            for _ in range(count):
+            while count > 0:
                 if self.next_index >= self.num_episodes:
                     if not loop:
-                        out.append(None)
-                        continue
+                        out.extend([None] * count)
+                        break
                     self.epoch += 1
                     self.next_index = 0
                     self._new_order()
-                out.append(self.order[self.next_index])
-                self.next_index += 1
+                taken = self.order[self.next_index:self.next_index + count]
+                out.extend(taken)
+                self.next_index += len(taken)
+                count -= len(taken)
         return out
 
     def exhausted(self) -> bool:
@@ -146,46 +149,34 @@ class FixedTeacher(Teacher):
             self.episodes = self.setup_data()
             if not self.episodes:
                 raise DataFileError(f"task {opts.task!r} ({split_of(opts.datatype)}) has no examples")
-            self.cursor = EpisodeCursor(len(self.episodes), shuffle=self.training and
-                                        "ordered" not in opts.datatype, seed=opts.seed)
+            cursor = EpisodeCursor(len(self.episodes), shuffle=self.training and
+                                   "ordered" not in opts.datatype, seed=opts.seed)
             self.metrics = Metrics()
             self._num_examples = sum(len(ep) for ep in self.episodes)
-            self._served = self._prepare(self.episodes)
+            self._rows = RowTable(ServedExamples.prepare(self.episodes, self.id, self.training), cursor)
         else:
             self.episodes = shared["episodes"]
-            self.cursor = shared["cursor"]
             self.metrics = shared["metrics"]
             self._num_examples = shared["num_examples"]
-            self._served = shared["served"]
-        self._episode: list[Message] | None = None
-        self._episode_index: int | None = None  # index of _episode in self.episodes (checkpoints)
-        self._entry = 0
-        self._last: Message | None = None
-        self._done = False
+            self._rows = shared["rows"]
+        self._slot = self._rows.add_slot()
 
     def setup_data(self) -> list[list[Message]]:
         raise NotImplementedError
 
-    def _prepare(self, episodes: list[list[Message]]) -> list[list[Message]]:
-        """``episodes`` as act() serves them (id, episode_done, eval_labels set): built once, not per act.
-        ``self._served[i]`` is ``self.episodes[i]`` prepared; ``_episode`` stays an entry of ``episodes``."""
-        served = []
-        for episode in episodes:
-            out = []
-            for entry, example in enumerate(episode, 1):
-                msg = Message(example)
-                msg[ID] = self.id
-                msg[EPISODE_DONE] = entry >= len(episode) or bool(msg.get(EPISODE_DONE))
-                if not self.training and LABELS in msg:
-                    msg[EVAL_LABELS] = msg.pop(LABELS)
-                out.append(msg)
-            served.append(out)
-        return served
+    @property
+    def cursor(self) -> Any:
+        """The episode cursor every clone of this teacher shares (an :class:`EpisodeCursor`)."""
+        return self._rows.cursor
+
+    @cursor.setter
+    def cursor(self, cursor: Any) -> None:  # e.g. hogwild's process-shared cursor, for all clones at once
+        self._rows.cursor = cursor
 
     def share(self) -> dict[str, Any]:
         shared = super().share()
-        shared.update(episodes=self.episodes, cursor=self.cursor, metrics=self.metrics,
-                      num_examples=self._num_examples, served=self._served)
+        shared.update(episodes=self.episodes, metrics=self.metrics, num_examples=self._num_examples,
+                      rows=self._rows)
         return shared
 
     def num_examples(self) -> int:
@@ -199,85 +190,40 @@ class FixedTeacher(Teacher):
         """Serve only episodes ``index, index + count, ...`` (this replica's share); call before cloning."""
         if count > 1:
             self.episodes = self.episodes[index::count]
-            self._served = self._served[index::count]
-            self.cursor = EpisodeCursor(len(self.episodes), self.cursor.shuffle, self.cursor.seed)
+            cursor = EpisodeCursor(len(self.episodes), self.cursor.shuffle, self.cursor.seed)
+            self._rows.replace_data(ServedExamples.prepare(self.episodes, self.id, self.training), cursor)
 
     def act(self) -> Message:
-        if self._episode is None or self._entry >= len(self._episode):
-            index = self.cursor.take(loop=self.training)
-            if index is None:
-                self._done = True
-                self._last = None
-                return padding_message()
-            self._episode, self._episode_index, self._entry = self.episodes[index], index, 0
-        # a fresh message per act (agents may modify what they observe) of the prepared example
-        msg = Message(self._served[self._episode_index][self._entry])  # type: ignore[index]
-        self._entry += 1
-        self._last = msg
-        return msg
+        """The next example: read-only (a :class:`~accelbatch.messages.FrozenMessage` served without a copy);
+        an agent that changes what it observes copies it first."""
+        return self._rows.act(self._slot, self.training)
 
     def observe(self, reply: Message) -> Message:
         """Score the reply to the last example (accuracy and F1 against its labels)."""
-        if self._last is not None:
-            self.metrics.add_batch([reply.get(TEXT)], [self._last.targets()])
-            self._last = None
+        answers = self._rows.take_last(self._slot)
+        if answers is not None:
+            self.metrics.add_batch([reply.get(TEXT)], [answers])
         return reply
 
-    def batch_act_rows(self, teachers: Sequence["Agent"]) -> list[Message]:
-        """Each clone in ``teachers`` (BatchWorld rows) acts; the rows starting an episode take their episodes
-        from the cursor together, under one lock. The same messages as calling each clone's act()."""
-        if any(type(t).act is not FixedTeacher.act or t.cursor is not self.cursor for t in teachers):
-            return [t.act() for t in teachers]
-        starting = [t for t in teachers if t._episode is None or t._entry >= len(t._episode)]
-        if starting:
-            cursor, loop, episodes = self.cursor, self.training, self.episodes
-            take_many = getattr(cursor, "take_many", None)  # hogwild's process-shared cursor takes one at a time
-            indices = take_many(len(starting), loop) if take_many else [cursor.take(loop) for _ in starting]
-            for t, index in zip(starting, indices):
-                if index is None:
-                    t._episode, t._episode_index, t._entry = None, None, 0
-                    t._done = True
-                else:
-                    t._episode, t._episode_index, t._entry = episodes[index], index, 0
-        served = self._served
-        acts = []
-        for t in teachers:
-            if t._episode is None:
-                t._last = None
-                acts.append(padding_message())
-                continue
-            msg = Message(served[t._episode_index][t._entry])
-            t._entry += 1
-            t._last = msg
-            acts.append(msg)
-        return acts
-
-    def batch_observe_rows(self, teachers: Sequence["Agent"], replies: Sequence[Message]) -> list[Message]:
-        """Each clone in ``teachers`` observes its reply; the rows are scored in one pass (BatchWorld)."""
-        metrics = self.metrics
-        if any(type(t).observe is not FixedTeacher.observe or t.metrics is not metrics for t in teachers):
-            return [t.observe(r) for t, r in zip(teachers, replies)]  # scored their own way, or elsewhere
-        preds, golds = [], []
-        for teacher, reply in zip(teachers, replies):
-            last = teacher._last
-            if last is not None:
-                preds.append(reply.get(TEXT))
-                golds.append(last.get(LABELS, last.get(EVAL_LABELS)) or ())
-                teacher._last = None
-        if preds:
-            metrics.add_batch(preds, golds)
-        return list(replies)
+    def row_block(self, teachers: Sequence["Agent"]) -> RowBlock | None:
+        """The clones in ``teachers`` (a BatchWorld's rows) as one :class:`RowBlock`, when they are plain
+        FixedTeachers in consecutive slots of this teacher's table; else None (they act one by one)."""
+        plain = all(type(t).act is FixedTeacher.act and type(t).observe is FixedTeacher.observe
+                    and getattr(t, "_rows", None) is self._rows for t in teachers)
+        slots = [t._slot for t in teachers] if plain else []  # type: ignore[attr-defined]
+        if not slots or slots != list(range(slots[0], slots[0] + len(slots))):
+            return None
+        return RowBlock(self._rows, slots[0], len(slots), loop=self.training, metrics=self.metrics)
 
     def epoch_done(self) -> bool:
         if self.training:
             return False
-        finished_episode = self._episode is None or self._entry >= len(self._episode)
-        return self._done or (finished_episode and self.cursor.exhausted())
+        return self._rows.done[self._slot] or (self._rows.finished(self._slot) and self.cursor.exhausted())
 
     def reset(self) -> None:
         super().reset()
         self.cursor.rewind()
-        self._episode, self._episode_index, self._entry, self._last, self._done = None, None, 0, None, False
+        self._rows.clear_slot(self._slot)
 
     def position(self) -> tuple[int, int] | None:
         """``(episode index, next entry)`` of the episode this clone is in the middle of, else None.
@@ -285,18 +231,11 @@ class FixedTeacher(Teacher):
         Taken between world steps (every example handed out has been observed), with the shared
         cursor's position it is where this clone's data continues; see accelbatch.checkpoint.
         """
-        if self._episode is None or self._entry >= len(self._episode):
-            return None
-        return (self._episode_index, self._entry)  # type: ignore[return-value]
+        return self._rows.position(self._slot)
 
     def restore(self, position: tuple[int, int] | None) -> None:
         """Continue inside episode ``position[0]`` at entry ``position[1]`` (None: between episodes)."""
-        if position is None:
-            self._episode, self._episode_index, self._entry = None, None, 0
-        else:
-            index, entry = position
-            self._episode, self._episode_index, self._entry = self.episodes[index], index, entry
-        self._last, self._done = None, False
+        self._rows.restore(self._slot, None if position is None else (int(position[0]), int(position[1])))
 
     def report(self) -> dict[str, float]:
         return self.metrics.report()

@@ -19,6 +19,7 @@ from accelbatch.messages import Message, is_padding
 from accelbatch.metrics import merge_reports
 from accelbatch.opts import Opts
 from accelbatch.plan import ExecutionPlan
+from accelbatch.teacher_rows import RowBlock, replies_text
 from accelbatch.data.sharding import ShardSpec
 from accelbatch.teachers import FixedTeacher, Teacher, create_teachers, is_training
 
@@ -105,6 +106,13 @@ class DialogPartnerWorld(World):
             print(display(self.acts))
 
 
+def _act_on(agent: Agent, observation: Message, observed: bool) -> Message:
+    """``agent.act()`` on ``observation`` (which it observes first unless it already has)."""
+    if not observed:
+        agent.observe(observation)
+    return agent.act()
+
+
 def display(acts: Sequence[Message | None]) -> str:
     lines = []
     for act in acts:
@@ -116,7 +124,14 @@ def display(acts: Sequence[Message | None]) -> str:
 
 
 class BatchWorld(World):
-    """``rows`` clones of a world stepped together, the model answering them in one batch_act."""
+    """``rows`` clones of a world stepped together, the model answering them in one batch_act.
+
+    When the rows are a plain FixedTeacher and a model agent (the usual case), the teachers' clones move as
+    one :class:`~accelbatch.teacher_rows.RowBlock` and their replies are scored in one
+    :meth:`~accelbatch.metrics.Metrics.add_rows`: the same examples in the same order as each clone acting
+    and observing in turn, without Python work per row. A model agent that keeps the base ``observe``
+    then gets the examples straight in ``batch_act`` (its clones do not store them as ``observation``).
+    """
 
     def __init__(self, opts: Opts, world: World, rows: int):
         super().__init__(opts, world.get_agents())
@@ -125,11 +140,27 @@ class BatchWorld(World):
         self.worlds = [world.clone() for _ in range(rows)]
         # hooks that do nothing are not called once per row (checked once, the row worlds never change type)
         self._parley_init = any(type(w).parley_init is not World.parley_init for w in self.worlds)
+        self._block = self._teacher_block()
+        model = world.get_model_agent()
+        self._model_rows = [w.get_model_agent() for w in self.worlds]
+        self._model_observes = type(model).observe is not Agent.observe
+        self._model_self_observes = type(model).self_observe is not Agent.self_observe
+        self._model_batch_acts = hasattr(model, "batch_act")
+
+    def _teacher_block(self) -> RowBlock | None:
+        """The teachers' clones as one block, when the rows are plain teacher + model worlds."""
+        if type(self.world) is not DialogPartnerWorld or self._parley_init or self.opts.display_examples:
+            return None
+        teacher = self.world.get_task_agent()
+        row_block = getattr(teacher, "row_block", None)
+        return None if row_block is None else row_block([w.get_task_agent() for w in self.worlds])
 
     def get_agents(self) -> list[Agent]:
         return self.world.get_agents()
 
     def parley(self) -> None:
+        if self._block is not None:
+            return self._parley_block(self._block)
         if self._parley_init:
             for w in self.worlds:
                 w.parley_init()
@@ -143,6 +174,26 @@ class BatchWorld(World):
                     observations[other] = self.batch_observe(other, acts, index)
             if index == 0:  # the teacher's acts and the model clones' observe (vectorize): data work
                 self.data_time_s += time.perf_counter() - start
+
+    def _parley_block(self, block: RowBlock) -> None:
+        """ParlAI's four steps for every row, the teacher's side done for all rows at once."""
+        start = time.perf_counter()
+        examples, served = block.act()
+        real_rows = self.rows - served.count(block.pad)
+        self.total_exs += real_rows
+        model = self.world.agents[-1]
+        if self._model_observes:  # else its clones would only store the example, which batch_act gets
+            examples = [agent.observe(example) for agent, example in zip(self._model_rows, examples)]
+        self.data_time_s += time.perf_counter() - start
+        if self._model_batch_acts and getattr(model, "use_batch_act", True):
+            replies = model.batch_act(examples)
+            if self._model_self_observes:
+                for agent, reply in zip(self._model_rows, replies):
+                    agent.self_observe(reply)
+        else:
+            replies = [_act_on(agent, example, observed=self._model_observes)
+                       for agent, example in zip(self._model_rows, examples)]
+        block.metrics.add_rows(replies_text(replies), block.answers(served), real_rows)
 
     def _row_agents(self, index: int) -> list[Agent]:
         return [w.get_agents()[index] for w in self.worlds]
@@ -177,6 +228,8 @@ class BatchWorld(World):
         return [agent.observe(act) for agent, act in zip(agents, acts)]
 
     def epoch_done(self) -> bool:
+        if self._block is not None and not hasattr(self.world.get_model_agent(), "epoch_done"):
+            return not self._block.loop and self._block.epoch_done()
         return all(w.epoch_done() for w in self.worlds)
 
     def num_examples(self) -> int:
