@@ -349,6 +349,48 @@ def test_restore_into_other_data_or_rows_is_refused():
         ck.restore_world_position(_world(2)[0], position)
 
 
+def _loader_multiworld(files, datatype):
+    """A MultiWorld of LoaderWorlds (one per jsonl file), as ``-t jsonl:A,jsonl:B --dynamic-batching``."""
+    from accelbatch.loader_world import LoaderWorld
+
+    opts = Opts(task=",".join(f"jsonl:{f}" for f in files), datatype=datatype, batchsize=3, seed=0,
+                dynamic_batching="batchsort")
+    agent = RecordingAgent(opts)
+    subs = [LoaderWorld(opts.replace(task=f"jsonl:{f}"), agent, 3) for f in files]
+    return MultiWorld(opts, subs, [f"t{i}" for i in range(len(files))]), agent
+
+
+@pytest.mark.parametrize("datatype", ["train", "train:stream"])
+def test_a_multiworld_of_loader_worlds_resumes_each_task_and_its_choice(tmp_path, datatype):
+    files = []
+    for name, count in (("a", 14), ("b", 8)):
+        path = tmp_path / f"{name}.jsonl"
+        path.write_text("".join(json.dumps({"text": f"{name} {i} " + "w " * (i % 5), "labels": ["x"],
+                                            "episode_done": True}) + "\n" for i in range(count)))
+        files.append(path)
+    steps, kill_at = 14, 6
+    reference, ref_agent = _loader_multiworld(files, datatype)
+    _run(reference, steps)
+    first, first_agent = _loader_multiworld(files, datatype)
+    _run(first, kill_at)
+    position = json.loads(json.dumps(ck.world_position(first)))
+    assert position["unsupported"] == [] and len(position["loaders"]) == 2
+    assert position["multi"][0]["current"] == first.current
+    for world in (reference, first):
+        world.shutdown()
+    resumed, resumed_agent = _loader_multiworld(files, datatype)
+    ck.restore_world_position(resumed, position)
+    assert resumed.get_total_exs() == position["total_exs"]
+    _run(resumed, steps - kill_at)
+    assert first_agent.seen + resumed_agent.seen == ref_agent.seen
+    assert resumed.get_total_exs() == reference.get_total_exs()
+    one, _ = _loader_multiworld(files[:1], datatype)
+    with pytest.raises(CheckpointError, match="data-loader task worlds"):
+        ck.restore_world_position(one, position)
+    for world in (resumed, one):
+        world.shutdown()
+
+
 def test_torch_agent_conversation_in_progress_is_restored():
     class Tiny(TorchAgent):
         def build_model(self):

@@ -6,7 +6,6 @@ batches. Checked for the sync, async and async-rebatched modes with dynamic batc
 of a killed or finished run (accessor, data workers, forkserver) is left behind.
 """
 
-import json
 import os
 import random
 import signal
@@ -20,7 +19,6 @@ import torch
 
 from accelbatch.checkpoint import load_checkpoint
 from accelbatch.data import make_loader
-from accelbatch.data.loader import PositionUnsupported
 from accelbatch.messages import Message
 from helpers import write_qa_episodes
 
@@ -174,22 +172,18 @@ def test_loader_position_counts_consumed_batches_not_prefetched_ones():
         assert got == flat
 
 
-def test_a_stream_has_no_position_and_says_so(tmp_path):
-    path = tmp_path / "s.jsonl"
-    path.write_text("".join(json.dumps({"text": f"q {i}", "labels": ["a"]}) + "\n" for i in range(10)))
-    with make_loader(str(path), batch_size=2) as loader:
-        with pytest.raises(PositionUnsupported, match="stream"):
-            loader.position()
-    # through the CLI: the checkpoint says so, and --resume warns that examples may repeat
+def test_a_stream_checkpoint_holds_its_position_and_resumes_without_warning(tmp_path):
+    """Streams resume exactly too (tests/test_resume_stream.py); here: -tstep cut, no warning at --resume."""
     _dataset(tmp_path)
     model, tag = tmp_path / "m" / "model.pt", uuid.uuid4().hex
     base = [sys.executable, "-m", "accelbatch", "train", "-t", f"jsonl:{tmp_path}/data/train.jsonl", "-dt",
             "train:stream", "-bs", "3", "--eval-splits", "", "-veps", "-1", "--no-progress", "-mf", str(model)]
     _run([*base, "-tstep", "3", "--save-every-n-secs", "1000"], tag)
     (position,) = load_checkpoint(str(model)).data
-    assert "loader" not in position and "without :stream" in position["unsupported"][0]
-    resumed = _run([*base, "-tstep", "6", "--resume"], tag)
-    assert "not restored" in resumed.stderr and "without :stream" in resumed.stderr
+    assert position["unsupported"] == [] and position["loader"]["batches"] == [3]
+    resumed = _run([*base, "-tstep", "6", "--save-every-n-secs", "1000", "--resume"], tag)
+    assert "not restored" not in resumed.stderr
+    assert load_checkpoint(str(model)).state["train"]["steps"] == 6
 
 
 @pytest.mark.timeout(600)
