@@ -144,14 +144,14 @@ def part_overhead(args: argparse.Namespace) -> dict[str, float]:
             return world.get_total_exs() - before
 
         metrics = Metrics()
+        answers = [tuple(m.get("labels") or m.get("eval_labels") or ()) for m in examples]
 
-        def bare_with_metrics() -> int:  # the bare loop plus one-pass scoring of its replies: metrics' share
+        def bare_with_metrics() -> int:  # the bare loop plus the world's scoring of its replies: metrics' share
             start = position[0] if position[0] + chunk <= len(examples) else 0
-            batch_act, add_batch = agent.batch_act, metrics.add_batch
+            batch_act, add_rows = agent.batch_act, metrics.add_rows
             for i in range(start, start + chunk, bs):
-                rows = examples[i:i + bs]
-                replies = batch_act(rows)
-                add_batch([r.get("text") for r in replies], [m.get("labels") for m in rows])
+                replies = batch_act(examples[i:i + bs])
+                add_rows([r.get("text") for r in replies], answers[i:i + bs], bs)
             position[0] = start + chunk
             return chunk
 
@@ -169,8 +169,8 @@ def part_overhead(args: argparse.Namespace) -> dict[str, float]:
             f"{statistics.median(p[1] for p in pairs):>12,.0f}  ratio {ratio:.3f}  ({fmt_rounds(ratios)})"
             f"  [teacher metrics: accuracy {report.get('accuracy', float('nan')):.3f} "
             f"f1 {report.get('f1', float('nan')):.3f}]" + ("   goal >= 0.50" if bs == 32 else ""))
-        say(f"          bare loop + one-pass teacher metrics, no world: ratio {floor_ratio:.3f} "
-            "(the most any world that scores replies could reach)")
+        say(f"          bare loop + the world's scoring (Metrics.add_rows), no world: ratio {floor_ratio:.3f} "
+            "(the most a world that scores replies this way could reach)")
         results[f"overhead_bs{bs}"] = ratio
         results[f"overhead_metrics_only_bs{bs}"] = floor_ratio
         world.shutdown()
