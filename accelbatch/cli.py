@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 import sys
-from typing import Sequence
+from typing import NoReturn, Sequence
 
 from accelbatch.agents import AGENT_PATHS, UnknownNameError
 from accelbatch.checkpoint import CheckpointError
@@ -17,9 +17,16 @@ USAGE_ERRORS: tuple[type[BaseException], ...] = (OptionError, UnknownNameError, 
                                                   CheckpointError)
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse, but a bad option ends with one line and a pointer to --help, not the whole usage."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message} (see `{self.prog} --help`)\n")
+
+
 def build_cli() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="accelbatch", description="ParlAI-style worlds on cpu, cuda and ipu.")
-    verbs = parser.add_subparsers(dest="verb", metavar="{train,eval,report,tasks}")
+    parser = _Parser(prog="accelbatch", description="ParlAI-style worlds on cpu, cuda and ipu.")
+    verbs = parser.add_subparsers(dest="verb", metavar="{train,eval,report,tasks}", parser_class=_Parser)
     train = verbs.add_parser("train", help="train a model (defaults: the bundled babi:1 task, memnn model)")
     add_arguments(train)
     evaluate = verbs.add_parser("eval", help="evaluate a model on a split (default -dt valid)")
@@ -43,6 +50,27 @@ def _backend_errors() -> tuple[type[BaseException], ...]:
     from accelbatch.backends.base import BackendUnavailable
 
     return (BackendUnavailable, PlanError)
+
+
+def worker_failure(exc: BaseException) -> str | None:
+    """What to tell the user when a data worker or a hogwild process failed (their traceback, not the
+    main process's); None for any other error, which keeps its own traceback."""
+    from accelbatch.data.accessor import AccessorError, WorkerTraceback
+    from accelbatch.hogwild import HogwildError
+
+    text = str(exc)
+    if isinstance(exc, (HogwildError, AccessorError)):
+        return text
+    if isinstance(exc.__cause__, WorkerTraceback):
+        return "a data worker (--dataloader-mode async) raised " + "\n".join([text, *getattr(exc, "__notes__", [])])
+    if text.startswith("Caught ") and " in DataLoader worker process " in text:
+        return f"a data worker (--num-workers) raised {type(exc).__name__}: {text}"
+    if isinstance(exc, RuntimeError) and text.startswith("DataLoader timed out after"):
+        return (f"{text} waiting for a batch from the data workers (--num-workers): a worker hangs, or one "
+                "batch takes longer than --data-timeout-s (raise it if so); the workers were stopped")
+    if isinstance(exc, RuntimeError) and text.startswith("DataLoader worker (pid"):
+        return f"{text} (--num-workers; killed from outside or out of memory?)"
+    return None
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -74,6 +102,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     except _replica_errors() as exc:
         print(f"accelbatch: error: {exc}", file=sys.stderr)
         return 1
+    except Exception as exc:
+        message = worker_failure(exc)
+        if message is None:
+            raise
+        print(f"accelbatch: error: {message}", file=sys.stderr)
+        return 1
     except KeyboardInterrupt as exc:
         print(f"accelbatch: interrupted{': ' + str(exc) if str(exc) else ''}", file=sys.stderr)
         return 130
@@ -89,7 +123,8 @@ def train_or_eval(opts: Opts) -> dict | None:
     from accelbatch.worlds import create_world
 
     if opts.device == "cpu" and opts.replication_factor > 1 and distributed.env_info() is not None:
-        distributed.init_from_env()  # torchrun: join the gloo group (cuda: accelerate joins in setup)
+        # torchrun: join the gloo group (cuda: accelerate joins in setup)
+        distributed.init_from_env(timeout_s=opts.replica_timeout_s)
     world = create_world(opts)
     report = run(world, opts)
     return report if distributed.rank() == 0 else None
@@ -115,7 +150,7 @@ def run_replicas(opts: Opts) -> dict | None:
         return spawn_cuda_replicas(_replica, opts.replication_factor, opts)[0]
     from accelbatch.backends.distributed import spawn_replicas
 
-    return spawn_replicas(_replica, opts.replication_factor, opts)[0]
+    return spawn_replicas(_replica, opts.replication_factor, opts, group_timeout_s=opts.replica_timeout_s)[0]
 
 
 if __name__ == "__main__":

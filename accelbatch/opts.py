@@ -103,6 +103,8 @@ class Opts:
     buffer_size: int = _opt(3, "--buffer-size", group="data", help="batches the async accessor keeps ready")
     drop_last: bool = _opt(True, "--drop-last", group="data",
                            help="drop a partial final training batch (said in the log)")
+    data_timeout_s: float = _opt(60.0, "--data-timeout-s", group="data",
+                                 help="seconds to wait for one batch from the data workers before failing")
 
     # --- execution plan ----------------------------------------------------------------------
     device: str = _opt("cpu", "--device", choices=DEVICES, group="plan", help="cpu, cuda or ipu")
@@ -131,6 +133,9 @@ class Opts:
                                     help="save a checkpoint this often (-1: only at the end)")
     skip_nan: bool = _opt(False, "--skip-nan", group="faults",
                           help="skip a step whose loss is NaN instead of stopping")
+    replica_timeout_s: float = _opt(300.0, "--replica-timeout-s", group="faults",
+                                    help="seconds a replica (-rf) waits in a collective for the others before "
+                                         "the run fails naming the stuck replica")
 
     # ParlAI-style dict access -----------------------------------------------------------------
     def __getitem__(self, key: str) -> Any:
@@ -157,6 +162,11 @@ class Opts:
 
     def __post_init__(self) -> None:
         validate(self)
+
+    @property
+    def timeout_s(self) -> float:
+        """--data-timeout-s under the name the data loader's config reads (LoaderConfig.from_opts)."""
+        return self.data_timeout_s
 
     @classmethod
     def from_args(cls, argv: Sequence[str] | None = None, **defaults: Any) -> "Opts":
@@ -202,6 +212,9 @@ def validate(opts: Opts) -> None:
         raise OptionError(f"--num-workers: must be 0 or more, got {opts.num_workers}")
     if opts.learning_rate <= 0:
         raise OptionError(f"--learning-rate: must be positive, got {opts.learning_rate}")
+    for name in ("data_timeout_s", "replica_timeout_s"):
+        if getattr(opts, name) <= 0:
+            raise OptionError(f"{_flag(name)}: must be a positive number of seconds, got {getattr(opts, name)}")
 
 
 def _field_type(f: dataclasses.Field) -> type:

@@ -302,7 +302,8 @@ class CPUBackend(Backend):
         """Join the process group when launched by torchrun (or spawn_replicas) and R > 1."""
         self._skip_nonfinite = bool(getattr(opts, "skip_nan", False))
         if getattr(opts, "replication_factor", 1) > 1 and not distributed.is_initialized():
-            if distributed.init_from_env() is not None:
+            timeout_s = float(getattr(opts, "replica_timeout_s", distributed.DEFAULT_GROUP_TIMEOUT_S))
+            if distributed.init_from_env(timeout_s=timeout_s) is not None:
                 self._owns_group = True
 
     def compile(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer | None,

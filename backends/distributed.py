@@ -27,8 +27,11 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import faulthandler
 import json
+import logging
 import os
+import re
 import signal
 import socket
 import sys
@@ -41,6 +44,7 @@ from typing import Any, Callable, Iterator, Mapping
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as tmp
+from multiprocessing import connection as mp_connection
 
 
 class ReplicaError(RuntimeError):
@@ -53,7 +57,13 @@ class ReplicaError(RuntimeError):
 
 
 class ReplicaTimeout(ReplicaError, TimeoutError):
-    """The replicas did not finish within ``timeout_s``; they were ended."""
+    """The replicas did not finish within ``timeout_s``, or one of them never joined a collective within
+    ``group_timeout_s`` (``--replica-timeout-s``; ``index`` is that stuck replica); they were ended."""
+
+
+DEFAULT_GROUP_TIMEOUT_S = 300.0  # --replica-timeout-s: how long a collective waits for a late replica
+_STACK_SIGNAL = signal.SIGUSR1    # a replica dumps its Python stacks (faulthandler) on this signal
+_TIMEOUT_TEXT = re.compile(r"timed out|timeout", re.IGNORECASE)
 
 
 @dataclass(frozen=True)
@@ -87,10 +97,11 @@ def env_info(env: Mapping[str, str] | None = None) -> DistInfo | None:
     return DistInfo(rank=rank, world_size=world, local_rank=local)
 
 
-def init_from_env(backend: str = "gloo", timeout_s: float = 300.0) -> DistInfo | None:
+def init_from_env(backend: str = "gloo", timeout_s: float = DEFAULT_GROUP_TIMEOUT_S) -> DistInfo | None:
     """Join the process group described by torchrun's environment (no-op if already joined).
 
-    Returns None when the environment names no rank (a plain single-process run).
+    Returns None when the environment names no rank (a plain single-process run). ``timeout_s`` bounds
+    every collective (``--replica-timeout-s``).
     """
     info = env_info()
     if info is None:
@@ -204,11 +215,13 @@ def _replica_main(index: int, fn: Callable[..., Any], nprocs: int, port: int, re
     os.environ.update({"RANK": str(index), "LOCAL_RANK": str(index), "WORLD_SIZE": str(nprocs),
                        "LOCAL_WORLD_SIZE": str(nprocs), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)})
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1") or 1))
-    if init_group:
-        dist.init_process_group(backend, init_method="env://", rank=index, world_size=nprocs,
-                                timeout=datetime.timedelta(seconds=group_timeout_s))
+    stack_file = open(os.path.join(result_dir, f"{index}.stack"), "w")  # noqa: SIM115 - lives as long as the process
+    faulthandler.register(_STACK_SIGNAL, file=stack_file, all_threads=True)
     failed = True
     try:
+        if init_group:
+            dist.init_process_group(backend, init_method="env://", rank=index, world_size=nprocs,
+                                    timeout=datetime.timedelta(seconds=group_timeout_s))
         result = fn(index, *args)
         failed = False
     except Exception:
@@ -252,11 +265,13 @@ def _end(processes: list[Any], grace_s: float = 3.0) -> None:
 
 def spawn_replicas(fn: Callable[..., Any], nprocs: int, *args: Any, timeout_s: float | None = None,
                    init_process_group: bool = True, backend: str = "gloo",
-                   group_timeout_s: float = 120.0) -> list[Any]:
+                   group_timeout_s: float = DEFAULT_GROUP_TIMEOUT_S) -> list[Any]:
     """Run ``fn(rank, *args)`` in ``nprocs`` spawned processes joined in one gloo group; return results.
 
-    See the module docstring. Raises :class:`ReplicaError` (a replica raised or died: its traceback is in
-    the message) or :class:`ReplicaTimeout`; never leaves a child process behind.
+    See the module docstring. ``group_timeout_s`` bounds each collective: a replica that does not join one
+    in time (hung, deadlocked) ends the run with :class:`ReplicaTimeout` naming it and its stack. Raises
+    :class:`ReplicaError` (a replica raised or died: its traceback is in the message) or
+    :class:`ReplicaTimeout`; never leaves a child process behind.
     """
     if nprocs < 1:
         raise ValueError(f"nprocs must be at least 1, got {nprocs}")
@@ -269,22 +284,8 @@ def spawn_replicas(fn: Callable[..., Any], nprocs: int, *args: Any, timeout_s: f
                 ctx = tmp.start_processes(
                     _replica_main, nprocs=nprocs, join=False, start_method="spawn",
                     args=(fn, nprocs, port, result_dir, init_process_group, backend, group_timeout_s, args))
-            deadline = None if timeout_s is None else time.monotonic() + timeout_s
-            while True:
-                wait = 0.5 if deadline is None else max(0.0, min(0.5, deadline - time.monotonic()))
-                if ctx.join(timeout=wait, grace_period=1.0):
-                    break
-                if deadline is not None and time.monotonic() >= deadline:
-                    alive = [p.pid for p in ctx.processes if p.is_alive()]
-                    raise ReplicaTimeout(f"{nprocs} replicas did not finish within {timeout_s} s "
-                                         f"(still running: pids {alive}); they were ended")
-        except tmp.ProcessRaisedException as exc:
-            raise _first_failure(exc, nprocs, result_dir, ctx) from None
-        except tmp.ProcessExitedException as exc:
-            how = (f"was killed by {exc.signal_name}" if exc.signal_name else f"exited with code {exc.exit_code}")
-            raise ReplicaError(f"replica {exc.error_index} of {nprocs} (pid {exc.error_pid}) {how} without a "
-                               f"Python traceback (out of memory? killed?); the other replicas were ended",
-                               index=exc.error_index, pid=exc.error_pid) from None
+            with _quiet_spawn_log():
+                _join(ctx, nprocs, timeout_s, result_dir, group_timeout_s)
         finally:
             if ctx is not None:
                 with _sigint_deferred():
@@ -296,36 +297,139 @@ def spawn_replicas(fn: Callable[..., Any], nprocs: int, *args: Any, timeout_s: f
         return results
 
 
-def _first_failure(exc: Any, nprocs: int, result_dir: str, ctx: Any) -> ReplicaError:
-    """The ReplicaError naming the replica that raised first, with its traceback; later ones listed."""
+def _join(ctx: Any, nprocs: int, timeout_s: float | None, result_dir: str, group_timeout_s: float) -> None:
+    """Wait for every replica. The first failure ends them all (torch's join) and raises ReplicaError; a
+    replica stuck in user code is found, and its stack taken, before the others are ended."""
+    deadline = None if timeout_s is None else time.monotonic() + timeout_s
+    while True:
+        running = [p.sentinel for p in ctx.processes if p.exitcode is None]
+        wait = 0.5 if deadline is None else max(0.0, min(0.5, deadline - time.monotonic()))
+        if running:
+            mp_connection.wait(running, timeout=wait)
+        failed = any(p.exitcode not in (None, 0) for p in ctx.processes)
+        stuck = _find_stuck(ctx, nprocs, result_dir, group_timeout_s) if failed else None
+        try:
+            if (failed or not running) and ctx.join(timeout=0.1, grace_period=1.0):
+                return
+        except tmp.ProcessRaisedException as exc:
+            raise stuck or _first_failure(exc, nprocs, result_dir, ctx) from None
+        except tmp.ProcessExitedException as exc:
+            if stuck is not None:
+                raise stuck from None
+            how = (f"was killed by {exc.signal_name}" if exc.signal_name else f"exited with code {exc.exit_code}")
+            raise ReplicaError(f"replica {exc.error_index} of {nprocs} (pid {exc.error_pid}) {how} without a "
+                               f"Python traceback (out of memory? killed?); the other replicas were ended",
+                               index=exc.error_index, pid=exc.error_pid) from None
+        if deadline is not None and time.monotonic() >= deadline:
+            alive = [p.pid for p in ctx.processes if p.is_alive()]
+            raise ReplicaTimeout(f"{nprocs} replicas did not finish within {timeout_s} s "
+                                 f"(still running: pids {alive}); they were ended")
+
+
+def _find_stuck(ctx: Any, nprocs: int, result_dir: str, group_timeout_s: float) -> "ReplicaTimeout | None":
+    """When the first replica to fail timed out in a collective: the ReplicaTimeout naming the replicas
+    still running that never joined it (with their stacks), else None."""
+    failures = _read_failures(nprocs, result_dir)
+    if not failures or not _TIMEOUT_TEXT.search(_last_line(failures[0][2])):
+        return None
+    failed = {i for _, i, _ in failures}
+    stuck = [i for i, p in enumerate(ctx.processes) if i not in failed and p.exitcode is None]
+    if not stuck:
+        return None
+    error = _stuck_error(stuck, failures[0][1], failures[0][2], nprocs, result_dir, ctx, group_timeout_s)
+    for i in stuck:  # hung: no use asking it to stop (it would only start saving a checkpoint)
+        ctx.processes[i].kill()
+    return error
+
+
+@contextlib.contextmanager
+def _quiet_spawn_log() -> Iterator[None]:
+    """Silence torch's "Terminating process ... via signal SIGTERM" warnings: the error we raise says it."""
+    logger = logging.getLogger("torch.multiprocessing.spawn")
+    level = logger.level
+    logger.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        logger.setLevel(level)
+
+
+def _read_failures(nprocs: int, result_dir: str) -> list[tuple[float, int, str]]:
+    """(time, index, traceback) of every replica that recorded a failure, earliest first."""
     failures = []
     for index in range(nprocs):
         try:
             with open(os.path.join(result_dir, f"{index}.err")) as fh:
-                failures.append((json.load(fh)["time"], index))
+                record = json.load(fh)
+            failures.append((float(record["time"]), index, str(record["trace"])))
         except (OSError, ValueError, KeyError):
             continue
+    return sorted(failures)
+
+
+def _last_line(trace: str) -> str:
+    lines = trace.strip().splitlines()
+    return lines[-1] if lines else "?"
+
+
+def _first_failure(exc: Any, nprocs: int, result_dir: str, ctx: Any) -> ReplicaError:
+    """The ReplicaError naming the replica that raised first, with its traceback; later ones listed."""
+    failures = _read_failures(nprocs, result_dir)
     if not failures:
         trace, index = str(exc).split("terminated with the following error:\n", 1)[-1], exc.error_index
-        others: list[int] = []
+        others: list[tuple[float, int, str]] = []
     else:
-        failures.sort()
-        index = failures[0][1]
-        with open(os.path.join(result_dir, f"{index}.err")) as fh:
-            trace = json.load(fh)["trace"]
-        others = [i for _, i in failures[1:]]
+        _, index, trace = failures[0]
+        others = failures[1:]
     pid = ctx.processes[index].pid if ctx is not None else exc.error_pid
     also = ""
     if others:
-        lasts = []
-        for i in others:
-            with open(os.path.join(result_dir, f"{i}.err")) as fh:
-                lines = json.load(fh)["trace"].strip().splitlines()
-            lasts.append(f"replica {i}: {lines[-1] if lines else '?'}")
         also = ("\nAfter it failed, these replicas failed too (most likely as a consequence): "
-                + "; ".join(lasts))
+                + "; ".join(f"replica {i}: {_last_line(t)}" for _, i, t in others))
     return ReplicaError(f"replica {index} of {nprocs} (pid {pid}) raised first; the other replicas were "
                         f"ended. Its traceback:\n{trace}{also}", index=index, pid=pid)
+
+
+def _stuck_error(stuck: list[int], waiter: int, trace: str, nprocs: int, result_dir: str, ctx: Any,
+                 group_timeout_s: float) -> ReplicaTimeout:
+    """ReplicaTimeout naming the replicas that never joined the collective ``waiter`` timed out in, with
+    their Python stacks (dumped by faulthandler) so the user sees where they hang."""
+    names = ", ".join(str(i) for i in stuck)
+    pids = [ctx.processes[i].pid for i in stuck]
+    stacks = _dump_stacks(stuck, result_dir, ctx)
+    return ReplicaTimeout(
+        f"replica {names} of {nprocs} (pid {', '.join(map(str, pids))}) is stuck: replica {waiter} waited "
+        f"--replica-timeout-s={group_timeout_s:g} s in a collective that it never joined "
+        f"({_last_line(trace)}); all replicas were ended. It hangs (a deadlock, a blocking call) or is much "
+        f"slower than the others; raise --replica-timeout-s if its steps really take that long."
+        f"{stacks}", index=stuck[0], pid=pids[0])
+
+
+def _dump_stacks(indices: list[int], result_dir: str, ctx: Any, wait_s: float = 2.0) -> str:
+    """Ask replicas for their Python stacks (faulthandler on SIGUSR1); the text, or '' if none came."""
+    for i in indices:
+        with contextlib.suppress(OSError):
+            os.kill(ctx.processes[i].pid, _STACK_SIGNAL)
+    paths = {i: os.path.join(result_dir, f"{i}.stack") for i in indices}
+    deadline = time.monotonic() + wait_s
+    while time.monotonic() < deadline and not all(_size(p) for p in paths.values()):
+        time.sleep(0.05)
+    time.sleep(0.05)  # let the last frames be written
+    parts = []
+    for i, path in paths.items():
+        with contextlib.suppress(OSError):
+            with open(path) as fh:
+                text = fh.read().strip()
+            if text:
+                parts.append(f"\nWhere replica {i} is (its Python stack, most recent call first):\n{text}")
+    return "".join(parts)
+
+
+def _size(path: str) -> int:
+    try:
+        return os.path.getsize(path)
+    except OSError:
+        return 0
 
 
 @contextlib.contextmanager

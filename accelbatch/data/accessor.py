@@ -461,7 +461,7 @@ class AsyncDataAccessor:
                 self._fail(WorkerTimeoutError(
                     f"AsyncDataAccessor: no batch from the worker process (pid {self._process.pid}) within "
                     f"timeout_s={self.timeout_s:g} s; the source is hanging or slower than that (raise "
-                    "timeout_s if one batch really takes longer)"))
+                    "timeout_s, --data-timeout-s on the command line, if one batch really takes longer)"))
 
     def _free(self, slot: int) -> None:
         try:
