@@ -91,3 +91,53 @@ def write_qa_episodes(root, episodes: int = 40, filler: bool = False) -> None:
                 handle.write(json.dumps({"text": f"ep {e} turn {i} where is the {words}{a} thing",
                                          "labels": [a], "label_candidates": answers,
                                          "episode_done": i == n - 1}) + "\n")
+
+
+TAG_ENV = "ACCELBATCH_TEST_TAG"
+
+
+def tagged_pids(tag: str) -> set[int]:
+    """Live (non-zombie) processes whose environment holds ``ACCELBATCH_TEST_TAG=tag``: a process tree
+    started with that variable, orphans included, since children inherit the environment."""
+    import os
+
+    marker = f"{TAG_ENV}={tag}".encode()
+    found = set()
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/environ", "rb") as handle:
+                if marker not in handle.read().split(b"\0"):
+                    continue
+            with open(f"/proc/{entry}/stat") as handle:
+                state = handle.read().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            continue
+        if state != "Z":
+            found.add(int(entry))
+    return found
+
+
+def shm_left(before: set[str], pids: set[int], settle_s: float = 2.0) -> set[str]:
+    """/dev/shm entries made since ``before`` that are still there after ``settle_s`` and could be ours:
+    entries naming a process (torch's ``torch_<pid>_...``) count only for ``pids``; unnamed ones
+    (semaphores, ``psm_``) always count. Entries other processes make and drop meanwhile are ignored."""
+    import os
+    import re
+    import time
+
+    def suspects() -> set[str]:
+        out = set()
+        for entry in set(os.listdir("/dev/shm")) - before:
+            named = re.match(r"torch_(\d+)_", entry)
+            if named is None or int(named.group(1)) in pids:
+                out.add(entry)
+        return out
+
+    deadline = time.monotonic() + settle_s
+    left = suspects()
+    while left and time.monotonic() < deadline:
+        time.sleep(0.1)
+        left = suspects()
+    return left

@@ -49,27 +49,6 @@ def test_random_candidate_scores_near_chance():
     assert report["exs"] == 1000 and 0.08 < report["accuracy"] < 0.26  # 6 candidates -> ~1/6
 
 
-@pytest.mark.parametrize("argv, fragment", [
-    (["train", "--device", "cuda"], "cuda"),
-    (["train", "-t", "nosuchtask"], "known tasks: babi:1"),
-    (["train", "-m", "nosuchmodel"], "known models: memnn"),
-    (["eval", "-t", "jsonl:/no/such/file.jsonl"], "/no/such/file.jsonl: no such file"),
-])
-def test_usage_errors_are_one_line_and_exit_2(argv, fragment, capsys):
-    if argv[-1] == "cuda" and torch.cuda.is_available():
-        pytest.skip("a GPU is visible")
-    assert main(argv + ["--no-progress"]) == 2
-    err = capsys.readouterr().err.strip()
-    assert fragment in err and len(err.splitlines()) == 1
-
-
-def test_malformed_file_error_names_the_line(tmp_path, capsys):
-    path = tmp_path / "bad.txt"
-    path.write_text("text:a\tlabels:b\tepisode_done:True\ntext:oops\tepisode_done:maybe\n")
-    assert main(["eval", "-t", f"parlai:{path}", "-m", "repeat_label", "--no-progress"]) == 2
-    assert f"{path}:2:" in capsys.readouterr().err
-
-
 def test_module_class_paths_work_for_task_and_model(tmp_path, monkeypatch, capsys):
     (tmp_path / "mytask.py").write_text(
         "from accelbatch.teachers import FixedTeacher\n"

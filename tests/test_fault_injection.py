@@ -1,0 +1,463 @@
+"""Fault injection: each bad input and each fault a user can meet, run the way a user runs it.
+
+Every case runs ``python -m accelbatch train|eval ...`` (in a subprocess; the pure bad-input cases, which
+start no process, call ``cli.main`` in this process to keep the suite fast) and checks three things:
+
+* the exit code and a clear message: one line naming the file:line, option or what to do for bad input,
+  never a traceback; for a crash in a worker, replica or hogwild process, *that* process's traceback;
+* no process left: every process of the run carries ``ACCELBATCH_TEST_TAG`` in its environment, and
+  none may be alive once the run has ended (orphans included);
+* nothing left in /dev/shm that the run could have made.
+
+The misbehaving agents live in ``faulty.py``, written into a temporary folder put on PYTHONPATH, and are
+named on the command line as ``-m faulty:Class``, as a user names their own agent.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from accelbatch.cli import main
+from helpers import TAG_ENV, live_children, shm_left, tagged_pids
+
+pytestmark = pytest.mark.multiprocess
+ROOT = str(Path(__file__).resolve().parent.parent)
+
+FAULTY = textwrap.dedent('''
+    """Agents that go wrong on purpose: FAULT says what, WHERE in which process, AT at which call."""
+    import multiprocessing
+    import os
+    import time
+
+    import torch
+    from torch import nn
+
+    from accelbatch.agents import TorchAgent
+
+
+    def here(where):
+        """True in the process ``where`` names: any, rank1, hogwild-1 or data-worker."""
+        name = multiprocessing.current_process().name
+        if where == "data-worker":
+            return torch.utils.data.get_worker_info() is not None or name == "accelbatch-async-data"
+        if where == "rank1":
+            return os.environ.get("RANK") == "1"
+        return where == "any" or name == where
+
+
+    def go_wrong(fault):
+        if fault == "crash":
+            raise RuntimeError(f"injected crash in {multiprocessing.current_process().name}")
+        if fault == "die":
+            os.kill(os.getpid(), 9)
+        if fault == "hang":
+            time.sleep(3600)
+
+
+    class Toy(nn.Module):
+        """Loss mean((w * x - 1)^2) over the rows; the agent's fault hits training forwards."""
+
+        def __init__(self, fault, where, at):
+            super().__init__()
+            self.w = nn.Parameter(torch.zeros(()))
+            self.fault, self.where, self.at, self.calls = fault, where, at, 0
+
+        def forward(self, batch):
+            per_row = (self.w * batch["x"] - 1) ** 2
+            out = {"pred": per_row.detach()}
+            if self.fault == "noloss":
+                return out
+            out["loss"] = per_row.mean()
+            if self.training and here(self.where):
+                self.calls += 1
+                if self.fault == "nan" and self.calls % self.at == 0:
+                    out["loss"] = out["loss"] * float("nan")
+                elif self.calls == self.at:
+                    go_wrong(self.fault)
+            return out
+
+
+    class Toy_(TorchAgent):
+        FAULT, WHERE, AT = "none", "any", 3
+
+        def build_model(self):
+            return Toy(self.FAULT, self.WHERE, self.AT)
+
+        def vectorize(self, obs):
+            if self.FAULT.startswith("data-") and here("data-worker"):
+                go_wrong(self.FAULT[5:])
+            obs["x"] = float(len(obs.get("text", "")) % 7)
+            return obs
+
+        def batchify(self, observations):
+            return {"x": torch.tensor([o["x"] for o in observations])}
+
+        def replies(self, outputs, observations):
+            return [{"text": "?"} for _ in observations]
+
+
+    def _agent(name, fault, where="any", at=3):
+        return type(name, (Toy_,), {"FAULT": fault, "WHERE": where, "AT": at, "__module__": __name__})
+
+
+    Fine = _agent("Fine", "none")
+    NoLoss = _agent("NoLoss", "noloss")
+    NaNEvery3 = _agent("NaNEvery3", "nan")
+    DataWorkerCrash = _agent("DataWorkerCrash", "data-crash")
+    DataWorkerHang = _agent("DataWorkerHang", "data-hang")
+    ReplicaCrash = _agent("ReplicaCrash", "crash", "rank1", at=2)
+    ReplicaHang = _agent("ReplicaHang", "hang", "rank1", at=2)
+    ReplicaDies = _agent("ReplicaDies", "die", "rank1", at=2)
+    HogwildCrash = _agent("HogwildCrash", "crash", "hogwild-1", at=1)
+''')
+
+QUICK = ["--no-progress", "-veps", "-1", "--eval-splits", ""]  # no validation, no final evaluation
+
+
+@dataclass
+class Ran:
+    """How a run ended, and what it left behind."""
+
+    rc: int
+    out: str
+    err: str
+    processes_left: set[int]
+    shm_left: set[str]
+
+    def assert_clean(self) -> None:
+        assert self.processes_left == set(), f"processes left by the run: {self.processes_left}\n{self.err}"
+        assert self.shm_left == set(), f"/dev/shm entries left by the run: {self.shm_left}"
+
+    def assert_one_line_error(self, *fragments: str, rc: int = 2) -> None:
+        """Bad input: exit ``rc``, one line on stderr holding every fragment, no traceback."""
+        err = self.err.strip()
+        assert self.rc == rc, (self.rc, err)
+        assert len(err.splitlines()) == 1, err
+        assert "Traceback" not in err
+        for fragment in fragments:
+            assert fragment in err, (fragment, err)
+
+
+@pytest.fixture(scope="module")
+def lab(tmp_path_factory) -> Path:
+    """A folder with faulty.py (the misbehaving agents) and small data files."""
+    root = tmp_path_factory.mktemp("faults")
+    (root / "faulty.py").write_text(FAULTY)
+    (root / "qa10.jsonl").write_text("".join(json.dumps({"text": f"q{i}", "labels": [f"a{i}"]}) + "\n"
+                                             for i in range(10)))
+    (root / "qa60.jsonl").write_text("".join(json.dumps({"text": f"question {i}", "labels": [f"a{i % 5}"]}) + "\n"
+                                             for i in range(60)))
+    return root
+
+
+class _Sampler(threading.Thread):
+    """Collects the pids of a tagged process tree while it runs (to tell its /dev/shm entries apart)."""
+
+    def __init__(self, tag: str):
+        super().__init__(daemon=True)
+        self.tag, self.pids, self.done = tag, set(), threading.Event()
+
+    def run(self) -> None:
+        while not self.done.wait(0.2):
+            self.pids |= tagged_pids(self.tag)
+
+
+def _env(lab: Path, tag: str) -> dict[str, str]:
+    path = os.pathsep.join([ROOT, str(lab), os.environ.get("PYTHONPATH", "")])
+    return {**os.environ, "PYTHONPATH": path, "OMP_NUM_THREADS": "1", TAG_ENV: tag}
+
+
+def _leftovers(tag: str, grace_s: float = 5.0) -> set[int]:
+    """Tagged processes still alive after ``grace_s``; they are killed (the test fails on them anyway)."""
+    deadline = time.monotonic() + grace_s
+    left = tagged_pids(tag)
+    while left and time.monotonic() < deadline:
+        time.sleep(0.1)
+        left = tagged_pids(tag)
+    for pid in left:
+        os.kill(pid, signal.SIGKILL)
+    return left
+
+
+def start(lab: Path, *argv: str) -> tuple[subprocess.Popen, str, _Sampler, set[str]]:
+    """Start ``python -m accelbatch argv`` with a fresh tag; return it with what :func:`finish` needs."""
+    tag = uuid.uuid4().hex
+    shm_before = set(os.listdir("/dev/shm"))
+    proc = subprocess.Popen([sys.executable, "-m", "accelbatch", *argv], cwd=str(lab), env=_env(lab, tag),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    sampler = _Sampler(tag)
+    sampler.start()
+    return proc, tag, sampler, shm_before
+
+
+def finish(proc: subprocess.Popen, tag: str, sampler: _Sampler, shm_before: set[str],
+           timeout: float = 60) -> Ran:
+    """Wait for the run and collect what it left behind."""
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+        sampler.done.set()
+        sampler.join()
+    left = _leftovers(tag)
+    return Ran(proc.returncode, out, err, left, shm_left(shm_before, sampler.pids | {proc.pid}))
+
+
+def cli(lab: Path, *argv: str, timeout: float = 60) -> Ran:
+    """``python -m accelbatch argv`` in a subprocess, as a user runs it."""
+    return finish(*start(lab, *argv), timeout=timeout)
+
+
+def in_process(lab: Path, capsys, monkeypatch, *argv: str) -> Ran:
+    """``cli.main(argv)`` here: for bad input, which must end before any process is started."""
+    monkeypatch.syspath_prepend(str(lab))
+    shm_before, children = set(os.listdir("/dev/shm")), set(live_children())
+    capsys.readouterr()
+    try:
+        rc = main(list(argv))
+    except SystemExit as exc:  # argparse
+        rc = exc.code
+    out, err = capsys.readouterr()
+    left = {pid for pid, _ in set(live_children()) - children}
+    return Ran(rc, out, err, left, shm_left(shm_before, {os.getpid()}, settle_s=0.0))
+
+
+def _report(ran: Ran, path: Path) -> dict:
+    assert ran.rc == 0, ran.err
+    return json.loads(path.read_text())
+
+
+# --- bad input: one line, exit 2 ----------------------------------------------------------------------
+BAD_FILES = {
+    "bad-json-line": ("jsonl", '{"text": "ok", "labels": ["a"]}\n{"text": "broken"\n', ":2: not valid JSON"),
+    "parlai-line-no-text": ("parlai", "text:a\tlabels:b\tepisode_done:True\nepisode_done:True\n",
+                            ":2: example has no 'text' and no 'labels'"),
+    "parlai-field-not-key-value": ("parlai", "text:a\tlabels:b\nhello\tlabels:c\n", ":2: field 1 'hello'"),
+    "parlai-bad-episode-done": ("parlai", "text:a\tlabels:b\tepisode_done:True\ntext:oops\tepisode_done:maybe\n",
+                                ":2:"),
+    "empty": ("jsonl", "\n\n", ": the file holds no examples"),
+}
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("case", sorted(BAD_FILES))
+def test_a_malformed_or_empty_data_file_is_one_line_naming_file_and_line(lab, capsys, monkeypatch, tmp_path,
+                                                                         case):
+    kind, content, fragment = BAD_FILES[case]
+    path = tmp_path / f"data.{kind}"
+    path.write_text(content)
+    ran = in_process(lab, capsys, monkeypatch, "eval", "-t", f"{kind}:{path}", "-m", "repeat_label",
+                     "--no-progress")
+    ran.assert_one_line_error(f"{path}{fragment}")
+    ran.assert_clean()
+
+
+@pytest.mark.timeout(60)
+def test_a_malformed_file_through_the_real_command(lab, tmp_path):
+    path = tmp_path / "bad.jsonl"
+    path.write_text('{"text": "ok", "labels": ["a"]}\n{"text": \n')
+    ran = cli(lab, "train", "-t", f"jsonl:{path}", "-m", "faulty:Fine", *QUICK)
+    ran.assert_one_line_error(f"{path}:2: not valid JSON", "each line must be one JSON object")
+    ran.assert_clean()
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("argv, fragments", [
+    (["eval", "-t", "jsonl:/no/such/file.jsonl"], ["/no/such/file.jsonl: no such file", "-t"]),
+    (["train", "-bs", "abc"], ["-bs/--batchsize: invalid int value: 'abc'", "--help"]),
+    (["train", "--learning-rate", "x"], ["-lr/--learning-rate: invalid float value: 'x'"]),
+    (["train", "-rf", "two"], ["-rf/--replication-factor: invalid int value: 'two'"]),
+    (["train", "-bs", "0"], ["-bs/--batchsize: must be at least 1, got 0"]),
+    (["train", "--learning-rate", "-1"], ["--learning-rate: must be positive"]),
+    (["train", "--replica-timeout-s", "0"], ["--replica-timeout-s: must be a positive number"]),
+    (["train", "--device", "tpu"], ["--device: invalid choice: 'tpu'", "'cpu', 'cuda', 'ipu'"]),
+    (["train", "-t", "nosuchtask"], ["unknown task 'nosuchtask'", "known tasks: babi:1"]),
+    (["train", "-m", "nosuchmodel"], ["unknown model 'nosuchmodel'", "known models: memnn"]),
+    (["train", "-t", "nosuchmodule:Teacher"], ["no module named 'nosuchmodule'"]),
+    (["train", "-m", "faulty:NoSuchAgent"], ["module 'faulty' has no 'NoSuchAgent'"]),
+    (["train", "--output-mode", "everyn", "--output-return-period", "3", "-di", "4"],
+     ["--output-return-period 3", "not a multiple of 3", "--device-iterations"]),
+    (["train", "-m", "faulty:NoLoss"], ["must return a dict with 'loss'"]),
+], ids=["missing-file", "bs-abc", "lr-x", "rf-two", "bs-0", "lr-negative", "replica-timeout-0", "device-tpu",
+        "unknown-task", "unknown-model", "unknown-module", "unknown-class", "impossible-plan", "no-loss"])
+def test_bad_options_and_unknown_names_are_one_line(lab, capsys, monkeypatch, argv, fragments):
+    verb, *options = argv  # a -t in the case's options overrides the default one before it
+    ran = in_process(lab, capsys, monkeypatch, verb, "-t", f"jsonl:{lab}/qa10.jsonl", *options, "-tstep", "2",
+                     *QUICK)
+    ran.assert_one_line_error(*fragments)
+    ran.assert_clean()
+
+
+@pytest.mark.timeout(30)
+def test_an_unusable_device_is_one_line_listing_the_usable_ones(lab, capsys, monkeypatch):
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is visible")
+    ran = in_process(lab, capsys, monkeypatch, "train", "--device", "cuda", "--no-progress")
+    ran.assert_one_line_error("--device cuda", "Usable here: cpu")
+    ran.assert_clean()
+
+
+# --- a batch larger than the data ---------------------------------------------------------------------
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("extra", [[], ["-ga", "3"], ["--num-workers", "1"], ["-rf", "2"]],
+                         ids=["world", "grad-accumulation-in-eval", "data-workers", "replicas"])
+def test_eval_with_a_batch_larger_than_the_split_serves_every_example_once(lab, tmp_path, capsys, monkeypatch,
+                                                                           extra):
+    """Gradient accumulation in eval is not refused: the plan evaluates micro batches of b x G rows."""
+    report = tmp_path / "r.json"
+    argv = ["eval", "-t", f"jsonl:{lab}/qa10.jsonl", "-m", "repeat_label", "-bs", "64", *extra, "--no-progress",
+            "--report-json", str(report)]
+    starts_processes = "--num-workers" in extra or "-rf" in extra
+    ran = cli(lab, *argv) if starts_processes else in_process(lab, capsys, monkeypatch, *argv)
+    valid = _report(ran, report)["valid"]
+    assert valid["exs"] == 10 and valid["accuracy"] == 1.0  # all ten, once each: any repeat would be counted
+    ran.assert_clean()
+
+
+@pytest.mark.timeout(60)
+def test_training_with_a_batch_larger_than_the_split(lab, tmp_path, capsys, monkeypatch):
+    """ParlAI's world: each of the 64 rows has its own teacher clone cycling over the 10 examples, so a
+    step is 64 rows; the loader with --no-drop-last trains the 10 rows there are."""
+    report = tmp_path / "r.json"
+    ran = in_process(lab, capsys, monkeypatch, "train", "-t", f"jsonl:{lab}/qa10.jsonl", "-m", "faulty:Fine", "-bs", "64", "-ne", "1", *QUICK,
+              "--report-json", str(report))
+    assert _report(ran, report)["train"]["exs"] == 64
+    ran.assert_clean()
+    ran = cli(lab, "train", "-t", f"jsonl:{lab}/qa10.jsonl", "-m", "faulty:Fine", "-bs", "64", "-ne", "1", *QUICK,
+              "--num-workers", "1", "--no-drop-last", "--report-json", str(report))
+    assert _report(ran, report)["train"]["exs"] == 10
+    ran.assert_clean()
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.xfail(strict=True, reason="loader_world raises a plain ValueError (a traceback): it should raise "
+                                       "OptionError naming -bs and --no-drop-last")
+def test_training_a_loader_with_no_full_batch_says_why_in_one_line(lab, capsys, monkeypatch):
+    ran = in_process(lab, capsys, monkeypatch, "train", "-t", f"jsonl:{lab}/qa10.jsonl", "-m", "faulty:Fine",
+                     "-bs", "64", "-ne", "1", *QUICK, "--num-workers", "1")
+    ran.assert_clean()
+    ran.assert_one_line_error("no full batch of 64 rows", "--batchsize", "--no-drop-last")
+
+
+# --- NaN losses ---------------------------------------------------------------------------------------
+@pytest.mark.timeout(60)
+def test_a_nan_loss_stops_naming_skip_nan_and_skip_nan_counts_and_goes_on(lab, tmp_path, capsys, monkeypatch):
+    argv = ["train", "-t", f"jsonl:{lab}/qa60.jsonl", "-m", "faulty:NaNEvery3", "-bs", "4", "-tstep", "7", *QUICK]
+    ran = cli(lab, *argv)
+    ran.assert_one_line_error("non-finite training loss", "--skip-nan", rc=1)
+    ran.assert_clean()
+    report = tmp_path / "r.json"
+    ran = in_process(lab, capsys, monkeypatch, *argv, "--skip-nan", "--report-json", str(report))
+    train = _report(ran, report)["train"]
+    assert train["steps"] == 7 and train["skipped_updates"] == 2  # calls 3 and 6
+    ran.assert_clean()
+
+
+# --- crashes and hangs in other processes -------------------------------------------------------------
+def _assert_child_traceback(ran: Ran, *fragments: str) -> None:
+    """Exit 1; the failing process's traceback (down to the injected fault) is shown, the main process's
+    own stack is not."""
+    assert ran.rc == 1, ran.err
+    assert ran.err.startswith("accelbatch: error: "), ran.err
+    assert "in go_wrong" in ran.err and "faulty.py" in ran.err
+    assert ran.err.count("Traceback (most recent call last)") == 1, ran.err  # not the main process's too
+    for fragment in fragments:
+        assert fragment in ran.err, (fragment, ran.err)
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("mode", [["--num-workers", "1"], ["--dataloader-mode", "async"]], ids=["workers", "async"])
+def test_a_crashing_data_worker_shows_its_traceback(lab, mode):
+    ran = cli(lab, "train", "-t", f"jsonl:{lab}/qa60.jsonl", "-m", "faulty:DataWorkerCrash", "-bs", "4",
+              "-tstep", "5", *mode, *QUICK)
+    _assert_child_traceback(ran, "a data worker", "RuntimeError: injected crash in", "in vectorize")
+    ran.assert_clean()
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("mode", [["--num-workers", "1"], ["--dataloader-mode", "async"]], ids=["workers", "async"])
+def test_a_hanging_data_worker_times_out_naming_the_option(lab, mode):
+    ran = cli(lab, "train", "-t", f"jsonl:{lab}/qa60.jsonl", "-m", "faulty:DataWorkerHang", "-bs", "4",
+              "-tstep", "5", "--data-timeout-s", "1", *mode, *QUICK)
+    ran.assert_one_line_error("--data-timeout-s", rc=1)
+    ran.assert_clean()
+
+
+@pytest.mark.timeout(60)
+def test_a_crashing_replica_ends_the_run_with_its_traceback(lab):
+    ran = cli(lab, "train", "-t", f"jsonl:{lab}/qa60.jsonl", "-m", "faulty:ReplicaCrash", "-bs", "2", "-rf", "2",
+              "-tstep", "6", *QUICK)
+    _assert_child_traceback(ran, "replica 1 of 2", "raised first", "RuntimeError: injected crash in")
+    ran.assert_clean()
+
+
+@pytest.mark.timeout(60)
+def test_a_replica_killed_mid_run_is_a_clear_error_not_a_hang(lab):
+    begun = time.monotonic()
+    ran = cli(lab, "train", "-t", f"jsonl:{lab}/qa60.jsonl", "-m", "faulty:ReplicaDies", "-bs", "2", "-rf", "2",
+              "-tstep", "6", "--replica-timeout-s", "30", *QUICK)
+    ran.assert_one_line_error("replica 1 of 2", "was killed by SIGKILL", "the other replicas were ended", rc=1)
+    assert time.monotonic() - begun < 25  # the survivor did not wait out --replica-timeout-s
+    ran.assert_clean()
+
+
+@pytest.mark.timeout(60)
+def test_a_hanging_replica_is_named_after_replica_timeout_s(lab):
+    begun = time.monotonic()
+    ran = cli(lab, "train", "-t", f"jsonl:{lab}/qa60.jsonl", "-m", "faulty:ReplicaHang", "-bs", "2", "-rf", "2",
+              "-tstep", "6", "--replica-timeout-s", "2", *QUICK)
+    assert ran.rc == 1, ran.err
+    first = ran.err.splitlines()[0]
+    assert first.startswith("accelbatch: error: replica 1 of 2") and "is stuck" in first, first
+    assert "--replica-timeout-s=2 s" in first and "raise --replica-timeout-s" in first
+    assert "Where replica 1 is" in ran.err and "in go_wrong" in ran.err  # its stack: where it hangs
+    assert time.monotonic() - begun < 40
+    ran.assert_clean()
+
+
+@pytest.mark.timeout(60)
+def test_a_crashing_hogwild_process_shows_its_traceback(lab):
+    ran = cli(lab, "train", "-t", f"jsonl:{lab}/qa60.jsonl", "-m", "faulty:HogwildCrash", "-bs", "2", "-nt", "2",
+              "-tstep", "6", *QUICK)
+    _assert_child_traceback(ran, "hogwild process 1", "RuntimeError: injected crash in hogwild-1")
+    ran.assert_clean()
+
+
+# --- signals --------------------------------------------------------------------------------------------
+@pytest.mark.timeout(90)
+@pytest.mark.parametrize("how, extra", [("SIGINT", ["--dataloader-mode", "async", "--num-workers", "1"]),
+                                        ("SIGTERM", ["--num-workers", "1"])],
+                         ids=["SIGINT-async-loader", "SIGTERM-data-workers"])
+def test_a_signal_saves_a_checkpoint_and_exits_130_leaving_nothing(lab, tmp_path, how, extra):
+    model = tmp_path / "model.pt"
+    manifest = tmp_path / "model.pt.ckpt" / "MANIFEST.json"
+    run = start(lab, "train", "-t", f"jsonl:{lab}/qa60.jsonl", "-m", "faulty:Fine", "-bs", "2",
+                "-ne", "-1", "-mf", str(model), "--save-every-n-secs", "0.2", *extra, *QUICK)
+    proc = run[0]
+    deadline = time.monotonic() + 60
+    while not manifest.exists() and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert proc.poll() is None, proc.communicate()
+    time.sleep(0.3)  # mid-training, between checkpoints
+    proc.send_signal(getattr(signal, how))
+    ran = finish(*run)
+    assert ran.rc == 130, ran.err
+    assert "--resume" in ran.err and "Traceback" not in ran.err
+    assert manifest.exists()
+    ran.assert_clean()
