@@ -8,8 +8,13 @@ What the CLI / run integration needs:
   calls ``fn(rank, *args)`` there and returns the list of the values they returned (rank order; values
   travel through ``torch.save`` files, so return tensors/dicts, not open resources). ``fn`` and ``args``
   must be picklable (a module-level function). If a replica raises, the others are ended at once and
-  :class:`ReplicaError` carries the replica's traceback; past ``timeout_s`` :class:`ReplicaTimeout`; on
-  KeyboardInterrupt every child is ended before the interrupt propagates. No process outlives the call.
+  :class:`ReplicaError` carries the replica's traceback; past ``timeout_s`` :class:`ReplicaTimeout`.
+  ``group_timeout_s`` (``--replica-timeout-s``) bounds every collective: when a replica waits that long
+  for one that never comes (hung, deadlocked), :class:`ReplicaTimeout` names the stuck replica and shows
+  its Python stack. SIGINT/SIGTERM to the parent are passed on once to each replica (which run in process
+  groups of their own, so a terminal's Ctrl-C does not reach them twice): the run saves its checkpoint
+  and KeyboardInterrupt carries rank 0's message; a second signal ends them at once. No process outlives
+  the call.
   ``accelbatch train --device cpu --replication-factor 2`` is then: ``spawn_replicas(train_main, 2, opts)``
   where ``train_main(rank, opts)`` builds the world on its shard and calls ``run`` (the backend's
   ``setup`` sees the initialised group and compiles a :class:`ReplicatedEngine`).
@@ -30,6 +35,7 @@ import datetime
 import faulthandler
 import json
 import logging
+import math
 import os
 import re
 import signal
@@ -215,6 +221,9 @@ def _replica_main(index: int, fn: Callable[..., Any], nprocs: int, port: int, re
     os.environ.update({"RANK": str(index), "LOCAL_RANK": str(index), "WORLD_SIZE": str(nprocs),
                        "LOCAL_WORLD_SIZE": str(nprocs), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)})
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1") or 1))
+    # a terminal's Ctrl-C reaches the parent only, which asks each replica once to save and stop: a second
+    # signal (the terminal's, then the parent's) would make a replica stop at once, checkpoint unsaved
+    os.setpgid(0, 0)
     stack_file = open(os.path.join(result_dir, f"{index}.stack"), "w")  # noqa: SIM115 - lives as long as the process
     faulthandler.register(_STACK_SIGNAL, file=stack_file, all_threads=True)
     failed = True
@@ -229,6 +238,10 @@ def _replica_main(index: int, fn: Callable[..., Any], nprocs: int, port: int, re
         # replica that failed first, so each failure is stamped with its time
         with open(os.path.join(result_dir, f"{index}.err"), "w") as fh:
             json.dump({"time": time.time(), "trace": traceback.format_exc()}, fh)
+        raise
+    except KeyboardInterrupt as exc:  # SIGINT/SIGTERM: the run saved a checkpoint (its message says so)
+        with open(os.path.join(result_dir, f"{index}.interrupt"), "w") as fh:
+            fh.write(str(exc))
         raise
     finally:
         if failed and init_group and dist.is_initialized():
@@ -284,8 +297,9 @@ def spawn_replicas(fn: Callable[..., Any], nprocs: int, *args: Any, timeout_s: f
                 ctx = tmp.start_processes(
                     _replica_main, nprocs=nprocs, join=False, start_method="spawn",
                     args=(fn, nprocs, port, result_dir, init_process_group, backend, group_timeout_s, args))
-            with _quiet_spawn_log():
-                _join(ctx, nprocs, timeout_s, result_dir, group_timeout_s)
+            with _quiet_spawn_log(), _StopRequests() as stop:
+                _join(ctx, nprocs, timeout_s, result_dir, group_timeout_s, stop)
+            _raise_if_interrupted(nprocs, result_dir, stop)
         finally:
             if ctx is not None:
                 with _sigint_deferred():
@@ -297,11 +311,65 @@ def spawn_replicas(fn: Callable[..., Any], nprocs: int, *args: Any, timeout_s: f
         return results
 
 
-def _join(ctx: Any, nprocs: int, timeout_s: float | None, result_dir: str, group_timeout_s: float) -> None:
+class _StopRequests:
+    """SIGINT/SIGTERM in the parent while the replicas run are recorded, not raised: :func:`_join` passes
+    the first on to every replica (they save a checkpoint together and stop); a second ends them at once."""
+
+    def __init__(self) -> None:
+        self.signals: list[int] = []
+        self.forwarded = False
+        self._previous: dict[int, Any] = {}
+
+    def __enter__(self) -> "_StopRequests":
+        import threading
+
+        if threading.current_thread() is threading.main_thread():
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                self._previous[sig] = signal.signal(sig, lambda signum, frame: self.signals.append(signum))
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        for sig, previous in self._previous.items():
+            signal.signal(sig, previous)
+
+    def check(self, ctx: Any, grace_s: float) -> float | None:
+        """Act on the signals received so far; the deadline for the replicas to stop, if asked to."""
+        if len(self.signals) > 1:
+            raise KeyboardInterrupt(f"{signal.Signals(self.signals[1]).name} again: the replicas were ended "
+                                    "without saving a checkpoint")
+        if self.signals and not self.forwarded:
+            self.forwarded = True
+            for p in ctx.processes:
+                if p.exitcode is None:
+                    with contextlib.suppress(OSError):
+                        os.kill(p.pid, self.signals[0])
+            return time.monotonic() + grace_s
+        return None
+
+
+def _raise_if_interrupted(nprocs: int, result_dir: str, stop: _StopRequests) -> None:
+    """KeyboardInterrupt with the first replica's message (e.g. where the checkpoint went) when the
+    replicas stopped on a signal (the parent's, passed on, or one sent to them directly)."""
+    for index in range(nprocs):
+        with contextlib.suppress(OSError):
+            with open(os.path.join(result_dir, f"{index}.interrupt")) as fh:
+                raise KeyboardInterrupt(fh.read())
+    if stop.signals:
+        raise KeyboardInterrupt(f"{signal.Signals(stop.signals[0]).name}: the replicas stopped")
+
+
+def _join(ctx: Any, nprocs: int, timeout_s: float | None, result_dir: str, group_timeout_s: float,
+          stop: _StopRequests, stop_grace_s: float = 120.0) -> None:
     """Wait for every replica. The first failure ends them all (torch's join) and raises ReplicaError; a
-    replica stuck in user code is found, and its stack taken, before the others are ended."""
+    replica stuck in user code is found, and its stack taken, before the others are ended. A signal to
+    this process is passed on to the replicas, which then have ``stop_grace_s`` to save and stop."""
     deadline = None if timeout_s is None else time.monotonic() + timeout_s
+    stop_deadline = math.inf
     while True:
+        stop_deadline = min(stop_deadline, stop.check(ctx, stop_grace_s) or math.inf)
+        if time.monotonic() > stop_deadline:
+            raise KeyboardInterrupt(f"the replicas did not stop within {stop_grace_s:g} s of "
+                                    f"{signal.Signals(stop.signals[0]).name}; they were ended")
         running = [p.sentinel for p in ctx.processes if p.exitcode is None]
         wait = 0.5 if deadline is None else max(0.0, min(0.5, deadline - time.monotonic()))
         if running:
@@ -316,6 +384,9 @@ def _join(ctx: Any, nprocs: int, timeout_s: float | None, result_dir: str, group
         except tmp.ProcessExitedException as exc:
             if stuck is not None:
                 raise stuck from None
+            if stop.forwarded:  # a replica without a handler yet (starting up, evaluating) died of the signal
+                raise KeyboardInterrupt(f"{signal.Signals(stop.signals[0]).name}: the replicas were stopped") \
+                    from None
             how = (f"was killed by {exc.signal_name}" if exc.signal_name else f"exited with code {exc.exit_code}")
             raise ReplicaError(f"replica {exc.error_index} of {nprocs} (pid {exc.error_pid}) {how} without a "
                                f"Python traceback (out of memory? killed?); the other replicas were ended",

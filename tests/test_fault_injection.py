@@ -192,11 +192,12 @@ def _leftovers(tag: str, grace_s: float = 5.0) -> set[int]:
 
 
 def start(lab: Path, *argv: str) -> tuple[subprocess.Popen, str, _Sampler, set[str]]:
-    """Start ``python -m accelbatch argv`` with a fresh tag; return it with what :func:`finish` needs."""
+    """Start ``python -m accelbatch argv`` with a fresh tag, in a session (and process group) of its own;
+    return it with what :func:`finish` needs."""
     tag = uuid.uuid4().hex
     shm_before = set(os.listdir("/dev/shm"))
     proc = subprocess.Popen([sys.executable, "-m", "accelbatch", *argv], cwd=str(lab), env=_env(lab, tag),
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
     sampler = _Sampler(tag)
     sampler.start()
     return proc, tag, sampler, shm_before
@@ -441,23 +442,29 @@ def test_a_crashing_hogwild_process_shows_its_traceback(lab):
 
 # --- signals --------------------------------------------------------------------------------------------
 @pytest.mark.timeout(90)
-@pytest.mark.parametrize("how, extra", [("SIGINT", ["--dataloader-mode", "async", "--num-workers", "1"]),
-                                        ("SIGTERM", ["--num-workers", "1"])],
-                         ids=["SIGINT-async-loader", "SIGTERM-data-workers"])
-def test_a_signal_saves_a_checkpoint_and_exits_130_leaving_nothing(lab, tmp_path, how, extra):
+@pytest.mark.parametrize("how, to_group, extra", [
+    ("SIGINT", True, ["-rf", "2"]),
+    ("SIGTERM", False, ["--dataloader-mode", "async", "--num-workers", "1"]),
+], ids=["ctrl-c-in-a-terminal-replicas", "SIGTERM-async-loader-with-a-worker"])
+def test_a_signal_saves_a_checkpoint_and_exits_130_leaving_nothing(lab, tmp_path, how, to_group, extra):
+    """A terminal's Ctrl-C reaches every process of the foreground group; ``kill`` the main one only."""
     model = tmp_path / "model.pt"
     manifest = tmp_path / "model.pt.ckpt" / "MANIFEST.json"
-    run = start(lab, "train", "-t", f"jsonl:{lab}/qa60.jsonl", "-m", "faulty:Fine", "-bs", "2",
-                "-ne", "-1", "-mf", str(model), "--save-every-n-secs", "0.2", *extra, *QUICK)
+    run = start(lab, "train", "-t", f"jsonl:{lab}/qa60.jsonl", "-m", "faulty:Fine", "-bs", "2", "-ne", "-1",
+                "-mf", str(model), "--save-every-n-secs", "0.2", *extra, *QUICK)
     proc = run[0]
     deadline = time.monotonic() + 60
     while not manifest.exists() and proc.poll() is None and time.monotonic() < deadline:
         time.sleep(0.05)
     assert proc.poll() is None, proc.communicate()
     time.sleep(0.3)  # mid-training, between checkpoints
-    proc.send_signal(getattr(signal, how))
+    if to_group:
+        os.killpg(proc.pid, getattr(signal, how))  # the run is a session of its own (start())
+    else:
+        proc.send_signal(getattr(signal, how))
     ran = finish(*run)
     assert ran.rc == 130, ran.err
-    assert "--resume" in ran.err and "Traceback" not in ran.err
-    assert manifest.exists()
+    last = ran.err.strip().splitlines()[-1]
+    assert last == f"accelbatch: interrupted: {how}: checkpoint saved to {model}; continue with --resume", ran.err
+    assert "Traceback" not in ran.err and manifest.exists()
     ran.assert_clean()
