@@ -687,12 +687,21 @@ class Loader:
         else:
             self._dataloader.dataset.resume = resume
             self._dataloader.__dict__["_passes"] = resume.epoch
+            self._stop_workers()  # persistent workers hold copies of the stream from before the restore
         self.epoch = resume.epoch
         self._stream = _StreamProgress(resume.epoch, list(resume.counts), list(resume.done),
                                        (resume.rotation - 1) % len(resume.counts))
         if self._accessor is not None:  # it has loaded ahead from the old position: start it afresh
             self._accessor.terminate()
             self._start_accessor()
+
+    def _stop_workers(self) -> None:
+        """Shut down the data workers this process's DataLoader keeps across epochs (sync mode); the next
+        pass starts new ones with the current dataset."""
+        it = getattr(self._dataloader, "_iterator", None)  # torch keeps persistent workers' iterator there
+        if it is not None:
+            it._shutdown_workers()
+            self._dataloader._iterator = None
 
     def close(self) -> None:
         if self._accessor is not None:
@@ -768,10 +777,13 @@ def make_loader(data: Any, config: LoaderConfig | Any | None = None, *, collate:
     finisher = _Finisher(collate, static_len, tuple(config.seq_keys))
     pad_rows = config.static_rows
     workers = config.num_workers
-    # map-style: the plan is made where the DataLoader is iterated, so its workers can stay up across epochs
-    # (no fork and cold prefetch queue at every epoch boundary); streams count epochs in the workers' copies
+    # data workers stay up across epochs: no fork and cold prefetch queue at every epoch boundary, and no
+    # fork of a process that has started threads by then (the accessor shares its ring through a thread:
+    # a worker forked while it held an import lock would hang). Map-style: the plan is made where the
+    # DataLoader is iterated. Streams: each worker's copy counts its passes (StreamDataset.epoch), starting
+    # from the epoch set when the workers start; torch starts every worker's pass, so the counts agree
     loader_kwargs: dict[str, Any] = dict(batch_size=None, num_workers=workers, collate_fn=_identity,
-                                         persistent_workers=workers > 0 and isinstance(dataset, ExampleDataset))
+                                         persistent_workers=workers > 0)
     if workers > 0:
         loader_kwargs["timeout"] = config.timeout_s
 
