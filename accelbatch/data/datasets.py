@@ -313,7 +313,7 @@ class StreamDataset(IterableDataset):
 
     def __iter__(self) -> Iterator[Any]:
         epoch = self.epoch
-        self.epoch += 1  # (data workers iterate copies: the loader sets ``epoch`` before each pass)
+        self.epoch += 1  # data workers iterate copies: set before they start, each then counts its passes
         spec, resume = self._spec(epoch)
         worker = spec.worker_id
         if resume is not None and resume.done[worker]:

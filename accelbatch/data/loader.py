@@ -364,8 +364,8 @@ class _PlanDataLoader(DataLoader):
 
 
 class _EpochDataLoader(DataLoader):
-    """A DataLoader that tells its stream which epoch begins (data workers iterate copies of the dataset,
-    so the stream cannot count its own passes there)."""
+    """A DataLoader that tells its stream which epoch begins: in this process, and to data workers when they
+    start (they keep their copy across epochs and count its passes from there)."""
 
     def __iter__(self):
         epoch = self.__dict__.get("_passes", 0)
