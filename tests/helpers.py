@@ -119,10 +119,28 @@ def tagged_pids(tag: str) -> set[int]:
     return found
 
 
-def shm_left(before: set[str], pids: set[int], settle_s: float = 2.0) -> set[str]:
-    """/dev/shm entries made since ``before`` that are still there after ``settle_s`` and could be ours:
-    entries naming a process (torch's ``torch_<pid>_...``) count only for ``pids``; unnamed ones
-    (semaphores, ``psm_``) always count. Entries other processes make and drop meanwhile are ignored."""
+def shm_mapped(pids: set[int]) -> set[str]:
+    """Names of the /dev/shm entries (POSIX semaphores, shared-memory segments) these processes map."""
+    import os
+
+    found = set()
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/maps") as handle:
+                for line in handle:
+                    path = line.split(maxsplit=5)[-1].strip()
+                    if path.startswith("/dev/shm/"):
+                        found.add(os.path.basename(path.removesuffix(" (deleted)")))
+        except OSError:
+            continue
+    return found
+
+
+def shm_left(before: set[str], pids: set[int], settle_s: float = 2.0, seen: set[str] | None = None) -> set[str]:
+    """/dev/shm entries made since ``before`` that are still there after ``settle_s`` and are ours: entries
+    naming a process (torch's ``torch_<pid>_...``) count only for ``pids``; unnamed ones (semaphores,
+    ``psm_``) only if in ``seen`` (what the run's processes mapped, see :func:`shm_mapped`), or all of them
+    when ``seen`` is None. Entries other processes make and drop meanwhile are ignored."""
     import os
     import re
     import time
@@ -131,7 +149,10 @@ def shm_left(before: set[str], pids: set[int], settle_s: float = 2.0) -> set[str
         out = set()
         for entry in set(os.listdir("/dev/shm")) - before:
             named = re.match(r"torch_(\d+)_", entry)
-            if named is None or int(named.group(1)) in pids:
+            if named is not None:
+                if int(named.group(1)) in pids:
+                    out.add(entry)
+            elif seen is None or entry in seen:
                 out.add(entry)
         return out
 
