@@ -52,6 +52,15 @@ def _backend_errors() -> tuple[type[BaseException], ...]:
     return (BackendUnavailable, PlanError)
 
 
+def _bad_input_in_replica(exc: BaseException) -> str | None:
+    """The one-line message of a usage error (bad option, file, plan) raised in a replica; None for a crash,
+    which keeps the replica's traceback."""
+    usage = {f"{t.__module__}.{t.__qualname__}" for t in USAGE_ERRORS + _backend_errors()}
+    if usage & set(getattr(exc, "error_types", ())):
+        return getattr(exc, "error_message", None)
+    return None
+
+
 def worker_failure(exc: BaseException) -> str | None:
     """What to tell the user when a data worker or a hogwild process failed (their traceback, not the
     main process's); None for any other error, which keeps its own traceback."""
@@ -100,8 +109,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"accelbatch: error: {exc}", file=sys.stderr)
         return 2
     except _replica_errors() as exc:
-        print(f"accelbatch: error: {exc}", file=sys.stderr)
-        return 1
+        bad_input = _bad_input_in_replica(exc)
+        print(f"accelbatch: error: {bad_input or exc}", file=sys.stderr)
+        return 1 if bad_input is None else 2
     except Exception as exc:
         message = worker_failure(exc)
         if message is None:

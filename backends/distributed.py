@@ -54,12 +54,17 @@ from multiprocessing import connection as mp_connection
 
 
 class ReplicaError(RuntimeError):
-    """A replica process failed; the message holds its traceback (or how it died)."""
+    """A replica process failed; the message holds its traceback (or how it died). When it raised,
+    ``error_types`` names its exception's classes (``module.QualName``, most derived first) and
+    ``error_message`` is ``str()`` of it, so a caller can tell, e.g., bad input from a crash."""
 
-    def __init__(self, message: str, index: int | None = None, pid: int | None = None):
+    def __init__(self, message: str, index: int | None = None, pid: int | None = None,
+                 error_types: tuple[str, ...] = (), error_message: str | None = None):
         super().__init__(message)
         self.index = index
         self.pid = pid
+        self.error_types = error_types
+        self.error_message = error_message
 
 
 class ReplicaTimeout(ReplicaError, TimeoutError):
@@ -237,7 +242,9 @@ def _replica_main(index: int, fn: Callable[..., Any], nprocs: int, port: int, re
         # when one replica fails its peers fail too (their collectives break); the parent reports the
         # replica that failed first, so each failure is stamped with its time
         with open(os.path.join(result_dir, f"{index}.err"), "w") as fh:
-            json.dump({"time": time.time(), "trace": traceback.format_exc()}, fh)
+            exc = sys.exc_info()[1]
+            json.dump({"time": time.time(), "trace": traceback.format_exc(), "message": str(exc),
+                       "types": [f"{c.__module__}.{c.__qualname__}" for c in type(exc).__mro__]}, fh)
         raise
     except KeyboardInterrupt as exc:  # SIGINT/SIGTERM: the run saved a checkpoint (its message says so)
         with open(os.path.join(result_dir, f"{index}.interrupt"), "w") as fh:
@@ -457,8 +464,19 @@ def _first_failure(exc: Any, nprocs: int, result_dir: str, ctx: Any) -> ReplicaE
     if others:
         also = ("\nAfter it failed, these replicas failed too (most likely as a consequence): "
                 + "; ".join(f"replica {i}: {_last_line(t)}" for _, i, t in others))
+    record = _read_record(result_dir, index)
     return ReplicaError(f"replica {index} of {nprocs} (pid {pid}) raised first; the other replicas were "
-                        f"ended. Its traceback:\n{trace}{also}", index=index, pid=pid)
+                        f"ended. Its traceback:\n{trace}{also}", index=index, pid=pid,
+                        error_types=tuple(record.get("types", ())), error_message=record.get("message"))
+
+
+def _read_record(result_dir: str, index: int) -> dict[str, Any]:
+    """What replica ``index`` recorded when it raised ({} if nothing)."""
+    try:
+        with open(os.path.join(result_dir, f"{index}.err")) as fh:
+            return dict(json.load(fh))
+    except (OSError, ValueError, TypeError):
+        return {}
 
 
 def _stuck_error(stuck: list[int], waiter: int, trace: str, nprocs: int, result_dir: str, ctx: Any,

@@ -30,11 +30,13 @@ def test_two_replicas_train_and_evaluate_every_example_once(tmp_path, write_json
 
 
 @pytest.mark.timeout(240)
-def test_a_failing_replica_ends_the_run_with_its_error(tmp_path, capsys):
+def test_bad_input_met_in_a_replica_is_one_line_and_exit_2(tmp_path, capsys):
+    """The replicas read the file: its error comes back as the one line a single process prints (a crash
+    keeps the replica's traceback: tests/test_fault_injection.py)."""
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"text": "x", "labels": ["y"]}\n{"text": \n')
     rc = main(["train", "-t", f"jsonl:{bad}", "-m", "repeat_label", "-rf", "2", "--no-progress"])
-    assert rc == 1
-    err = capsys.readouterr().err
-    assert f"{bad}:2" in err and "not valid JSON" in err
+    assert rc == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith(f"accelbatch: error: {bad}:2: not valid JSON") and len(err.splitlines()) == 1, err
     assert not multiprocessing.active_children()
