@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import re
 import sys
 from typing import NoReturn, Sequence
 
@@ -52,13 +53,41 @@ def _backend_errors() -> tuple[type[BaseException], ...]:
     return (BackendUnavailable, PlanError)
 
 
-def _bad_input_in_replica(exc: BaseException) -> str | None:
-    """The one-line message of a usage error (bad option, file, plan) raised in a replica; None for a crash,
-    which keeps the replica's traceback."""
-    usage = {f"{t.__module__}.{t.__qualname__}" for t in USAGE_ERRORS + _backend_errors()}
-    if usage & set(getattr(exc, "error_types", ())):
-        return getattr(exc, "error_message", None)
+def error_message(exc: BaseException) -> tuple[int, str] | None:
+    """(exit code, message) for an error the user can act on: 2 for bad input wherever it was met (this
+    process, a data worker, a replica, a hogwild process), 1 for a failure elsewhere (with that process's
+    traceback) or a NaN loss; None for anything else (a bug, which keeps its traceback)."""
+    bad_input = bad_input_message(exc)
+    if bad_input is not None:
+        return 2, bad_input
+    if isinstance(exc, _replica_errors()):
+        return 1, str(exc)
+    failure = worker_failure(exc)
+    return None if failure is None else (1, failure)
+
+
+def bad_input_message(exc: BaseException) -> str | None:
+    """The one-line message of a usage error (bad option, file, plan), also when it was raised in a data
+    worker, a replica or a hogwild process; None for other errors."""
+    usage = USAGE_ERRORS + _backend_errors()
+    if isinstance(exc, usage):
+        return _worker_free(str(exc))
+    names = {f"{t.__module__}.{t.__qualname__}" for t in usage}
+    if names & set(getattr(exc, "error_types", ())) and getattr(exc, "error_message", None):  # a replica's
+        return _worker_free(exc.error_message)  # type: ignore[attr-defined]
+    child = getattr(exc, "child_exception", None)  # a hogwild process's
+    if isinstance(child, usage):
+        return _worker_free(str(child))
     return None
+
+
+def _worker_free(text: str) -> str:
+    """``text`` without torch's wrapping of an error re-raised from a DataLoader worker ("Caught X in
+    DataLoader worker process 0. Original Traceback ..."): the error's own message."""
+    if not (text.startswith("Caught ") and " in DataLoader worker process " in text):
+        return text
+    last = text.strip().splitlines()[-1]
+    return re.sub(r"^[\w.]+: ", "", last, count=1)
 
 
 def worker_failure(exc: BaseException) -> str | None:
@@ -105,19 +134,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         from accelbatch.run import format_report
 
         report = run_replicas(opts) if _spawns_replicas(opts) else train_or_eval(opts)
-    except USAGE_ERRORS + _backend_errors() as exc:
-        print(f"accelbatch: error: {exc}", file=sys.stderr)
-        return 2
-    except _replica_errors() as exc:
-        bad_input = _bad_input_in_replica(exc)
-        print(f"accelbatch: error: {bad_input or exc}", file=sys.stderr)
-        return 1 if bad_input is None else 2
     except Exception as exc:
-        message = worker_failure(exc)
-        if message is None:
-            raise
+        known = error_message(exc)
+        if known is None:
+            raise  # a bug: its traceback is what helps
+        code, message = known
         print(f"accelbatch: error: {message}", file=sys.stderr)
-        return 1
+        return code
     except KeyboardInterrupt as exc:
         print(f"accelbatch: interrupted{': ' + str(exc) if str(exc) else ''}", file=sys.stderr)
         return 130

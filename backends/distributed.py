@@ -394,6 +394,8 @@ def _join(ctx: Any, nprocs: int, timeout_s: float | None, result_dir: str, group
             if stop.forwarded:  # a replica without a handler yet (starting up, evaluating) died of the signal
                 raise KeyboardInterrupt(f"{signal.Signals(stop.signals[0]).name}: the replicas were stopped") \
                     from None
+            if _read_failures(nprocs, result_dir):  # a peer raised first; this death followed (gloo aborts)
+                raise _first_failure(exc, nprocs, result_dir, ctx) from None
             how = (f"was killed by {exc.signal_name}" if exc.signal_name else f"exited with code {exc.exit_code}")
             raise ReplicaError(f"replica {exc.error_index} of {nprocs} (pid {exc.error_pid}) {how} without a "
                                f"Python traceback (out of memory? killed?); the other replicas were ended",

@@ -272,10 +272,13 @@ def test_a_malformed_or_empty_data_file_is_one_line_naming_file_and_line(lab, ca
 
 
 @pytest.mark.timeout(60)
-def test_a_malformed_file_through_the_real_command(lab, tmp_path):
+@pytest.mark.parametrize("where", [["-dt", "train:stream", "--num-workers", "1"], ["-dt", "train:stream", "-nt", "2"]],
+                         ids=["read-by-a-data-worker", "read-by-a-hogwild-process"])
+def test_a_malformed_line_met_in_another_process_is_still_one_line(lab, tmp_path, where):
+    """Streamed, the file is read where the batches are made; the error is the same one line."""
     path = tmp_path / "bad.jsonl"
     path.write_text('{"text": "ok", "labels": ["a"]}\n{"text": \n')
-    ran = cli(lab, "train", "-t", f"jsonl:{path}", "-m", "faulty:Fine", *QUICK)
+    ran = cli(lab, "train", "-t", f"jsonl:{path}", "-m", "faulty:Fine", "-tstep", "3", *where, *QUICK)
     ran.assert_one_line_error(f"{path}:2: not valid JSON", "each line must be one JSON object")
     ran.assert_clean()
 
