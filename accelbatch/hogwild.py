@@ -24,7 +24,7 @@ ParlAI's semantics, in processes (started with ``spawn``):
   and its episodes finished). Each process publishes its ``world.epoch_done()`` in a shared flag after every
   parley; the main process reads the flags (no waiting), sends the next parleys to the processes not yet
   done, and confirms with one round trip only when all flags are set: there is no barrier per step.
-* Checkpoints: :meth:`HogwildWorld.data_position` (what ``checkpoint.world_position`` stores) drains the
+* Checkpoints: :meth:`HogwildWorld.data_position` (what ``data_position.world_position`` stores) drains the
   queued parleys (a ``drain`` round: every process answers after the parleys queued before it) and then
   gathers each process's own world position (shared cursors, teachers' episodes in progress, model
   agents' conversations, example count; a loader-fed process's loader position);
@@ -420,11 +420,11 @@ def _serve(rank: int, world: World, counts: torch.Tensor, done: torch.Tensor, ev
         elif kind == "drain":  # the parleys queued before this one are done: nothing else to do
             answer = None
         elif kind == "position":
-            from accelbatch.checkpoint import world_position
+            from accelbatch.data_position import world_position
 
             answer = world_position(world)
         elif kind == "restore":
-            from accelbatch.checkpoint import restore_world_position
+            from accelbatch.data_position import restore_world_position
 
             restore_world_position(world, msg[2])
             counts[rank] = world.get_total_exs()
@@ -644,7 +644,7 @@ class HogwildWorld(World):
 
     def data_position(self) -> dict[str, Any]:
         """Every process's data position, taken once all of them are idle (JSON data, for a checkpoint;
-        :func:`~accelbatch.checkpoint.world_position` calls it).
+        :func:`~accelbatch.data_position.world_position` calls it).
 
         Two rounds: ``drain`` (each process answers after the parleys queued before it, so once all have
         answered no parley is in flight and the shared cursors stand still), then ``position`` (each
@@ -653,7 +653,7 @@ class HogwildWorld(World):
         the main process, as the run loop does. ``{"total_exs", "hogwild": {"numthreads", "cursors",
         "children"}, "unsupported": [...]}`` (a process's unsupported reasons, e.g. streamed data).
         """
-        from accelbatch.checkpoint import cursor_state
+        from accelbatch.data_position import cursor_state
 
         self._broadcast("drain")
         children = self._broadcast("position")
@@ -669,7 +669,8 @@ class HogwildWorld(World):
         """Put this HogwildWorld (freshly built with the same options, before any parley) at a
         :meth:`data_position`: the shared cursors, then each process's world (teachers, conversations,
         example count)."""
-        from accelbatch.checkpoint import CheckpointError, restore_cursor
+        from accelbatch.checkpoint import CheckpointError
+        from accelbatch.data_position import restore_cursor
 
         data = position.get("hogwild")
         if not isinstance(data, dict):

@@ -11,7 +11,7 @@ against the batch's labels in one pass.
 Resume. :meth:`LoaderWorld.data_position` (taken between parleys) is the loader's position as batches the
 world has consumed (:meth:`accelbatch.data.loader.Loader.position`) with ``total_exs`` and
 ``dropped_exs``; :meth:`LoaderWorld.restore_data_position` puts a freshly built world (same options) there
-before its first parley. :func:`accelbatch.checkpoint.world_position` uses them. Streamed data
+before its first parley. :func:`accelbatch.data_position.world_position` uses them. Streamed data
 (``-dt train:stream``) has an exact position too: batches per data worker consumed in the current epoch,
 restored by re-reading each worker's shard and discarding them (see :mod:`accelbatch.data.loader`).
 """

@@ -17,11 +17,12 @@ from dataclasses import dataclass, field
 from typing import Any, TextIO
 
 from accelbatch.agents import Agent, TorchAgent
-from accelbatch.checkpoint import (CheckpointError, PeriodicSaver, StopSignals, capture_rng, check_resumable,
-                                   find_checkpoint, load_checkpoint, restore_rng, restore_world_position,
-                                   save_checkpoint, world_position)
+from accelbatch.checkpoint import CheckpointError, check_resumable, find_checkpoint, load_checkpoint, save_checkpoint
+from accelbatch.data_position import restore_world_position, world_position
 from accelbatch.opts import Opts
 from accelbatch.plan import ExecutionPlan
+from accelbatch.rng_state import capture_rng, restore_rng
+from accelbatch.run_control import PeriodicSaver, StopSignals
 from accelbatch.tensorboard_log import TensorBoardLog
 from accelbatch.teachers import is_training, split_of
 from accelbatch.worlds import World, create_world

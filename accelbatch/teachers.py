@@ -229,7 +229,7 @@ class FixedTeacher(Teacher):
         """``(episode index, next entry)`` of the episode this clone is in the middle of, else None.
 
         Taken between world steps (every example handed out has been observed), with the shared
-        cursor's position it is where this clone's data continues; see accelbatch.checkpoint.
+        cursor's position it is where this clone's data continues; see accelbatch.data_position.
         """
         return self._rows.position(self._slot)
 

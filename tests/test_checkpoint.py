@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from accelbatch import checkpoint as ck
+from accelbatch import data_position, rng_state, run_control
 from accelbatch.agents import TorchAgent
 from accelbatch.checkpoint import CheckpointError
 from accelbatch.messages import Message
@@ -75,7 +76,7 @@ def test_plain_model_file_from_torchagent_save_loads(tmp_path):
     agent.save(path)
     assert ck.find_checkpoint(path) == path
     loaded = ck.load_checkpoint(path)
-    assert loaded.legacy and loaded.state == {} and loaded.rng is None and not ck.restore_rng(loaded)
+    assert loaded.legacy and loaded.state == {} and loaded.rng is None and not rng_state.restore_rng(loaded)
     assert _same_weights(loaded.model_state, agent.model.state_dict())
     assert set(loaded.engine_state()) == {"model", "optimizer"}
 
@@ -263,24 +264,24 @@ def _draws():
 def test_rng_round_trip_reproduces_draws(tmp_path):
     random.gauss(0, 1)  # leave a cached gaussian in Python's and NumPy's state
     np.random.randn()
-    states = ck.capture_rng()
+    states = rng_state.capture_rng()
     first = _draws()
     model, _ = _model_and_optimizer()
     random.seed(123), np.random.seed(123), torch.manual_seed(123)
     ck.save_checkpoint(str(tmp_path / "m"), model=model, rng=states)  # through JSON on disk
-    assert ck.restore_rng(ck.load_checkpoint(str(tmp_path / "m")))
+    assert rng_state.restore_rng(ck.load_checkpoint(str(tmp_path / "m")))
     assert _draws() == first
-    ck.restore_rng([ck.capture_rng(), states], rank=1)
+    rng_state.restore_rng([rng_state.capture_rng(), states], rank=1)
     assert _draws() == first
     with pytest.raises(CheckpointError, match="RNG states for 2 replicas"):
-        ck.restore_rng([states, states], rank=2)
+        rng_state.restore_rng([states, states], rank=2)
 
 
 def test_save_captures_rng_by_default(tmp_path):
     model, _ = _model_and_optimizer()
     ck.save_checkpoint(str(tmp_path / "m"), model=model)
     first = _draws()
-    ck.restore_rng(ck.load_checkpoint(str(tmp_path / "m")))
+    rng_state.restore_rng(ck.load_checkpoint(str(tmp_path / "m")))
     assert _draws() == first
 
 
@@ -312,12 +313,12 @@ def test_resume_continues_the_same_example_stream(rows, tasks, kill_at):
 
     first, first_agent = _world(rows, tasks=tasks)
     _run(first, kill_at)
-    position = json.loads(json.dumps(ck.world_position(first)))  # what a checkpoint keeps
+    position = json.loads(json.dumps(data_position.world_position(first)))  # what a checkpoint keeps
     assert position["unsupported"] == []
     del first  # killed
 
     resumed, resumed_agent = _world(rows, tasks=tasks)
-    ck.restore_world_position(resumed, position)
+    data_position.restore_world_position(resumed, position)
     assert resumed.get_total_exs() == position["total_exs"]
     _run(resumed, steps - kill_at)
     assert first_agent.seen + resumed_agent.seen == ref_agent.seen
@@ -329,9 +330,9 @@ def test_kill_and_resume_sees_one_clean_epoch(kill_at):
     lengths, rows = [1] * 12, 3  # 4 steps of 3 rows = one epoch
     first, first_agent = _world(rows, lengths)
     _run(first, kill_at)
-    position = ck.world_position(first)
+    position = data_position.world_position(first)
     resumed, resumed_agent = _world(rows, lengths)
-    ck.restore_world_position(resumed, position)
+    data_position.restore_world_position(resumed, position)
     _run(resumed, 4 - kill_at)
     seen = first_agent.seen + resumed_agent.seen
     assert sorted(seen) == sorted(f"e{e}-0" for e in range(12))
@@ -340,13 +341,13 @@ def test_kill_and_resume_sees_one_clean_epoch(kill_at):
 def test_restore_into_other_data_or_rows_is_refused():
     world, _ = _world(3)
     _run(world, 2)
-    position = ck.world_position(world)
+    position = data_position.world_position(world)
     with pytest.raises(CheckpointError, match="num_episodes=7, this run's has 6"):
-        ck.restore_world_position(_world(3, LENGTHS[:-1])[0], position)
+        data_position.restore_world_position(_world(3, LENGTHS[:-1])[0], position)
     with pytest.raises(CheckpointError, match="seed=0, this run's has 1"):
-        ck.restore_world_position(_world(3, seed=1)[0], position)
+        data_position.restore_world_position(_world(3, seed=1)[0], position)
     with pytest.raises(CheckpointError, match="teacher clones"):
-        ck.restore_world_position(_world(2)[0], position)
+        data_position.restore_world_position(_world(2)[0], position)
 
 
 def _loader_multiworld(files, datatype):
@@ -373,20 +374,20 @@ def test_a_multiworld_of_loader_worlds_resumes_each_task_and_its_choice(tmp_path
     _run(reference, steps)
     first, first_agent = _loader_multiworld(files, datatype)
     _run(first, kill_at)
-    position = json.loads(json.dumps(ck.world_position(first)))
+    position = json.loads(json.dumps(data_position.world_position(first)))
     assert position["unsupported"] == [] and len(position["loaders"]) == 2
     assert position["multi"][0]["current"] == first.current
     for world in (reference, first):
         world.shutdown()
     resumed, resumed_agent = _loader_multiworld(files, datatype)
-    ck.restore_world_position(resumed, position)
+    data_position.restore_world_position(resumed, position)
     assert resumed.get_total_exs() == position["total_exs"]
     _run(resumed, steps - kill_at)
     assert first_agent.seen + resumed_agent.seen == ref_agent.seen
     assert resumed.get_total_exs() == reference.get_total_exs()
     one, _ = _loader_multiworld(files[:1], datatype)
     with pytest.raises(CheckpointError, match="data-loader task worlds"):
-        ck.restore_world_position(one, position)
+        data_position.restore_world_position(one, position)
     for world in (resumed, one):
         world.shutdown()
 
@@ -401,9 +402,9 @@ def test_torch_agent_conversation_in_progress_is_restored():
     agent = Tiny(opts)
     agent.observe(turns[0])
     agent.observe(turns[1])
-    state = json.loads(json.dumps(ck.agent_conversation(agent)))
+    state = json.loads(json.dumps(data_position.agent_conversation(agent)))
     other = Tiny(opts)
-    ck.restore_agent_conversation(other, state)
+    data_position.restore_agent_conversation(other, state)
     expected = "t0\nl0\nt1\nl1\nt2"
     assert other.observe(turns[2])["full_text"] == agent.observe(turns[2])["full_text"] == expected
 
@@ -421,7 +422,7 @@ def test_check_resumable_names_the_options():
 # --- when to save -------------------------------------------------------------------------------------
 def test_periodic_saver():
     now = [100.0]
-    saver = ck.PeriodicSaver(10, clock=lambda: now[0])
+    saver = run_control.PeriodicSaver(10, clock=lambda: now[0])
     assert not saver.due()
     now[0] = 109.9
     assert not saver.due()
@@ -431,7 +432,7 @@ def test_periodic_saver():
     saver.mark()
     now[0] = 134.0
     assert not saver.due()
-    off = ck.PeriodicSaver(-1, clock=lambda: now[0])
+    off = run_control.PeriodicSaver(-1, clock=lambda: now[0])
     now[0] = 1e9
     assert not off.enabled and not off.due()
 
@@ -440,7 +441,7 @@ def test_stop_signals_turn_sigterm_into_a_flag():
     import signal
 
     before = signal.getsignal(signal.SIGTERM)
-    with ck.StopSignals() as stop:
+    with run_control.StopSignals() as stop:
         assert stop.requested is None
         os.kill(os.getpid(), signal.SIGTERM)
         assert stop.requested == signal.SIGTERM and stop.name == "SIGTERM"

@@ -22,7 +22,8 @@ import pytest
 import torch
 
 from accelbatch.agents import Agent
-from accelbatch.checkpoint import load_checkpoint, restore_world_position, world_position
+from accelbatch.checkpoint import load_checkpoint
+from accelbatch.data_position import restore_world_position, world_position
 from accelbatch.messages import Message
 from accelbatch.opts import Opts
 from helpers import write_qa_episodes
