@@ -75,6 +75,7 @@ class ReplicaTimeout(ReplicaError, TimeoutError):
 DEFAULT_GROUP_TIMEOUT_S = 300.0  # --replica-timeout-s: how long a collective waits for a late replica
 _STACK_SIGNAL = signal.SIGUSR1    # a replica dumps its Python stacks (faulthandler) on this signal
 _TIMEOUT_TEXT = re.compile(r"timed out|timeout", re.IGNORECASE)
+_PEER_LOST = re.compile(r"closed by peer|reset by peer|broken pipe|connection refused", re.IGNORECASE)
 
 
 @dataclass(frozen=True)
@@ -231,7 +232,7 @@ def _replica_main(index: int, fn: Callable[..., Any], nprocs: int, port: int, re
     os.setpgid(0, 0)
     stack_file = open(os.path.join(result_dir, f"{index}.stack"), "w")  # noqa: SIM115 - lives as long as the process
     faulthandler.register(_STACK_SIGNAL, file=stack_file, all_threads=True)
-    failed = True
+    failed, interrupted = True, False
     try:
         if init_group:
             dist.init_process_group(backend, init_method="env://", rank=index, world_size=nprocs,
@@ -249,10 +250,12 @@ def _replica_main(index: int, fn: Callable[..., Any], nprocs: int, port: int, re
     except KeyboardInterrupt as exc:  # SIGINT/SIGTERM: the run saved a checkpoint (its message says so)
         with open(os.path.join(result_dir, f"{index}.interrupt"), "w") as fh:
             fh.write(str(exc))
+        interrupted = True
         raise
     finally:
         if failed and init_group and dist.is_initialized():
-            _leave_group(wait_for_peers=False)
+            # the replicas stop on a signal together: leave together, or gloo may abort a slower peer
+            _leave_group(wait_for_peers=interrupted)
     if result is not None:
         path = os.path.join(result_dir, f"{index}.pt")
         torch.save(result, path + ".tmp")
@@ -382,28 +385,53 @@ def _join(ctx: Any, nprocs: int, timeout_s: float | None, result_dir: str, group
         if running:
             mp_connection.wait(running, timeout=wait)
         failed = any(p.exitcode not in (None, 0) for p in ctx.processes)
-        stuck = _find_stuck(ctx, nprocs, result_dir, group_timeout_s) if failed else None
+        # the cause is judged before torch's join ends the other replicas (their deaths would blur it)
+        cause = _failure_cause(ctx, nprocs, result_dir, group_timeout_s) if failed and not stop.forwarded else None
         try:
             if (failed or not running) and ctx.join(timeout=0.1, grace_period=1.0):
                 return
         except tmp.ProcessRaisedException as exc:
-            raise stuck or _first_failure(exc, nprocs, result_dir, ctx) from None
+            raise cause or _first_failure(exc, nprocs, result_dir, ctx) from None
         except tmp.ProcessExitedException as exc:
-            if stuck is not None:
-                raise stuck from None
-            if stop.forwarded:  # a replica without a handler yet (starting up, evaluating) died of the signal
-                raise KeyboardInterrupt(f"{signal.Signals(stop.signals[0]).name}: the replicas were stopped") \
-                    from None
+            if cause is not None:
+                raise cause from None
+            if stop.forwarded:  # died of the signal (no handler yet) or of a peer leaving: say what was saved
+                _raise_if_interrupted(nprocs, result_dir, stop)
             if _read_failures(nprocs, result_dir):  # a peer raised first; this death followed (gloo aborts)
                 raise _first_failure(exc, nprocs, result_dir, ctx) from None
-            how = (f"was killed by {exc.signal_name}" if exc.signal_name else f"exited with code {exc.exit_code}")
-            raise ReplicaError(f"replica {exc.error_index} of {nprocs} (pid {exc.error_pid}) {how} without a "
-                               f"Python traceback (out of memory? killed?); the other replicas were ended",
-                               index=exc.error_index, pid=exc.error_pid) from None
+            raise _death_error(exc.error_index, exc.error_pid, exc.exit_code, nprocs, []) from None
         if deadline is not None and time.monotonic() >= deadline:
             alive = [p.pid for p in ctx.processes if p.is_alive()]
             raise ReplicaTimeout(f"{nprocs} replicas did not finish within {timeout_s} s "
                                  f"(still running: pids {alive}); they were ended")
+
+
+def _failure_cause(ctx: Any, nprocs: int, result_dir: str, group_timeout_s: float) -> "ReplicaError | None":
+    """The replica at the root of a failure when it is not simply the first to raise: one stuck in user
+    code (its peer timed out waiting), or one that died without a traceback (its peers then lost the
+    connection, and their errors only say so); None otherwise."""
+    stuck = _find_stuck(ctx, nprocs, result_dir, group_timeout_s)
+    if stuck is not None:
+        return stuck
+    failures = _read_failures(nprocs, result_dir)
+    recorded = {i for _, i, _ in failures}
+    dead = [i for i, p in enumerate(ctx.processes) if p.exitcode not in (None, 0) and i not in recorded]
+    if dead and all(_PEER_LOST.search(_last_line(trace)) for _, _, trace in failures):
+        p = ctx.processes[dead[0]]
+        return _death_error(dead[0], p.pid, p.exitcode, nprocs, failures)
+    return None
+
+
+def _death_error(index: int, pid: int, exitcode: int, nprocs: int,
+                 failures: list[tuple[float, int, str]]) -> ReplicaError:
+    """ReplicaError for a replica that died without a Python traceback; the peers' errors listed."""
+    how = (f"was killed by {signal.Signals(-exitcode).name}" if exitcode < 0 else f"exited with code {exitcode}")
+    also = ""
+    if failures:
+        also = ("\nAfter it died, these replicas failed too (as a consequence): "
+                + "; ".join(f"replica {i}: {_last_line(t)}" for _, i, t in failures))
+    return ReplicaError(f"replica {index} of {nprocs} (pid {pid}) {how} without a Python traceback (out of "
+                        f"memory? killed?); the other replicas were ended{also}", index=index, pid=pid)
 
 
 def _find_stuck(ctx: Any, nprocs: int, result_dir: str, group_timeout_s: float) -> "ReplicaTimeout | None":
