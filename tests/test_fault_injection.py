@@ -370,8 +370,8 @@ def test_training_a_loader_with_no_full_batch_says_why_in_one_line(lab, capsys, 
                                        "EpisodeCursor.take_many; it should be a one-line error naming -rf")
 def test_training_more_replicas_than_examples_says_why_in_one_line(lab):
     ran = cli(lab, "train", "-t", f"jsonl:{lab}/qa1.jsonl", "-m", "faulty:Fine", "-bs", "4", "-rf", "2",
-              "-tstep", "2", "--replica-timeout-s", "5", *QUICK)
-    ran.assert_clean()  # today: replica 1 is named stuck after 5 s, in teachers.py
+              "-tstep", "2", "--replica-timeout-s", "2", *QUICK)
+    ran.assert_clean()  # today: replica 1 is named stuck after 2 s, in teachers.py
     ran.assert_one_line_error("-rf", rc=2)
 
 
@@ -414,7 +414,7 @@ def test_a_crashing_data_worker_shows_its_traceback(lab, mode):
 @pytest.mark.parametrize("mode", [["--num-workers", "1"], ["--dataloader-mode", "async"]], ids=["workers", "async"])
 def test_a_hanging_data_worker_times_out_naming_the_option(lab, mode):
     ran = cli(lab, "train", "-t", f"jsonl:{lab}/qa60.jsonl", "-m", "faulty:DataWorkerHang", "-bs", "4",
-              "-tstep", "5", "--data-timeout-s", "1", *mode, *QUICK)
+              "-tstep", "5", "--data-timeout-s", "0.5", *mode, *QUICK)
     ran.assert_one_line_error("--data-timeout-s", rc=1)
     ran.assert_clean()
 
