@@ -105,6 +105,7 @@ from accelbatch.data.batching import (STRATEGIES, Batch, BatchingConfig, BatchSt
                                       batch_stats, default_max_tokens, plan_buckets)
 from accelbatch.data.datasets import ExampleDataset, ShardEnd, StreamDataset, StreamResume, StreamSource
 from accelbatch.data.rebatch import tree_map
+from accelbatch.data.stream_position import StreamProgress, read_stream_position
 from accelbatch.data.sharding import ShardSpec, even_shards
 from accelbatch.messages import Message
 
@@ -476,47 +477,6 @@ def _unpack_all(items: Iterator[Any]) -> Iterator[Any]:
         yield _unpack(item)
 
 
-@dataclass
-class _StreamProgress:
-    """What the caller has received of a stream's epoch: batches per (logical) data worker, which workers'
-    shards ended (their :class:`ShardEnd` was received), and the worker of the last item received."""
-
-    epoch: int
-    counts: list[int]
-    done: list[bool]
-    last: int = -1
-
-    @classmethod
-    def start(cls, epoch: int, workers: int) -> "_StreamProgress":
-        return cls(epoch, [0] * workers, [False] * workers)
-
-    def _enter(self, epoch: int) -> None:
-        if epoch != self.epoch:  # the first item of a new epoch
-            workers = len(self.counts)
-            self.epoch, self.counts, self.done, self.last = epoch, [0] * workers, [False] * workers, -1
-
-    def received(self, origin: tuple[int, int, int]) -> None:
-        epoch, worker, n = (int(x) for x in origin)
-        self._enter(epoch)
-        self.counts[worker], self.last = n + 1, worker
-
-    def ended(self, mark: ShardEnd) -> None:
-        self._enter(mark.epoch)
-        if mark.count < self.counts[mark.worker]:
-            raise ValueError(f"data position: data worker {mark.worker}'s part of the stream has {mark.count} "
-                             f"batches in epoch {mark.epoch}, fewer than the {self.counts[mark.worker]} the "
-                             "checkpointed run had consumed; the files changed since (resume with the same "
-                             "data and options)")
-        self.done[mark.worker], self.last = True, mark.worker
-
-    def position(self) -> dict[str, Any]:
-        workers = len(self.counts)
-        if all(self.done):  # the epoch was received to its end: the next one starts afresh
-            return {"epoch": self.epoch + 1, "batches": [0] * workers, "done": [False] * workers, "rotation": 0}
-        rotation = (self.last + 1) % workers if self.last >= 0 else 0
-        return {"epoch": self.epoch, "batches": list(self.counts), "done": list(self.done), "rotation": rotation}
-
-
 # --------------------------------------------------------------------------------------------------
 # the loader
 # --------------------------------------------------------------------------------------------------
@@ -531,7 +491,7 @@ class Loader:
         self.streaming = streaming
         self.epoch = 0
         self._consumed = (0, 0)  # (epoch, batches of it) the caller has received
-        self._stream = _StreamProgress.start(0, self._stream_workers()) if streaming else None
+        self._stream = StreamProgress.start(0, self._stream_workers()) if streaming else None
         self._digests: dict[int, str] = {}
         self._dataloader = dataloader
         self._accessor: AsyncDataAccessor | None = None
@@ -679,7 +639,7 @@ class Loader:
 
     def _restore_stream(self, position: dict[str, Any]) -> None:
         """:meth:`restore` for a stream: each worker skips what was consumed (see the module docstring)."""
-        resume = _stream_resume(position, self._stream_kind(), self._stream_workers(), self._stream_files())
+        resume = read_stream_position(position, self._stream_kind(), self._stream_workers(), self._stream_files())
         if all(resume.done):
             resume = StreamResume(resume.epoch + 1, (0,) * len(resume.counts), (False,) * len(resume.done))
         if self.config.mode == "async-rebatched":
@@ -689,7 +649,7 @@ class Loader:
             self._dataloader.__dict__["_passes"] = resume.epoch
             self._stop_workers()  # persistent workers hold copies of the stream from before the restore
         self.epoch = resume.epoch
-        self._stream = _StreamProgress(resume.epoch, list(resume.counts), list(resume.done),
+        self._stream = StreamProgress(resume.epoch, list(resume.counts), list(resume.done),
                                        (resume.rotation - 1) % len(resume.counts))
         if self._accessor is not None:  # it has loaded ahead from the old position: start it afresh
             self._accessor.terminate()
@@ -714,33 +674,6 @@ class Loader:
 
     def __exit__(self, *exc: Any) -> None:
         self.close()
-
-
-def _stream_resume(position: dict[str, Any], kind: str, workers: int, files: list[int]) -> StreamResume:
-    """Check a stream position against this loader (same kind, workers and files) and read it."""
-    if "plan_sha256" in position:
-        raise ValueError("data position: the checkpoint was taken reading the data into memory, this run "
-                         "streams it (-dt ...:stream); resume with the same -dt")
-    try:
-        epoch, rotation = int(position["epoch"]), int(position["rotation"])
-        counts = tuple(int(n) for n in position["batches"])
-        done = tuple(bool(d) for d in position["done"])
-        saved_kind, saved_files = str(position["stream"]), [int(n) for n in position["files"]]
-    except (KeyError, TypeError, ValueError):
-        raise ValueError(f"data position: {position!r} is not a stream position") from None
-    if saved_kind != kind:
-        saved_mode = "async-rebatched" if saved_kind == "rebatched" else "sync or async"
-        raise ValueError(f"data position: the checkpointed run used --dataloader-mode {saved_mode}, this one "
-                         "does not; resume with the same --dataloader-mode")
-    if len(counts) != workers or len(done) != workers:
-        raise ValueError(f"data position: the stream was read by {len(counts)} data workers, this run has "
-                         f"{workers}; resume with the same --num-workers")
-    if saved_files != files:
-        raise ValueError(f"data position: the streamed files are {saved_files} bytes long in the checkpoint, "
-                         f"{files} now; resume with the same data, or start afresh without --resume")
-    if epoch < 0 or min(counts) < 0 or not 0 <= rotation < workers:
-        raise ValueError(f"data position: {position!r} is not a valid stream position")
-    return StreamResume(epoch, counts, done, rotation)
 
 
 def _as_dataset(data: Any, config: LoaderConfig, length_fn: Callable) -> ExampleDataset | StreamSource:
