@@ -180,7 +180,8 @@ def run_replicas(opts: Opts) -> dict | None:
     if opts.device == "cuda":
         from accelbatch.backends.cuda import spawn_cuda_replicas
 
-        return spawn_cuda_replicas(_replica, opts.replication_factor, opts)[0]
+        return spawn_cuda_replicas(_replica, opts.replication_factor, opts,
+                                   group_timeout_s=opts.replica_timeout_s)[0]
     from accelbatch.backends.distributed import spawn_replicas
 
     return spawn_replicas(_replica, opts.replication_factor, opts, group_timeout_s=opts.replica_timeout_s)[0]

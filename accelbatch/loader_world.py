@@ -29,7 +29,7 @@ from accelbatch.data.loader import LoadedBatch, Loader, make_loader
 from accelbatch.data.sharding import ShardSpec
 from accelbatch.messages import EVAL_LABELS, LABELS, TEXT, Message
 from accelbatch.metrics import Metrics
-from accelbatch.opts import Opts
+from accelbatch.opts import OptionError, Opts
 from accelbatch.plan import ExecutionPlan
 from accelbatch.tasks.files import file_format
 from accelbatch.teachers import FileTeacher, FixedTeacher, create_teachers, is_training
@@ -113,8 +113,9 @@ class LoaderWorld(World):
             try:
                 return next(self._iter)
             except StopIteration:
-                raise ValueError(f"-t {self.opts.task}: an epoch of training data yields no full batch "
-                                 f"of {self.loader.config.batch_size} rows; lower --batchsize") from None
+                raise OptionError(f"-t {self.opts.task}: an epoch of training data yields no full batch "
+                                  f"of {self.loader.config.batch_size} rows; lower --batchsize, or train on the "
+                                  "partial batch with --no-drop-last") from None
 
     def _replies(self, messages: list[Message], batch: LoadedBatch) -> list[str | None]:
         agent = self.agents[0]

@@ -163,11 +163,6 @@ class Opts:
     def __post_init__(self) -> None:
         validate(self)
 
-    @property
-    def timeout_s(self) -> float:
-        """--data-timeout-s under the name the data loader's config reads (LoaderConfig.from_opts)."""
-        return self.data_timeout_s
-
     @classmethod
     def from_args(cls, argv: Sequence[str] | None = None, **defaults: Any) -> "Opts":
         parser = build_parser()

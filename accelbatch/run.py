@@ -157,7 +157,7 @@ def run(world: World, opts: Opts) -> dict[str, Any]:
 
 
 def _train(world: World, opts: Opts, log: MetricsLog, backend: Any) -> dict[str, Any]:
-    with StopSignals() as stop:
+    with StopSignals(announce=backend.rank == 0) as stop:
         return _train_loop(world, opts, log, backend, stop)
 
 

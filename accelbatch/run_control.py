@@ -45,10 +45,12 @@ class StopSignals:
     ``with StopSignals() as stop: ... if stop.requested: save; break``. A second signal of the same
     run raises KeyboardInterrupt at once (so a hung save can still be interrupted). The previous
     handlers come back on exit. Outside the main thread (where handlers cannot be set) it does nothing.
+    ``announce=False`` keeps it quiet (replicas other than rank 0: one line per run, not one per replica).
     """
 
-    def __init__(self, signals: Sequence[int] = (signal.SIGINT, signal.SIGTERM)):
+    def __init__(self, signals: Sequence[int] = (signal.SIGINT, signal.SIGTERM), announce: bool = True):
         self.signals = tuple(signals)
+        self.announce = announce
         self.requested: int | None = None
         self._previous: dict[int, Any] = {}
 
@@ -56,8 +58,9 @@ class StopSignals:
         if self.requested is not None:
             raise KeyboardInterrupt
         self.requested = signum
-        print(f"accelbatch: {signal.Signals(signum).name} received: saving a checkpoint after this step, "
-              "then stopping (send it again to stop at once)", file=sys.stderr, flush=True)
+        if self.announce:
+            print(f"accelbatch: {signal.Signals(signum).name} received: saving a checkpoint after this step, "
+                  "then stopping (send it again to stop at once)", file=sys.stderr, flush=True)
 
     @property
     def name(self) -> str | None:

@@ -17,7 +17,7 @@ import numpy as np
 from accelbatch.agents import Agent, UnknownNameError, import_path
 from accelbatch.messages import TEXT, Message
 from accelbatch.metrics import Metrics
-from accelbatch.opts import Opts
+from accelbatch.opts import OptionError, Opts
 from accelbatch.teacher_rows import RowBlock, RowTable, ServedExamples
 from accelbatch.tasks.files import DataFileError, load_episodes
 
@@ -77,6 +77,8 @@ class EpisodeCursor:
 
     def take(self, loop: bool) -> int | None:
         """The next episode index, or None when the epoch is over and ``loop`` is False."""
+        if loop and self.num_episodes == 0:
+            raise ValueError("EpisodeCursor: no episodes to loop over")
         with self.lock:
             if self.next_index >= self.num_episodes:
                 if not loop:
@@ -90,6 +92,8 @@ class EpisodeCursor:
 
     def take_many(self, count: int, loop: bool) -> list[int | None]:
         """``count`` successive :meth:`take` results under one lock (a batch of rows starting episodes)."""
+        if loop and self.num_episodes == 0 and count:
+            raise ValueError("EpisodeCursor: no episodes to loop over")
         out: list[int | None] = []
         with self.lock:
             while count > 0:
@@ -189,6 +193,10 @@ class FixedTeacher(Teacher):
     def keep_shard(self, index: int, count: int) -> None:
         """Serve only episodes ``index, index + count, ...`` (this replica's share); call before cloning."""
         if count > 1:
+            if self.training and len(self.episodes) < count:
+                raise OptionError(f"-t {self.opts.task}: {len(self.episodes)} training episode(s) cannot be "
+                                  f"shared by {count} replicas (-rf/--replication-factor {count}): replica "
+                                  f"{index} would have none; lower --replication-factor or train on more data")
             self.episodes = self.episodes[index::count]
             cursor = EpisodeCursor(len(self.episodes), self.cursor.shuffle, self.cursor.seed)
             self._rows.replace_data(ServedExamples.prepare(self.episodes, self.id, self.training), cursor)

@@ -81,8 +81,11 @@ def cuda_unavailable_reason() -> str | None:
 
 # --- accelerate -------------------------------------------------------------------------------------------
 
-def make_accelerator(cpu: bool = False, mixed_precision: str = "no") -> "Accelerator":
+def make_accelerator(cpu: bool = False, mixed_precision: str = "no",
+                     group_timeout_s: float | None = None) -> "Accelerator":
     """An ``Accelerator`` for this process (``cpu=True``: the CPU; else the GPU of this rank).
+    ``group_timeout_s`` (``--replica-timeout-s``): how long a collective waits when accelerate joins the
+    process group.
 
     accelerate keeps one shared state per process and refuses a second Accelerator with other settings;
     in a single process (tests, notebooks) that state is reset so each backend gets what it asks for.
@@ -95,15 +98,22 @@ def make_accelerator(cpu: bool = False, mixed_precision: str = "no") -> "Acceler
     if cpu and mixed_precision == "fp16":
         raise PlanError("--mixed-precision fp16 needs a GPU (fp16 autocast with a GradScaler); on the CPU "
                         "use bf16 or no")
+    handlers = []
+    if group_timeout_s is not None:
+        from datetime import timedelta
+
+        from accelerate.utils import InitProcessGroupKwargs
+
+        handlers.append(InitProcessGroupKwargs(timeout=timedelta(seconds=group_timeout_s)))
     try:
-        return Accelerator(cpu=cpu, mixed_precision=mixed_precision)
+        return Accelerator(cpu=cpu, mixed_precision=mixed_precision, kwargs_handlers=handlers)
     except ValueError as exc:
         if "already been initialized" not in str(exc) or distributed.is_initialized():
             raise
     AcceleratorState._reset_state(reset_partial_state=True)
     GradientState._reset_state()
     PartialState._reset_state()
-    return Accelerator(cpu=cpu, mixed_precision=mixed_precision)
+    return Accelerator(cpu=cpu, mixed_precision=mixed_precision, kwargs_handlers=handlers)
 
 
 # --- the engine -------------------------------------------------------------------------------------------
@@ -428,7 +438,8 @@ class CUDABackend(Backend):
         self.mixed_precision = getattr(opts, "mixed_precision", "no") or "no"
         hogwild_start_method(opts)
         had_group = distributed.is_initialized()
-        self.accelerator = make_accelerator(cpu=self.cpu, mixed_precision=self.mixed_precision)
+        self.accelerator = make_accelerator(cpu=self.cpu, mixed_precision=self.mixed_precision,
+                                            group_timeout_s=getattr(opts, "replica_timeout_s", None))
         # accelerate joins the group torchrun describes; then this backend leaves it at teardown
         self._owns_group = not had_group and distributed.is_initialized()
 
@@ -479,13 +490,14 @@ class CUDABackend(Backend):
 # --- processes --------------------------------------------------------------------------------------------
 
 def spawn_cuda_replicas(fn: Callable[..., Any], replicas: int, *args: Any, timeout_s: float | None = None,
-                        cpu: bool = False) -> list[Any]:
+                        cpu: bool = False, group_timeout_s: float = 300.0) -> list[Any]:
     """Run ``fn(rank, *args)`` in ``replicas`` spawned processes, one GPU each; return their results.
 
     For ``--device cuda --replication-factor R`` on one node. Each process gets torchrun's environment
     (``RANK``, ``LOCAL_RANK``, ``WORLD_SIZE``, a free ``MASTER_PORT``); the ``Accelerator`` made in it
     (:meth:`CUDABackend.setup`) joins the NCCL group on ``cuda:LOCAL_RANK``. ``cpu=True`` joins a gloo group
-    instead (tests). Errors and cleanup as :func:`accelbatch.backends.distributed.spawn_replicas`.
+    instead (tests). ``group_timeout_s`` (``--replica-timeout-s``) bounds a wait in a collective. Errors and
+    cleanup as :func:`accelbatch.backends.distributed.spawn_replicas`.
     """
     if not cpu:
         why = cuda_unavailable_reason()
@@ -496,7 +508,7 @@ def spawn_cuda_replicas(fn: Callable[..., Any], replicas: int, *args: Any, timeo
                             f"{torch.cuda.device_count()} are visible: lower --replication-factor, or use "
                             f"--gradient-accumulation for the same combined batch on fewer GPUs")
     return distributed.spawn_replicas(fn, replicas, *args, timeout_s=timeout_s, init_process_group=cpu,
-                                      backend="gloo")
+                                      backend="gloo", group_timeout_s=group_timeout_s)
 
 
 class HogwildError(PlanError):

@@ -356,8 +356,6 @@ def test_training_with_a_batch_larger_than_the_split(lab, tmp_path, capsys, monk
 
 
 @pytest.mark.timeout(60)
-@pytest.mark.xfail(strict=True, reason="loader_world raises a plain ValueError (a traceback): it should raise "
-                                       "OptionError naming -bs and --no-drop-last")
 def test_training_a_loader_with_no_full_batch_says_why_in_one_line(lab, capsys, monkeypatch):
     ran = in_process(lab, capsys, monkeypatch, "train", "-t", f"jsonl:{lab}/qa10.jsonl", "-m", "faulty:Fine",
                      "-bs", "64", "-ne", "1", *QUICK, "--num-workers", "1")
@@ -366,12 +364,10 @@ def test_training_a_loader_with_no_full_batch_says_why_in_one_line(lab, capsys, 
 
 
 @pytest.mark.timeout(60)
-@pytest.mark.xfail(strict=True, reason="teachers.py: a replica whose training shard is empty loops for ever in "
-                                       "EpisodeCursor.take_many; it should be a one-line error naming -rf")
 def test_training_more_replicas_than_examples_says_why_in_one_line(lab):
     ran = cli(lab, "train", "-t", f"jsonl:{lab}/qa1.jsonl", "-m", "faulty:Fine", "-bs", "4", "-rf", "2",
               "-tstep", "2", "--replica-timeout-s", "2", *QUICK)
-    ran.assert_clean()  # today: replica 1 is named stuck after 2 s, in teachers.py
+    ran.assert_clean()
     ran.assert_one_line_error("-rf", rc=2)
 
 

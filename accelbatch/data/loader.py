@@ -94,6 +94,7 @@ import logging
 import os
 import pickle
 import random
+import signal
 from dataclasses import dataclass, fields, replace
 from typing import Any, Callable, Iterator, Sequence
 
@@ -163,7 +164,7 @@ class LoaderConfig:
 
     @classmethod
     def from_opts(cls, opts: Any, **changes: Any) -> "LoaderConfig":
-        names = {"batch_size": "batchsize", "mode": "dataloader_mode"}
+        names = {"batch_size": "batchsize", "mode": "dataloader_mode", "timeout_s": "data_timeout_s"}
         values = {}
         for f in fields(cls):
             key = names.get(f.name, f.name)
@@ -349,6 +350,12 @@ class _MapDataset(Dataset):
         out = self.finisher(batch, messages, list(batch.items))
         out.source = source
         return _pack(out) if self.pack else out
+
+
+def _ignore_interrupts(worker_id: int) -> None:
+    """DataLoader workers leave Ctrl-C to the run (which saves, then stops them): no handler of the run's
+    inherited by a forked worker prints or acts on it."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
 def _identity(x: Any) -> Any:
@@ -716,7 +723,8 @@ def make_loader(data: Any, config: LoaderConfig | Any | None = None, *, collate:
     # DataLoader is iterated. Streams: each worker's copy counts its passes (StreamDataset.epoch), starting
     # from the epoch set when the workers start; torch starts every worker's pass, so the counts agree
     loader_kwargs: dict[str, Any] = dict(batch_size=None, num_workers=workers, collate_fn=_identity,
-                                         persistent_workers=workers > 0)
+                                         persistent_workers=workers > 0,
+                                         worker_init_fn=_ignore_interrupts if workers > 0 else None)
     if workers > 0:
         loader_kwargs["timeout"] = config.timeout_s
 
