@@ -212,7 +212,7 @@ def part_metrics(args: argparse.Namespace) -> dict[str, float]:
     # a memo of scores per (prediction, answers), if the core keeps one: 'cold' clears it before each pass
     import accelbatch.metrics as metrics_module
 
-    memo_clear = getattr(getattr(metrics_module, "_score_pair", None), "cache_clear", None)
+    memo_clear = getattr(metrics_module, "clear_score_memos", None)
 
     def one_pass_cold() -> int:
         if memo_clear is not None:

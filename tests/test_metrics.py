@@ -1,4 +1,10 @@
-from accelbatch.metrics import Metrics, exact_match, f1_score, merge_reports, normalize_answer
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from accelbatch.metrics import Metrics, clear_score_memos, exact_match, f1_score, merge_reports, normalize_answer
+
+WORDS = st.sampled_from(["the", "a", "cat", "Cat!", "sat", "sat", "on", "mat.", "an", "dog", ",", "red-hat", ""])
+TEXTS = st.lists(WORDS, max_size=6).map(" ".join)
 
 
 def test_normalisation_drops_case_punctuation_and_articles():
@@ -38,3 +44,19 @@ def test_metrics_merge_by_addition():
 def test_multitask_report_is_macro_average():
     rep = merge_reports([("t1", {"exs": 10, "accuracy": 1.0}), ("t2", {"exs": 30, "accuracy": 0.5})])
     assert rep["exs"] == 40 and rep["accuracy"] == 0.75 and rep["t2/accuracy"] == 0.5
+
+
+@settings(max_examples=200, deadline=None)
+@given(preds=st.lists(TEXTS, min_size=1, max_size=8), golds=st.lists(st.lists(TEXTS, min_size=1, max_size=3),
+                                                                      min_size=1, max_size=8))
+def test_batch_scores_equal_the_reference_functions_exactly(preds, golds):
+    """add_batch (remembered normal forms, counts-based F1) == exact_match / f1_score, bit for bit."""
+    clear_score_memos()
+    rows = list(zip(preds, golds))
+    m = Metrics()
+    m.add_batch([p for p, _ in rows], [g for _, g in rows])
+    correct = sum(exact_match(p, g) for p, g in rows)
+    f1_sum = 0.0
+    for p, g in rows:
+        f1_sum += f1_score(p, g)
+    assert (m.scored, m.correct, m.f1_sum) == (len(rows), correct, f1_sum)
