@@ -415,10 +415,15 @@ def test_a_hanging_data_worker_times_out_naming_the_option(lab, mode):
     ran.assert_clean()
 
 
+def _two_replicas(lab: Path, model: str, *extra: str) -> Ran:
+    """Six training steps of ``faulty:<model>`` on two gloo replicas, through the CLI."""
+    return cli(lab, "train", "-t", f"jsonl:{lab}/qa60.jsonl", "-m", f"faulty:{model}", "-bs", "2", "-rf", "2",
+               "-tstep", "6", *extra, *QUICK)
+
+
 @pytest.mark.timeout(60)
 def test_a_crashing_replica_ends_the_run_with_its_traceback(lab):
-    ran = cli(lab, "train", "-t", f"jsonl:{lab}/qa60.jsonl", "-m", "faulty:ReplicaCrash", "-bs", "2", "-rf", "2",
-              "-tstep", "6", *QUICK)
+    ran = _two_replicas(lab, "ReplicaCrash")
     _assert_child_traceback(ran, "replica 1 of 2", "raised first", "RuntimeError: injected crash in")
     ran.assert_clean()
 
@@ -426,8 +431,7 @@ def test_a_crashing_replica_ends_the_run_with_its_traceback(lab):
 @pytest.mark.timeout(60)
 def test_a_replica_killed_mid_run_is_a_clear_error_not_a_hang(lab):
     begun = time.monotonic()
-    ran = cli(lab, "train", "-t", f"jsonl:{lab}/qa60.jsonl", "-m", "faulty:ReplicaDies", "-bs", "2", "-rf", "2",
-              "-tstep", "6", "--replica-timeout-s", "30", *QUICK)
+    ran = _two_replicas(lab, "ReplicaDies", "--replica-timeout-s", "30")
     assert ran.rc == 1 and "Traceback" not in ran.err, ran.err
     first = ran.err.splitlines()[0]
     assert first.startswith("accelbatch: error: replica 1 of 2") and "was killed by SIGKILL" in first, ran.err
@@ -438,8 +442,7 @@ def test_a_replica_killed_mid_run_is_a_clear_error_not_a_hang(lab):
 @pytest.mark.timeout(60)
 def test_a_hanging_replica_is_named_after_replica_timeout_s(lab):
     begun = time.monotonic()
-    ran = cli(lab, "train", "-t", f"jsonl:{lab}/qa60.jsonl", "-m", "faulty:ReplicaHang", "-bs", "2", "-rf", "2",
-              "-tstep", "6", "--replica-timeout-s", "2", *QUICK)
+    ran = _two_replicas(lab, "ReplicaHang", "--replica-timeout-s", "2")
     assert ran.rc == 1, ran.err
     first = ran.err.splitlines()[0]
     assert first.startswith("accelbatch: error: replica 1 of 2") and "is stuck" in first, first
