@@ -32,14 +32,18 @@ def _weights(path):
 
 
 @pytest.mark.timeout(300)
-@pytest.mark.parametrize("how", ["SIGKILL", "SIGTERM"])
-def test_interrupted_run_resumes_to_the_same_weights(tmp_path, how):
+@pytest.mark.parametrize("how, plan", [("SIGKILL", ()), ("SIGTERM", ()),
+                                       ("SIGKILL", ("-bs", "1", "-ga", "3", "-di", "2"))],
+                         ids=["SIGKILL", "SIGTERM", "SIGKILL-ga3-di2"])
+def test_interrupted_run_resumes_to_the_same_weights(tmp_path, how, plan):
+    """A checkpoint is taken between world steps; a step is the whole combined batch (b x D x R x G), so
+    with gradient accumulation the cut never splits an accumulation window and the resume starts the next."""
     _dataset(tmp_path)
     reference = tmp_path / "ref" / "model.pt"
-    subprocess.run(_command(tmp_path, reference), env=ENV, check=True, capture_output=True, timeout=240)
+    subprocess.run(_command(tmp_path, reference, *plan), env=ENV, check=True, capture_output=True, timeout=240)
 
     model = tmp_path / "cut" / "model.pt"
-    proc = subprocess.Popen(_command(tmp_path, model, "--save-every-n-secs", "0.01"), env=ENV,
+    proc = subprocess.Popen(_command(tmp_path, model, "--save-every-n-secs", "0.01", *plan), env=ENV,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     manifest = tmp_path / "cut" / "model.pt.ckpt" / "MANIFEST.json"
     deadline = time.monotonic() + 120
@@ -55,8 +59,8 @@ def test_interrupted_run_resumes_to_the_same_weights(tmp_path, how):
     steps_at_cut = load_checkpoint(str(model)).state["train"]["steps"]
     assert steps_at_cut > 0
 
-    resumed = subprocess.run(_command(tmp_path, model, "--resume"), env=ENV, capture_output=True, text=True,
-                             timeout=240)
+    resumed = subprocess.run(_command(tmp_path, model, "--resume", *plan), env=ENV, capture_output=True,
+                             text=True, timeout=240)
     assert resumed.returncode == 0, resumed.stderr
     ref, got = _weights(reference), _weights(model)
     assert ref.keys() == got.keys()
