@@ -21,8 +21,8 @@ import pytest
 import torch
 
 from accelbatch.agents import Agent
-from accelbatch.hogwild import (HogwildChildError, HogwildError, SharedEpisodeCursor, create_hogwild_world,
-                                merge_world_states)
+from accelbatch.hogwild import HogwildChildError, HogwildError, create_hogwild_world
+from accelbatch.hogwild_shared import SharedEpisodeCursor, merge_world_states
 from accelbatch.messages import Message
 from accelbatch.metrics import Metrics
 from accelbatch.models.memnn import MemNNAgent
