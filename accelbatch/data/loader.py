@@ -480,8 +480,13 @@ def _unpack(item: Any) -> Any:
 
 
 def _unpack_all(items: Iterator[Any]) -> Iterator[Any]:
-    for item in items:
-        yield _unpack(item)
+    try:
+        for item in items:
+            yield _unpack(item)
+    finally:  # an early stop reaches the source (the accessor resets its pass)
+        close = getattr(items, "close", None)
+        if close is not None:
+            close()
 
 
 # --------------------------------------------------------------------------------------------------
@@ -502,9 +507,9 @@ class Loader:
         self._digests: dict[int, str] = {}
         self._dataloader = dataloader
         self._accessor: AsyncDataAccessor | None = None
+        # data workers send each batch as one pickled payload (tensors as raw bytes); with the accessor in
+        # between it relays the payload untouched and this process unpacks it (one unpickle, not three)
         self._packed = config.num_workers > 0 and transform is None
-        if self._packed:
-            transform = _unpack_all
         self._transform = transform
         if config.mode != "sync":
             self._start_accessor()
@@ -544,10 +549,9 @@ class Loader:
             if dropped:
                 log.info("data: %d examples left out of each epoch (partial batch with --drop-last, or "
                          "replicas cut to the same number of batches)", dropped)
-        if self._accessor is not None:
-            it = iter(self._accessor)
-        else:
-            it = _unpack_all(iter(self._dataloader)) if self._packed else iter(self._dataloader)
+        it = iter(self._accessor) if self._accessor is not None else iter(self._dataloader)
+        if self._packed:
+            it = _unpack_all(it)
         return self._track(it) if self._stream is None else self._track_stream(it)
 
     def _track(self, it: Iterator[LoadedBatch]) -> Iterator[LoadedBatch]:
