@@ -110,16 +110,10 @@ from accelbatch.data.stream_position import StreamProgress, read_stream_position
 from accelbatch.data.sharding import ShardSpec, even_shards
 from accelbatch.messages import Message
 
-__all__ = ["LoaderConfig", "LoadedBatch", "Loader", "AgentCollate", "make_loader", "pad_to_shape", "MODES",
-           "PositionUnsupported"]
+__all__ = ["LoaderConfig", "LoadedBatch", "Loader", "AgentCollate", "make_loader", "pad_to_shape", "MODES"]
 
 log = logging.getLogger(__name__)
 MODES = ("sync", "async", "async-rebatched")
-
-
-class PositionUnsupported(TypeError):
-    """A loader cannot report or restore an exact data position (kept for callers that catch it; every
-    loader has one now, streams included)."""
 
 
 @dataclass(frozen=True)
