@@ -169,10 +169,28 @@ def part_overhead(args: argparse.Namespace) -> dict[str, float]:
             f"{statistics.median(p[1] for p in pairs):>12,.0f}  ratio {ratio:.3f}  ({fmt_rounds(ratios)})"
             f"  [teacher metrics: accuracy {report.get('accuracy', float('nan')):.3f} "
             f"f1 {report.get('f1', float('nan')):.3f}]" + ("   goal >= 0.50" if bs == 32 else ""))
-        say(f"          bare loop + the world's scoring (Metrics.add_rows), no world: ratio {floor_ratio:.3f} "
-            "(the most a world that scores replies this way could reach)")
+        if bs > 1:  # BatchWorld scores with add_rows; one row at a time a world scores each reply alone
+            say(f"          bare loop + the world's scoring (Metrics.add_rows), no world: ratio {floor_ratio:.3f} "
+                "(the most a world that scores replies this way could reach)")
         results[f"overhead_bs{bs}"] = ratio
         results[f"overhead_metrics_only_bs{bs}"] = floor_ratio
+        if bs > 1 and getattr(world, "_block", None) is not None:
+            row_world = create_world(opts)
+            row_world._block = None  # every clone acts and observes in turn: ParlAI's BatchWorld
+
+            def per_row() -> int:
+                before = row_world.get_total_exs()
+                for _ in range(chunk // bs):
+                    row_world.parley()
+                return row_world.get_total_exs() - before
+
+            rows = [(timed(in_world, args.min_seconds, args.now), timed(per_row, args.min_seconds, args.now))
+                    for _ in range(args.repeats)]
+            speedup, speedups = median_ratio(rows)
+            say(f"          block path vs clone by clone (ParlAI's BatchWorld, same metrics): {speedup:.2f}x "
+                f"({fmt_rounds(speedups)})")
+            results[f"overhead_block_speedup_bs{bs}"] = speedup
+            row_world.shutdown()
         world.shutdown()
     return results
 
