@@ -49,13 +49,11 @@ class RecordingAgent(Agent):
 _MP_HELPERS = (b"resource_tracker", b"forkserver")
 
 
-def live_children(pid: int | None = None) -> list[tuple[int, str]]:
-    """(pid, state) of a process's children from /proc, zombies included, multiprocessing's own
-    long-lived helpers (resource tracker, forkserver) left out."""
+def process_table() -> dict[int, tuple[int, str, bytes]]:
+    """Every process now: pid -> (parent pid, state letter, command line), from /proc."""
     import os
 
-    pid = os.getpid() if pid is None else pid
-    found = []
+    table = {}
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
             continue
@@ -67,9 +65,46 @@ def live_children(pid: int | None = None) -> list[tuple[int, str]]:
         except OSError:
             continue
         fields = stat[stat.rindex(")") + 2:].split()
-        if int(fields[1]) == pid and not any(h in cmd for h in _MP_HELPERS):
-            found.append((int(entry), fields[0]))
-    return found
+        table[int(entry)] = (int(fields[1]), fields[0], cmd)
+    return table
+
+
+def live_children(pid: int | None = None) -> list[tuple[int, str]]:
+    """(pid, state) of a process's children from /proc, zombies included, multiprocessing's own
+    long-lived helpers (resource tracker, forkserver) left out."""
+    import os
+
+    pid = os.getpid() if pid is None else pid
+    return [(child, state) for child, (parent, state, cmd) in process_table().items()
+            if parent == pid and not any(h in cmd for h in _MP_HELPERS)]
+
+
+def descendants(pid: int) -> list[int]:
+    """Every live descendant of ``pid``."""
+    parents = {child: parent for child, (parent, _, _) in process_table().items()}
+    out, frontier = [], [pid]
+    while frontier:
+        current = frontier.pop()
+        children = [p for p, parent in parents.items() if parent == current]
+        out.extend(children)
+        frontier.extend(children)
+    return out
+
+
+def wait_for_first_checkpoint(proc, model_file, max_delay_s: float, rng=None, timeout_s: float = 120) -> None:
+    """Block until the run ``proc`` has committed its first checkpoint of ``model_file`` (its MANIFEST.json),
+    then a random moment of up to ``max_delay_s`` (a cut at a random step). Fails if the run ends first."""
+    import random
+    import time
+    from pathlib import Path
+
+    manifest = Path(str(model_file) + ".ckpt") / "MANIFEST.json"
+    deadline = time.monotonic() + timeout_s
+    while not manifest.exists():
+        assert proc.poll() is None, proc.communicate(timeout=30)[1][-2000:]
+        assert time.monotonic() < deadline, f"no checkpoint within {timeout_s:g} s"
+        time.sleep(0.02)
+    time.sleep((rng or random.Random()).uniform(0.0, max_delay_s))
 
 
 def write_qa_episodes(root, episodes: int = 40, filler: bool = False) -> None:

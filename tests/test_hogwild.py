@@ -30,6 +30,7 @@ from accelbatch.opts import Opts
 from accelbatch.run import evaluate, run
 from accelbatch.teachers import EpisodeCursor
 from accelbatch.worlds import create_world
+from helpers import process_table
 
 pytestmark = pytest.mark.multiprocess
 LOG_ENV = "ACCELBATCH_TEST_HOGWILD_LOG"
@@ -88,19 +89,7 @@ def _helper_pids() -> set[int]:
 
 
 def _child_pids(parent: int) -> set[int]:
-    out = set()
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat") as f:
-                stat = f.read()
-        except OSError:
-            continue
-        fields = stat.rsplit(")", 1)[1].split()
-        if int(fields[1]) == parent:
-            out.add(int(entry))
-    return out
+    return {child for child, (ppid, _, _) in process_table().items() if ppid == parent}
 
 
 def _semaphore_file(name: str) -> str:

@@ -6,7 +6,6 @@ from torch import nn
 
 from accelbatch.agents import TorchAgent
 from accelbatch.backends.base import NonFiniteLoss
-from accelbatch.messages import Message
 from accelbatch.opts import Opts
 from accelbatch.run import attach_backend
 from accelbatch.worlds import BatchWorld, DialogPartnerWorld

@@ -1,17 +1,15 @@
 """Kill a training run (SIGKILL at a random point, or SIGTERM) and --resume: nothing lost or repeated."""
 
 import os
-import random
 import signal
 import subprocess
 import sys
-import time
 
 import pytest
 import torch
 
 from accelbatch.checkpoint import load_checkpoint
-from helpers import write_qa_episodes
+from helpers import wait_for_first_checkpoint, write_qa_episodes
 
 
 def _dataset(root):
@@ -45,13 +43,7 @@ def test_interrupted_run_resumes_to_the_same_weights(tmp_path, how, plan):
     model = tmp_path / "cut" / "model.pt"
     proc = subprocess.Popen(_command(tmp_path, model, "--save-every-n-secs", "0.01", *plan), env=ENV,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    manifest = tmp_path / "cut" / "model.pt.ckpt" / "MANIFEST.json"
-    deadline = time.monotonic() + 120
-    while not manifest.exists():
-        assert proc.poll() is None, proc.communicate()
-        assert time.monotonic() < deadline
-        time.sleep(0.02)
-    time.sleep(random.Random().uniform(0.0, 0.4))
+    wait_for_first_checkpoint(proc, model, max_delay_s=0.4)
     proc.send_signal(getattr(signal, how))
     _, err = proc.communicate(timeout=60)
     if how == "SIGTERM":

@@ -7,7 +7,6 @@ of a killed or finished run (accessor, data workers, forkserver) is left behind.
 """
 
 import os
-import random
 import signal
 import subprocess
 import sys
@@ -20,7 +19,7 @@ import torch
 from accelbatch.checkpoint import load_checkpoint
 from accelbatch.data import make_loader
 from accelbatch.messages import Message
-from helpers import write_qa_episodes
+from helpers import wait_for_first_checkpoint, write_qa_episodes
 
 ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
 MODES = {"sync": ("sync", "0"), "async": ("async", "0"), "async-rebatched": ("async-rebatched", "1"),
@@ -95,13 +94,7 @@ def test_killed_loader_run_resumes_to_the_same_weights(tmp_path, setting):
     proc = subprocess.Popen(_command(tmp_path, model, setting, "--save-every-n-secs", "0.01"),
                             env={**ENV, "ACCELBATCH_TEST_TAG": tag}, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
-    manifest = tmp_path / "cut" / "model.pt.ckpt" / "MANIFEST.json"
-    deadline = time.monotonic() + 120
-    while not manifest.exists():
-        assert proc.poll() is None, proc.communicate()
-        assert time.monotonic() < deadline
-        time.sleep(0.02)
-    time.sleep(random.Random().uniform(0.0, 0.5))
+    wait_for_first_checkpoint(proc, model, max_delay_s=0.5)
     proc.send_signal(signal.SIGKILL)
     _, err = proc.communicate(timeout=60)
     assert proc.returncode == -signal.SIGKILL, err[-2000:]  # cut while training, not after it

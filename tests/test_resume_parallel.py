@@ -26,7 +26,7 @@ from accelbatch.checkpoint import load_checkpoint
 from accelbatch.data_position import restore_world_position, world_position
 from accelbatch.messages import Message
 from accelbatch.opts import Opts
-from helpers import write_qa_episodes
+from helpers import descendants, wait_for_first_checkpoint, write_qa_episodes
 
 ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
 
@@ -59,28 +59,6 @@ def _weights(path):
     return torch.load(path, weights_only=True)["model"]
 
 
-def _descendants(pid):
-    """Every live descendant of ``pid`` (from /proc)."""
-    parents = {}
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat") as handle:
-                stat = handle.read()
-        except OSError:
-            continue
-        fields = stat[stat.rindex(")") + 2:].split()
-        parents[int(entry)] = int(fields[1])
-    out, frontier = [], [pid]
-    while frontier:
-        current = frontier.pop()
-        children = [p for p, parent in parents.items() if parent == current]
-        out.extend(children)
-        frontier.extend(children)
-    return out
-
-
 def _alive(pid):
     try:
         with open(f"/proc/{pid}/stat") as handle:
@@ -107,14 +85,8 @@ def _kill_after_first_checkpoint(cmd, model, min_children, rng, env=ENV):
     """
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
-        manifest = model.parent / (model.name + ".ckpt") / "MANIFEST.json"
-        deadline = time.monotonic() + 120
-        while not manifest.exists():
-            assert proc.poll() is None, proc.communicate(timeout=30)
-            assert time.monotonic() < deadline, "no checkpoint within 120 s"
-            time.sleep(0.02)
-        time.sleep(rng.uniform(0.0, 0.4))
-        children = _descendants(proc.pid)
+        wait_for_first_checkpoint(proc, model, max_delay_s=0.4, rng=rng)
+        children = descendants(proc.pid)
         assert proc.poll() is None, "the run finished before it could be killed: make it longer"
         assert len(children) >= min_children, children
         proc.send_signal(signal.SIGKILL)
