@@ -3,7 +3,8 @@
 A FixedTeacher's examples are flattened once into :class:`ServedExamples` (every prepared example in data
 order, read-only, plus one padding message at the end). All clones of one teacher share a :class:`RowTable`:
 one slot per clone holding the flat index of its next example (``pos``), the end of its episode (``end``),
-the example it served and has not yet seen answered (``last``) and whether evaluation ran out (``done``).
+and the example it served and has not yet seen answered (``last``). A slot that found the cursor exhausted
+(evaluation's end) stands between episodes and serves padding.
 
 A clone acting alone reads and writes its slot; a BatchWorld whose rows are clones in consecutive slots
 moves them all with a :class:`RowBlock`: list slices, ``compress`` and ``itemgetter`` instead of Python work
@@ -18,7 +19,7 @@ from itertools import compress
 from operator import ge, itemgetter
 from typing import Any, Sequence
 
-from accelbatch.messages import EPISODE_DONE, EVAL_LABELS, ID, LABELS, TEXT, FrozenMessage, Message
+from accelbatch.messages import EPISODE_DONE, EVAL_LABELS, ID, LABELS, FrozenMessage, Message
 
 
 @dataclass
@@ -69,20 +70,17 @@ class RowTable:
     pos: list[int] = field(default_factory=list)
     end: list[int] = field(default_factory=list)
     last: list[int] = field(default_factory=list)
-    done: list[bool] = field(default_factory=list)
 
     def add_slot(self) -> int:
         """A slot for a new clone, between episodes."""
         self.pos.append(0)
         self.end.append(0)
         self.last.append(self.data.pad)
-        self.done.append(False)
         return len(self.pos) - 1
 
     def clear_slot(self, slot: int) -> None:
         self.pos[slot] = self.end[slot] = 0
         self.last[slot] = self.data.pad
-        self.done[slot] = False
 
     def replace_data(self, data: ServedExamples, cursor: Any) -> None:
         """New examples (a replica's shard): every slot goes back between episodes."""
@@ -95,7 +93,6 @@ class RowTable:
         if self.pos[slot] >= self.end[slot]:
             index = self.cursor.take(loop)
             if index is None:
-                self.done[slot] = True
                 self.pos[slot] = self.end[slot] = 0
                 self.last[slot] = self.data.pad
                 return self.data.flat[self.data.pad]
@@ -128,7 +125,7 @@ class RowTable:
 
     def finished(self, slot: int) -> bool:
         """``slot`` is between episodes (or ran out of data)."""
-        return self.done[slot] or self.pos[slot] >= self.end[slot]
+        return self.pos[slot] >= self.end[slot]
 
 
 class RowBlock:
@@ -170,11 +167,10 @@ class RowBlock:
     def _run_out(self, starting: list[int], indices: list[int | None], served: list[int],
                  ends: list[int]) -> None:
         """Evaluation's end: starting rows that got no episode serve padding from now on."""
-        data, first = self.table.data, self.first
+        data = self.table.data
         for row, index in zip(starting, indices):
             if index is None:
                 served[row] = ends[row] = data.pad
-                self.table.done[first + row] = True
             else:
                 served[row], ends[row] = data.starts[index], data.ends[index]
 
@@ -191,8 +187,3 @@ class RowBlock:
         """Evaluation: the cursor ran out and every row finished its episode."""
         table, a, b = self.table, self.first, self.first + self.rows
         return table.cursor.exhausted() and all(map(ge, table.pos[a:b], table.end[a:b]))
-
-
-def replies_text(replies: Sequence[dict]) -> list[Any]:
-    """Each reply's text (None where it has none)."""
-    return [reply.get(TEXT) for reply in replies]

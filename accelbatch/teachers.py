@@ -226,7 +226,7 @@ class FixedTeacher(Teacher):
     def epoch_done(self) -> bool:
         if self.training:
             return False
-        return self._rows.done[self._slot] or (self._rows.finished(self._slot) and self.cursor.exhausted())
+        return self._rows.finished(self._slot) and self.cursor.exhausted()
 
     def reset(self) -> None:
         super().reset()

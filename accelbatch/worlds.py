@@ -15,11 +15,11 @@ import time
 from typing import Sequence
 
 from accelbatch.agents import Agent, resolve_agent_class
-from accelbatch.messages import Message, is_padding
+from accelbatch.messages import TEXT, Message, is_padding
 from accelbatch.metrics import merge_reports
 from accelbatch.opts import Opts
 from accelbatch.plan import ExecutionPlan
-from accelbatch.teacher_rows import RowBlock, replies_text
+from accelbatch.teacher_rows import RowBlock
 from accelbatch.data.sharding import ShardSpec
 from accelbatch.teachers import FixedTeacher, Teacher, create_teachers, is_training
 
@@ -193,7 +193,7 @@ class BatchWorld(World):
         else:
             replies = [_act_on(agent, example, observed=self._model_observes)
                        for agent, example in zip(self._model_rows, examples)]
-        block.metrics.add_rows(replies_text(replies), block.answers(served), real_rows)
+        block.metrics.add_rows([reply.get(TEXT) for reply in replies], block.answers(served), real_rows)
 
     def _row_agents(self, index: int) -> list[Agent]:
         return [w.get_agents()[index] for w in self.worlds]
