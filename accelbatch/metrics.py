@@ -2,9 +2,9 @@
 
 A :class:`Metrics` object holds sums and counts, so two of them merge by addition: clones share one
 object, processes send theirs (``state()``) to be merged (``merge_state``). Accuracy and F1 for a
-batch are computed in one pass over the batch by :func:`score_batch`; :meth:`Metrics.add_rows` (the
-BatchWorld's path) keeps the batches' replies and answers and scores them together a few thousand rows at a
-time, each distinct (reply, answers) pair once, weighted by how often it occurred.
+batch are computed in one pass over the batch by :func:`score_batch`; :meth:`Metrics.add_rows` and
+:meth:`Metrics.add_replies` (the BatchWorld's path) count the batches' (reply, answers) pairs and score them a
+few thousand rows at a time, each distinct pair once, weighted by how often it occurred.
 """
 
 from __future__ import annotations
@@ -12,10 +12,12 @@ from __future__ import annotations
 import re
 import string
 from collections import Counter
-from itertools import chain
 from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Iterable, Sequence
+
+from accelbatch.messages import TEXT
+from accelbatch.row_kernels import COUNT_REPLIES
 
 _ARTICLES = re.compile(r"\b(a|an|the)\b")
 _PUNCT = str.maketrans("", "", string.punctuation)
@@ -112,22 +114,25 @@ def _f1_counts(pred: dict[str, int], pred_len: int, gold: dict[str, int], gold_l
     return 2 * precision * recall / (precision + recall)
 
 
-def score_counted(pairs: Counter) -> tuple[int, int, float]:
-    """(scored, correct, f1 sum) of (prediction, answers) pairs counted in ``pairs``; pairs without a
-    prediction or answers are not scored. Each distinct pair is scored once and weighted by its count."""
+def score_counted(counts: dict[tuple[str, ...] | None, dict[str | None, int]]) -> tuple[int, int, float]:
+    """(scored, correct, f1 sum) of the rows counted in ``counts`` (answers -> prediction -> rows); rows
+    without a prediction or answers are not scored. Each distinct pair is scored once, weighted by its rows."""
     scored, correct, f1_sum = 0, 0, 0.0
     score = _score_pair
-    for (pred, golds), count in pairs.items():
-        if pred is None or not golds:
+    for golds, by_prediction in counts.items():
+        if not golds:
             continue
-        hit, f1 = score(pred, golds)
-        scored += count
-        correct += hit * count
-        f1_sum += f1 * count
+        for pred, count in by_prediction.items():
+            if pred is None:
+                continue
+            hit, f1 = score(pred, golds)
+            scored += count
+            correct += hit * count
+            f1_sum += f1 * count
     return scored, correct, f1_sum
 
 
-PENDING_ROWS = 4096  # rows add_rows keeps before scoring them (bounds memory; report() scores the rest)
+PENDING_ROWS = 16384  # rows add_rows keeps before scoring them (bounds memory; report() scores the rest)
 
 
 @dataclass
@@ -141,7 +146,9 @@ class Metrics:
     loss_sum: float = 0.0
     loss_count: int = 0
     extra: dict[str, float] = field(default_factory=dict)
-    _pending: list[tuple[Sequence, Sequence]] = field(default_factory=list, repr=False, compare=False)
+    # rows kept to be scored: answers -> prediction -> rows
+    _pending: dict[tuple[str, ...] | None, dict[str | None, int]] = field(default_factory=dict, repr=False,
+                                                                         compare=False)
     _pending_rows: int = field(default=0, repr=False, compare=False)
 
     def add_rows(self, predictions: Sequence[str | None], answers: Sequence[tuple[str, ...] | None],
@@ -149,21 +156,37 @@ class Metrics:
         """Count ``examples`` examples and keep the rows to be scored (a row whose answers are None or empty,
         or whose prediction is None, is not scored). ``answers`` are tuples. Scored within
         :data:`PENDING_ROWS` rows, and before anything reads the sums."""
+        pending = self._pending
+        for (pred, golds), count in Counter(zip(predictions, answers)).items():
+            by_prediction = pending.get(golds)
+            if by_prediction is None:
+                pending[golds] = by_prediction = {}
+            by_prediction[pred] = by_prediction.get(pred, 0) + count
+        self._kept(len(predictions), examples)
+
+    def add_replies(self, replies: Sequence[dict], served: Sequence[int],
+                    answers: Sequence[tuple[str, ...] | None], examples: int) -> None:
+        """:meth:`add_rows` for reply messages: row ``i``'s prediction is ``replies[i].get("text")``, its
+        answers ``answers[served[i]]`` (a teacher's answers per example, and the examples it served)."""
+        COUNT_REPLIES(self._pending, replies, served, answers, TEXT)
         self.exs += examples
-        self._pending.append((predictions, answers))
-        self._pending_rows += len(predictions)
+        self._pending_rows += len(served)
+        if self._pending_rows >= PENDING_ROWS:
+            self.score_pending()
+
+    def _kept(self, rows: int, examples: int) -> None:
+        self.exs += examples
+        self._pending_rows += rows
         if self._pending_rows >= PENDING_ROWS:
             self.score_pending()
 
     def score_pending(self) -> None:
-        """Score the rows :meth:`add_rows` kept."""
+        """Score the rows :meth:`add_rows` and :meth:`add_replies` kept."""
         if not self._pending:
             return
-        pairs = Counter(zip(chain.from_iterable(p for p, _ in self._pending),
-                            chain.from_iterable(a for _, a in self._pending)))
+        scored, correct, f1_sum = score_counted(self._pending)
         self._pending.clear()
         self._pending_rows = 0
-        scored, correct, f1_sum = score_counted(pairs)
         self.scored += scored
         self.correct += correct
         self.f1_sum += f1_sum

@@ -15,11 +15,11 @@ shared cursor in row order), so checkpoints, evaluation counts and metrics do no
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from itertools import compress
-from operator import ge, itemgetter
-from typing import Any, Sequence
+from operator import ge
+from typing import Any, Callable, Sequence
 
 from accelbatch.messages import EPISODE_DONE, EVAL_LABELS, ID, LABELS, FrozenMessage, Message
+from accelbatch.row_kernels import ADVANCE_ROWS
 
 
 @dataclass
@@ -31,10 +31,12 @@ class ServedExamples:
     starts: list[int]  # per episode: flat index of its first example
     ends: list[int]  # per episode: flat index after its last example
     episode_of: list[int]  # per flat index: its episode
+    numbers: list[int] = field(init=False)  # 0 .. pad + 1: the ints a row's position takes
+    pad: int = field(init=False)  # the padding message's index, the last one
 
-    @property
-    def pad(self) -> int:
-        return len(self.flat) - 1
+    def __post_init__(self) -> None:
+        self.pad = len(self.flat) - 1
+        self.numbers = list(range(len(self.flat) + 1))
 
     @classmethod
     def prepare(cls, episodes: Sequence[Sequence[dict]], speaker: str, training: bool) -> "ServedExamples":
@@ -70,6 +72,16 @@ class RowTable:
     pos: list[int] = field(default_factory=list)
     end: list[int] = field(default_factory=list)
     last: list[int] = field(default_factory=list)
+    take_many: Callable[[int, bool], list[int | None]] = field(init=False)  # ``count`` episodes from the cursor
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        super().__setattr__(name, value)
+        if name == "cursor":  # e.g. hogwild's process-shared cursor, which takes one episode at a time
+            take_many = getattr(value, "take_many", None)
+            super().__setattr__("take_many", take_many if take_many is not None else self._take_one_by_one)
+
+    def _take_one_by_one(self, count: int, loop: bool) -> list[int | None]:
+        return [self.cursor.take(loop) for _ in range(count)]
 
     def add_slot(self) -> int:
         """A slot for a new clone, between episodes."""
@@ -134,54 +146,22 @@ class RowBlock:
     def __init__(self, table: RowTable, first: int, rows: int, loop: bool, metrics: Any):
         self.table, self.first, self.rows, self.loop = table, first, rows, loop
         self.metrics = metrics  # the teachers' shared Metrics, which score the rows' replies
-        self._row_numbers = range(rows)
 
-    def act(self) -> tuple[list[FrozenMessage], list[int]]:
-        """Every row's next example, and their flat indices (:attr:`pad` for rows with nothing left)."""
-        table, a, b = self.table, self.first, self.first + self.rows
-        served = table.pos[a:b]
-        ends = table.end[a:b]
-        starting = list(compress(self._row_numbers, map(ge, served, ends)))
-        if starting:
-            data = table.data
-            starts, episode_ends = data.starts, data.ends
-            indices = self._take(len(starting))
-            if None in indices:
-                self._run_out(starting, indices, served, ends)
-            else:
-                for row, index in zip(starting, indices):
-                    served[row] = starts[index]
-                    ends[row] = episode_ends[index]
-            table.end[a:b] = ends
-        table.pos[a:b] = [at + 1 for at in served]
-        if self.rows == 1:
-            return [table.data.flat[served[0]]], served
-        return list(itemgetter(*served)(table.data.flat)), served
+    def act(self) -> tuple[list[FrozenMessage], list[int], int]:
+        """Every row's next example, their flat indices (:attr:`pad` for rows with nothing left), and how many
+        rows got an example."""
+        table, data = self.table, self.table.data
+        return ADVANCE_ROWS(table.pos, table.end, self.first, self.rows, data.starts, data.ends, data.numbers,
+                            data.flat, table.take_many, self.loop)
 
-    def _take(self, count: int) -> list[int | None]:
-        """``count`` episodes from the cursor, for the starting rows in row order."""
-        cursor = self.table.cursor
-        take_many = getattr(cursor, "take_many", None)  # hogwild's process-shared cursor takes one at a time
-        return take_many(count, self.loop) if take_many else [cursor.take(self.loop) for _ in range(count)]
-
-    def _run_out(self, starting: list[int], indices: list[int | None], served: list[int],
-                 ends: list[int]) -> None:
-        """Evaluation's end: starting rows that got no episode serve padding from now on."""
-        data = self.table.data
-        for row, index in zip(starting, indices):
-            if index is None:
-                served[row] = ends[row] = data.pad
-            else:
-                served[row], ends[row] = data.starts[index], data.ends[index]
+    def score(self, replies: list[Any], served: list[int], examples: int) -> None:
+        """Hand the rows' replies to the teachers' metrics, scored against the served examples' answers;
+        ``examples`` of the rows served one (the others served padding)."""
+        self.metrics.add_replies(replies, served, self.table.data.answers, examples)
 
     @property
     def pad(self) -> int:
         return self.table.data.pad
-
-    def answers(self, served: list[int]) -> tuple[tuple[str, ...] | None, ...]:
-        """What each served example's reply is scored against (None for padding rows)."""
-        answers = self.table.data.answers
-        return itemgetter(*served)(answers) if self.rows > 1 else (answers[served[0]],)
 
     def epoch_done(self) -> bool:
         """Evaluation: the cursor ran out and every row finished its episode."""

@@ -96,6 +96,10 @@ class EpisodeCursor:
             raise ValueError("EpisodeCursor: no episodes to loop over")
         out: list[int | None] = []
         with self.lock:
+            start = self.next_index
+            if start + count <= self.num_episodes:  # the usual case: all within this epoch
+                self.next_index = start + count
+                return self.order[start:start + count]
             while count > 0:
                 if self.next_index >= self.num_episodes:
                     if not loop:

@@ -15,7 +15,7 @@ import time
 from typing import Sequence
 
 from accelbatch.agents import Agent, resolve_agent_class
-from accelbatch.messages import TEXT, Message, is_padding
+from accelbatch.messages import Message, is_padding
 from accelbatch.metrics import merge_reports
 from accelbatch.opts import Opts
 from accelbatch.plan import ExecutionPlan
@@ -159,8 +159,16 @@ class BatchWorld(World):
         return self.world.get_agents()
 
     def parley(self) -> None:
-        if self._block is not None:
-            return self._parley_block(self._block)
+        block = self._block
+        if block is not None:  # the teachers' side for all rows at once (ParlAI's four steps per row)
+            start = time.perf_counter()
+            examples, served, real_rows = block.act()
+            self.total_exs += real_rows
+            if self._model_observes:  # else its clones would only store the example, which batch_act gets
+                examples = [agent.observe(example) for agent, example in zip(self._model_rows, examples)]
+            self.data_time_s += time.perf_counter() - start
+            block.score(self._model_replies(examples), served, real_rows)
+            return
         if self._parley_init:
             for w in self.worlds:
                 w.parley_init()
@@ -175,25 +183,17 @@ class BatchWorld(World):
             if index == 0:  # the teacher's acts and the model clones' observe (vectorize): data work
                 self.data_time_s += time.perf_counter() - start
 
-    def _parley_block(self, block: RowBlock) -> None:
-        """ParlAI's four steps for every row, the teacher's side done for all rows at once."""
-        start = time.perf_counter()
-        examples, served = block.act()
-        real_rows = self.rows - served.count(block.pad)
-        self.total_exs += real_rows
+    def _model_replies(self, examples: list[Message]) -> list[Message]:
+        """The model's replies to one example per row: one batch_act, else each row's clone acts."""
         model = self.world.agents[-1]
-        if self._model_observes:  # else its clones would only store the example, which batch_act gets
-            examples = [agent.observe(example) for agent, example in zip(self._model_rows, examples)]
-        self.data_time_s += time.perf_counter() - start
         if self._model_batch_acts and getattr(model, "use_batch_act", True):
             replies = model.batch_act(examples)
             if self._model_self_observes:
                 for agent, reply in zip(self._model_rows, replies):
                     agent.self_observe(reply)
-        else:
-            replies = [_act_on(agent, example, observed=self._model_observes)
-                       for agent, example in zip(self._model_rows, examples)]
-        block.metrics.add_rows([reply.get(TEXT) for reply in replies], block.answers(served), real_rows)
+            return replies
+        return [_act_on(agent, example, observed=self._model_observes)
+                for agent, example in zip(self._model_rows, examples)]
 
     def _row_agents(self, index: int) -> list[Agent]:
         return [w.get_agents()[index] for w in self.worlds]

@@ -49,6 +49,7 @@ import torch  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from accelbatch import row_kernels  # noqa: E402
 from accelbatch.messages import ID, Message  # noqa: E402
 from accelbatch.metrics import Metrics, exact_match, f1_score  # noqa: E402
 from accelbatch.opts import Opts  # noqa: E402
@@ -145,13 +146,14 @@ def part_overhead(args: argparse.Namespace) -> dict[str, float]:
 
         metrics = Metrics()
         answers = [tuple(m.get("labels") or m.get("eval_labels") or ()) for m in examples]
+        indices = list(range(len(examples)))
 
         def bare_with_metrics() -> int:  # the bare loop plus the world's scoring of its replies: metrics' share
             start = position[0] if position[0] + chunk <= len(examples) else 0
-            batch_act, add_rows = agent.batch_act, metrics.add_rows
+            batch_act, add_replies = agent.batch_act, metrics.add_replies
             for i in range(start, start + chunk, bs):
                 replies = batch_act(examples[i:i + bs])
-                add_rows([r.get("text") for r in replies], answers[i:i + bs], bs)
+                add_replies(replies, indices[i:i + bs], answers, bs)
             position[0] = start + chunk
             return chunk
 
@@ -170,7 +172,7 @@ def part_overhead(args: argparse.Namespace) -> dict[str, float]:
             f"  [teacher metrics: accuracy {report.get('accuracy', float('nan')):.3f} "
             f"f1 {report.get('f1', float('nan')):.3f}]" + ("   goal >= 0.50" if bs == 32 else ""))
         if bs > 1:  # BatchWorld scores with add_rows; one row at a time a world scores each reply alone
-            say(f"          bare loop + the world's scoring (Metrics.add_rows), no world: ratio {floor_ratio:.3f} "
+            say(f"          bare loop + the world's scoring (Metrics.add_replies), no world: ratio {floor_ratio:.3f} "
                 "(the most a world that scores replies this way could reach)")
         results[f"overhead_bs{bs}"] = ratio
         results[f"overhead_metrics_only_bs{bs}"] = floor_ratio
@@ -554,7 +556,8 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     if unknown:
         parser.error(f"--parts: unknown {', '.join(unknown)}; choose from {', '.join(PARTS)}")
     say(f"workload: -t {task_name(args)} seed {args.seed}, torch threads 1, {os.cpu_count()} cpus, "
-        f"repeats {args.repeats}, {args.min_seconds}s per measurement, {args.clock} clock")
+        f"repeats {args.repeats}, {args.min_seconds}s per measurement, {args.clock} clock, "
+        f"{row_kernels.KERNELS} row kernels")
     results: dict[str, float] = {}
     start = time.perf_counter()
     for name in parts:
