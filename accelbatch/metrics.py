@@ -132,7 +132,7 @@ def score_counted(counts: dict[tuple[str, ...] | None, dict[str | None, int]]) -
     return scored, correct, f1_sum
 
 
-PENDING_ROWS = 16384  # rows add_rows keeps before scoring them (bounds memory; report() scores the rest)
+PENDING_ROWS = 16384  # rows add_rows/add_replies keep before scoring them (bounds memory; report() scores the rest)
 
 
 @dataclass
@@ -169,10 +169,7 @@ class Metrics:
         """:meth:`add_rows` for reply messages: row ``i``'s prediction is ``replies[i].get("text")``, its
         answers ``answers[served[i]]`` (a teacher's answers per example, and the examples it served)."""
         COUNT_REPLIES(self._pending, replies, served, answers, TEXT)
-        self.exs += examples
-        self._pending_rows += len(served)
-        if self._pending_rows >= PENDING_ROWS:
-            self.score_pending()
+        self._kept(len(served), examples)
 
     def _kept(self, rows: int, examples: int) -> None:
         self.exs += examples

@@ -7,8 +7,7 @@ and the example it served and has not yet seen answered (``last``). A slot that 
 (evaluation's end) stands between episodes and serves padding.
 
 A clone acting alone reads and writes its slot; a BatchWorld whose rows are clones in consecutive slots
-moves them all with a :class:`RowBlock`: list slices, ``compress`` and ``itemgetter`` instead of Python work
-per row. Both give the same messages in the same order (rows starting an episode take theirs from the
+moves them all with a :class:`RowBlock`, one :func:`accelbatch.row_kernels.advance_rows` call per step. Both give the same messages in the same order (rows starting an episode take theirs from the
 shared cursor in row order), so checkpoints, evaluation counts and metrics do not depend on the path.
 """
 
@@ -148,7 +147,7 @@ class RowBlock:
         self.metrics = metrics  # the teachers' shared Metrics, which score the rows' replies
 
     def act(self) -> tuple[list[FrozenMessage], list[int], int]:
-        """Every row's next example, their flat indices (:attr:`pad` for rows with nothing left), and how many
+        """Every row's next example, their flat indices (the padding index for rows with nothing left), and how many
         rows got an example."""
         table, data = self.table, self.table.data
         return ADVANCE_ROWS(table.pos, table.end, self.first, self.rows, data.starts, data.ends, data.numbers,
@@ -158,10 +157,6 @@ class RowBlock:
         """Hand the rows' replies to the teachers' metrics, scored against the served examples' answers;
         ``examples`` of the rows served one (the others served padding)."""
         self.metrics.add_replies(replies, served, self.table.data.answers, examples)
-
-    @property
-    def pad(self) -> int:
-        return self.table.data.pad
 
     def epoch_done(self) -> bool:
         """Evaluation: the cursor ran out and every row finished its episode."""

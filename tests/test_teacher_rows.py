@@ -46,7 +46,7 @@ def test_block_serves_what_each_clone_would(lengths, rows, steps, training):
         for clone in rows_b:  # observing clears what the clone served, as a parley does
             clone.observe(Message(text="x"))
         assert [_text(m) for m in examples] == [_text(m) for m in reference]
-        assert served.count(block.pad) == sum("text" not in m for m in reference) == rows - real_rows
+        assert served.count(block.table.data.pad) == sum("text" not in m for m in reference) == rows - real_rows
         assert (teacher_a.cursor.epoch, teacher_a.cursor.next_index) == (teacher_b.cursor.epoch,
                                                                          teacher_b.cursor.next_index)
         assert [c.position() for c in rows_a] == [c.position() for c in rows_b]
