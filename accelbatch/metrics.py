@@ -164,12 +164,11 @@ class Metrics:
             by_prediction[pred] = by_prediction.get(pred, 0) + count
         self._kept(len(predictions), examples)
 
-    def add_replies(self, replies: Sequence[dict], served: Sequence[int],
-                    answers: Sequence[tuple[str, ...] | None], examples: int) -> None:
+    def add_replies(self, replies: list[dict], answers: list[tuple[str, ...] | None], examples: int) -> None:
         """:meth:`add_rows` for reply messages: row ``i``'s prediction is ``replies[i].get("text")``, its
-        answers ``answers[served[i]]`` (a teacher's answers per example, and the examples it served)."""
-        COUNT_REPLIES(self._pending, replies, served, answers, TEXT)
-        self._kept(len(served), examples)
+        answers ``answers[i]``."""
+        COUNT_REPLIES(self._pending, replies, answers, TEXT)
+        self._kept(len(answers), examples)
 
     def _kept(self, rows: int, examples: int) -> None:
         self.exs += examples

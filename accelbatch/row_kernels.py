@@ -9,28 +9,33 @@ Both twins are tested side by side (tests/test_row_kernels.py). ``KERNELS`` says
 from __future__ import annotations
 
 import os
+from array import array
 from itertools import compress
 from operator import ge, itemgetter
 from typing import Any, Callable, Sequence
 
 Take = Callable[[int, bool], Sequence["int | None"]]
+Int64s = array  # array('q'): a column of C int64s
 
 
-def advance_rows(pos: list[int], end: list[int], first: int, rows: int, starts: list[int], ends: list[int],
-                 numbers: list[int], flat: list[Any], take: Take, loop: bool) -> tuple[list[Any], list[int], int]:
+def advance_rows(pos: Int64s, end: Int64s, first: int, rows: int, starts: Int64s, ends: Int64s, flat: list[Any],
+                 answers: list[Any], take: Take, loop: bool) -> tuple[list[Any], list[Any], int]:
     """Serve each of rows ``first .. first + rows - 1`` its next example.
 
-    A row serves ``pos[slot]`` while ``pos[slot] < end[slot]``; the others start the episodes
-    ``take(k, loop)`` hands them, in row order (None: nothing left, the row serves the padding index
-    ``len(numbers) - 2``, the last of ``flat``, and stays between episodes). ``pos`` becomes served + 1.
-    ``numbers[i]`` is ``i`` (the compiled twin reuses those ints instead of creating one per row).
-    Returns each row's example ``flat[served]``, the served flat indices, and how many rows served an example.
+    A row serves flat index ``pos[slot]`` while ``pos[slot] < end[slot]``; the others start the episodes
+    ``take(k, loop)`` hands them, in row order (episode ``e`` spans ``starts[e] .. ends[e] - 1``; None: nothing
+    left, the row serves the padding, the last of ``flat``, and stays between episodes). ``pos`` becomes the
+    served index + 1. The four columns are ``array('q')``: the compiled twin reads and writes them in place,
+    with no int object per row. Returns each row's example ``flat[at]``, its answers ``answers[at]``, and how
+    many rows served an example (not the padding).
     """
-    pad = len(numbers) - 2
-    if pad < 0 or len(flat) != pad + 1:
-        raise ValueError("advance_rows: numbers must be 0 .. len(flat), flat end with the padding")
+    pad = len(flat) - 1
+    if pad < 0 or len(answers) != len(flat):
+        raise ValueError("advance_rows: flat and answers need one entry per example and the padding last")
     last = first + rows
-    served = pos[first:last]
+    if first < 0 or rows < 0 or last > len(pos) or last > len(end):
+        raise IndexError("advance_rows: rows outside the slot columns")
+    served = pos[first:last].tolist()
     stops = end[first:last]
     starting = list(compress(range(rows), map(ge, served, stops)))
     if starting:
@@ -41,21 +46,26 @@ def advance_rows(pos: list[int], end: list[int], first: int, rows: int, starts: 
             if episode is None:
                 served[row] = stops[row] = pad
             else:
+                if not 0 <= episode < len(starts):
+                    raise IndexError(f"advance_rows: episode {episode} out of range")
                 served[row], stops[row] = starts[episode], ends[episode]
         end[first:last] = stops
-    pos[first:last] = [at + 1 for at in served]
-    examples = list(itemgetter(*served)(flat)) if rows > 1 else [flat[at] for at in served]
-    return examples, served, rows - served.count(pad)
+    if served and (min(served) < 0 or max(served) > pad):
+        raise IndexError("advance_rows: flat index out of range")
+    pos[first:last] = array("q", [at + 1 for at in served])
+    if rows > 1:
+        pick = itemgetter(*served)
+        return list(pick(flat)), list(pick(answers)), rows - served.count(pad)
+    return [flat[at] for at in served], [answers[at] for at in served], rows - served.count(pad)
 
 
-def count_replies(counts: dict[Any, dict[Any, int]], replies: Sequence[Any], served: Sequence[int],
-                  answers: Sequence[Any], key: str) -> None:
-    """``counts[answers[index]][reply.get(key)] += 1`` for each reply and the flat index it answers
-    (``counts``: answers -> reply text -> rows)."""
-    if len(replies) != len(served):
-        raise ValueError(f"count_replies: {len(replies)} replies for {len(served)} served examples")
-    for reply, index in zip(replies, served):
-        target = answers[index]
+def count_replies(counts: dict[Any, dict[Any, int]], replies: Sequence[Any], answers: Sequence[Any],
+                  key: str) -> None:
+    """``counts[answers[i]][replies[i].get(key)] += 1`` for each row ``i`` (``counts``: answers -> reply text ->
+    rows)."""
+    if len(replies) != len(answers):
+        raise ValueError(f"count_replies: {len(replies)} replies for {len(answers)} rows of answers")
+    for reply, target in zip(replies, answers):
         by_reply = counts.get(target)
         if by_reply is None:
             counts[target] = by_reply = {}
@@ -63,7 +73,7 @@ def count_replies(counts: dict[Any, dict[Any, int]], replies: Sequence[Any], ser
         by_reply[text] = by_reply.get(text, 0) + 1
 
 
-def _select() -> tuple[str, Callable[..., list[int]], Callable[..., None]]:
+def _select() -> tuple[str, Callable[..., tuple[list[Any], list[Any], int]], Callable[..., None]]:
     if os.environ.get("ACCELBATCH_ROW_KERNELS", "").strip().lower() == "python":
         return "python", advance_rows, count_replies
     try:

@@ -2,7 +2,8 @@
 
 A FixedTeacher's examples are flattened once into :class:`ServedExamples` (every prepared example in data
 order, read-only, plus one padding message at the end). All clones of one teacher share a :class:`RowTable`:
-one slot per clone holding the flat index of its next example (``pos``), the end of its episode (``end``),
+one slot per clone holding the flat index of its next example (``pos``), the end of its episode (``end``)
+(both ``array('q')`` columns, so a block of rows moves with no int object per row),
 and the example it served and has not yet seen answered (``last``). A slot that found the cursor exhausted
 (evaluation's end) stands between episodes and serves padding.
 
@@ -13,6 +14,7 @@ shared cursor in row order), so checkpoints, evaluation counts and metrics do no
 
 from __future__ import annotations
 
+from array import array
 from dataclasses import dataclass, field
 from operator import ge
 from typing import Any, Callable, Sequence
@@ -26,16 +28,16 @@ class ServedExamples:
     """A teacher's episodes as act() serves them, flattened; index ``pad`` is the padding message."""
 
     flat: list[FrozenMessage]
-    answers: list[tuple[str, ...] | None]  # per flat index: what a reply is scored against (None: padding)
-    starts: list[int]  # per episode: flat index of its first example
-    ends: list[int]  # per episode: flat index after its last example
+    # per flat index: what a reply is scored against (None: padding); examples with equal answers share one
+    # tuple object, so counting replies reads a few hot tuples rather than one per example
+    answers: list[tuple[str, ...] | None]
+    starts: array  # array('q'), per episode: flat index of its first example
+    ends: array  # array('q'), per episode: flat index after its last example
     episode_of: list[int]  # per flat index: its episode
-    numbers: list[int] = field(init=False)  # 0 .. pad + 1: the ints a row's position takes
     pad: int = field(init=False)  # the padding message's index, the last one
 
     def __post_init__(self) -> None:
         self.pad = len(self.flat) - 1
-        self.numbers = list(range(len(self.flat) + 1))
 
     @classmethod
     def prepare(cls, episodes: Sequence[Sequence[dict]], speaker: str, training: bool) -> "ServedExamples":
@@ -43,7 +45,8 @@ class ServedExamples:
         frozen: built once, shared by every clone and every epoch."""
         flat: list[FrozenMessage] = []
         answers: list[tuple[str, ...] | None] = []
-        starts, ends, episode_of = [], [], []
+        distinct: dict[tuple[str, ...], tuple[str, ...]] = {}  # one tuple object per distinct answers
+        starts, ends, episode_of = array("q"), array("q"), []
         for index, episode in enumerate(episodes):
             starts.append(len(flat))
             for entry, example in enumerate(episode, 1):
@@ -53,7 +56,8 @@ class ServedExamples:
                 if not training and LABELS in msg:
                     msg[EVAL_LABELS] = msg.pop(LABELS)
                 flat.append(FrozenMessage(msg))
-                answers.append(tuple(msg.get(LABELS, msg.get(EVAL_LABELS)) or ()))
+                golds = tuple(msg.get(LABELS, msg.get(EVAL_LABELS)) or ())
+                answers.append(distinct.setdefault(golds, golds))
                 episode_of.append(index)
             ends.append(len(flat))
         flat.append(FrozenMessage({EPISODE_DONE: True}))
@@ -68,8 +72,8 @@ class RowTable:
 
     data: ServedExamples
     cursor: Any  # EpisodeCursor, or hogwild's process-shared one
-    pos: list[int] = field(default_factory=list)
-    end: list[int] = field(default_factory=list)
+    pos: array = field(default_factory=lambda: array("q"))  # C int64 columns, moved in place by advance_rows
+    end: array = field(default_factory=lambda: array("q"))
     last: list[int] = field(default_factory=list)
     take_many: Callable[[int, bool], list[int | None]] = field(init=False)  # ``count`` episodes from the cursor
 
@@ -146,17 +150,17 @@ class RowBlock:
         self.table, self.first, self.rows, self.loop = table, first, rows, loop
         self.metrics = metrics  # the teachers' shared Metrics, which score the rows' replies
 
-    def act(self) -> tuple[list[FrozenMessage], list[int], int]:
-        """Every row's next example, their flat indices (the padding index for rows with nothing left), and how many
-        rows got an example."""
+    def act(self) -> tuple[list[FrozenMessage], list[tuple[str, ...] | None], int]:
+        """Every row's next example (the padding message for rows with nothing left), its answers (None for
+        padding), and how many rows got an example."""
         table, data = self.table, self.table.data
-        return ADVANCE_ROWS(table.pos, table.end, self.first, self.rows, data.starts, data.ends, data.numbers,
-                            data.flat, table.take_many, self.loop)
+        return ADVANCE_ROWS(table.pos, table.end, self.first, self.rows, data.starts, data.ends, data.flat,
+                            data.answers, table.take_many, self.loop)
 
-    def score(self, replies: list[Any], served: list[int], examples: int) -> None:
-        """Hand the rows' replies to the teachers' metrics, scored against the served examples' answers;
+    def score(self, replies: list[Any], answers: list[tuple[str, ...] | None], examples: int) -> None:
+        """Hand the rows' replies to the teachers' metrics, scored against the answers :meth:`act` gave;
         ``examples`` of the rows served one (the others served padding)."""
-        self.metrics.add_replies(replies, served, self.table.data.answers, examples)
+        self.metrics.add_replies(replies, answers, examples)
 
     def epoch_done(self) -> bool:
         """Evaluation: the cursor ran out and every row finished its episode."""

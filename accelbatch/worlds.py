@@ -162,12 +162,12 @@ class BatchWorld(World):
         block = self._block
         if block is not None:  # the teachers' side for all rows at once (ParlAI's four steps per row)
             start = time.perf_counter()
-            examples, served, real_rows = block.act()
+            examples, answers, real_rows = block.act()
             self.total_exs += real_rows
             if self._model_observes:  # else its clones would only store the example, which batch_act gets
                 examples = [agent.observe(example) for agent, example in zip(self._model_rows, examples)]
             self.data_time_s += time.perf_counter() - start
-            block.score(self._model_replies(examples), served, real_rows)
+            block.score(self._model_replies(examples), answers, real_rows)
             return
         if self._parley_init:
             for w in self.worlds:

@@ -4,6 +4,7 @@ and the twins against a hand-written walk of the rows. CI builds the compiled tw
 from __future__ import annotations
 
 import os
+from array import array
 from collections import Counter
 
 import pytest
@@ -46,14 +47,22 @@ class _Cursor:
         return out
 
 
-def _episodes(lengths: list[int]) -> tuple[list[int], list[int], list[int], list[str]]:
-    starts, ends, flat = [], [], []
+def _episodes(lengths: list[int]) -> tuple[array, array, list[str], list]:
+    """starts, ends, flat (example ``e{episode}t{turn}``, then "pad") and answers (``("a{episode}",)`` per
+    example, None for the padding)."""
+    starts, ends, flat, answers = array("q"), array("q"), [], []
     for number, length in enumerate(lengths):
         starts.append(len(flat))
         flat.extend(f"e{number}t{turn}" for turn in range(length))
+        answers.extend([(f"a{number}",)] * length)
         ends.append(len(flat))
     flat.append("pad")
-    return starts, ends, list(range(len(flat) + 1)), flat
+    answers.append(None)
+    return starts, ends, flat, answers
+
+
+def _columns(size: int) -> tuple[array, array]:
+    return array("q", [0] * size), array("q", [0] * size)
 
 
 def _walk(lengths: list[int], rows: int, steps: int, loop: bool) -> list[list[str]]:
@@ -78,16 +87,18 @@ def _walk(lengths: list[int], rows: int, steps: int, loop: bool) -> list[list[st
 @given(lengths=st.lists(st.integers(1, 4), min_size=1, max_size=10), rows=st.integers(1, 7),
        steps=st.integers(1, 25), loop=st.booleans(), first=st.integers(0, 3))
 def test_advance_rows_serves_the_walk(twin, lengths, rows, steps, loop, first):
-    starts, ends, numbers, flat = _episodes(lengths)
-    pos, end = [0] * (first + rows + 2), [0] * (first + rows + 2)
+    starts, ends, flat, answers = _episodes(lengths)
+    pos, end = _columns(first + rows + 2)
     cursor = _Cursor(len(lengths))
     expected = _walk(lengths, rows, steps, loop)
     for step in range(steps):
-        examples, served, real = twin.advance_rows(pos, end, first, rows, starts, ends, numbers, flat,
-                                                   cursor.take_many, loop)
-        assert examples == expected[step] == [flat[i] for i in served]
+        examples, row_answers, real = twin.advance_rows(pos, end, first, rows, starts, ends, flat, answers,
+                                                        cursor.take_many, loop)
+        assert examples == expected[step]
+        assert row_answers == [None if e == "pad" else (f"a{e[1:e.index('t')]}",) for e in examples]
         assert real == sum(e != "pad" for e in examples)
-    assert pos[:first] == [0] * first and pos[first + rows:] == [0, 0]  # other slots untouched
+    untouched = list(range(first)) + [first + rows, first + rows + 1]
+    assert [pos[i] for i in untouched] == [end[i] for i in untouched] == [0] * len(untouched)
 
 
 @settings(max_examples=60, deadline=None)
@@ -96,13 +107,13 @@ def test_advance_rows_serves_the_walk(twin, lengths, rows, steps, loop, first):
 def test_twins_leave_the_same_columns(lengths, rows, steps, loop):
     if compiled is None:
         pytest.skip("compiled twin not built")
-    starts, ends, numbers, flat = _episodes(lengths)
-    state = {name: ([0] * rows, [0] * rows, _Cursor(len(lengths))) for name in ("py", "c")}
+    starts, ends, flat, answers = _episodes(lengths)
+    state = {name: (*_columns(rows), _Cursor(len(lengths))) for name in ("py", "c")}
     for _ in range(steps):
         out = {}
         for name, twin in (("py", row_kernels), ("c", compiled)):
             pos, end, cursor = state[name]
-            out[name] = twin.advance_rows(pos, end, 0, rows, starts, ends, numbers, flat, cursor.take_many, loop)
+            out[name] = twin.advance_rows(pos, end, 0, rows, starts, ends, flat, answers, cursor.take_many, loop)
         assert out["py"] == out["c"]
         assert state["py"][:2] == state["c"][:2]
         assert state["py"][2].takes == state["c"][2].takes
@@ -115,11 +126,12 @@ class _OwnGet(dict):
 
 @pytest.mark.parametrize("twin", TWINS)
 def test_count_replies_counts_answers_then_text(twin):
-    answers = [("yes",), ("no",), ("yes",), None]
+    yes = ("yes",)
+    answers = [yes, ("no",), ("yes",), None, yes]  # an equal tuple that is another object counts as the same
     replies = [Message(text="yes"), {"text": "no"}, Message(), _OwnGet(text="x"), Message(text="yes")]
     counts: dict = {}
-    twin.count_replies(counts, replies, [0, 1, 2, 3, 2], answers, "text")
-    twin.count_replies(counts, replies[:1], [0], answers, "text")
+    twin.count_replies(counts, replies, answers, "text")
+    twin.count_replies(counts, replies[:1], [yes], "text")
     expected = Counter([(("yes",), "yes"), (("no",), "no"), (("yes",), None), (None, "own get"), (("yes",), "yes"),
                         (("yes",), "yes")])
     assert {(a, t): n for a, inner in counts.items() for t, n in inner.items()} == dict(expected)
@@ -127,12 +139,28 @@ def test_count_replies_counts_answers_then_text(twin):
 
 @pytest.mark.parametrize("twin", TWINS)
 def test_bad_input_is_refused(twin):
-    starts, ends, numbers, flat = _episodes([2])
+    starts, ends, flat, answers = _episodes([2])
     with pytest.raises(ValueError, match="take\\(1\\) returned 0 episodes"):
-        twin.advance_rows([0], [0], 0, 1, starts, ends, numbers, flat, lambda k, loop: [], True)
-    with pytest.raises(ValueError, match="numbers must be"):
-        twin.advance_rows([0], [0], 0, 1, starts, ends, numbers[:-1], flat, lambda k, loop: [0], True)
-    with pytest.raises(ValueError, match="2 replies for 1 served"):
-        twin.count_replies({}, [Message(), Message()], [0], [None], "text")
-    with pytest.raises(IndexError):
-        twin.advance_rows([0], [0], 0, 1, starts, ends, numbers, flat, lambda k, loop: [5], True)
+        twin.advance_rows(*_columns(1), 0, 1, starts, ends, flat, answers, lambda k, loop: [], True)
+    with pytest.raises(ValueError, match="one entry per example"):
+        twin.advance_rows(*_columns(1), 0, 1, starts, ends, flat, answers[:-1], lambda k, loop: [0], True)
+    with pytest.raises(ValueError, match="2 replies for 1 rows of answers"):
+        twin.count_replies({}, [Message(), Message()], [None], "text")
+    with pytest.raises(IndexError, match="episode 5 out of range"):
+        twin.advance_rows(*_columns(1), 0, 1, starts, ends, flat, answers, lambda k, loop: [5], True)
+    with pytest.raises(IndexError, match="rows outside the slot columns"):
+        twin.advance_rows(*_columns(1), 0, 2, starts, ends, flat, answers, lambda k, loop: [0, 0], True)
+    pos, end = _columns(1)
+    pos[0], end[0] = 7, 9  # a position past the examples
+    with pytest.raises(IndexError, match="out of range"):
+        twin.advance_rows(pos, end, 0, 1, starts, ends, flat, answers, lambda k, loop: [], True)
+
+
+def test_compiled_twin_refuses_columns_that_are_not_int64_arrays():
+    if compiled is None:
+        pytest.skip("compiled twin not built")
+    starts, ends, flat, answers = _episodes([2])
+    with pytest.raises(TypeError, match="pos must be a writable array\\('q'\\)"):
+        compiled.advance_rows([0], array("q", [0]), 0, 1, starts, ends, flat, answers, lambda k, loop: [0], True)
+    with pytest.raises(TypeError, match="starts must be an array\\('q'\\)"):
+        compiled.advance_rows(*_columns(1), 0, 1, array("i", [0]), ends, flat, answers, lambda k, loop: [0], True)

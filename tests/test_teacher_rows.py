@@ -41,12 +41,14 @@ def test_block_serves_what_each_clone_would(lengths, rows, steps, training):
     block = teacher_a.row_block(rows_a)
     assert block is not None
     for _ in range(steps):
-        examples, served, real_rows = block.act()
+        examples, answers, real_rows = block.act()
         reference = [clone.act() for clone in rows_b]
         for clone in rows_b:  # observing clears what the clone served, as a parley does
             clone.observe(Message(text="x"))
         assert [_text(m) for m in examples] == [_text(m) for m in reference]
-        assert served.count(block.table.data.pad) == sum("text" not in m for m in reference) == rows - real_rows
+        assert answers == [None if "text" not in m else tuple(m.get("labels", m.get("eval_labels", ())))
+                           for m in reference]
+        assert answers.count(None) == sum("text" not in m for m in reference) == rows - real_rows
         assert (teacher_a.cursor.epoch, teacher_a.cursor.next_index) == (teacher_b.cursor.epoch,
                                                                          teacher_b.cursor.next_index)
         assert [c.position() for c in rows_a] == [c.position() for c in rows_b]
