@@ -119,6 +119,24 @@ def prepared_examples(teacher: Any) -> list[Message]:
     return out
 
 
+def batches_seen(world: Any, agent: Any, steps: int) -> list[list[Message]]:
+    """The observation lists ``agent.batch_act`` gets in ``steps`` parleys of ``world`` (then restored)."""
+    seen: list[list[Message]] = []
+    original = agent.batch_act
+
+    def recording(observations: list[Message]) -> list[Message]:
+        seen.append(list(observations))
+        return original(observations)
+
+    agent.batch_act = recording
+    try:
+        for _ in range(steps):
+            world.parley()
+    finally:
+        del agent.batch_act
+    return seen
+
+
 def part_overhead(args: argparse.Namespace) -> dict[str, float]:
     say("== world overhead: trivial agent, world + teacher metrics vs bare loop (examples/s) ==")
     results = {}
@@ -144,38 +162,58 @@ def part_overhead(args: argparse.Namespace) -> dict[str, float]:
                 world.parley()
             return world.get_total_exs() - before
 
+        # the batches the world hands the model over an epoch, in its (shuffled) order
+        served = batches_seen(world, agent, -(-len(examples) // bs))
+        served_position = [0]
+
+        def bare_world_order() -> int:
+            start = served_position[0] if served_position[0] + chunk // bs <= len(served) else 0
+            batch_act = agent.batch_act
+            for batch in served[start:start + chunk // bs]:
+                batch_act(batch)
+            served_position[0] = start + chunk // bs
+            return chunk
+
         metrics = Metrics()
-        answers = [tuple(m.get("labels") or m.get("eval_labels") or ()) for m in examples]
-        indices = list(range(len(examples)))
+        distinct: dict[tuple[str, ...], tuple[str, ...]] = {}  # one tuple per distinct answers, as the teacher keeps
+        answers = [distinct.setdefault(golds, golds)
+                   for golds in (tuple(m.get("labels") or m.get("eval_labels") or ()) for m in examples)]
 
         def bare_with_metrics() -> int:  # the bare loop plus the world's scoring of its replies: metrics' share
             start = position[0] if position[0] + chunk <= len(examples) else 0
             batch_act, add_replies = agent.batch_act, metrics.add_replies
             for i in range(start, start + chunk, bs):
                 replies = batch_act(examples[i:i + bs])
-                add_replies(replies, indices[i:i + bs], answers, bs)
+                add_replies(replies, answers[i:i + bs], bs)
             position[0] = start + chunk
             return chunk
 
-        pairs, floor = [], []
+        pairs, floor, same_order = [], [], []
         for _ in range(args.repeats):
             w = timed(in_world, args.min_seconds, args.now)
             b = timed(bare, args.min_seconds, args.now)
             m = timed(bare_with_metrics, args.min_seconds, args.now)
+            o = timed(bare_world_order, args.min_seconds, args.now)
             pairs.append((w, b))
             floor.append((m, b))
+            same_order.append((w, o))
         ratio, ratios = median_ratio(pairs)
         floor_ratio, _ = median_ratio(floor)
+        order_ratio, order_ratios = median_ratio(same_order)
         report = world.report()
         say(f"bs {bs:>4}: world {statistics.median(p[0] for p in pairs):>12,.0f}  bare "
             f"{statistics.median(p[1] for p in pairs):>12,.0f}  ratio {ratio:.3f}  ({fmt_rounds(ratios)})"
             f"  [teacher metrics: accuracy {report.get('accuracy', float('nan')):.3f} "
             f"f1 {report.get('f1', float('nan')):.3f}]" + ("   goal >= 0.50" if bs == 32 else ""))
+        say(f"          bare loop over the world's batches in its (shuffled) order: "
+            f"{statistics.median(p[1] for p in same_order):>12,.0f}  ratio {order_ratio:.3f}  "
+            f"({fmt_rounds(order_ratios)}) (the world's cost without the memory cost of a shuffled order)")
         if bs > 1:  # BatchWorld scores with add_replies; one row at a time a world scores each reply alone
             say(f"          bare loop + the world's scoring (Metrics.add_replies), no world: ratio {floor_ratio:.3f} "
                 "(the most a world that scores replies this way could reach)")
         results[f"overhead_bs{bs}"] = ratio
         results[f"overhead_metrics_only_bs{bs}"] = floor_ratio
+        results[f"overhead_same_order_bs{bs}"] = order_ratio
         if bs > 1 and getattr(world, "_block", None) is not None:
             row_world = create_world(opts)
             row_world._block = None  # every clone acts and observes in turn: ParlAI's BatchWorld
