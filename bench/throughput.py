@@ -205,9 +205,9 @@ def part_overhead(args: argparse.Namespace) -> dict[str, float]:
             f"{statistics.median(p[1] for p in pairs):>12,.0f}  ratio {ratio:.3f}  ({fmt_rounds(ratios)})"
             f"  [teacher metrics: accuracy {report.get('accuracy', float('nan')):.3f} "
             f"f1 {report.get('f1', float('nan')):.3f}]" + ("   goal >= 0.50" if bs == 32 else ""))
-        say(f"          bare loop over the world's batches in its (shuffled) order: "
+        say(f"          bare loop over the world's own batches, in its shuffled order: "
             f"{statistics.median(p[1] for p in same_order):>12,.0f}  ratio {order_ratio:.3f}  "
-            f"({fmt_rounds(order_ratios)}) (the world's cost without the memory cost of a shuffled order)")
+            f"({fmt_rounds(order_ratios)}) (what a shuffled order costs a loop that does not prefetch)")
         if bs > 1:  # BatchWorld scores with add_replies; one row at a time a world scores each reply alone
             say(f"          bare loop + the world's scoring (Metrics.add_replies), no world: ratio {floor_ratio:.3f} "
                 "(the most a world that scores replies this way could reach)")
