@@ -9,7 +9,9 @@ conv (Embedding + Conv1d + pooling + Linear, so padding costs compute).
 Parts (``--parts``, comma separated; all by default):
 
 ``overhead``  world overhead: the trivial agent through the world with teacher metrics vs a bare loop that
-              iterates the same prepared examples and calls ``batch_act`` (bs 1, 32, 128; goal >= 0.50 at 32).
+              iterates the same prepared examples and calls ``batch_act`` (bs 1, 32, 128; goal >= 0.50 at 32);
+              also the bare loop over the world's own batches in its shuffled order, and the bare loop plus
+              the world's scoring.
 ``metrics``   accuracy + F1 for a batch in one pass (``Metrics.add_batch``) vs one reply at a time
               (``exact_match`` + ``f1_score`` per reply); the values must be identical.
 ``async``     bag at bs 32: ``--dataloader-mode async`` with 2 workers (vectorize + batchify in the workers)
