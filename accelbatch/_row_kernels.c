@@ -134,6 +134,10 @@ advance_rows(PyObject *Py_UNUSED(module), PyObject *args)
             end[first + r] = ends[e];
         }
         Py_DECREF(fast);
+        if (PyList_GET_SIZE(flat) != pad + 1 || PyList_GET_SIZE(answers) != pad + 1) {  /* take() ran Python */
+            PyErr_SetString(PyExc_RuntimeError, "advance_rows: flat or answers changed size during take()");
+            goto done;
+        }
     }
     for (Py_ssize_t r = 0; r < rows; r++) {
         if (served[r] < 0 || served[r] > pad) {
@@ -151,7 +155,11 @@ advance_rows(PyObject *Py_UNUSED(module), PyObject *args)
         real_rows += s != pad;
         PyObject *example = PyList_GET_ITEM(flat, s), *target = PyList_GET_ITEM(answers, s);
         Py_INCREF(example);
-        if (PyDict_Check(example)) {  /* its key table, which the model reads next (is it padding, its text) */
+        /* its key table, which the model reads next (is it padding, its text): with a shuffled order these
+         * reads would each wait on memory; prefetched here, all rows' tables load at once (spec workload,
+         * bs 32: the model's batch_act 14.3 -> 8.5 us, as fast as on examples already in cache). Kept inside
+         * this loop: gcc -O3 -DNDEBUG deleted a separate loop that did nothing but prefetch. */
+        if (PyDict_Check(example)) {
             const char *keys = (const char *)((PyDictObject *)example)->ma_keys;
             PREFETCH(keys);
             PREFETCH(keys + 64);

@@ -164,3 +164,16 @@ def test_compiled_twin_refuses_columns_that_are_not_int64_arrays():
         compiled.advance_rows([0], array("q", [0]), 0, 1, starts, ends, flat, answers, lambda k, loop: [0], True)
     with pytest.raises(TypeError, match="starts must be an array\\('q'\\)"):
         compiled.advance_rows(*_columns(1), 0, 1, array("i", [0]), ends, flat, answers, lambda k, loop: [0], True)
+
+
+def test_compiled_twin_refuses_a_take_that_changes_the_examples():
+    if compiled is None:
+        pytest.skip("compiled twin not built")
+    starts, ends, flat, answers = _episodes([2, 1])
+
+    def shrinking_take(k: int, loop: bool) -> list[int]:
+        flat.pop(0)
+        return [0] * k
+
+    with pytest.raises(RuntimeError, match="changed size during take"):
+        compiled.advance_rows(*_columns(1), 0, 1, starts, ends, flat, answers, shrinking_take, True)
