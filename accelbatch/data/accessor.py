@@ -51,6 +51,7 @@ would in the consumer.
 from __future__ import annotations
 
 import functools
+import gc
 import io
 import multiprocessing as mp
 import pickle
@@ -300,6 +301,10 @@ def _worker_main(source: Any, transform: Callable | None, control: Any, ready: A
     signal.signal(signal.SIGINT, signal.SIG_IGN)          # Ctrl-C is the consumer's to handle
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))  # run cleanup (stops the source's own workers)
     torch.set_num_threads(1)
+    # what this process was handed (the source: often a whole dataset, unpickled here, so all young objects)
+    # lives as long as the process: out of the collector's reach, it is not walked by every full collection
+    # here nor in the data workers forked from here (whose walks would also copy each page they touch)
+    gc.freeze()
     worker = _Worker(source, transform, control, ready, num_slots, load_indefinitely)
     try:
         worker.main(first_epoch)

@@ -89,6 +89,7 @@ to ``rows``, and the tensors named in ``seq_keys`` (default ``text_vec``) are ze
 
 from __future__ import annotations
 
+import gc
 import hashlib
 import logging
 import os
@@ -346,10 +347,14 @@ class _MapDataset(Dataset):
         return _pack(out) if self.pack else out
 
 
-def _ignore_interrupts(worker_id: int) -> None:
-    """DataLoader workers leave Ctrl-C to the run (which saves, then stops them): no handler of the run's
-    inherited by a forked worker prints or acts on it."""
+def _init_data_worker(worker_id: int) -> None:
+    """Set up a DataLoader worker: it leaves Ctrl-C to the run (which saves, then stops the workers), so no
+    handler of the run's inherited by a forked worker prints or acts on it; and it freezes what it inherited
+    from its parent (the dataset among it), which lives as long as the worker, out of the garbage collector's
+    reach: otherwise every full collection walks it and, in a forked worker, copies each page it touches
+    (bench: 2 async workers spent 95 us of CPU per example, 58 us frozen)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    gc.freeze()
 
 
 def _identity(x: Any) -> Any:
@@ -722,7 +727,7 @@ def make_loader(data: Any, config: LoaderConfig | Any | None = None, *, collate:
     # from the epoch set when the workers start; torch starts every worker's pass, so the counts agree
     loader_kwargs: dict[str, Any] = dict(batch_size=None, num_workers=workers, collate_fn=_identity,
                                          persistent_workers=workers > 0,
-                                         worker_init_fn=_ignore_interrupts if workers > 0 else None)
+                                         worker_init_fn=_init_data_worker if workers > 0 else None)
     if workers > 0:
         loader_kwargs["timeout"] = config.timeout_s
 

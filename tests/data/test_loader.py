@@ -1,5 +1,6 @@
 """make_loader: every mode x strategy x workers; collate in the workers; training and evaluation rules."""
 
+import gc
 import json
 import os
 from collections import Counter
@@ -37,6 +38,13 @@ def batchify(rows):
 
 
 COLLATE = AgentCollate(vectorize, batchify)
+
+
+def batchify_counting_frozen(rows):
+    """batchify, plus how many objects the process that runs it has frozen out of the garbage collector's reach."""
+    out = batchify(rows)
+    out["frozen"] = torch.full((len(rows),), gc.get_freeze_count())
+    return out
 
 
 def examples(n=203, seed=0):
@@ -89,6 +97,20 @@ def test_evaluation_sees_every_example_exactly_once(tmp_path, kind, mode, worker
                 assert Counter(seen) == expected, (strategy, epoch)
             if strategy == "buckets":
                 assert len(shapes) <= 4
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("mode, workers", [("sync", 2), ("async", 0), ("async", 2)])
+def test_data_processes_keep_what_they_inherit_out_of_the_collector(mode, workers, no_leaks):
+    """Data workers and the accessor freeze what they start with (the dataset), so full collections there do not
+    walk it (nor copy its pages in forked workers); the caller's process is left as it is."""
+    frozen_here = gc.get_freeze_count()
+    collate = AgentCollate(vectorize, batchify_counting_frozen)
+    with make_loader(examples(60), collate=collate, training=False, batch_size=8, mode=mode,
+                     num_workers=workers) as loader:
+        batch = next(iter(loader))
+    assert int(batch.tensors["frozen"].min()) > 60  # at least the 60 examples and their dicts' contents
+    assert gc.get_freeze_count() == frozen_here
 
 
 @pytest.mark.timeout(120)
