@@ -45,7 +45,9 @@ interpreter exit) stops the worker (request, then SIGTERM, then SIGKILL); the wo
 Ctrl-C reaches the consumer only, and it exits by itself when the consumer process dies. The worker runs
 torch with one thread (it copies batches; a source that computes should use its own data workers), and
 gives the source the consumer's default start method, so a torch DataLoader inside starts its workers as it
-would in the consumer.
+would in the consumer. It freezes what it was handed (``gc.freeze()``): the source, often a whole dataset
+unpickled there, lives as long as the worker, and left to the collector it would be walked by every full
+collection, there and in each data worker forked from there (copying the pages it touches).
 """
 
 from __future__ import annotations
