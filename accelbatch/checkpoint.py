@@ -35,7 +35,8 @@ as Python's json writes them (``Infinity``, ``NaN``) and read back by it.
 
 Conventions for ``state`` (what :mod:`accelbatch.run` stores): ``state["train"]`` the counters
 (steps, exs, validations, best, stale, elapsed_s), ``state["data"]`` the data position from
-:func:`accelbatch.data_position.world_position` (or a list of them, one per replica), ``state["metrics"]`` anything else.
+:func:`accelbatch.data_position.world_position` (or a list of them, one per replica), ``state["metrics"]``
+anything else.
 
 Beside it: :mod:`accelbatch.rng_state` (the RNG states a checkpoint holds), :mod:`accelbatch.data_position`
 (a world's data position) and :mod:`accelbatch.run_control` (periodic saves, SIGINT/SIGTERM).

@@ -85,7 +85,7 @@ class LoaderWorld(World):
             return
         messages = batch.messages if self.training else [_as_eval(m) for m in batch.messages]
         texts = self._replies(messages, batch)
-        self.metrics.add_rows(texts, [_answers(m) for m in messages], len(messages))
+        self.metrics.add_rows(texts, [tuple(m.targets()) for m in messages], len(messages))
         self.total_exs += len(messages)
         self.real_tokens += sum(batch.lengths)
         self.padded_tokens += batch.rows * batch.padded_len
@@ -188,11 +188,6 @@ class LoaderWorld(World):
 
     def shutdown(self) -> None:
         self.loader.close()
-
-
-def _answers(message: Message) -> tuple[str, ...]:
-    """What a reply to ``message`` is scored against (labels, else eval_labels), as Metrics.add_rows takes."""
-    return tuple(message.get(LABELS) or message.get(EVAL_LABELS) or ())
 
 
 def _real_rows_only(batch: LoadedBatch) -> LoadedBatch:

@@ -8,8 +8,9 @@ and the example it served and has not yet seen answered (``last``). A slot that 
 (evaluation's end) stands between episodes and serves padding.
 
 A clone acting alone reads and writes its slot; a BatchWorld whose rows are clones in consecutive slots
-moves them all with a :class:`RowBlock`, one :func:`accelbatch.row_kernels.advance_rows` call per step. Both give the same messages in the same order (rows starting an episode take theirs from the
-shared cursor in row order), so checkpoints, evaluation counts and metrics do not depend on the path.
+moves them all with a :class:`RowBlock`, one :func:`accelbatch.row_kernels.advance_rows` call per step.
+Both give the same messages in the same order (rows starting an episode take theirs from the shared cursor
+in row order), so checkpoints, evaluation counts and metrics do not depend on the path.
 """
 
 from __future__ import annotations
@@ -56,7 +57,7 @@ class ServedExamples:
                 if not training and LABELS in msg:
                     msg[EVAL_LABELS] = msg.pop(LABELS)
                 flat.append(FrozenMessage(msg))
-                golds = tuple(msg.get(LABELS, msg.get(EVAL_LABELS)) or ())
+                golds = tuple(msg.targets())
                 answers.append(distinct.setdefault(golds, golds))
                 episode_of.append(index)
             ends.append(len(flat))

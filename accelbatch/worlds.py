@@ -129,8 +129,9 @@ class BatchWorld(World):
     When the rows are a plain FixedTeacher and a model agent (the usual case), the teachers' clones move as
     one :class:`~accelbatch.teacher_rows.RowBlock` and their replies are scored in one
     :meth:`~accelbatch.metrics.Metrics.add_replies`: the same examples in the same order as each clone acting
-    and observing in turn, the per-row loops in :mod:`accelbatch.row_kernels`. A model agent that keeps the base ``observe``
-    then gets the examples straight in ``batch_act`` (its clones do not store them as ``observation``).
+    and observing in turn, the per-row loops in :mod:`accelbatch.row_kernels`. A model agent that keeps the
+    base ``observe`` then gets the examples straight in ``batch_act`` (its clones do not store them as
+    ``observation``).
     """
 
     def __init__(self, opts: Opts, world: World, rows: int):

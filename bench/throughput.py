@@ -179,7 +179,7 @@ def part_overhead(args: argparse.Namespace) -> dict[str, float]:
         metrics = Metrics()
         distinct: dict[tuple[str, ...], tuple[str, ...]] = {}  # one tuple per distinct answers, as the teacher keeps
         answers = [distinct.setdefault(golds, golds)
-                   for golds in (tuple(m.get("labels") or m.get("eval_labels") or ()) for m in examples)]
+                   for golds in (tuple(m.targets()) for m in examples)]
 
         def bare_with_metrics() -> int:  # the bare loop plus the world's scoring of its replies: metrics' share
             start = position[0] if position[0] + chunk <= len(examples) else 0

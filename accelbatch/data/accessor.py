@@ -70,7 +70,8 @@ import torch
 
 from accelbatch.data.rebatch import rebatch
 
-__all__ = ["AsyncDataAccessor", "pickle_batch", "AccessorError", "EmptySourceError", "WorkerDiedError", "WorkerTimeoutError"]
+__all__ = ["AsyncDataAccessor", "pickle_batch", "AccessorError", "EmptySourceError", "WorkerDiedError",
+           "WorkerTimeoutError"]
 
 _ALIGN = 64
 _POLL_S = 0.2
@@ -295,8 +296,8 @@ def _pickled(exc: BaseException) -> bytes | None:
         return None
 
 
-def _worker_main(source: Any, transform: Callable | None, control: Any, ready: Any, num_slots: int, load_indefinitely: bool, first_epoch: tuple[int, int] | None,
-                 start_method: str | None) -> None:
+def _worker_main(source: Any, transform: Callable | None, control: Any, ready: Any, num_slots: int,
+                 load_indefinitely: bool, first_epoch: tuple[int, int] | None, start_method: str | None) -> None:
     # A forkserver child inherits 'forkserver' as its default start method; give the source (e.g. a torch
     # DataLoader starting its own workers) the consumer's default instead, as if it ran there.
     mp.set_start_method(start_method or mp.get_all_start_methods()[0], force=True)
