@@ -15,7 +15,9 @@ Parts (``--parts``, comma separated; all by default):
 ``metrics``   accuracy + F1 for a batch in one pass (``Metrics.add_batch``) vs one reply at a time
               (``exact_match`` + ``f1_score`` per reply); the values must be identical.
 ``async``     bag at bs 32: ``--dataloader-mode async`` with 2 workers (vectorize + batchify in the workers)
-              vs sync with everything in the main process (goal >= 1.5x).
+              vs sync with everything in the main process (goal >= 1.5x); also the CPU per example of the
+              main process and of the data processes (accessor + workers, from /proc), and the ratio those
+              allow on this machine's cores at best.
 ``dynamic``   conv at bs 32: dynamic batching batchsort / full / buckets vs none, with the pad fraction (pad
               tokens over all tokens of the text tensors fed to the model; goal >= 1.8x, pad <= 0.05).
 ``hogwild``   conv at bs 32: ``--numthreads 2`` vs 1 (goal >= 1.8x on 2 cores).
@@ -330,9 +332,42 @@ def hogwild_wired() -> bool:
             and "hogwild" in _sources("accelbatch.worlds", "accelbatch.run").lower())
 
 
+def descendants_cpu_s(root: int) -> float | None:
+    """CPU seconds (user + system) used so far by every live descendant of process ``root`` (data workers, an
+    async accessor started through the forkserver, which is a child of ``root``); None without Linux's /proc."""
+    tick = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+    parents: dict[int, int] = {}
+    cpu: dict[int, float] = {}
+    try:
+        names = os.listdir("/proc")
+    except OSError:
+        return None
+    for name in names:
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:  # gone meanwhile
+            continue
+        parents[int(name)] = int(fields[1])
+        cpu[int(name)] = (int(fields[11]) + int(fields[12])) / tick
+    children: dict[int, list[int]] = {}
+    for pid, parent in parents.items():
+        children.setdefault(parent, []).append(pid)
+    total, todo = 0.0, list(children.get(root, []))
+    while todo:
+        pid = todo.pop()
+        total += cpu[pid]
+        todo.extend(children.get(pid, []))
+    return total
+
+
 def world_speed(opts: Opts, min_seconds: float, warmup_steps: int = 5) -> tuple[float, dict[str, Any]]:
     """(examples/s of world.parley() on the --device backend, the world's report over the timed steps);
-    start-up (workers, compile) excluded."""
+    start-up (workers, compile) excluded. The report also holds ``main_cpu_exs_per_s`` (examples per CPU
+    second of this process) and, where /proc tells, ``data_cpu_s_per_ex`` (CPU seconds of the processes this
+    one started, per example: the accessor and data workers)."""
     from accelbatch.run import attach_backend
 
     world = create_world(opts)
@@ -348,11 +383,16 @@ def world_speed(opts: Opts, min_seconds: float, warmup_steps: int = 5) -> tuple[
                 world.parley()
             return world.get_total_exs() - before
 
+        others_start = descendants_cpu_s(os.getpid())
         cpu_start, exs_start = time.process_time(), world.get_total_exs()
         speed = timed(steps, min_seconds, time.perf_counter)  # wall: workers run in other processes
         cpu = time.process_time() - cpu_start
+        others_end = descendants_cpu_s(os.getpid())
+        exs = world.get_total_exs() - exs_start
         report = dict(world.report())
-        report["main_cpu_exs_per_s"] = (world.get_total_exs() - exs_start) / max(cpu, 1e-9)
+        report["main_cpu_exs_per_s"] = exs / max(cpu, 1e-9)
+        if others_start is not None and others_end is not None and exs:
+            report["data_cpu_s_per_ex"] = max(0.0, others_end - others_start) / exs
         return speed, report
     finally:
         world.shutdown()
@@ -414,12 +454,15 @@ def part_async(args: argparse.Namespace) -> dict[str, float]:
     variants = {"async, 2 workers": dict(dataloader_mode="async", num_workers=2),
                 "sync, main process": dict(dataloader_mode="sync", num_workers=0)}
     main_cpu: dict[str, list[float]] = {}
+    data_cpu: list[float] = []
     if loader_wired():
         how = "through the world"
 
         def measure(o: Opts) -> float:
             speed, report = world_speed(o, args.min_seconds * 2)
             main_cpu.setdefault(o.dataloader_mode, []).append(report["main_cpu_exs_per_s"])
+            if o.dataloader_mode == "async" and "data_cpu_s_per_ex" in report:
+                data_cpu.append(report["data_cpu_s_per_ex"])
             return speed
     elif loader_available():
         how = "loader direct: create_world does not use the loader yet"
@@ -453,7 +496,20 @@ def part_async(args: argparse.Namespace) -> dict[str, float]:
         say(f"main process CPU per example: async {1e6 / a:,.0f} us, sync {1e6 / b:,.0f} us -> the critical path "
             f"is {a / b:.2f}x shorter (what async can reach with a free core per process)")
         results["async_main_cpu_ratio"] = a / b
+        if data_cpu:
+            say(async_ceiling(1e6 / a, 1e6 * statistics.median(data_cpu), 1e6 / b, ratio, results))
     return results
+
+
+def async_ceiling(main_us: float, data_us: float, sync_us: float, measured: float, results: dict[str, float]) -> str:
+    """The best the async run can do on this machine's cores, from the CPU each process spent per example:
+    the main process cannot go faster than its own CPU, and all processes together share the cores."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    floor_us = max(main_us, (main_us + data_us) / cores)
+    results["async_data_cpu_us"], results["async_ceiling"] = data_us, sync_us / floor_us
+    return (f"data processes (accessor + workers) CPU per example: {data_us:,.0f} us; on {cores} cores an example "
+            f"takes at least max(main, (main + data) / {cores}) = {floor_us:,.0f} us of wall time: at most "
+            f"{sync_us / floor_us:.2f}x the main-process run's CPU per example (measured {measured:.2f}x)")
 
 
 # --------------------------------------------------------------------------------------------------

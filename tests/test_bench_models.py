@@ -1,6 +1,8 @@
 """The benchmark's models (trivial, bag, conv) and the one-pass metrics they are scored with."""
 
+import os
 import random
+import signal
 
 import pytest
 import torch
@@ -202,7 +204,7 @@ def test_f1_of_answers_empty_after_normalisation():
 
 # --- the benchmark script stays runnable (not timed: tiny sizes, one round) ---------------------------
 
-def test_bench_script_runs(capsys):
+def _throughput_bench():
     import importlib.util
     import pathlib
 
@@ -210,8 +212,53 @@ def test_bench_script_runs(capsys):
     spec = importlib.util.spec_from_file_location("throughput_bench", path)
     bench = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(bench)
+    return bench
+
+
+def test_bench_script_runs(capsys):
+    bench = _throughput_bench()
     results = bench.main(["--parts", "overhead,metrics", "--episodes", "60", "--eval-episodes", "30",
                           "--repeats", "1", "--min-seconds", "0.01", "--batchsizes", "1,8"])
     out = capsys.readouterr().out
     assert "ratio" in out and "identical" in out
     assert results["metrics_identical"] == 1.0 and results["overhead_bs8"] > 0
+
+
+
+_BURNER = """
+import os, subprocess, sys, time
+end = time.process_time() + 0.3
+while time.process_time() < end:
+    pass
+if sys.argv[1] == "child":  # start a grandchild that burns too, then report both CPU times and stay alive
+    grandchild = subprocess.Popen([sys.executable, "-c", sys.argv[2], "grandchild"], stdout=subprocess.PIPE,
+                                  text=True)
+    theirs = float(grandchild.stdout.readline())
+    print(sum(os.times()[:2]), theirs, flush=True)
+else:
+    print(sum(os.times()[:2]), flush=True)
+time.sleep(60)
+"""
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self"), reason="reads Linux's /proc")
+@pytest.mark.timeout(60)
+def test_descendants_cpu_counts_children_and_grandchildren():
+    """The async figures' data-process CPU (bench/throughput.py): a child and its own child each burn CPU;
+    the sums match the CPU times the two processes report themselves, to within a few clock ticks."""
+    import subprocess
+    import sys
+
+    bench = _throughput_bench()
+    child = subprocess.Popen([sys.executable, "-c", _BURNER, "child", _BURNER], stdout=subprocess.PIPE, text=True,
+                             start_new_session=True)  # its own process group: one kill ends both
+    try:
+        own, theirs = map(float, child.stdout.readline().split()[:2])
+        below_child = bench.descendants_cpu_s(child.pid)
+        below_me = bench.descendants_cpu_s(os.getpid())
+    finally:
+        os.killpg(child.pid, signal.SIGKILL)
+        child.wait()
+    assert own >= 0.3 and theirs >= 0.3
+    assert below_child == pytest.approx(theirs, abs=0.05)
+    assert below_me >= own + theirs - 0.05
