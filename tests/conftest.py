@@ -4,10 +4,17 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 
 import pytest
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+# A run started with Ctrl-C ignored (a background job of a non-interactive shell: `.ci/run &` in a script,
+# some CI runners) would pass that on to every process it starts, and the tests that press Ctrl-C on a child
+# would wait in vain. Give this process Python's usual Ctrl-C: its children then start with it too.
+if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 @pytest.fixture

@@ -230,14 +230,14 @@ def cli(lab: Path, *argv: str, timeout: float = 60) -> Ran:
 def in_process(lab: Path, capsys, monkeypatch, *argv: str) -> Ran:
     """``cli.main(argv)`` here: for bad input, which must end before any process is started."""
     monkeypatch.syspath_prepend(str(lab))
-    shm_before, children = set(os.listdir("/dev/shm")), set(live_children())
+    shm_before, children = set(os.listdir("/dev/shm")), {pid for pid, _ in live_children()}
     capsys.readouterr()
     try:
         rc = main(list(argv))
     except SystemExit as exc:  # argparse
         rc = exc.code
     out, err = capsys.readouterr()
-    left = {pid for pid, _ in set(live_children()) - children}
+    left = {pid for pid, _ in live_children()} - children  # new processes (one that was there and changed state is not)
     return Ran(rc, out, err, left, shm_left(shm_before, {os.getpid()}, settle_s=0.0))
 
 

@@ -282,11 +282,16 @@ def test_ctrl_c_or_a_vanished_consumer_leave_no_worker(tmp_path, how):
     shm = set(os.listdir("/dev/shm"))
     proc = subprocess.Popen([sys.executable, str(script), how], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True, env=env)
-    worker = int(proc.stdout.readline())
-    if how == "ctrl-c":
-        time.sleep(1.0)
-        proc.send_signal(signal.SIGINT)
-    _, err = proc.communicate(timeout=30)
+    try:
+        worker = int(proc.stdout.readline())
+        if how == "ctrl-c":
+            time.sleep(1.0)
+            proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=30)
+    finally:  # a consumer that did not stop must not outlive the test
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
     if how == "ctrl-c":
         assert proc.returncode != 0 and "KeyboardInterrupt" in err
         assert "Traceback" not in err.split("KeyboardInterrupt")[-1]     # the worker printed nothing
