@@ -397,8 +397,13 @@ def _assert_child_traceback(ran: Ran, *fragments: str) -> None:
         assert fragment in ran.err, (fragment, ran.err)
 
 
+DATA_PROCESSES = [["--num-workers", "1"], ["--dataloader-mode", "async"],
+                  ["--dataloader-mode", "async", "--num-workers", "2"]]
+DATA_PROCESS_IDS = ["workers", "async", "async-workers"]
+
+
 @pytest.mark.timeout(60)
-@pytest.mark.parametrize("mode", [["--num-workers", "1"], ["--dataloader-mode", "async"]], ids=["workers", "async"])
+@pytest.mark.parametrize("mode", DATA_PROCESSES, ids=DATA_PROCESS_IDS)
 def test_a_crashing_data_worker_shows_its_traceback(lab, mode):
     ran = cli(lab, "train", "-t", f"jsonl:{lab}/qa60.jsonl", "-m", "faulty:DataWorkerCrash", "-bs", "4",
               "-tstep", "5", *mode, *QUICK)
@@ -407,7 +412,7 @@ def test_a_crashing_data_worker_shows_its_traceback(lab, mode):
 
 
 @pytest.mark.timeout(60)
-@pytest.mark.parametrize("mode", [["--num-workers", "1"], ["--dataloader-mode", "async"]], ids=["workers", "async"])
+@pytest.mark.parametrize("mode", DATA_PROCESSES, ids=DATA_PROCESS_IDS)
 def test_a_hanging_data_worker_times_out_naming_the_option(lab, mode):
     ran = cli(lab, "train", "-t", f"jsonl:{lab}/qa60.jsonl", "-m", "faulty:DataWorkerHang", "-bs", "4",
               "-tstep", "5", "--data-timeout-s", "0.5", *mode, *QUICK)

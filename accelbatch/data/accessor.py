@@ -277,8 +277,9 @@ class _Worker:
             except (_Stop, KeyboardInterrupt, SystemExit):
                 raise
             except BaseException as exc:  # the source failed: report and wait for orders
-                self.ready.send(("error", epoch, _pickled(exc), f"{type(exc).__name__}: {exc}",
-                                traceback.format_exc()))
+                # a data worker's exception carries that worker's traceback: more use than this process's
+                text = getattr(exc, "worker_traceback", None) or traceback.format_exc()
+                self.ready.send(("error", epoch, _pickled(exc), f"{type(exc).__name__}: {exc}", text))
                 epoch = None
                 continue
             if finished:  # pass ids are (generation, number): the consumer bumps the generation to restart

@@ -68,13 +68,16 @@ rows through the workers (which vectorize them again) and the accessor discards 
 batches without batchifying them. Batches buffered ahead (data workers, the accessor, a dynamic-batching
 cache) are never counted: the position is where the caller's consumption is.
 
-Modes (``--dataloader-mode``), with ``--num-workers`` W data worker processes (torch DataLoader workers):
+Modes (``--dataloader-mode``), with ``--num-workers`` W data worker processes:
 
 ``sync``
     batches are produced in the caller's process (W = 0) or by W workers, as torch's DataLoader does.
 ``async``
-    the same DataLoader is iterated by an :class:`~accelbatch.data.accessor.AsyncDataAccessor` process
-    that keeps ``buffer_size`` batches ready in shared memory while the caller computes.
+    an :class:`~accelbatch.data.accessor.AsyncDataAccessor` process keeps ``buffer_size`` batches ready in
+    shared memory while the caller computes. It collates them itself (W = 0) or has W workers do it: a
+    :class:`~accelbatch.data.plan_pool.PlanPool` for in-memory data (every batch is planned before a
+    worker sees it, so the accessor deals batches to the workers in turn, with less per-batch work than
+    torch's DataLoader), torch's DataLoader workers for streams.
 ``async-rebatched``
     streams: workers emit small chunks of vectorized rows, the accessor process re-forms the batches (with
     the dynamic batching strategy) and batchifies them, so no worker drops a partial tail (PopTorch's
@@ -89,13 +92,11 @@ to ``rows``, and the tensors named in ``seq_keys`` (default ``text_vec``) are ze
 
 from __future__ import annotations
 
-import gc
 import hashlib
 import logging
 import os
 import pickle
 import random
-import signal
 from dataclasses import dataclass, fields, replace
 from typing import Any, Callable, Iterator, Sequence
 
@@ -106,6 +107,7 @@ from accelbatch.data.accessor import AsyncDataAccessor, pickle_batch
 from accelbatch.data.batching import (STRATEGIES, Batch, BatchingConfig, BatchStats, BucketShape, MessageLength,
                                       batch_stats, default_max_tokens, plan_buckets)
 from accelbatch.data.datasets import ExampleDataset, ShardEnd, StreamDataset, StreamResume, StreamSource
+from accelbatch.data.plan_pool import PlanPool, init_data_worker
 from accelbatch.data.rebatch import tree_map
 from accelbatch.data.stream_position import StreamProgress, read_stream_position
 from accelbatch.data.sharding import ShardSpec, even_shards
@@ -347,16 +349,6 @@ class _MapDataset(Dataset):
         return _pack(out) if self.pack else out
 
 
-def _init_data_worker(worker_id: int) -> None:
-    """Set up a DataLoader worker: it leaves Ctrl-C to the run (which saves, then stops the workers), so no
-    handler of the run's inherited by a forked worker prints or acts on it; and it freezes what it inherited
-    from its parent (the dataset among it), which lives as long as the worker, out of the garbage collector's
-    reach: otherwise every full collection walks it and, in a forked worker, copies each page it touches
-    (bench: 2 async workers spent 95 us of CPU per example, 58 us frozen)."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    gc.freeze()
-
-
 def _identity(x: Any) -> Any:
     return x
 
@@ -495,7 +487,7 @@ def _unpack_all(items: Iterator[Any]) -> Iterator[Any]:
 class Loader:
     """Re-iterable source of :class:`LoadedBatch` (see the module docstring); build with :func:`make_loader`."""
 
-    def __init__(self, dataloader: DataLoader, config: LoaderConfig, *, sampler: _PlanSampler | None,
+    def __init__(self, dataloader: DataLoader | PlanPool, config: LoaderConfig, *, sampler: _PlanSampler | None,
                  transform: Callable | None, shapes: Sequence[BucketShape] | None, streaming: bool):
         self.config, self.sampler = config, sampler
         self.shapes = list(shapes) if shapes else None
@@ -727,7 +719,7 @@ def make_loader(data: Any, config: LoaderConfig | Any | None = None, *, collate:
     # from the epoch set when the workers start; torch starts every worker's pass, so the counts agree
     loader_kwargs: dict[str, Any] = dict(batch_size=None, num_workers=workers, collate_fn=_identity,
                                          persistent_workers=workers > 0,
-                                         worker_init_fn=_init_data_worker if workers > 0 else None)
+                                         worker_init_fn=init_data_worker if workers > 0 else None)
     if workers > 0:
         loader_kwargs["timeout"] = config.timeout_s
 
@@ -737,8 +729,11 @@ def make_loader(data: Any, config: LoaderConfig | Any | None = None, *, collate:
         lengths = dataset.lengths
         batching = _batching(config, lengths, pad_rows, streaming=False)
         sampler = _PlanSampler(lengths, config, batching, training, shard)
-        dataloader = _PlanDataLoader(_MapDataset(dataset, finisher, pack=workers > 0), sampler=sampler,
-                                     **loader_kwargs)
+        mapped = _MapDataset(dataset, finisher, pack=workers > 0)
+        if workers > 0 and config.mode != "sync":  # the accessor's own worker pool (see plan_pool)
+            dataloader: DataLoader | PlanPool = PlanPool(mapped, sampler, workers, timeout_s=config.timeout_s)
+        else:
+            dataloader = _PlanDataLoader(mapped, sampler=sampler, **loader_kwargs)
         return Loader(dataloader, config, sampler=sampler, transform=None, shapes=batching.shapes, streaming=False)
 
     # streams
