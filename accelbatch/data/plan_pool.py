@@ -187,7 +187,7 @@ class PlanPool:
         sent = received = 0
         try:
             while sent < min(len(planned), self.num_workers * self.prefetch):
-                self._conns[sent % self.num_workers].send(planned[sent])
+                self._send(sent % self.num_workers, planned[sent])
                 sent += 1
             while received < len(planned):
                 payload = self._receive(received % self.num_workers)
@@ -195,7 +195,7 @@ class PlanPool:
                 if payload[:1] == _ERROR:
                     raise self._worker_error(received - 1, payload[1:])
                 if sent < len(planned):
-                    self._conns[sent % self.num_workers].send(planned[sent])
+                    self._send(sent % self.num_workers, planned[sent])
                     sent += 1
                 yield payload
         finally:
@@ -221,20 +221,31 @@ class PlanPool:
                 if message is not None:
                     return message
             if ready:  # the worker's end closed or it exited, with nothing more to read
-                proc.join(1.0)
-                code = proc.exitcode
-                how = (f"was killed by signal {-code}" if code is not None and code < 0 else
-                       f"exited with code {code}" if code is not None else "closed its pipe")
-                self.close()
-                raise DataWorkerDiedError(
-                    f"data worker {k} (pid {proc.pid}) {how} while loading a batch (--num-workers; killed from "
-                    "outside, out of memory, or a crash in native code?); the workers were stopped")
+                raise self._died(k)
             if time.monotonic() >= deadline:
                 pid = proc.pid
                 self.close()
                 raise DataWorkerTimeoutError(
                     f"no batch from data worker {k} (pid {pid}) within --data-timeout-s={self.timeout_s:g} s: a "
                     "worker hangs, or one batch takes longer than that (raise it if so); the workers were stopped")
+
+    def _send(self, worker: int, planned: Any) -> None:
+        try:
+            self._conns[worker].send(planned)
+        except OSError:  # its end is closed: it died
+            raise self._died(worker) from None
+
+    def _died(self, k: int) -> DataWorkerDiedError:
+        """Stop the pool after worker ``k`` ended; the error to raise, naming it and how it ended."""
+        proc = self._procs[k]
+        proc.join(1.0)
+        code = proc.exitcode
+        how = (f"was killed by signal {-code}" if code is not None and code < 0 else
+               f"exited with code {code}" if code is not None else "closed its pipe")
+        self.close()
+        return DataWorkerDiedError(
+            f"data worker {k} (pid {proc.pid}) {how} while loading a batch (--num-workers; killed from outside, "
+            "out of memory, or a crash in native code?); the workers were stopped")
 
     def _worker_error(self, index: int, message: bytes) -> BaseException:
         """The exception a worker reported for batch ``index`` of the pass, with its traceback attached."""
@@ -246,7 +257,13 @@ class PlanPool:
                 exc = pickle.loads(data)
             except Exception:  # noqa: BLE001
                 exc = None
-        if not isinstance(exc, BaseException):
-            exc = AccessorError(f"data worker {k} raised {summary}")
-        exc.worker_traceback = f"(in data worker {k}, pid {self._procs[k].pid})\n{text}"  # type: ignore[attr-defined]
-        return exc
+        where = f"(in data worker {k}, pid {self._procs[k].pid})\n{text}"
+        if isinstance(exc, BaseException):
+            try:
+                exc.worker_traceback = where  # type: ignore[attr-defined]
+                return exc
+            except AttributeError:  # an exception type that takes no attributes
+                pass
+        error = AccessorError(f"data worker {k} raised {summary}")
+        error.worker_traceback = where  # type: ignore[attr-defined]
+        return error

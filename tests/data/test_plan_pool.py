@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import os
 import pickle
+import signal
 import time
 
 import pytest
 import torch
 
+from accelbatch.data.accessor import AccessorError
 from accelbatch.data.loader import make_loader
 from accelbatch.data.plan_pool import DataWorkerDiedError, DataWorkerTimeoutError, PlanPool
 
@@ -31,6 +33,14 @@ class Plan:
         return len(self.items)
 
 
+class HoldsAFunction(Exception):
+    """An exception that pickle cannot send (it holds a lambda)."""
+
+    def __init__(self) -> None:
+        super().__init__("holds a function")
+        self.fn = lambda: 0
+
+
 class Echo:
     """A packed payload naming the item, the process and torch's worker info; ``faults`` maps an item to
     what goes wrong while loading it."""
@@ -42,8 +52,12 @@ class Echo:
         fault = self.faults.get(item)
         if fault == "raise":
             raise ValueError(f"item {item} is malformed")
+        if fault == "unpicklable":
+            raise HoldsAFunction()
         if fault == "exit":
             os._exit(3)
+        if fault == "kill":
+            os.kill(os.getpid(), signal.SIGKILL)
         if fault == "hang":
             time.sleep(60)
         info = torch.utils.data.get_worker_info()
@@ -101,10 +115,22 @@ def test_an_exception_in_a_worker_reaches_the_caller_with_its_traceback(no_leaks
 
 
 @pytest.mark.timeout(60)
-def test_a_worker_that_dies_is_an_error_naming_it(no_leaks):
-    pool = PlanPool(Echo({4: "exit"}), Plan(list(range(8))), num_workers=2)
+def test_an_exception_pickle_cannot_send_arrives_as_its_summary(no_leaks):
+    pool = PlanPool(Echo({2: "unpicklable"}), Plan(list(range(4))), num_workers=2)
+    try:
+        with pytest.raises(AccessorError, match="data worker 0 raised HoldsAFunction: holds a function") as caught:
+            _decode(pool)
+        assert "in __getitem__" in caught.value.worker_traceback
+    finally:
+        pool.close()
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("fault, how", [("exit", "exited with code 3"), ("kill", "was killed by signal 9")])
+def test_a_worker_that_dies_is_an_error_naming_it(fault, how, no_leaks):
+    pool = PlanPool(Echo({4: fault}), Plan(list(range(8))), num_workers=2)
     start = time.monotonic()
-    with pytest.raises(DataWorkerDiedError, match=r"data worker 0 \(pid \d+\) exited with code 3"):
+    with pytest.raises(DataWorkerDiedError, match=rf"data worker 0 \(pid \d+\) {how}"):
         _decode(pool)
     assert time.monotonic() - start < 20
     assert pool.pids == []  # the other worker was stopped too
