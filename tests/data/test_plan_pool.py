@@ -68,67 +68,69 @@ def _decode(payloads) -> list[tuple]:
     return [pickle.loads(p) for p in payloads]
 
 
-@pytest.mark.timeout(60)
-def test_batches_come_in_plan_order_from_every_worker(no_leaks):
-    items = [7, 3, 9, 1, 4, 8, 2, 6, 5, 0, 11]
-    pool = PlanPool(Echo(), Plan(items), num_workers=3)
-    try:
-        for _ in range(2):  # the same workers serve both passes
-            got = _decode(pool)
-            assert [g[0] for g in got] == items
-            assert [g[2] for g in got] == [k % 3 for k in range(len(items))]  # batch k from worker k mod 3
-            assert {g[3] for g in got} == {3}
-            assert {g[1] for g in got} == set(pool.pids) and os.getpid() not in pool.pids
-    finally:
+@pytest.fixture
+def pools(no_leaks):
+    """``pools(dataset, plan, **options)``: a PlanPool that is closed after the test (before the leak check)."""
+    made: list[PlanPool] = []
+
+    def make(dataset, plan, **options) -> PlanPool:
+        made.append(PlanPool(dataset, plan, **options))
+        return made[-1]
+
+    yield make
+    for pool in made:
         pool.close()
+
+
+@pytest.mark.timeout(60)
+def test_batches_come_in_plan_order_from_every_worker(pools):
+    items = [7, 3, 9, 1, 4, 8, 2, 6, 5, 0, 11]
+    pool = pools(Echo(), Plan(items), num_workers=3)
+    for _ in range(2):  # the same workers serve both passes
+        got = _decode(pool)
+        assert [g[0] for g in got] == items
+        assert [g[2] for g in got] == [k % 3 for k in range(len(items))]  # batch k from worker k mod 3
+        assert {g[3] for g in got} == {3}
+        assert {g[1] for g in got} == set(pool.pids) and os.getpid() not in pool.pids
     assert pool.sampler.passes == 2
 
 
 @pytest.mark.timeout(60)
-def test_a_pass_left_early_leaves_the_next_pass_clean(no_leaks):
+def test_a_pass_left_early_leaves_the_next_pass_clean(pools):
     items = list(range(20))
-    pool = PlanPool(Echo(), Plan(items), num_workers=2, prefetch=3)
-    try:
-        first = iter(pool)
-        assert [pickle.loads(next(first))[0] for _ in range(2)] == [0, 1]
-        first.close()  # 6 batches were out; they are collected, not served to the next pass
-        assert [g[0] for g in _decode(pool)] == items
-    finally:
-        pool.close()
+    pool = pools(Echo(), Plan(items), num_workers=2, prefetch=3)
+    first = iter(pool)
+    assert [pickle.loads(next(first))[0] for _ in range(2)] == [0, 1]
+    first.close()  # 6 batches were out; they are collected, not served to the next pass
+    assert [g[0] for g in _decode(pool)] == items
 
 
 @pytest.mark.timeout(60)
-def test_an_exception_in_a_worker_reaches_the_caller_with_its_traceback(no_leaks):
-    pool = PlanPool(Echo({5: "raise"}), Plan(list(range(8))), num_workers=2)
-    try:
-        for _ in range(2):  # the workers stay up: the next pass gets as far again
-            served = []
-            with pytest.raises(ValueError, match="item 5 is malformed") as caught:
-                for payload in pool:
-                    served.append(pickle.loads(payload)[0])
-            assert served == [0, 1, 2, 3, 4]
-            text = caught.value.worker_traceback
-            assert text.startswith("(in data worker 1, pid ") and "in __getitem__" in text
-            assert len(pool.pids) == 2
-    finally:
-        pool.close()
+def test_an_exception_in_a_worker_reaches_the_caller_with_its_traceback(pools):
+    pool = pools(Echo({5: "raise"}), Plan(list(range(8))), num_workers=2)
+    for _ in range(2):  # the workers stay up: the next pass gets as far again
+        served = []
+        with pytest.raises(ValueError, match="item 5 is malformed") as caught:
+            for payload in pool:
+                served.append(pickle.loads(payload)[0])
+        assert served == [0, 1, 2, 3, 4]
+        text = caught.value.worker_traceback
+        assert text.startswith("(in data worker 1, pid ") and "in __getitem__" in text
+        assert len(pool.pids) == 2
 
 
 @pytest.mark.timeout(60)
-def test_an_exception_pickle_cannot_send_arrives_as_its_summary(no_leaks):
-    pool = PlanPool(Echo({2: "unpicklable"}), Plan(list(range(4))), num_workers=2)
-    try:
-        with pytest.raises(AccessorError, match="data worker 0 raised HoldsAFunction: holds a function") as caught:
-            _decode(pool)
-        assert "in __getitem__" in caught.value.worker_traceback
-    finally:
-        pool.close()
+def test_an_exception_pickle_cannot_send_arrives_as_its_summary(pools):
+    pool = pools(Echo({2: "unpicklable"}), Plan(list(range(4))), num_workers=2)
+    with pytest.raises(AccessorError, match="data worker 0 raised HoldsAFunction: holds a function") as caught:
+        _decode(pool)
+    assert "in __getitem__" in caught.value.worker_traceback
 
 
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("fault, how", [("exit", "exited with code 3"), ("kill", "was killed by signal 9")])
-def test_a_worker_that_dies_is_an_error_naming_it(fault, how, no_leaks):
-    pool = PlanPool(Echo({4: fault}), Plan(list(range(8))), num_workers=2)
+def test_a_worker_that_dies_is_an_error_naming_it(fault, how, pools):
+    pool = pools(Echo({4: fault}), Plan(list(range(8))), num_workers=2)
     start = time.monotonic()
     with pytest.raises(DataWorkerDiedError, match=rf"data worker 0 \(pid \d+\) {how}"):
         _decode(pool)
@@ -137,8 +139,8 @@ def test_a_worker_that_dies_is_an_error_naming_it(fault, how, no_leaks):
 
 
 @pytest.mark.timeout(60)
-def test_a_hanging_worker_times_out_naming_the_option(no_leaks):
-    pool = PlanPool(Echo({2: "hang"}), Plan(list(range(6))), num_workers=2, timeout_s=0.5)
+def test_a_hanging_worker_times_out_naming_the_option(pools):
+    pool = pools(Echo({2: "hang"}), Plan(list(range(6))), num_workers=2, timeout_s=0.5)
     start = time.monotonic()
     with pytest.raises(DataWorkerTimeoutError, match=r"--data-timeout-s=0.5"):
         _decode(pool)
@@ -147,10 +149,10 @@ def test_a_hanging_worker_times_out_naming_the_option(no_leaks):
 
 
 @pytest.mark.timeout(60)
-def test_workers_end_when_the_accessor_side_is_gone(no_leaks):
+def test_workers_end_when_the_accessor_side_is_gone(pools):
     """Only the pool's own end keeps a worker's pipe open (forked workers close the copies they inherit), so
     when the accessor process dies its workers see the pipe close and exit."""
-    pool = PlanPool(Echo(), Plan(list(range(6))), num_workers=3)
+    pool = pools(Echo(), Plan(list(range(6))), num_workers=3)
     _decode(pool)
     procs = list(pool._procs)
     for conn in pool._conns:
