@@ -218,13 +218,17 @@ def _train_loop(world: World, opts: Opts, log: MetricsLog, backend: Any, stop: S
         if state.exs >= target_exs:
             break
         # between world steps: every call's D updates (and their G-micro-batch windows) are complete
-        if _collective_flag(backend, saver.due() or stop.requested is not None):
+        # replicas decide together: one that has its stop signal a step later than another must still
+        # stop at the same step, or it would wait alone in the next step's collectives
+        stopping = stop.requested is not None
+        save, stopping = _collective_flags(backend, saver.due() or stopping, stopping)
+        if save:
             _checkpoint(world, opts, state, model, backend, next_validation)
-            if stop.requested is not None:
+            if stopping:
                 if bar is not None:
                     bar.close()
-                raise KeyboardInterrupt(f"{stop.name}: checkpoint saved to {opts.model_file}; "
-                                        "continue with --resume")
+                raise KeyboardInterrupt(f"{stop.name or 'a stop signal to another replica'}: checkpoint saved to "
+                                        f"{opts.model_file}; continue with --resume")
     if opts.model_file and opts.save_every_n_secs > 0:
         _checkpoint(world, opts, state, model, backend, next_validation)  # a resume goes on from here
     if bar is not None:
@@ -261,16 +265,17 @@ def _gather(backend: Any, obj: Any) -> list[Any]:
     return out
 
 
-def _collective_flag(backend: Any, flag: bool) -> bool:
-    """True on every replica when it is True on any (all must join a checkpoint's gather)."""
+def _collective_flags(backend: Any, *flags: bool) -> tuple[bool, ...]:
+    """Each flag True on every replica when it is True on any (all must join a checkpoint's gather, and
+    stop at the same step); one all-reduce for all of them."""
     if backend.world_size == 1:
-        return flag
+        return flags
     import torch
     import torch.distributed as dist
 
-    value = torch.tensor([int(flag)])
+    value = torch.tensor([int(f) for f in flags])
     dist.all_reduce(value, op=dist.ReduceOp.MAX)
-    return bool(value.item())
+    return tuple(bool(v) for v in value.tolist())
 
 
 def _checkpoint(world: World, opts: Opts, state: TrainState, model: Agent, backend: Any,

@@ -39,6 +39,7 @@ FAULTY = textwrap.dedent('''
     """Agents that go wrong on purpose: FAULT says what, WHERE in which process, AT at which call."""
     import multiprocessing
     import os
+    import signal
     import time
 
     import torch
@@ -64,6 +65,8 @@ FAULTY = textwrap.dedent('''
             os.kill(os.getpid(), 9)
         if fault == "hang":
             time.sleep(3600)
+        if fault == "sigint":  # a stop signal that reaches this process alone
+            os.kill(os.getpid(), signal.SIGINT)
 
 
     class Toy(nn.Module):
@@ -121,6 +124,7 @@ FAULTY = textwrap.dedent('''
     ReplicaHang = _agent("ReplicaHang", "hang", "rank1", at=2)
     ReplicaDies = _agent("ReplicaDies", "die", "rank1", at=2)
     HogwildCrash = _agent("HogwildCrash", "crash", "hogwild-1", at=1)
+    ReplicaSignalled = _agent("ReplicaSignalled", "sigint", "rank1", at=3)
 ''')
 
 QUICK = ["--no-progress", "-veps", "-1", "--eval-splits", ""]  # no validation, no final evaluation
@@ -466,6 +470,20 @@ def test_a_crashing_hogwild_process_shows_its_traceback(lab):
 
 
 # --- signals --------------------------------------------------------------------------------------------
+@pytest.mark.timeout(90)
+def test_a_stop_signal_reaching_one_replica_stops_all_at_the_same_step(lab, tmp_path):
+    """Only replica 1 gets SIGINT (a signal sent to one process, or one delivered a step later than the other's):
+    the replicas still agree to save and stop at one step, instead of one waiting alone in the next step."""
+    model = tmp_path / "model.pt"
+    begun = time.monotonic()
+    ran = _two_replicas(lab, "ReplicaSignalled", "-mf", str(model), "--save-every-n-secs", "1000")
+    assert ran.rc == 130, ran.err
+    assert f"checkpoint saved to {model}; continue with --resume" in ran.err.strip().splitlines()[-1], ran.err
+    assert "Traceback" not in ran.err and (tmp_path / "model.pt.ckpt" / "MANIFEST.json").exists()
+    assert time.monotonic() - begun < 60
+    ran.assert_clean()
+
+
 @pytest.mark.timeout(90)
 @pytest.mark.parametrize("how, to_group, extra", [
     ("SIGINT", True, ["-rf", "2"]),
