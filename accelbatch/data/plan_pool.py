@@ -118,9 +118,13 @@ def _worker_main(dataset: Any, conn: Any, worker_id: int, num_workers: int, seed
 
 class PlanPool:
     """Re-iterable source of packed batches: ``dataset[planned]`` for each ``planned`` item of a pass of
-    ``sampler`` (see the module docstring). ``dataset`` must return bytes (a packed LoadedBatch)."""
+    ``sampler`` (see the module docstring). ``dataset`` must return bytes (a packed LoadedBatch).
 
-    def __init__(self, dataset: Any, sampler: Any, num_workers: int, timeout_s: float = 60.0, prefetch: int = 2):
+    ``prefetch``: batches out per worker. 4 rather than torch's 2: a worker then still has work when the
+    accessor is off the CPU for a while (2 cores, 4 processes: 3-7% faster in 4 of 4 alternating rounds,
+    bag bs 32; 8 was no better than 4)."""
+
+    def __init__(self, dataset: Any, sampler: Any, num_workers: int, timeout_s: float = 60.0, prefetch: int = 4):
         if num_workers < 1:
             raise ValueError(f"PlanPool: num_workers must be at least 1, got {num_workers}")
         self.dataset, self.sampler = dataset, sampler
