@@ -279,7 +279,7 @@ class _Worker:
             except BaseException as exc:  # the source failed: report and wait for orders
                 # a data worker's exception carries that worker's traceback: more use than this process's
                 text = getattr(exc, "worker_traceback", None) or traceback.format_exc()
-                self.ready.send(("error", epoch, _pickled(exc), f"{type(exc).__name__}: {exc}", text))
+                self.ready.send(("error", epoch, pickle_exception(exc), f"{type(exc).__name__}: {exc}", text))
                 epoch = None
                 continue
             if finished:  # pass ids are (generation, number): the consumer bumps the generation to restart
@@ -288,13 +288,25 @@ class _Worker:
                 epoch, self.restart = self.restart, None
 
 
-def _pickled(exc: BaseException) -> bytes | None:
+def pickle_exception(exc: BaseException) -> bytes | None:
+    """``exc`` pickled for another process, or None if it does not survive the round trip."""
     try:
         data = pickle.dumps(exc)
         pickle.loads(data)
         return data
     except Exception:
         return None
+
+
+def unpickle_exception(data: bytes | None, fallback: str) -> BaseException:
+    """The exception :func:`pickle_exception` sent, or an :class:`AccessorError` saying ``fallback``."""
+    exc: Any = None
+    if data is not None:
+        try:
+            exc = pickle.loads(data)
+        except Exception:
+            exc = None
+    return exc if isinstance(exc, BaseException) else AccessorError(fallback)
 
 
 def _worker_main(source: Any, transform: Callable | None, control: Any, ready: Any, num_slots: int,
@@ -493,14 +505,7 @@ class AsyncDataAccessor:
         _, _, data, summary, tb = msg
         pid = self._process.pid
         self.terminate()
-        exc: BaseException | None = None
-        if data is not None:
-            try:
-                exc = pickle.loads(data)
-            except Exception:
-                exc = None
-        if not isinstance(exc, BaseException):
-            exc = AccessorError(f"AsyncDataAccessor: the worker raised {summary}")
+        exc = unpickle_exception(data, f"AsyncDataAccessor: the worker raised {summary}")
         exc.add_note(f"(raised in the AsyncDataAccessor worker process, pid {pid}; its traceback:)\n{tb}")
         raise exc from WorkerTraceback(tb)
 

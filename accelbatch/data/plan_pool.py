@@ -39,7 +39,7 @@ from typing import Any, Iterator
 
 import torch
 
-from accelbatch.data.accessor import AccessorError
+from accelbatch.data.accessor import AccessorError, pickle_exception, unpickle_exception
 
 _ERROR = b"E"      # first byte of an error message; a payload starts with pickle's protocol byte
 _WATCH_S = 5.0     # a worker idle this long checks that the accessor is still its parent
@@ -76,12 +76,7 @@ def _set_worker_info(worker_id: int, num_workers: int, seed: int, dataset: Any) 
 
 
 def _error_message(exc: BaseException) -> bytes:
-    try:
-        data: bytes | None = pickle.dumps(exc)
-        pickle.loads(data)
-    except Exception:  # noqa: BLE001 - an exception that does not survive pickling: its summary only
-        data = None
-    return _ERROR + pickle.dumps((data, f"{type(exc).__name__}: {exc}", traceback.format_exc()))
+    return _ERROR + pickle.dumps((pickle_exception(exc), f"{type(exc).__name__}: {exc}", traceback.format_exc()))
 
 
 def _worker_main(dataset: Any, conn: Any, worker_id: int, num_workers: int, seed: int,
@@ -255,19 +250,12 @@ class PlanPool:
         """The exception a worker reported for batch ``index`` of the pass, with its traceback attached."""
         k = index % self.num_workers
         data, summary, text = pickle.loads(message)
-        exc: BaseException | None = None
-        if data is not None:
-            try:
-                exc = pickle.loads(data)
-            except Exception:  # noqa: BLE001
-                exc = None
         where = f"(in data worker {k}, pid {self._procs[k].pid})\n{text}"
-        if isinstance(exc, BaseException):
-            try:
-                exc.worker_traceback = where  # type: ignore[attr-defined]
-                return exc
-            except AttributeError:  # an exception type that takes no attributes
-                pass
-        error = AccessorError(f"data worker {k} raised {summary}")
-        error.worker_traceback = where  # type: ignore[attr-defined]
-        return error
+        exc = unpickle_exception(data, f"data worker {k} raised {summary}")
+        try:
+            exc.worker_traceback = where  # type: ignore[attr-defined]
+            return exc
+        except AttributeError:  # an exception type that takes no attributes
+            error = AccessorError(f"data worker {k} raised {summary}")
+            error.worker_traceback = where  # type: ignore[attr-defined]
+            return error
