@@ -7,8 +7,7 @@ bounded cache, so they serve map-style and streaming datasets alike:
     fixed ``batch_size`` rows in arrival order.
 ``batchsort``
     fixed ``batch_size`` rows; inside a cache of ``cache_size`` examples the examples are sorted by length, so
-    similar lengths share a batch (:class:`SortBatcher`). For streams read from disk ParlAI's variant groups
-    lengths that differ by less than ``length_range`` (:class:`RangeBatcher`).
+    similar lengths share a batch (:class:`SortBatcher`).
 ``full``
     a token budget (:class:`TokenBatcher`): the row count varies so that ``rows x longest`` (the padded
     rectangle a device really computes, ``count="padded"``, the default) or the sum of the lengths
@@ -120,13 +119,14 @@ def word_count(text: str | None) -> int:
 
 
 class MessageLength:
-    """Picklable length function for Messages: words of ``text`` (clipped at ``truncate`` when > 0)."""
+    """Picklable length function for Messages: words of the history (``full_text``, else ``text``), clipped
+    at ``truncate`` when > 0."""
 
-    def __init__(self, truncate: int = -1, key: str = "text"):
-        self.truncate, self.key = truncate, key
+    def __init__(self, truncate: int = -1):
+        self.truncate = truncate
 
     def __call__(self, msg: Any) -> int:
-        n = word_count(msg.get(self.key) if isinstance(msg, dict) else msg)
+        n = word_count(msg.get("full_text", msg.get("text")) if isinstance(msg, dict) else msg)
         return min(n, self.truncate) if self.truncate and self.truncate > 0 else n
 
 
@@ -220,45 +220,6 @@ class SortBatcher(Batcher[T]):
         if self.rng is not None:
             self.rng.shuffle(out)
         return out
-
-
-class RangeBatcher(Batcher[T]):
-    """Streaming ``batchsort`` (ParlAI's on-the-fly sorter): lengths within ``length_range`` share a batch.
-
-    Examples wait in groups keyed by ``length // length_range``; a group that reaches ``batch_size`` is
-    emitted. The cache is bounded: past ``cache_size`` waiting examples the fullest group leaves as a partial
-    batch, so memory never grows with the stream.
-    """
-
-    def __init__(self, batch_size: int, length_range: int = 5, cache_size: int = 1000, pad_rows: bool = False):
-        _check_positive("batch_size", batch_size)
-        _check_positive("batch_length_range", length_range)
-        _check_positive("batch_sort_cache_size", cache_size)
-        self.batch_size, self.length_range, self.pad_rows = batch_size, length_range, pad_rows
-        self.cache_size = max(cache_size, batch_size)
-        self._groups: dict[int, list[tuple[T, int]]] = defaultdict(list)
-        self._waiting = 0
-
-    def _emit(self, key: int) -> Batch[T]:
-        group = self._groups.pop(key)
-        self._waiting -= len(group)
-        return make_batch([p[0] for p in group], [p[1] for p in group],
-                          rows=self.batch_size if self.pad_rows else None)
-
-    def push(self, item: T, length: int) -> list[Batch[T]]:
-        key = length // self.length_range
-        group = self._groups[key]
-        group.append((item, length))
-        self._waiting += 1
-        if len(group) >= self.batch_size:
-            return [self._emit(key)]
-        if self._waiting > self.cache_size:
-            fullest = max(self._groups, key=lambda k: len(self._groups[k]))
-            return [self._emit(fullest)]
-        return []
-
-    def finish(self) -> list[Batch[T]]:
-        return [self._emit(k) for k in sorted(self._groups)]
 
 
 class TokenBatcher(Batcher[T]):
@@ -446,19 +407,16 @@ def default_max_tokens(batch_size: int, lengths: Sequence[int]) -> int:
 
 
 def make_batcher(strategy: str, batch_size: int, *, max_tokens: int = -1, cache_size: int = 1000,
-                 length_range: int | None = None, shapes: Sequence[BucketShape] | None = None,
+                 shapes: Sequence[BucketShape] | None = None,
                  count: str = "padded", row_multiple: int = 1, pad_rows: bool = False,
                  rng: random.Random | None = None) -> Batcher[Any]:
     """The streaming batcher of ``strategy`` (one of :data:`STRATEGIES`).
 
-    ``batchsort`` uses :class:`RangeBatcher` when ``length_range`` is given (streams), else
-    :class:`SortBatcher`. ``full`` needs ``max_tokens > 0``; ``buckets`` needs ``shapes``.
+    ``full`` needs ``max_tokens > 0``; ``buckets`` needs ``shapes``.
     """
     if strategy == "none":
         return FixedBatcher(batch_size, pad_rows=pad_rows)
     if strategy == "batchsort":
-        if length_range is not None:
-            return RangeBatcher(batch_size, length_range, cache_size, pad_rows=pad_rows)
         return SortBatcher(batch_size, cache_size, rng=rng, pad_rows=pad_rows)
     if strategy == "full":
         if max_tokens is None or max_tokens < 1:
@@ -475,15 +433,14 @@ def make_batcher(strategy: str, batch_size: int, *, max_tokens: int = -1, cache_
 class BatchingConfig:
     """Everything that picks a batcher, as one picklable value (it travels to data workers).
 
-    ``length_range`` set: streaming batchsort (:class:`RangeBatcher`). ``buckets`` needs ``shapes`` and
-    ``full`` a positive ``max_tokens`` (see :func:`plan_buckets`, :func:`default_max_tokens`).
+    ``buckets`` needs ``shapes`` and ``full`` a positive ``max_tokens`` (see :func:`plan_buckets`,
+    :func:`default_max_tokens`).
     """
 
     strategy: str = "none"
     batch_size: int = 32
     max_tokens: int = -1
     cache_size: int = 1000
-    length_range: int | None = None
     count: str = "padded"
     row_multiple: int = 1
     pad_rows: bool = False
@@ -496,7 +453,7 @@ class BatchingConfig:
 
     def batcher(self, rng: random.Random | None = None) -> Batcher[Any]:
         return make_batcher(self.strategy, self.batch_size, max_tokens=self.max_tokens,
-                            cache_size=self.cache_size, length_range=self.length_range, shapes=self.shapes,
+                            cache_size=self.cache_size, shapes=self.shapes,
                             count=self.count, row_multiple=self.row_multiple, pad_rows=self.pad_rows, rng=rng)
 
 

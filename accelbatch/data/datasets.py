@@ -1,329 +1,204 @@
-"""Datasets: examples in memory (map-style) and examples streamed lazily from JSONL / ParlAI files.
+"""Example stores: a task's episodes served by flat index (every turn of every episode, in data order).
 
-:class:`ExampleDataset`
-    squashed single-turn examples in memory; ``dataset[i]`` is a Message, ``dataset.lengths`` their lengths.
-:class:`StreamSource`
-    files read line by line, never whole: memory stays flat in the file size. Episodes are squashed as they
-    are read. Reading can be split into shards by byte range (:func:`read_episodes`): shard ``k`` of ``n``
-    owns every episode whose first line starts inside its ``k``-th byte range, so each shard reads about
-    ``1/n`` of every file and together they read each episode exactly once.
-:class:`StreamDataset`
-    a torch ``IterableDataset`` over a StreamSource: in each data worker it reads the worker's shard, batches
-    on the fly through a bounded cache (:class:`~accelbatch.data.batching.BatchingConfig`; ParlAI's streaming
-    batchsort groups lengths within ``--batch-length-range``) and yields ``emit(batch)`` for every batch, where
-    a batch's items are ``(example_id, Message)`` pairs and ``example_id`` is ``(file index, line number)``.
+Both front ends read examples from a store through the schedule (:mod:`accelbatch.data.schedule`):
 
-Data position (resume). With ``positions=True`` a StreamDataset calls ``emit(batch, origin)`` with
-``origin = (epoch, worker, n)`` (the ``n``-th batch this worker emits in ``epoch``) and ends every worker's
-pass with a :class:`ShardEnd`. Its ``resume`` (a :class:`StreamResume`) makes one epoch continue where a
-run stopped: each worker re-reads its shard and re-batches it, discarding its first ``n`` batches without
-emitting them (no collate or vectorize: the cost is reading and parsing the consumed part of the shard),
-and the workers' turns are rotated so torch's round-robin over them serves batches in the same order as
-the interrupted run.
+- :class:`EpisodeStore`: episodes held in memory (a teacher's ``setup_data``);
+- :class:`FileStore`: JSONL / ParlAI files read on demand (``-dt ...:stream``) through a
+  :class:`~accelbatch.tasks.files.FileIndex` (byte offset, line and turns of each episode: 24 bytes per
+  episode in memory, none of the text), each episode parsed when a step needs it;
+- :class:`ConcatStore`: several tasks' stores one after another (multitask), with the task of each example.
+
+A store serves *prepared* turns (:func:`prepare`: ``id`` and ``episode_done`` set, labels turned into
+``eval_labels`` outside training, read-only), which is what a teacher clone acts with, and *observations*
+(:meth:`observations`): the prepared turn as ``TorchAgent.observe`` would leave it, with the episode's
+history in ``full_text`` (``--context-length``, ``--include-labels``), which is what data workers vectorize.
+Flat index ``pad`` (= the number of examples) is the padding message.
 """
 
 from __future__ import annotations
 
-import os
-import random
-from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable, Iterator, Sequence
+from functools import lru_cache
+from typing import Any, Callable, Sequence
 
-from torch.utils.data import Dataset, IterableDataset
+import numpy as np
 
-from accelbatch.data.batching import Batch, BatchingConfig, MessageLength
-from accelbatch.data.sharding import ShardSpec, byte_ranges
-from accelbatch.data.squash import check_context_length, squash_episode
-from accelbatch.messages import EPISODE_DONE, Message
-from accelbatch.tasks.files import DataFileError, file_format, parse_jsonl_line, parse_parlai_line
+from accelbatch.data.schedule import EpisodeTable
+from accelbatch.data.squash import histories
+from accelbatch.messages import EPISODE_DONE, EVAL_LABELS, ID, LABELS, FrozenMessage, Message
+from accelbatch.metrics import AnswerTable
+from accelbatch.tasks.files import FileIndex
 
-ExampleId = tuple[int, int]
-_BLOCK = 1 << 16
+PADDING = FrozenMessage({EPISODE_DONE: True})
 
 
-# --------------------------------------------------------------------------------------------------
-# map-style
-# --------------------------------------------------------------------------------------------------
+def prepare(turn: dict, speaker: str, training: bool, last: bool) -> FrozenMessage:
+    """A turn as a teacher serves it: ``id`` and ``episode_done`` set, labels as ``eval_labels`` outside
+    training, read-only (one object per example, shared by every epoch and row)."""
+    msg = Message(turn)
+    msg[ID] = speaker
+    msg[EPISODE_DONE] = last or bool(msg.get(EPISODE_DONE))
+    if not training and LABELS in msg:
+        msg[EVAL_LABELS] = msg.pop(LABELS)
+    return FrozenMessage(msg)
 
-class ExampleDataset(Dataset):
-    """Single-turn examples in memory (already squashed), with their lengths for dynamic batching."""
 
-    def __init__(self, examples: Sequence[Message], length_fn: Callable[[Message], int] | None = None):
-        self.examples = list(examples)
-        self.length_fn = length_fn or MessageLength()
-        self._lengths: list[int] | None = None
+def prepare_episode(episode: Sequence[dict], speaker: str, training: bool) -> list[FrozenMessage]:
+    return [prepare(turn, speaker, training, i == len(episode) - 1) for i, turn in enumerate(episode)]
 
-    @classmethod
-    def from_episodes(cls, episodes: Iterable[Sequence[Message]], context_length: int = -1,
-                      include_labels: bool = True,
-                      length_fn: Callable[[Message], int] | None = None) -> "ExampleDataset":
-        examples = [ex for ep in episodes for ex in squash_episode(ep, context_length, include_labels)]
-        return cls(examples, length_fn)
 
-    @classmethod
-    def from_files(cls, paths: str | Sequence[str], context_length: int = -1, include_labels: bool = True,
-                   length_fn: Callable[[Message], int] | None = None, fmt: str | None = None) -> "ExampleDataset":
-        source = StreamSource(paths, fmt=fmt, context_length=context_length, include_labels=include_labels)
-        return cls([msg for _, msg in source.examples()], length_fn)
+def object_array(items: Sequence[Any]) -> np.ndarray:
+    """A 1-d object array holding ``items`` as they are (numpy would unpack tuples into another dimension)."""
+    out = np.empty(len(items), dtype=object)
+    for i, item in enumerate(items):
+        out[i] = item
+    return out
 
-    def __len__(self) -> int:
-        return len(self.examples)
 
-    def __getitem__(self, index: int) -> Message:
-        return self.examples[index]
+class Store:
+    """What the schedule and the front ends need from a store (see the module docstring)."""
+
+    table: EpisodeTable
+    speaker: str
+    answers: AnswerTable  # the distinct answers of the examples served so far, by id
 
     @property
-    def lengths(self) -> list[int]:
-        if self._lengths is None:
-            self._lengths = [int(self.length_fn(m)) for m in self.examples]
-        return self._lengths
+    def pad(self) -> int:
+        return self.table.num_examples
 
+    def episode(self, index: int) -> list[FrozenMessage]:
+        """The prepared turns of episode ``index``."""
+        raise NotImplementedError
 
-# --------------------------------------------------------------------------------------------------
-# reading files by byte range
-# --------------------------------------------------------------------------------------------------
+    def gather(self, block: np.ndarray) -> tuple[np.ndarray, ...]:
+        """(prepared examples as an object array, their answers' ids in :attr:`answers` (-1: padding)) for an
+        array of flat indices, both of its shape."""
+        raise NotImplementedError
 
-def _is_example(line: bytes, fmt: str) -> bool:
-    stripped = line.strip()
-    return bool(stripped) and not (fmt == "parlai" and stripped.startswith(b"#"))
+    def answer_ids(self, indices: Sequence[int]) -> np.ndarray:
+        """The answers' ids of these flat indices."""
+        return self.gather(np.asarray(indices, dtype=np.int64))[1]
 
+    def locate(self, indices: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(episode, turn) of each flat index."""
+        episodes = np.searchsorted(self.table.first, indices, side="right") - 1
+        return episodes, indices - self.table.first[episodes]
 
-def _parse(raw: bytes, path: str, lineno: int, fmt: str) -> Message:
-    if raw.endswith(b"\r\n"):
-        raw = raw[:-2] + b"\n"
-    try:
-        line = raw.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise DataFileError(f"{path}:{lineno}: not valid UTF-8 ({exc.reason} at byte {exc.start}); "
-                            "save the file as UTF-8") from None
-    return (parse_jsonl_line if fmt == "jsonl" else parse_parlai_line)(line, path, lineno)
-
-
-def _count_newlines(handle, stop: int) -> int:
-    handle.seek(0)
-    count, left = 0, stop
-    while left > 0:
-        chunk = handle.read(min(left, 1 << 20))
-        if not chunk:
-            break
-        count += chunk.count(b"\n")
-        left -= len(chunk)
-    return count
-
-
-def _previous_example_line(handle, pos: int, fmt: str) -> tuple[bytes, int] | None:
-    """The last example line before ``pos`` (a line start > 0) and how many other lines lie between it and
-    ``pos``; None when there is none. Reads backwards in blocks: memory is bounded by the longest line."""
-    cursor, tail, between, first = pos, b"", 0, True
-    while cursor > 0:
-        new_cursor = max(0, cursor - _BLOCK)
-        handle.seek(new_cursor)
-        data = handle.read(cursor - new_cursor)
-        if first:
-            data, first = data[:-1], False  # drop the newline that ends the line before pos
-        data += tail
-        cursor = new_cursor
-        parts = data.split(b"\n")
-        tail, complete = (parts[0], parts[1:]) if cursor > 0 else (b"", parts)
-        for part in reversed(complete):
-            if _is_example(part, fmt):
-                return part, between
-            between += 1
-    return None
-
-
-def read_episodes(path: str, fmt: str | None = None, start: int = 0,
-                  stop: int | None = None) -> Iterator[tuple[int, list[Message]]]:
-    """Yield ``(first line number, episode)`` for every episode whose first line starts in [start, stop).
-
-    An episode that starts in the range is read to its end, past ``stop`` if need be. With the whole file as
-    the range this is :func:`accelbatch.tasks.files.iter_episodes` with line numbers; an unfinished last
-    episode is closed, not dropped. Errors name the file and line.
-    """
-    fmt = fmt or file_format(path)
-    if not os.path.exists(path):
-        raise DataFileError(f"{path}: no such file; check the path given to -t")
-    size = os.path.getsize(path)
-    stop = size if stop is None else min(stop, size)
-    if start >= stop:
-        return
-    with open(path, "rb") as handle:
-        pos, lineno, inside_foreign_episode = 0, 1, False
-        if start > 0:
-            handle.seek(start - 1)
-            pos = start if handle.read(1) == b"\n" else start + len(handle.readline())
-            if pos >= stop:
-                return
-            lineno = _count_newlines(handle, pos) + 1
-            prev = _previous_example_line(handle, pos, fmt)
-            if prev is not None:  # an episode left open before pos belongs to an earlier range
-                prev_line, between = prev
-                inside_foreign_episode = not _parse(prev_line, path, lineno - 1 - between, fmt)[EPISODE_DONE]
-            handle.seek(pos)
-        episode: list[Message] = []
-        first_line = 0
-        for raw in handle:
-            line_start, current = pos, lineno
-            pos, lineno = pos + len(raw), lineno + 1
-            if not _is_example(raw, fmt):
-                continue
-            msg = _parse(raw, path, current, fmt)
-            if inside_foreign_episode:
-                inside_foreign_episode = not msg[EPISODE_DONE]
-                continue
-            if not episode:
-                if line_start >= stop:
-                    return
-                first_line = current
-            episode.append(msg)
-            if msg[EPISODE_DONE]:
-                yield first_line, episode
-                episode = []
-        if episode:
-            episode[-1][EPISODE_DONE] = True
-            yield first_line, episode
-
-
-# --------------------------------------------------------------------------------------------------
-# streaming
-# --------------------------------------------------------------------------------------------------
-
-@dataclass(frozen=True)
-class StreamSource:
-    """JSONL / ParlAI-format files read lazily, squashed on the fly (picklable: it travels to workers)."""
-
-    paths: tuple[str, ...]
-    fmt: str | None = None
-    context_length: int = -1
-    include_labels: bool = True
-
-    def __init__(self, paths: str | Sequence[str], fmt: str | None = None, context_length: int = -1,
-                 include_labels: bool = True):
-        paths = (paths,) if isinstance(paths, (str, os.PathLike)) else tuple(paths)
-        if not paths:
-            raise ValueError("StreamSource: no files given")
-        check_context_length(context_length)
-        object.__setattr__(self, "paths", tuple(os.fspath(p) for p in paths))
-        object.__setattr__(self, "fmt", fmt)
-        object.__setattr__(self, "context_length", context_length)
-        object.__setattr__(self, "include_labels", include_labels)
-        for p in self.paths:
-            if not os.path.exists(p):
-                raise DataFileError(f"{p}: no such file; check the path given to -t")
-
-    def episodes(self, num_shards: int = 1, index: int = 0) -> Iterator[tuple[ExampleId, list[Message]]]:
-        """((file index, first line), episode) for this shard's episodes of every file, in file order."""
-        for file_index, path in enumerate(self.paths):
-            start, stop = byte_ranges(os.path.getsize(path), num_shards)[index]
-            for line, episode in read_episodes(path, self.fmt, start, stop):
-                yield (file_index, line), episode
-
-    def examples(self, num_shards: int = 1, index: int = 0) -> Iterator[tuple[ExampleId, Message]]:
-        """((file index, line), squashed example) for this shard, lazily."""
-        for (file_index, line), episode in self.episodes(num_shards, index):
-            squashed = squash_episode(episode, self.context_length, self.include_labels)
-            for offset, msg in enumerate(squashed):
-                yield (file_index, line + offset), msg
-
-    def sample_lengths(self, count: int, length_fn: Callable[[Message], int]) -> list[int]:
-        """Lengths of the first ``count`` examples (to plan bucket shapes before streaming)."""
+    def observations(self, indices: Sequence[int], context_length: int, include_labels: bool) -> list[Message]:
+        """Each example as ``TorchAgent.observe`` leaves it: a changeable copy with ``full_text``."""
+        episodes, turns = self.locate(np.asarray(indices, dtype=np.int64))
+        cache: dict[int, tuple[list[FrozenMessage], list[str]]] = {}
         out = []
-        for _, msg in self.examples():
-            out.append(int(length_fn(msg)))
-            if len(out) >= count:
-                break
+        for e, t in zip(episodes.tolist(), turns.tolist()):
+            got = cache.get(e)
+            if got is None:
+                turns_ = self.episode(e)
+                got = cache[e] = (turns_, histories(turns_, context_length, include_labels))
+            obs = Message(got[0][t])
+            obs["full_text"] = got[1][t]
+            out.append(obs)
+        return out
+
+    def lengths(self, length_fn: Callable[[Message], int], context_length: int, include_labels: bool) -> np.ndarray:
+        """``length_fn`` of every example's observation (dynamic batching plans from these)."""
+        out = np.empty(self.pad + 1, dtype=np.int64)
+        out[-1] = 0
+        for e in range(self.table.num_episodes):
+            turns = self.episode(e)
+            first = int(self.table.first[e])
+            for t, text in enumerate(histories(turns, context_length, include_labels)):
+                obs = Message(turns[t])
+                obs["full_text"] = text
+                out[first + t] = int(length_fn(obs))
         return out
 
 
-def _identity(batch: Any, origin: Any = None) -> Any:
-    return batch
+class EpisodeStore(Store):
+    """Episodes held in memory, every turn prepared once."""
+
+    def __init__(self, episodes: Sequence[Sequence[dict]], speaker: str, training: bool):
+        self.speaker, self.training = speaker, training
+        self.episodes = [prepare_episode(ep, speaker, training) for ep in episodes]
+        self.table = EpisodeTable.of_lengths([len(ep) for ep in self.episodes])
+        flat = [turn for ep in self.episodes for turn in ep]
+        self.examples = object_array(flat + [PADDING])
+        self.answers = AnswerTable()
+        self.ids = np.array([self.answers.id(tuple(m.targets())) for m in flat] + [-1], dtype=np.int64)
+
+    def episode(self, index: int) -> list[FrozenMessage]:
+        return self.episodes[index]
+
+    def gather(self, block: np.ndarray) -> tuple[np.ndarray, ...]:
+        return self.examples[block], self.ids[block]
 
 
-@dataclass(frozen=True)
-class ShardEnd:
-    """Yielded after a worker's last batch of an epoch (``positions=True``): ``count`` batches emitted."""
+class FileStore(Store):
+    """A JSONL / ParlAI file read on demand: the index in memory, each episode parsed when it is needed."""
 
-    epoch: int
-    worker: int
-    count: int
+    def __init__(self, index: FileIndex, speaker: str, training: bool):
+        self.index, self.speaker, self.training = index, speaker, training
+        self.table = EpisodeTable.of_lengths(index.turns)
+        self.answers = AnswerTable()
+        self._read = lru_cache(maxsize=4096)(self._read_episode)
+
+    def __getstate__(self) -> dict[str, Any]:  # data workers get the index, not the cache
+        return {"index": self.index, "speaker": self.speaker, "training": self.training}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__init__(state["index"], state["speaker"], state["training"])
+
+    def _read_episode(self, index: int) -> list[FrozenMessage]:
+        return prepare_episode(self.index.read(index), self.speaker, self.training)
+
+    def episode(self, index: int) -> list[FrozenMessage]:
+        return self._read(index)
+
+    def gather(self, block: np.ndarray) -> tuple[np.ndarray, ...]:
+        flat = block.ravel()
+        real = flat != self.pad
+        episodes, turns = self.locate(flat[real])
+        examples = np.full(flat.shape, PADDING, dtype=object)
+        ids = np.full(flat.shape, -1, dtype=np.int64)
+        picked = [self.episode(e)[t] for e, t in zip(episodes.tolist(), turns.tolist())]
+        examples[real] = object_array(picked)
+        ids[real] = [self.answers.id(tuple(m.targets())) for m in picked]
+        return examples.reshape(block.shape), ids.reshape(block.shape)
 
 
-@dataclass(frozen=True)
-class StreamResume:
-    """Where a stream's ``epoch`` continues: ``counts[w]`` batches of logical worker ``w`` already consumed,
-    ``done[w]`` when its :class:`ShardEnd` was; ``rotation``: torch worker ``j`` plays logical worker
-    ``(j + rotation) % len(counts)``, so the round-robin goes on with the worker after the last one served."""
+class ConcatStore(Store):
+    """Several tasks' stores one after another (multitask): flat indices and episodes run on from one task
+    to the next; :meth:`gather` also gives each example's task."""
 
-    epoch: int
-    counts: tuple[int, ...]
-    done: tuple[bool, ...]
-    rotation: int = 0
+    def __init__(self, stores: Sequence[Store]):
+        self.stores = list(stores)
+        self.speaker = self.stores[0].speaker
+        self.answers = AnswerTable()
+        self._global: list[list[int]] = [[] for _ in self.stores]  # per task: its answer ids -> ours
+        self.offsets = np.cumsum([0] + [s.pad for s in self.stores]).astype(np.int64)
+        self.episode_offsets = np.cumsum([0] + [s.table.num_episodes for s in self.stores]).astype(np.int64)
+        self.table = EpisodeTable(
+            np.concatenate([s.table.first + off for s, off in zip(self.stores, self.offsets[:-1])]),
+            np.concatenate([s.table.turns for s in self.stores]),
+            tuple(s.table.num_episodes for s in self.stores))
 
-    def worker(self, torch_worker: int) -> int:
-        return (torch_worker + self.rotation) % len(self.counts)
+    def task_of(self, indices: np.ndarray) -> np.ndarray:
+        return np.searchsorted(self.offsets, indices, side="right") - 1
+
+    def episode(self, index: int) -> list[FrozenMessage]:
+        task = int(np.searchsorted(self.episode_offsets, index, side="right") - 1)
+        return self.stores[task].episode(index - int(self.episode_offsets[task]))
+
+    def gather(self, block: np.ndarray) -> tuple[np.ndarray, ...]:
+        examples = np.full(block.shape, PADDING, dtype=object)
+        ids = np.full(block.shape, -1, dtype=np.int64)
+        tasks = np.minimum(self.task_of(block), len(self.stores) - 1)
+        for task, store in enumerate(self.stores):
+            mine = (tasks == task) & (block != self.pad)
+            if mine.any():
+                got = store.gather(block[mine] - self.offsets[task])
+                mapping = self._global[task]
+                mapping.extend(self.answers.id(a) for a in store.answers.answers[len(mapping):])
+                examples[mine], ids[mine] = got[0], np.asarray(mapping, dtype=np.int64)[got[1]]
+        return examples, ids, tasks
 
 
-@dataclass
-class StreamDataset(IterableDataset):
-    """Batches streamed from disk; each data worker reads its own shard (see the module docstring).
-
-    ``emit`` turns each :class:`~accelbatch.data.batching.Batch` of ``(example_id, Message)`` items into what
-    the dataset yields (e.g. collated tensors); by default the Batch itself. ``keep`` (optional) decides which
-    batches are emitted at all. ``shard`` names the process and replica; the worker is taken from torch's
-    worker info when iterated. ``seed`` (training) shuffles the order of the batches a cache emits, varying
-    with ``epoch``. ``positions`` and ``resume``: see the module docstring.
-    """
-
-    source: StreamSource
-    batching: BatchingConfig = field(default_factory=BatchingConfig)
-    length_fn: Callable[[Message], int] = field(default_factory=MessageLength)
-    shard: ShardSpec = field(default_factory=ShardSpec)
-    emit: Callable[..., Any] = _identity
-    seed: int | None = None
-    keep: Callable[[Batch], bool] | None = None
-    epoch: int = 0
-    positions: bool = False
-    resume: StreamResume | None = None
-
-    def __post_init__(self) -> None:
-        super().__init__()
-
-    def _spec(self, epoch: int) -> tuple[ShardSpec, StreamResume | None]:
-        """This worker's shard, and the resume that applies to this pass (None: start at the beginning)."""
-        spec = self.shard.in_worker()
-        resume = self.resume if self.resume is not None and self.resume.epoch == epoch else None
-        if resume is None:
-            return spec, None
-        if len(resume.counts) != spec.num_workers:
-            raise ValueError(f"data position: the stream was read by {len(resume.counts)} data workers, this "
-                             f"run has {spec.num_workers}; resume with the same --num-workers")
-        return spec.with_workers(spec.num_workers, resume.worker(spec.worker_id)), resume
-
-    def _batches(self, spec: ShardSpec, rng: random.Random | None) -> Iterator[Batch]:
-        """The shard's batches that are kept, in order (not emitted)."""
-        batcher = self.batching.batcher(rng)
-        keep = self.keep
-        for item_id, msg in self.source.examples(spec.num_shards, spec.index):
-            for batch in batcher.push((item_id, msg), int(self.length_fn(msg))):
-                if keep is None or keep(batch):
-                    yield batch
-        for batch in batcher.finish():
-            if keep is None or keep(batch):
-                yield batch
-
-    def __iter__(self) -> Iterator[Any]:
-        epoch = self.epoch
-        self.epoch += 1  # data workers iterate copies: set before they start, each then counts its passes
-        spec, resume = self._spec(epoch)
-        worker = spec.worker_id
-        if resume is not None and resume.done[worker]:
-            return  # this worker's part of the epoch was consumed to its end
-        skip = resume.counts[worker] if resume is not None else 0
-        rng = None if self.seed is None else random.Random(hash((self.seed, epoch, spec.index)))
-        count = 0
-        for batch in self._batches(spec, rng):
-            if count >= skip:
-                yield self.emit(batch, (epoch, worker, count)) if self.positions else self.emit(batch)
-            count += 1
-        if self.positions:
-            yield ShardEnd(epoch, worker, count)
+__all__ = ["ConcatStore", "EpisodeStore", "FileStore", "PADDING", "Store", "object_array", "prepare", "prepare_episode"]

@@ -37,6 +37,24 @@ def check_context_length(context_length: int) -> None:
                          f"got {context_length!r}")
 
 
+def histories(episode: Sequence[Message], context_length: int = -1, include_labels: bool = True,
+              delimiter: str = DELIMITER) -> list[str]:
+    """The squashed text of each turn of ``episode``: the recent history ending with the turn's own text."""
+    check_context_length(context_length)
+    history: deque[str] = deque(maxlen=None if context_length == -1 else context_length)
+    out: list[str] = []
+    for turn in episode:
+        text = turn.get(TEXT)
+        if text is not None and text != "":
+            history.append(text)
+        out.append(delimiter.join(history))
+        if include_labels:
+            answers = turn.get(LABELS) or turn.get(EVAL_LABELS)
+            if answers:
+                history.append(answers[0])
+    return out
+
+
 def squash_episode(episode: Sequence[Message], context_length: int = -1, include_labels: bool = True,
                    delimiter: str = DELIMITER) -> list[Message]:
     """One squashed, single-turn Message per turn of ``episode`` (the input is not modified).
@@ -44,21 +62,12 @@ def squash_episode(episode: Sequence[Message], context_length: int = -1, include
     Each output keeps every field of its turn (labels, eval_labels, label_candidates, id, ...), gets the
     joined history as ``text`` and ``episode_done=True``.
     """
-    check_context_length(context_length)
-    history: deque[str] = deque(maxlen=None if context_length == -1 else context_length)
     out: list[Message] = []
-    for turn in episode:
-        text = turn.get(TEXT)
-        if text is not None and text != "":
-            history.append(text)
+    for turn, text in zip(episode, histories(episode, context_length, include_labels, delimiter)):
         squashed = Message(turn)
-        squashed[TEXT] = delimiter.join(history)
+        squashed[TEXT] = text
         squashed[EPISODE_DONE] = True
         out.append(squashed)
-        if include_labels:
-            answers = turn.get(LABELS) or turn.get(EVAL_LABELS)
-            if answers:
-                history.append(answers[0])
     return out
 
 

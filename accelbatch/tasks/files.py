@@ -14,7 +14,11 @@ from __future__ import annotations
 
 import json
 import os
-from typing import Iterator
+from array import array
+from dataclasses import dataclass
+from typing import BinaryIO, Iterator
+
+import numpy as np
 
 from accelbatch.messages import EPISODE_DONE, Message, as_message
 
@@ -98,29 +102,46 @@ def file_format(path: str) -> str:
     return "jsonl" if path.endswith((".jsonl", ".json")) else "parlai"
 
 
-def iter_examples(path: str, fmt: str | None = None, start_line: int = 1) -> Iterator[tuple[int, Message]]:
-    """Yield (line number, Message) for every example line of ``path``, reading lazily.
+def _open(path: str) -> BinaryIO:
+    try:
+        return open(path, "rb")
+    except FileNotFoundError:
+        raise DataFileError(f"{path}: no such file; check the path given to -t") from None
+    except IsADirectoryError:
+        raise DataFileError(f"{path}: is a directory; give a file, or a folder with train/valid/test files") \
+            from None
 
-    Memory stays flat whatever the file size. ``start_line`` skips to a line (for resuming).
-    """
+
+def _parse(raw: bytes, path: str, lineno: int, fmt: str) -> Message | None:
+    """The example on one raw line (None for a blank or comment line); errors name path:lineno."""
+    stripped = raw.strip()
+    if not stripped or (fmt == "parlai" and stripped.startswith(b"#")):
+        return None
+    try:
+        line = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise DataFileError(f"{path}:{lineno}: not valid UTF-8 ({exc.reason} at byte {exc.start}); "
+                            "save the file as UTF-8") from None
+    line = line[:-2] + "\n" if line.endswith("\r\n") else line
+    return (parse_jsonl_line if fmt == "jsonl" else parse_parlai_line)(line, path, lineno)
+
+
+def iter_examples(path: str, fmt: str | None = None) -> Iterator[tuple[int, int, Message]]:
+    """Yield (byte offset, line number, Message) for every example line of ``path``, reading lazily."""
     fmt = fmt or file_format(path)
-    parse = parse_jsonl_line if fmt == "jsonl" else parse_parlai_line
-    if not os.path.exists(path):
-        raise DataFileError(f"{path}: no such file; check the path given to -t")
-    with open(path, encoding="utf-8") as handle:
-        for lineno, line in enumerate(handle, start=1):
-            if lineno < start_line:
-                continue
-            stripped = line.strip()
-            if not stripped or (fmt == "parlai" and stripped.startswith("#")):
-                continue
-            yield lineno, parse(line, path, lineno)
+    with _open(path) as handle:
+        offset = 0
+        for lineno, raw in enumerate(handle, start=1):
+            msg = _parse(raw, path, lineno, fmt)
+            if msg is not None:
+                yield offset, lineno, msg
+            offset += len(raw)
 
 
 def iter_episodes(path: str, fmt: str | None = None) -> Iterator[list[Message]]:
     """Yield episodes (lists of Messages); an unfinished last episode is closed, not dropped."""
     episode: list[Message] = []
-    for _, msg in iter_examples(path, fmt):
+    for _, _, msg in iter_examples(path, fmt):
         episode.append(msg)
         if msg[EPISODE_DONE]:
             yield episode
@@ -136,3 +157,52 @@ def load_episodes(path: str, fmt: str | None = None) -> list[list[Message]]:
     if not episodes:
         raise DataFileError(f"{path}: the file holds no examples")
     return episodes
+
+
+@dataclass(frozen=True)
+class FileIndex:
+    """Where each episode of a file starts (byte offset, line number) and its turns: read on demand."""
+
+    path: str
+    fmt: str
+    offsets: np.ndarray
+    lines: np.ndarray
+    turns: np.ndarray
+    size: int
+
+    @classmethod
+    def build(cls, path: str, fmt: str | None = None) -> "FileIndex":
+        """One pass over the file (every line parsed, so a malformed one is named before any training)."""
+        fmt = fmt or file_format(path)
+        offsets, lines, turns = array("q"), array("q"), array("q")
+        open_episode = False
+        for offset, lineno, msg in iter_examples(path, fmt):
+            if not open_episode:
+                offsets.append(offset)
+                lines.append(lineno)
+                turns.append(0)
+            turns[-1] += 1
+            open_episode = not msg[EPISODE_DONE]
+        if not turns:
+            raise DataFileError(f"{path}: the file holds no examples")
+        as_np = [np.frombuffer(a, dtype=np.int64).copy() for a in (offsets, lines, turns)]
+        return cls(path, fmt, *as_np, os.path.getsize(path))
+
+    def read(self, episode: int) -> list[Message]:
+        """The turns of one episode (the last one closes it)."""
+        out: list[Message] = []
+        want, lineno = int(self.turns[episode]), int(self.lines[episode])
+        with _open(self.path) as handle:
+            handle.seek(int(self.offsets[episode]))
+            for raw in handle:
+                msg = _parse(raw, self.path, lineno, self.fmt)
+                lineno += 1
+                if msg is not None:
+                    out.append(msg)
+                    if len(out) == want:
+                        break
+        if len(out) != want:
+            raise DataFileError(f"{self.path}: changed while being read (episode at line {self.lines[episode]} "
+                                "has fewer turns than when it was indexed); do not edit a file during a run")
+        out[-1][EPISODE_DONE] = True
+        return out

@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from accelbatch.data.batching import (STRATEGIES, BatchingConfig, BucketBatcher, BucketShape, RangeBatcher,
+from accelbatch.data.batching import (STRATEGIES, BatchingConfig, BucketBatcher, BucketShape,
                                       TokenBatcher, batch_stats, make_batcher, make_batches, plan_buckets)
 
 # ParlAI's 12 movie quotes (id -> number of words), from "Worlds, Sharing & Batching"
@@ -87,20 +87,6 @@ def test_bucket_batcher_rejects_examples_longer_than_planned():
         batcher.push("x", 9)
 
 
-def test_range_batcher_groups_by_length_range_with_a_bounded_cache():
-    batcher = RangeBatcher(batch_size=4, length_range=5, cache_size=12)
-    rng = random.Random(1)
-    out, waiting_max = [], 0
-    for i in range(500):
-        out += batcher.push(i, rng.randint(1, 30))
-        waiting_max = max(waiting_max, batcher._waiting)
-    out += batcher.finish()
-    assert waiting_max <= 12
-    assert sorted(i for b in out for i in b.items) == list(range(500))
-    full = [b for b in out if b.num_real == 4]
-    assert full and all(max(b.lengths) // 5 == min(b.lengths) // 5 for b in full)
-
-
 def test_token_batcher_memory_is_bounded_by_the_cache_and_one_batch():
     batcher = TokenBatcher(max_tokens=64, cache_size=16)
     out, biggest = [], 0
@@ -124,10 +110,9 @@ def test_unknown_strategy_names_the_option():
 @given(lengths=st.lists(st.integers(0, 60), min_size=0, max_size=120),
        strategy=st.sampled_from(STRATEGIES), batch_size=st.integers(1, 9), cache=st.integers(1, 40),
        row_multiple=st.integers(1, 3), count=st.sampled_from(["padded", "words"]),
-       num_buckets=st.integers(1, 5), budget=st.integers(1, 200), pad_rows=st.booleans(),
-       streaming_sort=st.booleans())
+       num_buckets=st.integers(1, 5), budget=st.integers(1, 200), pad_rows=st.booleans())
 def test_every_example_is_in_exactly_one_batch(lengths, strategy, batch_size, cache, row_multiple, count,
-                                               num_buckets, budget, pad_rows, streaming_sort):
+                                               num_buckets, budget, pad_rows):
     items = list(range(len(lengths)))
     if strategy == "buckets":
         if not lengths:
@@ -136,8 +121,8 @@ def test_every_example_is_in_exactly_one_batch(lengths, strategy, batch_size, ca
                                     row_multiple))
     else:
         shapes = None
-    config = BatchingConfig(strategy, batch_size, max_tokens=budget, cache_size=cache,
-                            length_range=3 if streaming_sort else None, count=count, row_multiple=row_multiple,
+    config = BatchingConfig(strategy, batch_size, max_tokens=budget, cache_size=cache, count=count,
+                            row_multiple=row_multiple,
                             pad_rows=pad_rows, shapes=shapes)
     batches = list(config.batcher(random.Random(0)).run(zip(items, lengths)))
     assert Counter(i for b in batches for i in b.items) == Counter(items)
@@ -153,5 +138,5 @@ def test_every_example_is_in_exactly_one_batch(lengths, strategy, batch_size, ca
             assert b.rows % row_multiple == 0
             over = b.padded_tokens > budget if count == "padded" else b.real_tokens > budget
             assert not over or b.num_real <= row_multiple
-    if strategy in ("none", "batchsort") and not streaming_sort:
+    if strategy in ("none", "batchsort"):
         assert all(b.num_real == batch_size for b in batches[:-1]) or strategy == "batchsort"

@@ -1,120 +1,116 @@
-"""Datasets: map-style examples, lazy byte-range reading of JSONL / ParlAI files, streaming batch sorting."""
+"""Stores: episodes in memory and files read on demand through their index serve the same examples."""
 
 import json
 import random
 
+import numpy as np
 import pytest
 
-from accelbatch.data.batching import BatchingConfig, MessageLength
-from accelbatch.data.datasets import ExampleDataset, StreamDataset, StreamSource, read_episodes
-from accelbatch.data.sharding import ShardSpec, byte_ranges
-from accelbatch.tasks.files import DataFileError, iter_episodes, iter_examples
+from accelbatch.data.datasets import PADDING, ConcatStore, EpisodeStore, FileStore
+from accelbatch.data.squash import squash_episode
+from accelbatch.tasks.files import DataFileError, FileIndex, iter_episodes, iter_examples, load_episodes
 
 
-def write_dialogues(path, episodes=60, seed=0, fmt="jsonl", noise=True):
+def write_dialogues(path, episodes=60, seed=0, fmt="jsonl", noise=True, crlf=False):
     rng = random.Random(seed)
     k = 0
-    with open(path, "w", encoding="utf-8") as f:
+    end = "\r\n" if crlf else "\n"
+    with open(path, "w", encoding="utf-8", newline="") as f:
         for _ in range(episodes):
             turns = rng.randint(1, 5)
             for t in range(turns):
                 if noise and rng.random() < 0.1:
-                    f.write("\n")
+                    f.write(end)
                 if noise and fmt == "parlai" and rng.random() < 0.1:
-                    f.write("# a comment\n")
+                    f.write("# a comment" + end)
                 k += 1
                 text = f"x{k} " + "w " * rng.randint(0, 25) + "é"
                 if fmt == "jsonl":
-                    f.write(json.dumps({"text": text, "labels": [f"y{k}"], "episode_done": t == turns - 1}) + "\n")
+                    f.write(json.dumps({"text": text, "labels": [f"y{k}"], "episode_done": t == turns - 1}) + end)
                 else:
                     done = "\tepisode_done:True" if t == turns - 1 else ""
-                    f.write(f"text:{text}\tlabels:y{k}{done}\n")
+                    f.write(f"text:{text}\tlabels:y{k}{done}{end}")
     return k
 
 
 @pytest.mark.parametrize("fmt", ["jsonl", "parlai"])
-def test_byte_ranges_partition_the_episodes_with_exact_line_numbers(tmp_path, fmt):
-    path = str(tmp_path / ("d.jsonl" if fmt == "jsonl" else "d.txt"))
-    write_dialogues(path, fmt=fmt)
-    reference = [[m["text"] for m in ep] for ep in iter_episodes(path)]
-    first_lines = []
-    line_of = {msg["text"]: n for n, msg in iter_examples(path)}
-    for shards in (1, 2, 3, 8, 61, 5000):
-        got = []
-        for start, stop in byte_ranges(len(open(path, "rb").read()), shards):
-            for line, ep in read_episodes(path, None, start, stop):
-                got.append([m["text"] for m in ep])
-                assert line == line_of[ep[0]["text"]]
-                first_lines.append(line)
-        assert got == reference, shards
+@pytest.mark.parametrize("crlf", [False, True])
+def test_the_index_reads_every_episode_as_a_full_read_does(tmp_path, fmt, crlf):
+    path = str(tmp_path / f"d.{'jsonl' if fmt == 'jsonl' else 'txt'}")
+    total = write_dialogues(path, fmt=fmt, crlf=crlf)
+    index = FileIndex.build(path)
+    episodes = load_episodes(path)
+    assert len(index.turns) == len(episodes) and int(index.turns.sum()) == total
+    assert [index.read(e) for e in range(len(episodes))] == episodes
+    line_of = {msg["text"]: n for _, n, msg in iter_examples(path)}
+    assert [line_of[ep[0]["text"]] for ep in episodes] == index.lines.tolist()  # exact first lines
 
 
-def test_crlf_files_read_like_text_mode(tmp_path):
-    path = tmp_path / "d.txt"
-    path.write_bytes(b"text:a\tlabels:b\r\ntext:c\tlabels:d\tepisode_done:True\r\n")
-    (_, ep), = read_episodes(str(path))
-    assert [m["labels"] for m in ep] == [["b"], ["d"]] and ep[-1]["episode_done"] is True
-
-
-def test_errors_name_file_and_line_in_any_shard(tmp_path):
+def test_errors_name_file_and_line_before_anything_is_served(tmp_path):
     path = tmp_path / "bad.jsonl"
-    lines = [json.dumps({"text": f"t{i}", "labels": ["l"]}) for i in range(50)]
-    lines[40] = "{not json"
-    path.write_text("\n".join(lines) + "\n")
-    size = path.stat().st_size
-    with pytest.raises(DataFileError, match=r"bad.jsonl:41: not valid JSON"):
-        for start, stop in byte_ranges(size, 4)[2:]:
-            list(read_episodes(str(path), None, start, stop))
+    path.write_text('{"text": "a", "labels": ["b"]}\n\n{"text": "c", "labels": \n')
+    with pytest.raises(DataFileError, match=r"bad.jsonl:3: not valid JSON"):
+        FileIndex.build(str(path))
+    raw = tmp_path / "latin.jsonl"
+    raw.write_bytes(b'{"text": "a", "labels": ["b"]}\n{"text": "caf\xe9", "labels": ["x"]}\n')
+    with pytest.raises(DataFileError, match=r"latin.jsonl:2: not valid UTF-8"):
+        FileIndex.build(str(raw))
+    (tmp_path / "empty.jsonl").write_text("\n\n")
+    with pytest.raises(DataFileError, match="holds no examples"):
+        FileIndex.build(str(tmp_path / "empty.jsonl"))
+    with pytest.raises(DataFileError, match="no such file"):
+        FileIndex.build(str(tmp_path / "missing.jsonl"))
 
 
 def test_unfinished_last_episode_is_closed_not_dropped(tmp_path):
-    path = tmp_path / "d.txt"
+    path = tmp_path / "open.txt"
     path.write_text("text:a\tlabels:b\ntext:c\tlabels:d\n")
-    (line, ep), = read_episodes(str(path))
-    assert line == 1 and len(ep) == 2 and ep[-1]["episode_done"] is True
+    index = FileIndex.build(str(path))
+    (episode,) = list(iter_episodes(str(path)))
+    assert index.turns.tolist() == [2] and index.read(0) == episode and episode[-1]["episode_done"]
 
 
-def test_stream_source_squashes_and_ids_are_file_and_line(tmp_path):
-    a, b = tmp_path / "a.txt", tmp_path / "b.txt"
-    a.write_text("text:x1\tlabels:y1\ntext:x2\tlabels:y2\tepisode_done:True\n")
-    b.write_text("# header\ntext:z\tlabels:w\tepisode_done:True\n")
-    source = StreamSource([str(a), str(b)], context_length=-1, include_labels=True)
-    got = list(source.examples())
-    assert [i for i, _ in got] == [(0, 1), (0, 2), (1, 2)]
-    assert got[1][1]["text"] == "x1\ny1\nx2"
-    with pytest.raises(DataFileError, match="no such file"):
-        StreamSource(str(tmp_path / "missing.jsonl"))
-
-
-def test_example_dataset_from_episodes_and_files(tmp_path):
+@pytest.mark.parametrize("training", [True, False])
+def test_memory_and_file_stores_serve_the_same_examples_and_observations(tmp_path, training):
     path = str(tmp_path / "d.jsonl")
-    n = write_dialogues(path)
-    ds = ExampleDataset.from_files(path, context_length=2, include_labels=False)
-    assert len(ds) == n and ds[0]["episode_done"] is True
-    assert ds.lengths == [MessageLength()(m) for m in ds.examples]
-    ds2 = ExampleDataset.from_episodes(iter_episodes(path), context_length=2, include_labels=False)
-    assert [m["text"] for m in ds2] == [m["text"] for m in ds]
+    write_dialogues(path, episodes=40)
+    memory = EpisodeStore(load_episodes(path), "T", training)
+    files = FileStore(FileIndex.build(path), "T", training)
+    assert memory.pad == files.pad and np.array_equal(memory.table.turns, files.table.turns)
+    block = np.arange(memory.pad + 1).reshape(1, -1)
+    (examples, ids), (file_examples, file_ids) = memory.gather(block), files.gather(block)
+    assert examples.tolist() == file_examples.tolist()
+    answers = [memory.answers.answers[i] if i >= 0 else None for i in ids[0].tolist()]
+    assert answers == [files.answers.answers[i] if i >= 0 else None for i in file_ids[0].tolist()]
+    assert answers[:-1] == [tuple(m.targets()) for m in examples[0, :-1]]
+    assert examples[0, -1] is PADDING and answers[-1] is None
+    key = "labels" if training else "eval_labels"
+    assert all(key in m and m["id"] == "T" for m in examples[0, :-1])
+    for context, labels in ((-1, True), (2, False)):
+        ids = list(range(memory.pad))
+        assert memory.observations(ids, context, labels) == files.observations(ids, context, labels)
+    squashed = [m for ep in load_episodes(path) for m in squash_episode(ep, 2, False)]
+    assert [o["full_text"] for o in memory.observations(list(range(memory.pad)), 2, False)] == \
+        [m["text"] for m in squashed]
 
 
-def test_stream_dataset_batchsorts_on_the_fly_within_a_length_range(tmp_path):
-    path = str(tmp_path / "d.jsonl")
-    n = write_dialogues(path, episodes=200, noise=False)
-    config = BatchingConfig("batchsort", 4, cache_size=40, length_range=5)
-    stream = StreamDataset(StreamSource(path, context_length=1), config)
-    batches = list(stream)
-    assert sorted(i for b in batches for i, _ in b.items) == sorted(i for i, _ in
-                                                                       StreamSource(path).examples())
-    assert sum(b.num_real for b in batches) == n
-    full = [b for b in batches if b.num_real == 4]
-    assert len(full) > len(batches) / 2
-    assert all(max(b.lengths) // 5 == min(b.lengths) // 5 for b in full)
+def test_served_examples_are_read_only_and_copies_are_not():
+    store = EpisodeStore([[{"text": "a", "labels": ["b"]}]], "T", True)
+    served = store.gather(np.array([0]))[0][0]
+    with pytest.raises(TypeError, match="read-only"):
+        served["text"] = "changed"
+    copy = served.copy()
+    copy["text"] = "changed"
+    assert served["text"] == "a" and store.observations([0], -1, True)[0]["full_text"] == "a"
 
 
-def test_stream_dataset_reads_only_its_shard(tmp_path):
-    path = str(tmp_path / "d.jsonl")
-    write_dialogues(path, episodes=100)
-    seen = []
-    for spec in ShardSpec.all(num_processes=2, num_replicas=3):
-        stream = StreamDataset(StreamSource(path), BatchingConfig("none", 5), shard=spec)
-        seen += [i for b in stream for i, _ in b.items]
-    assert sorted(seen) == sorted(i for i, _ in StreamSource(path).examples())
+def test_a_concatenation_of_stores_keeps_each_examples_task():
+    first = EpisodeStore([[{"text": "a", "labels": ["1"]}, {"text": "b", "labels": ["2"]}]], "A", False)
+    second = EpisodeStore([[{"text": "c", "labels": ["3"]}], [{"text": "d", "labels": ["4"]}]], "B", False)
+    both = ConcatStore([first, second])
+    assert both.pad == 4 and both.table.tasks == (1, 2) and both.table.turns.tolist() == [2, 1, 1]
+    examples, ids, tasks = both.gather(np.array([0, 2, 3, 1, 4]))
+    assert [m.get("text") for m in examples] == ["a", "c", "d", "b", None]
+    assert [both.answers.answers[i] for i in ids[:4]] == [("1",), ("3",), ("4",), ("2",)] and ids[4] == -1
+    assert tasks[:4].tolist() == [0, 1, 1, 0]
+    assert [m["id"] for m in both.episode(2)] == ["B"]

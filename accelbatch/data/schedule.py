@@ -1,0 +1,400 @@
+"""The schedule: which example each batch row serves at each step. Both front ends read it.
+
+Examples live in a store (:mod:`accelbatch.data.datasets`) under flat indices ``0 .. N-1`` (the turns of
+every episode, in data order); :class:`EpisodeTable` names the episodes a process serves (its shard) by the
+flat index of each episode's first turn and its number of turns. A schedule is a function of the table,
+the seed and the epoch only, so it is the same whether the batch is built in this process (ParlAI's
+BatchWorld of teacher and agent clones) or by data workers, and a data position is a count of steps.
+
+:class:`RowSchedule` (no dynamic batching): ``rows`` rows, each serving whole episodes turn by turn. The
+episodes of epoch ``e`` come in ``order(e)`` (a seeded permutation in training, data order in evaluation);
+the stream of all epochs, ``order(0) ++ order(1) ++ ...`` (one epoch without ``loop``), is dealt to the rows
+in turn: row ``r`` serves stream positions ``r, r + rows, r + 2 rows, ...``. In training a row goes on into
+the next epoch when its part of this one ends, so no row ever idles; in evaluation a row that has served
+its part serves padding (``pad``) and the schedule ends with the longest row.
+
+:class:`BatchPlan` (``--dynamic-batching``): per epoch, the shard's examples (squashed turns) in a seeded
+order are cut into batches by a strategy of :mod:`accelbatch.data.batching` (rows vary, padded lengths too).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+from typing import Any, Callable, Sequence
+
+import numpy as np
+
+from accelbatch.data.batching import Batch, BatchingConfig
+
+Order = Callable[[int], np.ndarray]
+BLOCK_ELEMENTS = 1 << 16  # flat indices a RowFeed lays out at once (steps x rows)
+
+
+@dataclass(frozen=True)
+class EpisodeTable:
+    """Episodes by the flat index of their first turn and their number of turns (int64 arrays)."""
+
+    first: np.ndarray
+    turns: np.ndarray
+    tasks: tuple[int, ...] = ()  # multitask: episodes per task, tasks one after another (empty: one task)
+
+    @classmethod
+    def of_lengths(cls, turns: Sequence[int], tasks: Sequence[int] = ()) -> "EpisodeTable":
+        turns_ = np.asarray(turns, dtype=np.int64)
+        first = np.zeros(len(turns_), dtype=np.int64)
+        np.cumsum(turns_[:-1], out=first[1:])
+        return cls(first, turns_, tuple(tasks))
+
+    @property
+    def num_episodes(self) -> int:
+        return len(self.turns)
+
+    @property
+    def num_examples(self) -> int:
+        return int(self.turns.sum())
+
+    def shard(self, index: int, count: int) -> "EpisodeTable":
+        """Episodes ``index, index + count, ...`` (a replica's or a process's share); per task when multitask."""
+        if count == 1:
+            return self
+        if not self.tasks:
+            return EpisodeTable(self.first[index::count], self.turns[index::count])
+        bounds = np.concatenate([[0], np.cumsum(self.tasks)])
+        keep = [np.arange(a, b)[index::count] for a, b in zip(bounds[:-1], bounds[1:])]
+        chosen = np.concatenate(keep)
+        return EpisodeTable(self.first[chosen], self.turns[chosen], tuple(len(k) for k in keep))
+
+    def flat(self, episodes: np.ndarray) -> np.ndarray:
+        """Flat indices of every turn of ``episodes`` (positions in this table), episode after episode."""
+        lengths = self.turns[episodes]
+        if not len(lengths):
+            return np.empty(0, dtype=np.int64)
+        starts = self.first[episodes]
+        ends = np.cumsum(lengths)
+        return np.repeat(starts - (ends - lengths), lengths) + np.arange(int(ends[-1]), dtype=np.int64)
+
+    def digest(self) -> str:
+        return hashlib.sha256(self.first.tobytes() + self.turns.tobytes()).hexdigest()[:16]
+
+
+def permutation(size: int, seed: int, *key: int) -> np.ndarray:
+    """A seeded permutation of ``range(size)`` (numpy's generator: fast and the same on every machine)."""
+    return np.random.default_rng([abs(seed), *key]).permutation(size)
+
+
+@dataclass(frozen=True)
+class DataOrder:
+    """Every epoch in data order (evaluation, ``:ordered``)."""
+
+    size: int
+
+    def __call__(self, epoch: int) -> np.ndarray:
+        return np.arange(self.size, dtype=np.int64)
+
+
+@dataclass(frozen=True)
+class ShuffledOrder:
+    """A seeded permutation per epoch (training)."""
+
+    size: int
+    seed: int
+
+    def __call__(self, epoch: int) -> np.ndarray:
+        return permutation(self.size, self.seed, epoch)
+
+
+def make_order(table: EpisodeTable, shuffle: bool, seed: int) -> Order:
+    """The episode order of each epoch: data order, a seeded permutation, or for several tasks in training
+    ParlAI's multitask rule (each new episode from a task drawn uniformly, :class:`MixedOrder`)."""
+    if not shuffle:
+        return DataOrder(table.num_episodes)
+    if len(table.tasks) > 1:
+        return MixedOrder(table.tasks, seed)
+    return ShuffledOrder(table.num_episodes, seed)
+
+
+class MixedOrder:
+    """Multitask training: each position of an epoch (as many as there are episodes) draws a task uniformly
+    at random and takes that task's next episode; each task goes through its own seeded permutations."""
+
+    def __init__(self, sizes: Sequence[int], seed: int):
+        self.sizes = [int(s) for s in sizes]
+        self.starts = np.concatenate([[0], np.cumsum(self.sizes)[:-1]]).astype(np.int64)
+        self.seed = seed
+        self._offsets: dict[int, np.ndarray] = {0: np.zeros(len(self.sizes), dtype=np.int64)}
+
+    def __repr__(self) -> str:
+        return f"MixedOrder(sizes={self.sizes}, seed={self.seed})"
+
+    def _choices(self, epoch: int) -> np.ndarray:
+        gen = np.random.default_rng([abs(self.seed), 7919, epoch])
+        return gen.integers(0, len(self.sizes), size=sum(self.sizes))
+
+    def _task_offsets(self, epoch: int) -> np.ndarray:
+        """Episodes each task had served before ``epoch``."""
+        known = max(e for e in self._offsets if e <= epoch)
+        offsets = self._offsets[known]
+        for e in range(known, epoch):
+            offsets = offsets + np.bincount(self._choices(e), minlength=len(self.sizes))
+        self._offsets = {0: self._offsets[0], epoch: offsets}
+        return offsets
+
+    def __call__(self, epoch: int) -> np.ndarray:
+        choices = self._choices(epoch)
+        offsets = self._task_offsets(epoch)
+        out = np.empty(len(choices), dtype=np.int64)
+        for task, size in enumerate(self.sizes):
+            where = np.flatnonzero(choices == task)
+            served = offsets[task] + np.arange(len(where))
+            rounds = served // size
+            picked = np.empty(len(where), dtype=np.int64)
+            for q in np.unique(rounds):
+                mask = rounds == q
+                picked[mask] = permutation(size, self.seed, task, int(q))[served[mask] % size]
+            out[where] = self.starts[task] + picked
+        return out
+
+
+class RowSchedule:
+    """``rows`` rows serving whole episodes (see the module docstring).
+
+    Each epoch is laid out once for all rows: its episodes grouped by row (row ``r`` takes the stream
+    positions congruent to ``r``), every turn's flat index in that order, and where each row's run starts.
+    A row then serves its runs epoch after epoch, one turn per step, so :meth:`block` copies one slice per
+    row and epoch: no Python work per step or per example.
+    """
+
+    def __init__(self, table: EpisodeTable, rows: int, order: Order, loop: bool, pad: int):
+        if rows < 1:
+            raise ValueError(f"RowSchedule: rows must be at least 1, got {rows}")
+        if loop and table.num_episodes == 0:
+            raise ValueError("RowSchedule: no episodes to serve")
+        self.table, self.rows, self.order, self.loop, self.pad = table, rows, order, loop, pad
+        self._runs: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+        self._epoch = np.zeros(rows, dtype=np.int64)  # per row: the epoch it serves from
+        self._offset = np.zeros(rows, dtype=np.int64)  # per row: turns of that epoch's run served
+        self._next_step = 0
+        # evaluation: the steps each row has examples for (the pass ends with the longest); None in training
+        self.row_totals = None if loop else np.diff(self.runs(0)[1]).tolist()
+
+    @property
+    def steps(self) -> int | None:
+        """Steps of the one pass (evaluation); None in training."""
+        return None if self.row_totals is None else max(self.row_totals)
+
+    @property
+    def next_step(self) -> int:
+        return self._next_step
+
+    def runs(self, epoch: int) -> tuple[np.ndarray, np.ndarray]:
+        """(flat indices of ``epoch``'s turns grouped by row, where each row's run starts: ``rows + 1``)."""
+        got = self._runs.get(epoch)
+        if got is None:
+            oldest = int(self._epoch.min())
+            self._runs = {e: r for e, r in self._runs.items() if e >= oldest}
+            order, size, rows = np.asarray(self.order(epoch), dtype=np.int64), self.table.num_episodes, self.rows
+            first = epoch * size
+            by_row = [order[(r - first) % rows::rows] for r in range(rows)] if rows > 1 else [order]
+            starts = np.zeros(rows + 1, dtype=np.int64)
+            np.cumsum([int(self.table.turns[part].sum()) for part in by_row], out=starts[1:])
+            got = self._runs[epoch] = (self.table.flat(np.concatenate(by_row)), starts)
+        return got
+
+    def block(self, count: int) -> np.ndarray:
+        """The next ``count`` steps, ``[count, rows]`` flat indices (``pad`` where a row has nothing)."""
+        out = np.empty((self.rows, count), dtype=np.int64)
+        for row in range(self.rows):
+            epoch, offset, filled = int(self._epoch[row]), int(self._offset[row]), 0
+            while filled < count:
+                if not self.loop and epoch > 0:
+                    out[row, filled:] = self.pad
+                    break
+                flat, starts = self.runs(epoch)
+                at, end = int(starts[row]) + offset, int(starts[row + 1])
+                take = min(end - at, count - filled)
+                out[row, filled:filled + take] = flat[at:at + take]
+                filled, offset = filled + take, offset + take
+                if at + take >= end:
+                    epoch, offset = epoch + 1, 0
+            self._epoch[row], self._offset[row] = epoch, offset
+        self._next_step += count
+        return out.T
+
+    def seek(self, step: int) -> None:
+        """Lay out from ``step`` on: each row's epochs skipped by the length of its runs."""
+        self._next_step = step
+        self._epoch[:] = 0
+        self._offset[:] = 0
+        left = np.full(self.rows, step, dtype=np.int64)
+        while (left > 0).any():
+            epoch = int(self._epoch[left > 0].min())
+            if not self.loop and epoch > 0:
+                break
+            lengths = np.diff(self.runs(epoch)[1])
+            here = (left > 0) & (self._epoch == epoch)
+            whole = here & (left >= lengths)
+            inside = here & ~whole
+            self._offset[inside] = left[inside]
+            left[inside] = 0
+            left[whole] -= lengths[whole]
+            self._epoch[whole] += 1
+
+
+Gather = Callable[[np.ndarray], tuple[np.ndarray, ...]]
+
+
+def _indices(block: np.ndarray) -> tuple[np.ndarray, ...]:
+    return (block,)
+
+
+class RowFeed:
+    """A RowSchedule read row by row (a teacher clone per row) or all rows at once (a BatchWorld's step).
+
+    ``gather`` maps a laid-out block of flat indices to columns of the same shape (e.g. the examples and
+    their answers, as object arrays: one C gather per block rather than a Python lookup per row); each step
+    reads one row of each column. The rows stand at step ``base`` plus their own count of steps taken alone
+    (``ahead``: clones acting one by one stay within a step of each other). ``state_dict`` is the rows' steps
+    with the table's digest, so that a position taken on other data (or shard, or rows per step) is refused.
+    """
+
+    def __init__(self, schedule: RowSchedule, gather: Gather = _indices):
+        self.schedule, self.gather = schedule, gather
+        self._base = 0
+        self._ahead: list[int] | None = None  # per row, steps taken beyond base (None: all rows at base)
+        self._columns: list[Any] = []
+        self._real: list[int] = []  # per laid-out step: rows that are not padding
+        self._start = 0  # the step of the first laid-out row; schedule.next_step == _start + len(_real)
+
+    @property
+    def rows(self) -> int:
+        return self.schedule.rows
+
+    @property
+    def row_steps(self) -> list[int]:
+        return [self._base + a for a in self._ahead] if self._ahead else [self._base] * self.rows
+
+    def _extend(self) -> None:
+        keep = self._base - self._start
+        steps = max(16, min(4096, BLOCK_ELEMENTS // self.rows))
+        block = self.schedule.block(steps)
+        # an object column becomes one flat list (step after step: a step is one slice, no Python object made
+        # per row), a numeric one stays an array (a step is a row view: no int object per row either)
+        columns: list[Any] = [c.ravel().tolist() if c.dtype == object else c for c in self.gather(block)]
+        real = (block != self.schedule.pad).sum(axis=1).tolist()
+        if keep < len(self._real):
+            columns = [old[keep * self.rows:] + new if isinstance(new, list) else np.concatenate([old[keep:], new])
+                       for old, new in zip(self._columns, columns)]
+            real = self._real[keep:] + real
+        self._columns, self._real, self._start = columns, real, self._base
+
+    def step(self) -> tuple[Any, ...]:
+        """Every row's next example: one list per gathered column (padding rows hold the padding entry),
+        then the number of rows that are not padding. All rows move one step."""
+        if self._ahead:
+            raise RuntimeError("RowFeed.step: the rows stand at different steps (some clones acted alone)")
+        offset = self._base - self._start
+        if offset >= len(self._real):
+            self._extend()
+            offset = 0
+        self._base += 1
+        start = offset * self.rows
+        stop = start + self.rows
+        return (*[c[start:stop] if isinstance(c, list) else c[offset] for c in self._columns], self._real[offset])
+
+    def take(self, row: int) -> tuple[Any, ...]:
+        """Row ``row``'s next entry of each gathered column."""
+        ahead = self._ahead or [0] * self.rows
+        offset = self._base + ahead[row] - self._start
+        while offset >= len(self._real):
+            self._extend()
+            offset = self._base + ahead[row] - self._start
+        out = tuple(c[offset * self.rows + row] if isinstance(c, list) else c[offset, row] for c in self._columns)
+        ahead[row] += 1
+        lowest = min(ahead)
+        if lowest:
+            self._base += lowest
+            ahead = [a - lowest for a in ahead]
+        self._ahead = ahead if any(ahead) else None
+        return out
+
+    def done(self, row: int | None = None) -> bool:
+        """Evaluation: the row (every row when None) has served its whole part; never in training."""
+        totals = self.schedule.row_totals
+        if totals is None:
+            return False
+        if row is not None:
+            return self.row_steps[row] >= totals[row]
+        return all(s >= t for s, t in zip(self.row_steps, totals))
+
+    def seek(self, row_steps: Sequence[int]) -> None:
+        """Put the rows at these steps (a restore, or a rewind to the start)."""
+        base = min(int(s) for s in row_steps)
+        ahead = [int(s) - base for s in row_steps]
+        self._base, self._ahead = base, (ahead if any(ahead) else None)
+        self._start, self._columns, self._real = base, [], []
+        self.schedule.seek(base)
+
+    def rewind(self) -> None:
+        self.seek([0] * self.rows)
+
+    def _key(self) -> dict[str, Any]:
+        return {"table": self.schedule.table.digest(), "rows": self.rows, "order": repr(self.schedule.order)}
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"row_steps": self.row_steps, **self._key()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        if {k: state.get(k) for k in self._key()} != self._key():
+            raise ValueError("the data position was taken on other data, another shard of it, another order "
+                             "(--seed) or another number of rows per step; resume with the same data, --seed, "
+                             "-bs, -di, -ga, -rf and -nt")
+        self.seek(state["row_steps"])
+
+
+class BatchPlan:
+    """Dynamic batching: per epoch, this shard's examples in a seeded order cut into batches by a strategy.
+
+    Training drops the partial last batch of the fixed-row strategies with ``drop_last`` and, with several
+    replicas, cuts every replica to the same number of batches (synchronous steps); the examples left out
+    are counted. Evaluation keeps every example.
+    """
+
+    def __init__(self, tables: Sequence[EpisodeTable], rank: int, lengths: np.ndarray, batching: BatchingConfig,
+                 training: bool, shuffle: bool, seed: int, drop_last: bool):
+        self.tables, self.rank, self.lengths = list(tables), rank, lengths
+        self.batching, self.training, self.shuffle = batching, training, shuffle
+        self.seed, self.drop_last = seed, drop_last
+        self._cache: tuple[int, list[Batch[int]], int] | None = None
+
+    def _rank_plan(self, rank: int, epoch: int) -> list[Batch[int]]:
+        examples = self.tables[rank].flat(np.arange(self.tables[rank].num_episodes))
+        rng = None
+        if self.shuffle:
+            examples = examples[permutation(len(examples), self.seed, epoch, rank)]
+            import random
+
+            rng = random.Random(hash((self.seed, epoch, rank)))
+        lengths = self.lengths[examples].tolist()
+        batches = list(self.batching.batcher(rng).run(zip(examples.tolist(), lengths)))
+        if self.training and self.drop_last and self.batching.strategy in ("none", "batchsort"):
+            batches = [b for b in batches if b.num_real == self.batching.batch_size]
+        return batches
+
+    def epoch(self, epoch: int) -> tuple[list[Batch[int]], int]:
+        """(this rank's batches, examples it leaves out) of ``epoch``."""
+        if self._cache is not None and self._cache[0] == epoch:
+            return self._cache[1], self._cache[2]
+        batches = self._rank_plan(self.rank, epoch)
+        dropped = self.tables[self.rank].num_examples - sum(b.num_real for b in batches)
+        if self.training and len(self.tables) > 1:
+            counts = [len(batches) if r == self.rank else len(self._rank_plan(r, epoch))
+                      for r in range(len(self.tables))]
+            common = min(counts)
+            dropped += sum(b.num_real for b in batches[common:])
+            batches = batches[:common]
+        self._cache = (epoch, batches, dropped)
+        return batches, dropped
+
+
+__all__ = ["BatchPlan", "EpisodeTable", "MixedOrder", "RowFeed", "RowSchedule", "make_order", "permutation"]
