@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import copy
 import importlib
-import math
 import os
 import zlib
 from dataclasses import dataclass, field
@@ -97,6 +96,14 @@ class Agent:
     def reset(self) -> None:
         self.observation = None
 
+    def state_dict(self) -> dict[str, Any]:
+        """This clone's conversation in progress as JSON data (checkpoints take it between parleys); the
+        base agent keeps none. Model weights are the engine's, not here."""
+        return {}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Continue from :meth:`state_dict`'s data."""
+
     def report(self) -> dict[str, float]:
         return {}
 
@@ -109,10 +116,12 @@ class Agent:
 
 @dataclass
 class EngineSlot:
-    """Holds the engine all clones of a TorchAgent step through; the backend fills it."""
+    """Holds the engine all clones of a TorchAgent step through; the build fills it (and the runtime that
+    compiled it, so a world built later for the same agent reuses both)."""
 
     engine: Any = None
     backend_name: str = ""
+    runtime: Any = None
 
 
 @dataclass
@@ -226,14 +235,11 @@ class TorchAgent(Agent):
     # --- engine ----------------------------------------------------------------------------------
     @property
     def engine(self) -> Any:
-        """The engine every clone steps through; a one-process CPU engine unless a backend set one."""
+        """The engine every clone steps through (the build compiles the model for --device and sets it)."""
         if self.slot.engine is None:
-            from accelbatch.backends.cpu import CPUBackend
-            from accelbatch.plan import ExecutionPlan
-
-            plan = ExecutionPlan.from_opts(self.opts, training=True)
-            self.slot.engine = CPUBackend().compile(self.model, self.optimizer, plan)
-            self.slot.backend_name = "cpu"
+            raise RuntimeError(f"{type(self).__name__} has no engine: build its world with "
+                               "accelbatch.create_world(opts, agent=...), which compiles the model for --device, "
+                               "or set one with agent.attach_engine(backend.compile(model, optimizer, plan), name)")
         return self.slot.engine
 
     def attach_engine(self, engine: Any, backend_name: str) -> None:
@@ -267,16 +273,17 @@ class TorchAgent(Agent):
         self._last_label = None
         self._previous_done = True
 
-    def conversation_state(self) -> dict[str, Any]:
+    def state_dict(self) -> dict[str, Any]:
         """This clone's episode in progress (history, last label) as JSON data, for checkpoints."""
         return {"turns": list(self.history.turns), "last_label": self._last_label,
                 "previous_done": self._previous_done}
 
-    def restore_conversation(self, state: dict[str, Any]) -> None:
-        """Continue an episode from :meth:`conversation_state`'s data."""
-        self.history.turns = list(state["turns"])
-        self._last_label = state["last_label"]
-        self._previous_done = bool(state["previous_done"])
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Continue an episode from :meth:`state_dict`'s data."""
+        if state:
+            self.history.turns = list(state["turns"])
+            self._last_label = state["last_label"]
+            self._previous_done = bool(state["previous_done"])
 
     def batch_act(self, observations: Sequence[Message | None]) -> list[Message]:
         replies = [Message(id=self.id) for _ in observations]
@@ -299,12 +306,6 @@ class TorchAgent(Agent):
             raise ValueError(f"a training batch has {_leading(batch)} rows but {len(observations)} examples: "
                              "padding rows would enter the loss; train with --drop-last (the default)")
         result = self.engine.train_step(batch) if training else self.engine.eval_step(batch)
-        if training and result.loss is not None and not math.isfinite(result.loss):
-            from accelbatch.backends.base import NonFiniteLoss
-
-            raise NonFiniteLoss(f"non-finite training loss ({result.loss}) on {self.slot.backend_name}: "
-                                "this backend applies a call's updates before the loss is read, so the run "
-                                "stops here; lower --learning-rate (--skip-nan skips such steps on cpu)")
         if result.extras.get("skipped_updates"):
             self.metrics.add("skipped_updates", result.extras["skipped_updates"])
         if result.loss is not None and _leading(batch) == len(observations):

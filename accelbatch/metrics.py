@@ -14,10 +14,12 @@ import string
 from collections import Counter
 from dataclasses import dataclass, field
 from functools import lru_cache
+from itertools import repeat
 from typing import Iterable, Sequence
 
+import numpy as np
+
 from accelbatch.messages import TEXT
-from accelbatch.row_kernels import COUNT_REPLIES
 
 _ARTICLES = re.compile(r"\b(a|an|the)\b")
 _PUNCT = str.maketrans("", "", string.punctuation)
@@ -135,6 +137,34 @@ def score_counted(counts: dict[tuple[str, ...] | None, dict[str | None, int]]) -
 PENDING_ROWS = 16384  # rows add_rows/add_replies keep before scoring them (bounds memory; report() scores the rest)
 
 
+class AnswerTable:
+    """Distinct answers (tuples of strings) by id: a store numbers its examples' answers once, so a batch's
+    answers travel as an int array and are counted with numpy instead of hashing tuples per row."""
+
+    def __init__(self) -> None:
+        self.answers: list[tuple[str, ...]] = []
+        self._ids: dict[tuple[str, ...], int] = {}
+
+    def id(self, answers: tuple[str, ...]) -> int:
+        found = self._ids.get(answers)
+        if found is None:
+            found = self._ids[answers] = len(self.answers)
+            self.answers.append(answers)
+        return found
+
+    def ids(self, answers: Sequence[tuple[str, ...] | None]) -> np.ndarray:
+        """The ids of these answers (-1 for None: a row with nothing to score)."""
+        return np.fromiter((-1 if a is None else self.id(a) for a in answers), dtype=np.int64, count=len(answers))
+
+
+def _texts(replies: Sequence[dict]) -> list[str | None]:
+    """Each reply's text (None without one): ``dict.get`` mapped in C, replies being dicts."""
+    try:
+        return list(map(dict.get, replies, repeat(TEXT, len(replies))))
+    except TypeError:  # a reply that is not a dict: read it the slow way
+        return [r.get(TEXT) for r in replies]
+
+
 @dataclass
 class Metrics:
     """Sums and counts; ``report()`` turns them into ParlAI-named averages."""
@@ -146,43 +176,53 @@ class Metrics:
     loss_sum: float = 0.0
     loss_count: int = 0
     extra: dict[str, float] = field(default_factory=dict)
-    # rows kept to be scored: answers -> prediction -> rows
-    _pending: dict[tuple[str, ...] | None, dict[str | None, int]] = field(default_factory=dict, repr=False,
-                                                                         compare=False)
-    _pending_rows: int = field(default=0, repr=False, compare=False)
+    # rows kept to be scored: their answers' ids (chunks) in _table and their predictions, see score_pending
+    _ids: list[np.ndarray] = field(default_factory=list, repr=False, compare=False)
+    _predictions: list[str | None] = field(default_factory=list, repr=False, compare=False)
+    _table: AnswerTable | None = field(default=None, repr=False, compare=False)
+    _own: AnswerTable = field(default_factory=AnswerTable, repr=False, compare=False)
 
     def add_rows(self, predictions: Sequence[str | None], answers: Sequence[tuple[str, ...] | None],
                  examples: int) -> None:
         """Count ``examples`` examples and keep the rows to be scored (a row whose answers are None or empty,
         or whose prediction is None, is not scored). ``answers`` are tuples. Scored within
         :data:`PENDING_ROWS` rows, and before anything reads the sums."""
-        pending = self._pending
-        for (pred, golds), count in Counter(zip(predictions, answers)).items():
-            by_prediction = pending.get(golds)
-            if by_prediction is None:
-                pending[golds] = by_prediction = {}
-            by_prediction[pred] = by_prediction.get(pred, 0) + count
-        self._kept(len(predictions), examples)
+        self._keep(list(predictions), self._own.ids(answers), self._own, examples)
 
-    def add_replies(self, replies: list[dict], answers: list[tuple[str, ...] | None], examples: int) -> None:
-        """:meth:`add_rows` for reply messages: row ``i``'s prediction is ``replies[i].get("text")``, its
-        answers ``answers[i]``."""
-        COUNT_REPLIES(self._pending, replies, answers, TEXT)
-        self._kept(len(answers), examples)
+    def add_replies(self, replies: Sequence[dict], answer_ids: np.ndarray, table: AnswerTable,
+                    examples: int) -> None:
+        """:meth:`add_rows` for reply messages and answers by id in ``table`` (-1: nothing to score): row
+        ``i``'s prediction is ``replies[i].get("text")``."""
+        self._keep(_texts(replies), answer_ids, table, examples)
 
-    def _kept(self, rows: int, examples: int) -> None:
+    def _keep(self, predictions: list[str | None], ids: np.ndarray, table: AnswerTable, examples: int) -> None:
+        if table is not self._table:
+            self.score_pending()
+            self._table = table
+        self._predictions.extend(predictions)
+        self._ids.append(ids)
         self.exs += examples
-        self._pending_rows += rows
-        if self._pending_rows >= PENDING_ROWS:
+        if len(self._predictions) >= PENDING_ROWS:
             self.score_pending()
 
     def score_pending(self) -> None:
-        """Score the rows :meth:`add_rows` and :meth:`add_replies` kept."""
-        if not self._pending:
+        """Score the rows kept: each distinct (answers, prediction) pair once, weighted by its rows."""
+        if not self._predictions:
             return
-        scored, correct, f1_sum = score_counted(self._pending)
-        self._pending.clear()
-        self._pending_rows = 0
+        words = list(dict.fromkeys(self._predictions))  # the distinct predictions, in C
+        vocab = {word: i for i, word in enumerate(words)}
+        texts = np.fromiter(map(vocab.__getitem__, self._predictions), dtype=np.int64, count=len(self._predictions))
+        ids = np.concatenate(self._ids)
+        keys, counts = np.unique(ids * len(vocab) + texts, return_counts=True)
+        answers = self._table.answers  # type: ignore[union-attr]
+        pairs: dict[tuple[str, ...] | None, dict[str | None, int]] = {}
+        for key, n in zip(keys.tolist(), counts.tolist()):
+            answer, text = divmod(key, len(vocab))
+            if answer >= 0:
+                pairs.setdefault(answers[answer], {})[words[text]] = n
+        self._ids.clear()
+        self._predictions.clear()
+        scored, correct, f1_sum = score_counted(pairs)
         self.scored += scored
         self.correct += correct
         self.f1_sum += f1_sum
@@ -222,8 +262,8 @@ class Metrics:
             self.extra[k] = self.extra.get(k, 0.0) + v
 
     def clear(self) -> None:
-        self._pending.clear()
-        self._pending_rows = 0
+        self._ids.clear()
+        self._predictions.clear()
         self.exs = self.scored = self.loss_count = 0
         self.correct = self.f1_sum = self.loss_sum = 0.0
         self.extra = {}

@@ -95,10 +95,9 @@ class Opts:
     num_buckets: int = _opt(8, "--num-buckets", group="data", help="most static shapes for 'buckets'")
     batch_sort_cache_size: int = _opt(1000, "--batch-sort-cache-size", group="data",
                                       help="examples buffered for sorting by length")
-    batch_length_range: int = _opt(5, "--batch-length-range", group="data",
-                                   help="streaming batchsort: lengths within this range share a batch")
     dataloader_mode: str = _opt("sync", "--dataloader-mode", choices=DATALOADER_MODES, group="data",
-                                help="sync, async (background process) or async-rebatched")
+                                help="sync, async (a background process keeps batches ready) or async-rebatched "
+                                     "(the same: planned batches lose no tail); never changes results")
     num_workers: int = _opt(0, "--num-workers", group="data", help="data worker processes")
     buffer_size: int = _opt(3, "--buffer-size", group="data", help="batches the async accessor keeps ready")
     drop_last: bool = _opt(True, "--drop-last", group="data",
@@ -207,6 +206,9 @@ def validate(opts: Opts) -> None:
         raise OptionError(f"--num-workers: must be 0 or more, got {opts.num_workers}")
     if opts.learning_rate <= 0:
         raise OptionError(f"--learning-rate: must be positive, got {opts.learning_rate}")
+    if opts.context_length < 1 and opts.context_length != -1:
+        raise OptionError(f"--context-length: must be -1 (all of the history) or at least 1, got "
+                          f"{opts.context_length}")
     for name in ("data_timeout_s", "replica_timeout_s"):
         if getattr(opts, name) <= 0:
             raise OptionError(f"{_flag(name)}: must be a positive number of seconds, got {getattr(opts, name)}")

@@ -1,25 +1,27 @@
 """Teachers: agents that serve a dataset and score the replies, and the task registry.
 
-:class:`FixedTeacher` serves episodes from a list held in memory. Its clones (one per BatchWorld row)
-share one :class:`EpisodeCursor`, so in evaluation every episode is handed out exactly once whatever the
-batch size, and in training episodes come in a fresh shuffled order each epoch.
+A :class:`FixedTeacher` serves a store of episodes (:mod:`accelbatch.data.datasets`) through the schedule
+(:mod:`accelbatch.data.schedule`): its clones (one per BatchWorld row) are the rows of one
+:class:`~accelbatch.data.schedule.RowFeed`, so in evaluation every example is served once whatever the batch
+size, and in training episodes come in a fresh seeded order each epoch. A BatchWorld reads the feed for all
+rows at once; a clone acting alone reads its own row: the same examples in the same order either way.
 """
 
 from __future__ import annotations
 
 import os
-import threading
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Sequence
 
 import numpy as np
 
 from accelbatch.agents import Agent, UnknownNameError, import_path
+from accelbatch.data.datasets import ConcatStore, EpisodeStore, FileStore, Store
+from accelbatch.data.schedule import RowFeed, RowSchedule, make_order
 from accelbatch.messages import TEXT, Message
-from accelbatch.metrics import Metrics
+from accelbatch.metrics import Metrics, merge_reports
 from accelbatch.opts import OptionError, Opts
-from accelbatch.teacher_rows import RowBlock, RowTable, ServedExamples
-from accelbatch.tasks.files import DataFileError, load_episodes
+from accelbatch.tasks.files import DataFileError, FileIndex, load_episodes
 
 # task name -> "module:Class"; a task string is "name" or "name:argument" (e.g. babi:1, jsonl:PATH).
 TASK_PATHS: dict[str, str] = {
@@ -47,85 +49,9 @@ def is_training(datatype: str) -> bool:
     return split_of(datatype) == "train" and "evalmode" not in datatype
 
 
-def epoch_order(num_episodes: int, shuffle: bool, seed: int, epoch: int) -> list[int]:
-    """The order episodes are served in during ``epoch``: a seeded permutation when ``shuffle``.
-
-    numpy's permutation: random.shuffle costs about a microsecond per episode, as much as serving it.
-    """
-    if not shuffle:
-        return list(range(num_episodes))
-    return np.random.default_rng([seed, epoch]).permutation(num_episodes).tolist()
-
-
-@dataclass
-class EpisodeCursor:
-    """The position in the dataset that all clones of one teacher share (thread-safe)."""
-
-    num_episodes: int
-    shuffle: bool
-    seed: int
-    order: list[int] = field(default_factory=list)
-    next_index: int = 0
-    epoch: int = 0
-    lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
-
-    def __post_init__(self) -> None:
-        self._new_order()
-
-    def _new_order(self) -> None:
-        self.order = epoch_order(self.num_episodes, self.shuffle, self.seed, self.epoch)
-
-    def take(self, loop: bool) -> int | None:
-        """The next episode index, or None when the epoch is over and ``loop`` is False."""
-        if loop and self.num_episodes == 0:
-            raise ValueError("EpisodeCursor: no episodes to loop over")
-        with self.lock:
-            if self.next_index >= self.num_episodes:
-                if not loop:
-                    return None
-                self.epoch += 1
-                self.next_index = 0
-                self._new_order()
-            index = self.order[self.next_index]
-            self.next_index += 1
-            return index
-
-    def take_many(self, count: int, loop: bool) -> list[int | None]:
-        """``count`` successive :meth:`take` results under one lock (a batch of rows starting episodes)."""
-        if loop and self.num_episodes == 0 and count:
-            raise ValueError("EpisodeCursor: no episodes to loop over")
-        out: list[int | None] = []
-        with self.lock:
-            start = self.next_index
-            if start + count <= self.num_episodes:  # the usual case: all within this epoch
-                self.next_index = start + count
-                return self.order[start:start + count]
-            while count > 0:
-                if self.next_index >= self.num_episodes:
-                    if not loop:
-                        out.extend([None] * count)
-                        break
-                    self.epoch += 1
-                    self.next_index = 0
-                    self._new_order()
-                taken = self.order[self.next_index:self.next_index + count]
-                out.extend(taken)
-                self.next_index += len(taken)
-                count -= len(taken)
-        return out
-
-    def exhausted(self) -> bool:
-        return self.next_index >= self.num_episodes
-
-    def rewind(self) -> None:
-        self.seek(0, 0)
-
-    def seek(self, epoch: int, next_index: int) -> None:
-        """Continue from a saved position: episode ``next_index`` of ``epoch``'s order (checkpoints)."""
-        with self.lock:
-            self.epoch = epoch
-            self._new_order()
-            self.next_index = next_index
+def shuffles(datatype: str) -> bool:
+    """Whether the data order is shuffled each epoch (training, unless ``:ordered``)."""
+    return is_training(datatype) and "ordered" not in datatype
 
 
 class Teacher(Agent):
@@ -134,6 +60,14 @@ class Teacher(Agent):
     def epoch_done(self) -> bool:
         return False
 
+    def state_dict(self) -> dict[str, Any]:
+        """Where this teacher's data continues; a teacher of unknown position says so (FixedTeacher knows)."""
+        return {"unsupported": f"{type(self).__name__} is not a FixedTeacher: its data position is unknown"}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        if "unsupported" in state:
+            raise ValueError(f"data position: {state['unsupported']}")
+
     def num_examples(self) -> int:
         raise NotImplementedError
 
@@ -141,113 +75,118 @@ class Teacher(Agent):
         raise NotImplementedError
 
 
-class FixedTeacher(Teacher):
-    """Serves a fixed list of episodes; subclasses give ``setup_data() -> list[list[Message]]``.
+@dataclass
+class Serving:
+    """How a FixedTeacher's clones read its store, shared by them: rows per step, this process's shard of
+    the episodes, and the feed built from those (lazily, on the first act)."""
 
-    Training (datatype train) loops forever over shuffled episodes; evaluation (valid/test or
-    train:evalmode) serves each episode once, in order, then only padding rows. In evaluation the
-    ``labels`` become ``eval_labels`` so the agent does not train on them.
+    rows: int = 1
+    shard: tuple[int, int] = (0, 1)
+    feed: RowFeed | None = None
+
+
+class FixedTeacher(Teacher):
+    """Serves a fixed set of episodes; subclasses give ``setup_data() -> list[list[Message]]`` (or override
+    :meth:`build_store`).
+
+    Training (datatype train) loops forever over shuffled episodes; evaluation (valid/test or train:evalmode)
+    serves each episode once, then only padding rows. In evaluation the ``labels`` become ``eval_labels`` so
+    the agent does not train on them. Examples are served read-only (``FrozenMessage``, one object per
+    example): an agent that changes what it observes copies it first.
     """
 
     def __init__(self, opts: Opts, shared: dict[str, Any] | None = None):
         super().__init__(opts, shared)
         self.datatype = opts.datatype
         self.training = is_training(opts.datatype)
+        self.row = 0  # the feed row this clone serves
+        self._last: tuple[Any, ...] | None = None
         if shared is None:
-            self.episodes = self.setup_data()
-            if not self.episodes:
+            self.store = self.build_store()
+            if self.store.table.num_episodes == 0:
                 raise DataFileError(f"task {opts.task!r} ({split_of(opts.datatype)}) has no examples")
-            cursor = EpisodeCursor(len(self.episodes), shuffle=self.training and
-                                   "ordered" not in opts.datatype, seed=opts.seed)
             self.metrics = Metrics()
-            self._num_examples = sum(len(ep) for ep in self.episodes)
-            self._rows = RowTable(ServedExamples.prepare(self.episodes, self.id, self.training), cursor)
+            self.serving = Serving()
         else:
-            self.episodes = shared["episodes"]
-            self.metrics = shared["metrics"]
-            self._num_examples = shared["num_examples"]
-            self._rows = shared["rows"]
-        self._slot = self._rows.add_slot()
+            self.store, self.metrics, self.serving = shared["store"], shared["metrics"], shared["serving"]
 
     def setup_data(self) -> list[list[Message]]:
         raise NotImplementedError
 
-    @property
-    def cursor(self) -> Any:
-        """The episode cursor every clone of this teacher shares (an :class:`EpisodeCursor`)."""
-        return self._rows.cursor
+    def build_store(self) -> Store:
+        return EpisodeStore(self.setup_data(), self.id, self.training)
 
-    @cursor.setter
-    def cursor(self, cursor: Any) -> None:  # e.g. hogwild's process-shared cursor, for all clones at once
-        self._rows.cursor = cursor
+    @property
+    def episodes(self) -> list[list[Message]]:
+        """The prepared episodes (an in-memory store's)."""
+        return self.store.episodes  # type: ignore[attr-defined]
 
     def share(self) -> dict[str, Any]:
-        shared = super().share()
-        shared.update(episodes=self.episodes, metrics=self.metrics, num_examples=self._num_examples,
-                      rows=self._rows)
-        return shared
+        return {**super().share(), "store": self.store, "metrics": self.metrics, "serving": self.serving}
 
     def num_examples(self) -> int:
         """Examples of the whole split (every shard's), so epochs mean the same on every replica."""
-        return self._num_examples
+        return self.store.table.num_examples
 
     def num_episodes(self) -> int:
-        return len(self.episodes)
+        return self.store.table.num_episodes
+
+    # --- the feed ------------------------------------------------------------------------------------
+    def serve_rows(self, rows: int) -> None:
+        """Serve ``rows`` rows per step (a BatchWorld's clones are rows 0..rows-1); before any act."""
+        self.serving.rows, self.serving.feed = rows, None
 
     def keep_shard(self, index: int, count: int) -> None:
-        """Serve only episodes ``index, index + count, ...`` (this replica's share); call before cloning."""
-        if count > 1:
-            if self.training and len(self.episodes) < count:
-                raise OptionError(f"-t {self.opts.task}: {len(self.episodes)} training episode(s) cannot be "
-                                  f"shared by {count} replicas (-rf/--replication-factor {count}): replica "
-                                  f"{index} would have none; lower --replication-factor or train on more data")
-            self.episodes = self.episodes[index::count]
-            cursor = EpisodeCursor(len(self.episodes), self.cursor.shuffle, self.cursor.seed)
-            self._rows.replace_data(ServedExamples.prepare(self.episodes, self.id, self.training), cursor)
+        """Serve only episodes ``index, index + count, ...`` (this replica's or process's share)."""
+        if count > 1 and self.training and self.num_episodes() < count:
+            raise OptionError(f"-t {self.opts.task}: {self.num_episodes()} training episode(s) cannot be shared "
+                              f"by {count} replicas or processes (-rf / -nt): {index} would have none; use "
+                              "fewer, or train on more data")
+        self.serving.shard, self.serving.feed = (index, count), None
+
+    @property
+    def feed(self) -> RowFeed:
+        """The feed every clone of this teacher reads (built on first use)."""
+        serving = self.serving
+        if serving.feed is None:
+            table = self.store.table.shard(*serving.shard)
+            order = make_order(table, shuffles(self.datatype), self.opts.seed)
+            schedule = RowSchedule(table, serving.rows, order, loop=self.training, pad=self.store.pad)
+            serving.feed = RowFeed(schedule, self.store.gather)
+        return serving.feed
 
     def act(self) -> Message:
-        """The next example: read-only (a :class:`~accelbatch.messages.FrozenMessage` served without a copy);
-        an agent that changes what it observes copies it first."""
-        return self._rows.act(self._slot, self.training)
+        """This clone's next example (read-only); padding once its row has served its part (evaluation)."""
+        self._last = self.feed.take(self.row)
+        return self._last[0]
 
     def observe(self, reply: Message) -> Message:
-        """Score the reply to the last example (accuracy and F1 against its labels)."""
-        answers = self._rows.take_last(self._slot)
-        if answers is not None:
-            self.metrics.add_batch([reply.get(TEXT)], [answers])
+        """Score the reply to the last example (accuracy and F1 against its answers)."""
+        last, self._last = self._last, None
+        if last is not None and last[1] >= 0:
+            self.score([reply], np.asarray(last[1:2]), 1, None if len(last) < 3 else np.asarray(last[2:3]))
         return reply
 
-    def row_block(self, teachers: Sequence["Agent"]) -> RowBlock | None:
-        """The clones in ``teachers`` (a BatchWorld's rows) as one :class:`RowBlock`, when they are plain
-        FixedTeachers in consecutive slots of this teacher's table; else None (they act one by one)."""
-        plain = all(type(t).act is FixedTeacher.act and type(t).observe is FixedTeacher.observe
-                    and getattr(t, "_rows", None) is self._rows for t in teachers)
-        slots = [t._slot for t in teachers] if plain else []  # type: ignore[attr-defined]
-        if not slots or slots != list(range(slots[0], slots[0] + len(slots))):
-            return None
-        return RowBlock(self._rows, slots[0], len(slots), loop=self.training, metrics=self.metrics)
+    def score(self, replies: Sequence[dict], answer_ids: np.ndarray, examples: int,
+              tasks: np.ndarray | None = None) -> None:
+        """Count ``examples`` examples and score the replies against their answers, given by id in the store's
+        answer table (-1: a padding row); ``tasks`` (multitask) says each row's task."""
+        self.metrics.add_replies(replies, answer_ids, self.store.answers, examples)
 
     def epoch_done(self) -> bool:
-        if self.training:
-            return False
-        return self._rows.finished(self._slot) and self.cursor.exhausted()
+        return not self.training and self.feed.done(self.row)
 
     def reset(self) -> None:
         super().reset()
-        self.cursor.rewind()
-        self._rows.clear_slot(self._slot)
+        self.feed.rewind()
+        self._last = None
 
-    def position(self) -> tuple[int, int] | None:
-        """``(episode index, next entry)`` of the episode this clone is in the middle of, else None.
+    def state_dict(self) -> dict[str, Any]:
+        """The feed's position (shared by every clone)."""
+        return self.feed.state_dict()
 
-        Taken between world steps (every example handed out has been observed), with the shared
-        cursor's position it is where this clone's data continues; see accelbatch.data_position.
-        """
-        return self._rows.position(self._slot)
-
-    def restore(self, position: tuple[int, int] | None) -> None:
-        """Continue inside episode ``position[0]`` at entry ``position[1]`` (None: between episodes)."""
-        self._rows.restore(self._slot, None if position is None else (int(position[0]), int(position[1])))
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.feed.load_state_dict(state)
 
     def report(self) -> dict[str, float]:
         return self.metrics.report()
@@ -258,11 +197,15 @@ class FixedTeacher(Teacher):
 
 class FileTeacher(FixedTeacher):
     """``jsonl:PATH`` or ``parlai:PATH``: one file served whatever the datatype, or a folder holding
-    ``train``/``valid``/``test`` files (``.jsonl`` or ``.txt``)."""
+    ``train``/``valid``/``test`` files (``.jsonl`` or ``.txt``). With ``-dt ...:stream`` the file is read on
+    demand through an index of its episodes instead of being loaded."""
 
-    def setup_data(self) -> list[list[Message]]:
+    def build_store(self) -> Store:
         kind = self.opts.task.partition(":")[0]
-        return load_episodes(self.resolve_path(self.opts), "jsonl" if kind == "jsonl" else "parlai")
+        path, fmt = self.resolve_path(self.opts), ("jsonl" if kind == "jsonl" else "parlai")
+        if "stream" in self.opts.datatype:
+            return FileStore(FileIndex.build(path, fmt), self.id, self.training)
+        return EpisodeStore(load_episodes(path, fmt), self.id, self.training)
 
     @staticmethod
     def resolve_path(opts: Opts) -> str:
@@ -279,6 +222,42 @@ class FileTeacher(FixedTeacher):
         return path
 
 
+class MultiTaskTeacher(FixedTeacher):
+    """Several FixedTeachers' tasks served as one (``-t A,B``): one store with the tasks one after another,
+    each task scored by its own metrics. Training draws each new episode's task uniformly at random
+    (ParlAI's multitask rule); evaluation serves every task's examples once, task after task."""
+
+    def __init__(self, opts: Opts, shared: dict[str, Any] | None = None, *,
+                 teachers: Sequence[FixedTeacher] = (), names: Sequence[str] = ()):
+        if shared is None:
+            self._parts, self.names = list(teachers), list(names)
+        else:
+            self._parts, self.names = shared["parts"], shared["names"]
+        super().__init__(opts, shared)
+        self.task_metrics = [t.metrics for t in self._parts]
+
+    def build_store(self) -> Store:
+        return ConcatStore([t.store for t in self._parts])
+
+    def share(self) -> dict[str, Any]:
+        return {**super().share(), "parts": self._parts, "names": self.names}
+
+    def score(self, replies: Sequence[dict], answer_ids: np.ndarray, examples: int,
+              tasks: np.ndarray | None = None) -> None:
+        tasks = np.asarray(tasks)
+        for task in np.unique(tasks[answer_ids >= 0]).tolist():
+            rows = np.flatnonzero((tasks == task) & (answer_ids >= 0))
+            self.task_metrics[task].add_replies([replies[r] for r in rows.tolist()], answer_ids[rows],
+                                                self.store.answers, len(rows))
+
+    def report(self) -> dict[str, float]:
+        return merge_reports((name, m.report()) for name, m in zip(self.names, self.task_metrics))
+
+    def reset_metrics(self) -> None:
+        for metrics in self.task_metrics:
+            metrics.clear()
+
+
 def resolve_teacher_class(task: str) -> type[Teacher]:
     """The teacher class for one task string ('babi:1', 'jsonl:PATH', 'pkg.module:Class')."""
     name = task.split(":", 1)[0]
@@ -290,12 +269,28 @@ def resolve_teacher_class(task: str) -> type[Teacher]:
                            "(or give a path as module:Class)")
 
 
-def create_teachers(opts: Opts) -> list[Teacher]:
-    """One teacher per comma-separated task."""
+def task_names(opts: Opts) -> list[str]:
     tasks = [t.strip() for t in opts.task.split(",") if t.strip()]
     if not tasks:
         raise UnknownNameError(f"-t/--task is empty; known tasks: {', '.join(TASK_HELP)}")
-    return [resolve_teacher_class(t)(opts.replace(task=t)) for t in tasks]
+    return tasks
+
+
+def create_teachers(opts: Opts) -> list[Teacher]:
+    """One teacher per comma-separated task."""
+    return [resolve_teacher_class(t)(opts.replace(task=t)) for t in task_names(opts)]
+
+
+def create_teacher(opts: Opts) -> Teacher | None:
+    """The one teacher serving every task of ``opts``: the task's own, or a MultiTaskTeacher over several
+    FixedTeachers; None when several tasks include a teacher that is not a FixedTeacher (those are combined
+    by a MultiWorld instead)."""
+    teachers = create_teachers(opts)
+    if len(teachers) == 1:
+        return teachers[0]
+    if all(isinstance(t, FixedTeacher) for t in teachers):
+        return MultiTaskTeacher(opts, teachers=teachers, names=task_names(opts))  # type: ignore[arg-type]
+    return None
 
 
 def list_tasks() -> Sequence[tuple[str, str]]:

@@ -4,24 +4,31 @@
   (teacher act, model observe, model act, teacher observe).
 - :class:`BatchWorld`: ``rows`` copies of a world stepped together; the original model agent's
   ``batch_act`` answers all rows at once (unless it has none or sets ``use_batch_act = False``).
-- :class:`MultiWorld`: several tasks; training picks a task per episode, evaluation runs them in turn.
-- :func:`create_world`: the world for a set of options.
+- :class:`LoaderWorld`: the batched front end: the same schedule's steps built by the data loader (data
+  workers, the async accessor, dynamic batching), so the main process receives ready tensors.
+- :class:`MultiWorld`: several tasks whose teachers are not all FixedTeachers (those are combined into one
+  :class:`~accelbatch.teachers.MultiTaskTeacher`); training picks a task per episode, evaluation runs them
+  in turn.
+
+Every world has ``state_dict()`` / ``load_state_dict()``: its data position (the teacher's feed, the agents'
+conversations, the loader's step), taken between parleys.
 """
 
 from __future__ import annotations
 
 import random
 import time
-from typing import Sequence
+from typing import Any, Sequence
 
-from accelbatch.agents import Agent, resolve_agent_class
+import numpy as np
+import torch
+
+from accelbatch.agents import Agent, TorchAgent
+from accelbatch.data.loader import LoadedBatch, make_loader
 from accelbatch.messages import Message, is_padding
 from accelbatch.metrics import merge_reports
-from accelbatch.opts import Opts
-from accelbatch.plan import ExecutionPlan
-from accelbatch.teacher_rows import RowBlock
-from accelbatch.data.sharding import ShardSpec
-from accelbatch.teachers import FixedTeacher, Teacher, create_teachers, is_training
+from accelbatch.opts import OptionError, Opts
+from accelbatch.teachers import FixedTeacher, Teacher, is_training, shuffles
 
 
 class World:
@@ -33,6 +40,7 @@ class World:
         self.acts: list[Message | None] = [None] * len(self.agents)
         self.total_exs = 0  # examples (non-padding teacher turns) parleyed so far
         self.data_time_s = 0.0  # seconds spent producing the model's inputs (the device waits meanwhile)
+        self.runtime: Any = None  # what the build attached (backend, plan): run() reads it, the world never does
 
     def get_total_exs(self) -> int:
         """Examples parleyed since the world was made (padding rows excluded)."""
@@ -86,9 +94,28 @@ class World:
             agent.reset()
         self.acts = [None] * len(self.agents)
 
+    def state_dict(self) -> dict[str, Any]:
+        """The data position: the teacher's, the model agent's conversation, the examples count."""
+        teacher, model = self.get_task_agent(), self.get_model_agent()
+        return {"total_exs": self.total_exs, "teacher": teacher.state_dict(), "agents": [model.state_dict()]}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.get_task_agent().load_state_dict(state["teacher"])
+        _restore_agents([self.get_model_agent()], state["agents"])
+        self.total_exs = int(state["total_exs"])
+
     def shutdown(self) -> None:
         for agent in self.agents:
             agent.shutdown()
+
+
+def _restore_agents(agents: Sequence[Any], states: Sequence[Any]) -> None:
+    """Agent clones (or row worlds) from their states, which must be as many."""
+    if len(agents) != len(states):
+        raise ValueError(f"the checkpoint holds {len(states)} agent clones, this world has {len(agents)}; "
+                         "resume with the same -bs, -di, -ga, -rf and -nt")
+    for agent, state in zip(agents, states):
+        agent.load_state_dict(state)
 
 
 class DialogPartnerWorld(World):
@@ -106,69 +133,67 @@ class DialogPartnerWorld(World):
             print(display(self.acts))
 
 
-def _act_on(agent: Agent, observation: Message, observed: bool) -> Message:
-    """``agent.act()`` on ``observation`` (which it observes first unless it already has)."""
-    if not observed:
-        agent.observe(observation)
-    return agent.act()
-
-
 def display(acts: Sequence[Message | None]) -> str:
     lines = []
     for act in acts:
         if act:
+            golds = act.get("labels") or act.get("eval_labels")
             lines.append(f"[{act.get('id', '?')}]: {act.get('text', '')}"
-                         + (f"  (labels: {'|'.join(act.get('labels') or act.get('eval_labels') or [])})"
-                            if act.get("labels") or act.get("eval_labels") else ""))
+                         + (f"  (labels: {'|'.join(golds)})" if golds else ""))
     return "\n".join(lines)
+
+
+def _fixed_teachers(world: World) -> list[FixedTeacher]:
+    worlds = world.worlds if isinstance(world, MultiWorld) else [world]
+    return [w.get_task_agent() for w in worlds if isinstance(w.get_task_agent(), FixedTeacher)]
 
 
 class BatchWorld(World):
     """``rows`` clones of a world stepped together, the model answering them in one batch_act.
 
-    When the rows are a plain FixedTeacher and a model agent (the usual case), the teachers' clones move as
-    one :class:`~accelbatch.teacher_rows.RowBlock` and their replies are scored in one
-    :meth:`~accelbatch.metrics.Metrics.add_replies`: the same examples in the same order as each clone acting
-    and observing in turn, the per-row loops in :mod:`accelbatch.row_kernels`. A model agent that keeps the
-    base ``observe`` then gets the examples straight in ``batch_act`` (its clones do not store them as
-    ``observation``).
+    The teachers' clones are the rows of their teacher's feed. When the rows are a plain FixedTeacher and a
+    model agent (the usual case), the world reads the feed for all rows at once and the teacher scores the
+    whole batch in one call: the same examples in the same order as each clone acting and observing in turn.
+    A model agent that keeps the base ``observe`` then gets the examples straight in ``batch_act``.
     """
 
     def __init__(self, opts: Opts, world: World, rows: int):
         super().__init__(opts, world.get_agents())
         self.world = world
         self.rows = rows
+        for teacher in _fixed_teachers(world):
+            teacher.serve_rows(rows)
         self.worlds = [world.clone() for _ in range(rows)]
+        for row, clone in enumerate(self.worlds):
+            for teacher in _fixed_teachers(clone):
+                teacher.row = row
         # hooks that do nothing are not called once per row (checked once, the row worlds never change type)
         self._parley_init = any(type(w).parley_init is not World.parley_init for w in self.worlds)
-        self._block = self._teacher_block()
         model = world.get_model_agent()
         self._model_rows = [w.get_model_agent() for w in self.worlds]
         self._model_observes = type(model).observe is not Agent.observe
         self._model_self_observes = type(model).self_observe is not Agent.self_observe
         self._model_batch_acts = hasattr(model, "batch_act")
-
-    def _teacher_block(self) -> RowBlock | None:
-        """The teachers' clones as one block, when the rows are plain teacher + model worlds."""
-        if type(self.world) is not DialogPartnerWorld or self._parley_init or self.opts.display_examples:
-            return None
-        teacher = self.world.get_task_agent()
-        row_block = getattr(teacher, "row_block", None)
-        return None if row_block is None else row_block([w.get_task_agent() for w in self.worlds])
+        teacher = world.get_task_agent()
+        plain = (type(world) is DialogPartnerWorld and isinstance(teacher, FixedTeacher)
+                 and type(teacher).act is FixedTeacher.act and type(teacher).observe is FixedTeacher.observe
+                 and not self._parley_init and not opts.display_examples)
+        self._teacher: FixedTeacher | None = teacher if plain else None  # type: ignore[assignment]
 
     def get_agents(self) -> list[Agent]:
         return self.world.get_agents()
 
     def parley(self) -> None:
-        block = self._block
-        if block is not None:  # the teachers' side for all rows at once (ParlAI's four steps per row)
+        teacher = self._teacher
+        if teacher is not None:  # the teachers' side for all rows at once (ParlAI's four steps per row)
             start = time.perf_counter()
-            examples, answers, real_rows = block.act()
-            self.total_exs += real_rows
+            step = teacher.feed.step()
+            examples, answers, real = step[0], step[1], step[-1]
+            self.total_exs += real
             if self._model_observes:  # else its clones would only store the example, which batch_act gets
                 examples = [agent.observe(example) for agent, example in zip(self._model_rows, examples)]
             self.data_time_s += time.perf_counter() - start
-            block.score(self._model_replies(examples), answers, real_rows)
+            teacher.score(self._model_replies(examples), answers, real, step[2] if len(step) > 3 else None)
             return
         if self._parley_init:
             for w in self.worlds:
@@ -193,44 +218,39 @@ class BatchWorld(World):
                 for agent, reply in zip(self._model_rows, replies):
                     agent.self_observe(reply)
             return replies
-        return [_act_on(agent, example, observed=self._model_observes)
-                for agent, example in zip(self._model_rows, examples)]
+        out = []
+        for agent, example in zip(self._model_rows, examples):
+            if not self._model_observes:
+                agent.observe(example)
+            out.append(agent.act())
+        return out
 
     def _row_agents(self, index: int) -> list[Agent]:
         return [w.get_agents()[index] for w in self.worlds]
 
     def batch_act(self, index: int, observations: list[Message | None]) -> list[Message]:
         original = self.world.get_agents()[index]
+        agents = self._row_agents(index)
         if observations and hasattr(original, "batch_act") and getattr(original, "use_batch_act", True):
             acts = original.batch_act(observations)
-            agents = self._row_agents(index)
-            for w, act in zip(self.worlds, acts):
-                w.get_acts()[index] = act
             if any(type(a).self_observe is not Agent.self_observe for a in agents):
                 for agent, act in zip(agents, acts):
                     agent.self_observe(act)
-            return acts
-        hook = getattr(original, "batch_act_rows", None)
-        agents = self._row_agents(index)
-        acts = hook(agents) if hook is not None else [agent.act() for agent in agents]
+        else:
+            acts = [agent.act() for agent in agents]
         for w, act in zip(self.worlds, acts):
             w.get_acts()[index] = act
         return acts
 
     def batch_observe(self, index: int, acts: list[Message], source: int) -> list[Message | None]:
-        """Each row's agent ``index`` observes its act; an agent with ``batch_observe_rows(agents, acts)``
-        (e.g. a FixedTeacher scoring a whole batch in one pass) does it for all rows at once."""
+        """Each row's agent ``index`` observes its act."""
         if source == 0:
             self.total_exs += sum(1 for act in acts if not is_padding(act))
-        agents = self._row_agents(index)
-        hook = getattr(self.world.get_agents()[index], "batch_observe_rows", None)
-        if hook is not None:
-            return hook(agents, acts)
-        return [agent.observe(act) for agent, act in zip(agents, acts)]
+        return [agent.observe(act) for agent, act in zip(self._row_agents(index), acts)]
 
     def epoch_done(self) -> bool:
-        if self._block is not None and not hasattr(self.world.get_model_agent(), "epoch_done"):
-            return not self._block.loop and self._block.epoch_done()
+        if self._teacher is not None:
+            return not self._teacher.training and self._teacher.feed.done()
         return all(w.epoch_done() for w in self.worlds)
 
     def num_examples(self) -> int:
@@ -250,15 +270,179 @@ class BatchWorld(World):
             w.reset()
         self.world.reset()
 
+    def state_dict(self) -> dict[str, Any]:
+        """The teacher's feed once and each row's conversation; rows that act one by one (custom worlds,
+        several tasks of other teachers) each keep their whole world's state."""
+        state: dict[str, Any] = {"total_exs": self.total_exs, "world": self.world.state_dict()}
+        if self._teacher is not None:
+            state["agents"] = [agent.state_dict() for agent in self._model_rows]
+        else:
+            state["rows"] = [w.state_dict() for w in self.worlds]
+        return state
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.world.load_state_dict(state["world"])
+        if self._teacher is not None:
+            _restore_agents(self._model_rows, state["agents"])
+        else:
+            _restore_agents(self.worlds, state["rows"])  # type: ignore[arg-type]
+        self.total_exs = int(state["total_exs"])
+
     def shutdown(self) -> None:
         self.world.shutdown()
 
 
-class MultiWorld(World):
-    """Several task worlds sharing one model agent.
+class LoaderWorld(World):
+    """One teacher's store through :func:`~accelbatch.data.loader.make_loader` to one model agent.
 
-    Training picks a task at random for each new episode; evaluation runs each task to its end, in
-    the order given. The report has each task's metrics prefixed by its name and their macro average.
+    The loader builds the steps of the same schedule a BatchWorld serves (or, with ``--dynamic-batching``,
+    a batch plan), with the agent's ``vectorize`` and ``batchify`` run where the batch is built; the teacher
+    scores the replies. One parley is ParlAI's four steps for a whole batch.
+    """
+
+    def __init__(self, opts: Opts, agent: Agent, teacher: FixedTeacher, rows: int, shard: tuple[int, int] = (0, 1),
+                 row_multiple: int = 1):
+        super().__init__(opts, [teacher, agent])
+        self.training = is_training(opts.datatype)
+        collate = agent.collate_fn() if isinstance(agent, TorchAgent) else None
+        self.loader = make_loader(teacher.store, opts, collate=collate, training=self.training, shard=shard,
+                                  rows=rows, length_fn=getattr(agent, "example_length", None), batch_size=rows,
+                                  row_multiple=row_multiple, shuffle=shuffles(opts.datatype))
+        self._tasks = getattr(teacher.store, "task_of", None)
+        self._iter: Any = None
+        self._done = False
+        self._ahead: LoadedBatch | None = None  # fetched one parley early, its copy to the device started
+        self.padded_tokens = 0
+        self.real_tokens = 0
+        self.dropped_exs = 0  # training examples left out in partial static-shape batches (--drop-last)
+
+    def clone(self) -> "World":
+        raise TypeError("a LoaderWorld is not cloned: it batches through its loader")
+
+    def parley(self) -> None:
+        batch = self._next_batch()
+        while batch is not None and self.training and batch.num_real < batch.rows:
+            if self.opts.drop_last:
+                # a static-shape batch with padding rows (a bucket's partial tail): padding must not enter
+                # the loss, so with --drop-last it is left out like any partial training batch, and counted
+                self.dropped_exs += batch.num_real
+                batch = self._next_batch()
+            else:
+                batch = _real_rows_only(batch)
+        if batch is None:
+            return
+        teacher, messages = self.agents[0], batch.messages
+        ids = np.asarray(batch.ids, dtype=np.int64)
+        tasks = self._tasks(ids) if self._tasks is not None else None
+        teacher.score(self._replies(messages, batch), teacher.store.answer_ids(ids), len(messages),  # type: ignore
+                      tasks)
+        self.total_exs += len(messages)
+        self.real_tokens += sum(batch.lengths)
+        self.padded_tokens += batch.rows * batch.padded_len
+        self.acts = [messages[-1] if messages else None, None]
+
+    def _next_batch(self) -> LoadedBatch | None:
+        """The next batch; when the engine copies batches to a device, the one after it is fetched now and
+        its copy started, so that it overlaps this batch's step (cross-call prefetch)."""
+        start = time.perf_counter()
+        try:
+            engine = getattr(self.agents[1], "slot", None) and self.agents[1].engine  # type: ignore[attr-defined]
+            if engine is None or not engine.stages:
+                return self._fetch()
+            batch, self._ahead = (self._ahead or self._fetch()), None
+            if batch is not None:
+                self._ahead = self._fetch()
+                if self._ahead is not None and self._ahead.tensors is not None:
+                    engine.stage(self._ahead.tensors)
+            return batch
+        finally:
+            self.data_time_s += time.perf_counter() - start
+
+    def _fetch(self) -> LoadedBatch | None:
+        if self._done:
+            return None
+        if self._iter is None:
+            self._iter = iter(self.loader)
+        try:
+            return next(self._iter)
+        except StopIteration:
+            if not self.training:
+                self._done = True
+                return None
+            self._iter = iter(self.loader)  # the next training pass
+            try:
+                return next(self._iter)
+            except StopIteration:
+                raise OptionError(f"-t {self.opts.task}: an epoch of training data yields no full batch of "
+                                  f"{self.loader.config.batch_size} rows; lower --batchsize, or train on the "
+                                  "partial batch with --no-drop-last") from None
+
+    def _replies(self, messages: list[Message], batch: LoadedBatch) -> list[dict]:
+        agent = self.agents[1]
+        if isinstance(agent, TorchAgent):
+            replies: list[dict] = [{} for _ in messages]
+            for row, reply in agent.step(messages, batch.tensors):
+                replies[row] = reply
+            return replies
+        if hasattr(agent, "batch_act") and getattr(agent, "use_batch_act", True):
+            return agent.batch_act(messages)
+        out = []
+        for msg in messages:
+            agent.observe(msg)
+            out.append(agent.act())
+        return out
+
+    def epoch_done(self) -> bool:
+        return self._done
+
+    def state_dict(self) -> dict[str, Any]:
+        held = int(self._ahead is not None)  # fetched early, not parleyed yet: served again after a restore
+        return {"total_exs": self.total_exs, "dropped_exs": self.dropped_exs,
+                "loader": self.loader.state_dict(held)}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.loader.load_state_dict(state["loader"])
+        self._iter, self._done, self._ahead = None, False, None
+        self.total_exs = int(state["total_exs"])
+        self.dropped_exs = int(state.get("dropped_exs", 0))
+
+    def report(self) -> dict[str, float]:
+        rep = super().report()
+        if self.padded_tokens:
+            rep["pad_fraction"] = round(1 - self.real_tokens / self.padded_tokens, 4)
+        if self.dropped_exs:
+            rep["dropped_exs"] = self.dropped_exs
+        return rep
+
+    def reset(self) -> None:
+        if self._iter is not None:
+            self._iter.close()
+        self._iter, self._done, self._ahead = None, False, None
+        self.get_model_agent().reset()
+
+    def shutdown(self) -> None:
+        if self._iter is not None:
+            self._iter.close()
+            self._iter = None
+        self.loader.close()
+
+
+def _real_rows_only(batch: LoadedBatch) -> LoadedBatch:
+    """The batch without its padding rows (training with --no-drop-last: the plan's tail policy)."""
+    real = batch.num_real
+
+    def cut(t: Any) -> Any:
+        return t[:real] if isinstance(t, torch.Tensor) and t.dim() and t.shape[0] == batch.rows else t
+
+    tensors = {k: cut(v) for k, v in batch.tensors.items()} if isinstance(batch.tensors, dict) else batch.tensors
+    return LoadedBatch(tensors, batch.messages, batch.ids, batch.lengths, real, batch.padded_len, batch.step)
+
+
+class MultiWorld(World):
+    """Several task worlds sharing one model agent (tasks whose teachers are not all FixedTeachers).
+
+    Training picks a task at random for each new episode; evaluation runs each task to its end, in the order
+    given. The report has each task's metrics prefixed by its name and their macro average.
     """
 
     def __init__(self, opts: Opts, worlds: Sequence[World], names: Sequence[str]):
@@ -328,69 +512,24 @@ class MultiWorld(World):
             w.reset()
         self.current = 0
 
+    def state_dict(self) -> dict[str, Any]:
+        last = self.worlds[self.current].get_acts()[0]
+        return {"total_exs": self.total_exs, "current": self.current, "rng": list(self.rng.getstate()[1]),
+                "in_episode": bool(last and not last.get("episode_done", True)),
+                "worlds": [w.state_dict() for w in self.worlds]}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        for w, saved in zip(self.worlds, state["worlds"]):
+            w.load_state_dict(saved)
+        self.current = int(state["current"])
+        self.rng.setstate((3, tuple(int(x) for x in state["rng"]), None))
+        if state["in_episode"]:  # parley_init keeps the task while the last teacher act has episode_done False
+            self.worlds[self.current].get_acts()[0] = Message(episode_done=False)
+        self.total_exs = int(state["total_exs"])
+
     def shutdown(self) -> None:
         for w in self.worlds:
             w.shutdown()
 
 
-def world_rows(opts: Opts) -> int:
-    """Rows per world step: the execution plan's combined batch (micro batch x D x R x G)."""
-    return ExecutionPlan.from_opts(opts, training=is_training(opts.datatype)).combined_batch
-
-
-def replica_shard() -> ShardSpec:
-    """This process's data shard: its rank among the replicas of torch.distributed (or torchrun's
-    RANK/WORLD_SIZE when the backend joins the group later, as accelerate does)."""
-    import os
-
-    import torch.distributed as dist
-
-    if dist.is_available() and dist.is_initialized():
-        rank, size = dist.get_rank(), dist.get_world_size()
-    else:
-        rank, size = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
-    return ShardSpec(num_replicas=size, replica_index=rank) if size > 1 else ShardSpec()
-
-
-def make_agent(opts: Opts, agent: Agent | type[Agent] | None) -> Agent:
-    """The model agent: built from -m, from a class, or a fork of an existing agent (same model)."""
-    if agent is None:
-        return resolve_agent_class(opts.model)(opts)
-    if isinstance(agent, type):
-        return agent(opts)
-    return agent.fork()
-
-
-def create_world(opts: Opts, agent: Agent | type[Agent] | None = None, rows: int | None = None) -> World:
-    """The world for ``opts``: one task or several (MultiWorld), batched when rows > 1.
-
-    ``agent`` may be None (use ``opts.model``), an Agent class, or an agent instance whose model the
-    new world shares (e.g. the training agent, for a validation world). Under torch.distributed with
-    several replicas, each process's world holds its replica's share of the rows and of the data.
-    With the data loader options (see :func:`accelbatch.loader_world.uses_loader`) the world is fed
-    by the loader; otherwise it is ParlAI's BatchWorld of teacher and agent clones. With
-    ``--numthreads N`` > 1 it is a HogwildWorld: N processes, one model in shared memory.
-    """
-    if opts.numthreads > 1:
-        from accelbatch.hogwild import create_hogwild_world  # hogwild's children call back with numthreads=1
-
-        return create_hogwild_world(opts, agent=agent, rows=rows)
-    from accelbatch.loader_world import make_loader_worlds, uses_loader
-
-    shard = replica_shard()
-    model = make_agent(opts, agent)
-    plan = ExecutionPlan.from_opts(opts, training=is_training(opts.datatype))
-    tasks = [t.strip() for t in opts.task.split(",") if t.strip()]
-    if uses_loader(opts):
-        worlds: list[World] = list(make_loader_worlds(opts, model, plan, shard))
-        return worlds[0] if len(worlds) == 1 else MultiWorld(opts, worlds, tasks)
-    teachers = create_teachers(opts)
-    for teacher in teachers:
-        if isinstance(teacher, FixedTeacher):
-            teacher.keep_shard(shard.rank, shard.world_size)
-    if len(teachers) == 1:
-        world: World = DialogPartnerWorld(opts, [teachers[0], model])
-    else:
-        world = MultiWorld(opts, [DialogPartnerWorld(opts, [t, model]) for t in teachers], tasks)
-    rows = plan.combined_batch // shard.world_size if rows is None else rows
-    return BatchWorld(opts, world, rows) if rows > 1 else world
+__all__ = ["BatchWorld", "DialogPartnerWorld", "LoaderWorld", "MultiWorld", "World", "display"]
