@@ -7,16 +7,18 @@
 """
 
 from accelbatch.agents import Agent, TorchAgent
+from accelbatch.build import create_world
 from accelbatch.messages import Message
 from accelbatch.metrics import Metrics
 from accelbatch.opts import Opts
 from accelbatch.run import evaluate, format_report, run
 from accelbatch.teachers import FixedTeacher, Teacher
-from accelbatch.worlds import BatchWorld, DialogPartnerWorld, MultiWorld, World, create_world
+from accelbatch.worlds import BatchWorld, DialogPartnerWorld, LoaderWorld, MultiWorld, World
 
 __version__ = "0.1.0"
 
 __all__ = [
     "Agent", "TorchAgent", "Message", "Metrics", "Opts", "run", "evaluate", "format_report",
-    "FixedTeacher", "Teacher", "World", "DialogPartnerWorld", "BatchWorld", "MultiWorld", "create_world",
+    "FixedTeacher", "Teacher", "World", "DialogPartnerWorld", "BatchWorld", "LoaderWorld", "MultiWorld",
+    "create_world",
 ]

@@ -33,13 +33,8 @@ JSON. ``state`` must hold JSON data only (dict with str keys, list, tuple, str, 
 NumPy scalars are converted); a value that is not is named in the error. Non-finite floats are written
 as Python's json writes them (``Infinity``, ``NaN``) and read back by it.
 
-Conventions for ``state`` (what :mod:`accelbatch.run` stores): ``state["train"]`` the counters
-(steps, exs, validations, best, stale, elapsed_s), ``state["data"]`` the data position from
-:func:`accelbatch.data_position.world_position` (or a list of them, one per replica), ``state["metrics"]``
-anything else.
-
-Beside it: :mod:`accelbatch.rng_state` (the RNG states a checkpoint holds), :mod:`accelbatch.data_position`
-(a world's data position) and :mod:`accelbatch.run_control` (periodic saves, SIGINT/SIGTERM).
+What goes in ``state`` and ``rng`` (each part's ``state_dict()``, every replica's RNG streams) is
+:mod:`accelbatch.state`'s business; this module only writes and reads it safely.
 """
 
 from __future__ import annotations
@@ -147,23 +142,20 @@ class Checkpoint:
 def save_checkpoint(path: str | os.PathLike, *, model: torch.nn.Module | Mapping[str, Any],
                     optimizer: torch.optim.Optimizer | Mapping[str, Any] | None = None,
                     opts: Any = None, plan: Any = None, state: Mapping[str, Any] | None = None,
-                    rng: bool | Mapping[str, Any] | Sequence[Mapping[str, Any]] = True) -> str:
+                    rng: Mapping[str, Any] | Sequence[Mapping[str, Any]] | None = None) -> str:
     """Write a checkpoint atomically to ``checkpoint_dir(path)``; return that directory.
 
     ``model``/``optimizer``: modules or their state dicts. ``opts``: an :class:`Opts`, a dict or None.
     ``plan``: an :class:`ExecutionPlan`, a dict or None. ``state``: JSON data (see the module docstring).
-    ``rng``: True captures this process's RNG states (:func:`capture_rng`), False stores none, a dict or
-    a list of dicts (one per replica, gathered by the caller) is stored as given.
+    ``rng``: RNG states as JSON data (:func:`accelbatch.state.capture_rng`, or one per replica), or None.
     """
-    from accelbatch.rng_state import capture_rng  # it imports CheckpointError from here
-
     ckdir = checkpoint_dir(path)
     # everything that can fail on bad input fails here, before anything is written
     document = {
         "opts": _opts_dict(opts),
         "plan": plan_to_dict(plan),
         "state": _plain(dict(state or {}), "state"),
-        "rng": capture_rng() if rng is True else (None if rng is False else _plain(rng, "rng")),
+        "rng": None if rng is None else _plain(rng, "rng"),
     }
     state_bytes = json.dumps(document, sort_keys=True, indent=1).encode("utf-8")
     tensors = {"model": _state_dict(model), "optimizer": _state_dict(optimizer)}

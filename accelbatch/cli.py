@@ -150,17 +150,15 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def train_or_eval(opts: Opts) -> dict | None:
-    """Build the world for ``opts`` and run it here (one process, or one replica under torchrun)."""
-    from accelbatch.backends import distributed
+    """Build the world for ``opts`` and run it here (one process, or one replica: the backend's setup joins
+    the replicas' process group when torchrun or accelbatch started this process as one)."""
+    from accelbatch.build import create_world
     from accelbatch.run import run
-    from accelbatch.worlds import create_world
 
-    if opts.device == "cpu" and opts.replication_factor > 1 and distributed.env_info() is not None:
-        # torchrun: join the gloo group (cuda: accelerate joins in setup)
-        distributed.init_from_env(timeout_s=opts.replica_timeout_s)
     world = create_world(opts)
+    main = world.runtime.topology.rank == 0
     report = run(world, opts)
-    return report if distributed.rank() == 0 else None
+    return report if main else None
 
 
 def _spawns_replicas(opts: Opts) -> bool:

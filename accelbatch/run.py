@@ -17,15 +17,13 @@ from dataclasses import dataclass, field
 from typing import Any, TextIO
 
 from accelbatch.agents import Agent, TorchAgent
-from accelbatch.checkpoint import CheckpointError, check_resumable, find_checkpoint, load_checkpoint, save_checkpoint
-from accelbatch.data_position import restore_world_position, world_position
+from accelbatch.build import Runtime, attach_runtime, create_world
 from accelbatch.opts import Opts
-from accelbatch.plan import ExecutionPlan
-from accelbatch.rng_state import capture_rng, restore_rng
 from accelbatch.run_control import PeriodicSaver, StopSignals
+from accelbatch.state import Checkpointer
 from accelbatch.tensorboard_log import TensorBoardLog
 from accelbatch.teachers import is_training, split_of
-from accelbatch.worlds import World, create_world
+from accelbatch.worlds import World
 
 
 @dataclass
@@ -79,23 +77,6 @@ class TrainState:
         self.started = time.monotonic() - data["elapsed_s"]
 
 
-def attach_backend(world: World, opts: Opts) -> Any:
-    """Compile the world's model on the --device backend; return the backend (to tear down later)."""
-    from accelbatch.backends.base import get_backend
-
-    backend = get_backend(opts.device, opts)()
-    backend.setup(opts)
-    agent = world.get_model_agent()
-    if isinstance(agent, TorchAgent):
-        plan = _plan(opts)
-        agent.attach_engine(backend.compile(agent.model, agent.optimizer, plan), backend.name)
-    return backend
-
-
-def _plan(opts: Opts) -> ExecutionPlan:
-    return ExecutionPlan.from_opts(opts, training=True)
-
-
 def evaluate(world: World, log: MetricsLog | None = None, split: str = "valid",
              backend: Any = None) -> dict[str, float]:
     """Run ``world`` until its epoch is done; return its report (merged across replicas) and log it."""
@@ -131,15 +112,20 @@ def reduce_report(report: dict[str, float], backend: Any) -> dict[str, float]:
 
 
 def run(world: World, opts: Opts) -> dict[str, Any]:
-    """Train (datatype train) or evaluate (valid/test) ``world`` on ``opts.device``; return the report."""
-    backend = attach_backend(world, opts)
+    """Train (datatype train) or evaluate (valid/test) ``world`` on ``opts.device``; return the report.
+
+    A world from :func:`accelbatch.create_world` already has its model compiled for the device; one built by
+    hand is compiled here. The backend is torn down at the end."""
+    runtime = attach_runtime(world, opts)
+    backend = runtime.backend
     main = backend.is_main_process()
     tb_dir = opts.tensorboard_logdir
     log = MetricsLog(opts.metrics_log if main else None,
                      tensorboard=TensorBoardLog(tb_dir) if main and tb_dir else None)
     try:
         if is_training(opts.datatype):
-            report = _train(world, opts, log, backend)
+            with StopSignals(announce=main) as stop:
+                report = _train(world, opts, log, runtime, stop)
         else:
             split = split_of(opts.datatype)
             report = {split: evaluate(world, log, split, backend)}
@@ -156,12 +142,8 @@ def run(world: World, opts: Opts) -> dict[str, Any]:
     return report
 
 
-def _train(world: World, opts: Opts, log: MetricsLog, backend: Any) -> dict[str, Any]:
-    with StopSignals(announce=backend.rank == 0) as stop:
-        return _train_loop(world, opts, log, backend, stop)
-
-
-def _train_loop(world: World, opts: Opts, log: MetricsLog, backend: Any, stop: StopSignals) -> dict[str, Any]:
+def _train(world: World, opts: Opts, log: MetricsLog, runtime: Runtime, stop: StopSignals) -> dict[str, Any]:
+    backend = runtime.backend
     state = TrainState()
     model = world.get_model_agent()
     main = backend.is_main_process()
@@ -169,8 +151,11 @@ def _train_loop(world: World, opts: Opts, log: MetricsLog, backend: Any, stop: S
     per_epoch = world.num_examples()
     target_exs = opts.num_epochs * per_epoch if opts.num_epochs > 0 else math.inf
     next_validation = opts.validation_every_n_epochs * per_epoch if opts.validation_every_n_epochs > 0 else math.inf
-    resumed = _resume(world, opts, state, model, backend)
+    checkpoints = Checkpointer(opts, backend, runtime.plan) if opts.model_file and isinstance(model, TorchAgent) \
+        else None
+    resumed = checkpoints.resume(world, model.engine) if checkpoints is not None and opts.resume else None
     if resumed is not None:
+        state.load_json(resumed["train"])
         next_validation = resumed.get("next_validation", next_validation)
     saver = PeriodicSaver(opts.save_every_n_secs)
     bar = _progress(opts, target_exs) if main else None
@@ -186,6 +171,10 @@ def _train_loop(world: World, opts: Opts, log: MetricsLog, backend: Any, stop: S
         opts.max_train_steps > 0 and state.steps >= opts.max_train_steps))
     if finished and opts.max_train_steps > 0 and state.steps >= opts.max_train_steps:
         stop_reason = "max_train_steps"
+
+    def save() -> None:
+        checkpoints.save(world, model.engine, {"train": state.to_json(), "next_validation": next_validation})
+
     while not finished:
         world.parley()
         state.steps += 1
@@ -211,31 +200,32 @@ def _train_loop(world: World, opts: Opts, log: MetricsLog, backend: Any, stop: S
             break
         if state.exs >= next_validation:
             next_validation += opts.validation_every_n_epochs * per_epoch
-            valid_world = valid_world or create_world(_eval_opts(opts, "valid"), agent=model)
+            valid_world = valid_world or create_world(_eval_opts(opts, "valid"), agent=model, runtime=runtime)
             if _validate(valid_world, opts, log, state, model, backend):
                 stop_reason = "validation"
                 break
         if state.exs >= target_exs:
             break
-        # between world steps: every call's D updates (and their G-micro-batch windows) are complete
-        # replicas decide together: one that has its stop signal a step later than another must still
-        # stop at the same step, or it would wait alone in the next step's collectives
+        # between world steps: every call's D updates (and their G-micro-batch windows) are complete. The
+        # replicas decide together: one whose stop signal came a step later than another's must still stop
+        # at the same step, or it would wait alone in the next step's collectives
         stopping = stop.requested is not None
-        save, stopping = _collective_flags(backend, saver.due() or stopping, stopping)
-        if save:
-            _checkpoint(world, opts, state, model, backend, next_validation)
-            if stopping:
-                if bar is not None:
-                    bar.close()
-                raise KeyboardInterrupt(f"{stop.name or 'a stop signal to another replica'}: checkpoint saved to "
-                                        f"{opts.model_file}; continue with --resume")
-    if opts.model_file and opts.save_every_n_secs > 0:
-        _checkpoint(world, opts, state, model, backend, next_validation)  # a resume goes on from here
+        want_save, stopping = backend.decide(saver.due() or stopping, stopping)
+        if want_save and checkpoints is not None:
+            save()
+        if stopping:
+            if bar is not None:
+                bar.close()
+            where = f"checkpoint saved to {checkpoints_dir(opts)}; continue with --resume" if checkpoints else \
+                "nothing was saved (no --model-file)"
+            raise KeyboardInterrupt(f"{stop.name or 'a stop signal to another replica'}: {where}")
+    if checkpoints is not None and opts.save_every_n_secs > 0:
+        save()  # a resume goes on from here
     if bar is not None:
         bar.close()
     if opts.model_file and state.validations == 0 and main:
         _save(model, opts.model_file)
-    _barrier(backend)
+    backend.barrier()
     if opts.model_file and os.path.isfile(opts.model_file) and isinstance(model, TorchAgent):
         model.load(opts.model_file)  # evaluate the best model
     final_window = reduce_report(world.report(), backend)
@@ -246,7 +236,7 @@ def _train_loop(world: World, opts: Opts, log: MetricsLog, backend: Any, stop: S
                                         "exs_per_s": round(state.exs / max(state.elapsed(), 1e-9), 1),
                                         "time_s": round(state.elapsed(), 3), "stopped_by": stop_reason}}
     for split in [s.strip() for s in opts.eval_splits.split(",") if s.strip()]:
-        eval_world = create_world(_eval_opts(opts, split), agent=model)
+        eval_world = create_world(_eval_opts(opts, split), agent=model, runtime=runtime)
         report[split] = evaluate(eval_world, log, split, backend)
         eval_world.shutdown()
     if valid_world is not None:
@@ -254,90 +244,16 @@ def _train_loop(world: World, opts: Opts, log: MetricsLog, backend: Any, stop: S
     return report
 
 
-def _gather(backend: Any, obj: Any) -> list[Any]:
-    """Every replica's ``obj`` (JSON data), in rank order; ``[obj]`` alone."""
-    if backend.world_size == 1:
-        return [obj]
-    import torch.distributed as dist
+def checkpoints_dir(opts: Opts) -> str:
+    from accelbatch.checkpoint import checkpoint_dir
 
-    out: list[Any] = [None] * backend.world_size
-    dist.all_gather_object(out, obj)
-    return out
-
-
-def _collective_flags(backend: Any, *flags: bool) -> tuple[bool, ...]:
-    """Each flag True on every replica when it is True on any (all must join a checkpoint's gather, and
-    stop at the same step); one all-reduce for all of them."""
-    if backend.world_size == 1:
-        return flags
-    import torch
-    import torch.distributed as dist
-
-    value = torch.tensor([int(f) for f in flags])
-    dist.all_reduce(value, op=dist.ReduceOp.MAX)
-    return tuple(bool(v) for v in value.tolist())
-
-
-def _checkpoint(world: World, opts: Opts, state: TrainState, model: Agent, backend: Any,
-                next_validation: float) -> None:
-    """Save model, optimizer, plan, counters, data position and RNG (all replicas join; rank 0 writes)."""
-    if not opts.model_file or not isinstance(model, TorchAgent):
-        return
-    positions = _gather(backend, world_position(world))
-    rngs = _gather(backend, capture_rng())
-    if backend.is_main_process():
-        save_checkpoint(opts.model_file, model=model.model, optimizer=model.optimizer, opts=opts,
-                        plan=_plan(opts), rng=rngs,
-                        state={"train": state.to_json(), "data": positions,
-                               "next_validation": next_validation})
-    _barrier(backend)
-
-
-def _resume(world: World, opts: Opts, state: TrainState, model: Agent, backend: Any) -> dict[str, Any] | None:
-    """--resume: load the checkpoint of --model-file into the engine, counters, data position and RNG."""
-    if not opts.resume or not opts.model_file or not isinstance(model, TorchAgent):
-        return None
-    if find_checkpoint(opts.model_file) is None:
-        if backend.is_main_process():
-            print(f"accelbatch: --resume: no checkpoint at {opts.model_file}; starting afresh",
-                  file=sys.stderr)
-        return None
-    ckpt = load_checkpoint(opts.model_file)
-    model.engine.load_state_dict(ckpt.engine_state())  # after compile: the engine moves it to its device
-    if ckpt.legacy:
-        if backend.is_main_process():
-            print(f"accelbatch: --resume: {ckpt.path} holds weights only; the data starts from the beginning",
-                  file=sys.stderr)
-        return None
-    check_resumable(ckpt, opts)
-    positions = ckpt.data or []
-    if len(positions) != backend.world_size:
-        raise CheckpointError(f"--resume: {ckpt.path} has the data position of {len(positions)} replicas, "
-                              f"this run has {backend.world_size}; use the same --replication-factor")
-    position = positions[backend.rank]
-    if position.get("unsupported"):
-        print(f"accelbatch: --resume: the data position of this world is not restored "
-              f"({'; '.join(position['unsupported'])}): examples of the interrupted epoch may repeat",
-              file=sys.stderr)
-    else:
-        restore_world_position(world, position)
-    restore_rng(ckpt, rank=backend.rank)
-    state.load_json(ckpt.state["train"])
-    return ckpt.state
+    return checkpoint_dir(opts.model_file)
 
 
 def _eval_opts(opts: Opts, split: str) -> Opts:
     """Options of an evaluation inside training: in this process even when training is hogwild (the
     model is shared, so this sees the latest weights without starting processes)."""
     return opts.replace(datatype=split, numthreads=1)
-
-
-def _barrier(backend: Any) -> None:
-    """Wait for every replica (so all read the checkpoint rank 0 just wrote)."""
-    if backend.world_size > 1:
-        import torch.distributed as dist
-
-        dist.barrier()
 
 
 def _validate(world: World, opts: Opts, log: MetricsLog, state: TrainState, model: Agent,

@@ -36,6 +36,7 @@ from __future__ import annotations
 import inspect
 import keyword
 import logging
+import math
 from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any, Mapping
@@ -44,8 +45,8 @@ import torch
 
 from accelbatch.plan import ExecutionPlan, OutputMode, PlanError, Reduction, batch_rows
 
-from .base import Engine, StepResult, TensorBatch
-from .engine_parts import check_trainable
+from .base import Engine, NonFiniteLoss, StepResult, TensorBatch
+from .engine import check_trainable
 
 log = logging.getLogger("accelbatch.ipu")
 
@@ -344,6 +345,10 @@ class IPUEngine(Engine):
                 loss_value, counted = float(lf.sum()) / plan.factor, plan.factor
             else:
                 loss_value, counted = float(lf.mean()), max(1, lf.numel())
+        if loss_value is not None and not math.isfinite(loss_value):
+            raise NonFiniteLoss(f"non-finite training loss ({loss_value}) on ipu: the device applies a call's "
+                                "updates before its loss is read, so the run stops here (--skip-nan cannot skip "
+                                "them on an IPU); lower --learning-rate")
         return StepResult(outputs=outputs, rows=lay.out_rows, loss=loss_value, updates=lay.num_updates,
                           extras={"micro_batches": lay.num_micro_batches, "partial": False,
                                   "compilations": self._compilations, "compiled": compiled,

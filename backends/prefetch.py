@@ -1,7 +1,8 @@
 """Feeding a device: pinned host memory, copies on a side stream, and counting host synchronisations.
 
-The copy of batch k+1 runs on a side stream while batch k computes on the current stream. Three rules make
-that correct on CUDA:
+An engine copies rows on a side stream while earlier work computes on the current stream (the rows of the
+next update of a call, or a whole later call given to ``Engine.stage``). Three rules make that correct on
+CUDA:
 
 1. the source is page-locked (pinned), or ``non_blocking=True`` silently becomes a synchronous copy;
 2. the consumer's stream waits for the copy (an event recorded on the side stream after the copy, waited on
@@ -13,7 +14,7 @@ that correct on CUDA:
 All stream work goes through :class:`StreamAPI`, a small seam with a CUDA implementation
 (:class:`CUDAStreams`); tests drive the same :class:`StreamCopier` with a fake one and check the order of
 copies, event records, waits and ``record_stream`` calls. On a machine without a device,
-:class:`PassthroughCopier` makes :class:`Prefetcher` a plain (optionally ``.to(device)``) iterator.
+:class:`PassthroughCopier` is a plain (optionally ``.to(device)``) copy.
 
 :func:`count_host_syncs` counts the calls that make the host wait for a device (``torch.cuda.synchronize``,
 stream/event ``synchronize``, and ``item``/``tolist``/``numpy``/``cpu``/``bool``/``float``/``int``/a blocking
@@ -23,19 +24,24 @@ stream/event ``synchronize``, and ``item``/``tolist``/``numpy``/``cpu``/``bool``
 from __future__ import annotations
 
 import contextlib
-import queue
 import threading
-from collections import deque
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Any, Callable, Generic, Iterable, Iterator, Protocol, TypeVar
+from typing import Any, Protocol
 
 import torch
 
-T = TypeVar("T")
-
 __all__ = [
-    "Copier", "CUDAStreams", "DeviceLoader", "PassthroughCopier", "Pending", "Prefetcher", "StreamAPI", "StreamCopier",
-    "SyncCount", "count_host_syncs", "copier_for", "map_tensors", "pin_batch", "pinned_in_background",
+    "CUDAStreams",
+    "Copier",
+    "PassthroughCopier",
+    "Pending",
+    "StreamAPI",
+    "StreamCopier",
+    "SyncCount",
+    "copier_for",
+    "count_host_syncs",
+    "map_tensors",
     "tensors_of",
 ]
 
@@ -60,13 +66,6 @@ def tensors_of(obj: Any) -> list[torch.Tensor]:
     found: list[torch.Tensor] = []
     map_tensors(obj, found.append)
     return found
-
-
-def pin_batch(batch: Any) -> Any:
-    """``batch`` with its CPU tensors in page-locked memory (already pinned ones are kept, not copied)."""
-    def pin(t: torch.Tensor) -> torch.Tensor:
-        return t if t.device.type != "cpu" or t.is_pinned() else t.pin_memory()
-    return map_tensors(batch, pin)
 
 
 # --- the stream seam ------------------------------------------------------------------------------------
@@ -210,165 +209,6 @@ def copier_for(device: torch.device | str, pin: bool = True) -> Copier:
     if dev.type == "cuda":
         return StreamCopier(CUDAStreams(dev), pin=pin)
     return PassthroughCopier(dev)
-
-
-# --- the prefetcher ---------------------------------------------------------------------------------------
-
-class _Raised:
-    """An exception from the source, delivered at its position in the stream."""
-
-    def __init__(self, exc: BaseException):
-        self.exc = exc
-
-
-class Prefetcher(Generic[T]):
-    """Iterates ``batches`` on the device, ``depth`` copies ahead of the consumer.
-
-    ``next()`` returns batch k, ordered after its copy, once the copies of batches k+1..k+depth have been
-    issued, so they run while k computes. The source is read lazily: never more than ``depth + 1`` batches
-    ahead of what was returned. An exception from the source is raised where it happened in the stream,
-    after the batches before it were returned.
-
-    For loops that synchronise with the device every step, :meth:`take` and :meth:`fill` split ``next``
-    so the next copy can be issued *after* the step's kernels were queued and *before* the host waits.
-    """
-
-    def __init__(self, batches: Iterable[T], copier: Copier | None = None, depth: int = 1,
-                 device: torch.device | str | None = None):
-        if depth < 0:
-            raise ValueError(f"Prefetcher: depth must be 0 or more, got {depth}")
-        if copier is None:
-            copier = copier_for(device if device is not None else "cpu")
-        self.copier = copier
-        self.depth = depth
-        self._source = iter(batches)
-        self._queue: deque[Pending | _Raised] = deque()
-        self._exhausted = False
-
-    def __iter__(self) -> "Prefetcher[T]":
-        return self
-
-    def __next__(self) -> T:
-        batch = self.take()
-        self.fill()
-        return batch
-
-    def take(self) -> T:
-        """The next batch, ready for the current stream; issues no further copy beyond the one it needs."""
-        if not self._queue:
-            self._pull()
-        if not self._queue:
-            raise StopIteration
-        head = self._queue.popleft()
-        if isinstance(head, _Raised):
-            self._exhausted = True
-            self._queue.clear()
-            raise head.exc
-        return self.copier.finish(head)
-
-    def fill(self) -> None:
-        """Issue copies until ``depth`` batches are in flight (or the source ends)."""
-        while len(self._queue) < self.depth and not self._exhausted:
-            self._pull()
-
-    def in_flight(self) -> int:
-        return len(self._queue)
-
-    def close(self) -> None:
-        """Drop what is in flight and close the source when it can be closed."""
-        self._queue.clear()
-        self._exhausted = True
-        close = getattr(self._source, "close", None)
-        if callable(close):
-            close()
-
-    def _pull(self) -> None:
-        if self._exhausted:
-            return
-        try:
-            batch = next(self._source)
-        except StopIteration:
-            self._exhausted = True
-            return
-        except Exception as exc:  # noqa: BLE001 - delivered in order by take()
-            self._exhausted = True
-            self._queue.append(_Raised(exc))
-            return
-        self._queue.append(self.copier.start(batch))
-
-
-class DeviceLoader(Generic[T]):
-    """A re-iterable view of ``batches`` on the device: each pass is a fresh :class:`Prefetcher`.
-
-    ``pin_in_background=True`` pins the host batches in a helper thread first (see
-    :func:`pinned_in_background`), so neither pinning nor copying happens on the training thread.
-    """
-
-    def __init__(self, batches: Iterable[T], copier: Copier, depth: int = 1, pin_in_background: bool = False):
-        self.batches = batches
-        self.copier = copier
-        self.depth = depth
-        self.pin_in_background = pin_in_background
-
-    def __iter__(self) -> Iterator[T]:
-        source: Iterable[T] = self.batches
-        if self.pin_in_background:
-            source = pinned_in_background(source, depth=self.depth + 1)
-        feed = Prefetcher(source, self.copier, depth=self.depth)
-        try:
-            yield from feed
-        finally:
-            feed.close()
-
-    def __len__(self) -> int:
-        return len(self.batches)  # type: ignore[arg-type]
-
-
-_DONE = object()
-
-
-def pinned_in_background(batches: Iterable[T], depth: int = 2) -> Iterator[T]:
-    """Pin ``batches`` in a background thread, ``depth`` ahead, so pinning stays off the training thread.
-
-    Pinning is a host memcpy about as slow as the copy it enables; done in the loop it would leave the
-    device idle. Order is kept; an exception in the source is re-raised here with its traceback; the
-    thread stops when the iterator is closed or dropped.
-    """
-    q: queue.Queue = queue.Queue(maxsize=max(1, depth))
-    stop = threading.Event()
-
-    def put(item: Any) -> bool:
-        while not stop.is_set():
-            try:
-                q.put(item, timeout=0.05)
-                return True
-            except queue.Full:
-                continue
-        return False
-
-    def work() -> None:
-        try:
-            for batch in batches:
-                if not put(pin_batch(batch)):
-                    return
-        except BaseException as exc:  # noqa: BLE001 - handed to the consumer
-            put(_Raised(exc))
-            return
-        put(_DONE)
-
-    thread = threading.Thread(target=work, name="accelbatch-pin", daemon=True)
-    thread.start()
-    try:
-        while True:
-            item = q.get()
-            if item is _DONE:
-                return
-            if isinstance(item, _Raised):
-                raise item.exc
-            yield item
-    finally:
-        stop.set()
-        thread.join(timeout=5)
 
 
 # --- counting host synchronisations -----------------------------------------------------------------------

@@ -1,30 +1,39 @@
-"""One call that checks the CUDA backend on this machine: conformance tests, then benchmarks, as ratios.
+"""One call that checks the CUDA backend on this machine: conformance tests, then measurements, as ratios.
 
-    python bench/cuda_check.py                  # tests + benchmarks (a few minutes on a GPU)
-    python bench/cuda_check.py --json out.json  # also write the figures to a file
+    python bench/cuda_check.py                  # tests + every check (a few minutes on a GPU)
+    python bench/cuda_check.py --json out.json  # also write the environment, tests and figures to a file
     python bench/cuda_check.py --no-bench       # tests only
+    python bench/cuda_check.py --no-tests --device cpu --only host_syncs_D8   # a smoke run on the CPU
 
-On a GPU: runs tests/backends/test_cuda.py and tests/backends/test_prefetch.py (GPU tests included), then
-prints cuda-vs-cpu weight differences, prefetch vs compute alone (must be <= 1.1x), host syncs per call with
-D=8 (must be 1), and examples/s against a naive loop; exits 1 when a test or a criterion fails.
-Without a GPU: says why, runs the CPU-checkable tests (the GPU ones skip with their reason) and exits 0 when
-they pass.
+Every check runs in a fresh process (accelerate keeps one state per process, so a cpu=True or bf16
+Accelerator made by one check must not decide the next one's): cuda-vs-cpu weights for (D, G) = (1, 1),
+(4, 2) and in bf16/fp16, host syncs per call with D=8 (the counter and torch.cuda.set_sync_debug_mode),
+step time with staged prefetch vs compute alone, examples/s vs a plain PyTorch loop, and where the engine
+keeps weights and outputs. Exits 1 when a test or a check's criterion fails. Without a GPU: says why, runs
+the CPU-checkable tests (the GPU ones skip with their reason) and exits 0 when they pass.
+``--check NAME --out PATH`` runs one check in this process and writes its figures (what the parent runs).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import pathlib
 import platform
 import subprocess
 import sys
+import tempfile
 import time
+from collections.abc import Callable
 from typing import Any
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
-TESTS = ["tests/backends/test_cuda.py", "tests/backends/test_prefetch.py"]
+TESTS = ["tests/backends/test_cuda.py", "tests/backends/test_prefetch.py", "tests/backends/test_engine.py"]
+CPU_SIZES = {"syncs": {"b": 4, "features": 8, "hidden": 8},
+             "prefetch": {"rows": 16, "features": 8, "hidden": 8, "steps": 3},
+             "throughput": {"b": 8, "d": 2, "features": 8, "hidden": 8, "calls": 2}}
 
 
 def environment() -> dict[str, Any]:
@@ -45,10 +54,109 @@ def environment() -> dict[str, Any]:
     return env
 
 
+# --- the checks: name -> (figures on a device, the failure it shows or None) ------------------------------
+
+def _bench() -> Any:
+    sys.path.insert(0, str(ROOT / "bench"))
+    import cuda_throughput
+
+    return cuda_throughput
+
+
+def _weights(d: int, g: int, mixed_precision: str, limit: float) -> Callable[[str], dict[str, Any]]:
+    def run(device: str) -> dict[str, Any]:
+        diff = _bench().weights_vs_cpu(d, g, device=device, mixed_precision=mixed_precision)
+        ok = math.isfinite(diff) and diff <= limit
+        return {"max_abs_diff": diff, "limit": limit,
+                "failure": None if ok else f"cuda ({mixed_precision}) vs cpu weights differ by {diff:.2e} "
+                                           f"(D={d}, G={g}; limit {limit:g})"}
+    return run
+
+
+def _host_syncs(device: str) -> dict[str, Any]:
+    s = _bench().syncs_per_call(d=8, device=device, **(CPU_SIZES["syncs"] if device == "cpu" else {}))
+    ok = s.counted == 1 and s.debug_mode <= 1
+    return {"counted": s.counted, "sync_debug_warnings": s.debug_mode, "by_kind": s.by_kind,
+            "failure": None if ok else f"host syncs per call with D=8: counted {s.counted}, sync-debug "
+                                       f"{s.debug_mode} (want 1)"}
+
+
+def _staged_prefetch(device: str) -> dict[str, Any]:
+    p = _bench().measure_prefetch(device=device, **(CPU_SIZES["prefetch"] if device == "cpu" else {}))
+    out = {"staged_over_compute": p.prefetch_ratio, "blocking_copy_over_compute": p.blocking_ratio,
+           "compute_ms": p.compute_s * 1e3, "copy_mb": p.copy_mb, "failure": None}
+    if device != "cpu" and p.blocking_ratio <= 1.05:
+        out["failure"] = f"the batch is not copy-heavy enough to show anything ({p.blocking_ratio:.3f}x)"
+    elif device != "cpu" and p.prefetch_ratio > 1.1:
+        out["failure"] = f"staged step time is {p.prefetch_ratio:.3f}x compute alone (limit 1.1x)"
+    return out
+
+
+def _throughput(device: str) -> dict[str, Any]:
+    t = _bench().measure_throughput(device=device, **(CPU_SIZES["throughput"] if device == "cpu" else {}))
+    ok = device == "cpu" or t.ratio >= 1.0
+    return {"engine_exs_per_s": t.engine_exs, "plain_loop_exs_per_s": t.naive_exs, "ratio": t.ratio,
+            "failure": None if ok else f"the engine is slower than a plain PyTorch loop ({t.ratio:.2f}x)"}
+
+
+def _placement(device: str) -> dict[str, Any]:
+    import torch
+
+    from accelbatch.plan import ExecutionPlan
+
+    b = _bench()
+    dev = b._device(device)
+    model = b.MLPRegressor(8, 8)
+    engine = b._engine(model, ExecutionPlan(micro_batch=4, device_iterations=2, output_mode="all"), dev)
+    result = engine.train_step(b.make_batches(1, 8, 8)[0])
+    params, outputs = next(model.parameters()).device.type, result.outputs["pred"].device.type
+    ok = params == dev.type and outputs == "cpu" and tuple(result.outputs["pred"].shape) == (8,)
+    finite = bool(torch.isfinite(result.outputs["pred"]).all())
+    return {"weights_on": params, "outputs_on": outputs, "finite": finite,
+            "failure": None if ok else f"weights on {params}, outputs on {outputs} (want {dev.type}, cpu)"}
+
+
+CHECKS: dict[str, tuple[Callable[[str], dict[str, Any]], bool]] = {  # name -> (check, runs on the CPU too)
+    "weights_D1_G1": (_weights(1, 1, "no", 1e-5), True),
+    "weights_D4_G2": (_weights(4, 2, "no", 1e-5), True),
+    "weights_bf16_D4_G2": (_weights(4, 2, "bf16", 5e-2), True),
+    "weights_fp16_D4_G2": (_weights(4, 2, "fp16", 5e-2), False),
+    "host_syncs_D8": (_host_syncs, True),
+    "staged_prefetch": (_staged_prefetch, True),
+    "throughput": (_throughput, True),
+    "placement": (_placement, True),
+}
+
+
+def run_one(name: str, device: str, out: str) -> int:
+    """Run one check in this process; write its figures (or its error) to ``out``."""
+    try:
+        figures = CHECKS[name][0](device)
+    except Exception as exc:  # noqa: BLE001 - reported as the check's failure
+        figures = {"failure": f"{type(exc).__name__}: {exc}"}
+    pathlib.Path(out).write_text(json.dumps(figures, indent=2, default=str))
+    return 0
+
+
+def run_isolated(name: str, device: str, timeout_s: float = 600.0) -> dict[str, Any]:
+    """One check in a fresh Python process; its figures, with ``failure`` set when it failed or died."""
+    with tempfile.TemporaryDirectory(prefix="cuda-check-") as tmp:
+        out = os.path.join(tmp, "figures.json")
+        cmd = [sys.executable, __file__, "--check", name, "--device", device, "--out", out]
+        try:
+            proc = subprocess.run(cmd, cwd=ROOT, text=True, capture_output=True, timeout=timeout_s,
+                                  check=False, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+        except subprocess.TimeoutExpired:
+            return {"failure": f"{name} did not finish within {timeout_s:g} s"}
+        if not os.path.exists(out):
+            return {"failure": f"{name} exited with {proc.returncode}: {(proc.stdout + proc.stderr)[-2000:]}"}
+        return json.loads(pathlib.Path(out).read_text())
+
+
 def run_tests(extra: list[str]) -> tuple[int, str]:
     cmd = [sys.executable, "-m", "pytest", *TESTS, "-q", "-rfEs", "-p", "no:cacheprovider", *extra]
     print("$", " ".join(cmd[1:]), flush=True)
-    proc = subprocess.run(cmd, cwd=ROOT, text=True, capture_output=True,
+    proc = subprocess.run(cmd, cwd=ROOT, text=True, capture_output=True, check=False,
                           env={**os.environ, "PYTHONUNBUFFERED": "1"})
     out = proc.stdout + proc.stderr
     print(out.rstrip() if proc.returncode else out.rstrip()[-6000:], flush=True)
@@ -57,64 +165,48 @@ def run_tests(extra: list[str]) -> tuple[int, str]:
     return proc.returncode, summary.strip("= ")
 
 
-def run_benchmarks() -> tuple[dict[str, Any], list[str]]:
-    sys.path.insert(0, str(ROOT / "bench"))
-    import cuda_throughput as ct
-
-    figures: dict[str, Any] = {}
-    failures: list[str] = []
-    for d, g in ((1, 1), (4, 2)):
-        diff = ct.weights_vs_cpu(d, g)
-        figures[f"weights_max_abs_diff_D{d}_G{g}"] = diff
-        print(f"  same plan, same numbers (D={d}, G={g}): max |w_cuda - w_cpu| = {diff:.2e}")
-        if diff > 1e-5:
-            failures.append(f"cuda vs cpu weights differ by {diff:.2e} (D={d}, G={g}; limit 1e-5)")
-    p = ct.measure_prefetch()
-    figures.update(prefetch_ratio=p.prefetch_ratio, blocking_copy_ratio=p.blocking_ratio,
-                   compute_ms=p.compute_s * 1e3, copy_mb=p.copy_mb)
-    print(f"  prefetch ({p.copy_mb:.0f} MB/batch): with prefetch / compute alone = {p.prefetch_ratio:.3f}x "
-          f"(limit 1.1x); blocking copy / compute alone = {p.blocking_ratio:.3f}x; "
-          f"compute {p.compute_s * 1e3:.2f} ms/step")
-    if p.prefetch_ratio > 1.1:
-        failures.append(f"prefetch step time is {p.prefetch_ratio:.3f}x compute alone (limit 1.1x)")
-    s = ct.syncs_per_call(d=8)
-    figures.update(host_syncs_per_call_D8=s.counted, sync_debug_warnings_D8=s.debug_mode)
-    print(f"  host syncs in one call with D=8: {s.counted} counted {s.by_kind}; "
-          f"{s.debug_mode} flagged by torch.cuda.set_sync_debug_mode")
-    if s.counted != 1 or s.debug_mode > 1:
-        failures.append(f"host syncs per call with D=8: counted {s.counted}, sync-debug {s.debug_mode} "
-                        "(want 1)")
-    t = ct.measure_throughput()
-    figures.update(engine_exs_per_s=t.engine_exs, naive_exs_per_s=t.naive_exs, throughput_ratio=t.ratio)
-    print(f"  throughput: engine {t.engine_exs:,.0f} ex/s vs naive loop {t.naive_exs:,.0f} ex/s "
-          f"= {t.ratio:.2f}x")
-    if t.ratio < 1.0:
-        failures.append(f"engine is slower than the naive loop ({t.ratio:.2f}x)")
-    return figures, failures
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--json", help="write the environment, test summary and figures here")
     parser.add_argument("--no-bench", action="store_true", help="run the tests only")
+    parser.add_argument("--no-tests", action="store_true", help="run the checks only")
+    parser.add_argument("--only", help="comma-separated check names (default: all)")
+    parser.add_argument("--device", default="cuda", choices=("cuda", "cpu"),
+                        help="cpu: run the checks on Accelerator(cpu=True) with tiny sizes (a smoke run)")
+    parser.add_argument("--check", choices=sorted(CHECKS), help=argparse.SUPPRESS)
+    parser.add_argument("--out", help=argparse.SUPPRESS)
     parser.add_argument("pytest_args", nargs="*", help="extra pytest arguments (after --)")
     args = parser.parse_args(argv)
+    if args.check:
+        return run_one(args.check, args.device, args.out)
     start = time.monotonic()
     env = environment()
     gpu = bool(env["gpus"])
     print(f"cuda_check: torch {env['torch']} (CUDA {env['torch_cuda']}), accelerate {env['accelerate']}, "
           f"GPUs: {', '.join(env['gpus']) or 'none'}")
+    result: dict[str, Any] = {"environment": env}
+    failures: list[str] = []
     if not gpu:
         print(f"cuda_check: {env['no_gpu_reason']}")
-        print("cuda_check: running the CPU-checkable parts; the GPU tests skip with their reason")
-    rc, summary = run_tests(args.pytest_args)
-    result: dict[str, Any] = {"environment": env, "tests": {"returncode": rc, "summary": summary}}
-    failures = [] if rc == 0 else [f"tests failed: {summary}"]
-    if gpu and not args.no_bench:
-        print("cuda_check: benchmarks (ratios measured in this run)")
-        figures, bench_failures = run_benchmarks()
-        result["figures"] = figures
-        failures += bench_failures
+    if not args.no_tests:
+        if not gpu:
+            print("cuda_check: running the CPU-checkable tests; the GPU tests skip with their reason")
+        rc, summary = run_tests(args.pytest_args)
+        result["tests"] = {"returncode": rc, "summary": summary}
+        failures += [] if rc == 0 else [f"tests failed: {summary}"]
+    names = args.only.split(",") if args.only else list(CHECKS)
+    if not args.no_bench and (gpu or args.device == "cpu"):
+        print(f"cuda_check: checks on {args.device}, each in a fresh process (ratios measured in this run)")
+        result["figures"] = {}
+        for name in names:
+            if args.device == "cpu" and not CHECKS[name][1]:
+                continue
+            figures = run_isolated(name, args.device)
+            result["figures"][name] = figures
+            shown = {k: v for k, v in figures.items() if k != "failure"}
+            print(f"  {name}: {json.dumps(shown, default=str)}", flush=True)
+            if figures.get("failure"):
+                failures.append(f"{name}: {figures['failure']}")
     result["failures"] = failures
     result["seconds"] = round(time.monotonic() - start, 1)
     if args.json:
@@ -125,8 +217,8 @@ def main(argv: list[str] | None = None) -> int:
     if gpu:
         print(f"cuda_check: all CUDA checks passed in {result['seconds']} s")
     else:
-        print(f"cuda_check: no GPU here, so the GPU checks did not run; the CPU-checkable parts passed "
-              f"({summary}) in {result['seconds']} s")
+        print(f"cuda_check: no GPU here, so the GPU checks did not run; what ran passed in "
+              f"{result['seconds']} s")
     return 0
 
 

@@ -1,9 +1,11 @@
-"""CUDA measurements: prefetch against compute alone, host syncs per call, throughput against a naive loop.
+"""CUDA measurements: staged prefetch against compute alone, host syncs per call, throughput against a
+plain PyTorch loop, and cuda-vs-cpu weights.
 
 Each function returns numbers measured in the same run (ratios, never absolute targets). They are meant
-for a GPU; ``tests/backends/test_cuda.py`` asserts on them there and ``bench/cuda_check.py`` prints them.
-Every function also takes ``device="cpu"`` (the engine on ``Accelerator(cpu=True)``), which the CPU tests use
-to run this code with tiny sizes; its timings mean nothing. Run alone: ``python bench/cuda_throughput.py``.
+for a GPU; ``bench/cuda_check.py`` runs each in a process of its own (accelerate keeps one state per
+process) and ``tests/backends/test_cuda.py`` asserts on its figures there. Every function also takes
+``device="cpu"`` (the engine on ``Accelerator(cpu=True)``), which the CPU tests use to run this code with tiny
+sizes; its timings mean nothing. Run alone: ``python bench/cuda_throughput.py``.
 """
 
 from __future__ import annotations
@@ -13,15 +15,17 @@ import statistics
 import sys
 import time
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 import torch
 from torch import nn
 
 from accelbatch.backends.cpu import PlanEngine
 from accelbatch.backends.cuda import CUDABackend, CUDAEngine
-from accelbatch.backends.prefetch import count_host_syncs, pin_batch
+from accelbatch.backends.prefetch import count_host_syncs
+from accelbatch.opts import Opts
 from accelbatch.plan import ExecutionPlan
 
 
@@ -47,7 +51,7 @@ def make_batches(n: int, rows: int, features: int, seed: int = 0, pinned: bool =
     out = []
     for _ in range(n):
         b = {"x": torch.randn(rows, features, generator=g), "y": torch.randn(rows, generator=g)}
-        out.append(pin_batch(b) if pinned else b)
+        out.append({k: v.pin_memory() for k, v in b.items()} if pinned else b)
     return out
 
 
@@ -64,10 +68,20 @@ def _sync(dev: torch.device) -> None:
 
 
 def _engine(model: nn.Module, plan: ExecutionPlan, dev: torch.device, lr: float = 1e-3,
-            prefetch: bool = True) -> CUDAEngine:
+            prefetch: bool = True, mixed_precision: str = "no") -> CUDAEngine:
     backend = CUDABackend(cpu=dev.type == "cpu", prefetch=prefetch)
+    backend.setup(Opts(device="cuda", mixed_precision=mixed_precision))
     opt = torch.optim.SGD(model.parameters(), lr=lr)
     return backend.compile(model, opt, plan)
+
+
+def staged(engine: CUDAEngine, batches: list[dict], training: bool = True) -> None:
+    """Step through ``batches``, staging batch k+1 before stepping batch k (as the loader world does)."""
+    step = engine.train_step if training else engine.eval_step
+    for k, batch in enumerate(batches):
+        if k + 1 < len(batches):
+            engine.stage(batches[k + 1])
+        step(batch)
 
 
 def _timed(fn: Callable[[], Any], dev: torch.device, repeats: int = 3) -> float:
@@ -85,14 +99,15 @@ def _timed(fn: Callable[[], Any], dev: torch.device, repeats: int = 3) -> float:
 # --- same plan, same numbers ---------------------------------------------------------------------------
 
 def weights_vs_cpu(d: int, g: int, b: int = 8, calls: int = 3, features: int = 16, hidden: int = 32,
-                   device: str | None = None) -> float:
-    """Largest |weight difference| after ``calls`` calls of the same plan on cuda and on the CPU engine."""
+                   device: str | None = None, mixed_precision: str = "no") -> float:
+    """Largest |weight difference| after ``calls`` calls of the same plan on cuda (in ``mixed_precision``)
+    and on the CPU engine (fp32). Mixed precision changes this process's accelerate state."""
     dev = _device(device)
     plan = ExecutionPlan(micro_batch=b, device_iterations=d, gradient_accumulation=g)
     cpu_model = MLPRegressor(features, hidden)
     gpu_model = copy.deepcopy(cpu_model)
     cpu = PlanEngine(cpu_model, torch.optim.SGD(cpu_model.parameters(), lr=0.05), plan)
-    gpu = _engine(gpu_model, plan, dev, lr=0.05)
+    gpu = _engine(gpu_model.to(dev), plan, dev, lr=0.05, mixed_precision=mixed_precision)
     for batch in make_batches(calls, plan.combined_batch, features, seed=1):
         cpu.train_step(batch)
         gpu.train_step(batch)
@@ -105,7 +120,7 @@ def weights_vs_cpu(d: int, g: int, b: int = 8, calls: int = 3, features: int = 1
 @dataclass
 class PrefetchTiming:
     compute_s: float         # per call, batches already on the GPU
-    prefetch_s: float        # per call, pinned host batches through engine.run (copy k+1 under compute k)
+    prefetch_s: float        # per call, pinned host batches, batch k+1 staged while batch k computes
     blocking_s: float        # per call, host batches copied in the step (.to(device), then compute)
     copy_mb: float
 
@@ -120,7 +135,7 @@ class PrefetchTiming:
 
 def measure_prefetch(rows: int = 8192, features: int = 2048, hidden: int = 4096, steps: int = 12,
                      device: str | None = None) -> PrefetchTiming:
-    """A copy-heavy batch (rows x features fp32) on an MLP: prefetch vs compute alone vs a blocking copy."""
+    """A copy-heavy batch (rows x features fp32) on an MLP: staged vs compute alone vs a blocking copy."""
     dev = _device(device)
     plan = ExecutionPlan(micro_batch=rows)
     engine = _engine(MLPRegressor(features, hidden).to(dev), plan, dev)
@@ -131,12 +146,10 @@ def measure_prefetch(rows: int = 8192, features: int = 2048, hidden: int = 4096,
         return [src[i % len(src)] for i in range(steps)]
 
     def compute_alone() -> None:
-        for _ in engine.run(feed(on_gpu)):
-            pass
+        staged(engine, feed(on_gpu))
 
     def prefetched() -> None:
-        for _ in engine.run(feed(host), depth=1):
-            pass
+        staged(engine, feed(host))
 
     def blocking() -> None:
         for b in feed(host):
@@ -194,7 +207,7 @@ def syncs_per_call(d: int = 8, b: int = 64, features: int = 64, hidden: int = 25
 
 @dataclass
 class Throughput:
-    engine_exs: float        # examples/s, engine with D device iterations and prefetch
+    engine_exs: float        # examples/s, engine with D device iterations and staged prefetch
     naive_exs: float         # examples/s, DataLoader + .to(device) + .item() every step
 
     @property
@@ -247,9 +260,8 @@ def measure_throughput(b: int = 1024, d: int = 8, features: int = 1024, hidden: 
     combined = [{"x": x[i:i + plan.combined_batch], "y": y[i:i + plan.combined_batch]}
                 for i in range(0, rows, plan.combined_batch)]
 
-    def ours() -> None:
-        for _ in engine.run(combined, pin_in_background=True):
-            pass
+    def ours() -> None:   # the engine pins each staged call itself, after the previous call's kernels
+        staged(engine, combined)
 
     naive()
     ours()

@@ -115,7 +115,7 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     args = parser.parse_args(argv)
 
     from accelbatch.hogwild import create_hogwild_world
-    from accelbatch.worlds import create_world
+    from accelbatch.build import create_world
 
     torch.set_num_threads(1)
     opts = Opts(task="babi:1", batchsize=args.batchsize, optimizer=args.optimizer, progress=False)

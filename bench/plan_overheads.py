@@ -142,7 +142,7 @@ def bench_replication(calls: int, rounds: int = 2, b: int = 32, g: int = 1, d: i
             for k, v in runs.items():
                 best[k] = min(best.get(k, v), v)
         t_r2, t_r1_1, t_r1_2, t_ar = best["r2"], best["r1_1"], best["r1_2"], best["ar"]
-        print(f"  {kind:4s} {str(MODELS[kind]):16s} R=2 gloo {t_r2 * 1e3:8.2f} ms | R=1 1 thread "
+        print(f"  {kind:4s} {MODELS[kind]!s:16s} R=2 gloo {t_r2 * 1e3:8.2f} ms | R=1 1 thread "
               f"{t_r1_1 * 1e3:8.2f} ms | R=1 2 threads {t_r1_2 * 1e3:8.2f} ms")
         print(f"       ratio R=2 / R=1(1 thread) = {t_r2 / t_r1_1:.3f}   R=2 / R=1(2 threads) = "
               f"{t_r2 / t_r1_2:.3f}")

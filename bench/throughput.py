@@ -15,18 +15,17 @@ Parts (``--parts``, comma separated; all by default):
 ``metrics``   accuracy + F1 for a batch in one pass (``Metrics.add_batch``) vs one reply at a time
               (``exact_match`` + ``f1_score`` per reply); the values must be identical.
 ``async``     bag at bs 32: ``--dataloader-mode async`` with 2 workers (vectorize + batchify in the workers)
-              vs sync with everything in the main process (goal >= 1.5x); also the CPU per example of the
-              main process and of the data processes (accessor + workers, from /proc), and the ratio those
-              allow on this machine's cores at best.
+              vs sync with the same 2 workers, and vs sync with everything in the main process; also the CPU
+              per example of the main process and of the data processes (accessor + workers, from /proc), and
+              the ratio those allow on this machine's cores at best. All variants train the same weights.
 ``dynamic``   conv at bs 32: dynamic batching batchsort / full / buckets vs none, with the pad fraction (pad
               tokens over all tokens of the text tensors fed to the model; goal >= 1.8x, pad <= 0.05).
 ``hogwild``   conv at bs 32: ``--numthreads 2`` vs 1 (goal >= 1.8x on 2 cores).
 
 Compared variants are interleaved and repeated (``--repeats``) so that load from other processes hits both
-sides alike; the median of the per-round ratios is printed with the individual rounds. ``async``,
-``dynamic`` and ``hogwild`` run through the world when ``create_world`` honours those options; until then
-``async`` and ``dynamic`` drive the data loader directly and ``hogwild`` makes its HogwildWorld directly (said
-in the output); a part whose feature is missing altogether prints "not available yet".
+sides alike; the median of the per-round ratios is printed with the individual rounds. Every part runs
+through ``create_world`` and the world, as ``accelbatch train`` does. ``--task`` swaps the synthetic
+dialogues for any task (e.g. ``jsonl:PATH``).
 
     python bench/throughput.py --quick            # about a minute and a half
     python bench/throughput.py                    # the full workload
@@ -41,8 +40,6 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 os.environ.setdefault("MKL_NUM_THREADS", "1")
 
 import argparse  # noqa: E402
-import importlib.util  # noqa: E402
-import inspect  # noqa: E402
 import random  # noqa: E402
 import statistics  # noqa: E402
 import sys  # noqa: E402
@@ -53,11 +50,10 @@ import torch  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from accelbatch import row_kernels  # noqa: E402
-from accelbatch.messages import ID, Message  # noqa: E402
+from accelbatch.build import create_world  # noqa: E402
+from accelbatch.messages import Message  # noqa: E402
 from accelbatch.metrics import Metrics, exact_match, f1_score  # noqa: E402
 from accelbatch.opts import Opts  # noqa: E402
-from accelbatch.worlds import create_world  # noqa: E402
 
 TRIVIAL = "accelbatch.models.trivial:TrivialAgent"
 BAG = "accelbatch.models.bag:BagAgent"
@@ -79,6 +75,8 @@ def fmt_rounds(ratios: list[float]) -> str:
 
 
 def task_name(args: argparse.Namespace) -> str:
+    if args.task:
+        return args.task
     return "dialogues" if args.episodes is None else f"dialogues:{args.episodes}"
 
 
@@ -112,15 +110,8 @@ def timed(fn: Callable[[], int], min_seconds: float, now: Callable[[], float]) -
 # --------------------------------------------------------------------------------------------------
 
 def prepared_examples(teacher: Any) -> list[Message]:
-    """The teacher's examples as the model observes them (id and episode_done set), in data order."""
-    out = []
-    for episode in teacher.episodes:
-        for i, msg in enumerate(episode):
-            m = Message(msg)
-            m[ID] = teacher.id
-            m["episode_done"] = i == len(episode) - 1
-            out.append(m)
-    return out
+    """The teacher's examples as it serves them (id and episode_done set, read-only), in data order."""
+    return list(teacher.store.examples[:-1])
 
 
 def batches_seen(world: Any, agent: Any, steps: int) -> list[list[Message]]:
@@ -179,16 +170,15 @@ def part_overhead(args: argparse.Namespace) -> dict[str, float]:
             return chunk
 
         metrics = Metrics()
-        distinct: dict[tuple[str, ...], tuple[str, ...]] = {}  # one tuple per distinct answers, as the teacher keeps
-        answers = [distinct.setdefault(golds, golds)
-                   for golds in (tuple(m.targets()) for m in examples)]
+        store = world.get_task_agent().store
+        answer_ids = store.ids  # the answers' ids the teacher scores against
 
         def bare_with_metrics() -> int:  # the bare loop plus the world's scoring of its replies: metrics' share
             start = position[0] if position[0] + chunk <= len(examples) else 0
             batch_act, add_replies = agent.batch_act, metrics.add_replies
             for i in range(start, start + chunk, bs):
                 replies = batch_act(examples[i:i + bs])
-                add_replies(replies, answers[i:i + bs], bs)
+                add_replies(replies, answer_ids[i:i + bs], store.answers, bs)
             position[0] = start + chunk
             return chunk
 
@@ -218,9 +208,9 @@ def part_overhead(args: argparse.Namespace) -> dict[str, float]:
         results[f"overhead_bs{bs}"] = ratio
         results[f"overhead_metrics_only_bs{bs}"] = floor_ratio
         results[f"overhead_same_order_bs{bs}"] = order_ratio
-        if bs > 1 and getattr(world, "_block", None) is not None:
+        if bs > 1 and getattr(world, "_teacher", None) is not None:
             row_world = create_world(opts)
-            row_world._block = None  # every clone acts and observes in turn: ParlAI's BatchWorld
+            row_world._teacher = None  # every clone acts and observes in turn: ParlAI's BatchWorld
 
             def per_row() -> int:
                 before = row_world.get_total_exs()
@@ -231,7 +221,7 @@ def part_overhead(args: argparse.Namespace) -> dict[str, float]:
             rows = [(timed(in_world, args.min_seconds, args.now), timed(per_row, args.min_seconds, args.now))
                     for _ in range(args.repeats)]
             speedup, speedups = median_ratio(rows)
-            say(f"          block path vs clone by clone (ParlAI's BatchWorld, same metrics): {speedup:.2f}x "
+            say(f"          whole-batch path vs clone by clone (ParlAI's BatchWorld, same metrics): {speedup:.2f}x "
                 f"({fmt_rounds(speedups)})")
             results[f"overhead_block_speedup_bs{bs}"] = speedup
             row_world.shutdown()
@@ -305,32 +295,8 @@ def part_metrics(args: argparse.Namespace) -> dict[str, float]:
 
 
 # --------------------------------------------------------------------------------------------------
-# what is wired: the loader and hogwild inside create_world / run
+# through the world
 # --------------------------------------------------------------------------------------------------
-
-def _sources(*modules: str) -> str:
-    text = ""
-    for name in modules:
-        try:
-            text += inspect.getsource(importlib.import_module(name))
-        except (ImportError, OSError, TypeError):
-            pass
-    return text
-
-
-def loader_available() -> bool:
-    return importlib.util.find_spec("accelbatch.data.loader") is not None
-
-
-def loader_wired() -> bool:
-    """True once create_world builds its worlds on the data loader (dynamic batching, async workers)."""
-    return "make_loader" in _sources("accelbatch.worlds", "accelbatch.run")
-
-
-def hogwild_wired() -> bool:
-    return (importlib.util.find_spec("accelbatch.hogwild") is not None
-            and "hogwild" in _sources("accelbatch.worlds", "accelbatch.run").lower())
-
 
 def descendants_cpu_s(root: int) -> float | None:
     """CPU seconds (user + system) used so far by every live descendant of process ``root`` (data workers, an
@@ -368,10 +334,7 @@ def world_speed(opts: Opts, min_seconds: float, warmup_steps: int = 5) -> tuple[
     start-up (workers, compile) excluded. The report also holds ``main_cpu_exs_per_s`` (examples per CPU
     second of this process) and, where /proc tells, ``data_cpu_s_per_ex`` (CPU seconds of the processes this
     one started, per example: the accessor and data workers)."""
-    from accelbatch.run import attach_backend
-
     world = create_world(opts)
-    backend = attach_backend(world, opts)
     try:
         for _ in range(warmup_steps):
             world.parley()
@@ -396,53 +359,7 @@ def world_speed(opts: Opts, min_seconds: float, warmup_steps: int = 5) -> tuple[
         return speed, report
     finally:
         world.shutdown()
-        backend.teardown()
-
-
-class LoaderRun:
-    """Drive the data loader directly: tensors -> engine.train_step -> replies -> teacher metrics.
-
-    What a loader-fed world does per batch, without the world; used while create_world does not use the
-    loader yet. Timing starts after ``warmup`` batches (worker start-up excluded), covers ``epochs`` passes.
-    """
-
-    def __init__(self, opts: Opts, model: str):
-        from accelbatch.agents import resolve_agent_class
-        from accelbatch.data.loader import AgentCollate, make_loader
-        from accelbatch.teachers import create_teachers
-
-        cls = resolve_agent_class(model)
-        self.agent = cls(opts)
-        collator = cls(opts)  # vectorize/batchify only; pickled to the workers
-        teacher = create_teachers(opts)[0]
-        self.loader = make_loader(teacher.episodes, opts, collate=AgentCollate(collator.vectorize, collator.batchify),
-                                  training=True, seed=opts.seed, text_truncate=opts.text_truncate)
-        self.metrics = Metrics()
-        self.pad = self.tokens = 0
-
-    def run(self, max_seconds: float, warmup: int = 3) -> float:
-        engine, replies_of, metrics = self.agent.engine, self.agent.replies, self.metrics
-        done, start = 0, None
-        self.pad = self.tokens = 0
-        for index, lb in enumerate(self.loader):
-            if index == warmup:
-                start, done = time.perf_counter(), 0
-            text = lb.tensors["text_vec"]
-            self.pad += int((text == 0).sum())
-            self.tokens += text.numel()
-            result = engine.train_step(lb.tensors)
-            if result.rows is None and result.outputs:
-                replies = replies_of(result.outputs, lb.messages)
-                metrics.add_batch([r.get("text") for r in replies], [m.targets() for m in lb.messages])
-            done += lb.num_real
-            if start is not None and time.perf_counter() - start >= max_seconds:
-                break
-        if start is None:
-            raise RuntimeError("LoaderRun: the epoch ended during warm-up; use more episodes")
-        return done / (time.perf_counter() - start)
-
-    def close(self) -> None:
-        self.loader.close()
+        world.runtime.backend.teardown()
 
 
 # --------------------------------------------------------------------------------------------------
@@ -450,54 +367,33 @@ class LoaderRun:
 # --------------------------------------------------------------------------------------------------
 
 def part_async(args: argparse.Namespace) -> dict[str, float]:
-    say("== batching off the critical path: bag bs 32, async + 2 workers vs all in the main process ==")
-    variants = {"async, 2 workers": dict(dataloader_mode="async", num_workers=2),
-                "sync, main process": dict(dataloader_mode="sync", num_workers=0)}
+    say("== batching off the critical path: bag bs 32, async + 2 workers vs sync + 2 workers vs main process ==")
+    variants = {"async": dict(dataloader_mode="async", num_workers=2),
+                "sync": dict(dataloader_mode="sync", num_workers=2),
+                "main": dict(dataloader_mode="sync", num_workers=0)}
     main_cpu: dict[str, list[float]] = {}
     data_cpu: list[float] = []
-    if loader_wired():
-        how = "through the world"
-
-        def measure(o: Opts) -> float:
-            speed, report = world_speed(o, args.min_seconds * 2)
-            main_cpu.setdefault(o.dataloader_mode, []).append(report["main_cpu_exs_per_s"])
-            if o.dataloader_mode == "async" and "data_cpu_s_per_ex" in report:
+    speeds: dict[str, list[float]] = {name: [] for name in variants}
+    for _ in range(args.repeats):
+        for name, changes in variants.items():
+            speed, report = world_speed(base_opts(args, model=BAG, **changes), args.min_seconds * 2)
+            speeds[name].append(speed)
+            main_cpu.setdefault(name, []).append(report["main_cpu_exs_per_s"])
+            if name == "async" and "data_cpu_s_per_ex" in report:
                 data_cpu.append(report["data_cpu_s_per_ex"])
-            return speed
-    elif loader_available():
-        how = "loader direct: create_world does not use the loader yet"
-        runs: dict[str, LoaderRun] = {}
-
-        def measure(o: Opts) -> float:
-            key = o.dataloader_mode
-            if key not in runs:
-                runs[key] = LoaderRun(o, BAG)
-            return runs[key].run(args.min_seconds * 2)
-    else:
-        say("async: not available yet (no accelbatch.data.loader)")
-        return {}
-    say(f"({how})")
-    pairs = []
-    try:
-        for _ in range(args.repeats):
-            speeds = {name: measure(base_opts(args, model=BAG, **v)) for name, v in variants.items()}
-            pairs.append((speeds["async, 2 workers"], speeds["sync, main process"]))
-    finally:
-        if not loader_wired() and loader_available():
-            for r in runs.values():
-                r.close()
-    ratio, ratios = median_ratio(pairs)
-    say(f"async+2 workers {statistics.median(p[0] for p in pairs):>10,.0f}/s  main process "
-        f"{statistics.median(p[1] for p in pairs):>10,.0f}/s  ratio {ratio:.2f}x  ({fmt_rounds(ratios)})"
-        "   goal >= 1.5x")
-    results = {"async_ratio": ratio}
-    if main_cpu.get("async") and main_cpu.get("sync"):
-        a, b = statistics.median(main_cpu["async"]), statistics.median(main_cpu["sync"])
-        say(f"main process CPU per example: async {1e6 / a:,.0f} us, sync {1e6 / b:,.0f} us -> the critical path "
-            f"is {a / b:.2f}x shorter (what async can reach with a free core per process)")
-        results["async_main_cpu_ratio"] = a / b
-        if data_cpu:
-            say(async_ceiling(1e6 / a, 1e6 * statistics.median(data_cpu), 1e6 / b, ratio, results))
+    same, same_rounds = median_ratio(list(zip(speeds["async"], speeds["sync"])))
+    alone, alone_rounds = median_ratio(list(zip(speeds["async"], speeds["main"])))
+    say(f"async+2 workers {statistics.median(speeds['async']):>10,.0f}/s  sync+2 workers "
+        f"{statistics.median(speeds['sync']):>10,.0f}/s  ratio {same:.2f}x  ({fmt_rounds(same_rounds)})")
+    say(f"                                  main process   {statistics.median(speeds['main']):>10,.0f}/s  ratio "
+        f"{alone:.2f}x  ({fmt_rounds(alone_rounds)})")
+    results = {"async_vs_sync_same_workers": same, "async_vs_main_process": alone}
+    a, b = statistics.median(main_cpu["async"]), statistics.median(main_cpu["main"])
+    say(f"main process CPU per example: async {1e6 / a:,.0f} us, main process alone {1e6 / b:,.0f} us -> the "
+        f"critical path is {a / b:.2f}x shorter (what async can reach with a free core per process)")
+    results["async_main_cpu_ratio"] = a / b
+    if data_cpu:
+        say(async_ceiling(1e6 / a, 1e6 * statistics.median(data_cpu), 1e6 / b, alone, results))
     return results
 
 
@@ -521,31 +417,12 @@ def part_dynamic(args: argparse.Namespace) -> dict[str, float]:
     strategies = ["none", "batchsort", "full", "buckets"]
     speeds: dict[str, list[float]] = {s: [] for s in strategies}
     pads: dict[str, float] = {}
-    if loader_wired():
-        say("(through the world; pad fraction from the world's report, else from the loader's plan)")
-        planned = _planned_pads(args, strategies)
-        for _ in range(args.repeats):
-            for s in strategies:
-                speed, report = world_speed(base_opts(args, model=CONV, dynamic_batching=s,
-                                                      max_batch_tokens=args.max_batch_tokens),
-                                            args.min_seconds * 2)
-                speeds[s].append(speed)
-                pads[s] = report.get("pad_fraction", planned.get(s, float("nan")))
-    elif loader_available():
-        say("(loader direct: create_world does not use the loader yet; sync, main process)")
-        runs = {s: LoaderRun(base_opts(args, model=CONV, dynamic_batching=s,
-                                       max_batch_tokens=args.max_batch_tokens), CONV) for s in strategies}
-        try:
-            for _ in range(args.repeats):
-                for s in strategies:
-                    speeds[s].append(runs[s].run(args.min_seconds * 2))
-                    pads[s] = runs[s].pad / max(1, runs[s].tokens)
-        finally:
-            for r in runs.values():
-                r.close()
-    else:
-        say("dynamic: not available yet (no accelbatch.data.loader)")
-        return {}
+    for _ in range(args.repeats):
+        for s in strategies:
+            speed, report = world_speed(base_opts(args, model=CONV, dynamic_batching=s,
+                                                  max_batch_tokens=args.max_batch_tokens), args.min_seconds * 2)
+            speeds[s].append(speed)
+            pads[s] = report.get("pad_fraction", float("nan"))  # "none" runs through the clones: no tensors seen
     results = {}
     for s in strategies:
         ratio, ratios = median_ratio(list(zip(speeds[s], speeds["none"])))
@@ -557,35 +434,13 @@ def part_dynamic(args: argparse.Namespace) -> dict[str, float]:
     return results
 
 
-def _planned_pads(args: argparse.Namespace, strategies: list[str]) -> dict[str, float]:
-    """Pad fraction of the loader's planned batches (when the world hides the tensors from us)."""
-    if not loader_available():
-        return {}
-    from accelbatch.data.loader import make_loader
-    from accelbatch.teachers import create_teachers
-
-    out = {}
-    for s in strategies:
-        opts = base_opts(args, model=CONV, dynamic_batching=s, max_batch_tokens=args.max_batch_tokens)
-        loader = make_loader(create_teachers(opts)[0].episodes, opts, training=True)
-        out[s] = loader.plan_stats().pad_fraction
-        loader.close()
-    return out
-
-
 # --------------------------------------------------------------------------------------------------
 # hogwild
 # --------------------------------------------------------------------------------------------------
 
-def hogwild_available() -> bool:
-    return importlib.util.find_spec("accelbatch.hogwild") is not None
-
-
 def hogwild_speed(opts: Opts, min_seconds: float, warmup_exs: int = 200) -> float:
     """Examples/s of a HogwildWorld: parley (non-blocking) and read the shared example counter."""
-    from accelbatch.hogwild import create_hogwild_world
-
-    world = create_world(opts) if hogwild_wired() else create_hogwild_world(opts)
+    world = create_world(opts)
     try:
         while world.get_total_exs() < warmup_exs:  # children started, first steps done
             world.parley()
@@ -599,11 +454,6 @@ def hogwild_speed(opts: Opts, min_seconds: float, warmup_exs: int = 200) -> floa
 
 def part_hogwild(args: argparse.Namespace) -> dict[str, float]:
     say("== hogwild: conv bs 32, --numthreads 2 vs 1 ==")
-    if not hogwild_available():
-        say("hogwild: not available yet (no accelbatch.hogwild)")
-        return {}
-    say("(through the world)" if hogwild_wired() else
-        "(HogwildWorld made directly: create_world does not build it for --numthreads yet)")
     pairs = []
     for _ in range(args.repeats):
         two = hogwild_speed(base_opts(args, model=CONV, numthreads=2), args.min_seconds * 3)
@@ -626,6 +476,9 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     parser.add_argument("--parts", default=",".join(PARTS), help=f"comma separated, of {', '.join(PARTS)}")
     parser.add_argument("--quick", action="store_true",
                         help="small sizes: 2,000 training episodes, 2 repeats, short timings (< 2 min)")
+    parser.add_argument("--task", default=None,
+                        help="any task instead of the synthetic dialogues (e.g. jsonl:PATH); its examples need "
+                             "label_candidates for the bag and conv models")
     parser.add_argument("--episodes", type=int, default=None,
                         help="training episodes of the dialogues task (default: the spec's 10,000)")
     parser.add_argument("--eval-episodes", type=int, default=3000, help="episodes scored by the metrics part")
@@ -652,8 +505,7 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     if unknown:
         parser.error(f"--parts: unknown {', '.join(unknown)}; choose from {', '.join(PARTS)}")
     say(f"workload: -t {task_name(args)} seed {args.seed}, torch threads 1, {os.cpu_count()} cpus, "
-        f"repeats {args.repeats}, {args.min_seconds}s per measurement, {args.clock} clock, "
-        f"{row_kernels.KERNELS} row kernels")
+        f"repeats {args.repeats}, {args.min_seconds}s per measurement, {args.clock} clock")
     results: dict[str, float] = {}
     start = time.perf_counter()
     for name in parts:

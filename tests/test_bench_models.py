@@ -36,7 +36,7 @@ def test_trivial_replies_with_text_and_skips_padding():
 
 def test_trivial_through_a_world_gets_scored():
     from accelbatch.run import evaluate
-    from accelbatch.worlds import create_world
+    from accelbatch.build import create_world
 
     opts = Opts(task="dialogues:50", datatype="valid", model="accelbatch.models.trivial:TrivialAgent",
                 batchsize=8)
@@ -157,7 +157,10 @@ def test_conv_learns_a_small_set():
 
 
 def test_bag_trains_through_the_engine():
+    from accelbatch.build import compile_agent, setup_runtime
+
     agent = BagAgent(Opts(learning_rate=0.5))
+    compile_agent(agent, setup_runtime(agent.opts))
     obs = _vectorized(agent, _examples(10))
     replies = agent.batch_act(obs)
     assert len(replies) == len(obs) and all("text" in r for r in replies)

@@ -12,7 +12,8 @@ import pytest
 import torch
 
 from accelbatch import checkpoint as ck
-from accelbatch import data_position, rng_state, run_control
+from accelbatch import run_control
+from accelbatch import state as rng_state
 from accelbatch.agents import TorchAgent
 from accelbatch.checkpoint import CheckpointError
 from accelbatch.messages import Message
@@ -277,14 +278,6 @@ def test_rng_round_trip_reproduces_draws(tmp_path):
         rng_state.restore_rng([states, states], rank=2)
 
 
-def test_save_captures_rng_by_default(tmp_path):
-    model, _ = _model_and_optimizer()
-    ck.save_checkpoint(str(tmp_path / "m"), model=model)
-    first = _draws()
-    rng_state.restore_rng(ck.load_checkpoint(str(tmp_path / "m")))
-    assert _draws() == first
-
-
 # --- data position ------------------------------------------------------------------------------------
 LENGTHS = [3, 1, 2, 4, 1, 2, 3]  # 16 examples in 7 episodes
 
@@ -305,6 +298,13 @@ def _run(world, steps):
         world.parley()
 
 
+def _position(world):
+    """What a checkpoint keeps of a world's data position (through JSON, as on disk)."""
+    state = json.loads(json.dumps(world.state_dict()))
+    assert rng_state.unsupported(state) == []
+    return state
+
+
 @pytest.mark.parametrize("rows, tasks, kill_at", [(1, 1, 5), (3, 1, 0), (3, 1, 4), (3, 1, 7), (4, 2, 5)])
 def test_resume_continues_the_same_example_stream(rows, tasks, kill_at):
     steps = 12
@@ -313,12 +313,11 @@ def test_resume_continues_the_same_example_stream(rows, tasks, kill_at):
 
     first, first_agent = _world(rows, tasks=tasks)
     _run(first, kill_at)
-    position = json.loads(json.dumps(data_position.world_position(first)))  # what a checkpoint keeps
-    assert position["unsupported"] == []
+    position = _position(first)
     del first  # killed
 
     resumed, resumed_agent = _world(rows, tasks=tasks)
-    data_position.restore_world_position(resumed, position)
+    resumed.load_state_dict(position)
     assert resumed.get_total_exs() == position["total_exs"]
     _run(resumed, steps - kill_at)
     assert first_agent.seen + resumed_agent.seen == ref_agent.seen
@@ -330,9 +329,9 @@ def test_kill_and_resume_sees_one_clean_epoch(kill_at):
     lengths, rows = [1] * 12, 3  # 4 steps of 3 rows = one epoch
     first, first_agent = _world(rows, lengths)
     _run(first, kill_at)
-    position = data_position.world_position(first)
+    position = _position(first)
     resumed, resumed_agent = _world(rows, lengths)
-    data_position.restore_world_position(resumed, position)
+    resumed.load_state_dict(position)
     _run(resumed, 4 - kill_at)
     seen = first_agent.seen + resumed_agent.seen
     assert sorted(seen) == sorted(f"e{e}-0" for e in range(12))
@@ -341,55 +340,50 @@ def test_kill_and_resume_sees_one_clean_epoch(kill_at):
 def test_restore_into_other_data_or_rows_is_refused():
     world, _ = _world(3)
     _run(world, 2)
-    position = data_position.world_position(world)
-    with pytest.raises(CheckpointError, match="num_episodes=7, this run's has 6"):
-        data_position.restore_world_position(_world(3, LENGTHS[:-1])[0], position)
-    with pytest.raises(CheckpointError, match="seed=0, this run's has 1"):
-        data_position.restore_world_position(_world(3, seed=1)[0], position)
-    with pytest.raises(CheckpointError, match="teacher clones"):
-        data_position.restore_world_position(_world(2)[0], position)
-
-
-def _loader_multiworld(files, datatype):
-    """A MultiWorld of LoaderWorlds (one per jsonl file), as ``-t jsonl:A,jsonl:B --dynamic-batching``."""
-    from accelbatch.loader_world import LoaderWorld
-
-    opts = Opts(task=",".join(f"jsonl:{f}" for f in files), datatype=datatype, batchsize=3, seed=0,
-                dynamic_batching="batchsort")
-    agent = RecordingAgent(opts)
-    subs = [LoaderWorld(opts.replace(task=f"jsonl:{f}"), agent, 3) for f in files]
-    return MultiWorld(opts, subs, [f"t{i}" for i in range(len(files))]), agent
+    position = _position(world)
+    with pytest.raises(ValueError, match="other data"):
+        _world(3, LENGTHS[:-1])[0].load_state_dict(position)
+    with pytest.raises(ValueError, match="another order"):
+        _world(3, seed=1)[0].load_state_dict(position)
+    with pytest.raises(ValueError, match="rows per step"):
+        _world(2)[0].load_state_dict(position)
 
 
 @pytest.mark.parametrize("datatype", ["train", "train:stream"])
-def test_a_multiworld_of_loader_worlds_resumes_each_task_and_its_choice(tmp_path, datatype):
+@pytest.mark.parametrize("workers", [0, 2])
+def test_the_loader_world_of_two_tasks_resumes_each_task(tmp_path, datatype, workers):
+    from accelbatch.build import create_world
+
     files = []
     for name, count in (("a", 14), ("b", 8)):
         path = tmp_path / f"{name}.jsonl"
         path.write_text("".join(json.dumps({"text": f"{name} {i} " + "w " * (i % 5), "labels": ["x"],
                                             "episode_done": True}) + "\n" for i in range(count)))
         files.append(path)
+    opts = Opts(task=",".join(f"jsonl:{f}" for f in files), datatype=datatype, batchsize=3, seed=0,
+                dynamic_batching="batchsort", num_workers=workers, model="repeat_label")
+
+    def build():
+        agent = RecordingAgent(opts)
+        return create_world(opts, agent=agent), agent
+
     steps, kill_at = 14, 6
-    reference, ref_agent = _loader_multiworld(files, datatype)
+    reference, ref_agent = build()
     _run(reference, steps)
-    first, first_agent = _loader_multiworld(files, datatype)
+    first, first_agent = build()
     _run(first, kill_at)
-    position = json.loads(json.dumps(data_position.world_position(first)))
-    assert position["unsupported"] == [] and len(position["loaders"]) == 2
-    assert position["multi"][0]["current"] == first.current
+    position = _position(first)
+    before = first.report()[f"jsonl:{files[1]}/exs"]
     for world in (reference, first):
         world.shutdown()
-    resumed, resumed_agent = _loader_multiworld(files, datatype)
-    data_position.restore_world_position(resumed, position)
+    resumed, resumed_agent = build()
+    resumed.load_state_dict(position)
     assert resumed.get_total_exs() == position["total_exs"]
     _run(resumed, steps - kill_at)
     assert first_agent.seen + resumed_agent.seen == ref_agent.seen
     assert resumed.get_total_exs() == reference.get_total_exs()
-    one, _ = _loader_multiworld(files[:1], datatype)
-    with pytest.raises(CheckpointError, match="data-loader task worlds"):
-        data_position.restore_world_position(one, position)
-    for world in (resumed, one):
-        world.shutdown()
+    assert reference.report()[f"jsonl:{files[1]}/exs"] == before + resumed.report()[f"jsonl:{files[1]}/exs"] > 0
+    resumed.shutdown()
 
 
 def test_torch_agent_conversation_in_progress_is_restored():
@@ -402,9 +396,9 @@ def test_torch_agent_conversation_in_progress_is_restored():
     agent = Tiny(opts)
     agent.observe(turns[0])
     agent.observe(turns[1])
-    state = json.loads(json.dumps(data_position.agent_conversation(agent)))
+    state = json.loads(json.dumps(agent.state_dict()))
     other = Tiny(opts)
-    data_position.restore_agent_conversation(other, state)
+    other.load_state_dict(state)
     expected = "t0\nl0\nt1\nl1\nt2"
     assert other.observe(turns[2])["full_text"] == agent.observe(turns[2])["full_text"] == expected
 

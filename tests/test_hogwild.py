@@ -29,7 +29,7 @@ from accelbatch.models.memnn import MemNNAgent
 from accelbatch.opts import Opts
 from accelbatch.run import evaluate, run
 from accelbatch.teachers import EpisodeCursor
-from accelbatch.worlds import create_world
+from accelbatch.build import create_world
 from helpers import process_table
 
 pytestmark = pytest.mark.multiprocess

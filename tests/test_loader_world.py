@@ -1,13 +1,19 @@
+"""The batched front end (LoaderWorld) and what must not change when it takes over: examples, weights,
+metrics."""
+
+import json
+
 import pytest
+import torch
 from hypothesis import given, settings, strategies as st
 
 from accelbatch.agents import History
+from accelbatch.build import attach_runtime, create_world
 from accelbatch.data.squash import squash_episode
-from accelbatch.loader_world import LoaderWorld
 from accelbatch.messages import Message
 from accelbatch.opts import Opts
-from accelbatch.run import attach_backend, evaluate
-from accelbatch.worlds import BatchWorld, MultiWorld, create_world
+from accelbatch.run import evaluate, run
+from accelbatch.worlds import BatchWorld, LoaderWorld
 
 
 @pytest.fixture
@@ -56,7 +62,7 @@ def test_loader_world_and_batch_world_agree_on_the_same_model():
     opts = Opts(task="babi:1", datatype="valid", batchsize=16, progress=False)
     reference = create_world(opts)
     assert isinstance(reference, BatchWorld)
-    attach_backend(reference, opts)
+    attach_runtime(reference, opts)
     ref = evaluate(reference)
     model = reference.get_model_agent()
     for strategy in ("batchsort", "buckets"):
@@ -72,7 +78,7 @@ def test_loader_world_and_batch_world_agree_on_the_same_model():
 def test_training_through_the_loader_learns():
     opts = Opts(task="babi:1", dynamic_batching="batchsort", batchsize=32, progress=False)
     world = create_world(opts)
-    attach_backend(world, opts)
+    attach_runtime(world, opts)
     for _ in range(200):
         world.parley()
     world.reset_metrics()
@@ -87,7 +93,7 @@ def test_multitask_through_the_loader(qa_file):
     opts = Opts(task=f"babi:1,jsonl:{qa_file}", model="repeat_label", datatype="valid", batchsize=8,
                 dynamic_batching="batchsort", progress=False)
     world = create_world(opts)
-    assert isinstance(world, MultiWorld)
+    assert isinstance(world, LoaderWorld)
     report = evaluate(world)
     world.shutdown()
     assert report["exs"] == 1101 and report[f"jsonl:{qa_file}/exs"] == 101
@@ -109,12 +115,105 @@ def test_agent_history_matches_squashing(turns, context_length, include_labels):
 def test_bucket_training_leaves_padding_rows_out_of_the_loss():
     opts = Opts(task="babi:1", dynamic_batching="buckets", batchsize=16, progress=False)
     world = create_world(opts)
-    attach_backend(world, opts)
+    attach_runtime(world, opts)
     steps = 0
-    while world.loader.epoch < 2 and steps < 2000:  # a full epoch, with each bucket's partial tail
+    while world.loader.steps.pass_ < 2 and steps < 2000:  # a full epoch, with each bucket's partial tail
         world.parley()
         steps += 1
     report = world.report()
     world.shutdown()
     assert report["dropped_exs"] > 0  # partial bucket batches were left out, and counted
     assert world.get_total_exs() + report["dropped_exs"] >= world.num_examples()
+
+
+@pytest.fixture
+def dialogue_dir(tmp_path):
+    """A folder of train/valid files of multi-turn episodes with candidates (the bag model can learn it)."""
+    import random
+
+    rng = random.Random(0)
+    for split, episodes in (("train", 60), ("valid", 20)):
+        lines = []
+        for e in range(episodes):
+            turns = rng.randint(1, 3)
+            for t in range(turns):
+                label = f"l{rng.randint(0, 4)}"
+                words = " ".join(f"w{rng.randint(0, 30)}" for _ in range(rng.randint(1, 12)))
+                lines.append(json.dumps({"text": f"{words} {label}x", "labels": [label],
+                                         "label_candidates": [f"l{i}" for i in range(5)],
+                                         "episode_done": t == turns - 1}))
+        (tmp_path / f"{split}.jsonl").write_text("\n".join(lines) + "\n")
+    return tmp_path
+
+
+@pytest.mark.multiprocess
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("model", ["bag", "memnn"])
+def test_performance_options_never_change_weights_or_metrics(dialogue_dir, model):
+    """Same seed, same weights (torch.equal) and the same train and valid metrics: the world of clones,
+    2 data workers, the async accessor with and without workers, and the file streamed from disk."""
+    base = Opts(task=f"jsonl:{dialogue_dir}", model=model, batchsize=4, max_train_steps=25, progress=False,
+                eval_splits="valid", validation_every_n_epochs=-1, log_every_n_secs=1e9, learning_rate=0.05,
+                embedding_size=8, seed=7)
+    variants = {"clones": {}, "workers": dict(num_workers=2), "async": dict(dataloader_mode="async"),
+                "async+workers": dict(dataloader_mode="async", num_workers=2), "stream": dict(datatype="train:stream"),
+                "stream+workers": dict(datatype="train:stream", num_workers=2)}
+    results = {}
+    for name, changes in variants.items():
+        opts = base.replace(**changes)
+        world = create_world(opts)
+        assert isinstance(world, LoaderWorld if "workers" in name or "async" in name else BatchWorld)
+        report = run(world, opts)
+        weights = [p.detach().clone() for p in world.get_model_agent().model.parameters()]
+        results[name] = (weights, {k: v for k, v in report["train"].items() if k in ("exs", "accuracy", "loss")},
+                         {k: v for k, v in report["valid"].items() if k in ("exs", "accuracy", "f1", "loss")})
+    reference = results["clones"]
+    for name, (weights, train, valid) in results.items():
+        assert all(torch.equal(a, b) for a, b in zip(weights, reference[0])), name
+        assert train == reference[1] and valid == reference[2], name
+
+
+class _Staging:
+    """An engine that copies batches to a device (here: records what it was asked to stage)."""
+
+    def __init__(self, engine):
+        self.engine, self.staged, self.stepped = engine, [], []
+
+    stages = True
+
+    def stage(self, batch):
+        self.staged.append(id(batch))
+
+    def train_step(self, batch):
+        self.stepped.append(id(batch))
+        return self.engine.train_step(batch)
+
+    def __getattr__(self, name):
+        return getattr(self.engine, name)
+
+
+def test_a_staging_engine_gets_each_batch_one_step_ahead_and_resumes_exactly(dialogue_dir):
+    """Cross-call prefetch: the world hands the engine batch k+1 to stage before stepping batch k; the same
+    weights as without it, and a checkpoint taken meanwhile resumes with the held batch, not after it."""
+    opts = Opts(task=f"jsonl:{dialogue_dir}", model="bag", batchsize=4, num_workers=1, progress=False, seed=3,
+                learning_rate=0.05, embedding_size=8)
+    plain = create_world(opts)
+    for _ in range(12):
+        plain.parley()
+    staged = create_world(opts)
+    agent = staged.get_model_agent()
+    spy = _Staging(agent.engine)
+    agent.slot.engine = spy
+    for _ in range(5):
+        staged.parley()
+    position = json.loads(json.dumps(staged.state_dict()))
+    assert spy.staged[:-1] == spy.stepped[1:]  # what was staged at step k is what step k+1 trains
+    resumed = create_world(opts)
+    resumed.load_state_dict(position)
+    resumed.get_model_agent().model.load_state_dict(agent.model.state_dict())
+    for _ in range(7):
+        resumed.parley()
+    for world in (plain, staged, resumed):
+        world.shutdown()
+    assert all(torch.equal(a, b) for a, b in zip(plain.get_model_agent().model.parameters(),
+                                                 resumed.get_model_agent().model.parameters()))

@@ -7,7 +7,7 @@ from torch import nn
 from accelbatch.agents import TorchAgent
 from accelbatch.backends.base import NonFiniteLoss
 from accelbatch.opts import Opts
-from accelbatch.run import attach_backend
+from accelbatch.build import attach_runtime
 from accelbatch.worlds import BatchWorld, DialogPartnerWorld
 
 from helpers import list_teacher
@@ -50,7 +50,7 @@ def _world(opts):
 def test_a_nan_loss_stops_the_run_naming_the_option():
     opts = Opts(datatype="train:ordered", batchsize=2, optimizer="sgd", learning_rate=0.1)
     world = _world(opts)
-    attach_backend(world, opts)
+    attach_runtime(world, opts)
     with pytest.raises(NonFiniteLoss, match="--skip-nan"):
         world.parley()
     assert world.get_model_agent().model.w.item() == 0.0  # the poisoned update was not applied
@@ -59,7 +59,7 @@ def test_a_nan_loss_stops_the_run_naming_the_option():
 def test_skip_nan_skips_only_the_poisoned_updates():
     opts = Opts(datatype="train:ordered", batchsize=2, optimizer="sgd", learning_rate=0.1, skip_nan=True)
     world = _world(opts)
-    attach_backend(world, opts)
+    attach_runtime(world, opts)
     world.parley()  # rows e0, e1: poisoned -> skipped
     agent = world.get_model_agent()
     assert agent.model.w.item() == 0.0

@@ -1,8 +1,8 @@
 """Resume through the data loader (LoaderWorld): SIGKILL a run at a random moment, --resume, same weights.
 
-The loader's position is the batches the world has *consumed* (not those prefetched by the data workers or
-the async accessor); a resume rebuilds that epoch's batch plan from (seed, epoch) and skips the consumed
-batches. Checked for the sync, async and async-rebatched modes with dynamic batching, and that no process
+The loader's position is the steps the world has *consumed* (not those prefetched by the data workers or
+the async accessor); a resume lays the schedule out again from that step (the plan is a function of the seed
+and the pass). Checked for the sync, async and async-rebatched modes with dynamic batching, and that no process
 of a killed or finished run (accessor, data workers, forkserver) is left behind.
 """
 
@@ -19,6 +19,7 @@ import torch
 from accelbatch.checkpoint import load_checkpoint
 from accelbatch.data import make_loader
 from accelbatch.messages import Message
+from accelbatch.state import unsupported
 from helpers import wait_for_first_checkpoint, write_qa_episodes
 
 ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
@@ -104,8 +105,7 @@ def test_killed_loader_run_resumes_to_the_same_weights(tmp_path, setting):
     assert ckpt.state["train"]["steps"] > 0
     assert len(ckpt.data) == (2 if "-rf" in MODES[setting] else 1)  # one position per replica
     for position in ckpt.data:
-        assert position["world"] == "LoaderWorld" and position["unsupported"] == []
-        assert set(position["loader"]) == {"epoch", "batches", "plan_sha256"}
+        assert unsupported(position) == [] and set(position["loader"]) == {"pass", "steps", "digest"}
 
     resumed = _run(_command(tmp_path, model, setting, "--resume"), tag)
     assert "not restored" not in resumed.stderr
@@ -126,14 +126,14 @@ def test_a_mismatched_loader_position_is_refused(tmp_path):
     _run([sys.executable, "-m", "accelbatch", "train", "-t", f"jsonl:{tmp_path}/data", *base], tag)
     state = next((tmp_path / "m" / "model.pt.ckpt").glob("gen-*")) / "state.json"
     ckpt = load_checkpoint(str(model))
-    assert ckpt.data[0]["loader"]["batches"] == 4 and ckpt.data[0]["total_exs"] == 12
+    assert ckpt.data[0]["loader"]["steps"] == 4 and ckpt.data[0]["total_exs"] == 12
     # the loader itself refuses a position of another plan
     msgs = [Message({"text": f"q {i}", "labels": ["a"], "episode_done": True}) for i in range(20)]
     with make_loader(msgs, batch_size=3, dynamic_batching="batchsort") as loader:
-        with pytest.raises(ValueError, match="plan differs"):
-            loader.restore(ckpt.data[0]["loader"])
-        with pytest.raises(ValueError, match="does not exist"):
-            loader.restore({"epoch": 0, "batches": 99, "plan_sha256": "x"})
+        with pytest.raises(ValueError, match="differ from this run"):
+            loader.load_state_dict(ckpt.data[0]["loader"])
+        with pytest.raises(ValueError, match="differ from this run"):
+            loader.load_state_dict({"pass": 0, "steps": 99, "digest": "x"})
     assert state.exists()
 
 
@@ -142,7 +142,7 @@ def test_loader_position_counts_consumed_batches_not_prefetched_ones():
     kw = dict(batch_size=4, dynamic_batching="batchsort", seed=5, mode="async", buffer_size=4)
     with make_loader(msgs, **kw) as loader:
         epochs = [[tuple(b.ids) for b in loader] for _ in range(2)]
-        assert loader.position()["epoch"] == 2
+        assert loader.state_dict()["pass"] == 2
     flat = epochs[0] + epochs[1]
     for cut in (0, 1, len(epochs[0]) - 1, len(epochs[0]), len(epochs[0]) + 2):
         with make_loader(msgs, **kw) as loader:
@@ -155,11 +155,11 @@ def test_loader_position_counts_consumed_batches_not_prefetched_ones():
                         break
             if cut == len(epochs[0]):  # a whole epoch consumed: position is the next epoch's start
                 time.sleep(0.2)
-            position = loader.position()
+            position = loader.state_dict()
             # 4 batches are buffered ahead by the accessor: the position ignores them
-            assert position["epoch"] * len(epochs[0]) + position["batches"] == cut
+            assert position["pass"] * len(epochs[0]) + position["steps"] == cut
         with make_loader(msgs, **kw) as loader:
-            loader.restore(position)
+            loader.load_state_dict(position)
             while len(got) < len(flat):
                 got += [tuple(b.ids) for b in loader]
         assert got == flat
@@ -173,7 +173,7 @@ def test_a_stream_checkpoint_holds_its_position_and_resumes_without_warning(tmp_
             "train:stream", "-bs", "3", "--eval-splits", "", "-veps", "-1", "--no-progress", "-mf", str(model)]
     _run([*base, "-tstep", "3", "--save-every-n-secs", "1000"], tag)
     (position,) = load_checkpoint(str(model)).data
-    assert position["unsupported"] == [] and position["loader"]["batches"] == [3]
+    assert unsupported(position) == [] and position["world"]["teacher"]["row_steps"] == [3, 3, 3]
     resumed = _run([*base, "-tstep", "6", "--save-every-n-secs", "1000", "--resume"], tag)
     assert "not restored" not in resumed.stderr
     assert load_checkpoint(str(model)).state["train"]["steps"] == 6
@@ -191,12 +191,12 @@ def test_stopping_at_an_epoch_boundary_and_mid_epoch_resumes_exactly(tmp_path):
     mid = tmp_path / "mid" / "model.pt"
     _run(_command(tmp_path, mid, "async", "-tstep", "40", "--save-every-n-secs", "1000"), tag)
     position = load_checkpoint(str(mid)).data[0]["loader"]
-    assert position["epoch"] == 1 and 0 < position["batches"] < 40
-    per_epoch = 40 - position["batches"]
+    assert position["pass"] == 1 and 0 < position["steps"] < 40
+    per_epoch = 40 - position["steps"]
     edge = tmp_path / "edge" / "model.pt"
     _run(_command(tmp_path, edge, "async", "-tstep", str(per_epoch), "--save-every-n-secs", "1000"), tag)
-    assert load_checkpoint(str(edge)).data[0]["loader"]["epoch"] == 1
-    assert load_checkpoint(str(edge)).data[0]["loader"]["batches"] == 0
+    assert load_checkpoint(str(edge)).data[0]["loader"]["pass"] == 1
+    assert load_checkpoint(str(edge)).data[0]["loader"]["steps"] == 0
     ref = _weights(tmp_path / "ref" / "model.pt")
     for model in (mid, edge):
         _run(_command(tmp_path, model, "async", "--resume", *end), tag)

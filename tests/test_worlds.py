@@ -5,7 +5,8 @@ from accelbatch.messages import Message
 from accelbatch.models.memnn import MemNNAgent
 from accelbatch.opts import Opts
 from accelbatch.run import evaluate
-from accelbatch.worlds import BatchWorld, DialogPartnerWorld, MultiWorld, create_world
+from accelbatch.build import create_world
+from accelbatch.worlds import BatchWorld, DialogPartnerWorld, MultiWorld
 
 from helpers import RecordingAgent, list_teacher
 
@@ -130,7 +131,7 @@ def test_multiworld_evaluates_each_task_exactly_once(write_jsonl):
     path = write_jsonl([{"text": f"q{i}", "labels": [f"a{i}"]} for i in range(13)])
     opts = Opts(task=f"babi:1,jsonl:{path}", model="repeat_label", datatype="valid", batchsize=4)
     world = create_world(opts)
-    assert isinstance(world, BatchWorld) and isinstance(world.world, MultiWorld)
+    assert isinstance(world, BatchWorld)
     report = evaluate(world)
     assert report["exs"] == 1000 + 13
     assert report["babi:1/exs"] == 1000 and report[f"jsonl:{path}/exs"] == 13

@@ -305,3 +305,33 @@ def test_state_dict_round_trip():
     eng2 = engine_for(other, 0.1, micro_batch=4)
     eng2.load_state_dict(state)
     assert_same_weights(other, model, atol=0)
+
+
+# --- mixed precision -------------------------------------------------------------------------------------
+def test_bf16_runs_the_forward_under_cpu_autocast_and_returns_fp32():
+    import math
+    import types
+
+    seen = []
+
+    class Probe(Regressor):
+        def forward(self, batch):
+            seen.append(torch.is_autocast_enabled("cpu") and torch.get_autocast_dtype("cpu"))
+            return super().forward(batch)
+
+    torch.manual_seed(0)
+    model = Probe()
+    before = copy.deepcopy(model.state_dict())
+    backend = CPUBackend()
+    backend.setup(types.SimpleNamespace(replication_factor=1, mixed_precision="bf16"))
+    eng = backend.compile(model, torch.optim.SGD(model.parameters(), lr=0.1), ExecutionPlan(micro_batch=4))
+    res = eng.train_step(make_data(4))
+    assert seen == [torch.bfloat16]
+    assert res.outputs["scores"].dtype == torch.float32 and math.isfinite(res.loss)
+    assert not torch.is_autocast_enabled("cpu")                   # only inside the forward
+    assert any(not torch.equal(before[k], v) for k, v in model.state_dict().items())
+    assert model.lin.weight.dtype == torch.float32                # weights stay fp32
+    assert eng.eval_step(make_data(3)).outputs["scores"].dtype == torch.float32 and seen[-1] == torch.bfloat16
+    seen.clear()
+    engine_for(model, 0.1).train_step(make_data(1))               # no mixed precision: no autocast
+    assert seen == [False]

@@ -1,10 +1,12 @@
 """CUDA backend: CPU-checkable conformance (accelerate with cpu=True) and GPU tests that skip without one.
 
 On the CPU: the CUDA engine runs the plan exactly as the CPU plan engine does (weights within 1e-6, same
-outputs, rows and loss), accelerate wiring, DDP replication over gloo (two processes), the order in which
-copies and steps are issued, one host read per call, the unavailable message and hogwild's rule.
-On a GPU (``python bench/cuda_check.py`` runs them): cuda vs cpu weights, prefetch hiding copies, one host
-sync per call with D=8, throughput against a naive loop.
+outputs, rows and loss), accelerate wiring (one state per process: other settings are refused, mixed
+precision passed only when asked for), DDP replication over gloo (two processes), one host read per call
+and the unavailable message. The order of copies and steps: test_prefetch.py; the NaN policy: test_engine.py.
+On a GPU each check of ``bench/cuda_check.py`` runs in a fresh process (this one holds a cpu=True
+accelerate state): cuda vs cpu weights, staged prefetch hiding copies, one host sync per call with D=8,
+throughput against a plain loop, where weights and outputs live.
 """
 
 from __future__ import annotations
@@ -12,25 +14,25 @@ from __future__ import annotations
 import copy
 import functools
 import importlib.util
+import json
 import pathlib
+import subprocess
 import sys
 
 import pytest
 import torch
 from torch import nn
 
-from accelbatch.backends.base import BackendUnavailable, get_backend
+from accelbatch.backends.base import BackendUnavailable, Topology, get_backend
 from accelbatch.backends.cpu import PlanEngine
 from accelbatch.backends.cuda import (
     CUDABackend,
     CUDAEngine,
-    HogwildError,
     cuda_unavailable_reason,
-    hogwild_start_method,
     make_accelerator,
     spawn_cuda_replicas,
 )
-from accelbatch.backends.prefetch import PassthroughCopier, count_host_syncs
+from accelbatch.backends.prefetch import count_host_syncs
 from accelbatch.opts import Opts
 from accelbatch.plan import ExecutionPlan, PlanError
 
@@ -43,16 +45,13 @@ no_gpu_only = pytest.mark.skipif(torch.cuda.is_available(), reason="checks the b
 class Tiny(nn.Module):
     """Mean squared loss over the rows, a per-row output and a 0-dim one."""
 
-    def __init__(self, seed: int = 0, log: list | None = None):
+    def __init__(self, seed: int = 0):
         super().__init__()
         torch.manual_seed(seed)
         self.l1 = nn.Linear(6, 5)
         self.l2 = nn.Linear(5, 2)
-        self.log = log
 
     def forward(self, batch):
-        if self.log is not None:
-            self.log.append(("forward", int(batch["i"][0])))
         h = torch.tanh(self.l1(batch["x"]))
         pred = self.l2(h)
         loss = ((pred - batch["y"]) ** 2).mean()
@@ -62,9 +61,8 @@ class Tiny(nn.Module):
 def batches(n: int, rows: int, seed: int = 1) -> list[dict[str, torch.Tensor]]:
     g = torch.Generator().manual_seed(seed)
     out = []
-    for k in range(n):
-        out.append({"x": torch.randn(rows, 6, generator=g), "y": torch.randn(rows, 2, generator=g),
-                    "i": torch.arange(rows) + 1000 * k})
+    for _ in range(n):
+        out.append({"x": torch.randn(rows, 6, generator=g), "y": torch.randn(rows, 2, generator=g)})
     return out
 
 
@@ -153,7 +151,7 @@ def test_a_bad_batch_gets_the_plan_error():
 def test_accelerate_places_the_model_and_keeps_the_users_module():
     model = Tiny()
     backend = CUDABackend(cpu=True)
-    backend.setup(Opts(device="cuda", mixed_precision="no"))
+    assert backend.setup(Opts(device="cuda", mixed_precision="no")) == Topology() == backend.topology
     engine = backend.compile(model, torch.optim.SGD(model.parameters(), lr=0.1), ExecutionPlan(micro_batch=2))
     assert engine.accelerator.device.type == "cpu" and engine.accelerator.num_processes == 1
     assert engine.model is model and engine.module is model       # no DDP wrapper in one process
@@ -163,14 +161,21 @@ def test_accelerate_places_the_model_and_keeps_the_users_module():
     assert set(state) == {"model", "optimizer"}
     engine.load_state_dict(state)
     assert backend.rank == 0 and backend.world_size == 1 and backend.is_main_process()
-    data = batches(2, 2)
-    assert backend.make_loader(data, engine.plan) is data        # nothing to pin or copy on the CPU
     assert backend.reduce_metrics({"exs": 3}) == {"exs": 3}
+    assert backend.decide(True, False) == (True, False) and backend.all_gather_object(5) == [5]
     backend.teardown()
     backend.teardown()
 
 
-def test_bf16_autocast_comes_from_accelerate():
+def run_isolated(name: str) -> None:
+    """Run this module's function ``name`` in a fresh process: accelerate keeps one state per process, and
+    this one holds a cpu=True state without mixed precision."""
+    proc = subprocess.run([sys.executable, __file__, "--isolated", name], cwd=ROOT, text=True,
+                          capture_output=True, timeout=240, check=False)
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
+
+
+def bf16_autocast_comes_from_accelerate() -> None:
     seen = []
 
     class Probe(Tiny):
@@ -188,10 +193,36 @@ def test_bf16_autocast_comes_from_accelerate():
     assert result.outputs["pred"].dtype == torch.float32           # accelerate hands fp32 outputs back
     assert torch.isfinite(torch.tensor(result.loss))
     assert any(not torch.equal(before[k], v) for k, v in model.state_dict().items())
-    # the next backend asks for no mixed precision: accelerate's per-process state is reset for it
+    # accelerate's state is this process's: a backend that asks for no mixed precision gets accelerate's
     plain = CUDABackend(cpu=True)
     plain.setup(Opts(device="cuda"))
-    assert plain.accelerator.mixed_precision == "no"
+    assert plain.accelerator.mixed_precision == "bf16"
+
+
+@pytest.mark.timeout(240)
+def test_bf16_autocast_comes_from_accelerate():
+    run_isolated("bf16_autocast_comes_from_accelerate")
+
+
+def test_a_second_accelerator_with_other_settings_is_refused(monkeypatch):
+    make_accelerator(cpu=True)                    # this process's state: the CPU, no mixed precision
+    with pytest.raises(PlanError, match="keeps one state per process.*new process"):
+        make_accelerator(cpu=True, mixed_precision="bf16")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    with pytest.raises(PlanError, match="accelerate already runs this process on cpu"):
+        make_accelerator(cpu=False)                             # accelerate alone would hand back the CPU one
+
+
+def test_mixed_precision_is_passed_to_accelerate_only_when_asked(monkeypatch):
+    import accelerate
+    import accelerate.state
+
+    made = []
+    monkeypatch.setattr(accelerate.state, "is_initialized", lambda: False)
+    monkeypatch.setattr(accelerate, "Accelerator", lambda **kwargs: made.append(kwargs))
+    make_accelerator(cpu=True)
+    make_accelerator(cpu=True, mixed_precision="bf16")
+    assert made == [{"cpu": True}, {"cpu": True, "mixed_precision": "bf16"}]
 
 
 def test_fp16_on_the_cpu_is_refused():
@@ -199,47 +230,7 @@ def test_fp16_on_the_cpu_is_refused():
         make_accelerator(cpu=True, mixed_precision="fp16")
 
 
-# --- feeding order and host reads -----------------------------------------------------------------------
-
-class LoggingCopier(PassthroughCopier):
-    def __init__(self, log):
-        super().__init__("cpu")
-        self.log = log
-
-    def start(self, batch):
-        self.log.append(("copy", int(batch["i"][0])))
-        return super().start(batch)
-
-
-def test_rows_of_update_d_plus_1_are_copied_before_update_d_runs():
-    log: list = []
-    plan = ExecutionPlan(micro_batch=2, device_iterations=3)
-    model = Tiny(log=log)
-    engine = CUDAEngine(model, torch.optim.SGD(model.parameters(), lr=0.1), plan, make_accelerator(cpu=True),
-                        copier=LoggingCopier(log))
-    engine._on_device = lambda batch: False   # pretend the host rows are not on the device yet
-    engine.train_step(batches(1, plan.combined_batch)[0])
-    assert log == [("copy", 0), ("copy", 2), ("forward", 0), ("copy", 4), ("forward", 2), ("forward", 4)]
-
-
-def test_run_copies_batch_k_plus_1_while_batch_k_computes():
-    log: list = []
-    plan = ExecutionPlan(micro_batch=2)
-    model = Tiny(log=log)
-    engine = CUDAEngine(model, torch.optim.SGD(model.parameters(), lr=0.1), plan, make_accelerator(cpu=True),
-                        copier=LoggingCopier(log))
-    fetch = engine._fetch
-
-    def logged_fetch(queued):
-        log.append(("wait",))
-        return fetch(queued)
-
-    engine._fetch = logged_fetch
-    results = list(engine.run(batches(3, 2)))
-    assert len(results) == 3 and all(r.updates == 1 for r in results)
-    assert log == [("copy", 0), ("forward", 0), ("copy", 1000), ("wait",),
-                   ("forward", 1000), ("copy", 2000), ("wait",), ("forward", 2000), ("wait",)]
-
+# --- host reads (the order of copies and steps: test_prefetch.py) --------------------------------------
 
 def test_one_host_read_per_call_with_eight_device_iterations():
     plan = ExecutionPlan(micro_batch=4, device_iterations=8, output_mode="all")
@@ -249,8 +240,9 @@ def test_one_host_read_per_call_with_eight_device_iterations():
     engine.train_step(batch)
     with count_host_syncs(include_cpu_reads=True) as syncs:
         result = engine.train_step(batch)
-    assert syncs.by_kind == {"Tensor.item": 1}, syncs.by_kind
-    assert result.extras["host_syncs"] == 1 and engine.host_syncs == 2 and result.updates == 8
+    assert syncs.by_kind == {"Tensor.tolist": 1}, syncs.by_kind   # loss and NaN flags of all 8 updates
+    # the warm-up call read its first update's flag on the host too (the optimizer had no state yet)
+    assert result.extras["host_syncs"] == 1 and engine.host_syncs == 2 + 1 and result.updates == 8
     with count_host_syncs(include_cpu_reads=True) as syncs:
         engine.eval_step(batch)
     assert syncs.total == 1
@@ -289,7 +281,7 @@ def test_two_replicas_with_ddp_equal_one_process():
     ref_results = [ref.train_step(b) for b in calls]
     results = spawn_cuda_replicas(_replica, 2, plan, init, calls, timeout_s=100, cpu=True)
     for rank, both in enumerate(results):
-        for name, res in both.items():
+        for res in both.values():
             assert res["wrapper"] == "DistributedDataParallel"
             assert res["losses"] == pytest.approx([r.loss for r in ref_results], rel=1e-5)
             for k, v in ref_model.state_dict().items():
@@ -346,7 +338,7 @@ def test_device_cuda_lists_the_usable_devices(capsys):
 def test_the_run_loop_drives_the_cuda_backend(monkeypatch):
     """`run` with --device cuda, its backend forced onto the CPU: the world trains through CUDAEngine."""
     from accelbatch.run import run
-    from accelbatch.worlds import create_world
+    from accelbatch.build import create_world
 
     monkeypatch.setattr(CUDABackend, "is_available", classmethod(lambda cls: (True, "")))
     monkeypatch.setattr(CUDABackend, "__init__", functools.partialmethod(CUDABackend.__init__, cpu=True))
@@ -359,22 +351,10 @@ def test_the_run_loop_drives_the_cuda_backend(monkeypatch):
     assert report["device"] == "cuda"
     assert isinstance(agent.engine, CUDAEngine) and agent.engine.plan.combined_batch == 16
     assert report["train"]["steps"] == 6 and report["train"]["exs"] == 6 * 16
-    assert agent.engine.host_syncs == 6
+    # one host wait per call, and one more: the first update reads its NaN flag on the host while the
+    # optimizer has no state yet (state created by a step cannot be put back)
+    assert agent.engine.host_syncs == 6 + 1
     assert any(not torch.equal(before[k], v) for k, v in agent.model.state_dict().items())
-
-
-# --- hogwild ------------------------------------------------------------------------------------------------
-
-def test_hogwild_on_cuda_uses_spawn_or_refuses(monkeypatch):
-    assert hogwild_start_method(Opts(device="cpu", numthreads=4)) is None
-    assert hogwild_start_method(Opts(device="cuda", numthreads=1)) is None
-    monkeypatch.setattr(sys, "platform", "linux")
-    assert hogwild_start_method(Opts(device="cuda", numthreads=2)) == "spawn"
-    with pytest.raises(HogwildError, match="--replication-factor 2"):
-        hogwild_start_method(Opts(device="cuda", numthreads=2, replication_factor=2))
-    monkeypatch.setattr(sys, "platform", "win32")
-    with pytest.raises(HogwildError, match="CUDA IPC"):
-        hogwild_start_method(Opts(device="cuda", numthreads=2))
 
 
 # --- on a GPU -----------------------------------------------------------------------------------------------
@@ -399,49 +379,39 @@ def test_the_gpu_measurements_run_on_the_cpu():
     assert t.engine_exs > 0 and t.naive_exs > 0
 
 
-@pytest.mark.cuda
-@needs_gpu
-@pytest.mark.parametrize("d, g", [(1, 1), (4, 2)])
-def test_gpu_weights_equal_cpu_weights(d, g):
-    assert bench().weights_vs_cpu(d, g) <= 1e-5
+@pytest.mark.multiprocess
+@pytest.mark.timeout(300)
+def test_cuda_check_runs_each_check_in_a_fresh_process(tmp_path):
+    """bench/cuda_check.py on the CPU: a bf16 check and a fp32 one in separate processes, one JSON."""
+    out = tmp_path / "check.json"
+    proc = subprocess.run([sys.executable, "bench/cuda_check.py", "--no-tests", "--device", "cpu", "--only",
+                           "weights_bf16_D4_G2,host_syncs_D8", "--json", str(out)], cwd=ROOT, text=True,
+                          capture_output=True, timeout=280, check=False)
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
+    figures = json.loads(out.read_text())["figures"]
+    assert 0 < figures["weights_bf16_D4_G2"]["max_abs_diff"] <= 5e-2   # bf16 differs, a little
+    assert figures["host_syncs_D8"]["counted"] == 1 and not figures["host_syncs_D8"]["failure"]
+
+
+def gpu_check(name: str) -> dict:
+    """One check of bench/cuda_check.py in a fresh process (this one holds a cpu=True accelerate state)."""
+    sys.path.insert(0, str(ROOT / "bench"))
+    import cuda_check
+
+    figures = cuda_check.run_isolated(name, "cuda")
+    print(name, figures)
+    assert not figures.get("failure"), figures["failure"]
+    return figures
 
 
 @pytest.mark.cuda
 @needs_gpu
-def test_gpu_engine_returns_host_outputs_and_keeps_weights_on_the_gpu():
-    model = Tiny()
-    engine = CUDABackend().compile(model, torch.optim.SGD(model.parameters(), lr=0.1),
-                                   ExecutionPlan(micro_batch=4, device_iterations=2, output_mode="all"))
-    result = engine.train_step(batches(1, 8)[0])
-    assert next(model.parameters()).is_cuda
-    assert result.outputs["pred"].device.type == "cpu" and result.outputs["pred"].shape == (8, 2)
-
-
-@pytest.mark.cuda
-@needs_gpu
-def test_gpu_prefetch_hides_copies():
-    t = bench().measure_prefetch()
-    print(f"prefetch/compute {t.prefetch_ratio:.3f}x, blocking/compute {t.blocking_ratio:.3f}x")
-    assert t.blocking_ratio > 1.05, "the batch is not copy-heavy enough to show anything"
-    assert t.prefetch_ratio <= 1.1
-
-
-@pytest.mark.cuda
-@needs_gpu
-def test_gpu_one_host_sync_per_call_with_d8():
-    s = bench().syncs_per_call(d=8)
-    assert s.counted == 1, s.by_kind
-    # torch's sync-debug mode sees the syncs the counter cannot (inside kernels' launch code); the call's
-    # own wait may or may not be among those it flags, so at most that one
-    assert s.debug_mode <= 1
-
-
-@pytest.mark.cuda
-@needs_gpu
-def test_gpu_throughput_beats_a_naive_loop():
-    t = bench().measure_throughput()
-    print(f"engine {t.engine_exs:.0f} ex/s, naive {t.naive_exs:.0f} ex/s, {t.ratio:.2f}x")
-    assert t.ratio >= 1.0
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("name", ["weights_D1_G1", "weights_D4_G2", "weights_bf16_D4_G2",
+                                  "weights_fp16_D4_G2", "placement", "staged_prefetch", "host_syncs_D8",
+                                  "throughput"])
+def test_gpu_check(name):
+    gpu_check(name)
 
 
 def _gpu_replica(rank: int, plan: ExecutionPlan, state: dict, calls: list) -> dict:
@@ -474,4 +444,7 @@ def test_gpu_ddp_two_replicas_equal_one_process():
 
 
 if __name__ == "__main__":
+    if sys.argv[1:2] == ["--isolated"]:
+        globals()[sys.argv[2]]()
+        sys.exit(0)
     sys.exit(pytest.main([__file__, "-q", *sys.argv[1:]]))

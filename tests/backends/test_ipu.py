@@ -22,7 +22,7 @@ from accelbatch.backends.ipu import EMULATOR_ENV, IPUBackend
 from accelbatch.backends.ipu_engine import IPUEngine, plan_options
 from accelbatch.opts import Opts
 from accelbatch.plan import ExecutionPlan, PlanError
-from accelbatch.run import attach_backend
+from accelbatch.build import attach_runtime
 
 # --- helpers --------------------------------------------------------------------------------------------
 
@@ -206,7 +206,7 @@ PLANS = [(1, 1, 1, "mean"), (4, 1, 1, "mean"), (1, 2, 1, "mean"), (2, 2, 2, "mea
 @pytest.mark.parametrize("d, r, g, reduction", PLANS)
 def test_bundled_task_trains_to_the_same_weights_on_cpu_and_emulated_ipu(monkeypatch, d, r, g, reduction):
     """memnn on babi:1 through accelbatch.run, SGD, the same plan: weights within 1e-5."""
-    monkeypatch.setenv(EMULATOR_ENV, "1")  # run.attach_backend may not pass the options to get_backend
+    monkeypatch.setenv(EMULATOR_ENV, "1")  # the emulator, whatever the options
     weights, reports = {}, {}
     for device in ("cpu", "ipu"):
         opts = Opts(task="babi:1", model="memnn", optimizer="sgd", batchsize=2, reduction=reduction,
@@ -483,7 +483,7 @@ def _world_graphs(monkeypatch, strategy: str, buckets: int, steps: int):
                 dynamic_batching=strategy, num_buckets=buckets, device="ipu", ipu_emulator=True,
                 progress=False, seed=0)
     world = ab.create_world(opts)
-    backend = attach_backend(world, opts)
+    backend = attach_runtime(world, opts).backend
     try:
         for _ in range(steps):
             world.parley()
@@ -553,3 +553,15 @@ def test_make_loader_async_rebatched_mode():
     finally:
         loader.terminate()
     assert got == [[0, 1, 2, 3], [4, 5, 6, 7]]
+
+
+def test_a_non_finite_training_loss_stops_the_run_naming_the_ipu():
+    """An IPU applies a call's updates before the host reads its loss: the engine stops the run there."""
+    from accelbatch.backends.base import NonFiniteLoss
+
+    engine = ipu_engine(fresh(), ExecutionPlan(micro_batch=4))
+    batch = data(4)
+    batch["x"][0, 0] = float("nan")
+    with pytest.raises(NonFiniteLoss, match="on ipu.*--learning-rate"):
+        engine.train_step(batch)
+    engine.close()

@@ -1,30 +1,23 @@
-"""The prefetcher's logic on the CPU: lookahead, laziness, ordering, stream rules (through a fake device).
+"""Copies to a device on the CPU: the stream rules of StreamCopier and of the engine's staging (through a
+fake device), and the host-sync counter.
 
 The fake device models what matters on CUDA: a copy issued on a side stream writes its destination only when
-a consumer stream waits on the event recorded after it. A prefetcher that handed out a batch before ordering
-the consumer after its copy would hand out the sentinel-filled destination, and these tests would see it.
+a consumer stream waits on the event recorded after it. An engine that computed on a batch before ordering
+the consumer after its copy would compute on the sentinel-filled destination, and these tests would see it.
 """
 
 from __future__ import annotations
 
 import contextlib
-import threading
-import time
 
 import pytest
 import torch
 
-from accelbatch.backends.prefetch import (
-    DeviceLoader,
-    PassthroughCopier,
-    Prefetcher,
-    StreamCopier,
-    copier_for,
-    count_host_syncs,
-    map_tensors,
-    pin_batch,
-    pinned_in_background,
-)
+from accelbatch.backends.cpu import PlanEngine
+from accelbatch.backends.cuda import CUDAEngine, make_accelerator
+from accelbatch.backends.prefetch import (PassthroughCopier, StreamCopier, copier_for, count_host_syncs,
+                                          map_tensors)
+from accelbatch.plan import ExecutionPlan
 
 SENTINEL = -12345.0
 
@@ -131,18 +124,20 @@ def _batches(n: int, rows: int = 3):
 
 def test_stream_copier_yields_only_copied_data_and_follows_the_stream_rules():
     api = FakeStreams()
-    pf = Prefetcher(_batches(5), StreamCopier(api), depth=1)
+    copier = StreamCopier(api)
     got = []
-    for batch in pf:
+    for batch in (copier.finish(copier.start(b)) for b in _batches(5)):
         # what a kernel on the consumer stream would read: never the sentinel
         assert not (batch["x"] == SENTINEL).any()
         got.append((batch["x"][0, 0].item(), batch["y"].tolist(), batch["tag"]))
         for t in (batch["x"], batch["y"]):
             assert api.used_by[id(t)] == [api.main], "record_stream on the consumer stream"
     assert got == [(float(i), [10 * i, 10 * i + 1, 10 * i + 2], f"b{i}") for i in range(5)]
-    # every copy was issued inside the side-stream context, followed by an event record on it
+    # every copy was issued inside the side-stream context, from pinned memory, followed by an event record
     copies = [e for e in api.log if e[0] == "copy"]
     assert len(copies) == 10 and all(name.startswith("side") for _, name in copies)
+    assert api.log[:5] == [("enter", "side1"), ("pin",), ("copy", "side1"), ("pin",), ("copy", "side1")]
+    assert api.log[5:8] == [("exit", "side1"), ("record_event", 1, "side1"), ("wait_event", "main", 1)]
     waits = [e for e in api.log if e[0] == "wait_event"]
     assert [w[1] for w in waits] == ["main"] * 5
     assert [w[2] for w in waits] == [1, 2, 3, 4, 5]
@@ -155,76 +150,6 @@ def test_without_the_wait_the_fake_device_shows_garbage():
     pending = copier.start({"x": torch.ones(2)})
     assert (pending.batch["x"] == SENTINEL).all()
     assert (copier.finish(pending)["x"] == 1).all()
-
-
-def test_copy_of_next_batch_is_issued_before_the_current_one_is_returned():
-    order: list[tuple[str, int]] = []
-
-    class Logging(PassthroughCopier):
-        def start(self, batch):
-            order.append(("start", int(batch["x"][0, 0])))
-            return super().start(batch)
-
-    pf = Prefetcher(_batches(4), Logging(), depth=1)
-    for batch in pf:
-        order.append(("use", int(batch["x"][0, 0])))
-    assert order == [("start", 0), ("start", 1), ("use", 0), ("start", 2), ("use", 1),
-                     ("start", 3), ("use", 2), ("use", 3)]
-
-
-@pytest.mark.parametrize("depth", [0, 1, 3])
-def test_source_is_read_lazily(depth):
-    pulled = []
-
-    def source():
-        for i, b in enumerate(_batches(10)):
-            pulled.append(i)
-            yield b
-
-    pf = Prefetcher(source(), PassthroughCopier(), depth=depth)
-    for k, batch in enumerate(pf):
-        assert int(batch["x"][0, 0]) == k
-        assert len(pulled) <= k + 1 + depth
-        assert pf.in_flight() == min(depth, 10 - k - 1)
-        if k == 4:
-            break
-    pf.close()
-    assert len(pulled) == 5 + depth
-
-
-def test_take_and_fill_let_a_loop_issue_the_next_copy_after_queueing_its_step():
-    order = []
-
-    class Logging(PassthroughCopier):
-        def start(self, batch):
-            order.append(("start", int(batch["x"][0, 0])))
-            return super().start(batch)
-
-    pf = Prefetcher(_batches(3), Logging(), depth=1)
-    while True:
-        try:
-            batch = pf.take()
-        except StopIteration:
-            break
-        order.append(("queue step", int(batch["x"][0, 0])))
-        pf.fill()
-        order.append(("wait", int(batch["x"][0, 0])))
-    assert order == [("start", 0), ("queue step", 0), ("start", 1), ("wait", 0),
-                     ("queue step", 1), ("start", 2), ("wait", 1), ("queue step", 2), ("wait", 2)]
-
-
-def test_a_source_error_arrives_after_the_batches_before_it():
-    def source():
-        yield from _batches(2)
-        raise ValueError("bad row 17")
-
-    pf = Prefetcher(source(), PassthroughCopier(), depth=2)
-    assert int(next(pf)["x"][0, 0]) == 0
-    assert int(next(pf)["x"][0, 0]) == 1
-    with pytest.raises(ValueError, match="bad row 17"):
-        next(pf)
-    with pytest.raises(StopIteration):
-        next(pf)
 
 
 def test_tensors_already_on_the_device_are_not_copied():
@@ -242,19 +167,9 @@ def test_cpu_copier_is_a_passthrough():
     copier = copier_for("cpu")
     assert isinstance(copier, PassthroughCopier)
     batch = {"x": torch.ones(2), "meta": ["a", "b"], "pair": (torch.zeros(1), 2)}
-    out = list(Prefetcher([batch], copier))
-    assert len(out) == 1 and out[0]["x"] is batch["x"] and out[0]["meta"] == ["a", "b"]
-    assert out[0]["pair"][0] is batch["pair"][0]
-
-
-def test_device_loader_is_reiterable_and_keeps_len():
-    data = list(_batches(3))
-    loader = DeviceLoader(data, PassthroughCopier(), depth=1)
-    assert len(loader) == 3
-    for _ in range(2):
-        assert [b["tag"] for b in loader] == ["b0", "b1", "b2"]
-    fake = FakeStreams()
-    assert [int(b["x"][0, 0]) for b in DeviceLoader(data, StreamCopier(fake))] == [0, 1, 2]
+    out = copier.finish(copier.start(batch))
+    assert out["x"] is batch["x"] and out["meta"] == ["a", "b"]
+    assert out["pair"][0] is batch["pair"][0]
 
 
 def test_map_tensors_keeps_structure():
@@ -262,41 +177,6 @@ def test_map_tensors_keeps_structure():
     out = map_tensors(batch, lambda t: t + 1)
     assert out["a"][0].item() == 2 and out["a"][1][0].item() == 1 and out["a"][1][1] == "s" and out["b"] == 5
     assert isinstance(out["a"][1], tuple)
-
-
-@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-GPU behaviour of pin_batch")
-def test_pin_batch_needs_a_gpu_to_pin():
-    # On a machine without CUDA, torch cannot page-lock memory; pin_batch says so rather than pretending.
-    with pytest.raises(RuntimeError):
-        pin_batch({"x": torch.ones(2)})
-
-
-def test_pinned_in_background_keeps_order_and_passes_errors(monkeypatch):
-    monkeypatch.setattr("accelbatch.backends.prefetch.pin_batch", lambda b: b)
-    assert [int(b["x"][0, 0]) for b in pinned_in_background(_batches(6), depth=2)] == list(range(6))
-
-    def bad():
-        yield from _batches(1)
-        raise KeyError("broken worker")
-
-    it = pinned_in_background(bad())
-    assert int(next(it)["x"][0, 0]) == 0
-    with pytest.raises(KeyError, match="broken worker"):
-        next(it)
-
-
-def test_pinned_in_background_stops_its_thread_when_closed(monkeypatch):
-    monkeypatch.setattr("accelbatch.backends.prefetch.pin_batch", lambda b: b)
-    before = {t.ident for t in threading.enumerate()}
-    it = pinned_in_background(_batches(1000), depth=2)
-    next(it)
-    it.close()
-    deadline = time.monotonic() + 5
-    while time.monotonic() < deadline:
-        if not [t for t in threading.enumerate() if t.ident not in before and t.name == "accelbatch-pin"]:
-            break
-        time.sleep(0.01)
-    assert not [t for t in threading.enumerate() if t.ident not in before and t.name == "accelbatch-pin"]
 
 
 def test_count_host_syncs_counts_reads_and_restores_torch():
@@ -327,14 +207,154 @@ def test_count_host_syncs_counts_cuda_synchronize_calls(monkeypatch):
     assert syncs.by_kind == {"torch.cuda.synchronize": 2} and len(calls) == 2
 
 
+# --- the engine's staging, on the fake device -------------------------------------------------------------
+
+class Linear(torch.nn.Module):
+    """Refuses to compute on a destination the copy has not written yet (the fake device's sentinel); logs
+    ("forward", first x) when given a log."""
+
+    def __init__(self, log: list | None = None):
+        super().__init__()
+        torch.manual_seed(0)
+        self.lin = torch.nn.Linear(2, 1)
+        self.log = log
+
+    def forward(self, batch):
+        assert not (batch["x"] == SENTINEL).any(), "computed on rows whose copy was not waited for"
+        if self.log is not None:
+            self.log.append(("forward", int(batch["x"][0, 0])))
+        pred = self.lin(batch["x"]).squeeze(-1)
+        return {"loss": ((pred - batch["y"].float()) ** 2).mean(), "pred": pred}
+
+
+def fake_engine(api: FakeStreams, plan: ExecutionPlan) -> CUDAEngine:
+    model = Linear()
+    engine = CUDAEngine(model, torch.optim.SGD(model.parameters(), lr=0.01), plan, make_accelerator(cpu=True),
+                        copier=StreamCopier(api))
+    engine.hooks.on_device = lambda batch: all(id(t) in api.on_dev for t in batch.values()
+                                               if isinstance(t, torch.Tensor))
+    return engine
+
+
+def _numeric(n: int, rows: int = 4):
+    return [{k: v for k, v in b.items() if k != "tag"} for b in _batches(n, rows)]
+
+
+def test_a_staged_batch_follows_the_stream_rules_and_is_copied_once():
+    api = FakeStreams()
+    plan = ExecutionPlan(micro_batch=4)
+    engine = fake_engine(api, plan)
+    ref_model = Linear()
+    ref = PlanEngine(ref_model, torch.optim.SGD(ref_model.parameters(), lr=0.01), plan)
+    b0, b1 = _numeric(2)
+    engine.stage(b1)
+    assert not [e for e in api.log if e[0] == "copy"], "the copy waits for the next call's kernels"
+    first = engine.train_step(b0)
+    # b0: copied, waited for, used; then b1's copy is issued on the side stream (no wait yet)
+    kinds = [e[0] for e in api.log]
+    assert kinds == ["enter", "pin", "copy", "pin", "copy", "exit", "record_event", "wait_event",
+                     "record_stream", "record_stream",
+                     "enter", "pin", "copy", "pin", "copy", "exit", "record_event"]
+    mark = len(api.log)
+    second = engine.train_step(b1)
+    # b1: no second copy; the consumer stream waits for the staged copy's event before computing on it
+    assert api.log[mark:] == [("wait_event", "main", 2), ("record_stream", "main"), ("record_stream", "main")]
+    for got, batch in zip((first, second), (b0, b1)):
+        assert got.loss == pytest.approx(ref.train_step(batch).loss, rel=1e-6)
+    assert torch.allclose(ref_model.lin.weight, engine.model.lin.weight, atol=1e-7)
+
+
+def test_the_rows_of_each_update_are_waited_for_before_use():
+    api = FakeStreams()
+    plan = ExecutionPlan(micro_batch=2, device_iterations=2)
+    engine = fake_engine(api, plan)
+    engine.train_step(_numeric(1)[0])
+    events = [e for e in api.log if e[0] in ("record_event", "wait_event")]
+    assert events == [("record_event", 1, "side1"), ("wait_event", "main", 1),
+                      ("record_event", 2, "side1"), ("wait_event", "main", 2)]
+
+
+# --- the order of copies, steps and host reads (a logging copier) ---------------------------------------
+
+class LoggingCopier(PassthroughCopier):
+    def __init__(self, log: list):
+        super().__init__("cpu")
+        self.log = log
+
+    def start(self, batch):
+        self.log.append(("copy", int(batch["x"][0, 0])))
+        return super().start(batch)
+
+
+def logging_engine(log: list, plan: ExecutionPlan) -> CUDAEngine:
+    """A CUDA engine on the CPU whose copies, forwards and host reads are logged; host rows count as not on
+    the device, so every batch goes through the copier."""
+    model = Linear(log)
+    engine = CUDAEngine(model, torch.optim.SGD(model.parameters(), lr=0.01), plan, make_accelerator(cpu=True),
+                        copier=LoggingCopier(log))
+    engine.hooks.on_device = lambda batch: False
+    to_host = engine.hooks.to_host
+
+    def logged_read(tree):
+        log.append(("wait",))
+        return to_host(tree)
+
+    engine.hooks.to_host = logged_read
+    return engine
+
+
+def counted_rows(first: int, rows: int) -> dict[str, torch.Tensor]:
+    """Row r has x = [first + r, first + r]."""
+    x = torch.arange(first, first + rows, dtype=torch.float32)
+    return {"x": torch.stack([x, x], dim=1), "y": torch.zeros(rows)}
+
+
+def test_rows_of_update_d_plus_1_are_copied_once_update_d_is_queued():
+    log: list = []
+    plan = ExecutionPlan(micro_batch=2, device_iterations=3)
+    logging_engine(log, plan).train_step(counted_rows(0, plan.combined_batch))
+    assert log == [("copy", 0), ("forward", 0), ("copy", 2), ("forward", 2), ("copy", 4), ("forward", 4),
+                   ("wait",)]
+
+
+def test_a_staged_batch_is_copied_while_the_current_call_computes_and_not_again():
+    log: list = []
+    plan = ExecutionPlan(micro_batch=2)
+    engine = logging_engine(log, plan)
+    ref_model = Linear()
+    ref = PlanEngine(ref_model, torch.optim.SGD(ref_model.parameters(), lr=0.01), plan)
+    data = [counted_rows(1000 * k, 2) for k in range(3)]
+    for k, batch in enumerate(data):
+        if k + 1 < len(data):
+            engine.stage(data[k + 1])     # one batch ahead, before stepping the current one
+        assert engine.train_step(batch).loss == pytest.approx(ref.train_step(batch).loss, rel=1e-6)
+    assert log == [("copy", 0), ("forward", 0), ("copy", 1000), ("wait",),
+                   ("forward", 1000), ("copy", 2000), ("wait",), ("forward", 2000), ("wait",)]
+    assert torch.allclose(ref_model.lin.weight, engine.model.lin.weight, atol=1e-7)
+    for batch in data:                    # staged but not stepped: at most max_staged kept, none copied yet
+        engine.stage(batch)
+    assert len(engine._staged) == engine.max_staged and id(data[0]) not in engine._staged
+    engine.eval_step(data[2])   # not issued yet: copied as usual; data[1]'s copy follows eval's work
+    assert log[-4:] == [("copy", 2000), ("forward", 2000), ("copy", 1000), ("wait",)]
+
+
+def test_stage_is_a_no_op_for_rows_already_on_the_device():
+    model = Linear()
+    engine = CUDAEngine(model, torch.optim.SGD(model.parameters(), lr=0.01), ExecutionPlan(micro_batch=2),
+                        make_accelerator(cpu=True))
+    engine.stage(counted_rows(0, 2))
+    assert not engine._staged
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (none visible here)")
-def test_real_cuda_prefetch_matches_source_and_pins():
+def test_real_cuda_copies_match_the_source():
     src = [{"x": torch.randn(64, 256), "i": torch.tensor([k])} for k in range(6)]
     copier = copier_for("cuda")
+    pending = [copier.start(b) for b in src]
     out = []
-    for batch in Prefetcher(src, copier, depth=2):
+    for p in pending:
+        batch = copier.finish(p)
         assert batch["x"].is_cuda
         out.append((batch["x"] * 2).cpu())
     for k, o in enumerate(out):
         torch.testing.assert_close(o, src[k]["x"] * 2)
-    assert pin_batch({"x": torch.ones(2)})["x"].is_pinned()

@@ -1,4 +1,5 @@
-"""Backend registry: names, unknown and unavailable devices, the CPU backend's interface."""
+"""Backend registry: names, unknown and unavailable devices, the CPU backend's interface and its
+single-process collectives."""
 
 from __future__ import annotations
 
@@ -9,9 +10,9 @@ import pytest
 import torch
 
 from accelbatch.backends import base
-from accelbatch.backends.base import Backend, BackendUnavailable, available_backends, get_backend
+from accelbatch.backends.base import Backend, BackendUnavailable, Topology, available_backends, get_backend
 from accelbatch.backends.cpu import CPUBackend, PlanEngine
-from accelbatch.plan import ExecutionPlan
+from accelbatch.plan import ExecutionPlan, PlanError
 
 
 class _Unusable(Backend):
@@ -59,23 +60,45 @@ def test_unavailable_device_says_why_and_lists_usable_ones(fake_registry):
     assert "Usable here: cpu " in text and "fake," not in text and "ghost" not in text.split("Usable here")[1]
 
 
-def test_unbuilt_backend_is_unavailable_not_a_crash(fake_registry):
-    assert available_backends() == {"cpu": "", "fake": "needs a frobnicator attached",
-                                    "ghost": "this backend is not built yet"}
-    with pytest.raises(BackendUnavailable, match="not built yet"):
+def test_an_unimportable_backend_is_unavailable_naming_the_import_error(fake_registry):
+    ghost = ("its module accelbatch.backends.ghost_never_built does not import (ModuleNotFoundError: No "
+             "module named 'accelbatch.backends.ghost_never_built')")
+    assert available_backends() == {"cpu": "", "fake": "needs a frobnicator attached", "ghost": ghost}
+    with pytest.raises(BackendUnavailable, match=r"--device ghost: its module .* \(ModuleNotFoundError"):
         get_backend("ghost")
 
 
-def test_cpu_backend_interface_single_process():
+def test_a_backend_whose_dependency_is_missing_is_unavailable(fake_registry, monkeypatch):
+    monkeypatch.setitem(sys.modules, "accelbatch_fake_broken", None)  # importing it raises ImportError
+    fake_registry["broken"] = "accelbatch_fake_broken:Broken"
+    assert "does not import (ModuleNotFoundError" in available_backends()["broken"]
+    with pytest.raises(BackendUnavailable, match="--device broken: its module accelbatch_fake_broken"):
+        get_backend("broken")
+
+
+def test_cpu_backend_interface_single_process(monkeypatch):
     backend = CPUBackend()
-    backend.setup(types.SimpleNamespace(replication_factor=1))
+    topology = backend.setup(types.SimpleNamespace(replication_factor=1, skip_nan=True))
+    assert topology == backend.topology == Topology(rank=0, world_size=1, local_rank=0) and topology.is_main
     model = torch.nn.Linear(2, 2)
     engine = backend.compile(model, torch.optim.SGD(model.parameters(), lr=0.1),
                              ExecutionPlan(micro_batch=2, replication_factor=2))
-    assert isinstance(engine, PlanEngine)
+    assert isinstance(engine, PlanEngine) and engine.skip_nan   # the options setup() kept reach the engine
     assert backend.rank == 0 and backend.world_size == 1 and backend.is_main_process()
+    assert not hasattr(Backend, "make_loader")
+    # one process: the collectives make no call to torch.distributed
+    monkeypatch.setattr("torch.distributed.all_reduce", None)
+    monkeypatch.setattr("torch.distributed.all_gather", None)
+    backend.barrier()
+    assert backend.all_gather_object({"a": 1}) == [{"a": 1}]
+    assert backend.decide(True, False) == (True, False) and backend.decide() == ()
     assert backend.reduce_metrics({"exs": 3}) == {"exs": 3}
-    batches = [{"x": torch.zeros(2, 2)}]
-    assert backend.make_loader(batches, engine.plan) is batches
     backend.teardown()
     backend.teardown()  # safe twice
+
+
+def test_fp16_on_the_cpu_backend_is_refused_in_one_line():
+    with pytest.raises(PlanError) as err:
+        CPUBackend().setup(types.SimpleNamespace(replication_factor=1, mixed_precision="fp16"))
+    assert str(err.value) == ("--mixed-precision fp16 needs a GPU (fp16 autocast with a GradScaler); on the "
+                              "CPU use bf16 or no")

@@ -1,0 +1,166 @@
+"""The build: one assembly line from options to a world whose model is compiled for its device.
+
+In the order things exist at run time::
+
+    backend.setup(opts) -> Topology (rank, replicas)          setup_runtime: the backend owns the topology
+      -> ExecutionPlan built once                             Runtime(backend, topology, plan)
+      -> the teacher (one store of every task) and its feed   build_world: this replica's or process's shard
+      -> the world: BatchWorld of clones, or LoaderWorld      (the batched front end: workers, async,
+      -> backend.compile(model, optimizer, plan)              dynamic batching), HogwildWorld with -nt N
+      -> the engine set on the agent                          compile_agent
+
+This is the one module of the core that imports the backends; worlds, agents, teachers and the data side
+know none. Which front end serves a task never depends on a performance option: ``--num-workers`` and
+``--dataloader-mode`` move the collation of the very same steps into data workers (for agents whose
+``vectorize``/``batchify`` can run there), and ``--dynamic-batching`` chooses batches by length, which
+the batched front end alone does.
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass
+from typing import Any
+
+from accelbatch.agents import Agent, TorchAgent, resolve_agent_class
+from accelbatch.opts import OptionError, Opts
+from accelbatch.plan import ExecutionPlan
+from accelbatch.teachers import FixedTeacher, create_teacher, create_teachers, is_training, task_names
+from accelbatch.worlds import BatchWorld, DialogPartnerWorld, LoaderWorld, MultiWorld, World
+
+
+@dataclass
+class Runtime:
+    """What the build made for a device: the backend (set up), where this process stands, and the plan the
+    model was compiled with. ``run()`` reads it from the world; worlds never do."""
+
+    backend: Any
+    topology: Any
+    plan: ExecutionPlan
+
+    @property
+    def shard(self) -> tuple[int, int]:
+        """This replica's share of the data: (rank, replicas)."""
+        return self.topology.rank, self.topology.world_size
+
+
+def setup_runtime(opts: Opts) -> Runtime:
+    """Set up the --device backend (it joins the replicas' process group when there is one) and build the
+    training plan the model is compiled with."""
+    from accelbatch.backends.base import get_backend
+
+    plan = ExecutionPlan.from_opts(opts, training=True)  # a bad plan fails before any process or device work
+    backend = get_backend(opts.device, opts)()
+    backend.setup(opts)  # joins the replicas' group when launched as one of them; the topology says where
+    return Runtime(backend, backend.topology, plan)
+
+
+def compile_agent(agent: Agent, runtime: Runtime) -> None:
+    """Compile a TorchAgent's model and optimizer for the runtime's device and plan (once per agent)."""
+    if isinstance(agent, TorchAgent) and agent.slot.engine is None:
+        agent.attach_engine(runtime.backend.compile(agent.model, agent.optimizer, runtime.plan), runtime.backend.name)
+        agent.slot.runtime = runtime
+
+
+def make_agent(opts: Opts, agent: Agent | type[Agent] | None) -> Agent:
+    """The model agent: built from -m, from a class, or a fork of an existing agent (same model)."""
+    if agent is None:
+        return resolve_agent_class(opts.model)(opts)
+    if isinstance(agent, type):
+        return agent(opts)
+    return agent.fork()
+
+
+def collates_anywhere(agent: Agent) -> bool:
+    """Whether data workers can build this agent's batches: a TorchAgent whose observations are what the
+    base ``observe`` makes (its ``vectorize`` and ``batchify`` then give the same tensors anywhere)."""
+    return isinstance(agent, TorchAgent) and type(agent).observe is TorchAgent.observe
+
+
+def uses_loader(opts: Opts, agent: Agent) -> bool:
+    """The batched front end (LoaderWorld) rather than teacher and agent clones (BatchWorld)."""
+    if opts.dynamic_batching != "none":
+        return True
+    return (opts.num_workers > 0 or opts.dataloader_mode != "sync") and collates_anywhere(agent)
+
+
+def build_world(opts: Opts, model: Agent, shard: tuple[int, int] = (0, 1), rows: int | None = None,
+                replicas: int = 1) -> World:
+    """The world of this process: ``shard`` (index, count) of the episodes, ``rows`` per step (default: the
+    plan's combined batch over ``replicas``, the replica processes sharing a step)."""
+    plan = ExecutionPlan.from_opts(opts, training=is_training(opts.datatype))
+    rows = plan.combined_batch // replicas if rows is None else rows
+    teacher = create_teacher(opts)
+    if uses_loader(opts, model):
+        if not isinstance(teacher, FixedTeacher):
+            raise OptionError(f"-t {opts.task}: --dynamic-batching needs FixedTeacher tasks (episodes the "
+                              "schedule can plan); run it without --dynamic-batching")
+        teacher.keep_shard(*shard)
+        return LoaderWorld(opts, model, teacher, rows, shard, max(1, plan.factor // replicas))
+    if (opts.num_workers > 0 or opts.dataloader_mode != "sync") and shard[0] == 0:
+        print(f"accelbatch: --num-workers / --dataloader-mode: {type(model).__name__} overrides observe() or is "
+              "not a TorchAgent, so its batches are built here in the main process (same results)",
+              file=sys.stderr)
+    if teacher is None:  # several tasks, not all FixedTeachers: one world per task
+        teachers = create_teachers(opts)
+        for t in teachers:
+            if isinstance(t, FixedTeacher):
+                t.keep_shard(*shard)
+        world: World = MultiWorld(opts, [DialogPartnerWorld(opts, [t, model]) for t in teachers], task_names(opts))
+    else:
+        if isinstance(teacher, FixedTeacher):
+            teacher.keep_shard(*shard)
+        world = DialogPartnerWorld(opts, [teacher, model])
+    return BatchWorld(opts, world, rows) if rows > 1 else world
+
+
+def create_world(opts: Opts, agent: Agent | type[Agent] | None = None, rows: int | None = None, *,
+                 runtime: Runtime | None = None) -> World:
+    """The world for ``opts``, its model compiled for ``opts.device``: one task or several, batched when
+    rows > 1, fed by the data loader with its options, HogwildWorld with ``--numthreads N`` > 1.
+
+    ``agent`` may be None (use ``opts.model``), an Agent class, or an agent instance whose model (and
+    engine) the new world shares, e.g. the training agent for a validation world. Under replication each
+    process's world holds its replica's share of the rows and of the data.
+    """
+    model = make_agent(opts, agent)
+    runtime = runtime or getattr(getattr(model, "slot", None), "runtime", None) or setup_runtime(opts)
+    compile_agent(model, runtime)
+    if opts.numthreads > 1:
+        from accelbatch.hogwild import HogwildWorld
+
+        if opts.device != "cpu":
+            raise OptionError(f"--numthreads {opts.numthreads} (hogwild) runs on --device cpu only, not --device "
+                              f"{opts.device}; use --numthreads 1, or --replication-factor for data parallelism")
+        world: World = HogwildWorld(opts, model, rows, build_child=build_hogwild_child)
+    else:
+        replicas = runtime.topology.world_size
+        world = build_world(opts, model, runtime.shard, rows, replicas)
+    world.runtime = runtime
+    return world
+
+
+def build_hogwild_child(opts: Opts, agent_class: type[Agent] | None, rank: int, processes: int,
+                        rows: int | None) -> World:
+    """Hogwild process ``rank``'s world (in that process): its own model agent and engine on the CPU (the
+    caller points the parameters at the shared ones), its shard of the episodes, the whole combined batch."""
+    single = opts.replace(numthreads=1)
+    runtime = setup_runtime(single)
+    model = make_agent(single, agent_class)
+    compile_agent(model, runtime)
+    world = build_world(single, model, (rank, processes), rows)
+    world.runtime = runtime
+    return world
+
+
+def attach_runtime(world: World, opts: Opts) -> Runtime:
+    """The runtime of a world built by hand (not by :func:`create_world`): set up and compile its model."""
+    if world.runtime is None:
+        model = world.get_model_agent()
+        world.runtime = getattr(getattr(model, "slot", None), "runtime", None) or setup_runtime(opts)
+        compile_agent(model, world.runtime)
+    return world.runtime
+
+
+__all__ = ["Runtime", "attach_runtime", "build_hogwild_child", "build_world", "collates_anywhere", "compile_agent",
+           "create_world", "make_agent", "setup_runtime", "uses_loader"]

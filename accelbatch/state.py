@@ -1,0 +1,174 @@
+"""The state of a run, for checkpoints: every part's ``state_dict()`` collected, RNG streams, resume.
+
+Every part with a position implements ``state_dict()`` / ``load_state_dict()`` (JSON data): the world
+(which holds its teacher's feed or its loader's step, each agent clone's conversation and the examples
+count; a HogwildWorld holds each process's), the engine (model and optimizer tensors), this module's RNG
+streams, and the run's counters. :class:`Checkpointer` collects them from every replica (the backend's
+all-gather) and rank 0 writes one checkpoint with :func:`accelbatch.checkpoint.save_checkpoint` (atomic,
+SHA-256 manifest, ``weights_only`` loading); :meth:`Checkpointer.resume` puts a freshly built run back.
+"""
+
+from __future__ import annotations
+
+import base64
+import random
+import sys
+from typing import Any, Mapping
+
+import numpy as np
+import torch
+
+from accelbatch.checkpoint import (CheckpointError, check_resumable, find_checkpoint, first_line, load_checkpoint,
+                                   save_checkpoint)
+
+# --------------------------------------------------------------------------------------------------------
+# RNG streams as JSON data
+# --------------------------------------------------------------------------------------------------------
+
+
+def _b64(data: bytes) -> str:
+    return base64.b64encode(data).decode("ascii")
+
+
+def _unb64(text: str, where: str) -> bytes:
+    try:
+        return base64.b64decode(text.encode("ascii"), validate=True)
+    except (ValueError, AttributeError):
+        raise CheckpointError(f"rng: {where} is not base64 text; the checkpoint's state.json is damaged") from None
+
+
+def random_state(rng: random.Random | None = None) -> dict[str, Any]:
+    """A ``random.Random``'s state (the module's global one when None) as JSON data."""
+    version, internal, gauss_next = (rng.getstate() if rng is not None else random.getstate())
+    return {"version": version, "state": list(internal), "gauss_next": gauss_next}
+
+
+def set_random_state(rng: random.Random | None, data: Mapping[str, Any]) -> None:
+    """Set a ``random.Random`` (the global one when None) to a state from :func:`random_state`."""
+    try:
+        state = (int(data["version"]), tuple(int(x) for x in data["state"]), data["gauss_next"])
+        (rng.setstate if rng is not None else random.setstate)(state)
+    except (KeyError, TypeError, ValueError) as exc:
+        raise CheckpointError(f"rng: bad Python random state ({first_line(exc)})") from None
+
+
+def capture_rng() -> dict[str, Any]:
+    """This process's RNG states as JSON data: Python ``random``, NumPy's global generator, torch CPU, and
+    each CUDA device when CUDA has been initialised in this process."""
+    kind, keys, pos, has_gauss, cached = np.random.get_state()
+    out: dict[str, Any] = {
+        "python": random_state(),
+        "numpy": {"kind": str(kind), "keys": _b64(np.asarray(keys, dtype="<u4").tobytes()), "pos": int(pos),
+                  "has_gauss": int(has_gauss), "cached_gaussian": float(cached)},
+        "torch": _b64(torch.get_rng_state().numpy().tobytes()),
+    }
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        out["cuda"] = [_b64(s.cpu().numpy().tobytes()) for s in torch.cuda.get_rng_state_all()]
+    return out
+
+
+def restore_rng(source: Any, rank: int = 0) -> bool:
+    """Set the RNG states from a Checkpoint, a :func:`capture_rng` dict, or a list of them (one per replica:
+    ``rank`` picks). Returns False when there is nothing to restore (a weights-only file)."""
+    states = source if source is None or isinstance(source, (Mapping, list)) else source.rng
+    if states is None:
+        return False
+    if isinstance(states, list):
+        if not 0 <= rank < len(states):
+            raise CheckpointError(f"rng: the checkpoint has RNG states for {len(states)} replicas, not for rank "
+                                  f"{rank}; resume with the same --replication-factor")
+        states = states[rank]
+    if not isinstance(states, Mapping):
+        raise CheckpointError(f"rng: expected a dict of RNG states, got {type(states).__name__}")
+    if "python" in states:
+        set_random_state(None, states["python"])
+    if "numpy" in states:
+        data = states["numpy"]
+        try:
+            keys = np.frombuffer(_unb64(data["keys"], "numpy keys"), dtype="<u4").astype(np.uint32)
+            np.random.set_state((data["kind"], keys, int(data["pos"]), int(data["has_gauss"]),
+                                 float(data["cached_gaussian"])))
+        except (KeyError, TypeError, ValueError) as exc:
+            raise CheckpointError(f"rng: bad NumPy state ({first_line(exc)})") from None
+    if "torch" in states:
+        torch.set_rng_state(_bytes_tensor(_unb64(states["torch"], "torch")))
+    if states.get("cuda") and torch.cuda.is_available():
+        for device, text in enumerate(states["cuda"][:torch.cuda.device_count()]):
+            torch.cuda.set_rng_state(_bytes_tensor(_unb64(text, "cuda")), device)
+    return True
+
+
+def _bytes_tensor(data: bytes) -> torch.Tensor:
+    return torch.frombuffer(bytearray(data), dtype=torch.uint8).clone()
+
+
+# --------------------------------------------------------------------------------------------------------
+# collecting and restoring the parts
+# --------------------------------------------------------------------------------------------------------
+
+
+def unsupported(state: Any) -> list[str]:
+    """The reasons, found anywhere in a state, why a part cannot say where its data continues."""
+    if isinstance(state, Mapping):
+        found = [str(state["unsupported"])] if "unsupported" in state else []
+        return found + [r for k, v in state.items() if k != "unsupported" for r in unsupported(v)]
+    if isinstance(state, (list, tuple)):
+        return [r for item in state for r in unsupported(item)]
+    return []
+
+
+class Checkpointer:
+    """Saves and resumes a run: world, engine, RNG and counters of every replica (rank 0 writes).
+
+    ``backend`` gives the collectives (``all_gather_object``, ``barrier``) and the topology; ``engine`` the
+    model and optimizer tensors (on a real IPU read back from the device by its ``state_dict``).
+    """
+
+    def __init__(self, opts: Any, backend: Any, plan: Any):
+        self.opts, self.backend, self.plan = opts, backend, plan
+
+    def save(self, world: Any, engine: Any, extra: Mapping[str, Any]) -> None:
+        """Every replica joins (world states and RNGs gathered); rank 0 writes; all wait for it."""
+        states = self.backend.all_gather_object(world.state_dict())
+        rngs = self.backend.all_gather_object(capture_rng())
+        if self.backend.is_main_process():
+            tensors = engine.state_dict()
+            save_checkpoint(self.opts.model_file, model=tensors["model"], optimizer=tensors.get("optimizer"),
+                            opts=self.opts, plan=self.plan, rng=rngs, state={**extra, "data": states})
+        self.backend.barrier()
+
+    def resume(self, world: Any, engine: Any) -> dict[str, Any] | None:
+        """--resume: the checkpoint's weights into the engine, the data position into the world, the RNG
+        streams; returns the checkpoint's other state (counters), or None when there is nothing to resume."""
+        path = self.opts.model_file
+        if find_checkpoint(path) is None:
+            if self.backend.is_main_process():
+                print(f"accelbatch: --resume: no checkpoint at {path}; starting afresh", file=sys.stderr)
+            return None
+        ckpt = load_checkpoint(path)
+        engine.load_state_dict(ckpt.engine_state())  # after compile: the engine moves it to its device
+        if ckpt.legacy:
+            if self.backend.is_main_process():
+                print(f"accelbatch: --resume: {ckpt.path} holds weights only; the data starts from the beginning",
+                      file=sys.stderr)
+            return None
+        check_resumable(ckpt, self.opts)
+        states = ckpt.data or []
+        replicas, rank = self.backend.world_size, self.backend.rank
+        if len(states) != replicas:
+            raise CheckpointError(f"--resume: {ckpt.path} has the data position of {len(states)} replicas, this "
+                                  f"run has {replicas}; use the same --replication-factor")
+        reasons = unsupported(states[rank])
+        if reasons:
+            print(f"accelbatch: --resume: the data position of this world is not restored ({'; '.join(reasons)}): "
+                  "examples of the interrupted epoch may repeat", file=sys.stderr)
+        else:
+            try:
+                world.load_state_dict(states[rank])
+            except (ValueError, KeyError, TypeError) as exc:
+                raise CheckpointError(f"--resume: {ckpt.path}: {first_line(exc)}") from None
+        restore_rng(ckpt, rank=rank)
+        return {k: v for k, v in ckpt.state.items() if k != "data"}
+
+
+__all__ = ["Checkpointer", "capture_rng", "random_state", "restore_rng", "set_random_state", "unsupported"]

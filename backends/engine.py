@@ -1,0 +1,292 @@
+"""The one engine loop: it executes an :class:`~accelbatch.plan.CallLayout` on any device.
+
+A training call runs the layout's weight updates, each over its G x R micro-batches (all of them in one
+process, replicas simulated in turn; this replica's own when R processes run), with the layout's loss
+weights, output selection and partial tails, and ends with one host read (loss, NaN flags, outputs).
+Device and replication specifics come from :class:`~accelbatch.backends.base.Hooks` (cpu.py, cuda.py).
+
+NaN policy: an update whose loss (summed over the replicas, so all agree) is non-finite is not applied.
+Without ``skip_nan`` the call raises :class:`NonFiniteLoss` naming the update and --skip-nan; with it the
+update is skipped and counted in ``extras["skipped_updates"]``. The flag is read on the host at once when
+``Hooks.host_check()`` says so (free on the CPU; the call stops before the bad update), else it stays on
+the device (``Hooks.step_unless``) and is read at the end, also keeping later updates from applying when
+the call is to stop. Rows not on the device are copied update by update, the copy of update u+1 issued
+once update u's kernels are queued; :meth:`LayoutEngine.stage` copies a later call likewise.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections import OrderedDict
+from collections.abc import Iterator, Mapping
+from typing import Any, NamedTuple
+
+import torch
+import torch.distributed as dist
+
+from accelbatch.plan import CallLayout, ExecutionPlan, PlanError, batch_rows, combine_outputs
+
+from .base import Engine, EngineOptions, Hooks, NonFiniteLoss, Replicas, StepResult, TensorBatch
+from .prefetch import Pending
+
+
+def check_trainable(optimizer: object, plan: ExecutionPlan) -> None:
+    """Refuse train_step without an optimizer or on an engine compiled for inference."""
+    if optimizer is None:
+        raise PlanError("train_step needs an optimizer: compile the model with one")
+    if not plan.training:
+        raise PlanError("this engine was compiled with an inference plan; compile with "
+                        "ExecutionPlan.from_opts(opts, training=True) to train")
+
+
+def slice_rows(batch: Mapping[str, torch.Tensor] | None, start: int, stop: int) -> TensorBatch:
+    if batch is None or (start == 0 and stop == batch_rows(batch)):
+        return batch  # type: ignore[return-value]
+    return {k: (v[start:stop] if v.dim() else v) for k, v in batch.items()}
+
+
+def loss_of(out: Mapping[str, torch.Tensor]) -> torch.Tensor:
+    try:
+        loss = out["loss"]
+    except (KeyError, TypeError):
+        raise PlanError("the model's forward(batch) must return a dict with 'loss' (the mean loss over the "
+                        "micro-batch's rows) when training") from None
+    if loss.dim() != 0:
+        raise PlanError(f"the model's 'loss' has shape {tuple(loss.shape)}; it must be a scalar: the mean "
+                        "loss over the micro-batch's rows")
+    return loss
+
+
+def _detached(out: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    return {k: v.detach() for k, v in out.items() if k != "loss"}
+
+
+class _Mine(NamedTuple):
+    """This process's part of a call: per update, (local start, local stop, loss weight, j) of its
+    micro-batches; its row count; where each of its micro-batches starts in its rows."""
+
+    lay: CallLayout
+    updates: tuple[tuple[tuple[int, int, float, int], ...], ...]
+    rows: int
+    starts: dict[int, int]
+
+
+@dataclasses.dataclass
+class _Staged:
+    batch: Any
+    pending: Pending | None = None
+
+
+class LayoutEngine(Engine):
+    """Runs an :class:`ExecutionPlan` through device :class:`Hooks` (see the module docstring)."""
+
+    max_staged = 2
+
+    def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer | None,
+                 plan: ExecutionPlan | None, hooks: Hooks, options: EngineOptions | None = None,
+                 replicas: Replicas | None = None):
+        self.plan = plan if plan is not None else ExecutionPlan()
+        replicas = replicas or Replicas()
+        replicas.check(self.plan)
+        self.model, self.optimizer, self.hooks, self.device = model, optimizer, hooks, hooks.device
+        self.options = options or EngineOptions()
+        self.rank, self.world_size, self.group = replicas.rank, replicas.world_size, replicas.group
+        self.inputs, self.gather_outputs = replicas.inputs, replicas.gather_outputs
+        self.eval_plan = self.plan.for_inference()
+        if self.world_size > 1:   # eval is local: a replica evaluates its own rows
+            self.eval_plan = dataclasses.replace(self.eval_plan, replication_factor=1)
+        self.host_syncs = 0       # host waits so far: one per call, plus updates whose flag the host read
+        self._staged: OrderedDict[int, _Staged] = OrderedDict()
+        self._mine: dict[tuple[int, int], _Mine] = {}
+
+    @property
+    def skip_nan(self) -> bool:
+        return self.options.skip_nan
+
+    def train_step(self, batch: TensorBatch) -> StepResult:
+        check_trainable(self.optimizer, self.plan)
+        hooks = self.hooks
+        hooks.set_training(True)
+        mine, batch = self._shard(batch)
+        lay, bare, keep = mine.lay, mine.lay.partial, set(mine.lay.kept)
+        factor = hooks.loss_factor(bare)
+        kept: dict[int, dict[str, torch.Tensor]] = {}
+        losses, flags, halt, reads = [], [], None, 0
+        spans = [(s[0][0], s[-1][1]) if s else None for s in mine.updates]
+        for u, (steps, (offset, chunk)) in enumerate(zip(mine.updates, self._feed(batch, spans))):
+            hooks.zero_grad()
+            local = torch.zeros((), dtype=torch.float32, device=self.device)
+            for i, (start, stop, weight, j) in enumerate(steps):
+                with hooks.no_sync(i == len(steps) - 1, bare):
+                    out = hooks.forward(slice_rows(chunk, start - offset, stop - offset), bare)
+                    loss = loss_of(out)
+                    hooks.backward(loss if weight * factor == 1.0 else loss * (weight * factor))
+                local += loss.detach().float()
+                if j in keep:
+                    kept[j] = _detached(out)
+            total = hooks.reduce(local, bare).float()
+            bad = ~torch.isfinite(total)
+            if hooks.host_check():
+                reads += 1
+                if not bad.item():
+                    hooks.step()
+                elif self.skip_nan:
+                    hooks.zero_grad()
+                else:
+                    self.host_syncs += reads
+                    raise NonFiniteLoss(_nan_text(total.item(), u, lay.num_updates, 0))
+            else:
+                halt = bad if (self.skip_nan or halt is None) else halt | bad
+                hooks.step_unless(halt, u)
+            losses.append(total)
+            flags.append(bad)
+        self._issue_staged()
+        self.host_syncs += reads
+        mine_kept = [j for j in lay.kept if lay.replica[j] == self.rank or self.world_size == 1]
+        outputs: Any = {j: kept[j] for j in mine_kept}
+        packed, outputs = self._read(torch.stack([torch.stack(losses), torch.stack(flags).float()]), outputs)
+        values, bad_flags = packed.tolist()
+        skipped = [u for u, b in enumerate(bad_flags) if b]
+        if skipped and not self.skip_nan:
+            hooks.rollback(skipped[0])
+            raise NonFiniteLoss(_nan_text(values[skipped[0]], skipped[0], lay.num_updates,
+                                          lay.num_updates - skipped[0] - 1))
+        applied = [u for u in range(lay.num_updates) if not bad_flags[u]]
+        count = sum(len(lay.updates[u]) for u in applied)
+        outputs, rows = self._outputs(mine, outputs)
+        extras: dict[str, Any] = {"micro_batches": lay.num_micro_batches, "partial": lay.partial,
+                                  "skipped_updates": len(skipped), "host_syncs": 1 + reads}
+        if self.world_size > 1:
+            extras.update(replica=self.rank, shard_rows=mine.rows)
+        return StepResult(outputs=outputs, rows=rows, updates=len(applied), extras=extras,
+                          loss=sum(values[u] for u in applied) / count if count else None)
+
+    def _shard(self, batch: TensorBatch) -> tuple[_Mine, TensorBatch]:
+        """This process's part of the call, and its rows (cut here from a whole call with inputs="full")."""
+        local_rows = total = batch_rows(batch)
+        if self.world_size > 1 and self.inputs == "full":
+            self.plan.layout(total)  # validates
+            batch = self.plan.shard(batch, self.rank)
+            local_rows = batch_rows(batch)
+        elif self.world_size > 1 and self.plan.drop_last:
+            total = local_rows * self.world_size
+        elif self.world_size > 1:  # shard sizes differ in an epoch tail: every replica learns the row count
+            counts = torch.zeros(self.world_size, dtype=torch.int64, device=self.device)
+            counts[self.rank] = local_rows
+            dist.all_reduce(counts, group=self.group)
+            got = counts.tolist()
+            total = sum(got)
+            expected = [self._part(total, r).rows for r in range(self.world_size)]
+            if got != expected:  # every rank sees the same counts, so every rank raises
+                raise PlanError(f"replica shards have {got} rows but the plan's layout of a {total}-row call "
+                                f"gives {expected}: cut shards with plan.shard(batch, rank)")
+        mine = self._part(total, self.rank)
+        if mine.rows != local_rows:
+            raise PlanError(f"replica {self.rank} got {local_rows} rows; a {total}-row call gives it "
+                            f"{mine.rows} (the plan's [D, G, b] slice: plan.shard(batch, rank))")
+        return mine, batch
+
+    def _part(self, total: int, rank: int) -> _Mine:
+        if (total, rank) not in self._mine:
+            lay = self.plan.layout(total)
+            js = range(lay.num_micro_batches) if self.world_size == 1 else lay.replica_micro_batches(rank)
+            starts, pos = {}, 0
+            for j in js:
+                starts[j], pos = pos, pos + lay.micro_rows(j)
+            updates = tuple(tuple((starts[j], starts[j] + lay.micro_rows(j), lay.weight[j], j)
+                                  for j in u if j in starts) for u in lay.updates)
+            if len(self._mine) > 64:
+                self._mine.clear()
+            self._mine[(total, rank)] = _Mine(lay, updates, pos, starts)
+        return self._mine[(total, rank)]
+
+    def _outputs(self, mine: _Mine, kept: dict[int, dict[str, torch.Tensor]]
+                 ) -> tuple[dict[str, torch.Tensor], torch.Tensor | None]:
+        """The outputs the layout keeps: all of them in one process or when gathered (every rank gets the
+        whole call's, in the plan's order); else this replica's, rows indexing the batch it was given."""
+        lay = mine.lay
+        if self.world_size > 1 and self.gather_outputs:
+            gathered: list[Any] = [None] * self.world_size
+            dist.all_gather_object(gathered, kept, group=self.group)
+            kept = {j: part[j] for part in gathered for j in part}
+        if self.world_size == 1 or self.gather_outputs:
+            return combine_outputs(lay, [kept[j] for j in lay.kept]), lay.out_rows
+        js = tuple(kept)
+        own = dataclasses.replace(lay, kept=js, sum_groups=None if lay.sum_groups is None else (js,))
+        if lay.sum_groups is not None:
+            return combine_outputs(own, [kept[j] for j in js]), None
+        first = lay.starts if self.inputs == "full" else mine.starts
+        rows = [torch.arange(first[j], first[j] + lay.micro_rows(j)) for j in js]
+        index = torch.cat(rows) if rows else torch.empty(0, dtype=torch.long)
+        return combine_outputs(own, [kept[j] for j in js]), index
+
+    @torch.no_grad()
+    def eval_step(self, batch: TensorBatch) -> StepResult:
+        n = batch_rows(batch)
+        lay = self.eval_plan.layout(n)
+        self.hooks.set_training(False)
+        spans = [(lay.starts[js[0]], lay.stops[js[-1]]) for js in lay.updates]
+        outs: list[dict[str, torch.Tensor]] = []
+        loss_sum: torch.Tensor | None = None
+        for js, (offset, chunk) in zip(lay.updates, self._feed(batch, spans)):
+            for j in js:
+                s, e = lay.starts[j], lay.stops[j]
+                out = self.hooks.forward(slice_rows(chunk, s - offset, e - offset), True)
+                if out.get("loss") is not None:
+                    part = out["loss"].detach().float() * (e - s)
+                    loss_sum = part if loss_sum is None else loss_sum + part
+                outs.append(_detached(out))
+        self._issue_staged()
+        loss, outputs = self._read(loss_sum, combine_outputs(lay, outs))
+        return StepResult(outputs=outputs, rows=lay.out_rows, updates=0,
+                          loss=None if loss is None else loss.tolist() / n,
+                          extras={"micro_batches": lay.num_micro_batches, "host_syncs": 1})
+
+    @property
+    def stages(self) -> bool:
+        return self.hooks.copier is not None
+
+    def stage(self, batch: TensorBatch) -> None:
+        """Copy ``batch`` to the device ahead of its step: the copy is issued once the kernels of the next
+        call are queued (so it overlaps them), and the step given this same object uses it."""
+        if self.hooks.copier is None or self.hooks.on_device(batch) or id(batch) in self._staged:
+            return
+        self._staged[id(batch)] = _Staged(batch)
+        while len(self._staged) > self.max_staged:
+            self._staged.popitem(last=False)
+
+    def _issue_staged(self) -> None:
+        for entry in self._staged.values():
+            if entry.pending is None:
+                entry.pending = self.hooks.copier.start(entry.batch)
+
+    def _feed(self, batch: TensorBatch, spans: list[tuple[int, int] | None]
+              ) -> Iterator[tuple[int, TensorBatch | None]]:
+        """(row offset, rows on the device) per span; span u+1 is copied once span u's work is queued."""
+        entry, copier = self._staged.pop(id(batch), None), self.hooks.copier
+        whole: Any = None
+        if entry is not None and entry.pending is not None:
+            whole = copier.finish(entry.pending)
+        elif copier is None or self.hooks.on_device(batch):
+            whole = batch
+        elif not self.hooks.prefetch or len(spans) == 1:
+            whole = copier.finish(copier.start(batch))
+        for span in spans:
+            if span is None or whole is not None:
+                yield 0, None if span is None else whole
+            else:
+                yield span[0], copier.finish(copier.start(slice_rows(batch, span[0], span[1])))
+
+    def _read(self, values: torch.Tensor | None, outputs: Any) -> tuple[Any, Any]:
+        self.host_syncs += 1
+        return self.hooks.to_host((values, outputs))
+
+
+def _nan_text(value: float, update: int, updates: int, after: int) -> str:
+    what = f"it and the {after} update{'s' * (after > 1)} after it were not applied" if after else \
+        "the update was not applied"
+    return (f"non-finite training loss ({value}) in weight update {update + 1} of {updates} of this call; "
+            f"{what}. Lower --learning-rate, or pass --skip-nan to skip such steps")
+
+
+__all__ = ["LayoutEngine", "check_trainable", "loss_of", "slice_rows"]
