@@ -44,12 +44,11 @@ class AsynchronousDataAccessor:
                  load_indefinitely: bool = True, early_preload: bool = False,
                  sharing_strategy: SharingStrategy = SharingStrategy.ForkServer,
                  rebatched_size: int | None = None) -> None:
-        from .dataloader import DataLoader
-
         self._inner: AsyncDataAccessor | None = None
         self._current: Iterator[Any] | None = None
         self._first_pass_unclaimed = False
-        if isinstance(dataset, DataLoader):
+        is_loader = hasattr(dataset, "combinedBatchSize")  # a poptorch.DataLoader (which imports this module)
+        if is_loader:
             if dataset.__dict__.get("_accessor") is not None:
                 raise py_error("The DataLoader already uses an AsynchronousDataAccessor internally. Either use "
                                "the existing one or set mode='poptorch.DataLoaderMode.Sync' in the DataLoader.")
@@ -64,7 +63,7 @@ class AsynchronousDataAccessor:
         self.rebatched_size = rebatched_size
         # A DataLoader is sent as a shallow copy (same dataset, sampler and options, no accessor), so that
         # the loading process's source does not hold on to the loader that owns this accessor.
-        source = copy.copy(dataset) if isinstance(dataset, DataLoader) else dataset
+        source = copy.copy(dataset) if is_loader else dataset
         self._inner = AsyncDataAccessor(
             source, buffer_size=buffer_size, early_preload=early_preload,
             load_indefinitely=load_indefinitely, rebatch_size=rebatched_size,

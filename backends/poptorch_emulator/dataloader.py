@@ -28,6 +28,7 @@ import torch
 import torch.utils.data
 
 from . import _structure
+from .accessor import AsynchronousDataAccessor
 from .enums import DataLoaderMode
 from .options import Options
 from .poptorch_core import py_error
@@ -213,8 +214,6 @@ class DataLoader(torch.utils.data.DataLoader):
             if "rebatched_size" in async_options:
                 raise AssertionError("You cannot use DataLoaderMode.AsyncRebatched and manually specify the "
                                      "rebatched_size in async_options")
-            from .accessor import AsynchronousDataAccessor  # imported late: the accessor imports this module
-
             self._accessor = AsynchronousDataAccessor(self, **async_options, rebatched_size=rebatched_size)
             self._accessor._owned_by(self)
 
