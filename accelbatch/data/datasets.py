@@ -100,7 +100,7 @@ class Store:
 
     def lengths(self, length_fn: Callable[[Message], int], context_length: int, include_labels: bool) -> np.ndarray:
         """``length_fn`` of every example's observation (dynamic batching plans from these)."""
-        out = np.empty(self.pad + 1, dtype=np.int64)
+        out = np.empty(self.pad + 1, dtype=np.int32)
         out[-1] = 0
         for e in range(self.table.num_episodes):
             turns = self.episode(e)

@@ -214,10 +214,10 @@ class _Steps(Sampler):
             self.rows, self.lengths, self.per_pass = None, lengths, 0
 
     def steps_in(self, pass_: int) -> int:
-        return self.per_pass if self.plan is None else len(self.plan.epoch(pass_)[0])
+        return self.per_pass if self.plan is None else self.plan.count(pass_)[0]
 
     def dropped(self, pass_: int) -> int:
-        return 0 if self.plan is None else self.plan.epoch(pass_)[1]
+        return 0 if self.plan is None else self.plan.count(pass_)[1]
 
     def begin_pass(self) -> None:
         """A new pass: called once per pass by the DataLoader (torch may iterate a sampler twice per pass)."""
@@ -232,8 +232,8 @@ class _Steps(Sampler):
             self.begin_pass()
         pass_, first = self._current  # type: ignore[misc]
         if self.plan is not None:
-            batches = self.plan.epoch(pass_)[0]
-            return iter([Step(pass_, i, tuple(b.items), b.rows, b.padded_len) for i, b in enumerate(batches)][first:])
+            return (Step(pass_, i, tuple(b.items), b.rows, b.padded_len)
+                    for i, b in enumerate(self.plan.batches(pass_, first), first))
         return self._row_steps(pass_, first)
 
     def _row_steps(self, pass_: int, first: int) -> Iterator[Step]:
@@ -249,10 +249,9 @@ class _Steps(Sampler):
                 index += 1
 
     def digest(self, pass_: int) -> str:
-        if self.plan is None:
-            return self.table.digest() + f":{self.rows.rows}"
-        text = ";".join(",".join(map(str, b.items)) for b in self.plan.epoch(pass_)[0])
-        return hashlib.sha256(text.encode("ascii")).hexdigest()[:16]
+        """What decides the steps (data, shard, rows or plan, order): a position of other ones is refused."""
+        key = f"{self.table.digest()}:{self.rows.rows}:{self.rows.order!r}" if self.plan is None else self.plan.key()
+        return hashlib.sha256(key.encode()).hexdigest()[:16]
 
 
 @dataclass

@@ -20,8 +20,10 @@ order are cut into batches by a strategy of :mod:`accelbatch.data.batching` (row
 from __future__ import annotations
 
 import hashlib
+import random
 from dataclasses import dataclass
-from typing import Any, Callable, Sequence
+from itertools import islice
+from typing import Any, Callable, Iterator, Sequence
 
 import numpy as np
 
@@ -68,19 +70,27 @@ class EpisodeTable:
     def flat(self, episodes: np.ndarray) -> np.ndarray:
         """Flat indices of every turn of ``episodes`` (positions in this table), episode after episode."""
         lengths = self.turns[episodes]
+        dtype = _index_dtype(int(self.first[-1]) + int(self.turns[-1]) if len(self.first) else 0)
         if not len(lengths):
-            return np.empty(0, dtype=np.int64)
+            return np.empty(0, dtype=dtype)
         starts = self.first[episodes]
         ends = np.cumsum(lengths)
-        return np.repeat(starts - (ends - lengths), lengths) + np.arange(int(ends[-1]), dtype=np.int64)
+        flat = np.repeat(starts - (ends - lengths), lengths)
+        flat += np.arange(int(ends[-1]), dtype=np.int64)
+        return flat.astype(dtype, copy=False)
 
     def digest(self) -> str:
         return hashlib.sha256(self.first.tobytes() + self.turns.tobytes()).hexdigest()[:16]
 
 
 def permutation(size: int, seed: int, *key: int) -> np.ndarray:
-    """A seeded permutation of ``range(size)`` (numpy's generator: fast and the same on every machine)."""
-    return np.random.default_rng([abs(seed), *key]).permutation(size)
+    """A seeded permutation of ``range(size)`` (numpy's generator: fast and the same on every machine), as
+    int32 when that holds it (an epoch's order of a big streamed file: 4 bytes per example)."""
+    return np.random.default_rng([abs(seed), *key]).permutation(np.arange(size, dtype=_index_dtype(size)))
+
+
+def _index_dtype(size: int) -> type:
+    return np.int32 if size < 2 ** 31 - 1 else np.int64
 
 
 @dataclass(frozen=True)
@@ -357,7 +367,8 @@ class BatchPlan:
 
     Training drops the partial last batch of the fixed-row strategies with ``drop_last`` and, with several
     replicas, cuts every replica to the same number of batches (synchronous steps); the examples left out
-    are counted. Evaluation keeps every example.
+    are counted. Evaluation keeps every example. Batches are made lazily, as they are read (a streamed file's
+    epoch is never held as batches), so knowing an epoch's count costs a pass of the batcher, done once.
     """
 
     def __init__(self, tables: Sequence[EpisodeTable], rank: int, lengths: np.ndarray, batching: BatchingConfig,
@@ -365,36 +376,51 @@ class BatchPlan:
         self.tables, self.rank, self.lengths = list(tables), rank, lengths
         self.batching, self.training, self.shuffle = batching, training, shuffle
         self.seed, self.drop_last = seed, drop_last
-        self._cache: tuple[int, list[Batch[int]], int] | None = None
+        self._counts: dict[int, tuple[int, int]] = {}
 
-    def _rank_plan(self, rank: int, epoch: int) -> list[Batch[int]]:
-        examples = self.tables[rank].flat(np.arange(self.tables[rank].num_episodes))
+    def _rank_batches(self, rank: int, epoch: int) -> Iterator[Batch[int]]:
+        table = self.tables[rank]
+        examples = table.flat(np.arange(table.num_episodes))
         rng = None
         if self.shuffle:
             examples = examples[permutation(len(examples), self.seed, epoch, rank)]
-            import random
-
             rng = random.Random(hash((self.seed, epoch, rank)))
-        lengths = self.lengths[examples].tolist()
-        batches = list(self.batching.batcher(rng).run(zip(examples.tolist(), lengths)))
-        if self.training and self.drop_last and self.batching.strategy in ("none", "batchsort"):
-            batches = [b for b in batches if b.num_real == self.batching.batch_size]
-        return batches
+        drop = self.training and self.drop_last and self.batching.strategy in ("none", "batchsort")
+        size = self.batching.batch_size
+        for batch in self.batching.batcher(rng).run(_pairs(examples, self.lengths)):
+            if not drop or batch.num_real == size:
+                yield batch
 
-    def epoch(self, epoch: int) -> tuple[list[Batch[int]], int]:
-        """(this rank's batches, examples it leaves out) of ``epoch``."""
-        if self._cache is not None and self._cache[0] == epoch:
-            return self._cache[1], self._cache[2]
-        batches = self._rank_plan(self.rank, epoch)
-        dropped = self.tables[self.rank].num_examples - sum(b.num_real for b in batches)
-        if self.training and len(self.tables) > 1:
-            counts = [len(batches) if r == self.rank else len(self._rank_plan(r, epoch))
-                      for r in range(len(self.tables))]
-            common = min(counts)
-            dropped += sum(b.num_real for b in batches[common:])
-            batches = batches[:common]
-        self._cache = (epoch, batches, dropped)
-        return batches, dropped
+    def count(self, epoch: int) -> tuple[int, int]:
+        """(this rank's batches, the examples it leaves out) in ``epoch``."""
+        got = self._counts.get(epoch)
+        if got is None:
+            batches = real = 0
+            for batch in self._rank_batches(self.rank, epoch):
+                batches, real = batches + 1, real + batch.num_real
+            if self.training and len(self.tables) > 1:  # synchronous replicas: the fewest batches of any rank
+                common = min([batches] + [sum(1 for _ in self._rank_batches(r, epoch))
+                                          for r in range(len(self.tables)) if r != self.rank])
+                real -= sum(b.num_real for b in islice(self._rank_batches(self.rank, epoch), common, None))
+                batches = common
+            got = self._counts[epoch] = (batches, self.tables[self.rank].num_examples - real)
+        return got
+
+    def batches(self, epoch: int, start: int = 0) -> Iterator[Batch[int]]:
+        """This rank's batches of ``epoch`` from batch ``start`` on (the ones before it made, not kept)."""
+        return islice(self._rank_batches(self.rank, epoch), start, self.count(epoch)[0])
+
+    def key(self) -> str:
+        """What decides every epoch's batches (the data, the shard, the strategy and the seed)."""
+        return (f"{self.tables[self.rank].digest()}:{self.rank}/{len(self.tables)}:{self.batching}:{self.seed}:"
+                f"{self.shuffle}:{self.training and self.drop_last}")
+
+
+def _pairs(examples: np.ndarray, lengths: np.ndarray, chunk: int = 8192) -> Iterator[tuple[int, int]]:
+    """(flat index, length) of each example, converted a chunk at a time."""
+    for at in range(0, len(examples), chunk):
+        part = examples[at:at + chunk]
+        yield from zip(part.tolist(), lengths[part].tolist())
 
 
 __all__ = ["BatchPlan", "EpisodeTable", "MixedOrder", "RowFeed", "RowSchedule", "make_order", "permutation"]

@@ -186,7 +186,7 @@ class FileIndex:
         if not turns:
             raise DataFileError(f"{path}: the file holds no examples")
         as_np = [np.frombuffer(a, dtype=np.int64).copy() for a in (offsets, lines, turns)]
-        return cls(path, fmt, *as_np, os.path.getsize(path))
+        return cls(path, fmt, as_np[0], as_np[1].astype(np.int32), as_np[2].astype(np.int32), os.path.getsize(path))
 
     def read(self, episode: int) -> list[Message]:
         """The turns of one episode (the last one closes it)."""
