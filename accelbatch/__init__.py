@@ -8,12 +8,13 @@
 
 from accelbatch.agents import Agent, TorchAgent
 from accelbatch.build import create_world
+from accelbatch.loader_world import LoaderWorld
 from accelbatch.messages import Message
 from accelbatch.metrics import Metrics
 from accelbatch.opts import Opts
 from accelbatch.run import evaluate, format_report, run
 from accelbatch.teachers import FixedTeacher, Teacher
-from accelbatch.worlds import BatchWorld, DialogPartnerWorld, LoaderWorld, MultiWorld, World
+from accelbatch.worlds import BatchWorld, DialogPartnerWorld, MultiWorld, World
 
 __version__ = "0.1.0"
 

@@ -23,10 +23,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from accelbatch.agents import Agent, TorchAgent, resolve_agent_class
+from accelbatch.loader_world import LoaderWorld
 from accelbatch.opts import OptionError, Opts
 from accelbatch.plan import ExecutionPlan
 from accelbatch.teachers import FixedTeacher, create_teacher, create_teachers, is_training, task_names
-from accelbatch.worlds import BatchWorld, DialogPartnerWorld, LoaderWorld, MultiWorld, World
+from accelbatch.worlds import BatchWorld, DialogPartnerWorld, MultiWorld, World
 
 
 @dataclass

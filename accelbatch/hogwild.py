@@ -57,8 +57,14 @@ import torch
 import torch.multiprocessing as tmp
 
 from accelbatch.agents import Agent
-from accelbatch.hogwild_shared import (SharedEpisodeCursor, merge_world_states, model_module, multi_worlds,
-                                       task_teachers, world_metric_states)
+from accelbatch.hogwild_shared import (
+    SharedEpisodeCursor,
+    merge_world_states,
+    model_module,
+    multi_worlds,
+    task_teachers,
+    world_metric_states,
+)
 from accelbatch.opts import Opts
 from accelbatch.teachers import EpisodeCursor, Teacher, is_training
 from accelbatch.worlds import MultiWorld, World, create_world, world_rows

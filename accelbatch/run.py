@@ -21,8 +21,8 @@ from accelbatch.build import Runtime, attach_runtime, create_world
 from accelbatch.opts import Opts
 from accelbatch.run_control import PeriodicSaver, StopSignals
 from accelbatch.state import Checkpointer
-from accelbatch.tensorboard_log import TensorBoardLog
 from accelbatch.teachers import is_training, split_of
+from accelbatch.tensorboard_log import TensorBoardLog
 from accelbatch.worlds import World
 
 

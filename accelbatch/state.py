@@ -18,8 +18,14 @@ from typing import Any, Mapping
 import numpy as np
 import torch
 
-from accelbatch.checkpoint import (CheckpointError, check_resumable, find_checkpoint, first_line, load_checkpoint,
-                                   save_checkpoint)
+from accelbatch.checkpoint import (
+    CheckpointError,
+    check_resumable,
+    find_checkpoint,
+    first_line,
+    load_checkpoint,
+    save_checkpoint,
+)
 
 # --------------------------------------------------------------------------------------------------------
 # RNG streams as JSON data

@@ -18,7 +18,7 @@ import numpy as np
 from accelbatch.agents import Agent, UnknownNameError, import_path
 from accelbatch.data.datasets import ConcatStore, EpisodeStore, FileStore, Store
 from accelbatch.data.schedule import RowFeed, RowSchedule, make_order
-from accelbatch.messages import TEXT, Message
+from accelbatch.messages import Message
 from accelbatch.metrics import Metrics, merge_reports
 from accelbatch.opts import OptionError, Opts
 from accelbatch.tasks.files import DataFileError, FileIndex, load_episodes

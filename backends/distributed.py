@@ -45,12 +45,12 @@ import tempfile
 import time
 import traceback
 from dataclasses import dataclass
+from multiprocessing import connection as mp_connection
 from typing import Any, Callable, Iterator, Mapping
 
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as tmp
-from multiprocessing import connection as mp_connection
 
 
 class ReplicaError(RuntimeError):

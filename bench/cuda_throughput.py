@@ -20,11 +20,11 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-from torch import nn
-
 from accelbatch.backends.cpu import PlanEngine
 from accelbatch.backends.cuda import CUDABackend, CUDAEngine
 from accelbatch.backends.prefetch import count_host_syncs
+from torch import nn
+
 from accelbatch.opts import Opts
 from accelbatch.plan import ExecutionPlan
 

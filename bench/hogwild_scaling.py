@@ -114,8 +114,8 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     parser.add_argument("--warmup", type=int, default=4)
     args = parser.parse_args(argv)
 
-    from accelbatch.hogwild import create_hogwild_world
     from accelbatch.build import create_world
+    from accelbatch.hogwild import create_hogwild_world
 
     torch.set_num_threads(1)
     opts = Opts(task="babi:1", batchsize=args.batchsize, optimizer=args.optimizer, progress=False)

@@ -21,9 +21,9 @@ import sys
 import time
 
 import torch
-
 from accelbatch.backends.cpu import CPUBackend, PlanEngine
 from accelbatch.backends.distributed import spawn_replicas
+
 from accelbatch.plan import ExecutionPlan
 
 MODELS = {"mlp": (256, 512, 10), "tiny": (16, 16, 4)}

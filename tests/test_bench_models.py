@@ -6,7 +6,8 @@ import signal
 
 import pytest
 import torch
-from hypothesis import assume, given, settings, strategies as st
+from hypothesis import assume, given, settings
+from hypothesis import strategies as st
 
 from accelbatch.messages import Message
 from accelbatch.metrics import Metrics, exact_match, f1_score, normalize_answer, score_batch
@@ -35,8 +36,8 @@ def test_trivial_replies_with_text_and_skips_padding():
 
 
 def test_trivial_through_a_world_gets_scored():
-    from accelbatch.run import evaluate
     from accelbatch.build import create_world
+    from accelbatch.run import evaluate
 
     opts = Opts(task="dialogues:50", datatype="valid", model="accelbatch.models.trivial:TrivialAgent",
                 batchsize=8)

@@ -10,6 +10,7 @@ import textwrap
 import numpy as np
 import pytest
 import torch
+from helpers import RecordingAgent, list_teacher
 
 from accelbatch import checkpoint as ck
 from accelbatch import run_control
@@ -20,8 +21,6 @@ from accelbatch.messages import Message
 from accelbatch.opts import Opts
 from accelbatch.plan import ExecutionPlan
 from accelbatch.worlds import BatchWorld, DialogPartnerWorld, MultiWorld
-
-from helpers import RecordingAgent, list_teacher
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

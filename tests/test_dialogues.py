@@ -67,8 +67,8 @@ def test_teacher_serves_splits_and_eval_labels():
 
 
 def test_every_valid_example_once_through_a_batch_world():
-    from accelbatch.run import evaluate
     from accelbatch.build import create_world
+    from accelbatch.run import evaluate
 
     opts = Opts(task="dialogues:100", datatype="valid", model="repeat_label", batchsize=7)
     report = evaluate(create_world(opts))

@@ -46,7 +46,7 @@ def test_01_efficient_data_loading():
     assert "Invalid batch dimension: In the input torch.Size([2, 8]), the batch dimension (2) must be a " \
            "multiple of Options.deviceIterations(3)" in out
     for mode in ("Sync, 0 workers", "Sync, 1 workers", "Async, 1 workers"):
-        line = next(l for l in out.splitlines() if mode in l)
+        line = next(text for text in out.splitlines() if mode in text)
         assert line.count("it/s") == 2 and ("data loading" in line or "the model" in line)
 
 

@@ -28,9 +28,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from helpers import TAG_ENV, live_children, shm_left, shm_mapped, tagged_pids
 
 from accelbatch.cli import main
-from helpers import TAG_ENV, live_children, shm_left, shm_mapped, tagged_pids
 
 pytestmark = pytest.mark.multiprocess
 ROOT = str(Path(__file__).resolve().parent.parent)

@@ -19,18 +19,18 @@ from collections import Counter
 
 import pytest
 import torch
+from accelbatch.hogwild_shared import SharedEpisodeCursor, merge_world_states
+from helpers import process_table
 
 from accelbatch.agents import Agent
+from accelbatch.build import create_world
 from accelbatch.hogwild import HogwildChildError, HogwildError, create_hogwild_world
-from accelbatch.hogwild_shared import SharedEpisodeCursor, merge_world_states
 from accelbatch.messages import Message
 from accelbatch.metrics import Metrics
 from accelbatch.models.memnn import MemNNAgent
 from accelbatch.opts import Opts
 from accelbatch.run import evaluate, run
 from accelbatch.teachers import EpisodeCursor
-from accelbatch.build import create_world
-from helpers import process_table
 
 pytestmark = pytest.mark.multiprocess
 LOG_ENV = "ACCELBATCH_TEST_HOGWILD_LOG"

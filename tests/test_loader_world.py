@@ -5,15 +5,17 @@ import json
 
 import pytest
 import torch
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from accelbatch.agents import History
 from accelbatch.build import attach_runtime, create_world
 from accelbatch.data.squash import squash_episode
+from accelbatch.loader_world import LoaderWorld
 from accelbatch.messages import Message
 from accelbatch.opts import Opts
 from accelbatch.run import evaluate, run
-from accelbatch.worlds import BatchWorld, LoaderWorld
+from accelbatch.worlds import BatchWorld
 
 
 @pytest.fixture

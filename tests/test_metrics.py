@@ -33,9 +33,13 @@ def test_batch_scoring_equals_per_reply_reference():
 
 def test_metrics_merge_by_addition():
     a, b, both = Metrics(), Metrics(), Metrics()
-    a.add_batch(["x"], [["x"]]); a.add_loss(2.0)
-    b.add_batch(["y", "z"], [["x"], ["z"]]); b.add_loss(4.0, 3)
-    both.add_batch(["x", "y", "z"], [["x"], ["x"], ["z"]]); both.add_loss(2.0); both.add_loss(4.0, 3)
+    a.add_batch(["x"], [["x"]])
+    a.add_loss(2.0)
+    b.add_batch(["y", "z"], [["x"], ["z"]])
+    b.add_loss(4.0, 3)
+    both.add_batch(["x", "y", "z"], [["x"], ["x"], ["z"]])
+    both.add_loss(2.0)
+    both.add_loss(4.0, 3)
     a.merge(b)
     assert a.report() == both.report()
     assert a.report()["loss"] == (2.0 + 12.0) / 4

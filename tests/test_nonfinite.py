@@ -2,15 +2,14 @@
 
 import pytest
 import torch
+from accelbatch.backends.base import NonFiniteLoss
+from helpers import list_teacher
 from torch import nn
 
 from accelbatch.agents import TorchAgent
-from accelbatch.backends.base import NonFiniteLoss
-from accelbatch.opts import Opts
 from accelbatch.build import attach_runtime
+from accelbatch.opts import Opts
 from accelbatch.worlds import BatchWorld, DialogPartnerWorld
-
-from helpers import list_teacher
 
 
 class Poisoned(nn.Module):

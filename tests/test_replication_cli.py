@@ -4,7 +4,6 @@ import json
 import multiprocessing
 
 import pytest
-
 from helpers import live_children
 
 from accelbatch.cli import main

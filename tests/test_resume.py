@@ -7,9 +7,9 @@ import sys
 
 import pytest
 import torch
+from helpers import wait_for_first_checkpoint, write_qa_episodes
 
 from accelbatch.checkpoint import load_checkpoint
-from helpers import wait_for_first_checkpoint, write_qa_episodes
 
 
 def _dataset(root):

@@ -15,12 +15,12 @@ import uuid
 
 import pytest
 import torch
+from helpers import wait_for_first_checkpoint, write_qa_episodes
 
 from accelbatch.checkpoint import load_checkpoint
 from accelbatch.data import make_loader
 from accelbatch.messages import Message
 from accelbatch.state import unsupported
-from helpers import wait_for_first_checkpoint, write_qa_episodes
 
 ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
 MODES = {"sync": ("sync", "0"), "async": ("async", "0"), "async-rebatched": ("async-rebatched", "1"),
@@ -120,8 +120,8 @@ def test_a_mismatched_loader_position_is_refused(tmp_path):
     """A position from another plan (here: another --batchsize) is refused with a clear message."""
     _dataset(tmp_path)
     model = tmp_path / "m" / "model.pt"
-    base = ["-bs", "3", "-tstep", "4", "--save-every-n-secs", "0.001", "--eval-splits", "", "-veps", "-1", "--no-progress",
-            "--dynamic-batching", "batchsort", "-mf", str(model)]
+    base = ["-bs", "3", "-tstep", "4", "--save-every-n-secs", "0.001", "--eval-splits", "", "-veps", "-1",
+            "--no-progress", "--dynamic-batching", "batchsort", "-mf", str(model)]
     tag = uuid.uuid4().hex
     _run([sys.executable, "-m", "accelbatch", "train", "-t", f"jsonl:{tmp_path}/data", *base], tag)
     state = next((tmp_path / "m" / "model.pt.ckpt").glob("gen-*")) / "state.json"

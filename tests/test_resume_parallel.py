@@ -20,13 +20,13 @@ import time
 
 import pytest
 import torch
+from accelbatch.data_position import restore_world_position, world_position
+from helpers import descendants, wait_for_first_checkpoint, write_qa_episodes
 
 from accelbatch.agents import Agent
 from accelbatch.checkpoint import load_checkpoint
-from accelbatch.data_position import restore_world_position, world_position
 from accelbatch.messages import Message
 from accelbatch.opts import Opts
-from helpers import descendants, wait_for_first_checkpoint, write_qa_episodes
 
 ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
 

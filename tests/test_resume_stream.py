@@ -19,13 +19,13 @@ import uuid
 
 import pytest
 import torch
+from helpers import live_children, wait_for_first_checkpoint, write_qa_episodes
+from test_resume_loader import ENV, _assert_no_process_left, _weights
 
 from accelbatch.checkpoint import load_checkpoint
 from accelbatch.data import make_loader
 from accelbatch.models.memnn import MemNNAgent
 from accelbatch.state import unsupported
-from helpers import live_children, wait_for_first_checkpoint, write_qa_episodes
-from test_resume_loader import ENV, _assert_no_process_left, _weights
 
 TESTS = os.path.dirname(os.path.abspath(__file__))
 LOG_VAR = "ACCELBATCH_TEST_TRAINED"

@@ -5,11 +5,11 @@ import sys
 import pytest
 import torch
 
+from accelbatch.build import create_world
 from accelbatch.cli import main
 from accelbatch.models.memnn import MemNNAgent
 from accelbatch.opts import Opts
 from accelbatch.run import run
-from accelbatch.build import create_world
 
 
 def test_demo_defaults_train_the_bundled_task_past_95_percent(tmp_path, capsys):

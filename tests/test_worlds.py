@@ -1,14 +1,14 @@
 import torch
-from hypothesis import given, settings, strategies as st
+from helpers import RecordingAgent, list_teacher
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
+from accelbatch.build import create_world
 from accelbatch.messages import Message
 from accelbatch.models.memnn import MemNNAgent
 from accelbatch.opts import Opts
 from accelbatch.run import evaluate
-from accelbatch.build import create_world
-from accelbatch.worlds import BatchWorld, DialogPartnerWorld, MultiWorld
-
-from helpers import RecordingAgent, list_teacher
+from accelbatch.worlds import BatchWorld, DialogPartnerWorld
 
 
 def test_parley_follows_parlai_order():

@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import bisect
 import random
-from collections import defaultdict
 from dataclasses import dataclass
 from statistics import median
 from typing import Any, Generic, Iterable, Iterator, Sequence, TypeVar

@@ -53,7 +53,13 @@ import torch
 from torch.utils.data import DataLoader, Dataset, Sampler
 
 from accelbatch.data.accessor import AsyncDataAccessor, pickle_batch
-from accelbatch.data.batching import STRATEGIES, BatchingConfig, MessageLength, default_max_tokens, plan_buckets
+from accelbatch.data.batching import (
+    STRATEGIES,
+    BatchingConfig,
+    MessageLength,
+    default_max_tokens,
+    plan_buckets,
+)
 from accelbatch.data.datasets import EpisodeStore, FileStore, Store
 from accelbatch.data.rebatch import tree_map
 from accelbatch.data.schedule import BatchPlan, RowSchedule, make_order

@@ -14,8 +14,15 @@ recompilations measurable, and ``IS_EMULATOR = True``.
 from . import enums, poptorch_core
 from .accessor import AsynchronousDataAccessor
 from .dataloader import DataLoader
-from .enums import (CommGroupType, ConnectionType, DataLoaderMode, MeanReductionStrategy, OutputMode,
-                    ReductionType, SharingStrategy)
+from .enums import (
+    CommGroupType,
+    ConnectionType,
+    DataLoaderMode,
+    MeanReductionStrategy,
+    OutputMode,
+    ReductionType,
+    SharingStrategy,
+)
 from .model import PoplarExecutor, inferenceModel, trainingModel
 from .ops import identity_loss, isRunningOnIpu
 from .options import Options
@@ -35,7 +42,8 @@ def setLogLevel(level: str | int) -> None:
 
 
 __all__ = [
-    "AsynchronousDataAccessor", "CommGroupType", "ConnectionType", "DataLoader", "DataLoaderMode", "Error", "IS_EMULATOR",
+    "AsynchronousDataAccessor", "CommGroupType", "ConnectionType", "DataLoader", "DataLoaderMode", "Error",
+    "IS_EMULATOR",
     "MeanReductionStrategy", "Options", "OutputMode", "PoplarExecutor", "RecoverableError", "ReductionType",
     "SharingStrategy", "UnrecoverableError", "enums", "identity_loss", "inferenceModel",
     "ipuHardwareIsAvailable", "isRunningOnIpu", "poptorch_core", "setLogLevel", "trainingModel",

@@ -25,7 +25,6 @@ import argparse
 import time
 
 import torch
-
 from poptorch_or_emulator import import_poptorch  # examples/ipu/poptorch_or_emulator.py
 
 

@@ -27,10 +27,9 @@ from __future__ import annotations
 import argparse
 
 import torch
+from poptorch_or_emulator import import_poptorch  # examples/ipu/poptorch_or_emulator.py
 
 from accelbatch.plan import ExecutionPlan
-
-from poptorch_or_emulator import import_poptorch  # examples/ipu/poptorch_or_emulator.py
 
 
 class Regressor(torch.nn.Module):

@@ -26,10 +26,9 @@ import argparse
 import copy
 
 import torch
+from poptorch_or_emulator import import_poptorch  # examples/ipu/poptorch_or_emulator.py
 
 from accelbatch.plan import ExecutionPlan
-
-from poptorch_or_emulator import import_poptorch  # examples/ipu/poptorch_or_emulator.py
 
 
 class L1Model(torch.nn.Module):

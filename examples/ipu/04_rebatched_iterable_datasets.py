@@ -22,7 +22,6 @@ import math
 import warnings
 
 import torch
-
 from poptorch_or_emulator import import_poptorch  # examples/ipu/poptorch_or_emulator.py
 
 # 7 workers on a small machine is the point of the example: silence torch's advice about it (module level,

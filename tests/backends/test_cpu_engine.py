@@ -12,8 +12,8 @@ import copy
 import pytest
 import torch
 import torch.nn.functional as F
-
 from accelbatch.backends.cpu import CPUBackend, PlanEngine
+
 from accelbatch.plan import ExecutionPlan, PlanError
 
 ATOL = 1e-6

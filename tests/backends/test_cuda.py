@@ -21,8 +21,6 @@ import sys
 
 import pytest
 import torch
-from torch import nn
-
 from accelbatch.backends.base import BackendUnavailable, Topology, get_backend
 from accelbatch.backends.cpu import PlanEngine
 from accelbatch.backends.cuda import (
@@ -33,6 +31,8 @@ from accelbatch.backends.cuda import (
     spawn_cuda_replicas,
 )
 from accelbatch.backends.prefetch import count_host_syncs
+from torch import nn
+
 from accelbatch.opts import Opts
 from accelbatch.plan import ExecutionPlan, PlanError
 
@@ -337,8 +337,8 @@ def test_device_cuda_lists_the_usable_devices(capsys):
 
 def test_the_run_loop_drives_the_cuda_backend(monkeypatch):
     """`run` with --device cuda, its backend forced onto the CPU: the world trains through CUDAEngine."""
-    from accelbatch.run import run
     from accelbatch.build import create_world
+    from accelbatch.run import run
 
     monkeypatch.setattr(CUDABackend, "is_available", classmethod(lambda cls: (True, "")))
     monkeypatch.setattr(CUDABackend, "__init__", functools.partialmethod(CUDABackend.__init__, cpu=True))

@@ -14,13 +14,13 @@ import copy
 import pytest
 import torch
 import torch.distributed as dist
-from torch import nn
-
 from accelbatch.backends.base import EngineOptions, NonFiniteLoss, Topology
 from accelbatch.backends.cpu import CPUBackend, PlanEngine
 from accelbatch.backends.cuda import CUDABackend, StepGuard
 from accelbatch.backends.distributed import spawn_replicas
 from accelbatch.backends.prefetch import count_host_syncs
+from torch import nn
+
 from accelbatch.opts import Opts
 from accelbatch.plan import ExecutionPlan
 

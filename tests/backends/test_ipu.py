@@ -13,16 +13,16 @@ import types
 import pytest
 import torch
 import torch.nn.functional as F
-
-import accelbatch as ab
 from accelbatch.backends import poptorch_emulator
 from accelbatch.backends.base import BackendUnavailable, available_backends, get_backend
 from accelbatch.backends.cpu import PlanEngine
 from accelbatch.backends.ipu import EMULATOR_ENV, IPUBackend
 from accelbatch.backends.ipu_engine import IPUEngine, plan_options
+
+import accelbatch as ab
+from accelbatch.build import attach_runtime
 from accelbatch.opts import Opts
 from accelbatch.plan import ExecutionPlan, PlanError
-from accelbatch.build import attach_runtime
 
 # --- helpers --------------------------------------------------------------------------------------------
 

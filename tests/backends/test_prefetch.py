@@ -12,11 +12,10 @@ import contextlib
 
 import pytest
 import torch
-
 from accelbatch.backends.cpu import PlanEngine
 from accelbatch.backends.cuda import CUDAEngine, make_accelerator
-from accelbatch.backends.prefetch import (PassthroughCopier, StreamCopier, copier_for, count_host_syncs,
-                                          map_tensors)
+from accelbatch.backends.prefetch import PassthroughCopier, StreamCopier, copier_for, count_host_syncs, map_tensors
+
 from accelbatch.plan import ExecutionPlan
 
 SENTINEL = -12345.0

@@ -8,10 +8,10 @@ import types
 
 import pytest
 import torch
-
 from accelbatch.backends import base
 from accelbatch.backends.base import Backend, BackendUnavailable, Topology, available_backends, get_backend
 from accelbatch.backends.cpu import CPUBackend, PlanEngine
+
 from accelbatch.plan import ExecutionPlan, PlanError
 
 

@@ -16,7 +16,6 @@ import time
 
 import pytest
 import torch
-
 from accelbatch.backends import distributed
 from accelbatch.backends.distributed import ReplicaError, ReplicaTimeout, spawn_replicas
 from helpers import live_children
@@ -61,6 +60,7 @@ def initial_net() -> Net:
 def _train_worker(rank: int, names: list[str]):
     """Runs in each replica: every scenario, on this replica's shard of the same combined batches."""
     from accelbatch.backends.cpu import CPUBackend, ReplicatedEngine
+
     from accelbatch.plan import ExecutionPlan
 
     out = {}

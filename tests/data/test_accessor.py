@@ -12,8 +12,14 @@ import time
 import pytest
 import torch
 
-from accelbatch.data.accessor import (AccessorError, AsyncDataAccessor, EmptySourceError, WorkerDiedError,
-                                      WorkerTimeoutError, WorkerTraceback)
+from accelbatch.data.accessor import (
+    AccessorError,
+    AsyncDataAccessor,
+    EmptySourceError,
+    WorkerDiedError,
+    WorkerTimeoutError,
+    WorkerTraceback,
+)
 from accelbatch.messages import Message
 
 from . import gone, no_leaks, orphaned_shm  # noqa: F401  (pytest fixture)

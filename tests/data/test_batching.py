@@ -7,8 +7,17 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from accelbatch.data.batching import (STRATEGIES, BatchingConfig, BucketBatcher, BucketShape,
-                                      TokenBatcher, batch_stats, make_batcher, make_batches, plan_buckets)
+from accelbatch.data.batching import (
+    STRATEGIES,
+    BatchingConfig,
+    BucketBatcher,
+    BucketShape,
+    TokenBatcher,
+    batch_stats,
+    make_batcher,
+    make_batches,
+    plan_buckets,
+)
 
 # ParlAI's 12 movie quotes (id -> number of words), from "Worlds, Sharing & Batching"
 QUOTE_WORDS = [8, 10, 17, 2, 2, 38, 6, 12, 6, 12, 13, 5]

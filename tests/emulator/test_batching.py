@@ -7,7 +7,6 @@ import copy
 
 import pytest
 import torch
-
 from accelbatch.backends import poptorch_emulator as poptorch
 
 

@@ -9,7 +9,6 @@ import multiprocessing
 
 import pytest
 import torch
-
 from accelbatch.backends import poptorch_emulator as poptorch
 
 pytestmark = pytest.mark.filterwarnings("ignore:This DataLoader will create:UserWarning")

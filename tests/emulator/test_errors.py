@@ -2,7 +2,6 @@
 
 import pytest
 import torch
-
 from accelbatch.backends import poptorch_emulator as poptorch
 
 HINT = ("\nThis error occurred because the inputs passed at runtime don't match the inputs used to compile "

@@ -4,7 +4,6 @@ import copy
 
 import pytest
 import torch
-
 from accelbatch.backends import poptorch_emulator as poptorch
 
 FROZEN = "Can't modify frozen Options"

@@ -1,0 +1,170 @@
+"""LoaderWorld: the batched front end. The same schedule's steps a BatchWorld of teacher and agent clones
+serves (or, with ``--dynamic-batching``, a batch plan), built by the data loader: in data workers, through the
+async accessor, from a file read on demand; the main process receives ready tensors. One parley is ParlAI's
+four steps for a whole batch: the loader acts as the teacher, the agent steps on the batch, the teacher scores
+the replies.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import numpy as np
+import torch
+
+from accelbatch.agents import Agent, TorchAgent
+from accelbatch.data.loader import LoadedBatch, make_loader
+from accelbatch.messages import Message
+from accelbatch.opts import OptionError, Opts
+from accelbatch.teachers import FixedTeacher, is_training, shuffles
+from accelbatch.worlds import World
+
+
+class LoaderWorld(World):
+    """One teacher's store through :func:`~accelbatch.data.loader.make_loader` to one model agent.
+
+    The loader builds the steps of the same schedule a BatchWorld serves (or, with ``--dynamic-batching``,
+    a batch plan), with the agent's ``vectorize`` and ``batchify`` run where the batch is built; the teacher
+    scores the replies. One parley is ParlAI's four steps for a whole batch.
+    """
+
+    def __init__(self, opts: Opts, agent: Agent, teacher: FixedTeacher, rows: int, shard: tuple[int, int] = (0, 1),
+                 row_multiple: int = 1):
+        super().__init__(opts, [teacher, agent])
+        self.training = is_training(opts.datatype)
+        collate = agent.collate_fn() if isinstance(agent, TorchAgent) else None
+        self.loader = make_loader(teacher.store, opts, collate=collate, training=self.training, shard=shard,
+                                  rows=rows, length_fn=getattr(agent, "example_length", None), batch_size=rows,
+                                  row_multiple=row_multiple, shuffle=shuffles(opts.datatype))
+        self._tasks = getattr(teacher.store, "task_of", None)
+        self._iter: Any = None
+        self._done = False
+        self._ahead: LoadedBatch | None = None  # fetched one parley early, its copy to the device started
+        self.padded_tokens = 0
+        self.real_tokens = 0
+        self.dropped_exs = 0  # training examples left out in partial static-shape batches (--drop-last)
+
+    def clone(self) -> "World":
+        raise TypeError("a LoaderWorld is not cloned: it batches through its loader")
+
+    def parley(self) -> None:
+        batch = self._next_batch()
+        while batch is not None and self.training and batch.num_real < batch.rows:
+            if self.opts.drop_last:
+                # a static-shape batch with padding rows (a bucket's partial tail): padding must not enter
+                # the loss, so with --drop-last it is left out like any partial training batch, and counted
+                self.dropped_exs += batch.num_real
+                batch = self._next_batch()
+            else:
+                batch = _real_rows_only(batch)
+        if batch is None:
+            return
+        teacher, messages = self.agents[0], batch.messages
+        ids = np.asarray(batch.ids, dtype=np.int64)
+        tasks = self._tasks(ids) if self._tasks is not None else None
+        teacher.score(self._replies(messages, batch), teacher.store.answer_ids(ids), len(messages),  # type: ignore
+                      tasks)
+        self.total_exs += len(messages)
+        self.real_tokens += sum(batch.lengths)
+        self.padded_tokens += batch.rows * batch.padded_len
+        self.acts = [messages[-1] if messages else None, None]
+
+    def _next_batch(self) -> LoadedBatch | None:
+        """The next batch; when the engine copies batches to a device, the one after it is fetched now and
+        its copy started, so that it overlaps this batch's step (cross-call prefetch)."""
+        start = time.perf_counter()
+        try:
+            engine = getattr(self.agents[1], "slot", None) and self.agents[1].engine  # type: ignore[attr-defined]
+            if engine is None or not engine.stages:
+                return self._fetch()
+            batch, self._ahead = (self._ahead or self._fetch()), None
+            if batch is not None:
+                self._ahead = self._fetch()
+                if self._ahead is not None and self._ahead.tensors is not None:
+                    engine.stage(self._ahead.tensors)
+            return batch
+        finally:
+            self.data_time_s += time.perf_counter() - start
+
+    def _fetch(self) -> LoadedBatch | None:
+        if self._done:
+            return None
+        if self._iter is None:
+            self._iter = iter(self.loader)
+        try:
+            return next(self._iter)
+        except StopIteration:
+            if not self.training:
+                self._done = True
+                return None
+            self._iter = iter(self.loader)  # the next training pass
+            try:
+                return next(self._iter)
+            except StopIteration:
+                raise OptionError(f"-t {self.opts.task}: an epoch of training data yields no full batch of "
+                                  f"{self.loader.config.batch_size} rows; lower --batchsize, or train on the "
+                                  "partial batch with --no-drop-last") from None
+
+    def _replies(self, messages: list[Message], batch: LoadedBatch) -> list[dict]:
+        agent = self.agents[1]
+        if isinstance(agent, TorchAgent):
+            replies: list[dict] = [{} for _ in messages]
+            for row, reply in agent.step(messages, batch.tensors):
+                replies[row] = reply
+            return replies
+        if hasattr(agent, "batch_act") and getattr(agent, "use_batch_act", True):
+            return agent.batch_act(messages)
+        out = []
+        for msg in messages:
+            agent.observe(msg)
+            out.append(agent.act())
+        return out
+
+    def epoch_done(self) -> bool:
+        return self._done
+
+    def state_dict(self) -> dict[str, Any]:
+        held = int(self._ahead is not None)  # fetched early, not parleyed yet: served again after a restore
+        return {"total_exs": self.total_exs, "dropped_exs": self.dropped_exs,
+                "loader": self.loader.state_dict(held)}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.loader.load_state_dict(state["loader"])
+        self._iter, self._done, self._ahead = None, False, None
+        self.total_exs = int(state["total_exs"])
+        self.dropped_exs = int(state.get("dropped_exs", 0))
+
+    def report(self) -> dict[str, float]:
+        rep = super().report()
+        if self.padded_tokens:
+            rep["pad_fraction"] = round(1 - self.real_tokens / self.padded_tokens, 4)
+        if self.dropped_exs:
+            rep["dropped_exs"] = self.dropped_exs
+        return rep
+
+    def reset(self) -> None:
+        if self._iter is not None:
+            self._iter.close()
+        self._iter, self._done, self._ahead = None, False, None
+        self.get_model_agent().reset()
+
+    def shutdown(self) -> None:
+        if self._iter is not None:
+            self._iter.close()
+            self._iter = None
+        self.loader.close()
+
+
+def _real_rows_only(batch: LoadedBatch) -> LoadedBatch:
+    """The batch without its padding rows (training with --no-drop-last: the plan's tail policy)."""
+    real = batch.num_real
+
+    def cut(t: Any) -> Any:
+        return t[:real] if isinstance(t, torch.Tensor) and t.dim() and t.shape[0] == batch.rows else t
+
+    tensors = {k: cut(v) for k, v in batch.tensors.items()} if isinstance(batch.tensors, dict) else batch.tensors
+    return LoadedBatch(tensors, batch.messages, batch.ids, batch.lengths, real, batch.padded_len, batch.step)
+
+
+__all__ = ["LoaderWorld"]
