@@ -203,12 +203,18 @@ class RowSchedule:
         if got is None:
             oldest = int(self._epoch.min())
             self._runs = {e: r for e, r in self._runs.items() if e >= oldest}
-            order, size, rows = np.asarray(self.order(epoch), dtype=np.int64), self.table.num_episodes, self.rows
-            first = epoch * size
-            by_row = [order[(r - first) % rows::rows] for r in range(rows)] if rows > 1 else [order]
+            order, size, rows = np.asarray(self.order(epoch)), self.table.num_episodes, self.rows
+            # stream position epoch * size + i belongs to row (epoch * size + i) % rows: laid out `rows` wide from
+            # that offset, each column holds one row's episodes, in order
+            shift = epoch * size % rows
+            grid = np.full(-(-(size + shift) // rows) * rows, -1, dtype=order.dtype)
+            grid[shift:shift + size] = order
+            grid = grid.reshape(-1, rows)
+            turns = np.where(grid >= 0, self.table.turns[np.maximum(grid, 0)], 0)
             starts = np.zeros(rows + 1, dtype=np.int64)
-            np.cumsum([int(self.table.turns[part].sum()) for part in by_row], out=starts[1:])
-            got = self._runs[epoch] = (self.table.flat(np.concatenate(by_row)), starts)
+            np.cumsum(turns.sum(axis=0), out=starts[1:])
+            by_row = grid.T.ravel()
+            got = self._runs[epoch] = (self.table.flat(by_row[by_row >= 0]), starts)
         return got
 
     def block(self, count: int) -> np.ndarray:
