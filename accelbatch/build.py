@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from accelbatch.agents import Agent, TorchAgent, resolve_agent_class
+from accelbatch.hogwild import HogwildWorld
 from accelbatch.loader_world import LoaderWorld
 from accelbatch.opts import OptionError, Opts
 from accelbatch.plan import ExecutionPlan
@@ -128,15 +129,29 @@ def create_world(opts: Opts, agent: Agent | type[Agent] | None = None, rows: int
     runtime = runtime or getattr(getattr(model, "slot", None), "runtime", None) or setup_runtime(opts)
     compile_agent(model, runtime)
     if opts.numthreads > 1:
-        from accelbatch.hogwild import HogwildWorld
-
-        if opts.device != "cpu":
-            raise OptionError(f"--numthreads {opts.numthreads} (hogwild) runs on --device cpu only, not --device "
-                              f"{opts.device}; use --numthreads 1, or --replication-factor for data parallelism")
-        world: World = HogwildWorld(opts, model, rows, build_child=build_hogwild_child)
+        world: World = create_hogwild_world(opts, agent, rows, runtime=runtime, model=model)
     else:
         replicas = runtime.topology.world_size
         world = build_world(opts, model, runtime.shard, rows, replicas)
+    world.runtime = runtime
+    return world
+
+
+def create_hogwild_world(opts: Opts, agent: Agent | type[Agent] | None = None, rows: int | None = None, *,
+                         processes: int | None = None, runtime: Runtime | None = None,
+                         model: Agent | None = None) -> HogwildWorld:
+    """A HogwildWorld of ``processes`` (default ``--numthreads``) processes; cpu only."""
+    if opts.device != "cpu":
+        raise OptionError(f"--numthreads {opts.numthreads} (hogwild) runs on --device cpu only, not --device "
+                          f"{opts.device}; use --numthreads 1, or --replication-factor for data parallelism")
+    if model is None:
+        model = make_agent(opts, agent)
+        runtime = runtime or setup_runtime(opts)
+        compile_agent(model, runtime)
+    main = build_world(opts.replace(numthreads=1), model, rows=1)
+    agent_class = agent if isinstance(agent, type) else (None if agent is None else type(agent))
+    world = HogwildWorld(opts.replace(numthreads=processes or opts.numthreads), main, build_hogwild_child,
+                         agent_class, rows)
     world.runtime = runtime
     return world
 
@@ -164,4 +179,4 @@ def attach_runtime(world: World, opts: Opts) -> Runtime:
 
 
 __all__ = ["Runtime", "attach_runtime", "build_hogwild_child", "build_world", "collates_anywhere", "compile_agent",
-           "create_world", "make_agent", "setup_runtime", "uses_loader"]
+           "create_hogwild_world", "create_world", "make_agent", "setup_runtime", "uses_loader"]

@@ -3,14 +3,15 @@
 from __future__ import annotations
 
 import argparse
-import re
 import sys
-from typing import NoReturn, Sequence
+from collections.abc import Sequence
+from typing import NoReturn
 
 from accelbatch.agents import AGENT_PATHS, UnknownNameError
 from accelbatch.checkpoint import CheckpointError
 from accelbatch.opts import OptionError, Opts, add_arguments
 from accelbatch.plan import PlanError
+from accelbatch.procs import ProcessFailure
 from accelbatch.tasks.files import DataFileError
 from accelbatch.teachers import list_tasks
 
@@ -40,74 +41,38 @@ def build_cli() -> argparse.ArgumentParser:
     return parser
 
 
-def _replica_errors() -> tuple[type[BaseException], ...]:
-    from accelbatch.backends.base import NonFiniteLoss
-    from accelbatch.backends.distributed import ReplicaError
-
-    return (ReplicaError, NonFiniteLoss)
-
-
-def _backend_errors() -> tuple[type[BaseException], ...]:
+def _usage_errors() -> tuple[type[BaseException], ...]:
     from accelbatch.backends.base import BackendUnavailable
 
-    return (BackendUnavailable, PlanError)
+    return USAGE_ERRORS + (BackendUnavailable, PlanError)
 
 
 def error_message(exc: BaseException) -> tuple[int, str] | None:
-    """(exit code, message) for an error the user can act on: 2 for bad input wherever it was met (this
-    process, a data worker, a replica, a hogwild process), 1 for a failure elsewhere (with that process's
-    traceback) or a NaN loss; None for anything else (a bug, which keeps its traceback)."""
+    """(exit code, message) for an error the user can act on, told by its type: 2 and the error's own one
+    line for bad input wherever it was met (this process, a data worker, a replica, a hogwild process); 1 for
+    another process's failure (:class:`~accelbatch.procs.ProcessFailure`, its traceback once) or a NaN
+    loss; None for anything else (a bug, which keeps its traceback)."""
+    from accelbatch.backends.base import NonFiniteLoss
+
     bad_input = bad_input_message(exc)
     if bad_input is not None:
         return 2, bad_input
-    if isinstance(exc, _replica_errors()):
-        return 1, str(exc)
-    failure = worker_failure(exc)
-    return None if failure is None else (1, failure)
+    # a child's failure, or a child's exception re-raised with its own type (the failure is its cause)
+    failure = next((e for e in (exc, exc.__cause__) if isinstance(e, ProcessFailure)), None)
+    if failure is not None:
+        return 1, str(failure)
+    return (1, str(exc)) if isinstance(exc, NonFiniteLoss) else None
 
 
 def bad_input_message(exc: BaseException) -> str | None:
-    """The one-line message of a usage error (bad option, file, plan), also when it was raised in a data
-    worker, a replica or a hogwild process; None for other errors."""
-    usage = USAGE_ERRORS + _backend_errors()
+    """The one-line message of a usage error (bad option, file, plan, checkpoint, device), also when another
+    process raised it (a ProcessFailure whose ``error_types`` hold a usage error); None for other errors."""
+    usage = _usage_errors()
     if isinstance(exc, usage):
-        return _worker_free(str(exc))
+        return str(exc)
     names = {f"{t.__module__}.{t.__qualname__}" for t in usage}
-    if names & set(getattr(exc, "error_types", ())) and getattr(exc, "error_message", None):  # a replica's
-        return _worker_free(exc.error_message)  # type: ignore[attr-defined]
-    child = getattr(exc, "child_exception", None)  # a hogwild process's
-    if isinstance(child, usage):
-        return _worker_free(str(child))
-    return None
-
-
-def _worker_free(text: str) -> str:
-    """``text`` without torch's wrapping of an error re-raised from a DataLoader worker ("Caught X in
-    DataLoader worker process 0. Original Traceback ..."): the error's own message."""
-    if not (text.startswith("Caught ") and " in DataLoader worker process " in text):
-        return text
-    last = text.strip().splitlines()[-1]
-    return re.sub(r"^[\w.]+: ", "", last, count=1)
-
-
-def worker_failure(exc: BaseException) -> str | None:
-    """What to tell the user when a data worker or a hogwild process failed (their traceback, not the
-    main process's); None for any other error, which keeps its own traceback."""
-    from accelbatch.data.accessor import AccessorError, WorkerTraceback
-    from accelbatch.hogwild import HogwildError
-
-    text = str(exc)
-    if isinstance(exc, (HogwildError, AccessorError)):
-        return text
-    if isinstance(exc.__cause__, WorkerTraceback):
-        return "a data worker (--dataloader-mode async) raised " + "\n".join([text, *getattr(exc, "__notes__", [])])
-    if text.startswith("Caught ") and " in DataLoader worker process " in text:
-        return f"a data worker (--num-workers) raised {type(exc).__name__}: {text}"
-    if isinstance(exc, RuntimeError) and text.startswith("DataLoader timed out after"):
-        return (f"{text} waiting for a batch from the data workers (--num-workers): a worker hangs, or one "
-                "batch takes longer than --data-timeout-s (raise it if so); the workers were stopped")
-    if isinstance(exc, RuntimeError) and text.startswith("DataLoader worker (pid"):
-        return f"{text} (--num-workers; killed from outside or out of memory?)"
+    if isinstance(exc, ProcessFailure) and names & set(exc.error_types):
+        return exc.error_message or str(exc)
     return None
 
 

@@ -216,7 +216,7 @@ def _train(world: World, opts: Opts, log: MetricsLog, runtime: Runtime, stop: St
         if stopping:
             if bar is not None:
                 bar.close()
-            where = f"checkpoint saved to {checkpoints_dir(opts)}; continue with --resume" if checkpoints else \
+            where = f"checkpoint saved to {opts.model_file}; continue with --resume" if checkpoints else \
                 "nothing was saved (no --model-file)"
             raise KeyboardInterrupt(f"{stop.name or 'a stop signal to another replica'}: {where}")
     if checkpoints is not None and opts.save_every_n_secs > 0:
@@ -242,12 +242,6 @@ def _train(world: World, opts: Opts, log: MetricsLog, runtime: Runtime, stop: St
     if valid_world is not None:
         valid_world.shutdown()
     return report
-
-
-def checkpoints_dir(opts: Opts) -> str:
-    from accelbatch.checkpoint import checkpoint_dir
-
-    return checkpoint_dir(opts.model_file)
 
 
 def _eval_opts(opts: Opts, split: str) -> Opts:

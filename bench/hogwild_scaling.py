@@ -114,14 +114,13 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     parser.add_argument("--warmup", type=int, default=4)
     args = parser.parse_args(argv)
 
-    from accelbatch.build import create_world
-    from accelbatch.hogwild import create_hogwild_world
+    from accelbatch.build import create_hogwild_world, create_world
 
     torch.set_num_threads(1)
     opts = Opts(task="babi:1", batchsize=args.batchsize, optimizer=args.optimizer, progress=False)
     worlds = {
         "single": create_world(opts, agent=WideMLPAgent),
-        "hogwild-1": create_hogwild_world(opts.replace(numthreads=1), agent=WideMLPAgent),
+        "hogwild-1": create_hogwild_world(opts, agent=WideMLPAgent, processes=1),
         f"hogwild-{args.numthreads}": create_hogwild_world(opts.replace(numthreads=args.numthreads),
                                                            agent=WideMLPAgent),
     }

@@ -19,18 +19,17 @@ from collections import Counter
 
 import pytest
 import torch
-from accelbatch.hogwild_shared import SharedEpisodeCursor, merge_world_states
 from helpers import process_table
 
 from accelbatch.agents import Agent
 from accelbatch.build import create_world
-from accelbatch.hogwild import HogwildChildError, HogwildError, create_hogwild_world
+from accelbatch.hogwild import HogwildError, merge_metric_states
 from accelbatch.messages import Message
 from accelbatch.metrics import Metrics
 from accelbatch.models.memnn import MemNNAgent
 from accelbatch.opts import Opts
+from accelbatch.procs import ProcessDied, ProcessRaised
 from accelbatch.run import evaluate, run
-from accelbatch.teachers import EpisodeCursor
 
 pytestmark = pytest.mark.multiprocess
 LOG_ENV = "ACCELBATCH_TEST_HOGWILD_LOG"
@@ -163,19 +162,6 @@ def _jsonl(path, episodes):
 
 # --- no processes ----------------------------------------------------------------------------------------
 @pytest.mark.timeout(30)
-def test_shared_cursor_matches_episode_cursor_order():
-    ctx = multiprocessing.get_context("spawn")
-    for shuffle in (False, True):
-        ref = EpisodeCursor(23, shuffle=shuffle, seed=5)
-        shared = SharedEpisodeCursor(23, shuffle=shuffle, seed=5, ctx=ctx)
-        assert [ref.take(loop=True) for _ in range(80)] == [shared.take(loop=True) for _ in range(80)]
-        assert shared.epoch == ref.epoch == 3
-        ref.rewind(), shared.rewind()
-        assert [ref.take(loop=False) for _ in range(25)] == [shared.take(loop=False) for _ in range(25)]
-        assert shared.exhausted() and shared.take(loop=False) is None
-
-
-@pytest.mark.timeout(30)
 def test_merged_report_sums_processes_like_one_metrics_object():
     a, b, both = Metrics(), Metrics(), Metrics()
     a.add_batch(["x", "y"], [["x"], ["z"]]), a.add_loss(2.0, 2)
@@ -185,10 +171,10 @@ def test_merged_report_sums_processes_like_one_metrics_object():
     model_a, model_b = Metrics(), Metrics()
     model_a.add_loss(1.0, 4), model_b.add_loss(3.0, 4)
     states = [{"tasks": [(None, ("metrics", a.state()))], "model": ("metrics", model_a.state()),
-               "model_is_torch": True},
+               "model_keeps_exs": False},
               {"tasks": [(None, ("metrics", b.state()))], "model": ("metrics", model_b.state()),
-               "model_is_torch": True}]
-    rep = merge_world_states(states)
+               "model_keeps_exs": False}]
+    rep = merge_metric_states(states)
     assert rep["exs"] == 3 and rep["accuracy"] == pytest.approx(2 / 3)
     assert rep["loss"] == pytest.approx(2.0)  # the model's (4 x 1.0 + 4 x 3.0) / 8 replaces the teacher's
 
@@ -199,7 +185,7 @@ def test_two_processes_train_babi_past_95_percent_like_one_process(tmp_path):
     opts = Opts(task="babi:1", model="memnn", numthreads=2, batchsize=32, num_epochs=0.6,
                 validation_every_n_epochs=-1, eval_splits="valid", progress=False, log_every_n_secs=0.5,
                 metrics_log=str(tmp_path / "log.jsonl"))
-    world = create_hogwild_world(opts, agent=MemNNAgent)
+    world = create_world(opts, agent=MemNNAgent)
     model = world.get_model_agent()
     before = [p.detach().clone() for p in model.model.parameters()]
     report = run(world, opts)  # validation: a one-process world on the main process's agent (same model)
@@ -228,7 +214,7 @@ def test_multitask_eval_serves_every_line_once_across_processes_with_batching(tm
     path_b = _jsonl(tmp_path / "b.jsonl", other)
     opts = Opts(task=f"jsonl:{path},jsonl:{path_b}", datatype="valid", numthreads=2, batchsize=8,
                 progress=False)
-    world = create_hogwild_world(opts, agent=LoggingAgent)
+    world = create_world(opts, agent=LoggingAgent)
     pids = world.pids
     first = evaluate(world)
     seen = _seen(log_dir)
@@ -240,7 +226,7 @@ def test_multitask_eval_serves_every_line_once_across_processes_with_batching(tm
     for ep in episodes:  # an episode's turns are served by one process, in order
         assert len({where[t][0] for t in ep}) == 1
         assert [where[t][1] for t in ep] == sorted(where[t][1] for t in ep)
-    # again: reset reaches every process, rewinds the shared cursors, metrics start from zero
+    # again: reset reaches every process, rewinds its episodes, metrics start from zero
     for f in log_dir.iterdir():
         f.unlink()
     second = evaluate(world)
@@ -261,7 +247,7 @@ def test_run_evaluates_a_loader_fed_task_exactly_once_in_three_processes(tmp_pat
     path = _jsonl(tmp_path / "data.jsonl", [[f"line{i}" + " w" * (i % 13)] for i in range(1001)])
     opts = Opts(task=f"jsonl:{path}", model="repeat_label", datatype="test", numthreads=3, batchsize=4,
                 dynamic_batching="batchsort", progress=False)
-    world = create_hogwild_world(opts, agent=LoggingAgent)
+    world = create_world(opts, agent=LoggingAgent)
     report = run(world, opts)
     assert report["test"]["exs"] == 1001 and report["test"]["accuracy"] == 1.0
     seen = _seen(log_dir)
@@ -279,14 +265,14 @@ def test_a_crash_in_a_child_raises_in_the_parent_with_the_child_traceback(tmp_pa
     lines = [[f"ok{i}"] for i in range(40)] + [["boom"]] + [[f"ok{i}"] for i in range(40, 80)]
     path = _jsonl(tmp_path / "data.jsonl", lines)
     opts = Opts(task=f"jsonl:{path}", datatype="valid", numthreads=2, batchsize=1, progress=False)
-    world = create_hogwild_world(opts, agent=CrashingAgent)
+    world = create_world(opts, agent=CrashingAgent)
     pids = world.pids
-    with pytest.raises(HogwildChildError) as info:
+    with pytest.raises(ProcessRaised) as info:
         evaluate(world)
     err = info.value
     text = str(err)
     assert "ValueError: boom on 'boom'" in text and "explode_here" in text and "Traceback" in text
-    assert err.pid in pids and isinstance(err.child_exception, ValueError)
+    assert err.pid in pids and isinstance(err.child_exception, ValueError) and err.role == "hogwild process"
     assert isinstance(err.__cause__, ValueError)
     assert world.closed
     for pid in pids:
@@ -299,13 +285,13 @@ def test_a_child_failing_at_start_or_dying_is_an_error_not_a_hang(tmp_path, monk
     monkeypatch.setenv("ACCELBATCH_TEST_MAIN_PID", str(os.getpid()))
     opts = Opts(task=f"jsonl:{path}", datatype="train", numthreads=2, batchsize=2, progress=False)
     start = time.monotonic()
-    with pytest.raises(HogwildChildError, match="no GPU here") as info:
-        create_hogwild_world(opts, agent=FailsInChildAgent)
+    with pytest.raises(ProcessRaised, match="no GPU here") as info:
+        create_world(opts, agent=FailsInChildAgent)
     assert "test_hogwild.py" in info.value.child_traceback and info.value.pid is not None
     # a child killed from outside (OOM killer, kill -9): the next call says so
-    world = create_hogwild_world(opts.replace(model="repeat_label"))
+    world = create_world(opts.replace(model="repeat_label"))
     os.kill(world.pids[1], signal.SIGKILL)
-    with pytest.raises(HogwildError, match=r"process 1 .* killed by signal 9"):
+    with pytest.raises(ProcessDied, match=r"process 1 .* killed by signal 9"):
         for _ in range(10_000):
             world.parley()
             world.report()
@@ -315,16 +301,15 @@ def test_a_child_failing_at_start_or_dying_is_an_error_not_a_hang(tmp_path, monk
 CTRL_C_SCRIPT = textwrap.dedent("""
     import sys
     sys.path.insert(0, {root!r})
-    from accelbatch.hogwild import create_hogwild_world
+    from accelbatch.build import create_world
     from accelbatch.opts import Opts
     from accelbatch.run import run
 
     if __name__ == "__main__":
         opts = Opts(task="babi:1", model="memnn", numthreads=2, batchsize=8, num_epochs=-1,
                     validation_every_n_epochs=-1, progress=False, log_every_n_secs=0.2)
-        world = create_hogwild_world(opts)
+        world = create_world(opts)
         print("PIDS", *world.pids, flush=True)
-        print("SEMAPHORES", *[c.lock._semlock.name for c in world._cursors], flush=True)
         run(world, opts)
 """)
 
@@ -342,8 +327,6 @@ def test_ctrl_c_stops_training_and_leaves_no_process(tmp_path):
         assert line.startswith("PIDS"), (line, proc.stderr.read() if proc.poll() is not None else "")
         pids = [int(p) for p in line.split()[1:]]
         assert len(pids) == 2 and set(pids) <= _child_pids(proc.pid)
-        semaphores = proc.stdout.readline().split()[1:]
-        assert len(semaphores) == 1 and all(os.path.exists(_semaphore_file(n)) for n in semaphores)
         time.sleep(1.5)  # training under way
         proc.send_signal(signal.SIGINT)
         _, err = proc.communicate(timeout=60)
@@ -355,4 +338,4 @@ def test_ctrl_c_stops_training_and_leaves_no_process(tmp_path):
     assert "Traceback" not in err.split("KeyboardInterrupt")[-1]  # nothing after the interrupt failed
     for pid in pids:
         assert not os.path.exists(f"/proc/{pid}"), f"hogwild child {pid} survived Ctrl-C"
-    assert _ours_left(shm, semaphores, {proc.pid, *pids}) == set()
+    assert _ours_left(shm, [], {proc.pid, *pids}) == set()

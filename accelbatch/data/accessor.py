@@ -10,44 +10,35 @@
 
 How it works. At construction one worker process starts; it iterates ``source`` (after ``transform``, or
 :func:`~accelbatch.data.rebatch.rebatch` when ``rebatch_size`` is given), copies every tensor of each batch
-into a slot of a ring of ``buffer_size + 1`` shared-memory buffers (``buffer_size`` batches ready ahead
-plus the one the consumer holds) and sends the slot number with the batch pickled once, in one message:
-the pickler (C, no Python walk over the batch's rows and Messages) sets every tensor aside for the slot and
-leaves a reference in its place. The consumer unpickles it with those references resolved to views of the
-slot (one pickle load, no per-leaf Python work) and hands the slot back when it asks for the next batch.
+into a slot of a ring of ``buffer_size + 1`` shared-memory buffers (``buffer_size`` batches ready ahead plus
+the one the consumer holds) and sends the slot number with the batch pickled once, in one message: the pickler
+(C, no Python walk over rows and Messages) sets every tensor aside for the slot. The consumer unpickles it with
+those tensors as views of the slot (one pickle load) and hands the slot back when it asks for the next batch.
 
-Batches: a tensor, or anything picklable holding tensors (tuples, named tuples, lists, dicts, dataclasses,
-objects); tensors go through the ring (a tensor met twice is one view), everything else is pickled.
-Shapes may change from batch to batch (a slot grows when a batch does not fit). :func:`pickle_batch` is
-the matching cheap payload for data workers that send batches to this process (tensors as raw bytes).
+Batches: anything picklable holding tensors; tensors go through the ring (a tensor met twice is one view),
+the rest is pickled; shapes may change. :func:`pickle_batch`: the cheap payload for data workers' batches.
 
-Epochs: each ``iter(accessor)`` is one pass over ``source``. ``load_indefinitely=True`` (default): at the
-end of a pass the worker goes straight on to the next one, so the next epoch's first batches are ready when
-asked for; ``False``: the worker waits until the next pass is asked for. ``early_preload=True`` starts
-loading at construction instead of at the first ``iter``. Leaving a pass early (``break``, an exception)
-resets the worker: the next pass starts at the source's first item. One pass at a time: starting a new
-pass abandons the old one.
+Epochs: each ``iter(accessor)`` is one pass over ``source``. ``load_indefinitely=True`` (default): at the end
+of a pass the worker goes straight on to the next one; ``False``: it waits until the next pass is asked for.
+``early_preload=True`` starts loading at construction instead of at the first ``iter``. Leaving a pass early
+(``break``, an exception) resets the worker: the next pass starts at the source's first item. One pass at a
+time: starting a new pass abandons the old one.
 
-Errors are never a hang: an exception in the worker is raised in the consumer with its type when it can be
-pickled, the worker's traceback attached as a note and as the cause; a source with no batches raises
-:class:`EmptySourceError`; a worker that dies raises :class:`WorkerDiedError`; waiting longer than
-``timeout_s`` for one batch raises :class:`WorkerTimeoutError`. In each case the worker is stopped.
+Errors are never a hang, and each stops the worker. An exception in the worker is raised here with its type
+when it can be pickled (its traceback as a note, its :class:`~accelbatch.procs.ProcessRaised` as the cause),
+else as that ProcessRaised; a data worker's :class:`~accelbatch.procs.ProcessFailure` passed on is raised as
+it is. No batch in a pass: :class:`EmptySourceError`; the worker dies: :class:`~accelbatch.procs.ProcessDied`;
+no batch within ``timeout_s``: :class:`~accelbatch.procs.ProcessTimeout`.
 
-Processes and memory. The worker is started from a ``forkserver`` context: forking from a fresh server
-process that has already imported torch and this module is fast (tens of ms after the first start, against
-about a second and a half for ``spawn`` re-importing torch each time) and, unlike ``fork``, does not copy the
-caller's threads, locks or CUDA context into the child. (Setting the server's preload list is process-wide;
-it only takes effect when the server first starts.) The worker is not a daemon, so ``source`` may itself
-start data-loader workers. The ring is made of torch shared-memory tensors; with torch's default
-``file_descriptor`` sharing strategy their ``/dev/shm`` entries are unlinked as soon as they are created, so
-no segment can outlive the processes. :meth:`terminate` (also run by ``with``, by garbage collection and at
-interpreter exit) stops the worker (request, then SIGTERM, then SIGKILL); the worker ignores SIGINT so that
-Ctrl-C reaches the consumer only, and it exits by itself when the consumer process dies. The worker runs
-torch with one thread (it copies batches; a source that computes should use its own data workers), and
-gives the source the consumer's default start method, so a torch DataLoader inside starts its workers as it
-would in the consumer. It freezes what it was handed (``gc.freeze()``): the source, often a whole dataset
-unpickled there, lives as long as the worker, and left to the collector it would be walked by every full
-collection, there and in each data worker forked from there (copying the pages it touches).
+Processes and memory. The worker runs under :class:`accelbatch.procs.Supervisor`, forked from a ``forkserver``
+that has imported torch and this module: fast (tens of ms, against about 1.5 s for ``spawn``) and, unlike
+``fork``, without the caller's threads, locks or CUDA context. (The preload list is process-wide; it takes
+effect when the server first starts.) The worker is not a daemon, so ``source`` may start data-loader workers
+(with the consumer's default start method). It ignores SIGINT, runs torch with one thread, exits when the
+consumer dies, and freezes what it was handed (``gc.freeze()``: the source, often a whole dataset, is then not
+walked by every full collection, there and in data workers forked from there, copying its pages). The ring is
+torch shared memory; with the ``file_descriptor`` strategy its ``/dev/shm`` entries are unlinked at once.
+:meth:`terminate` (also run by ``with``, garbage collection and interpreter exit) stops the worker.
 """
 
 from __future__ import annotations
@@ -60,56 +51,35 @@ import pickle
 import select
 import signal
 import sys
-import time
-import traceback
-import weakref
+from collections.abc import Callable, Iterator
 from multiprocessing.reduction import ForkingPickler
-from typing import Any, Callable, Iterable, Iterator
+from typing import Any, Self
 
 import torch
 
 from accelbatch.data.rebatch import rebatch
+from accelbatch.procs import ChildSpec, FailureRecord, ProcessFailure, ProcessTimeout, Supervisor
 
-__all__ = ["AsyncDataAccessor", "pickle_batch", "AccessorError", "EmptySourceError", "WorkerDiedError",
-           "WorkerTimeoutError"]
+__all__ = ["AsyncDataAccessor", "EmptySourceError", "pickle_batch"]
 
 _ALIGN = 64
-_POLL_S = 0.2
+_WORKER = ChildSpec(role="data accessor", start_method="forkserver", pipe=True, ignore_sigint=True,
+                    label="a data worker (the AsyncDataAccessor process, pid {pid})", stop_request=("stop",),
+                    process_name="accelbatch-async-data", stop_grace_s=1.0, died_hint=" before finishing the "
+                    "pass (out of memory? a crash in the dataset or collate function?)")
 
-
-class AccessorError(RuntimeError):
-    """The async data accessor cannot deliver batches."""
-
-
-class EmptySourceError(AccessorError, ValueError):
+class EmptySourceError(ProcessFailure, ValueError):
     """The source yielded no batch in a pass."""
 
 
-class WorkerDiedError(AccessorError):
-    """The worker process exited without finishing its pass."""
-
-
-class WorkerTimeoutError(AccessorError, TimeoutError):
-    """No batch came from the worker within ``timeout_s``."""
-
-
-class WorkerTraceback(Exception):
-    """The traceback text of an exception raised in the worker process (set as the re-raised error's cause)."""
-
-    def __str__(self) -> str:
-        return "\n" + self.args[0]
-
-
 def _ring_tensor(i: int) -> torch.Tensor:
-    """Stands for tensor number ``i`` of a batch in its pickled structure; the consumer's unpickler resolves
-    it to a view of the ring slot (see :class:`_RingUnpickler`)."""
-    raise AccessorError("AsyncDataAccessor: a ring tensor reference was unpickled outside the accessor")
+    """Stands for tensor ``i`` of a pickled batch; :class:`_RingUnpickler` resolves it to a view of the slot."""
+    raise RuntimeError("AsyncDataAccessor: a ring tensor reference was unpickled outside the accessor")
 
 
 class _RingPickler(ForkingPickler):
-    """Pickles a batch in one pass (C pickle, no Python walk over its structure), setting its tensors aside:
-    each tensor is pickled as a reference to its place in the ring slot. ``reducer_override`` is called only
-    for objects that are not plain ints, strs, lists, dicts, ..., so per-row Python objects cost nothing extra."""
+    """Pickles a batch in one pass (C pickle), each tensor set aside as a reference to its place in the slot.
+    ``reducer_override`` is not called for plain ints, strs, lists, dicts: per-row objects cost nothing extra."""
 
     def __init__(self, file: Any, tensors: list[torch.Tensor]):
         super().__init__(file, pickle.HIGHEST_PROTOCOL)
@@ -155,9 +125,8 @@ class _ByValuePickler(pickle.Pickler):
 def pickle_batch(batch: Any) -> bytes:
     """``batch`` pickled with its (dense CPU) tensors as raw bytes, for a data worker to send as one payload.
 
-    ``pickle.loads`` restores it; each tensor comes back as a plain tensor over its own buffer. Several times
-    cheaper than pickle's default for tensors (one ``torch.save`` per storage) and than torch's per-tensor
-    shared-memory segments and file descriptors for the small tensors of text batches."""
+    ``pickle.loads`` restores it, each tensor over its own buffer. Several times cheaper than pickle's default
+    (one ``torch.save`` per storage) and than torch's shared-memory segments for the small tensors of text."""
     buf = io.BytesIO()
     _ByValuePickler(buf, protocol=5).dump(batch)
     return buf.getvalue()
@@ -167,29 +136,17 @@ class _Stop(Exception):
     pass
 
 
-def _context() -> mp.context.BaseContext:
-    ctx = mp.get_context("forkserver")
-    ctx.set_forkserver_preload(["accelbatch.data.accessor"])
-    return ctx
-
-
-# --------------------------------------------------------------------------------------------------
-# worker process
-# --------------------------------------------------------------------------------------------------
-
 class _Worker:
-    def __init__(self, source: Any, transform: Callable | None, control: Any, ready: Any, num_slots: int,
-                 load_indefinitely: bool):
+    def __init__(self, source: Any, transform: Callable | None, conn: Any, num_slots: int, load_indefinitely: bool):
         self.source, self.transform = source, transform
-        self.control, self.ready = control, ready   # pipe ends: orders in, batches out
+        self.conn = conn                            # orders in, batches out
         self.poller = select.poll()                 # one poll object, not a selector per check
-        self.poller.register(control.fileno(), select.POLLIN)
+        self.poller.register(conn.fileno(), select.POLLIN)
         self.load_indefinitely = load_indefinitely
         self.free = set(range(num_slots))
         self.storages: list[torch.Tensor | None] = [None] * num_slots
         self.restart: tuple[int, int] | None = None
 
-    # control messages ------------------------------------------------------------------------
     def _handle(self, msg: tuple) -> None:
         if msg[0] == "free":
             self.free.add(msg[1])
@@ -200,14 +157,10 @@ class _Worker:
 
     def _recv(self) -> None:
         try:
-            msg = self.control.recv()
+            msg = self.conn.recv()
         except (EOFError, OSError):  # the consumer's end is closed: it is gone
             raise _Stop from None
         self._handle(msg)
-
-    def _wait_message(self) -> None:
-        self.control.poll(None)
-        self._recv()
 
     def _drain(self) -> None:
         while self.poller.poll(0):
@@ -215,12 +168,11 @@ class _Worker:
 
     def _acquire(self) -> int | None:
         while not self.free:
-            self._wait_message()
+            self._recv()
             if self.restart is not None:
                 return None
         return self.free.pop()
 
-    # one batch -------------------------------------------------------------------------------
     def _write(self, slot: int, batch: Any) -> tuple:
         tensors: list[torch.Tensor] = []
         out = io.BytesIO()
@@ -238,7 +190,6 @@ class _Worker:
             storage[off:off + nbytes].view(dtype).view(shape).copy_(t)
         return ("batch", slot, new, out.getvalue(), metas)
 
-    # passes ------------------------------------------------------------------------------------
     def _iterate(self) -> Iterator[Any]:
         it = iter(self.source)
         return self.transform(it) if self.transform is not None else it
@@ -253,7 +204,7 @@ class _Worker:
                 if slot is None:
                     return False
                 kind, slot, new, blob, metas = self._write(slot, batch)
-                self.ready.send((kind, epoch, slot, new, blob, metas))
+                self.conn.send((kind, epoch, slot, new, blob, metas))
                 count += 1
                 self._drain()
                 if self.restart is not None:
@@ -263,23 +214,22 @@ class _Worker:
             if close is not None:
                 close()
             del batches
-        self.ready.send(("end", epoch, count))
+        self.conn.send(("end", epoch, count))
         return True
 
     def main(self, epoch: tuple[int, int] | None) -> None:
         while True:
             if epoch is None:
-                self._wait_message()
+                self._recv()
                 epoch, self.restart = self.restart, None
                 continue
             try:
                 finished = self.run_pass(epoch)
             except (_Stop, KeyboardInterrupt, SystemExit):
                 raise
-            except BaseException as exc:  # the source failed: report and wait for orders
-                # a data worker's exception carries that worker's traceback: more use than this process's
-                text = getattr(exc, "worker_traceback", None) or traceback.format_exc()
-                self.ready.send(("error", epoch, pickle_exception(exc), f"{type(exc).__name__}: {exc}", text))
+            except BaseException as exc:  # noqa: BLE001 - the source failed: report and wait for orders
+                record = FailureRecord.capture(exc)
+                self.conn.send(("error", epoch, record))
                 epoch = None
                 continue
             if finished:  # pass ids are (generation, number): the consumer bumps the generation to restart
@@ -288,83 +238,17 @@ class _Worker:
                 epoch, self.restart = self.restart, None
 
 
-def pickle_exception(exc: BaseException) -> bytes | None:
-    """``exc`` pickled for another process, or None if it does not survive the round trip."""
-    try:
-        data = pickle.dumps(exc)
-        pickle.loads(data)
-        return data
-    except Exception:
-        return None
-
-
-def unpickle_exception(data: bytes | None, fallback: str) -> BaseException:
-    """The exception :func:`pickle_exception` sent, or an :class:`AccessorError` saying ``fallback``."""
-    exc: Any = None
-    if data is not None:
-        try:
-            exc = pickle.loads(data)
-        except Exception:
-            exc = None
-    return exc if isinstance(exc, BaseException) else AccessorError(fallback)
-
-
-def _worker_main(source: Any, transform: Callable | None, control: Any, ready: Any, num_slots: int,
+def _worker_main(index: int, conn: Any, source: Any, transform: Callable | None, num_slots: int,
                  load_indefinitely: bool, first_epoch: tuple[int, int] | None, start_method: str | None) -> None:
-    # A forkserver child inherits 'forkserver' as its default start method; give the source (e.g. a torch
-    # DataLoader starting its own workers) the consumer's default instead, as if it ran there.
+    """The worker process (under the supervisor's entry wrapper, which ignores SIGINT and sets one thread)."""
+    # a forkserver child has 'forkserver' as its default: give the source the consumer's, as if it ran there
     mp.set_start_method(start_method or mp.get_all_start_methods()[0], force=True)
-    signal.signal(signal.SIGINT, signal.SIG_IGN)          # Ctrl-C is the consumer's to handle
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))  # run cleanup (stops the source's own workers)
-    torch.set_num_threads(1)
-    # what this process was handed (the source: often a whole dataset, unpickled here, so all young objects)
-    # lives as long as the process: out of the collector's reach, it is not walked by every full collection
-    # here nor in the data workers forked from here (whose walks would also copy each page they touch)
-    gc.freeze()
-    worker = _Worker(source, transform, control, ready, num_slots, load_indefinitely)
+    gc.freeze()  # what it was handed lives as long as the process (see the module docstring)
     try:
-        worker.main(first_epoch)
+        _Worker(source, transform, conn, num_slots, load_indefinitely).main(first_epoch)
     except (_Stop, BrokenPipeError):
         pass
-    finally:
-        ready.close()
-        control.close()
-
-
-# --------------------------------------------------------------------------------------------------
-# consumer side
-# --------------------------------------------------------------------------------------------------
-
-def _shutdown(process: Any, control: Any, ready: Any) -> None:
-    """Stop the worker and close the pipes (idempotent; used by terminate, GC and atexit)."""
-    try:
-        if process is not None and process.pid is not None:
-            if process.is_alive():
-                try:
-                    control.send(("stop",))
-                except Exception:
-                    pass
-                process.join(1.0)
-            if process.is_alive():
-                process.terminate()
-                process.join(2.0)
-            if process.is_alive():
-                process.kill()
-                process.join(2.0)
-            try:
-                process.close()
-            except ValueError:
-                pass
-    finally:
-        for conn in (control, ready):
-            try:
-                conn.close()
-            except Exception:
-                pass
-
-
-def _rebatch_transform(it: Iterable[Any], batch_size: int, drop_last: bool) -> Iterator[Any]:
-    return rebatch(it, batch_size, drop_last)
 
 
 class AsyncDataAccessor:
@@ -388,67 +272,47 @@ class AsyncDataAccessor:
                 raise ValueError("AsyncDataAccessor: give rebatch_size or transform, not both")
             if isinstance(rebatch_size, bool) or not isinstance(rebatch_size, int) or rebatch_size < 1:
                 raise ValueError(f"AsyncDataAccessor: rebatch_size must be a positive integer, got {rebatch_size!r}")
-            transform = functools.partial(_rebatch_transform, batch_size=rebatch_size, drop_last=rebatch_drop_last)
+            transform = functools.partial(rebatch, batch_size=rebatch_size, drop_last=rebatch_drop_last)
         if not hasattr(source, "__iter__") and not hasattr(source, "__getitem__"):
             raise TypeError(f"AsyncDataAccessor: the source must be iterable, got {type(source).__name__}")
         self.source, self.transform = source, transform
         self.buffer_size, self.timeout_s = buffer_size, float(timeout_s)
-        self.early_preload, self.load_indefinitely = early_preload, load_indefinitely
-        self.rebatch_size = rebatch_size
+        self.early_preload, self.load_indefinitely, self.rebatch_size = early_preload, load_indefinitely, rebatch_size
         self._slots: dict[int, torch.Tensor] = {}
         self._epoch = (0, 0)     # id of the pass the worker is loading (or will load when told)
         self._loading = False    # whether the worker has been told to load self._epoch
         self._pass_token = 0     # which iterator is the live one
         self._in_pass = False    # an iterator has started and not finished its pass
-        self._process = None
-        self._finalizer: weakref.finalize | None = None
-        self._start_worker()
-
-    # lifecycle -------------------------------------------------------------------------------
-    def _start_worker(self) -> None:
-        ctx = _context()
-        control_r, self._control = ctx.Pipe(duplex=False)   # consumer -> worker: start / free / stop
-        self._ready, ready_w = ctx.Pipe(duplex=False)       # worker -> consumer: batch / end / error
-        first = self._epoch if self.early_preload else None
-        self._process = ctx.Process(
-            target=_worker_main, name="accelbatch-async-data",
-            args=(self.source, self.transform, control_r, ready_w, self.buffer_size + 1,
-                  self.load_indefinitely, first, mp.get_start_method(allow_none=True)),
-            daemon=False)
+        self._free_msgs: dict[int, bytes] = {}
+        self._worker: Supervisor | None = None
+        # the forkserver imports torch and this module once; every worker forks from it
+        mp.get_context("forkserver").set_forkserver_preload(["accelbatch.data.accessor"])
         try:
-            self._process.start()
+            self._worker = Supervisor(_WORKER, _worker_main, 1, args=(
+                source, transform, buffer_size + 1, load_indefinitely, self._epoch if early_preload else None,
+                mp.get_start_method(allow_none=True)))
         except (pickle.PicklingError, TypeError, AttributeError) as exc:
-            _shutdown(None, self._control, self._ready)
             raise TypeError(f"AsyncDataAccessor: the source (or transform) cannot be sent to the worker "
                             f"process: {exc}; define datasets and collate functions at module level") from exc
-        finally:  # the worker holds its own copies now
-            control_r.close()
-            ready_w.close()
-        self._loading = self.early_preload
-        self._slots = {}
-        self._free_msgs: dict[int, bytes] = {}
-        self._poller = select.poll()
-        self._poller.register(self._ready.fileno(), select.POLLIN)
-        self._finalizer = weakref.finalize(self, _shutdown, self._process, self._control, self._ready)
+        self._loading = early_preload
 
     def terminate(self) -> None:
         """Stop the worker process and free the ring; the accessor cannot be iterated afterwards."""
-        if self._finalizer is not None:
-            self._finalizer()
-        self._slots, self._process, self._finalizer = {}, None, None
-        self._control = self._ready = None
+        if self._worker is not None:
+            self._worker.stop()
+        self._slots, self._worker = {}, None
 
     close = terminate
 
-    def __enter__(self) -> "AsyncDataAccessor":
+    def __enter__(self) -> Self:
         return self
 
-    def __exit__(self, *exc: Any) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.terminate()
 
     @property
     def worker_pid(self) -> int | None:
-        return None if self._process is None else self._process.pid
+        return None if self._worker is None else self._worker.pids[0]
 
     def __len__(self) -> int:
         if self.transform is not None:
@@ -456,42 +320,36 @@ class AsyncDataAccessor:
                             "transforming in the worker")
         return len(self.source)
 
-    # receiving -------------------------------------------------------------------------------
     def _fail(self, error: BaseException) -> None:
         self.terminate()
         raise error
 
     def _receive(self) -> tuple:
-        deadline = time.monotonic() + self.timeout_s
-        while True:
-            closed = False
-            try:
-                if self._poller.poll(_POLL_S * 1000):
-                    return self._ready.recv()
-            except (EOFError, OSError):
-                closed = True   # the worker's end of the pipe is closed: it is exiting
-                self._process.join(_POLL_S)
-            if closed or not self._process.is_alive():
-                code = self._process.exitcode
-                how = (f"was killed by signal {-code}" if code is not None and code < 0 else
-                       f"exited with code {code}" if code is not None else "closed its pipe")
-                self._fail(WorkerDiedError(
-                    f"AsyncDataAccessor: the worker process (pid {self._process.pid}) {how} before finishing "
-                    "the pass (out of memory? a crash in the dataset or collate function?)"))
-            if time.monotonic() > deadline:
-                self._fail(WorkerTimeoutError(
-                    f"AsyncDataAccessor: no batch from the worker process (pid {self._process.pid}) within "
-                    f"timeout_s={self.timeout_s:g} s; the source is hanging or slower than that (raise "
-                    "timeout_s, --data-timeout-s on the command line, if one batch really takes longer)"))
+        try:
+            got = self._worker.receive(self.timeout_s)
+        except ProcessFailure as error:  # it raised outside a pass, or ended
+            self._fail(error)
+        if got is None:
+            self._fail(ProcessTimeout(
+                f"AsyncDataAccessor: no batch from the worker process (pid {self.worker_pid}) within "
+                f"timeout_s={self.timeout_s:g} s; the source is hanging or slower than that (raise timeout_s, "
+                "--data-timeout-s on the command line, if one batch really takes longer)", role=_WORKER.role,
+                index=0, pid=self.worker_pid))
+        return got[1]
+
+    def _tell(self, msg: Any, raw: bool = False) -> bool:
+        """Send the worker an order; False if it is stopped or gone (the next receive says why)."""
+        try:
+            self._worker.send(0, msg, raw=raw)
+            return True
+        except (RuntimeError, AttributeError):
+            return False
 
     def _free(self, slot: int) -> None:
-        try:
-            msg = self._free_msgs.get(slot)
-            if msg is None:
-                msg = self._free_msgs[slot] = bytes(ForkingPickler.dumps(("free", slot)))
-            self._control.send_bytes(msg)
-        except (ValueError, OSError, AttributeError):
-            pass
+        msg = self._free_msgs.get(slot)
+        if msg is None:
+            msg = self._free_msgs[slot] = bytes(ForkingPickler.dumps(("free", slot)))
+        self._tell(msg, raw=True)
 
     def _build(self, msg: tuple) -> Any:
         _, _, slot, new, blob, metas = msg
@@ -501,34 +359,34 @@ class AsyncDataAccessor:
         views = [storage[off:off + nbytes].view(dtype).view(shape) for off, nbytes, dtype, shape in metas]
         return _RingUnpickler(blob, views).load()
 
-    def _raise_worker_error(self, msg: tuple) -> None:
-        _, _, data, summary, tb = msg
-        pid = self._process.pid
+    def _raise_worker_error(self, record: FailureRecord) -> None:
+        """Raise what the source raised in the worker (see the module docstring)."""
+        pid, exc = self.worker_pid, record.load_exception()
         self.terminate()
-        exc = unpickle_exception(data, f"AsyncDataAccessor: the worker raised {summary}")
-        exc.add_note(f"(raised in the AsyncDataAccessor worker process, pid {pid}; its traceback:)\n{tb}")
-        raise exc from WorkerTraceback(tb)
+        if isinstance(exc, ProcessFailure):  # a data worker's failure, passed on
+            raise exc from exc.child_exception
+        failure = record.to_error(_WORKER.role, 0, pid, name=_WORKER.label.format(pid=pid), chain=False)
+        if exc is None:
+            raise failure
+        exc.add_note(f"(raised in the AsyncDataAccessor worker process, pid {pid}; its traceback:)\n"
+                     f"{record.traceback}")
+        raise exc from failure
 
     def __iter__(self) -> Iterator[Any]:
-        if self._process is None:
-            raise AccessorError("AsyncDataAccessor: this accessor was terminated; create a new one")
+        if self._worker is None:
+            raise RuntimeError("AsyncDataAccessor: this accessor was terminated; create a new one")
         self._pass_token += 1
         token = self._pass_token
         if self._in_pass:  # an earlier iterator is still mid-pass: abandon it and restart
             self._restart()
         if not self._loading:
-            self._control.send(("start", self._epoch))
-            self._loading = True
+            self._loading = self._tell(("start", self._epoch))
         return self._generate(token, self._epoch)
 
     def _restart(self) -> None:
         self._epoch = (self._epoch[0] + 1, 0)
         self._in_pass = False
-        try:
-            self._control.send(("start", self._epoch))
-            self._loading = True
-        except (ValueError, OSError, AttributeError):
-            self._loading = False
+        self._loading = self._tell(("start", self._epoch))
 
     def _generate(self, token: int, epoch: tuple[int, int]) -> Iterator[Any]:
         held: int | None = None
@@ -537,8 +395,8 @@ class AsyncDataAccessor:
         try:
             while True:
                 if token != self._pass_token:
-                    raise AccessorError("AsyncDataAccessor: another pass over this accessor was started; "
-                                        "this one was abandoned")
+                    raise RuntimeError("AsyncDataAccessor: another pass over this accessor was started; "
+                                       "this one was abandoned")
                 msg = self._receive()
                 kind = msg[0]
                 if msg[1] != epoch:   # left over from an abandoned pass
@@ -563,13 +421,14 @@ class AsyncDataAccessor:
                     if msg[2] == 0:
                         self._fail(EmptySourceError(
                             "AsyncDataAccessor: the source yielded no batches (an empty dataset, or fewer "
-                            "rows than one batch with drop_last?)"))
+                            "rows than one batch with drop_last?)", role=_WORKER.role, index=0,
+                            pid=self.worker_pid))
                     return
                 elif kind == "error":
                     finished = True
-                    self._raise_worker_error(msg)
+                    self._raise_worker_error(msg[2])
         finally:
             if held is not None:
                 self._free(held)
-            if not finished and token == self._pass_token and self._process is not None:
+            if not finished and token == self._pass_token and self._worker is not None:
                 self._restart()  # left early: the next pass starts at the source's first item

@@ -1,40 +1,22 @@
-"""The batched front end's loader: the schedule's steps collated by data workers, optionally through the
-async accessor.
+"""The batched front end's loader: the schedule's steps collated in data workers, optionally through the async
+accessor.
 
 ``make_loader(data, config=None, *, collate=None, training=True, shard=(0, 1), rows=None, length_fn=None,
-**changes) -> Loader``
+**changes)``: ``data`` is a :class:`~accelbatch.data.datasets.Store`, a list of episodes (lists of Messages), a
+list of single-turn Messages, or a path to a JSONL / ParlAI file (read on demand); ``config`` a
+:class:`LoaderConfig` or Opts (``changes`` override single fields); ``collate(observations) -> tensors`` runs
+where the batch is built (a data worker, the accessor process, or here), so it must be picklable (e.g.
+:class:`AgentCollate` of the agent's ``vectorize`` and ``batchify``); ``shard`` is this process's share of the
+episodes (index, count); ``rows`` the rows per step without dynamic batching (default ``batch_size``).
 
-``data``
-    a :class:`~accelbatch.data.datasets.Store`, a list of episodes (lists of Messages), a list of single-turn
-    Messages (each its own episode), or a path to a JSONL / ParlAI file (read on demand, ``FileStore``).
-``config``
-    a :class:`LoaderConfig`, an :class:`~accelbatch.opts.Opts` (:meth:`LoaderConfig.from_opts`), or None;
-    keyword ``changes`` override single fields (``batch_size=8, mode="async"``).
-``collate``
-    ``collate(observations) -> tensors``; it runs where the batch is built (a data worker, the accessor
-    process, or here with ``num_workers=0`` and ``mode="sync"``), so it must be picklable, e.g.
-    :class:`AgentCollate` holding the agent's ``vectorize`` and ``batchify``. None: no tensors.
-``shard``
-    (index, count): this process's share of the episodes (replicas x hogwild processes).
-``rows``
-    rows per step without dynamic batching (default ``batch_size``).
-
-What each step holds is the schedule's (:mod:`accelbatch.data.schedule`): without dynamic batching the rows
-of a :class:`~accelbatch.data.schedule.RowSchedule` (whole episodes row by row: exactly what a BatchWorld of
-teacher clones serves, so the same seed gives the same batches either way), with ``--dynamic-batching`` the
-batches of a :class:`~accelbatch.data.schedule.BatchPlan`. A batch's examples are the store's observations
-(the turn with its history in ``full_text``). Data workers and the accessor only change where a step is
-collated, never which examples it holds: the same seed gives the same batches with 0 or W workers, sync or
-async. ``async-rebatched`` is ``async`` here: planned batches lose no tail in any mode.
-
-A :class:`Loader` is re-iterable; a pass is one epoch of the plan (dynamic batching), one evaluation, or in
-training without dynamic batching the steps one epoch of examples takes (the rows' streams run on across
-passes). It yields :class:`LoadedBatch`. ``state_dict()`` is the position as the caller *consumed* it (pass
-and step, not what workers read ahead); ``load_state_dict`` on a fresh loader with the same data and options
-makes the next pass continue there: the schedule is laid out from that step, nothing before it is read.
-
-Static shapes: with ``buckets`` (and ``static_rows=True`` for fixed rows) every batch is padded to its
-planned shape (zero rows up to ``rows``; the ``seq_keys`` tensors along dim 1 to ``padded_len``).
+Each step is the schedule's (:mod:`accelbatch.data.schedule`): without dynamic batching the rows of a
+RowSchedule (whole episodes row by row: what a BatchWorld of teacher clones serves, so the same seed gives the
+same batches either way), with ``--dynamic-batching`` the batches of a BatchPlan. Workers and the accessor
+change where a step is built, never what it holds. ``async-rebatched`` is ``async``: planned steps lose no
+tail. A pass is one epoch of the plan, one evaluation, or in training without dynamic batching the steps an
+epoch of examples takes (rows run on across passes). ``state_dict()`` is the position as the caller consumed
+it (not what was read ahead); ``load_state_dict`` makes a fresh loader continue there. With ``buckets`` (and
+``static_rows``) every batch is padded to its planned shape (zero rows; ``seq_keys`` along dim 1).
 """
 
 from __future__ import annotations
@@ -50,7 +32,7 @@ from typing import Any, Callable, Iterator, Sequence
 
 import numpy as np
 import torch
-from torch.utils.data import DataLoader, Dataset, Sampler
+from torch.utils.data import DataLoader, Dataset, Sampler, get_worker_info
 
 from accelbatch.data.accessor import AsyncDataAccessor, pickle_batch
 from accelbatch.data.batching import (
@@ -64,6 +46,7 @@ from accelbatch.data.datasets import EpisodeStore, FileStore, Store
 from accelbatch.data.rebatch import tree_map
 from accelbatch.data.schedule import BatchPlan, RowSchedule, make_order
 from accelbatch.messages import Message
+from accelbatch.procs import FailureRecord, ProcessDied, ProcessTimeout
 from accelbatch.tasks.files import FileIndex
 
 __all__ = ["AgentCollate", "LoadedBatch", "Loader", "LoaderConfig", "MODES", "init_data_worker", "make_loader",
@@ -275,6 +258,15 @@ class _BuildStep(Dataset):
     pack: bool
 
     def __getitem__(self, step: Step) -> LoadedBatch | bytes:
+        if not self.pack:  # here or in the accessor: an exception is raised where it happens
+            return self._build(step)
+        try:
+            return pickle_batch(self._build(step))
+        except Exception as exc:  # noqa: BLE001 - a data worker reports it (torch would wrap it in a RuntimeError)
+            info = get_worker_info()
+            return pickle_batch(_Failed(FailureRecord.capture(exc), info.id if info else 0, os.getpid()))
+
+    def _build(self, step: Step) -> LoadedBatch:
         messages = self.store.observations(step.ids, self.context_length, self.include_labels)
         lengths = [int(self.length_fn(m)) for m in messages]
         rows = step.rows
@@ -284,12 +276,38 @@ class _BuildStep(Dataset):
             padded = step.padded_len if self.static_len else None
             if rows > len(messages) or padded is not None:
                 tensors = pad_to_shape(tensors, len(messages), rows, padded, self.seq_keys)
-        out = LoadedBatch(tensors, messages, list(step.ids), lengths, rows, step.padded_len or max(lengths, default=0),
-                          (step.pass_, step.index))
-        return pickle_batch(out) if self.pack else out
+        return LoadedBatch(tensors, messages, list(step.ids), lengths, rows, step.padded_len or max(lengths, default=0),
+                           (step.pass_, step.index))
 
     def __len__(self) -> int:
         return self.store.pad
+
+
+@dataclass(frozen=True)
+class _Failed:
+    """What a data worker sends instead of a batch when building it raised."""
+
+    record: FailureRecord
+    worker: int
+    pid: int
+
+
+def _named_failures(batches: Iterator[Any], timeout_s: float) -> Iterator[Any]:
+    """torch's DataLoader iterator, its workers' failures raised as the process family: a worker's exception
+    (sent as :class:`_Failed`) with its own types and traceback, a dead or silent worker named."""
+    try:
+        for item in batches:
+            yield item
+    except RuntimeError as exc:  # torch reports a worker's death or silence as a RuntimeError with this text
+        text = str(exc)
+        if text.startswith("DataLoader timed out after"):
+            raise ProcessTimeout(f"no batch from the data workers (--num-workers) within --data-timeout-s="
+                                 f"{timeout_s:g} s: a worker hangs, or one batch takes longer than that (raise it "
+                                 "if so); the workers were stopped", role="data worker") from None
+        if text.startswith("DataLoader worker (pid"):
+            raise ProcessDied(f"{text.rstrip('. ')} (--num-workers: killed from outside, out of memory, or a crash "
+                              "in native code?); the workers were stopped", role="data worker") from None
+        raise
 
 
 class _PassLoader(DataLoader):
@@ -303,7 +321,7 @@ class _PassLoader(DataLoader):
         if self.generator is None:
             self.generator = torch.Generator().manual_seed(self.seed)
         self.sampler.begin_pass()
-        return super().__iter__()
+        return _named_failures(super().__iter__(), self.timeout)
 
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
@@ -318,7 +336,11 @@ def _identity(x: Any) -> Any:
 def _unpacked(items: Iterator[Any]) -> Iterator[Any]:
     try:
         for item in items:
-            yield pickle.loads(item) if isinstance(item, bytes) else item
+            item = pickle.loads(item) if isinstance(item, bytes) else item
+            if isinstance(item, _Failed):
+                raise item.record.to_error("data worker", item.worker, item.pid,
+                                           name=f"a data worker (--num-workers: worker {item.worker}, pid {item.pid})")
+            yield item
     finally:  # an early stop reaches the source (the accessor resets its pass)
         close = getattr(items, "close", None)
         if close is not None:

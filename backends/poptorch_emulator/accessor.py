@@ -28,7 +28,8 @@ import weakref
 from collections.abc import Iterator
 from typing import Any
 
-from accelbatch.data.accessor import AsyncDataAccessor, WorkerDiedError, WorkerTimeoutError
+from accelbatch.data.accessor import AsyncDataAccessor
+from accelbatch.procs import ProcessDied, ProcessTimeout
 
 from .enums import SharingStrategy
 from .poptorch_core import py_error
@@ -120,7 +121,7 @@ class AsynchronousDataAccessor:
         except StopIteration:
             self._current = _exhausted()
             raise
-        except (WorkerDiedError, WorkerTimeoutError):
+        except (ProcessDied, ProcessTimeout):
             raise
         except Exception as exc:
             raise AssertionError(FETCH_ERROR) from exc

@@ -16,8 +16,10 @@ import time
 
 import pytest
 import torch
+
 from accelbatch.backends import distributed
-from accelbatch.backends.distributed import ReplicaError, ReplicaTimeout, spawn_replicas
+from accelbatch.backends.distributed import spawn_replicas
+from accelbatch.procs import ProcessRaised, ProcessTimeout
 from helpers import live_children
 
 pytestmark = pytest.mark.multiprocess
@@ -60,7 +62,6 @@ def initial_net() -> Net:
 def _train_worker(rank: int, names: list[str]):
     """Runs in each replica: every scenario, on this replica's shard of the same combined batches."""
     from accelbatch.backends.cpu import CPUBackend, ReplicatedEngine
-
     from accelbatch.plan import ExecutionPlan
 
     out = {}
@@ -212,12 +213,13 @@ def test_no_leak_after_gloo_run(replicated):
 @pytest.mark.timeout(120)
 def test_child_exception_propagates_and_ends_the_others():
     start = time.monotonic()
-    with pytest.raises(ReplicaError) as err:
+    with pytest.raises(ProcessRaised) as err:
         spawn_replicas(_raising_worker, 2, timeout_s=90)
     text = str(err.value)
     assert "replica 1 of 2" in text and "Traceback" in text and "ValueError: boom from replica 1" in text
     assert "_raising_worker" in text
-    assert err.value.index == 1
+    assert err.value.index == 1 and err.value.role == "replica"
+    assert err.value.error_types[0] == "builtins.ValueError" and err.value.error_message == "boom from replica 1"
     assert time.monotonic() - start < 60
     assert_no_leaked_children()
 
@@ -225,7 +227,7 @@ def test_child_exception_propagates_and_ends_the_others():
 @pytest.mark.timeout(120)
 def test_timeout_ends_every_child():
     start = time.monotonic()
-    with pytest.raises(ReplicaTimeout, match="did not finish within 4"):
+    with pytest.raises(ProcessTimeout, match="did not finish within 4"):
         spawn_replicas(_sleeping_worker, 2, timeout_s=4, init_process_group=False)
     assert time.monotonic() - start < 30
     assert_no_leaked_children()

@@ -12,19 +12,13 @@ import time
 import pytest
 import torch
 
-from accelbatch.data.accessor import (
-    AccessorError,
-    AsyncDataAccessor,
-    EmptySourceError,
-    WorkerDiedError,
-    WorkerTimeoutError,
-    WorkerTraceback,
-)
+from accelbatch.data.accessor import AsyncDataAccessor, EmptySourceError
 from accelbatch.messages import Message
+from accelbatch.procs import ProcessDied, ProcessFailure, ProcessRaised, ProcessTimeout
 
 from . import gone, no_leaks, orphaned_shm  # noqa: F401  (pytest fixture)
 
-pytestmark = pytest.mark.filterwarnings("ignore:This DataLoader will create")
+pytestmark = [pytest.mark.filterwarnings("ignore:This DataLoader will create"), pytest.mark.multiprocess]
 
 
 # --- sources (module level: they travel to the worker process) ----------------------------------
@@ -142,7 +136,7 @@ def test_leaving_early_resets_to_the_first_item(no_leaks):
         first = iter(accessor)
         assert int(next(first)["i"]) == 0 and int(next(first)["i"]) == 1
         assert [int(b["i"]) for b in accessor] == list(range(20))   # a new pass abandons the old one
-        with pytest.raises(AccessorError, match="abandoned"):
+        with pytest.raises(RuntimeError, match="abandoned"):
             next(first)
 
 
@@ -181,34 +175,38 @@ def test_overlaps_loading_with_compute(tmp_path, no_leaks):
 @pytest.mark.timeout(60)
 def test_worker_exception_reaches_the_caller_with_its_traceback(no_leaks):
     accessor = AsyncDataAccessor(Failing(2, "raise"))
+    accessor_pid = accessor.worker_pid
     seen = []
     with pytest.raises(ValueError, match="bad example 2") as info:
         for b in accessor:
             seen.append(int(b[0]))
     assert seen == [0, 1]
-    assert isinstance(info.value.__cause__, WorkerTraceback)
-    assert "raise_from_the_source" in str(info.value.__cause__)
+    cause = info.value.__cause__
+    assert isinstance(cause, ProcessRaised) and cause.pid == accessor_pid and cause.role == "data accessor"
+    assert "raise_from_the_source" in str(cause) and cause.error_types[0] == "builtins.ValueError"
     assert any("worker process" in note and "raise_from_the_source" in note for note in info.value.__notes__)
-    with pytest.raises(AccessorError, match="terminated"):
+    with pytest.raises(RuntimeError, match="terminated"):
         iter(accessor)
 
 
 @pytest.mark.timeout(60)
 def test_unpicklable_worker_exception_still_reported(no_leaks):
-    with pytest.raises(AccessorError, match="Unpicklable: cannot travel"):
+    with pytest.raises(ProcessRaised, match="Unpicklable: cannot travel") as info:
         list(AsyncDataAccessor(Failing(0, "unpicklable")))
+    assert info.value.child_exception is None and "in __iter__" in info.value.child_traceback
 
 
 @pytest.mark.timeout(60)
 def test_empty_source_is_a_clear_error(no_leaks):
-    with pytest.raises(EmptySourceError, match="no batches"):
+    with pytest.raises(EmptySourceError, match="no batches") as info:
         list(AsyncDataAccessor([]))
+    assert isinstance(info.value, ProcessFailure) and isinstance(info.value, ValueError)
 
 
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("how, message", [("exit", "exited with code 3"), ("kill", "killed by signal 9")])
 def test_a_dying_worker_is_an_error_not_a_hang(how, message, no_leaks):
-    with pytest.raises(WorkerDiedError, match=message):
+    with pytest.raises(ProcessDied, match=message):
         list(AsyncDataAccessor(Failing(1, how), timeout_s=30))
 
 
@@ -217,7 +215,7 @@ def test_a_hanging_worker_times_out_and_is_stopped(no_leaks):
     accessor = AsyncDataAccessor(Failing(1, "hang"), timeout_s=1.0)
     pid = accessor.worker_pid
     start = time.monotonic()
-    with pytest.raises(WorkerTimeoutError, match="timeout_s=1"):
+    with pytest.raises(ProcessTimeout, match="timeout_s=1"):
         list(accessor)
     assert time.monotonic() - start < 10
     assert gone(pid)
@@ -231,7 +229,7 @@ def test_terminate_and_garbage_collection_leave_nothing(no_leaks):
     accessor.terminate()
     accessor.terminate()                                       # idempotent
     assert gone(pid)
-    with pytest.raises(AccessorError, match="terminated"):
+    with pytest.raises(RuntimeError, match="terminated"):
         iter(accessor)
     accessor = AsyncDataAccessor(batches(), early_preload=True)
     pid = accessor.worker_pid
@@ -250,6 +248,7 @@ def test_unpicklable_source_is_a_clear_error(no_leaks):
         AsyncDataAccessor(Local())
 
 
+@pytest.mark.timeout(30)
 def test_bad_arguments():
     with pytest.raises(ValueError, match="buffer_size"):
         AsyncDataAccessor([], buffer_size=0)

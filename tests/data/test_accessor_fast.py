@@ -36,6 +36,7 @@ def shared_tensor_batches(n=4):
     return out
 
 
+@pytest.mark.multiprocess
 @pytest.mark.timeout(60)
 def test_loaded_batches_travel_whole(no_leaks):
     expected = loaded_batches()
@@ -53,6 +54,7 @@ def test_loaded_batches_travel_whole(no_leaks):
             assert got == len(expected)
 
 
+@pytest.mark.multiprocess
 @pytest.mark.timeout(60)
 def test_a_tensor_met_twice_is_one_view(no_leaks):
     with AsyncDataAccessor(shared_tensor_batches()) as accessor:

@@ -1,0 +1,488 @@
+"""One supervisor for accelbatch's child processes, and the one error family their failures raise.
+
+:class:`Supervisor` starts N children with :func:`torch.multiprocessing.start_processes` (``join=False``), a
+duplex pipe to each; an entry wrapper sets each child up (:class:`ChildSpec`) and reports what ended it (an
+exception as a :class:`FailureRecord`, a KeyboardInterrupt's message, the return value). The parent sends,
+receives, waits, signals, dumps the children's Python stacks and stops them (a stop request, a grace period,
+SIGTERM, SIGKILL; also on garbage collection and at interpreter exit). A failure raises a
+:class:`ProcessFailure`: :class:`ProcessRaised`, :class:`ProcessDied` or :class:`ProcessTimeout`. Data
+workers of other pools report with ``FailureRecord.capture(exc)`` there and ``record.to_error(...)`` here.
+"""
+
+from __future__ import annotations
+
+import atexit
+import collections
+import contextlib
+import dataclasses
+import faulthandler
+import math
+import multiprocessing
+import os
+import pickle
+import select
+import shutil
+import signal
+import sys
+import tempfile
+import threading
+import time
+import traceback
+import weakref
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from pathlib import Path
+from typing import Any, NamedTuple, Self
+
+import torch
+import torch.multiprocessing as tmp
+
+__all__ = ["INTERRUPTED", "STACK_SIGNAL", "Channel", "ChildSpec", "FailureRecord", "ProcessDied", "ProcessFailure",
+           "ProcessRaised", "ProcessTimeout", "Supervisor", "describe_exit"]
+
+STACK_SIGNAL = signal.SIGUSR1  # a child started with ChildSpec.stack_dumps writes its Python stacks on it
+INTERRUPTED = 130              # exit code of a child that stopped on KeyboardInterrupt (its message was sent)
+
+
+class ProcessFailure(RuntimeError):
+    """A child process failed. ``role`` ("replica", "hogwild process", ...), ``index`` and ``pid`` name it;
+    when it raised: ``error_types`` (its exception's classes, ``module.QualName``, most derived first),
+    ``error_message``, ``child_traceback``, and ``child_exception`` when it survived pickling."""
+
+    def __init__(self, message: str = "", *, role: str = "process", index: int | None = None,
+                 pid: int | None = None, child_traceback: str = "", error_types: Sequence[str] = (),
+                 error_message: str | None = None, child_exception: BaseException | None = None) -> None:
+        super().__init__(message)
+        self.role, self.index, self.pid = role, index, pid
+        self.child_traceback, self.child_exception = child_traceback, child_exception
+        self.error_types, self.error_message = tuple(error_types), error_message
+
+    def __reduce__(self) -> tuple:
+        portable = self.child_exception if _pickled(self.child_exception) is not None else None
+        return _rebuild, (type(self), self.args, dict(self.__dict__, child_exception=portable))
+
+
+class ProcessRaised(ProcessFailure):
+    """The child raised an exception; the message holds its traceback."""
+
+
+class ProcessDied(ProcessFailure):
+    """The child ended without a Python traceback (``exitcode``: negative for a signal)."""
+
+    def __init__(self, message: str = "", *, exitcode: int | None = None, **names: Any) -> None:
+        super().__init__(message, **names)
+        self.exitcode = exitcode
+
+
+class ProcessTimeout(ProcessFailure, TimeoutError):
+    """The child gave no answer in time (it hangs, or is stuck in a collective)."""
+
+
+def _rebuild(cls: type, args: tuple, state: dict) -> ProcessFailure:
+    error = cls(*args)
+    error.__dict__.update(state)
+    return error
+
+
+def _pickled(obj: Any) -> bytes | None:
+    """``obj`` pickled, or None when it does not survive the round trip."""
+    try:
+        data = pickle.dumps(obj)
+        pickle.loads(data)
+        return data
+    except Exception:  # noqa: BLE001 - any failure means: send the text only
+        return None
+
+
+def describe_exit(exitcode: int | None) -> str:
+    """How a process ended: "exited with code 3", "was killed by signal 9 (SIGKILL)"."""
+    if exitcode is None or exitcode >= 0:
+        return "stopped answering (its pipe closed)" if exitcode is None else f"exited with code {exitcode}"
+    name = signal.Signals(-exitcode).name if -exitcode in signal.valid_signals() else "?"
+    return f"was killed by signal {-exitcode} ({name})"
+
+
+@dataclasses.dataclass(frozen=True)
+class FailureRecord:
+    """An exception in a child in a picklable form: sent to the parent, which raises :meth:`to_error`."""
+
+    error_types: tuple[str, ...]
+    error_message: str
+    traceback: str
+    exception: bytes | None = None  # the pickled exception; None when it does not survive pickling
+    time: float = dataclasses.field(default_factory=time.time)  # which of several failures came first
+
+    @classmethod
+    def capture(cls, exc: BaseException, traceback_text: str | None = None) -> FailureRecord:
+        """The record of ``exc``; a ProcessFailure passed on keeps its own child's types and traceback."""
+        if isinstance(exc, ProcessFailure) and exc.error_types:
+            types, message, text = exc.error_types, exc.error_message or "", exc.child_traceback
+        else:
+            types = tuple(f"{c.__module__}.{c.__qualname__}" for c in type(exc).__mro__ if c is not object)
+            message, text = str(exc), "".join(traceback.format_exception(exc))
+        return cls(types, message, traceback_text or text, _pickled(exc))
+
+    @property
+    def summary(self) -> str:
+        """``Type: message``."""
+        kind = self.error_types[0].rsplit(".", 1)[-1] + ": " if self.error_types else ""
+        return kind + self.error_message
+
+    def load_exception(self) -> BaseException | None:
+        with contextlib.suppress(Exception):  # e.g. its class cannot be imported here
+            exc = None if self.exception is None else pickle.loads(self.exception)
+            return exc if isinstance(exc, BaseException) else None
+        return None
+
+    def to_error(self, role: str, index: int | None = None, pid: int | None = None, *,
+                 name: str | None = None, message: str | None = None, chain: bool = True) -> ProcessRaised:
+        """The ProcessRaised to raise here: ``name`` names the process in the message (default "role index
+        (pid P)"), ``message`` replaces the whole text; ``chain`` sets the exception as ``__cause__``."""
+        child = self.load_exception()
+        if message is None:
+            label = name or " ".join(str(p) for p in (role, index, pid and f"(pid {pid})") if p is not None)
+            message = f"{label} raised {self.summary}\n\nIts traceback:\n{self.traceback.rstrip()}"
+        error = ProcessRaised(message, role=role, index=index, pid=pid, child_traceback=self.traceback,
+                              error_types=self.error_types, error_message=self.error_message,
+                              child_exception=child)
+        if chain and child is not None:
+            error.__cause__ = child
+        return error
+
+
+@dataclasses.dataclass(frozen=True)
+class ChildSpec:
+    """How a Supervisor's children start. ``label`` names child ``index`` in messages (fields role, index,
+    pid, n); ``pipe``: the target is ``target(index, conn, *args)``, else ``target(index, *args)``; ``env`` is
+    set while starting (spawn children inherit it) and in the child; ``threads``: torch's threads there;
+    :meth:`Supervisor.stop` sends ``stop_request``, then waits ``stop_grace_s`` before SIGTERM."""
+
+    role: str
+    start_method: str = "spawn"
+    label: str = "{role} {index} (pid {pid})"
+    pipe: bool = False
+    ignore_sigint: bool = False
+    own_process_group: bool = False
+    threads: int | None = 1
+    env: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    process_name: str | None = None
+    stack_dumps: bool = False
+    stop_request: Any = None
+    stop_grace_s: float = 3.0
+    died_hint: str = ""
+
+
+class Channel:
+    """Both ways between the parent and a child over two one-way pipes (a socket pair is slower)."""
+
+    def __init__(self, reader: Any, writer: Any) -> None:
+        self.reader, self.writer = reader, writer
+        self.recv, self.poll, self.fileno = reader.recv, reader.poll, reader.fileno
+        self.send, self.send_bytes = writer.send, writer.send_bytes
+
+    def __reduce__(self) -> tuple:
+        return Channel, (self.reader, self.writer)
+
+    def close(self) -> None:
+        self.reader.close()
+        self.writer.close()
+
+
+class _Report(NamedTuple):
+    """From the entry wrapper: "raised" (a FailureRecord), "interrupted" (the message), "result" (pickled)."""
+
+    kind: str
+    payload: Any
+
+
+def _child_main(_: int, index: int, spec: ChildSpec, target: Callable[..., Any], conn: Any,
+                stack_dir: str | None, args: tuple) -> None:
+    """Every child's entry (under torch's own wrapper): set the process up, run ``target``, report, exit."""
+    if spec.own_process_group:
+        os.setpgid(0, 0)
+    if spec.ignore_sigint:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+    os.environ.update(spec.env)
+    if spec.threads:
+        torch.set_num_threads(spec.threads)
+    if spec.process_name:
+        multiprocessing.current_process().name = spec.process_name.format(index=index)
+    if stack_dir is not None:  # faulthandler keeps the file open for the life of the process
+        stacks = open(os.path.join(stack_dir, f"{index}.txt"), "a")  # noqa: SIM115
+        faulthandler.register(STACK_SIGNAL, stacks, all_threads=True)
+        print(f"{spec.role} {index} (pid {os.getpid()}):", file=stacks, flush=True)  # set up: may be asked
+    code, report = 0, None
+    try:
+        result = target(index, conn, *args) if spec.pipe else target(index, *args)
+        report = None if result is None else _Report("result", pickle.dumps(result))
+    except KeyboardInterrupt as exc:
+        code, report = INTERRUPTED, _Report("interrupted", str(exc))
+    except Exception as exc:  # noqa: BLE001 - everything goes to the parent
+        code, report = 1, _Report("raised", FailureRecord.capture(exc))
+    with contextlib.suppress(Exception):  # a parent that is gone has nothing to hear
+        if report is not None:
+            conn.send(report)
+        conn.close()
+    if spec.start_method == "spawn":  # skip tearing down an interpreter with torch loaded (and gloo's aborts)
+        try:
+            atexit._run_exitfuncs()
+            sys.stdout.flush()
+            sys.stderr.flush()
+        finally:
+            os._exit(code)
+    if code:
+        sys.exit(code)
+
+
+@dataclasses.dataclass
+class _Children:
+    """What stopping the children needs; the finalizer holds it, so it must not refer to the Supervisor."""
+
+    spec: ChildSpec
+    conns: list[Any]
+    stack_dir: str | None
+    processes: list[Any] = dataclasses.field(default_factory=list)
+    error_files: list[str] = dataclasses.field(default_factory=list)
+    exitcodes: list[int | None] | None = None  # once stopped
+
+
+def _end(children: _Children) -> None:
+    """Stop request, grace, SIGTERM, 3 s, SIGKILL; reap the children, close the pipes, remove the files."""
+    procs, spec = children.processes, children.spec
+    for conn, proc in zip(children.conns, procs):
+        if spec.stop_request is not None and proc.exitcode is None:
+            with contextlib.suppress(Exception):
+                conn.send(spec.stop_request)
+    for grace, step in ((spec.stop_grace_s, "terminate"), (3.0, "kill"), (None, None)):
+        deadline = None if grace is None else time.monotonic() + grace
+        for proc in procs:
+            with contextlib.suppress(Exception):
+                proc.join(None if deadline is None else max(0.0, deadline - time.monotonic()))
+        for proc in procs:
+            with contextlib.suppress(Exception):
+                if step and proc.exitcode is None:
+                    getattr(proc, step)()
+    children.exitcodes = [proc.exitcode for proc in procs]
+    for item in (*children.conns, *procs):
+        with contextlib.suppress(Exception):
+            item.close()
+    for path in children.error_files:
+        with contextlib.suppress(OSError):
+            os.unlink(path)
+    if children.stack_dir:
+        shutil.rmtree(children.stack_dir, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def _starting(spec: ChildSpec) -> Iterator[None]:
+    """The parent while children start: ``spec.env`` set; SIGINT ignored if they ignore it (a spawn child
+    inherits SIG_IGN, so Ctrl-C cannot hit its start-up)."""
+    saved = {key: os.environ.get(key) for key in spec.env}
+    os.environ.update(spec.env)
+    main = threading.current_thread() is threading.main_thread()
+    ignore = spec.ignore_sigint and main and spec.start_method == "spawn"
+    old = signal.signal(signal.SIGINT, signal.SIG_IGN) if ignore else None
+    try:
+        yield
+    finally:
+        os.environ.update({key: value for key, value in saved.items() if value is not None})
+        for key in (key for key, value in saved.items() if value is None):
+            os.environ.pop(key, None)
+        if old is not None:
+            signal.signal(signal.SIGINT, old)
+
+
+class Supervisor:
+    """``nprocs`` children running ``target`` (see the module docstring and :class:`ChildSpec`).
+
+    ``records``, ``interrupts`` and ``results`` hold what each child reported; ``context`` is the torch
+    :class:`~torch.multiprocessing.ProcessContext` of all of them (processes, error files)."""
+
+    def __init__(self, spec: ChildSpec, target: Callable[..., Any], nprocs: int,
+                 args: Sequence[Any] = ()) -> None:
+        self.spec, self.nprocs = spec, nprocs
+        self.records: dict[int, FailureRecord] = {}
+        self.interrupts: dict[int, str] = {}
+        self.results: list[Any] = [None] * nprocs
+        self._inbox: collections.deque[tuple[int, Any]] = collections.deque()
+        self._ended, self._stopped = [False] * nprocs, False
+        ctx, pipes = multiprocessing.get_context(spec.start_method), []
+        for _ in range(nprocs):
+            (up_r, up_w), (down_r, down_w) = ctx.Pipe(duplex=False), ctx.Pipe(duplex=False)
+            pipes.append((Channel(up_r, down_w), Channel(down_r, up_w)))
+        self._conns, self._open = [parent for parent, _ in pipes], set(range(nprocs))  # open: not at EOF
+        stack_dir = tempfile.mkdtemp(prefix="accelbatch-stacks-") if spec.stack_dumps else None
+        for i in range(nprocs if stack_dir else 0):  # each child writes its stacks to its file
+            open(os.path.join(stack_dir, f"{i}.txt"), "w").close()
+        self._children = _Children(spec, self._conns, stack_dir)
+        self._finalizer = weakref.finalize(self, _end, self._children)
+        try:
+            with _starting(spec):
+                for index, (_, child_end) in enumerate(pipes):  # one at a time: a failed start leaks none
+                    started = tmp.start_processes(
+                        _child_main, nprocs=1, join=False, start_method=spec.start_method,
+                        args=(index, spec, target, child_end, stack_dir, tuple(args)))
+                    self._children.processes += started.processes
+                    self._children.error_files += started.error_files
+        except BaseException:
+            self.stop()
+            raise
+        finally:
+            for _, child_end in pipes:  # the children hold theirs: EOF here means the child is gone
+                child_end.close()
+        self.context = tmp.ProcessContext(self._children.processes, self._children.error_files)
+        self.pids: list[int] = self.context.pids()
+        self._poller = select.poll()  # one poll over every pipe and sentinel: a message or an end wakes it
+        self._fds = {conn.fileno(): ("message", i) for i, conn in enumerate(self._conns)}
+        self._fds.update({proc.sentinel: ("end", i) for i, proc in enumerate(self._children.processes)})
+        for fd in self._fds:
+            self._poller.register(fd, select.POLLIN)
+
+    @property
+    def exitcodes(self) -> list[int | None]:
+        final = self._children.exitcodes
+        return [proc.exitcode for proc in self._children.processes] if final is None else list(final)
+
+    def send(self, index: int, message: Any, raw: bool = False) -> None:
+        """Send ``message`` (bytes as they are, with ``raw``) to child ``index``; its failure if gone."""
+        if self._stopped:
+            raise RuntimeError(f"the {self.spec.role} processes were stopped")
+        try:
+            (self._conns[index].send_bytes if raw else self._conns[index].send)(message)
+        except (OSError, ValueError):  # its end is closed
+            self.wait(0.5)
+            raise self.error(index) from None
+
+    def receive(self, timeout: float | None = None) -> tuple[int, Any] | None:
+        """The next ``(index, message)`` of any child; None if none came within ``timeout``. Raises the
+        ProcessFailure of a child that raised or ended (children that serve messages must not end)."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            if self._inbox:
+                return self._inbox.popleft()
+            if self._stopped:
+                raise RuntimeError(f"the {self.spec.role} processes were stopped")
+            if self._poll(0):
+                continue
+            if self.records:  # the one that raised first, else the first that ended or closed its pipe
+                raise self.error(min(self.records, key=lambda i: self.records[i].time))
+            ended = [i for i in range(self.nprocs) if self._ended[i] or i not in self._open]
+            if ended:
+                raise self.error(ended[0])
+            left = None if deadline is None else deadline - time.monotonic()
+            if left is not None and left <= 0:
+                return None
+            self._poll(left)
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """Collect what the children sent, waiting up to ``timeout`` if nothing had come; True once all have
+        ended. Raises nothing (see :meth:`failed`, :meth:`error`)."""
+        if not self._stopped and not self._poll(0) and timeout != 0 and not all(self._ended):
+            self._poll(timeout)
+        return self._stopped or all(self._ended)
+
+    def _poll(self, timeout: float | None) -> bool:
+        """Handle what is ready on the pipes and the children's sentinels, waiting up to ``timeout`` for
+        something; True if a message came."""
+        got = False
+        for fd, _ in self._poller.poll(None if timeout is None else math.ceil(timeout * 1000)):
+            kind, i = self._fds[fd]
+            got |= self._read(i, drain=kind == "end")  # what a child sent before it ended comes first
+            if kind == "end":
+                self._children.processes[i].join(1.0)  # its exit code (the sentinel may close just before)
+                self._ended[i] = True
+                self._poller.unregister(fd)
+        return got
+
+    def _read(self, i: int, drain: bool) -> bool:
+        """Receive one message of child ``i`` (every one that came, with ``drain``); True if one came."""
+        got = False
+        try:
+            while i in self._open and (not got or drain) and (not drain or self._conns[i].poll(0)):
+                got, message = True, self._conns[i].recv()
+                if not isinstance(message, _Report):
+                    self._inbox.append((i, message))
+                elif message.kind == "raised":
+                    self.records[i] = message.payload
+                elif message.kind == "interrupted":
+                    self.interrupts[i] = message.payload
+                else:
+                    self.results[i] = pickle.loads(message.payload)
+        except (EOFError, OSError):
+            self._open.discard(i)
+            self._poller.unregister(self._conns[i].fileno())
+        return got
+
+    def failed(self) -> list[int]:
+        """Children that raised, or ended with a non-zero code without a KeyboardInterrupt."""
+        return [i for i, code in enumerate(self.exitcodes) if i in self.records
+                or (self._ended[i] and code != 0 and i not in self.interrupts)]
+
+    def error(self, index: int) -> ProcessFailure:
+        """The error for child ``index``'s failure: what it raised, else how it ended."""
+        pid, record = self.pids[index], self.records.get(index)
+        label = self.spec.label.format(role=self.spec.role, index=index, pid=pid, n=self.nprocs)
+        path = self._children.error_files[index]
+        if record is None and os.path.exists(path):  # it raised before the wrapper could report: torch's file
+            with contextlib.suppress(Exception), open(path, "rb") as fh:
+                text = str(pickle.load(fh))
+                record = FailureRecord((), text.strip().splitlines()[-1], text)
+        if record is not None:
+            return record.to_error(self.spec.role, index, pid, name=label)
+        if self.exitcodes[index] is None and not self._stopped:
+            self._children.processes[index].join(1.0)
+        code = self.exitcodes[index]
+        return ProcessDied(f"{label} {describe_exit(code)}{self.spec.died_hint}", role=self.spec.role,
+                           index=index, pid=pid, exitcode=code)
+
+    def timeout_error(self, message: str, indices: Sequence[int] = ()) -> ProcessTimeout:
+        """A ProcessTimeout naming the first of ``indices``, with their Python stacks (``stack_dumps``)."""
+        role, first = self.spec.role, indices[0] if indices else None
+        message += "".join(f"\nWhere {role} {i} is (its Python stack, most recent call first):\n{text}"
+                           for i, text in self.dump_stacks(indices).items())
+        pid = None if first is None else self.pids[first]
+        return ProcessTimeout(message, role=role, index=first, pid=pid)
+
+    def signal(self, signum: int, indices: Sequence[int] | None = None) -> None:
+        """Send ``signum`` to the children still running (of ``indices``; default all)."""
+        codes = self.exitcodes
+        for i in range(self.nprocs) if indices is None else indices:
+            if codes[i] is None:
+                with contextlib.suppress(OSError):
+                    os.kill(self.pids[i], signum)
+
+    def dump_stacks(self, indices: Sequence[int], wait_s: float = 2.0) -> dict[int, str]:
+        """The Python stacks of children ``indices`` (those written within ``wait_s``; ``stack_dumps``)."""
+        if self._children.stack_dir is None or self._stopped or not indices:
+            return {}
+        paths = {i: os.path.join(self._children.stack_dir, f"{i}.txt") for i in indices}
+        before = {i: os.path.getsize(path) for i, path in paths.items()}
+        paths = {i: path for i, path in paths.items() if before[i]}  # one not set up would die of it
+        self.signal(STACK_SIGNAL, list(paths))
+        deadline = time.monotonic() + wait_s
+        while time.monotonic() < deadline and any(os.path.getsize(p) <= before[i] for i, p in paths.items()):
+            time.sleep(0.05)
+        time.sleep(0.05)  # let the last frames be written
+        tails = {i: Path(p).read_bytes()[before[i]:].decode(errors="replace").strip() for i, p in paths.items()}
+        return {i: text for i, text in tails.items() if text}
+
+    def stop(self) -> None:
+        """Stop every child (see :class:`ChildSpec`) and close the pipes; idempotent. A Ctrl-C meanwhile is
+        held until they are stopped, then raised."""
+        self._stopped = True
+        if threading.current_thread() is not threading.main_thread():
+            self._finalizer()
+            return
+        pending: list[Any] = []
+        old = signal.signal(signal.SIGINT, lambda *a: pending.append(a))
+        try:
+            self._finalizer()
+        finally:
+            signal.signal(signal.SIGINT, old)
+            if pending:
+                raise KeyboardInterrupt
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()

@@ -1,0 +1,245 @@
+"""The child-process supervisor alone: failures as ProcessRaised / ProcessDied / ProcessTimeout, messages,
+results, stack dumps, and no process left behind. Children run the module-level functions below."""
+
+from __future__ import annotations
+
+import gc
+import multiprocessing
+import os
+import pickle
+import signal
+import time
+
+import pytest
+from helpers import live_children
+
+from accelbatch.procs import (
+    INTERRUPTED,
+    ChildSpec,
+    FailureRecord,
+    ProcessDied,
+    ProcessFailure,
+    ProcessRaised,
+    ProcessTimeout,
+    Supervisor,
+)
+
+FAST = ChildSpec(role="worker", start_method="forkserver", threads=1)
+
+
+# --- what the children run -------------------------------------------------------------------------------
+def raise_here(text: str) -> None:
+    raise ValueError(text)
+
+
+def raises_at_one(index: int, text: str) -> None:
+    if index == 1:
+        raise_here(text)
+    time.sleep(60)
+
+
+def sleeps(index: int) -> None:
+    time.sleep(60)
+
+
+def kills_itself(index: int) -> None:
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+def never_answers(index: int, conn) -> None:
+    conn.send("started")
+    time.sleep(60)
+
+
+class Unpicklable(Exception):
+    def __init__(self, fn):
+        super().__init__("cannot travel")
+        self.fn = fn
+
+
+def raises_unpicklable(index: int) -> None:
+    raise Unpicklable(lambda: index)
+
+
+def echoes(index: int, conn) -> int:
+    while (message := conn.recv()) is not None:
+        conn.send((message, index))
+    return index * 10
+
+
+def interrupted(index: int) -> None:
+    raise KeyboardInterrupt(f"stopped by replica {index}")
+
+
+def stubborn(index: int, conn) -> None:
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    conn.send("ready")
+    time.sleep(60)
+
+
+def describes_itself(index: int, conn) -> None:
+    conn.send((os.getpgid(0) == os.getpid(), signal.getsignal(signal.SIGINT) == signal.SIG_IGN,
+               multiprocessing.current_process().name, os.environ.get("ACCELBATCH_TEST_VALUE")))
+    conn.recv()
+
+
+# --- helpers ---------------------------------------------------------------------------------------------
+def assert_gone(pids: list[int]) -> None:
+    assert multiprocessing.active_children() == []
+    assert live_children() == []
+    assert not any(os.path.exists(f"/proc/{pid}") for pid in pids)
+
+
+# --- tests -----------------------------------------------------------------------------------------------
+def test_failure_record_and_errors_travel_by_pickle():
+    try:
+        raise_here("bad row 3")
+    except ValueError as exc:
+        record = FailureRecord.capture(exc)
+    assert record.error_types[:2] == ("builtins.ValueError", "builtins.Exception")
+    assert record.summary == "ValueError: bad row 3" and "raise_here" in record.traceback
+    error = pickle.loads(pickle.dumps(record)).to_error("data worker", 2, 123)
+    assert isinstance(error, ProcessRaised) and (error.role, error.index, error.pid) == ("data worker", 2, 123)
+    assert str(error).startswith("data worker 2 (pid 123) raised ValueError: bad row 3")
+    assert isinstance(error.child_exception, ValueError) and error.__cause__ is error.child_exception
+    back = pickle.loads(pickle.dumps(error))
+    assert type(back) is ProcessRaised and str(back) == str(error) and back.error_types == error.error_types
+    passed_on = FailureRecord.capture(back)  # a failure passed on keeps its own child's types and traceback
+    assert passed_on.error_types == record.error_types and passed_on.traceback == record.traceback
+    died = pickle.loads(pickle.dumps(ProcessDied("gone", role="replica", index=1, exitcode=-9)))
+    assert (died.exitcode, died.index) == (-9, 1)
+    timeout = ProcessTimeout("slow", role="replica")
+    assert isinstance(timeout, TimeoutError) and isinstance(pickle.loads(pickle.dumps(timeout)), ProcessTimeout)
+
+
+@pytest.mark.multiprocess
+@pytest.mark.timeout(60)
+def test_a_raising_child_is_process_raised_with_its_traceback_and_types():
+    sup = Supervisor(FAST, raises_at_one, 2, args=("bad input",))
+    pids = sup.pids
+    with pytest.raises(ProcessRaised) as info:
+        sup.receive(30)
+    sup.stop()
+    err = info.value
+    assert (err.role, err.index, err.pid) == ("worker", 1, pids[1])
+    assert str(err).startswith(f"worker 1 (pid {pids[1]}) raised ValueError: bad input")
+    assert "Traceback (most recent call last)" in str(err) and "in raise_here" in err.child_traceback
+    assert err.error_types[0] == "builtins.ValueError" and err.error_message == "bad input"
+    assert isinstance(err.child_exception, ValueError) and err.__cause__ is err.child_exception
+    assert sup.failed() == [1]
+    assert_gone(pids)
+
+
+@pytest.mark.multiprocess
+@pytest.mark.timeout(60)
+def test_a_child_killed_by_a_signal_is_process_died_naming_it():
+    spec = ChildSpec(role="worker", start_method="forkserver", died_hint="; stopped")
+    died = r"worker 0 \(pid \d+\) was killed by signal 9 \(SIGKILL\); stopped"
+    with Supervisor(spec, kills_itself, 1) as sup, pytest.raises(ProcessDied, match=died) as info:
+        sup.receive(30)
+    assert info.value.exitcode == -signal.SIGKILL and info.value.error_types == ()
+    assert_gone(sup.pids)
+
+
+@pytest.mark.multiprocess
+@pytest.mark.timeout(60)
+def test_a_child_that_never_answers_times_out_with_its_stack():
+    spec = ChildSpec(role="worker", start_method="forkserver", pipe=True, stack_dumps=True)
+    with Supervisor(spec, never_answers, 2) as sup:
+        assert sorted(sup.receive(30) for _ in range(2)) == [(0, "started"), (1, "started")]
+        start = time.monotonic()
+        assert sup.receive(1.0) is None
+        assert 0.9 < time.monotonic() - start < 10
+        stacks = sup.dump_stacks([1])
+        assert "in never_answers" in stacks[1]
+        error = sup.timeout_error("no answer within 1 s", [1])
+    assert isinstance(error, ProcessTimeout) and isinstance(error, TimeoutError) and error.index == 1
+    assert str(error).startswith("no answer within 1 s\nWhere worker 1 is (its Python stack")
+    assert "in never_answers" in str(error)
+    assert_gone(sup.pids)
+
+
+@pytest.mark.multiprocess
+@pytest.mark.timeout(60)
+def test_an_unpicklable_exception_is_still_reported():
+    raised = "worker 0 .* raised Unpicklable: cannot travel"
+    with Supervisor(FAST, raises_unpicklable, 1) as sup, pytest.raises(ProcessRaised, match=raised) as info:
+        sup.receive(30)
+    assert info.value.child_exception is None and info.value.error_types[0].endswith(".Unpicklable")
+    assert "in raises_unpicklable" in info.value.child_traceback
+    assert_gone(sup.pids)
+
+
+@pytest.mark.multiprocess
+@pytest.mark.timeout(60)
+def test_messages_results_and_interrupts():
+    with Supervisor(ChildSpec(role="worker", start_method="forkserver", pipe=True), echoes, 2) as sup:
+        sup.send(1, "hello")
+        sup.send(0, pickle.dumps("raw"), raw=True)
+        assert sorted([sup.receive(30), sup.receive(30)]) == [(0, ("raw", 0)), (1, ("hello", 1))]
+        for i in range(2):
+            sup.send(i, None)
+        while not sup.wait(5):
+            pass
+        assert sup.results == [0, 10] and sup.failed() == [] and sup.exitcodes == [0, 0]
+    with Supervisor(FAST, interrupted, 2) as sup:
+        while not sup.wait(5):
+            pass
+        assert sup.interrupts == {0: "stopped by replica 0", 1: "stopped by replica 1"}
+        assert sup.failed() == [] and sup.exitcodes == [INTERRUPTED, INTERRUPTED]
+    with pytest.raises(RuntimeError, match="stopped"):
+        sup.send(0, "late")
+    assert_gone(sup.pids)
+
+
+@pytest.mark.multiprocess
+@pytest.mark.timeout(60)
+def test_stop_and_garbage_collection_leave_no_process():
+    spec = ChildSpec(role="worker", start_method="forkserver", pipe=True, stop_request="stop", stop_grace_s=0.5)
+    sup = Supervisor(spec, stubborn, 3)
+    pids = sup.pids
+    assert sorted(sup.receive(30)[0] for _ in range(3)) == [0, 1, 2]
+    start = time.monotonic()
+    sup.stop()  # they ignore the request and SIGTERM: SIGKILL after the grace periods
+    sup.stop()
+    assert time.monotonic() - start < 10
+    assert sup.exitcodes == [None] * 3 or all(code == -signal.SIGKILL for code in sup.exitcodes)
+    assert_gone(pids)
+    sup = Supervisor(FAST, sleeps, 2)
+    pids = sup.pids
+    del sup
+    gc.collect()
+    assert_gone(pids)
+
+
+@pytest.mark.multiprocess
+@pytest.mark.timeout(90)
+def test_spawned_children_get_their_own_group_name_environment_and_ignore_ctrl_c():
+    spec = ChildSpec(role="hogwild process", pipe=True, ignore_sigint=True, own_process_group=True,
+                     process_name="worker-{index}", env={"ACCELBATCH_TEST_VALUE": "42"}, stop_request="stop")
+    before = os.environ.get("ACCELBATCH_TEST_VALUE")
+    with Supervisor(spec, describes_itself, 1) as sup:
+        assert os.environ.get("ACCELBATCH_TEST_VALUE") == before
+        assert sup.receive(60) == (0, (True, True, "worker-0", "42"))
+        sup.signal(signal.SIGINT)
+        time.sleep(0.3)
+        assert sup.exitcodes == [None]  # ignored
+    assert sup.exitcodes == [0]
+    assert_gone(sup.pids)
+
+
+@pytest.mark.multiprocess
+@pytest.mark.timeout(60)
+def test_an_exception_before_the_wrapper_reports_comes_from_torchs_error_file():
+    spec = ChildSpec(role="worker", start_method="forkserver", process_name="{missing}")
+    raised = r"worker 0 \(pid \d+\) raised KeyError: 'missing'"
+    with Supervisor(spec, sleeps, 1) as sup, pytest.raises(ProcessRaised, match=raised) as info:
+        sup.receive(30)
+    assert "Traceback (most recent call last)" in info.value.child_traceback and info.value.error_types == ()
+    assert_gone(sup.pids)
+
+
+def test_process_failure_is_a_runtime_error_with_defaults():
+    error = ProcessFailure("plain")
+    assert isinstance(error, RuntimeError) and (error.role, error.index, error.pid) == ("process", None, None)
+    assert error.error_types == () and error.child_exception is None
