@@ -17,13 +17,19 @@ from __future__ import annotations
 
 import random
 import time
+from collections import deque
+from functools import partial
+from itertools import repeat
 from typing import Any, Sequence
 
 from accelbatch.agents import Agent
-from accelbatch.messages import Message, is_padding
+from accelbatch.messages import TEXT, Message, is_padding
 from accelbatch.metrics import merge_reports
 from accelbatch.opts import Opts
 from accelbatch.teachers import FixedTeacher, Teacher, is_training
+
+
+_consume = partial(deque, maxlen=0)  # runs an iterator to its end in C
 
 
 class World:
@@ -184,6 +190,9 @@ class BatchWorld(World):
             start = time.perf_counter()
             step = teacher.feed.step()
             examples, answers, real = step[0], step[1], step[-1]
+            # the step's examples sit far apart in memory (a shuffled order): one tight C loop over them has
+            # their cache misses overlap, where the agent would meet them one by one between its own work
+            _consume(map(dict.__contains__, examples, repeat(TEXT, len(examples))))
             self.total_exs += real
             if self._model_observes:  # else its clones would only store the example, which batch_act gets
                 examples = [agent.observe(example) for agent, example in zip(self._model_rows, examples)]
