@@ -27,3 +27,29 @@ def write_jsonl(tmp_path):
         return str(path)
 
     return _write
+
+
+@pytest.fixture(autouse=True)
+def _processes_are_marked(request, monkeypatch):
+    """A test that starts a child process (multiprocessing, torch's workers and spawns, a subprocess) must be
+    marked ``multiprocess``: the marker is how the fast subset and CI know what a test costs."""
+    import multiprocessing.process
+    import subprocess
+
+    started: list[str] = []
+    start, popen = multiprocessing.process.BaseProcess.start, subprocess.Popen.__init__
+
+    def recording_start(self, *args, **kwargs):
+        started.append(f"process {self.name}")
+        return start(self, *args, **kwargs)
+
+    def recording_popen(self, args, *rest, **kwargs):
+        started.append(f"subprocess {args!r:.80}")
+        return popen(self, args, *rest, **kwargs)
+
+    monkeypatch.setattr(multiprocessing.process.BaseProcess, "start", recording_start)
+    monkeypatch.setattr(subprocess.Popen, "__init__", recording_popen)
+    yield
+    if started and request.node.get_closest_marker("multiprocess") is None:
+        pytest.fail(f"{request.node.nodeid} starts processes ({started[0]}, ...) but is not marked "
+                    "@pytest.mark.multiprocess", pytrace=False)

@@ -245,6 +245,7 @@ time.sleep(60)
 """
 
 
+@pytest.mark.multiprocess
 @pytest.mark.skipif(not os.path.isdir("/proc/self"), reason="reads Linux's /proc")
 @pytest.mark.timeout(60)
 def test_descendants_cpu_counts_children_and_grandchildren():

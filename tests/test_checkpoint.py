@@ -224,6 +224,7 @@ def test_first_save_that_never_finished_is_no_checkpoint(tmp_path, monkeypatch):
         ck.load_checkpoint(str(tmp_path / "m"))
 
 
+@pytest.mark.multiprocess
 def test_sigkill_while_committing_keeps_the_last_good_checkpoint(tmp_path):
     script = textwrap.dedent("""
         import os, signal, sys, torch
@@ -348,6 +349,7 @@ def test_restore_into_other_data_or_rows_is_refused():
         _world(2)[0].load_state_dict(position)
 
 
+@pytest.mark.multiprocess
 @pytest.mark.parametrize("datatype", ["train", "train:stream"])
 @pytest.mark.parametrize("workers", [0, 2])
 def test_the_loader_world_of_two_tasks_resumes_each_task(tmp_path, datatype, workers):

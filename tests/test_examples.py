@@ -16,6 +16,8 @@ def test_custom_agent_example_runs_with_a_plan(monkeypatch):
     assert sys.modules.get("accelbatch") is not None
 
 
+@pytest.mark.multiprocess
+@pytest.mark.slow
 @pytest.mark.timeout(240)
 def test_hogwild_example_runs_and_evaluates_exactly_once():
     module = runpy.run_path("examples/hogwild_cpu.py", run_name="example")

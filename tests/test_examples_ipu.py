@@ -35,6 +35,7 @@ def test_there_are_five_tutorials_each_with_a_readme_section():
         assert f"`{name}`" in readme, name
 
 
+@pytest.mark.slow
 @pytest.mark.multiprocess
 @pytest.mark.timeout(180)
 def test_01_efficient_data_loading():
@@ -50,6 +51,8 @@ def test_01_efficient_data_loading():
         assert line.count("it/s") == 2 and ("data loading" in line or "the model" in line)
 
 
+@pytest.mark.multiprocess
+@pytest.mark.slow
 def test_02_device_iterations_and_output_modes():
     out = run_example("02_device_iterations_and_output_modes.py", "--emulator", "--batch-size", "1",
                       "--device-iterations", "6", "--period", "3")
@@ -58,6 +61,8 @@ def test_02_device_iterations_and_output_modes():
     assert "every mode matches the host's predictions" in out
 
 
+@pytest.mark.multiprocess
+@pytest.mark.slow
 def test_03_replication_and_gradient_accumulation():
     out = run_example("03_replication_and_gradient_accumulation.py", "--emulator", "--batch-size", "1",
                       "--device-iterations", "2", "--replication-factor", "2", "--gradient-accumulation", "2",
@@ -66,6 +71,7 @@ def test_03_replication_and_gradient_accumulation():
     assert out.count("same weights") == 3 and "weights equal plain host SGD over 4-row updates" in out
 
 
+@pytest.mark.slow
 @pytest.mark.multiprocess
 @pytest.mark.timeout(180)
 def test_04_rebatched_iterable_datasets_7_workers_80_vs_100():
@@ -75,6 +81,8 @@ def test_04_rebatched_iterable_datasets_7_workers_80_vs_100():
     assert "25 batches of 4:  100 distinct items used (expected 100)" in lines["AsyncRebatched"]
 
 
+@pytest.mark.multiprocess
+@pytest.mark.slow
 @pytest.mark.timeout(180)
 def test_05_world_training_on_ipu_matches_cpu():
     out = run_example("05_world_training_on_ipu.py", "--ipu-emulator", "-bs", "4", "-di", "2", "-rf", "2",
@@ -83,6 +91,8 @@ def test_05_world_training_on_ipu_matches_cpu():
     assert "largest weight difference ipu vs cpu" in out
 
 
+@pytest.mark.multiprocess
+@pytest.mark.slow
 @pytest.mark.timeout(180)
 def test_05_via_the_cli():
     out = run_example("05_world_training_on_ipu.py", "--via-cli", "--ipu-emulator", "-bs", "4",

@@ -278,6 +278,7 @@ def test_a_malformed_or_empty_data_file_is_one_line_naming_file_and_line(lab, ca
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("where", [["-dt", "train:stream", "--num-workers", "1"], ["-dt", "train:stream", "-nt", "2"]],
                          ids=["read-by-a-data-worker", "read-by-a-hogwild-process"])
+@pytest.mark.slow
 def test_a_malformed_line_met_in_another_process_is_still_one_line(lab, tmp_path, where):
     """Streamed, the file is read where the batches are made; the error is the same one line."""
     path = tmp_path / "bad.jsonl"
@@ -330,6 +331,7 @@ def test_an_unusable_device_is_one_line_listing_the_usable_ones(lab, capsys, mon
 @pytest.mark.parametrize("examples, extra", [(10, []), (10, ["-ga", "3"]), (10, ["--num-workers", "1"]),
                                              (1, ["-rf", "2"])],
                          ids=["world", "grad-accumulation-in-eval", "data-workers", "replicas-one-example"])
+@pytest.mark.slow
 def test_eval_with_a_batch_larger_than_the_split_serves_every_example_once(lab, tmp_path, capsys, monkeypatch,
                                                                            examples, extra):
     """Gradient accumulation in eval is not refused: the plan evaluates micro batches of b x G rows. With
@@ -344,6 +346,7 @@ def test_eval_with_a_batch_larger_than_the_split_serves_every_example_once(lab, 
     ran.assert_clean()
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(60)
 def test_training_with_a_batch_larger_than_the_split(lab, tmp_path, capsys, monkeypatch):
     """ParlAI's world: each of the 64 rows serves the 10 examples in turn, so a step is 64 rows; the same
@@ -367,6 +370,7 @@ def test_training_a_batch_plan_with_no_full_batch_says_why_in_one_line(lab, caps
     ran.assert_one_line_error("no full batch of 64 rows", "--batchsize", "--no-drop-last")
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(60)
 def test_training_more_replicas_than_examples_says_why_in_one_line(lab):
     ran = cli(lab, "train", "-t", f"jsonl:{lab}/qa1.jsonl", "-m", "faulty:Fine", "-bs", "4", "-rf", "2",
@@ -376,6 +380,7 @@ def test_training_more_replicas_than_examples_says_why_in_one_line(lab):
 
 
 # --- NaN losses ---------------------------------------------------------------------------------------
+@pytest.mark.slow
 @pytest.mark.timeout(60)
 def test_a_nan_loss_stops_naming_skip_nan_and_skip_nan_counts_and_goes_on(lab, tmp_path, capsys, monkeypatch):
     argv = ["train", "-t", f"jsonl:{lab}/qa60.jsonl", "-m", "faulty:NaNEvery3", "-bs", "4", "-tstep", "7", *QUICK]
@@ -406,6 +411,7 @@ DATA_PROCESSES = [["--num-workers", "1"], ["--dataloader-mode", "async"],
 DATA_PROCESS_IDS = ["workers", "async", "async-workers"]
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("mode", DATA_PROCESSES, ids=DATA_PROCESS_IDS)
 def test_a_crashing_data_worker_shows_its_traceback(lab, mode):
@@ -415,6 +421,7 @@ def test_a_crashing_data_worker_shows_its_traceback(lab, mode):
     ran.assert_clean()
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("mode", DATA_PROCESSES, ids=DATA_PROCESS_IDS)
 def test_a_hanging_data_worker_times_out_naming_the_option(lab, mode):
@@ -430,6 +437,7 @@ def _two_replicas(lab: Path, model: str, *extra: str) -> Ran:
                "-tstep", "6", *extra, *QUICK)
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(60)
 def test_a_crashing_replica_ends_the_run_with_its_traceback(lab):
     ran = _two_replicas(lab, "ReplicaCrash")
@@ -437,6 +445,7 @@ def test_a_crashing_replica_ends_the_run_with_its_traceback(lab):
     ran.assert_clean()
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(60)
 def test_a_replica_killed_mid_run_is_a_clear_error_not_a_hang(lab):
     begun = time.monotonic()
@@ -448,6 +457,7 @@ def test_a_replica_killed_mid_run_is_a_clear_error_not_a_hang(lab):
     ran.assert_clean()
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(60)
 def test_a_hanging_replica_is_named_after_replica_timeout_s(lab):
     begun = time.monotonic()
@@ -461,6 +471,7 @@ def test_a_hanging_replica_is_named_after_replica_timeout_s(lab):
     ran.assert_clean()
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(60)
 def test_a_crashing_hogwild_process_shows_its_traceback(lab):
     ran = cli(lab, "train", "-t", f"jsonl:{lab}/qa60.jsonl", "-m", "faulty:HogwildCrash", "-bs", "2", "-nt", "2",
@@ -470,6 +481,7 @@ def test_a_crashing_hogwild_process_shows_its_traceback(lab):
 
 
 # --- signals --------------------------------------------------------------------------------------------
+@pytest.mark.slow
 @pytest.mark.timeout(90)
 def test_a_stop_signal_reaching_one_replica_stops_all_at_the_same_step(lab, tmp_path):
     """Only replica 1 gets SIGINT (a signal sent to one process, or one delivered a step later than the other's):
@@ -489,6 +501,7 @@ def test_a_stop_signal_reaching_one_replica_stops_all_at_the_same_step(lab, tmp_
     ("SIGINT", True, ["-rf", "2"]),
     ("SIGTERM", False, ["--dataloader-mode", "async", "--num-workers", "1"]),
 ], ids=["ctrl-c-in-a-terminal-replicas", "SIGTERM-async-loader-with-a-worker"])
+@pytest.mark.slow
 def test_a_signal_saves_a_checkpoint_and_exits_130_leaving_nothing(lab, tmp_path, how, to_group, extra):
     """A terminal's Ctrl-C reaches every process of the foreground group; ``kill`` the main one only."""
     model = tmp_path / "model.pt"

@@ -180,6 +180,7 @@ def test_merged_report_sums_processes_like_one_metrics_object():
 
 
 # --- processes -------------------------------------------------------------------------------------------
+@pytest.mark.slow
 @pytest.mark.timeout(150)
 def test_two_processes_train_babi_past_95_percent_like_one_process(tmp_path):
     opts = Opts(task="babi:1", model="memnn", numthreads=2, batchsize=32, num_epochs=0.6,
@@ -204,6 +205,7 @@ def test_two_processes_train_babi_past_95_percent_like_one_process(tmp_path):
     assert report["valid"]["accuracy"] >= reference["valid"]["accuracy"] - 0.03
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(90)
 def test_multitask_eval_serves_every_line_once_across_processes_with_batching(tmp_path, log_dir):
     episodes = [[f"e{e}-{i}" for i in range(1 + e % 3)] for e in range(500)] + [["t-0", "t-1"]]  # 1-3 turns
@@ -241,6 +243,7 @@ def test_multitask_eval_serves_every_line_once_across_processes_with_batching(tm
     assert not any(os.path.exists(f"/proc/{pid}") for pid in pids)
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(90)
 def test_run_evaluates_a_loader_fed_task_exactly_once_in_three_processes(tmp_path, log_dir):
     """Dynamic batching feeds worlds from the data loader: each process takes its shard of the file."""
@@ -279,6 +282,7 @@ def test_a_crash_in_a_child_raises_in_the_parent_with_the_child_traceback(tmp_pa
         assert not os.path.exists(f"/proc/{pid}") or "Z" in open(f"/proc/{pid}/stat").read().split()[2]
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(90)
 def test_a_child_failing_at_start_or_dying_is_an_error_not_a_hang(tmp_path, monkeypatch):
     path = _jsonl(tmp_path / "data.jsonl", [[f"q{i}"] for i in range(50)])
@@ -314,6 +318,7 @@ CTRL_C_SCRIPT = textwrap.dedent("""
 """)
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_ctrl_c_stops_training_and_leaves_no_process(tmp_path):
     script = tmp_path / "train_forever.py"

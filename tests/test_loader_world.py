@@ -77,6 +77,7 @@ def test_loader_world_and_batch_world_agree_on_the_same_model():
             assert abs(report["loss"] - ref["loss"]) < 1e-4
 
 
+@pytest.mark.slow
 def test_training_through_the_loader_learns():
     opts = Opts(task="babi:1", dynamic_batching="batchsort", batchsize=32, progress=False)
     world = create_world(opts)
@@ -114,6 +115,7 @@ def test_agent_history_matches_squashing(turns, context_length, include_labels):
     assert texts == squashed
 
 
+@pytest.mark.slow
 def test_bucket_training_leaves_padding_rows_out_of_the_loss():
     opts = Opts(task="babi:1", dynamic_batching="buckets", batchsize=16, progress=False)
     world = create_world(opts)
@@ -194,6 +196,7 @@ class _Staging:
         return getattr(self.engine, name)
 
 
+@pytest.mark.multiprocess
 def test_a_staging_engine_gets_each_batch_one_step_ahead_and_resumes_exactly(dialogue_dir):
     """Cross-call prefetch: the world hands the engine batch k+1 to stage before stepping batch k; the same
     weights as without it, and a checkpoint taken meanwhile resumes with the held batch, not after it."""

@@ -112,6 +112,7 @@ def test_failure_record_and_errors_travel_by_pickle():
     assert isinstance(timeout, TimeoutError) and isinstance(pickle.loads(pickle.dumps(timeout)), ProcessTimeout)
 
 
+@pytest.mark.slow
 @pytest.mark.multiprocess
 @pytest.mark.timeout(60)
 def test_a_raising_child_is_process_raised_with_its_traceback_and_types():
@@ -141,6 +142,7 @@ def test_a_child_killed_by_a_signal_is_process_died_naming_it():
     assert_gone(sup.pids)
 
 
+@pytest.mark.slow
 @pytest.mark.multiprocess
 @pytest.mark.timeout(60)
 def test_a_child_that_never_answers_times_out_with_its_stack():
@@ -192,6 +194,7 @@ def test_messages_results_and_interrupts():
     assert_gone(sup.pids)
 
 
+@pytest.mark.slow
 @pytest.mark.multiprocess
 @pytest.mark.timeout(60)
 def test_stop_and_garbage_collection_leave_no_process():

@@ -13,6 +13,7 @@ def _children() -> list[int]:
     return [pid for pid, _ in live_children()]
 
 
+@pytest.mark.multiprocess
 @pytest.mark.timeout(240)
 def test_two_replicas_train_and_evaluate_every_example_once(tmp_path, write_jsonl):
     path = write_jsonl([{"text": f"q{i}", "labels": [f"a{i}"]} for i in range(101)])
@@ -28,6 +29,7 @@ def test_two_replicas_train_and_evaluate_every_example_once(tmp_path, write_json
     assert not multiprocessing.active_children() and set(_children()) <= before
 
 
+@pytest.mark.multiprocess
 @pytest.mark.timeout(240)
 def test_bad_input_met_in_a_replica_is_one_line_and_exit_2(tmp_path, capsys):
     """The replicas read the file: its error comes back as the one line a single process prints (a crash

@@ -33,6 +33,8 @@ def _weights(path):
 @pytest.mark.parametrize("how, plan", [("SIGKILL", ()), ("SIGTERM", ()),
                                        ("SIGKILL", ("-bs", "1", "-ga", "3", "-di", "2"))],
                          ids=["SIGKILL", "SIGTERM", "SIGKILL-ga3-di2"])
+@pytest.mark.multiprocess
+@pytest.mark.slow
 def test_interrupted_run_resumes_to_the_same_weights(tmp_path, how, plan):
     """A checkpoint is taken between world steps; a step is the whole combined batch (b x D x R x G), so
     with gradient accumulation the cut never splits an accumulation window and the resume starts the next."""

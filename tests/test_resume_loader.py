@@ -82,6 +82,8 @@ def _run(cmd, tag, timeout=240):
     return done
 
 
+@pytest.mark.multiprocess
+@pytest.mark.slow
 @pytest.mark.timeout(600)
 @pytest.mark.parametrize("setting", list(MODES))
 def test_killed_loader_run_resumes_to_the_same_weights(tmp_path, setting):
@@ -116,6 +118,8 @@ def test_killed_loader_run_resumes_to_the_same_weights(tmp_path, setting):
         assert torch.equal(ref[key], got[key]), (key, ckpt.state["train"], ckpt.data, resumed.stderr[-2000:])
 
 
+@pytest.mark.multiprocess
+@pytest.mark.slow
 def test_a_mismatched_loader_position_is_refused(tmp_path):
     """A position from another plan (here: another --batchsize) is refused with a clear message."""
     _dataset(tmp_path)
@@ -137,6 +141,7 @@ def test_a_mismatched_loader_position_is_refused(tmp_path):
     assert state.exists()
 
 
+@pytest.mark.multiprocess
 def test_loader_position_counts_consumed_batches_not_prefetched_ones():
     msgs = [Message({"text": "w " * (i % 7 + 1), "labels": ["a"], "episode_done": True}) for i in range(50)]
     kw = dict(batch_size=4, dynamic_batching="batchsort", seed=5, mode="async", buffer_size=4)
@@ -165,6 +170,8 @@ def test_loader_position_counts_consumed_batches_not_prefetched_ones():
         assert got == flat
 
 
+@pytest.mark.multiprocess
+@pytest.mark.slow
 def test_a_stream_checkpoint_holds_its_position_and_resumes_without_warning(tmp_path):
     """Streams resume exactly too (tests/test_resume_stream.py); here: -tstep cut, no warning at --resume."""
     _dataset(tmp_path)
@@ -179,6 +186,8 @@ def test_a_stream_checkpoint_holds_its_position_and_resumes_without_warning(tmp_
     assert load_checkpoint(str(model)).state["train"]["steps"] == 6
 
 
+@pytest.mark.multiprocess
+@pytest.mark.slow
 @pytest.mark.timeout(600)
 def test_stopping_at_an_epoch_boundary_and_mid_epoch_resumes_exactly(tmp_path):
     """Deterministic cuts (-tstep, final checkpoint) with the async loader: mid-epoch, and right after the

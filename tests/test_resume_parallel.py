@@ -101,6 +101,8 @@ def _kill_after_first_checkpoint(cmd, model, min_children, rng, env=ENV):
     return children
 
 
+@pytest.mark.multiprocess
+@pytest.mark.slow
 @pytest.mark.timeout(400)
 def test_replicated_run_killed_and_resumed_gives_the_same_weights(tmp_path):
     _dataset(tmp_path)
@@ -174,6 +176,8 @@ def _process_stream(root, process, processes=2, rows=3, steps=2000):
     return out
 
 
+@pytest.mark.multiprocess
+@pytest.mark.slow
 @pytest.mark.timeout(400)
 def test_hogwild_run_killed_and_resumed_continues_each_process_where_it_was(tmp_path):
     """-nt 2: for each process, the examples it trained on before the last checkpoint (its first
@@ -220,6 +224,8 @@ def test_hogwild_run_killed_and_resumed_continues_each_process_where_it_was(tmp_
         assert seen and seen == _process_stream(tmp_path, process)[:len(seen)], process
 
 
+@pytest.mark.multiprocess
+@pytest.mark.slow
 @pytest.mark.timeout(200)
 def test_hogwild_position_is_taken_with_no_parley_in_flight_and_restores(write_jsonl):
     """Process 1 is slow and has parleys queued when the position is asked for: the position must wait
@@ -245,6 +251,8 @@ def test_hogwild_position_is_taken_with_no_parley_in_flight_and_restores(write_j
         again.shutdown()
 
 
+@pytest.mark.multiprocess
+@pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_resuming_the_checkpoint_saved_at_the_end_of_training_trains_nothing_more(tmp_path):
     """A kill after the end-of-training save (a window of the -rf 2 and one-process kill tests) leaves a

@@ -77,6 +77,7 @@ LOADER_CASES = {"sync-W0": ("sync", 0, "batchsort"), "async-W2": ("async", 2, "b
                 "rebatched-W2": ("async-rebatched", 2, "batchsort"), "sync-W3-none": ("sync", 3, "none")}
 
 
+@pytest.mark.multiprocess
 @pytest.mark.timeout(120)
 @pytest.mark.filterwarnings("ignore:This DataLoader will create")  # 3 workers on a 2-core machine
 @pytest.mark.parametrize("case", list(LOADER_CASES))
@@ -106,6 +107,7 @@ def test_every_cut_of_a_stream_continues_the_same_batches(tmp_path, case):
     assert not live_children()
 
 
+@pytest.mark.multiprocess
 def test_a_position_carries_over_to_other_performance_options_but_not_to_other_data(tmp_path):
     path = _stream_file(tmp_path / "s.jsonl")
     with make_loader(path, batch_size=4) as loader:
@@ -195,6 +197,8 @@ def _assert_clean_first_epochs(batches, files, batch_size=3):
         assert len(set(first)) == len(first) == full, path
 
 
+@pytest.mark.multiprocess
+@pytest.mark.slow
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("case", list(CLI_CASES))
 def test_a_killed_stream_run_resumes_to_the_same_batches_and_weights(tmp_path, case):

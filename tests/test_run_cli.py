@@ -12,6 +12,7 @@ from accelbatch.opts import Opts
 from accelbatch.run import run
 
 
+@pytest.mark.slow
 def test_demo_defaults_train_the_bundled_task_past_95_percent(tmp_path, capsys):
     """`accelbatch train` with no task or model: the README's demo."""
     report_path = tmp_path / "report.json"
@@ -79,6 +80,7 @@ def test_model_file_round_trip_and_refusal_of_a_bad_file(tmp_path):
         MemNNAgent(opts)
 
 
+@pytest.mark.multiprocess
 def test_python_dash_m_lists_tasks():
     out = subprocess.run([sys.executable, "-m", "accelbatch", "tasks"], capture_output=True, text=True,
                          timeout=60, check=True).stdout

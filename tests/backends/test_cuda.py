@@ -199,6 +199,8 @@ def bf16_autocast_comes_from_accelerate() -> None:
     assert plain.accelerator.mixed_precision == "bf16"
 
 
+@pytest.mark.multiprocess
+@pytest.mark.slow
 @pytest.mark.timeout(240)
 def test_bf16_autocast_comes_from_accelerate():
     run_isolated("bf16_autocast_comes_from_accelerate")
@@ -267,6 +269,7 @@ def _replica(rank: int, plan: ExecutionPlan, state: dict, calls: list) -> dict:
     return out
 
 
+@pytest.mark.slow
 @pytest.mark.multiprocess
 @pytest.mark.timeout(120)
 def test_two_replicas_with_ddp_equal_one_process():
@@ -379,6 +382,7 @@ def test_the_gpu_measurements_run_on_the_cpu():
     assert t.engine_exs > 0 and t.naive_exs > 0
 
 
+@pytest.mark.slow
 @pytest.mark.multiprocess
 @pytest.mark.timeout(300)
 def test_cuda_check_runs_each_check_in_a_fresh_process(tmp_path):

@@ -241,6 +241,7 @@ def two_replicas():
     return spawn_replicas(_two_replicas, 2, PLAN_R2, CALLS_R2, timeout_s=240)
 
 
+@pytest.mark.slow
 @pytest.mark.multiprocess
 @pytest.mark.timeout(300)
 def test_collectives_across_two_processes(two_replicas):

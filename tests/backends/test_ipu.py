@@ -543,6 +543,7 @@ def test_make_loader_gives_a_poptorch_dataloader_with_the_plans_combined_batch()
         backend.make_loader(Items(4), plan, mode="turbo")
 
 
+@pytest.mark.multiprocess
 @pytest.mark.timeout(120)
 def test_make_loader_async_rebatched_mode():
     backend = emulated_backend()

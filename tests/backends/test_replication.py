@@ -16,11 +16,11 @@ import time
 
 import pytest
 import torch
-
 from accelbatch.backends import distributed
 from accelbatch.backends.distributed import spawn_replicas
-from accelbatch.procs import ProcessRaised, ProcessTimeout
 from helpers import live_children
+
+from accelbatch.procs import ProcessRaised, ProcessTimeout
 
 pytestmark = pytest.mark.multiprocess
 
@@ -62,6 +62,7 @@ def initial_net() -> Net:
 def _train_worker(rank: int, names: list[str]):
     """Runs in each replica: every scenario, on this replica's shard of the same combined batches."""
     from accelbatch.backends.cpu import CPUBackend, ReplicatedEngine
+
     from accelbatch.plan import ExecutionPlan
 
     out = {}
@@ -121,6 +122,7 @@ def _assert_close_state(state, net, atol=1e-6):
         assert diff <= atol, f"{k}: max diff {diff:.3g}"
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(180)
 @pytest.mark.parametrize("name", list(SCENARIOS))
 def test_r2_gloo_equals_r1_reference(replicated, name):
@@ -224,6 +226,7 @@ def test_child_exception_propagates_and_ends_the_others():
     assert_no_leaked_children()
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_timeout_ends_every_child():
     start = time.monotonic()
@@ -233,6 +236,7 @@ def test_timeout_ends_every_child():
     assert_no_leaked_children()
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_ctrl_c_leaves_no_process(tmp_path):
     """SIGINT to a parent blocked in spawn_replicas: it ends its children and exits with the interrupt."""
@@ -279,6 +283,7 @@ def _state(pid: int) -> str:
     return stat[stat.rindex(")") + 2:].split()[0]
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(180)
 def test_torchrun_launch_equals_reference(tmp_path):
     """torchrun --nproc-per-node 2: CPUBackend.setup joins the group from torchrun's environment."""

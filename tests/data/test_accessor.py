@@ -210,6 +210,7 @@ def test_a_dying_worker_is_an_error_not_a_hang(how, message, no_leaks):
         list(AsyncDataAccessor(Failing(1, how), timeout_s=30))
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(60)
 def test_a_hanging_worker_times_out_and_is_stopped(no_leaks):
     accessor = AsyncDataAccessor(Failing(1, "hang"), timeout_s=1.0)
@@ -278,6 +279,7 @@ SCRIPT = textwrap.dedent("""
 """)
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(90)
 @pytest.mark.parametrize("how", ["ctrl-c", "crash"])
 def test_ctrl_c_or_a_vanished_consumer_leave_no_worker(tmp_path, how):

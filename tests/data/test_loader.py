@@ -87,6 +87,7 @@ def steps_of(loader, passes=1):
     return [(b.step, b.ids, b.rows, b.padded_len) for _ in range(passes) for b in loader]
 
 
+@pytest.mark.multiprocess
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("kind, mode, workers", CASES)
 def test_evaluation_sees_every_example_exactly_once(tmp_path, kind, mode, workers, no_leaks):
@@ -103,6 +104,7 @@ def test_evaluation_sees_every_example_exactly_once(tmp_path, kind, mode, worker
                 assert len(shapes) <= 4
 
 
+@pytest.mark.multiprocess
 @pytest.mark.timeout(240)
 @pytest.mark.parametrize("strategy", ["none", "batchsort", "buckets"])
 def test_workers_async_and_streaming_never_change_the_steps(tmp_path, strategy, no_leaks):
@@ -120,6 +122,7 @@ def test_workers_async_and_streaming_never_change_the_steps(tmp_path, strategy, 
         assert got == reference, (data is path, mode, workers)
 
 
+@pytest.mark.multiprocess
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("mode, workers", [("sync", 2), ("async", 0), ("async", 2)])
 def test_data_processes_keep_what_they_inherit_out_of_the_collector(mode, workers, no_leaks):
@@ -134,6 +137,7 @@ def test_data_processes_keep_what_they_inherit_out_of_the_collector(mode, worker
     assert gc.get_freeze_count() == frozen_here
 
 
+@pytest.mark.multiprocess
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("mode, workers", [("sync", 2), ("async", 2), ("async-rebatched", 2)])
 def test_collate_runs_off_the_main_process(tmp_path, mode, workers, no_leaks):
@@ -144,6 +148,7 @@ def test_collate_runs_off_the_main_process(tmp_path, mode, workers, no_leaks):
     assert os.getpid() not in pids
 
 
+@pytest.mark.multiprocess
 @pytest.mark.timeout(120)
 def test_no_worker_drops_a_tail(no_leaks):
     """PopTorch's case (101 examples, 7 workers, batches of 4) loses nothing: steps are planned, not cut per

@@ -49,6 +49,7 @@ def values(batches):
     return out
 
 
+@pytest.mark.multiprocess
 @pytest.mark.timeout(60)
 def test_poptorch_vectors_without_and_with_rebatching(no_leaks):
     plain = list(loader(4, drop_last=True))
@@ -67,6 +68,7 @@ def test_poptorch_vectors_without_and_with_rebatching(no_leaks):
     assert sorted(values(leftover)) == list(range(101))
 
 
+@pytest.mark.multiprocess
 @pytest.mark.timeout(60)
 def test_poptorch_vector_through_the_async_accessor(no_leaks):
     with AsyncDataAccessor(loader(1, drop_last=False), rebatch_size=4) as accessor:
