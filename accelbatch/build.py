@@ -99,10 +99,6 @@ def build_world(opts: Opts, model: Agent, shard: tuple[int, int] = (0, 1), rows:
                               "schedule can plan); run it without --dynamic-batching")
         teacher.keep_shard(*shard)
         return LoaderWorld(opts, model, teacher, rows, shard, max(1, plan.factor // replicas))
-    if (opts.num_workers > 0 or opts.dataloader_mode != "sync") and shard[0] == 0:
-        print(f"accelbatch: --num-workers / --dataloader-mode: {type(model).__name__} overrides observe() or is "
-              "not a TorchAgent, so its batches are built here in the main process (same results)",
-              file=sys.stderr)
     if teacher is None:  # several tasks, not all FixedTeachers: one world per task
         teachers = create_teachers(opts)
         for t in teachers:
@@ -126,8 +122,13 @@ def create_world(opts: Opts, agent: Agent | type[Agent] | None = None, rows: int
     process's world holds its replica's share of the rows and of the data.
     """
     model = make_agent(opts, agent)
+    first = runtime is None and getattr(getattr(model, "slot", None), "runtime", None) is None
     runtime = runtime or getattr(getattr(model, "slot", None), "runtime", None) or setup_runtime(opts)
     compile_agent(model, runtime)
+    if first and runtime.topology.rank == 0 and opts.dynamic_batching == "none" and not uses_loader(opts, model) \
+            and (opts.num_workers > 0 or opts.dataloader_mode != "sync"):
+        print(f"accelbatch: --num-workers / --dataloader-mode: {type(model).__name__} overrides observe() or is "
+              "not a TorchAgent, so its batches are built in the main process (same results)", file=sys.stderr)
     if opts.numthreads > 1:
         world: World = create_hogwild_world(opts, agent, rows, runtime=runtime, model=model)
     else:

@@ -39,7 +39,7 @@ import torch
 
 from accelbatch.agents import Agent
 from accelbatch.metrics import Metrics, merge_reports
-from accelbatch.opts import Opts
+from accelbatch.opts import OptionError, Opts
 from accelbatch.procs import ChildSpec, ProcessFailure, Supervisor
 from accelbatch.teachers import FixedTeacher, MultiTaskTeacher, Teacher, is_training
 from accelbatch.worlds import BatchWorld, MultiWorld, World
@@ -218,7 +218,7 @@ class HogwildWorld(World):
         super().__init__(opts, main.get_agents())
         teacher = main.get_task_agent()
         if not is_training(opts.datatype) and not isinstance(teacher, FixedTeacher):
-            raise ValueError(f"--numthreads {n} in evaluation needs FixedTeacher tasks (each process serves its "
+            raise OptionError(f"--numthreads {n} in evaluation needs FixedTeacher tasks (each process serves its "
                              f"share of the episodes, so every example is seen once); {type(teacher).__name__} "
                              "is not one: evaluate with --numthreads 1")
         self.numthreads, self.depth, self.timeout = n, depth, timeout

@@ -177,7 +177,7 @@ class Metrics:
     loss_count: int = 0
     extra: dict[str, float] = field(default_factory=dict)
     # rows kept to be scored: their answers' ids (chunks) in _table and their predictions, see score_pending
-    _ids: list[np.ndarray] = field(default_factory=list, repr=False, compare=False)
+    _ids: list[Sequence[int]] = field(default_factory=list, repr=False, compare=False)
     _predictions: list[str | None] = field(default_factory=list, repr=False, compare=False)
     _table: AnswerTable | None = field(default=None, repr=False, compare=False)
     _own: AnswerTable = field(default_factory=AnswerTable, repr=False, compare=False)
@@ -189,13 +189,13 @@ class Metrics:
         :data:`PENDING_ROWS` rows, and before anything reads the sums."""
         self._keep(list(predictions), self._own.ids(answers), self._own, examples)
 
-    def add_replies(self, replies: Sequence[dict], answer_ids: np.ndarray, table: AnswerTable,
+    def add_replies(self, replies: Sequence[dict], answer_ids: Sequence[int], table: AnswerTable,
                     examples: int) -> None:
         """:meth:`add_rows` for reply messages and answers by id in ``table`` (-1: nothing to score): row
         ``i``'s prediction is ``replies[i].get("text")``."""
         self._keep(_texts(replies), answer_ids, table, examples)
 
-    def _keep(self, predictions: list[str | None], ids: np.ndarray, table: AnswerTable, examples: int) -> None:
+    def _keep(self, predictions: list[str | None], ids: Sequence[int], table: AnswerTable, examples: int) -> None:
         if table is not self._table:
             self.score_pending()
             self._table = table
@@ -212,7 +212,7 @@ class Metrics:
         words = list(dict.fromkeys(self._predictions))  # the distinct predictions, in C
         vocab = {word: i for i, word in enumerate(words)}
         texts = np.fromiter(map(vocab.__getitem__, self._predictions), dtype=np.int64, count=len(self._predictions))
-        ids = np.concatenate(self._ids)
+        ids = np.concatenate(self._ids).astype(np.int64, copy=False)
         keys, counts = np.unique(ids * len(vocab) + texts, return_counts=True)
         answers = self._table.answers  # type: ignore[union-attr]
         pairs: dict[tuple[str, ...] | None, dict[str | None, int]] = {}

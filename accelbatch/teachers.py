@@ -164,13 +164,13 @@ class FixedTeacher(Teacher):
         """Score the reply to the last example (accuracy and F1 against its answers)."""
         last, self._last = self._last, None
         if last is not None and last[1] >= 0:
-            self.score([reply], np.asarray(last[1:2]), 1, None if len(last) < 3 else np.asarray(last[2:3]))
+            self.score([reply], last[1:2], 1, None if len(last) < 3 else last[2:3])
         return reply
 
-    def score(self, replies: Sequence[dict], answer_ids: np.ndarray, examples: int,
-              tasks: np.ndarray | None = None) -> None:
+    def score(self, replies: Sequence[dict], answer_ids: Sequence[int], examples: int,
+              tasks: Sequence[int] | None = None) -> None:
         """Count ``examples`` examples and score the replies against their answers, given by id in the store's
-        answer table (-1: a padding row); ``tasks`` (multitask) says each row's task."""
+        answer table (-1: a padding row; an array or a sequence); ``tasks`` (multitask) says each row's task."""
         self.metrics.add_replies(replies, answer_ids, self.store.answers, examples)
 
     def epoch_done(self) -> bool:
@@ -242,9 +242,9 @@ class MultiTaskTeacher(FixedTeacher):
     def share(self) -> dict[str, Any]:
         return {**super().share(), "parts": self._parts, "names": self.names}
 
-    def score(self, replies: Sequence[dict], answer_ids: np.ndarray, examples: int,
-              tasks: np.ndarray | None = None) -> None:
-        tasks = np.asarray(tasks)
+    def score(self, replies: Sequence[dict], answer_ids: Sequence[int], examples: int,
+              tasks: Sequence[int] | None = None) -> None:
+        tasks, answer_ids = np.asarray(tasks), np.asarray(answer_ids)
         for task in np.unique(tasks[answer_ids >= 0]).tolist():
             rows = np.flatnonzero((tasks == task) & (answer_ids >= 0))
             self.task_metrics[task].add_replies([replies[r] for r in rows.tolist()], answer_ids[rows],

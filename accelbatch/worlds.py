@@ -28,7 +28,6 @@ from accelbatch.metrics import merge_reports
 from accelbatch.opts import Opts
 from accelbatch.teachers import FixedTeacher, Teacher, is_training
 
-
 _consume = partial(deque, maxlen=0)  # runs an iterator to its end in C
 
 

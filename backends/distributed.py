@@ -25,9 +25,7 @@ What the CLI / run integration needs:
   :meth:`CPUBackend.setup` calls it when ``--replication-factor`` > 1.
 * ``rank()``, ``world_size()``, ``is_main_process()`` (write the one checkpoint and the logs on rank 0),
   and each replica runs the rows ``ExecutionPlan.shard(batch, rank)`` gives it.
-* ``reduce_metrics(metrics)`` sums metrics across processes: a mapping of numbers / tensors / lists /
-  nested mappings (e.g. ``Metrics.state()``), or an object with ``state()`` and ``merge_state()`` (e.g.
-  ``Metrics``), which comes back merged. Identity in a single process.
+* Metrics are summed across replicas by the backend (:meth:`accelbatch.backends.base.Backend.reduce_metrics`).
 """
 
 from __future__ import annotations
@@ -45,7 +43,6 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any, Self
 
-import torch
 import torch.distributed as dist
 
 from accelbatch.procs import (
@@ -142,52 +139,6 @@ def _leave_group(wait_for_peers: bool) -> None:
         with contextlib.suppress(Exception):  # a peer already gone: nothing left to wait for
             dist.barrier()
     dist.destroy_process_group()
-
-
-# --- metrics ---------------------------------------------------------------------------------
-def _add(a: Any, b: Any) -> Any:
-    if a is None:
-        return b
-    if isinstance(a, Mapping):
-        out = dict(a)
-        for k, v in b.items():
-            out[k] = _add(out.get(k), v)
-        return out
-    if isinstance(a, (list, tuple)):
-        return type(a)(_add(x, y) for x, y in zip(a, b))
-    return a + b
-
-
-def reduce_metrics(metrics: Any, group: Any = None) -> Any:
-    """Sum metrics over the processes of the group (every process calls it; every one gets the sum).
-
-    Keys present on some processes only are kept. Averages must be sent as sums and counts.
-    """
-    if not is_initialized() or dist.get_world_size(group) == 1:
-        return metrics
-    merge_obj = hasattr(metrics, "state") and hasattr(metrics, "merge_state")
-    local = metrics.state() if merge_obj else _to_cpu(dict(metrics))
-    gathered: list[Any] = [None] * dist.get_world_size(group)
-    dist.all_gather_object(gathered, local, group=group)
-    if merge_obj:
-        out = type(metrics)()
-        for state in gathered:
-            out.merge_state(state)
-        return out
-    total: Any = None
-    for state in gathered:
-        total = _add(total, state)
-    return total
-
-
-def _to_cpu(x: Any) -> Any:
-    if isinstance(x, torch.Tensor):
-        return x.detach().cpu()
-    if isinstance(x, Mapping):
-        return {k: _to_cpu(v) for k, v in x.items()}
-    if isinstance(x, (list, tuple)):
-        return type(x)(_to_cpu(v) for v in x)
-    return x
 
 
 # --- processes -------------------------------------------------------------------------------
@@ -375,4 +326,4 @@ def _last_line(trace: str) -> str:
 
 
 __all__ = ["DistInfo", "env_info", "find_free_port", "init_from_env", "is_initialized", "is_main_process",
-           "rank", "reduce_metrics", "shutdown", "spawn_replicas", "world_size"]
+           "rank", "shutdown", "spawn_replicas", "world_size"]

@@ -352,7 +352,8 @@ class RowFeed:
         self.schedule.seek(base)
 
     def rewind(self) -> None:
-        self.seek([0] * self.rows)
+        if self._base or self._ahead or self._start:  # every clone rewinds the shared feed: once is enough
+            self.seek([0] * self.rows)
 
     def _key(self) -> dict[str, Any]:
         return {"table": self.schedule.table.digest(), "rows": self.rows, "order": repr(self.schedule.order)}

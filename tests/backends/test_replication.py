@@ -332,4 +332,3 @@ def test_env_info_reads_torchrun_variables():
     port = distributed.find_free_port()
     assert 0 < port < 65536
     assert distributed.rank() == 0 and distributed.world_size() == 1 and distributed.is_main_process()
-    assert distributed.reduce_metrics({"exs": 2}) == {"exs": 2}
