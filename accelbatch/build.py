@@ -92,24 +92,51 @@ def build_world(opts: Opts, model: Agent, shard: tuple[int, int] = (0, 1), rows:
     plan's combined batch over ``replicas``, the replica processes sharing a step)."""
     plan = ExecutionPlan.from_opts(opts, training=is_training(opts.datatype))
     rows = plan.combined_batch // replicas if rows is None else rows
+    # replicas read their rows of the one schedule a single process lays out for the combined batch (same
+    # plan, same numbers); hogwild processes (replicas == 1) and dynamic batches take shares of the episodes
+    serve = replica_rows(plan, shard[0], replicas) if replicas > 1 and rows * replicas == plan.combined_batch \
+        else None
     teacher = create_teacher(opts)
     if uses_loader(opts, model):
         if not isinstance(teacher, FixedTeacher):
             raise OptionError(f"-t {opts.task}: --dynamic-batching needs FixedTeacher tasks (episodes the "
                               "schedule can plan); run it without --dynamic-batching")
-        teacher.keep_shard(*shard)
-        return LoaderWorld(opts, model, teacher, rows, shard, max(1, plan.factor // replicas))
+        if serve is None or opts.dynamic_batching != "none":
+            teacher.keep_shard(*shard)
+            return LoaderWorld(opts, model, teacher, rows, shard, max(1, plan.factor // replicas))
+        return LoaderWorld(opts, model, teacher, plan.combined_batch, row_multiple=max(1, plan.factor // replicas),
+                           serve=serve)
     if teacher is None:  # several tasks, not all FixedTeachers: one world per task
         teachers = create_teachers(opts)
         for t in teachers:
             if isinstance(t, FixedTeacher):
-                t.keep_shard(*shard)
+                _share_data(t, shard, serve, plan.combined_batch)
         world: World = MultiWorld(opts, [DialogPartnerWorld(opts, [t, model]) for t in teachers], task_names(opts))
     else:
         if isinstance(teacher, FixedTeacher):
-            teacher.keep_shard(*shard)
+            _share_data(teacher, shard, serve, plan.combined_batch)
         world = DialogPartnerWorld(opts, [teacher, model])
     return BatchWorld(opts, world, rows) if rows > 1 else world
+
+
+def replica_rows(plan: ExecutionPlan, rank: int, replicas: int) -> list[int]:
+    """The rows of the combined batch replica ``rank`` runs (``plan.shard`` of the row numbers); contiguous
+    blocks when the plan's replication factor is not the number of replicas."""
+    rows = plan.combined_batch
+    if plan.replication_factor != replicas:
+        per = rows // replicas
+        return list(range(rank * per, (rank + 1) * per))
+    import torch
+
+    return plan.shard({"row": torch.arange(rows)}, rank)["row"].tolist()
+
+
+def _share_data(teacher: FixedTeacher, shard: tuple[int, int], serve: list[int] | None, layout_rows: int) -> None:
+    """A replica's rows of the combined schedule, else a share of the episodes (hogwild)."""
+    if serve is None:
+        teacher.keep_shard(*shard)
+    else:
+        teacher.serve_replica(layout_rows, serve)
 
 
 def create_world(opts: Opts, agent: Agent | type[Agent] | None = None, rows: int | None = None, *,
@@ -151,8 +178,11 @@ def create_hogwild_world(opts: Opts, agent: Agent | type[Agent] | None = None, r
         compile_agent(model, runtime)
     main = build_world(opts.replace(numthreads=1), model, rows=1)
     agent_class = agent if isinstance(agent, type) else (None if agent is None else type(agent))
+    # a training parley of a static-row world trains its rows: known before it runs
+    per_parley = None if opts.dynamic_batching != "none" else \
+        (rows or ExecutionPlan.from_opts(opts, training=True).combined_batch)
     world = HogwildWorld(opts.replace(numthreads=processes or opts.numthreads), main, build_hogwild_child,
-                         agent_class, rows)
+                         agent_class, rows, exs_per_parley=per_parley)
     world.runtime = runtime
     return world
 

@@ -210,7 +210,7 @@ class HogwildWorld(World):
 
     def __init__(self, opts: Opts, main: World, build_child: BuildChild, agent_cls: type[Agent] | None = None,
                  rows: int | None = None, *, depth: int = 2, timeout: float = 300.0, start_timeout: float = 180.0,
-                 stop_grace: float = 30.0):
+                 stop_grace: float = 30.0, exs_per_parley: int | None = None):
         n = opts.numthreads
         if depth < 1:
             raise ValueError(f"depth: must be at least 1, got {depth}")
@@ -223,6 +223,11 @@ class HogwildWorld(World):
                              "is not one: evaluate with --numthreads 1")
         self.numthreads, self.depth, self.timeout = n, depth, timeout
         self._training = is_training(opts.datatype)
+        # training with a fixed number of rows per parley: a released parley's examples count at once, so the
+        # run loop stops releasing at its target rather than after the parleys in flight (which would train
+        # examples past it)
+        self._exs_per_parley = exs_per_parley if self._training else None
+        self._released_from = 0  # parleys released before a restore, counted in the restored total
         self._closed = False
         self._parleys = 0
         self._outstanding = [0] * n
@@ -275,7 +280,11 @@ class HogwildWorld(World):
         self._parleys += 1
 
     def get_total_exs(self) -> int:
-        """Examples parleyed by all processes so far (a shared counter; no waiting)."""
+        """Examples parleyed by all processes so far (a shared counter; no waiting); in training with a fixed
+        number of rows per parley, those of every parley released (the ones in flight will have trained them
+        when anything reads their results)."""
+        if self._exs_per_parley is not None:
+            return self._released_from + self._parleys * self._exs_per_parley
         return int(self._counts.sum())
 
     def report(self) -> dict[str, float]:
@@ -326,6 +335,7 @@ class HogwildWorld(World):
             if isinstance(err.child_exception, ValueError):
                 raise err.child_exception from None
             raise
+        self._released_from, self._parleys = int(self._counts.sum()), 0
 
     def num_examples(self) -> int:
         return self._world.num_examples()

@@ -8,7 +8,7 @@ the replies.
 from __future__ import annotations
 
 import time
-from typing import Any
+from typing import Any, Sequence
 
 import numpy as np
 import torch
@@ -30,12 +30,13 @@ class LoaderWorld(World):
     """
 
     def __init__(self, opts: Opts, agent: Agent, teacher: FixedTeacher, rows: int, shard: tuple[int, int] = (0, 1),
-                 row_multiple: int = 1):
+                 row_multiple: int = 1, serve: Sequence[int] | None = None):
         super().__init__(opts, [teacher, agent])
         self.training = is_training(opts.datatype)
         collate = agent.collate_fn() if isinstance(agent, TorchAgent) else None
         self.loader = make_loader(teacher.store, opts, collate=collate, training=self.training, shard=shard,
-                                  rows=rows, length_fn=getattr(agent, "example_length", None), batch_size=rows,
+                                  rows=rows, serve=serve, length_fn=getattr(agent, "example_length", None),
+                                  batch_size=rows if serve is None else len(serve),
                                   row_multiple=row_multiple, shuffle=shuffles(opts.datatype))
         self._tasks = getattr(teacher.store, "task_of", None)
         self._iter: Any = None

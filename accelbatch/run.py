@@ -229,6 +229,7 @@ def _train(world: World, opts: Opts, log: MetricsLog, runtime: Runtime, stop: St
     if opts.model_file and os.path.isfile(opts.model_file) and isinstance(model, TorchAgent):
         model.load(opts.model_file)  # evaluate the best model
     final_window = reduce_report(world.report(), backend)
+    state.exs = world.get_total_exs() * replicas  # after the report: steps still in flight (hogwild) are done
     if final_window.get("exs"):
         train_report = final_window
     report: dict[str, Any] = {"train": {**train_report, "exs": state.exs, "steps": state.steps,

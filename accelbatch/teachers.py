@@ -83,6 +83,7 @@ class Serving:
     rows: int = 1
     shard: tuple[int, int] = (0, 1)
     feed: RowFeed | None = None
+    layout: tuple[int, tuple[int, ...]] | None = None  # a replica: (rows of the combined batch, its rows of them)
 
 
 class FixedTeacher(Teacher):
@@ -144,6 +145,11 @@ class FixedTeacher(Teacher):
                               "fewer, or train on more data")
         self.serving.shard, self.serving.feed = (index, count), None
 
+    def serve_replica(self, layout_rows: int, rows: Sequence[int]) -> None:
+        """Serve rows ``rows`` of the schedule laid out for ``layout_rows`` rows (a replica's share of the
+        combined batch: what a single process would hand that replica)."""
+        self.serving.layout, self.serving.rows, self.serving.feed = (layout_rows, tuple(rows)), len(rows), None
+
     @property
     def feed(self) -> RowFeed:
         """The feed every clone of this teacher reads (built on first use)."""
@@ -151,7 +157,9 @@ class FixedTeacher(Teacher):
         if serving.feed is None:
             table = self.store.table.shard(*serving.shard)
             order = make_order(table, shuffles(self.datatype), self.opts.seed)
-            schedule = RowSchedule(table, serving.rows, order, loop=self.training, pad=self.store.pad)
+            layout = serving.layout if serving.layout and len(serving.layout[1]) == serving.rows else None
+            schedule = RowSchedule(table, layout[0] if layout else serving.rows, order, loop=self.training,
+                                   pad=self.store.pad, serve=layout[1] if layout else None)
             serving.feed = RowFeed(schedule, self.store.gather)
         return serving.feed
 

@@ -344,3 +344,24 @@ def test_ctrl_c_stops_training_and_leaves_no_process(tmp_path):
     for pid in pids:
         assert not os.path.exists(f"/proc/{pid}"), f"hogwild child {pid} survived Ctrl-C"
     assert _ours_left(shm, [], {proc.pid, *pids}) == set()
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("processes", [2, 3])
+def test_hogwild_trains_what_it_reports(tmp_path, monkeypatch, processes):
+    """`-nt N -ne 1 -bs 8` on 200 examples: the processes train exactly the epoch's 200 examples (no step
+    released past the target while others were in flight), and the report says so."""
+    from accelbatch.cli import main
+
+    lines = [f"text:q{i} w{i % 7}\tlabels:l{i % 3}\tlabel_candidates:l0|l1|l2\tepisode_done:True" for i in range(200)]
+    (tmp_path / "train.txt").write_text("\n".join(lines) + "\n")
+    record = tmp_path / "trained.txt"
+    monkeypatch.setenv("RECORD_TRAINED", str(record))
+    monkeypatch.setenv("PYTHONPATH", os.path.dirname(os.path.abspath(__file__)))  # spawned children import it
+    report = tmp_path / "report.json"
+    assert main(["train", "-t", f"parlai:{tmp_path / 'train.txt'}", "-m", "recording_agent:RecordingBag",
+                 "-nt", str(processes), "-ne", "1", "-bs", "8", "--no-progress", "--eval-splits", "",
+                 "--report-json", str(report)]) == 0
+    trained = [int(i) for line in record.read_text().splitlines() for i in line.split()]
+    assert len(trained) == 200 == json.loads(report.read_text())["train"]["exs"]

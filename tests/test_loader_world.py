@@ -222,3 +222,28 @@ def test_a_staging_engine_gets_each_batch_one_step_ahead_and_resumes_exactly(dia
         world.shutdown()
     assert all(torch.equal(a, b) for a, b in zip(plain.get_model_agent().model.parameters(),
                                                  resumed.get_model_agent().model.parameters()))
+
+
+@pytest.mark.slow
+@pytest.mark.multiprocess
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_streamed_file_trains_every_example_once_per_epoch(tmp_path, monkeypatch, workers):
+    """`-dt train:stream --num-workers 2 -bs 8 -ne 3` on a 120-example ParlAI file: every epoch trains each
+    example once (15 steps of 8 distinct examples), and the report counts what was trained."""
+    from accelbatch.cli import main
+
+    lines = [f"text:q{i} w{i % 7}\tlabels:l{i % 3}\tlabel_candidates:l0|l1|l2\tepisode_done:True" for i in range(120)]
+    (tmp_path / "train.txt").write_text("\n".join(lines) + "\n")
+    record = tmp_path / "trained.txt"
+    monkeypatch.setenv("RECORD_TRAINED", str(record))
+    report = tmp_path / "report.json"
+    assert main(["train", "-t", f"parlai:{tmp_path / 'train.txt'}", "-m", "recording_agent:RecordingBag",
+                 "-dt", "train:stream", "--num-workers", str(workers), "-bs", "8", "-ne", "3", "--no-progress",
+                 "-vp", "-1", "--eval-splits", "", "--report-json", str(report)]) == 0
+    steps = [[int(i) for i in line.split()] for line in record.read_text().splitlines()]
+    assert len(steps) == 45 and all(len(s) == len(set(s)) == 8 for s in steps)
+    for epoch in range(3):
+        trained = sorted(i for s in steps[epoch * 15:(epoch + 1) * 15] for i in s)
+        assert trained == list(range(120)), epoch
+    assert json.loads(report.read_text())["train"]["exs"] == 360

@@ -41,3 +41,33 @@ def test_bad_input_met_in_a_replica_is_one_line_and_exit_2(tmp_path, capsys):
     err = capsys.readouterr().err.strip()
     assert err.startswith(f"accelbatch: error: {bad}:2: not valid JSON") and len(err.splitlines()) == 1, err
     assert not multiprocessing.active_children()
+
+
+def _weights(path) -> dict:
+    import torch
+
+    return torch.load(path, map_location="cpu", weights_only=True)["model"]
+
+
+@pytest.mark.slow
+@pytest.mark.multiprocess
+@pytest.mark.timeout(400)
+@pytest.mark.parametrize("extra", [[], ["-ga", "2"], ["--dataloader-mode", "async"]], ids=["default", "ga2", "async"])
+def test_real_replicas_train_the_weights_of_the_single_process_plan(tmp_path, extra):
+    """Two gloo replicas run what one process running the same plan (the IPU emulator's replicas in turn)
+    hands each replica: the same rows in the same micro-batches, so the same weights (float tolerance) and
+    the same evaluation."""
+    import torch
+
+    common = ["train", "-t", "babi:1", "-m", "memnn", "-tstep", "6", "-bs", "4", "-rf", "2", "--no-progress"]
+    reports = {}
+    for name, device in (("cpu", ["--device", "cpu"]), ("ipu", ["--device", "ipu", "--ipu-emulator"])):
+        report = tmp_path / f"{name}.json"
+        assert main(common + device + extra + ["-mf", str(tmp_path / f"{name}.pt"), "--report-json",
+                                               str(report)]) == 0
+        reports[name] = json.loads(report.read_text())
+    cpu, ipu = _weights(tmp_path / "cpu.pt"), _weights(tmp_path / "ipu.pt")
+    for key in cpu:
+        torch.testing.assert_close(cpu[key], ipu[key], rtol=1e-5, atol=1e-6, msg=key)
+    assert reports["cpu"]["valid"]["exs"] == reports["ipu"]["valid"]["exs"] == 1000
+    assert reports["cpu"]["valid"]["accuracy"] == reports["ipu"]["valid"]["accuracy"]

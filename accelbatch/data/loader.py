@@ -1,13 +1,14 @@
 """The batched front end's loader: the schedule's steps collated in data workers, optionally through the async
 accessor.
 
-``make_loader(data, config=None, *, collate=None, training=True, shard=(0, 1), rows=None, length_fn=None,
-**changes)``: ``data`` is a :class:`~accelbatch.data.datasets.Store`, a list of episodes (lists of Messages), a
-list of single-turn Messages, or a path to a JSONL / ParlAI file (read on demand); ``config`` a
+``make_loader(data, config=None, *, collate=None, training=True, shard=(0, 1), rows=None, serve=None,
+length_fn=None, **changes)``: ``data`` is a :class:`~accelbatch.data.datasets.Store`, a list of episodes (lists
+of Messages), a list of single-turn Messages, or a path to a JSONL / ParlAI file (read on demand); ``config`` a
 :class:`LoaderConfig` or Opts (``changes`` override single fields); ``collate(observations) -> tensors`` runs
 where the batch is built (a data worker, the accessor process, or here), so it must be picklable (e.g.
 :class:`AgentCollate` of the agent's ``vectorize`` and ``batchify``); ``shard`` is this process's share of the
-episodes (index, count); ``rows`` the rows per step without dynamic batching (default ``batch_size``).
+episodes (index, count); ``rows`` the rows per step without dynamic batching (default ``batch_size``), of
+which ``serve`` (default all) are this process's: a replica collates its rows of the combined batch.
 
 Each step is the schedule's (:mod:`accelbatch.data.schedule`): without dynamic batching the rows of a
 RowSchedule (whole episodes row by row: what a BatchWorld of teacher clones serves, so the same seed gives the
@@ -185,7 +186,7 @@ class _Steps(Sampler):
     """This process's steps, pass by pass: the rows of a RowSchedule or the batches of a BatchPlan."""
 
     def __init__(self, store: Store, config: LoaderConfig, training: bool, shard: tuple[int, int], rows: int,
-                 lengths: np.ndarray | None, batching: BatchingConfig | None):
+                 lengths: np.ndarray | None, batching: BatchingConfig | None, serve: Sequence[int] | None = None):
         index, count = shard
         self.training, self.pad, self.static_rows = training, store.pad, config.static_rows
         self.table = store.table.shard(index, count)
@@ -193,7 +194,7 @@ class _Steps(Sampler):
         self._current: tuple[int, int] | None = None  # (pass, first index) of the pass under way
         if batching is None:
             order = make_order(self.table, training and config.shuffle, config.seed)
-            self.rows = RowSchedule(self.table, rows, order, loop=training, pad=store.pad)
+            self.rows = RowSchedule(self.table, rows, order, loop=training, pad=store.pad, serve=serve)
             self.plan, self.lengths = None, None
             self.per_pass = (math.ceil(self.table.num_examples / rows) if training else self.rows.steps)
         else:
@@ -239,7 +240,8 @@ class _Steps(Sampler):
 
     def digest(self, pass_: int) -> str:
         """What decides the steps (data, shard, rows or plan, order): a position of other ones is refused."""
-        key = f"{self.table.digest()}:{self.rows.rows}:{self.rows.order!r}" if self.plan is None else self.plan.key()
+        key = (f"{self.table.digest()}:{self.rows.layout_rows}:{self.rows.serve.tolist()}:{self.rows.order!r}"
+               if self.plan is None else self.plan.key())
         return hashlib.sha256(key.encode()).hexdigest()[:16]
 
 
@@ -450,7 +452,8 @@ def as_store(data: Any, training: bool, speaker: str = "loader") -> Store:
 
 def make_loader(data: Any, config: LoaderConfig | Any | None = None, *, collate: Callable | None = None,
                 training: bool = True, shard: tuple[int, int] = (0, 1), rows: int | None = None,
-                length_fn: Callable[[Message], int] | None = None, **changes: Any) -> Loader:
+                serve: Sequence[int] | None = None, length_fn: Callable[[Message], int] | None = None,
+                **changes: Any) -> Loader:
     """Build the loader for ``data`` (see the module docstring for every argument and what it yields)."""
     if config is None:
         config = LoaderConfig(**changes)
@@ -465,7 +468,7 @@ def make_loader(data: Any, config: LoaderConfig | Any | None = None, *, collate:
     if strategy != "none":
         lengths = store.lengths(length_fn, config.context_length, config.include_labels)
         batching, shapes = _batching(config, lengths[:-1])
-    steps = _Steps(store, config, training, shard, rows or config.batch_size, lengths, batching)
+    steps = _Steps(store, config, training, shard, rows or config.batch_size, lengths, batching, serve)
     workers = config.num_workers
     build = _BuildStep(store, collate, config.context_length, config.include_labels, length_fn,
                        strategy == "buckets", config.static_rows, tuple(config.seq_keys), pack=workers > 0)

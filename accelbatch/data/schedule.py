@@ -175,18 +175,25 @@ class RowSchedule:
     row and epoch: no Python work per step or per example.
     """
 
-    def __init__(self, table: EpisodeTable, rows: int, order: Order, loop: bool, pad: int):
+    def __init__(self, table: EpisodeTable, rows: int, order: Order, loop: bool, pad: int,
+                 serve: Sequence[int] | None = None):
         if rows < 1:
             raise ValueError(f"RowSchedule: rows must be at least 1, got {rows}")
         if loop and table.num_episodes == 0:
             raise ValueError("RowSchedule: no episodes to serve")
-        self.table, self.rows, self.order, self.loop, self.pad = table, rows, order, loop, pad
+        serve_ = np.arange(rows, dtype=np.int64) if serve is None else np.asarray(serve, dtype=np.int64)
+        if len(serve_) == 0 or serve_.min() < 0 or serve_.max() >= rows:
+            raise ValueError(f"RowSchedule: rows to serve must lie in 0..{rows - 1}, got {list(serve_)}")
+        self.table, self.order, self.loop, self.pad = table, order, loop, pad
+        # the layout has `layout_rows` rows; this schedule serves rows `serve` of it (a replica's share of the
+        # combined batch: each replica reads the rows a single process would give it)
+        self.layout_rows, self.serve, self.rows = rows, serve_, len(serve_)
         self._runs: dict[int, tuple[np.ndarray, np.ndarray]] = {}
-        self._epoch = np.zeros(rows, dtype=np.int64)  # per row: the epoch it serves from
-        self._offset = np.zeros(rows, dtype=np.int64)  # per row: turns of that epoch's run served
+        self._epoch = np.zeros(self.rows, dtype=np.int64)  # per served row: the epoch it serves from
+        self._offset = np.zeros(self.rows, dtype=np.int64)  # per served row: turns of that epoch's run served
         self._next_step = 0
-        # evaluation: the steps each row has examples for (the pass ends with the longest); None in training
-        self.row_totals = None if loop else np.diff(self.runs(0)[1]).tolist()
+        # evaluation: the steps each served row has examples for (the pass ends with the longest); None in training
+        self.row_totals = None if loop else np.diff(self.runs(0)[1])[serve_].tolist()
 
     @property
     def steps(self) -> int | None:
@@ -203,7 +210,7 @@ class RowSchedule:
         if got is None:
             oldest = int(self._epoch.min())
             self._runs = {e: r for e, r in self._runs.items() if e >= oldest}
-            order, size, rows = np.asarray(self.order(epoch)), self.table.num_episodes, self.rows
+            order, size, rows = np.asarray(self.order(epoch)), self.table.num_episodes, self.layout_rows
             # stream position epoch * size + i belongs to row (epoch * size + i) % rows: laid out `rows` wide from
             # that offset, each column holds one row's episodes, in order
             shift = epoch * size % rows
@@ -220,14 +227,14 @@ class RowSchedule:
     def block(self, count: int) -> np.ndarray:
         """The next ``count`` steps, ``[count, rows]`` flat indices (``pad`` where a row has nothing)."""
         out = np.empty((self.rows, count), dtype=np.int64)
-        for row in range(self.rows):
+        for row, laid in enumerate(self.serve.tolist()):
             epoch, offset, filled = int(self._epoch[row]), int(self._offset[row]), 0
             while filled < count:
                 if not self.loop and epoch > 0:
                     out[row, filled:] = self.pad
                     break
                 flat, starts = self.runs(epoch)
-                at, end = int(starts[row]) + offset, int(starts[row + 1])
+                at, end = int(starts[laid]) + offset, int(starts[laid + 1])
                 take = min(end - at, count - filled)
                 out[row, filled:filled + take] = flat[at:at + take]
                 filled, offset = filled + take, offset + take
@@ -247,7 +254,7 @@ class RowSchedule:
             epoch = int(self._epoch[left > 0].min())
             if not self.loop and epoch > 0:
                 break
-            lengths = np.diff(self.runs(epoch)[1])
+            lengths = np.diff(self.runs(epoch)[1])[self.serve]
             here = (left > 0) & (self._epoch == epoch)
             whole = here & (left >= lengths)
             inside = here & ~whole
@@ -356,7 +363,10 @@ class RowFeed:
             self.seek([0] * self.rows)
 
     def _key(self) -> dict[str, Any]:
-        return {"table": self.schedule.table.digest(), "rows": self.rows, "order": repr(self.schedule.order)}
+        schedule = self.schedule
+        return {"table": schedule.table.digest(), "rows": self.rows, "order": repr(schedule.order),
+                "layout": (None if schedule.rows == schedule.layout_rows  # every row, else a replica's share
+                           else [schedule.layout_rows, *schedule.serve.tolist()])}
 
     def state_dict(self) -> dict[str, Any]:
         return {"row_steps": self.row_steps, **self._key()}

@@ -1,0 +1,28 @@
+"""A bag-of-words agent that reports which examples each training step held (tests import it by name, and
+data workers unpickle it): every example's text starts with ``q<index>``."""
+
+import os
+
+import torch
+
+from accelbatch.models.bag import BagAgent
+
+
+class RecordingBag(BagAgent):
+    """Appends the example indices of every training batch to the file named by $RECORD_TRAINED."""
+
+    def vectorize(self, obs):
+        obs = super().vectorize(obs)
+        obs["example_index"] = int(obs["text"].split()[0][1:])
+        return obs
+
+    def batchify(self, observations):
+        batch = super().batchify(observations)
+        batch["example_index"] = torch.tensor([o.get("example_index", -1) for o in observations])
+        return batch
+
+    def step(self, observations, batch):
+        if any("labels" in obs for obs in observations):
+            with open(os.environ["RECORD_TRAINED"], "a") as out:
+                out.write(" ".join(str(i) for i in batch["example_index"].tolist()) + "\n")
+        return super().step(observations, batch)
