@@ -27,7 +27,7 @@ from accelbatch.hogwild import HogwildWorld
 from accelbatch.loader_world import LoaderWorld
 from accelbatch.opts import OptionError, Opts
 from accelbatch.plan import ExecutionPlan
-from accelbatch.teachers import FixedTeacher, create_teacher, create_teachers, is_training, task_names
+from accelbatch.teachers import FixedTeacher, Teacher, create_teacher, create_teachers, is_training, task_names
 from accelbatch.worlds import BatchWorld, DialogPartnerWorld, MultiWorld, World
 
 
@@ -79,11 +79,30 @@ def collates_anywhere(agent: Agent) -> bool:
     return isinstance(agent, TorchAgent) and type(agent).observe is TorchAgent.observe
 
 
-def uses_loader(opts: Opts, agent: Agent) -> bool:
-    """The batched front end (LoaderWorld) rather than teacher and agent clones (BatchWorld)."""
+def served_as_stored(teacher: Teacher | None) -> bool:
+    """Whether the loader may read a teacher's examples from its store: a FixedTeacher whose ``act`` and
+    ``observe`` are the base ones (a teacher that overrides them changes what the agent sees or scores)."""
+    return isinstance(teacher, FixedTeacher) and all(
+        getattr(type(teacher), name) is getattr(FixedTeacher, name) for name in ("act", "observe"))
+
+
+def uses_loader(opts: Opts, agent: Agent, teacher: Teacher | None = None) -> bool:
+    """The batched front end (LoaderWorld) rather than teacher and agent clones (BatchWorld): asked for by
+    an option, for an agent and a teacher whose messages the loader reproduces (the base observe/act)."""
     if opts.dynamic_batching != "none":
         return True
-    return (opts.num_workers > 0 or opts.dataloader_mode != "sync") and collates_anywhere(agent)
+    return (opts.num_workers > 0 or opts.dataloader_mode != "sync") and collates_anywhere(agent) \
+        and (teacher is None or served_as_stored(teacher))
+
+
+def check_dynamic_batching(opts: Opts, teacher: Teacher | None) -> None:
+    """--dynamic-batching plans batches from the teacher's stored episodes: a teacher whose act()/observe()
+    change its messages cannot be planned that way."""
+    if not served_as_stored(teacher):
+        what = "a task whose teacher is not a FixedTeacher" if not isinstance(teacher, FixedTeacher) else \
+            f"teacher {type(teacher).__name__}, which overrides act() or observe()"
+        raise OptionError(f"--dynamic-batching {opts.dynamic_batching}: -t {opts.task} has {what}; dynamic "
+                          "batches are planned from stored episodes: run it without --dynamic-batching")
 
 
 def build_world(opts: Opts, model: Agent, shard: tuple[int, int] = (0, 1), rows: int | None = None,
@@ -97,10 +116,9 @@ def build_world(opts: Opts, model: Agent, shard: tuple[int, int] = (0, 1), rows:
     serve = replica_rows(plan, shard[0], replicas) if replicas > 1 and rows * replicas == plan.combined_batch \
         else None
     teacher = create_teacher(opts)
-    if uses_loader(opts, model):
-        if not isinstance(teacher, FixedTeacher):
-            raise OptionError(f"-t {opts.task}: --dynamic-batching needs FixedTeacher tasks (episodes the "
-                              "schedule can plan); run it without --dynamic-batching")
+    if uses_loader(opts, model, teacher):
+        if opts.dynamic_batching != "none":
+            check_dynamic_batching(opts, teacher)
         if serve is None or opts.dynamic_batching != "none":
             teacher.keep_shard(*shard)
             return LoaderWorld(opts, model, teacher, rows, shard, max(1, plan.factor // replicas))
@@ -152,15 +170,17 @@ def create_world(opts: Opts, agent: Agent | type[Agent] | None = None, rows: int
     first = runtime is None and getattr(getattr(model, "slot", None), "runtime", None) is None
     runtime = runtime or getattr(getattr(model, "slot", None), "runtime", None) or setup_runtime(opts)
     compile_agent(model, runtime)
-    if first and runtime.topology.rank == 0 and opts.dynamic_batching == "none" and not uses_loader(opts, model) \
-            and (opts.num_workers > 0 or opts.dataloader_mode != "sync"):
-        print(f"accelbatch: --num-workers / --dataloader-mode: {type(model).__name__} overrides observe() or is "
-              "not a TorchAgent, so its batches are built in the main process (same results)", file=sys.stderr)
     if opts.numthreads > 1:
         world: World = create_hogwild_world(opts, agent, rows, runtime=runtime, model=model)
     else:
         replicas = runtime.topology.world_size
         world = build_world(opts, model, runtime.shard, rows, replicas)
+    if first and runtime.topology.rank == 0 and opts.dynamic_batching == "none" and opts.numthreads <= 1 \
+            and (opts.num_workers > 0 or opts.dataloader_mode != "sync") and not isinstance(world, LoaderWorld):
+        who = f"agent {type(model).__name__} overrides observe() or is not a TorchAgent" \
+            if not collates_anywhere(model) else "the task's teacher overrides act() or observe()"
+        print(f"accelbatch: --num-workers / --dataloader-mode: {who}, so its batches are built in the main "
+              "process (same results)", file=sys.stderr)
     world.runtime = runtime
     return world
 

@@ -18,7 +18,7 @@ from accelbatch.data.loader import LoadedBatch, make_loader
 from accelbatch.messages import Message
 from accelbatch.opts import OptionError, Opts
 from accelbatch.teachers import FixedTeacher, is_training, shuffles
-from accelbatch.worlds import World
+from accelbatch.worlds import World, display_rows
 
 
 class LoaderWorld(World):
@@ -64,8 +64,11 @@ class LoaderWorld(World):
         teacher, messages = self.agents[0], batch.messages
         ids = np.asarray(batch.ids, dtype=np.int64)
         tasks = self._tasks(ids) if self._tasks is not None else None
-        teacher.score(self._replies(messages, batch), teacher.store.answer_ids(ids), len(messages),  # type: ignore
-                      tasks)
+        replies = self._replies(messages, batch)
+        teacher.score(replies, teacher.store.answer_ids(ids), len(messages), tasks)  # type: ignore[attr-defined]
+        if self.opts.display_examples:
+            model_id = getattr(self.agents[1], "id", type(self.agents[1]).__name__)
+            print(display_rows([(m, {"id": model_id, **r}) for m, r in zip(messages, replies)]))
         self.total_exs += len(messages)
         self.real_tokens += sum(batch.lengths)
         self.padded_tokens += batch.rows * batch.padded_len

@@ -295,3 +295,28 @@ def merge_reports(reports: Iterable[tuple[str, dict[str, float]]]) -> dict[str, 
     for key, values in totals.items():
         merged[key] = sum(values) / len(values)
     return merged
+
+
+# Report keys that are averages over examples (every other key but "exs" is a count, e.g. skipped_updates);
+# a multitask report prefixes them with the task's name ("babi:1/accuracy").
+AVERAGED_METRICS = frozenset({"accuracy", "f1", "loss", "ppl", "token_acc", "tpb", "bleu-4"})
+
+
+def _is_average(key: str) -> bool:
+    return key.rsplit("/", 1)[-1] in AVERAGED_METRICS
+
+
+def combine_reports(first: dict[str, float], second: dict[str, float], sign: int = 1) -> dict[str, float]:
+    """The report of two runs of examples one after the other (``sign=-1``: of ``first``'s examples that
+    are not in ``second``, for a cumulative ``first``): averages weighted by examples, counts added."""
+    exs = first.get("exs", 0) + sign * second.get("exs", 0)
+    out: dict[str, float] = {"exs": exs}
+    for key in dict.fromkeys([*first, *second]):
+        if key == "exs" or not isinstance(first.get(key, second.get(key)), (int, float)):
+            continue
+        a, b = first.get(key, 0.0), second.get(key, 0.0)
+        if not _is_average(key):
+            out[key] = a + sign * b
+        elif exs > 0:
+            out[key] = (a * first.get("exs", 0) + sign * b * second.get("exs", 0)) / exs
+    return out

@@ -18,6 +18,7 @@ from typing import Any, TextIO
 
 from accelbatch.agents import Agent, TorchAgent
 from accelbatch.build import Runtime, attach_runtime, create_world
+from accelbatch.metrics import combine_reports
 from accelbatch.opts import Opts
 from accelbatch.run_control import PeriodicSaver, StopSignals
 from accelbatch.state import Checkpointer
@@ -78,8 +79,9 @@ class TrainState:
 
 
 def evaluate(world: World, log: MetricsLog | None = None, split: str = "valid",
-             backend: Any = None) -> dict[str, float]:
-    """Run ``world`` until its epoch is done; return its report (merged across replicas) and log it."""
+             backend: Any = None, at: dict[str, Any] | None = None) -> dict[str, float]:
+    """Run ``world`` until its epoch is done; return its report (merged across replicas) and log it,
+    with ``at`` (the training position: step, epoch; final) in the logged record."""
     world.reset()
     world.reset_metrics()
     start = time.monotonic()
@@ -88,7 +90,7 @@ def evaluate(world: World, log: MetricsLog | None = None, split: str = "valid",
     report = reduce_report(world.report(), backend)
     report["time_s"] = round(time.monotonic() - start, 3)
     if log is not None:
-        log.write({"split": split, **report})
+        log.write({"split": split, **(at or {}), **report})
     return report
 
 
@@ -154,16 +156,19 @@ def _train(world: World, opts: Opts, log: MetricsLog, runtime: Runtime, stop: St
     checkpoints = Checkpointer(opts, backend, runtime.plan) if opts.model_file and isinstance(model, TorchAgent) \
         else None
     resumed = checkpoints.resume(world, model.engine) if checkpoints is not None and opts.resume else None
+    # the train row of the report: every example trained, before a resume (from the checkpoint) and since
+    before_resume: dict[str, float] = {}
     if resumed is not None:
         state.load_json(resumed["train"])
         next_validation = resumed.get("next_validation", next_validation)
+        before_resume = resumed.get("train_metrics", {})
     saver = PeriodicSaver(opts.save_every_n_secs)
     bar = _progress(opts, target_exs) if main else None
     if bar is not None and state.exs:
         bar.update(state.exs)
     last_log, window_exs, window_start = time.monotonic(), 0, time.monotonic()
     window_data = getattr(world, "data_time_s", 0.0)
-    train_report: dict[str, float] = {}
+    logged: dict[str, float] = {}  # the world's metrics (cumulative: never reset in training) at the last log
     valid_world: World | None = None
     stop_reason = "num_epochs"
     # a checkpoint taken after the last step (the save at the end of training) leaves nothing to train
@@ -172,8 +177,29 @@ def _train(world: World, opts: Opts, log: MetricsLog, runtime: Runtime, stop: St
     if finished and opts.max_train_steps > 0 and state.steps >= opts.max_train_steps:
         stop_reason = "max_train_steps"
 
+    def position() -> dict[str, Any]:
+        return {"step": state.steps, "epoch": round(state.exs / per_epoch, 4)}
+
+    def log_window(now: float) -> None:
+        """One train record: the metrics of the examples since the last one."""
+        nonlocal logged, last_log, window_exs, window_start, window_data
+        cumulative = world.report()
+        window, logged = combine_reports(cumulative, logged, sign=-1), cumulative
+        speed = window_exs / max(now - window_start, 1e-9)
+        data_time = getattr(world, "data_time_s", 0.0)
+        wait_share = (data_time - window_data) / max(now - window_start, 1e-9)
+        log.write({"split": "train", **position(), "exs_per_s": round(speed, 1),
+                   "data_wait_share": round(wait_share, 4), **window})
+        if bar is not None:
+            bar.set_postfix(_postfix(window, speed, wait_share))
+        last_log, window_exs, window_start, window_data = now, 0, now, data_time
+
+    def trained() -> dict[str, float]:
+        return combine_reports(before_resume, reduce_report(world.report(), backend))
+
     def save() -> None:
-        checkpoints.save(world, model.engine, {"train": state.to_json(), "next_validation": next_validation})
+        checkpoints.save(world, model.engine, {"train": state.to_json(), "next_validation": next_validation,
+                                               "train_metrics": trained()})
 
     while not finished:
         world.parley()
@@ -185,23 +211,14 @@ def _train(world: World, opts: Opts, log: MetricsLog, runtime: Runtime, stop: St
             bar.update(new_exs)
         now = time.monotonic()
         if now - last_log >= opts.log_every_n_secs:
-            train_report = world.report()
-            world.reset_metrics()
-            speed = window_exs / max(now - window_start, 1e-9)
-            data_time = getattr(world, "data_time_s", 0.0)
-            wait_share = (data_time - window_data) / max(now - window_start, 1e-9)
-            log.write({"split": "train", "step": state.steps, "epoch": round(state.exs / per_epoch, 4),
-                       "exs_per_s": round(speed, 1), "data_wait_share": round(wait_share, 4), **train_report})
-            if bar is not None:
-                bar.set_postfix(_postfix(train_report, speed, wait_share))
-            last_log, window_exs, window_start, window_data = now, 0, now, data_time
+            log_window(now)
         if opts.max_train_steps > 0 and state.steps >= opts.max_train_steps:
             stop_reason = "max_train_steps"
             break
         if state.exs >= next_validation:
             next_validation += opts.validation_every_n_epochs * per_epoch
             valid_world = valid_world or create_world(_eval_opts(opts, "valid"), agent=model, runtime=runtime)
-            if _validate(valid_world, opts, log, state, model, backend):
+            if _validate(valid_world, opts, log, state, model, backend, position()):
                 stop_reason = "validation"
                 break
         if state.exs >= target_exs:
@@ -219,6 +236,8 @@ def _train(world: World, opts: Opts, log: MetricsLog, runtime: Runtime, stop: St
             where = f"checkpoint saved to {opts.model_file}; continue with --resume" if checkpoints else \
                 "nothing was saved (no --model-file)"
             raise KeyboardInterrupt(f"{stop.name or 'a stop signal to another replica'}: {where}")
+    if window_exs:
+        log_window(time.monotonic())  # the examples since the last train record
     if checkpoints is not None and opts.save_every_n_secs > 0:
         save()  # a resume goes on from here
     if bar is not None:
@@ -228,17 +247,15 @@ def _train(world: World, opts: Opts, log: MetricsLog, runtime: Runtime, stop: St
     backend.barrier()
     if opts.model_file and os.path.isfile(opts.model_file) and isinstance(model, TorchAgent):
         model.load(opts.model_file)  # evaluate the best model
-    final_window = reduce_report(world.report(), backend)
+    train_report = trained()
     state.exs = world.get_total_exs() * replicas  # after the report: steps still in flight (hogwild) are done
-    if final_window.get("exs"):
-        train_report = final_window
     report: dict[str, Any] = {"train": {**train_report, "exs": state.exs, "steps": state.steps,
                                         "epochs": round(state.exs / per_epoch, 4),
                                         "exs_per_s": round(state.exs / max(state.elapsed(), 1e-9), 1),
                                         "time_s": round(state.elapsed(), 3), "stopped_by": stop_reason}}
     for split in [s.strip() for s in opts.eval_splits.split(",") if s.strip()]:
         eval_world = create_world(_eval_opts(opts, split), agent=model, runtime=runtime)
-        report[split] = evaluate(eval_world, log, split, backend)
+        report[split] = evaluate(eval_world, log, split, backend, {**position(), "final": True})
         eval_world.shutdown()
     if valid_world is not None:
         valid_world.shutdown()
@@ -252,9 +269,9 @@ def _eval_opts(opts: Opts, split: str) -> Opts:
 
 
 def _validate(world: World, opts: Opts, log: MetricsLog, state: TrainState, model: Agent,
-              backend: Any) -> bool:
+              backend: Any, at: dict[str, Any]) -> bool:
     """Evaluate on valid; save the best model (rank 0); True when training should stop."""
-    report = evaluate(world, log, "valid", backend)
+    report = evaluate(world, log, "valid", backend, at)
     state.validations += 1
     metric = report.get(opts.validation_metric)
     if metric is None:

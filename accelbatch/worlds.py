@@ -143,6 +143,11 @@ def display(acts: Sequence[Message | None]) -> str:
     return "\n".join(lines)
 
 
+def display_rows(rows: Sequence[Sequence[Message | None]]) -> str:
+    """Each row's acts (teacher's, then the model's), the rows of one batched step one after the other."""
+    return "\n".join(text for text in map(display, rows) if text)
+
+
 def _fixed_teachers(world: World) -> list[FixedTeacher]:
     worlds = world.worlds if isinstance(world, MultiWorld) else [world]
     return [w.get_task_agent() for w in worlds if isinstance(w.get_task_agent(), FixedTeacher)]
@@ -211,6 +216,8 @@ class BatchWorld(World):
                     observations[other] = self.batch_observe(other, acts, index)
             if index == 0:  # the teacher's acts and the model clones' observe (vectorize): data work
                 self.data_time_s += time.perf_counter() - start
+        if self.opts.display_examples:
+            print(display_rows([w.get_acts() for w in self.worlds]))
 
     def _model_replies(self, examples: list[Message]) -> list[Message]:
         """The model's replies to one example per row: one batch_act, else each row's clone acts."""

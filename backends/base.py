@@ -172,8 +172,9 @@ class StepResult:
 
     ``outputs`` holds the per-row outputs the plan's output mode selected, ``rows`` the indices of the
     call's input rows they belong to (``None`` when outputs are not per row, as with Sum), ``loss`` the
-    mean loss over the micro-batches of the applied updates, ``updates`` the weight updates applied
-    (``extras["skipped_updates"]`` counts those --skip-nan skipped).
+    mean loss over the micro-batches the output mode returns (all of them for Sum) in the applied updates,
+    as an IPU returns them, so every backend reports the same figure for the same plan; ``updates`` the
+    weight updates applied (``extras["skipped_updates"]`` counts those --skip-nan skipped).
     """
 
     outputs: dict[str, torch.Tensor]

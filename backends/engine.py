@@ -111,6 +111,7 @@ class LayoutEngine(Engine):
         lay, bare, keep = mine.lay, mine.lay.partial, set(mine.lay.kept)
         factor = hooks.loss_factor(bare)
         kept: dict[int, dict[str, torch.Tensor]] = {}
+        kept_losses: dict[int, torch.Tensor] = {}
         losses, flags, halt, reads = [], [], None, 0
         spans = [(s[0][0], s[-1][1]) if s else None for s in mine.updates]
         for u, (steps, (offset, chunk)) in enumerate(zip(mine.updates, self._feed(batch, spans))):
@@ -124,6 +125,7 @@ class LayoutEngine(Engine):
                 local += loss.detach().float()
                 if j in keep:
                     kept[j] = _detached(out)
+                    kept_losses[j] = loss.detach().float()
             total = hooks.reduce(local, bare).float()
             bad = ~torch.isfinite(total)
             if hooks.host_check():
@@ -144,22 +146,26 @@ class LayoutEngine(Engine):
         self.host_syncs += reads
         mine_kept = [j for j in lay.kept if lay.replica[j] == self.rank or self.world_size == 1]
         outputs: Any = {j: kept[j] for j in mine_kept}
-        packed, outputs = self._read(torch.stack([torch.stack(losses), torch.stack(flags).float()]), outputs)
-        values, bad_flags = packed.tolist()
+        reported = sorted(kept_losses)
+        packed, outputs = self._read(torch.cat([torch.stack(losses), torch.stack(flags).float()]
+                                               + [kept_losses[j].reshape(1) for j in reported]), outputs)
+        packed = packed.tolist()
+        values, bad_flags = packed[:len(losses)], packed[len(losses):2 * len(losses)]
         skipped = [u for u, b in enumerate(bad_flags) if b]
         if skipped and not self.skip_nan:
             hooks.rollback(skipped[0])
             raise NonFiniteLoss(_nan_text(values[skipped[0]], skipped[0], lay.num_updates,
                                           lay.num_updates - skipped[0] - 1))
-        applied = [u for u in range(lay.num_updates) if not bad_flags[u]]
-        count = sum(len(lay.updates[u]) for u in applied)
+        # the reported loss: the micro-batches the output mode returns (all of them for Sum), as an IPU
+        # returns them, in applied updates; with R processes this replica's, averaged over replicas later
+        shown = [v for j, v in zip(reported, packed[2 * len(losses):]) if not bad_flags[lay.update[j]]]
         outputs, rows = self._outputs(mine, outputs)
         extras: dict[str, Any] = {"micro_batches": lay.num_micro_batches, "partial": lay.partial,
                                   "skipped_updates": len(skipped), "host_syncs": 1 + reads}
         if self.world_size > 1:
             extras.update(replica=self.rank, shard_rows=mine.rows)
-        return StepResult(outputs=outputs, rows=rows, updates=len(applied), extras=extras,
-                          loss=sum(values[u] for u in applied) / count if count else None)
+        return StepResult(outputs=outputs, rows=rows, updates=lay.num_updates - len(skipped), extras=extras,
+                          loss=sum(shown) / len(shown) if shown else None)
 
     def _shard(self, batch: TensorBatch) -> tuple[_Mine, TensorBatch]:
         """This process's part of the call, and its rows (cut here from a whole call with inputs="full")."""

@@ -17,12 +17,11 @@ Written once against ``poptorch`` (real, or :mod:`accelbatch.backends.poptorch_e
   ``StepResult.extras["compilations"]``) and keeps one executor attached at a time: switching copies the
   weights to the host (``copyWeightsToHost``), detaches, attaches the next and copies the weights to it
   (``copyWeightsToDevice``), as a real IPU needs.
-* Evaluation: a call with fewer rows than the eval combined batch is padded with zero rows up to it (so the
-  last batch of an evaluation compiles nothing new) and the outputs are cut back. The loss averages the
-  micro-batch losses weighted by their real rows, as the CPU engine does; the one micro-batch that mixes
-  real and padding rows reports the model's loss over all its rows, which is the loss over the real rows
-  for models that leave all-zero padding rows out of their loss (accelbatch's convention for static-shape
-  padding, the same the loader's buckets use).
+* Evaluation: a call with fewer rows than the eval combined batch is padded with whole micro-batches of
+  zero rows and the outputs are cut back; a remainder of fewer rows than a micro-batch runs through a
+  graph of micro batch 1 and b x D device iterations (one call; one more compilation per input shape),
+  so no micro-batch mixes real and padding rows. The loss averages the micro-batch losses weighted by
+  their real rows, as the CPU engine does, and is exact whatever the model does with padding rows.
 * Training runs full calls (any multiple of D x R x G rows, as the plan allows); a partial training tail
   (``--no-drop-last``) has no static shape and is refused with a PlanError saying to use ``--drop-last``.
 * ``StepResult.loss`` is the mean of the losses the output mode brings back: every micro-batch's for All
@@ -198,7 +197,7 @@ class IPUEngine(Engine):
         self.eval_plan = self.plan.for_inference()
         self.seed = seed
         self.max_executors = max(2, int(max_executors))
-        self._executors: OrderedDict[tuple[bool, Signature], _Executor] = OrderedDict()
+        self._executors: OrderedDict[tuple[bool, int, Signature], _Executor] = OrderedDict()
         self._active: _Executor | None = None
         self._compilations = 0
         self._history: list[dict[str, Any]] = []
@@ -224,14 +223,15 @@ class IPUEngine(Engine):
         return len(self._executors)
 
     # --- executors -------------------------------------------------------------------------------
-    def _executor_for(self, training: bool, batch: Mapping[str, torch.Tensor]) -> _Executor:
+    def _executor_for(self, training: bool, batch: Mapping[str, torch.Tensor],
+                      plan: ExecutionPlan | None = None) -> _Executor:
+        plan = plan if plan is not None else (self.plan if training else self.eval_plan)
         sig = signature_of(batch)
-        key = (training, sig)
+        key = (training, plan.micro_batch, sig)
         entry = self._executors.get(key)
         if entry is not None:
             self._executors.move_to_end(key)
             return entry
-        plan = self.plan if training else self.eval_plan
         keys = tuple(k for k, _, _ in sig)
         adapter = make_adapter(self.model, keys, training)
         options = plan_options(self.poptorch, plan, self.seed)
@@ -246,7 +246,7 @@ class IPUEngine(Engine):
             self._evict(next(iter(self._executors)))
         return entry
 
-    def _evict(self, key: tuple[bool, Signature]) -> None:
+    def _evict(self, key: tuple[bool, int, Signature]) -> None:
         entry = self._executors.pop(key)
         if entry is self._active:
             self._release(entry)
@@ -356,29 +356,74 @@ class IPUEngine(Engine):
 
     # --- inference -------------------------------------------------------------------------------
     def eval_step(self, batch: TensorBatch) -> StepResult:
+        """Outputs for ``batch``'s rows; the loss is the mean over its real rows only.
+
+        Rows that fill whole micro-batches run through the eval graph, padded with whole micro-batches of
+        zero rows (left out of the loss). A remainder of r < micro rows runs through a graph of micro
+        batch 1 (b x D device iterations, same R), so no micro-batch mixes real and padding rows: a model
+        whose loss is the mean over all its rows (padding included) still reports the loss of the real rows.
+        """
         n = batch_rows(batch)
         plan = self.eval_plan
         lay = plan.layout(n)
-        target = max(n, plan.combined_batch)
-        padded = _pad_rows(batch, n, target) if target > n else batch
-        entry = self._executor_for(False, padded)
-        self._activate(entry)
+        whole = n - n % plan.micro_batch
+        chunks: list[tuple[ExecutionPlan, int, int]] = []
+        if whole:
+            chunks.append((plan, 0, whole))
+        if whole < n:
+            rows_plan = self._rows_plan()
+            step = rows_plan.combined_batch
+            chunks += [(rows_plan, s, min(s + step, n)) for s in range(whole, n, step)]
         if self.model.training:
             self.model.eval()
+        parts, loss_sum, has_loss, compiled, padded_rows = [], 0.0, False, False, 0
+        for chunk_plan, start, stop in chunks:
+            outputs, chunk_loss, chunk_compiled, pad = self._eval_call(chunk_plan, batch, n, start, stop)
+            parts.append((outputs, stop - start))
+            compiled |= chunk_compiled
+            padded_rows += pad
+            if chunk_loss is not None:
+                loss_sum, has_loss = loss_sum + chunk_loss, True
+        outputs = parts[0][0] if len(parts) == 1 else _cat_rows(parts)
+        return StepResult(outputs=outputs, rows=lay.out_rows, loss=loss_sum / n if has_loss else None,
+                          updates=0, extras={"micro_batches": lay.num_micro_batches, "padded_rows": padded_rows,
+                                             "compilations": self._compilations, "compiled": compiled})
+
+    def _rows_plan(self) -> ExecutionPlan:
+        """Micro batch 1 with b x D device iterations: the eval call's rows, one per micro-batch, so a
+        remainder of fewer rows than a micro-batch runs in one call without mixing in padding rows."""
+        p = self.eval_plan
+        return ExecutionPlan(micro_batch=1, device_iterations=p.micro_batch * p.device_iterations,
+                             replication_factor=p.replication_factor, gradient_accumulation=1,
+                             output_mode=p.output_mode, reduction=p.reduction, training=False, drop_last=False)
+
+    def _eval_call(self, plan: ExecutionPlan, batch: TensorBatch, n: int, start: int,
+                   stop: int) -> tuple[dict[str, torch.Tensor], float | None, bool, int]:
+        """Rows [start, stop) of ``batch`` padded to ``plan``'s combined batch, run once.
+
+        Returns the real rows' outputs, the loss summed over the real rows (micro-batch loss x its real
+        rows; micro-batches of padding only are left out, their loss may well be NaN), whether the call
+        compiled a graph and how many padding rows it carried.
+        """
+        rows = stop - start
+        part = batch if rows == n else {k: (t[start:stop] if t.dim() and t.shape[0] == n else t)
+                                        for k, t in batch.items()}
+        target = max(rows, plan.combined_batch)
+        padded = _pad_rows(part, rows, target) if target > rows else part
+        entry = self._executor_for(False, padded, plan)
+        self._activate(entry)
         outputs, loss, compiled = self._call(entry, padded)
-        if target > n:
-            outputs = {k: (v[:n] if v.dim() and v.shape[0] == target else v) for k, v in outputs.items()}
-        loss_value = None
+        if target > rows:
+            outputs = {k: (v[:rows] if v.dim() and v.shape[0] == target else v) for k, v in outputs.items()}
+        loss_sum = None
         if loss is not None:
             lf = loss.detach().double().reshape(-1)
-            m = lf.numel()
-            per = target // m
-            real = torch.tensor([min(max(n - j * per, 0), per) for j in range(m)], dtype=torch.float64)
-            used = real > 0  # micro-batches of padding only are left out (their loss may well be NaN)
-            loss_value = float((lf[used] * real[used]).sum()) / n
-        return StepResult(outputs=outputs, rows=lay.out_rows, loss=loss_value, updates=0,
-                          extras={"micro_batches": lay.num_micro_batches, "padded_rows": target - n,
-                                  "compilations": self._compilations, "compiled": compiled})
+            per = target // lf.numel()
+            real = torch.tensor([min(max(rows - j * per, 0), per) for j in range(lf.numel())],
+                                dtype=torch.float64)
+            used = real > 0
+            loss_sum = float((lf[used] * real[used]).sum())
+        return outputs, loss_sum, compiled, target - rows
 
     # --- weights and lifetime ---------------------------------------------------------------------
     def sync_to_host(self) -> None:
@@ -405,6 +450,13 @@ class IPUEngine(Engine):
             if entry.executor.isCompiled():
                 entry.executor.destroy()
         self._executors.clear()
+
+
+def _cat_rows(parts: list[tuple[dict[str, torch.Tensor], int]]) -> dict[str, torch.Tensor]:
+    """The outputs of consecutive row ranges (outputs, rows) joined; an output without those rows: the first's."""
+    first, rows = parts[0]
+    return {k: (torch.cat([p[k] for p, _ in parts]) if v.dim() and v.shape[0] == rows else v)
+            for k, v in first.items()}
 
 
 def _pad_rows(batch: Mapping[str, torch.Tensor], n: int, target: int) -> dict[str, torch.Tensor]:

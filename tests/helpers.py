@@ -197,3 +197,13 @@ def shm_left(before: set[str], pids: set[int], settle_s: float = 2.0, seen: set[
         time.sleep(0.1)
         left = suspects()
     return left
+
+
+class ActOverridingTeacher(ListTeacher):
+    """A teacher with its own act(): it tags every example it hands out (the loader must not bypass it)."""
+
+    lengths = (2, 3, 1, 2, 2, 1, 3, 2)
+
+    def act(self):
+        msg = super().act()
+        return msg if msg.get("text") is None else Message({**msg, "text": f"acted:{msg['text']}"})

@@ -267,3 +267,25 @@ def test_descendants_cpu_counts_children_and_grandchildren():
     assert own >= 0.3 and theirs >= 0.3
     assert below_child == pytest.approx(theirs, abs=0.05)
     assert below_me >= own + theirs - 0.05
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("model", ["bag", "conv"])
+def test_framework_overhead_bench_replays_the_batches_the_world_trained(model):
+    """bench/framework_overhead.py compares like with like only if its plain loop trains the same weights."""
+    import argparse
+    import importlib.util
+    import sys
+    import time
+
+    sys.path.insert(0, "bench")
+    try:
+        spec = importlib.util.spec_from_file_location("framework_overhead", "bench/framework_overhead.py")
+        bench = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(bench)
+    finally:
+        sys.path.remove("bench")
+    args = argparse.Namespace(task=None, episodes=200, seed=0)
+    opts = bench.base_opts(args, model=bench.BAG if model == "bag" else bench.CONV, batchsize=8)
+    framework_s, plain_s, diff = bench.one_round(opts, warmup=2, steps=5, now=time.perf_counter)
+    assert diff == 0.0 and framework_s > 0 and plain_s > 0

@@ -16,6 +16,19 @@ def test_custom_agent_example_runs_with_a_plan(monkeypatch):
     assert sys.modules.get("accelbatch") is not None
 
 
+@pytest.mark.slow
+@pytest.mark.timeout(180)
+def test_custom_agent_eval_loss_is_the_same_on_cpu_and_emulated_ipu():
+    """Its loss is the mean over all the rows it is given: the IPU's padding rows must not enter it."""
+    module = runpy.run_path("examples/custom_agent.py", run_name="example")
+    args = ["--no-progress", "-tstep", "30", "--eval-splits", "valid", "-veps", "-1"]
+    cpu = module["main"](args)
+    ipu = module["main"](args + ["--device", "ipu", "--ipu-emulator"])
+    assert ipu["valid"]["exs"] == cpu["valid"]["exs"] == 1000
+    assert ipu["valid"]["loss"] == pytest.approx(cpu["valid"]["loss"], abs=1e-4)
+    assert ipu["valid"]["accuracy"] == cpu["valid"]["accuracy"]
+
+
 @pytest.mark.multiprocess
 @pytest.mark.slow
 @pytest.mark.timeout(240)

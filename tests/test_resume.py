@@ -1,5 +1,6 @@
 """Kill a training run (SIGKILL at a random point, or SIGTERM) and --resume: nothing lost or repeated."""
 
+import json
 import os
 import signal
 import subprocess
@@ -40,7 +41,8 @@ def test_interrupted_run_resumes_to_the_same_weights(tmp_path, how, plan):
     with gradient accumulation the cut never splits an accumulation window and the resume starts the next."""
     _dataset(tmp_path)
     reference = tmp_path / "ref" / "model.pt"
-    subprocess.run(_command(tmp_path, reference, *plan), env=ENV, check=True, capture_output=True, timeout=240)
+    subprocess.run(_command(tmp_path, reference, *plan, "--report-json", str(tmp_path / "ref.json")), env=ENV,
+                   check=True, capture_output=True, timeout=240)
 
     model = tmp_path / "cut" / "model.pt"
     proc = subprocess.Popen(_command(tmp_path, model, "--save-every-n-secs", "0.01", *plan), env=ENV,
@@ -53,13 +55,19 @@ def test_interrupted_run_resumes_to_the_same_weights(tmp_path, how, plan):
     steps_at_cut = load_checkpoint(str(model)).state["train"]["steps"]
     assert steps_at_cut > 0
 
-    resumed = subprocess.run(_command(tmp_path, model, "--resume", *plan), env=ENV, capture_output=True,
-                             text=True, timeout=240)
+    resumed = subprocess.run(_command(tmp_path, model, "--resume", *plan, "--report-json",
+                                      str(tmp_path / "cut.json")), env=ENV, capture_output=True, text=True,
+                             timeout=240)
     assert resumed.returncode == 0, resumed.stderr
     ref, got = _weights(reference), _weights(model)
     assert ref.keys() == got.keys()
     for key in ref:
         assert torch.equal(ref[key], got[key]), key
+    # the train row covers the examples trained before the cut (kept in the checkpoint) and after it
+    ref_train, cut_train = (json.loads((tmp_path / f"{n}.json").read_text())["train"] for n in ("ref", "cut"))
+    assert cut_train["exs"] == ref_train["exs"]
+    for key in ("loss", "accuracy"):
+        assert cut_train[key] == pytest.approx(ref_train[key], abs=1e-6), key
 
 
 def test_a_tampered_checkpoint_is_refused_with_a_clear_message(tmp_path, capsys):

@@ -189,6 +189,7 @@ class RowSchedule:
         # combined batch: each replica reads the rows a single process would give it)
         self.layout_rows, self.serve, self.rows = rows, serve_, len(serve_)
         self._runs: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+        self._prune_at = 16
         self._epoch = np.zeros(self.rows, dtype=np.int64)  # per served row: the epoch it serves from
         self._offset = np.zeros(self.rows, dtype=np.int64)  # per served row: turns of that epoch's run served
         self._next_step = 0
@@ -208,8 +209,10 @@ class RowSchedule:
         """(flat indices of ``epoch``'s turns grouped by row, where each row's run starts: ``rows + 1``)."""
         got = self._runs.get(epoch)
         if got is None:
-            oldest = int(self._epoch.min())
-            self._runs = {e: r for e, r in self._runs.items() if e >= oldest}
+            if len(self._runs) >= self._prune_at:  # epochs no row will read again go (amortised: not per call)
+                oldest = int(self._epoch.min())
+                self._runs = {e: r for e, r in self._runs.items() if e >= oldest}
+                self._prune_at = max(16, 2 * len(self._runs))
             order, size, rows = np.asarray(self.order(epoch)), self.table.num_episodes, self.layout_rows
             # stream position epoch * size + i belongs to row (epoch * size + i) % rows: laid out `rows` wide from
             # that offset, each column holds one row's episodes, in order
@@ -299,7 +302,10 @@ class RowFeed:
 
     def _extend(self) -> None:
         keep = self._base - self._start
-        steps = max(16, min(4096, BLOCK_ELEMENTS // self.rows))
+        # a block of many steps amortises the per-block work; on data smaller than the rows (each row waits
+        # epochs for an example) a block spans few epochs' worth of examples instead
+        examples = self.schedule.table.num_examples
+        steps = max(16, min(4096, BLOCK_ELEMENTS // self.rows, 4 * -(-examples // self.rows)))
         block = self.schedule.block(steps)
         # an object column becomes one flat list (step after step: a step is one slice, no Python object made
         # per row), a numeric one stays an array (a step is a row view: no int object per row either)

@@ -281,9 +281,21 @@ def test_partial_training_tail_is_refused_naming_drop_last():
 # --- evaluation: padding to the compiled rows -----------------------------------------------------------
 
 
-def test_partial_eval_batches_are_padded_to_one_graph_and_cut_back():
+class MeanOverAllRows(Classifier):
+    """The README's way: the loss is the mean over every row it is given, padding rows included."""
+
+    def forward(self, batch):
+        out = super().forward(batch)
+        if "t" in batch:
+            out["loss"] = F.cross_entropy(out["scores"], batch["t"])
+        return out
+
+
+@pytest.mark.parametrize("model_cls", [Classifier, MeanOverAllRows])
+def test_partial_eval_batches_are_padded_cut_back_and_scored_on_their_real_rows(model_cls):
     plan = ExecutionPlan(micro_batch=2, device_iterations=2, replication_factor=2, gradient_accumulation=2)
-    model = fresh()
+    torch.manual_seed(0)
+    model = model_cls()
     engine = ipu_engine(model, plan)
     combined = plan.for_inference().combined_batch
     assert combined == 16
@@ -298,10 +310,10 @@ def test_partial_eval_batches_are_padded_to_one_graph_and_cut_back():
         assert torch.allclose(res.outputs["scores"], scores, atol=1e-6)
         assert torch.equal(res.outputs["pred"], scores.argmax(dim=1))
         assert res.loss == pytest.approx(float(loss), abs=1e-5)
-        assert res.extras["padded_rows"] == combined - n
-    assert engine.compilations == 1  # every partial batch ran in the graph of the full one
-    bigger = engine.eval_step(data(32))  # more rows than the combined batch: a multiple of D x R is allowed
-    assert bigger.outputs["scores"].shape == (32, 3) and engine.compilations == 2
+    # whole micro-batches ran in the graph of the full call, every remainder in the one of micro batch 1
+    assert engine.compilations == 2
+    bigger = engine.eval_step(data(32))  # more rows than the combined batch: a graph of their own
+    assert bigger.outputs["scores"].shape == (32, 3) and engine.compilations == 3
     with pytest.raises(PlanError, match="Invalid batch dimension"):
         engine.eval_step(data(18))
 
@@ -397,10 +409,10 @@ def test_each_input_signature_compiles_once_and_is_counted():
     shapes = [4, 8, 4, 4, 8, 12]  # rows: three distinct training signatures
     counts = [engine.train_step(data(n, seed=i)).extras["compilations"] for i, n in enumerate(shapes)]
     assert counts == [1, 2, 2, 2, 2, 3]
-    engine.eval_step(data(3))
-    engine.eval_step(data(1))
-    assert engine.compilations == 4 and backend.compilations == 4
-    assert [g["training"] for g in engine.compiled_graphs] == [True, True, True, False]
+    engine.eval_step(data(3))  # 2 rows in the eval graph, the remaining 1 in the graph of micro batch 1
+    engine.eval_step(data(1))  # the same two inference graphs
+    assert engine.compilations == 5 and backend.compilations == 5
+    assert [g["training"] for g in engine.compiled_graphs] == [True, True, True, False, False]
     assert engine.compiled_graphs[1]["inputs"] == {"t": (8,), "x": (8, 4)}
 
 

@@ -1,0 +1,129 @@
+"""Framework overhead against the physical limit (issue 19): the time ``accelbatch train`` takes for a run of
+steps over the time a plain PyTorch loop takes to train the same model with the same optimizer on the same
+batches, made beforehand. Goal: <= 1.05x.
+
+For each agent (bag, conv) at bs 32 and each data mode (sync: batches built in the main process; async: the
+async accessor with 2 data workers), one round is:
+
+1. a world built by ``create_world`` (as ``accelbatch train`` builds it) runs ``--warmup`` steps untimed;
+   the model and optimizer state are copied;
+2. the world runs ``--steps`` steps, timed (sync: this process's CPU time, which load from other processes
+   disturbs far less; async: wall time, as data workers run in other processes), while the
+   tensors its engine receives are recorded (a clone outside the timed region would not fit: the recording
+   is a reference to the batch, which the engine does not modify);
+3. the plain loop starts from the copied state and runs ``zero_grad / forward / backward / step`` over the
+   recorded batches, timed.
+
+Both must end with the same weights (checked: this is what makes the batches "the same rows"). Rounds are
+repeated (``--repeats``) and the median of the per-round ratios printed with every round's ratio.
+
+    python bench/framework_overhead.py --quick
+    python bench/framework_overhead.py --steps 200 --repeats 5
+"""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+os.environ.setdefault("MKL_NUM_THREADS", "1")
+
+import argparse  # noqa: E402
+import copy  # noqa: E402
+import statistics  # noqa: E402
+import sys  # noqa: E402
+import time  # noqa: E402
+from typing import Any  # noqa: E402
+
+import torch  # noqa: E402
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from throughput import BAG, CONV, base_opts  # noqa: E402
+
+from accelbatch.build import create_world  # noqa: E402
+
+MODES = {"sync": {}, "async": {"dataloader_mode": "async", "num_workers": 2}}
+
+
+def one_round(opts: Any, warmup: int, steps: int, now: Any) -> tuple[float, float, float]:
+    """(framework seconds, plain-loop seconds, max weight difference at the end) for one round, timed by
+    ``now``."""
+    world = create_world(opts)
+    try:
+        agent = world.get_model_agent()
+        for _ in range(warmup):
+            world.parley()
+        agent.engine.sync_to_host() if hasattr(agent.engine, "sync_to_host") else None
+        model0, optim0 = copy.deepcopy(agent.model.state_dict()), copy.deepcopy(agent.optimizer.state_dict())
+        recorded: list[dict[str, torch.Tensor]] = []
+        engine = agent.engine
+        train_step = engine.train_step
+
+        def recording(batch: dict[str, torch.Tensor]) -> Any:
+            recorded.append(batch)
+            return train_step(batch)
+
+        engine.train_step = recording
+        start = now()
+        for _ in range(steps):
+            world.parley()
+        framework_s = now() - start
+        del engine.train_step
+        final = {k: v.detach().clone() for k, v in agent.model.state_dict().items()}
+        model = agent.build_model()
+        model.load_state_dict(model0)
+        model.train()
+        optimizer = agent.build_optimizer(model)
+        optimizer.load_state_dict(optim0)
+    finally:
+        world.shutdown()
+    start = now()
+    for batch in recorded:
+        optimizer.zero_grad(set_to_none=True)
+        model(batch)["loss"].backward()
+        optimizer.step()
+    plain_s = now() - start
+    diff = max((final[k].float() - v.detach().float()).abs().max().item() for k, v in model.state_dict().items())
+    return framework_s, plain_s, diff
+
+
+def main(argv: list[str] | None = None) -> dict[str, float]:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--steps", type=int, default=120, help="timed steps per round (bs 32)")
+    parser.add_argument("--warmup", type=int, default=10, help="untimed steps first (workers start, caches warm)")
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--task", default=None, help="any task instead of the synthetic dialogues")
+    parser.add_argument("--episodes", type=int, default=None, help="training episodes of the dialogues task")
+    parser.add_argument("--quick", action="store_true", help="60 steps, 3 rounds, 2,000 episodes")
+    args = parser.parse_args(argv)
+    if args.quick:
+        args.steps, args.repeats, args.episodes = 60, 3, args.episodes or 2000
+    torch.set_num_threads(1)
+    results: dict[str, float] = {}
+    print(f"== framework overhead: accelbatch world steps vs a plain loop on the same batches "
+          f"({args.steps} steps of bs 32, {args.repeats} rounds) ==", flush=True)
+    for name, model in (("bag", BAG), ("conv", CONV)):
+        for mode, changes in MODES.items():
+            opts = base_opts(args, model=model, **changes)
+            # sync runs in this process alone: its CPU time, which other processes on the cores disturb far
+            # less than the wall clock; async has data workers in other processes: wall time
+            clock = time.process_time if mode == "sync" else time.perf_counter
+            rounds = [one_round(opts, args.warmup, args.steps, clock) for _ in range(args.repeats)]
+            ratios = [f / p for f, p, _ in rounds]
+            worst = max(d for _, _, d in rounds)
+            ratio = statistics.median(ratios)
+            results[f"{name}_{mode}"] = ratio
+            per_ex = statistics.median(p for _, p, _ in rounds) / (args.steps * 32) * 1e6
+            print(f"{name:<5} {mode:<6} framework/plain {ratio:6.3f}x  ({'cpu' if mode == 'sync' else 'wall'} time; "
+                  f"plain loop {per_ex:7.1f} us/example; "
+                  f"rounds {' '.join(f'{r:.3f}' for r in ratios)}; max weight diff {worst:.1e})", flush=True)
+            if worst > 1e-5:
+                print(f"  !! the plain loop did not train the same weights ({worst:.2e}): not the same batches",
+                      flush=True)
+    return results
+
+
+if __name__ == "__main__":
+    main()
