@@ -1,4 +1,5 @@
-"""The command line: ``accelbatch train|eval|tasks [options]`` (also ``python -m accelbatch``)."""
+"""The command line: ``accelbatch train|eval|display-data|display-model|interactive|report|tasks [options]``
+(also ``python -m accelbatch``)."""
 
 from __future__ import annotations
 
@@ -28,12 +29,22 @@ class _Parser(argparse.ArgumentParser):
 
 def build_cli() -> argparse.ArgumentParser:
     parser = _Parser(prog="accelbatch", description="ParlAI-style worlds on cpu, cuda and ipu.")
-    verbs = parser.add_subparsers(dest="verb", metavar="{train,eval,report,tasks}", parser_class=_Parser)
+    verbs = parser.add_subparsers(dest="verb", metavar="{train,eval,display-data,display-model,interactive,report,"
+                                  "tasks}", parser_class=_Parser)
     train = verbs.add_parser("train", help="train a model (defaults: the bundled babi:1 task, memnn model)")
     add_arguments(train)
     evaluate = verbs.add_parser("eval", help="evaluate a model on a split (default -dt valid)")
     add_arguments(evaluate)
     evaluate.set_defaults(datatype="valid")
+    from accelbatch.verbs import add_verb_arguments
+
+    for verb, text, datatype in (("display-data", "print a task's examples (-n of them)", "train:ordered"),
+                                 ("display-model", "print examples with a model's replies (-mf or -m)", "valid"),
+                                 ("interactive", "type messages, read a model's replies (-mf or -m)", "valid")):
+        sub = verbs.add_parser(verb, help=text)
+        add_arguments(sub)
+        add_verb_arguments(sub, verb)
+        sub.set_defaults(datatype=datatype)
     from accelbatch.plots import add_report_arguments
 
     add_report_arguments(verbs.add_parser("report", help="plot a run's loss and throughput to a PNG"))
@@ -98,6 +109,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         opts = Opts.from_namespace(args)
         from accelbatch.run import format_report
 
+        if args.verb in ("display-data", "display-model", "interactive"):
+            return _run_verb(args, opts)
         report = run_replicas(opts) if _spawns_replicas(opts) else train_or_eval(opts)
     except Exception as exc:
         known = error_message(exc)
@@ -111,6 +124,22 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 130
     if report is not None:
         print(format_report(report))
+    return 0
+
+
+def _run_verb(args: argparse.Namespace, opts: Opts) -> int:
+    """display-data, display-model or interactive, in this process."""
+    from accelbatch import verbs
+
+    if args.verb == "display-data":
+        verbs.display_data(opts, args.num_examples)
+    elif args.verb == "display-model":
+        from accelbatch.run import format_report
+
+        report = verbs.display_model(opts, args.num_examples)
+        print(format_report({opts.datatype.split(":")[0]: report}))
+    else:
+        verbs.interactive(opts, args.candidates)
     return 0
 
 

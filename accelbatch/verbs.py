@@ -1,0 +1,129 @@
+"""ParlAI's everyday verbs: ``display-data`` (a task's examples), ``display-model`` (examples with a model's
+replies) and ``interactive`` (type a message, read the model's reply; a terminal or piped stdin)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import TextIO
+
+from accelbatch.messages import Message
+from accelbatch.opts import OptionError, Opts
+from accelbatch.teachers import create_teachers
+from accelbatch.worlds import display
+
+EPISODE_END = "- - - - - - - - - - - - - - - - - - - - -"
+RESET, EXIT = "[DONE]", "[EXIT]"
+
+
+def add_verb_arguments(parser: argparse.ArgumentParser, verb: str) -> None:
+    """The options a verb adds to the usual ones."""
+    if verb in ("display-data", "display-model"):
+        parser.add_argument("-n", "--num-examples", dest="num_examples", type=int, default=10,
+                            help="examples to show (default 10)")
+    if verb == "interactive":
+        parser.add_argument("--candidates", default=None,
+                            help="replies a ranking model chooses from, separated by '|' (default: the "
+                                 "label candidates of -t's first 1000 examples)")
+
+
+def display_data(opts: Opts, num_examples: int, out: TextIO | None = None) -> int:
+    """Print the first ``num_examples`` examples of each task of ``opts`` as its teacher serves them, a line
+    between episodes. Returns how many were shown."""
+    _check_count(num_examples)
+    out = out or sys.stdout
+    shown = 0
+    for teacher in create_teachers(opts):
+        while shown < num_examples and not teacher.epoch_done():
+            act = teacher.act()
+            if act is None or act.get("text") is None and not act.get("labels") and not act.get("eval_labels"):
+                break  # padding: the pass is over
+            print(display([act]), file=out)
+            teacher.observe(Message())
+            shown += 1
+            if act.get("episode_done"):
+                print(EPISODE_END, file=out)
+        if shown >= num_examples:
+            break
+    print(f"[shown {shown} example{'s' * (shown != 1)} of -t {opts.task} ({opts.datatype})]", file=out)
+    return shown
+
+
+def display_model(opts: Opts, num_examples: int, out: TextIO | None = None) -> dict[str, float]:
+    """Evaluate ``opts``'s model (-mf, or a fresh -m) on the first ``num_examples`` examples of ``opts.datatype``,
+    printing each example with the model's reply; returns the report of those examples."""
+    from contextlib import redirect_stdout
+
+    from accelbatch.build import create_world
+
+    _check_count(num_examples)
+    if opts.datatype.split(":")[0] == "train":
+        opts = opts.replace(datatype="train:evalmode")
+    world = create_world(opts.replace(display_examples=True, numthreads=1))
+    try:
+        with redirect_stdout(out or sys.stdout):
+            while world.get_total_exs() < num_examples and not world.epoch_done():
+                world.parley()
+        return dict(world.report())
+    finally:
+        world.shutdown()
+
+
+def interactive(opts: Opts, candidates: str | None = None, stdin: TextIO | None = None,
+                out: TextIO | None = None) -> int:
+    """Read messages (a prompt when stdin is a terminal), print the model's reply to each. ``[DONE]`` starts a
+    new conversation, ``[EXIT]`` or the end of input stops. Returns the number of replies."""
+    from accelbatch.build import create_world
+
+    stdin, out = stdin or sys.stdin, out or sys.stdout
+    world = create_world(opts.replace(datatype="valid", batchsize=1, numthreads=1, num_workers=0,
+                                      dataloader_mode="sync", dynamic_batching="none"))
+    agent = world.get_model_agent()
+    fixed = _candidates(opts, candidates)
+    prompt = stdin.isatty()
+    replies = 0
+    try:
+        while True:
+            if prompt:
+                print("Enter Your Message: ", end="", file=out, flush=True)
+            line = stdin.readline()
+            if not line or line.strip() == EXIT:
+                break
+            text = line.rstrip("\n")
+            if text.strip() == RESET:
+                agent.reset()
+                print(EPISODE_END, file=out)
+                continue
+            message = Message(text=text, episode_done=False)
+            if fixed:
+                message["label_candidates"] = list(fixed)
+            agent.observe(message)
+            reply = agent.act() or {}
+            print(f"[{reply.get('id', type(agent).__name__)}]: {reply.get('text', '')}", file=out, flush=True)
+            replies += 1
+    finally:
+        world.shutdown()
+    return replies
+
+
+def _candidates(opts: Opts, given: str | None) -> list[str]:
+    """``--candidates`` split on '|', else the label candidates of the task's first 1000 examples, in order."""
+    if given is not None:
+        return [c.strip() for c in given.split("|") if c.strip()]
+    seen: dict[str, None] = {}
+    for teacher in create_teachers(opts.replace(datatype="valid")):
+        for _ in range(1000):
+            if teacher.epoch_done():
+                break
+            act = teacher.act()
+            teacher.observe(Message())
+            seen.update(dict.fromkeys(act.get("label_candidates") or ()))
+    return list(seen)
+
+
+def _check_count(num_examples: int) -> None:
+    if num_examples < 1:
+        raise OptionError(f"-n/--num-examples: {num_examples} shows nothing; give 1 or more")
+
+
+__all__ = ["add_verb_arguments", "display_data", "display_model", "interactive"]

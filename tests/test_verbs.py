@@ -1,0 +1,68 @@
+"""display-data, display-model and interactive: ParlAI's everyday verbs, through the CLI and the library."""
+
+from __future__ import annotations
+
+import io
+
+import pytest
+
+from accelbatch.cli import main
+from accelbatch.opts import Opts
+from accelbatch.verbs import EPISODE_END, display_data, display_model, interactive
+
+
+def _rows(n_episodes: int = 3, turns: int = 2) -> list[dict]:
+    return [{"text": f"e{e} t{t}", "labels": [f"a{e}{t}"], "label_candidates": [f"a{e}{t}", "other"],
+             "episode_done": t == turns - 1} for e in range(n_episodes) for t in range(turns)]
+
+
+def test_display_data_shows_the_first_examples_in_order_with_episode_ends(write_jsonl):
+    path = write_jsonl(_rows())
+    out = io.StringIO()
+    shown = display_data(Opts(task=f"jsonl:{path}", datatype="train:ordered"), 5, out)
+    text = out.getvalue()
+    assert shown == 5
+    texts = [line.split("]: ", 1)[1].split("  (labels")[0] for line in text.splitlines() if "(labels: " in line]
+    assert texts == [r["text"] for r in _rows()][:5]
+    assert text.count(EPISODE_END) == 2  # after e0 t1 and e1 t1
+
+
+def test_display_data_stops_at_the_end_of_a_small_split(write_jsonl):
+    path = write_jsonl(_rows(1, 2))
+    out = io.StringIO()
+    assert display_data(Opts(task=f"jsonl:{path}", datatype="valid"), 10, out) == 2
+
+
+@pytest.mark.slow
+def test_display_model_prints_each_example_with_the_reply_and_scores_them():
+    out = io.StringIO()
+    report = display_model(Opts(task="babi:1", datatype="valid", batchsize=2), 4, out)
+    text = out.getvalue()
+    assert report["exs"] == 4
+    assert text.count("  (labels: ") == 4 and text.count("[MemNNAgent]: ") == 4
+
+
+def test_interactive_replies_to_each_message_from_the_candidates_and_resets_on_done():
+    stdin = io.StringIO("Mary went to the kitchen.\nWhere is Mary?\n[DONE]\nWhere is John?\n[EXIT]\nnot read\n")
+    out = io.StringIO()
+    replies = interactive(Opts(task="babi:1"), None, stdin, out)
+    lines = out.getvalue().splitlines()
+    assert replies == 3
+    answers = [line.split("]: ", 1)[1] for line in lines if line.startswith("[MemNNAgent]: ")]
+    babi_places = {"bathroom", "hallway", "garden", "office", "bedroom", "kitchen"}
+    assert len(answers) == 3 and set(answers) <= babi_places
+    assert lines.count(EPISODE_END) == 1 and "Enter Your Message" not in out.getvalue()  # piped: no prompt
+
+
+def test_interactive_takes_the_candidates_given(monkeypatch, capsys):
+    monkeypatch.setattr("sys.stdin", io.StringIO("Where is Mary?\n"))
+    assert main(["interactive", "-t", "babi:1", "--candidates", "moon|sun", "--no-progress"]) == 0
+    reply = capsys.readouterr().out.strip().splitlines()[-1]
+    assert reply in ("[MemNNAgent]: moon", "[MemNNAgent]: sun")
+
+
+@pytest.mark.parametrize("verb", ["display-data", "display-model"])
+def test_a_count_below_one_is_one_line(verb, capsys):
+    assert main([verb, "-t", "babi:1", "-n", "0"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "-n/--num-examples" in err
