@@ -61,6 +61,10 @@ def import_path(path: str, kind: str, known: Sequence[str]) -> Any:
 
 
 def resolve_agent_class(name: str) -> type["Agent"]:
+    if name.startswith("torch:"):  # the user's nn.Module, PopTorch-style (accelbatch.tasks.torch_data)
+        from accelbatch.tasks.torch_data import TorchModelAgent
+
+        return TorchModelAgent
     return import_path(AGENT_PATHS.get(name, name), "model", list(AGENT_PATHS))
 
 

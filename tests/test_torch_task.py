@@ -1,0 +1,96 @@
+"""-t torch:pkg.mod:make_dataset -m torch:pkg.mod:Model: a user's torch Dataset and PopTorch-style module run
+with the plan, exactly-once evaluation and the report, like any task (tests/torch_task.py is the user's code)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+import torch_task
+
+from accelbatch.cli import main
+from accelbatch.opts import Opts
+
+TASK, MODEL = "torch:torch_task:make_dataset", "torch:torch_task:Classifier"
+LR = 0.5
+
+
+def _train(tmp_path, name, *extra):
+    model_file, report = tmp_path / f"{name}.pt", tmp_path / f"{name}.json"
+    rc = main(["train", "-m", MODEL, "-opt", "sgd", "-lr", str(LR), "--no-progress", "-mf", str(model_file),
+               "--report-json", str(report), "-veps", "-1", "-t", TASK, *extra])
+    assert rc == 0
+    weights = torch.load(model_file, weights_only=True)["model"]
+    return {k.removeprefix("module."): v for k, v in weights.items()}, json.loads(report.read_text())
+
+
+@pytest.mark.slow
+def test_training_equals_a_plain_loop_over_the_same_batches(tmp_path):
+    weights, report = _train(tmp_path, "run", "-dt", "train:ordered", "-bs", "4", "-tstep", "9",
+                             "--eval-splits", "")
+    torch.manual_seed(Opts().seed)
+    model = torch_task.Classifier()
+    optimizer = torch.optim.SGD(model.parameters(), lr=LR)
+    x, y = torch_task.tensors("train")
+    losses = []
+    for start in range(0, 36, 4):
+        optimizer.zero_grad()
+        _, loss = model(x[start:start + 4], y[start:start + 4])
+        loss.backward()
+        optimizer.step()
+        losses.append(loss.item())
+    for key, value in model.state_dict().items():
+        torch.testing.assert_close(weights[key], value, rtol=0, atol=1e-6)
+    assert report["train"]["exs"] == 36
+    assert report["train"]["loss"] == pytest.approx(sum(losses) / len(losses), abs=1e-6)
+
+
+@pytest.mark.parametrize("plan", [["-bs", "4"], ["-bs", "3", "-di", "2", "--device", "ipu", "--ipu-emulator"]],
+                         ids=["cpu", "ipu-di2"])
+def test_evaluation_scores_every_item_once_with_the_models_predictions(tmp_path, plan):
+    weights, report = _train(tmp_path, "run", "-tstep", "6", "--eval-splits", "valid,test", *plan)
+    model = torch_task.Classifier()
+    model.load_state_dict(weights)
+    for split in ("valid", "test"):
+        x, y = torch_task.tensors(split)
+        with torch.no_grad():
+            out, loss = model(x, y)
+        assert report[split]["exs"] == torch_task.SIZES[split]
+        assert report[split]["accuracy"] == pytest.approx((out.argmax(1) == y).sum().item() / len(y), abs=1e-12)
+        assert report[split]["loss"] == pytest.approx(float(loss), abs=1e-5)
+
+
+def test_the_same_plan_gives_the_same_weights_on_cpu_and_the_emulated_ipu(tmp_path):
+    plan = ["-bs", "2", "-di", "2", "-ga", "2", "-tstep", "5", "--eval-splits", ""]
+    cpu, _ = _train(tmp_path, "cpu", *plan)
+    ipu, _ = _train(tmp_path, "ipu", *plan, "--device", "ipu", "--ipu-emulator")
+    for key in cpu:
+        torch.testing.assert_close(cpu[key], ipu[key], rtol=1e-5, atol=1e-6)
+
+
+def test_an_iterable_dataset_trains_as_the_map_style_one(tmp_path):
+    args = ["-bs", "4", "-tstep", "8", "--eval-splits", "valid"]
+    mapped, first = _train(tmp_path, "map", *args)
+    streamed, second = _train(tmp_path, "iter", *args[:-2], "--eval-splits", "valid", "-t",
+                              "torch:torch_task:make_stream")
+    for key in mapped:
+        assert torch.equal(mapped[key], streamed[key]), key
+    assert first["valid"] == {**second["valid"], "time_s": first["valid"]["time_s"]}
+
+
+def test_an_item_that_cannot_be_batched_is_named_in_one_line(capsys):
+    rc = main(["train", "-t", "torch:torch_task:make_ragged", "-m", MODEL, "-bs", "37", "-tstep", "1",
+               "--no-progress", "--eval-splits", "", "-veps", "-1"])
+    err = capsys.readouterr().err
+    assert rc == 2 and err.count("\n") == 1
+    assert "item 5 cannot be batched" in err and "(6,)" in err
+
+
+@pytest.mark.parametrize("model, says", [("torch:torch_task:tensors", "calling it with no arguments failed"),
+                                         ("torch:torch_task:SIZES", "not a model class"),
+                                         ("torch:torch_task:NotAModule", "not a torch.nn.Module")], ids=str)
+def test_a_model_path_that_makes_no_module_is_one_line(capsys, model, says):
+    rc = main(["train", "-t", TASK, "-m", model, "--no-progress", "-tstep", "1"])
+    err = capsys.readouterr().err
+    assert rc == 2 and err.count("\n") == 1 and says in err
