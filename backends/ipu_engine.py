@@ -38,7 +38,7 @@ import logging
 import math
 from collections import OrderedDict
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 import torch
 
@@ -112,11 +112,13 @@ class InputsAdapter(torch.nn.Module):
     (shallow) copies poptorch makes of this module.
     """
 
-    def __init__(self, model: torch.nn.Module, keys: tuple[str, ...], training: bool):
+    def __init__(self, model: torch.nn.Module, keys: tuple[str, ...], training: bool,
+                 mark_loss: Callable[..., torch.Tensor] | None = None):
         super().__init__()
         self.model = model
         self.keys = tuple(keys)
         self.graph_training = training
+        self.mark_loss = mark_loss
         self.meta: dict[str, Any] = {"out_keys": None, "has_loss": None, "dtypes": None}
 
     def forward(self, *tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
@@ -140,11 +142,18 @@ class InputsAdapter(torch.nn.Module):
             raise PlanError(f"the model returned outputs {list(keys) + (['loss'] if has_loss else [])} but "
                             f"{list(meta['out_keys']) + (['loss'] if meta['has_loss'] else [])} when its graph "
                             "was compiled: a compiled graph has fixed outputs")
-        return tuple(out[k] for k in keys) + ((out["loss"],) if has_loss else ())
+        loss = out["loss"] if has_loss else None
+        if loss is not None and self.graph_training and self.mark_loss is not None:
+            # PopTorch trains on the loss it finds in the graph: marked here, any loss the model computes
+            # (a hand-written one, a sum of two torch losses) is the one final loss
+            loss = self.mark_loss(loss, reduction="none")
+        return tuple(out[k] for k in keys) + ((loss,) if loss is not None else ())
 
 
-def make_adapter(model: torch.nn.Module, keys: tuple[str, ...], training: bool) -> InputsAdapter:
-    """An :class:`InputsAdapter` whose ``forward`` signature names the inputs after ``keys``."""
+def make_adapter(model: torch.nn.Module, keys: tuple[str, ...], training: bool,
+                 mark_loss: Callable[..., torch.Tensor] | None = None) -> InputsAdapter:
+    """An :class:`InputsAdapter` whose ``forward`` signature names the inputs after ``keys``; in training
+    ``mark_loss`` (``poptorch.identity_loss``) marks the model's loss."""
     names = input_names(keys)
 
     def forward(self: InputsAdapter, *tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
@@ -154,7 +163,7 @@ def make_adapter(model: torch.nn.Module, keys: tuple[str, ...], training: bool) 
     params += [inspect.Parameter(n, inspect.Parameter.POSITIONAL_OR_KEYWORD) for n in names]
     forward.__signature__ = inspect.Signature(params)  # type: ignore[attr-defined]
     cls = type("IPUInputs", (InputsAdapter,), {"forward": forward})
-    return cls(model, keys, training)
+    return cls(model, keys, training, mark_loss)
 
 
 # --- the engine ------------------------------------------------------------------------------------------
@@ -233,7 +242,7 @@ class IPUEngine(Engine):
             self._executors.move_to_end(key)
             return entry
         keys = tuple(k for k, _, _ in sig)
-        adapter = make_adapter(self.model, keys, training)
+        adapter = make_adapter(self.model, keys, training, getattr(self.poptorch, "identity_loss", None))
         options = plan_options(self.poptorch, plan, self.seed)
         if training:
             executor = self.poptorch.trainingModel(adapter, options=options, optimizer=self.optimizer)

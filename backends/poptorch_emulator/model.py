@@ -13,7 +13,8 @@ What is reproduced from PopTorch (python/__init__.py, python/_poplar_executor.py
   ("Shape mismatch for {name}: expected ... but got ..."). ``compile_count`` counts compilations.
 - One call runs D device iterations. For training, each iteration runs G micro-batches on each of the R
   replicas, reduces the gradients (Mean: divided by G*R, the default; Sum: summed) and makes one
-  optimizer step. The loss is the model's last output (``(output, loss)`` or just ``loss``).
+  optimizer step. The loss is found as PopTorch finds it (a torch loss or ``identity_loss`` that no other
+  loss uses: see ops.py), whichever output holds it.
 - The optimizer's hyper-parameters (lr, momentum, ...) are read when the model is made and by
   ``setOptimizer``; changing them on the host optimizer alone has no effect, as on an IPU.
 """
@@ -31,7 +32,7 @@ import torch
 from . import _outputs, _structure
 from ._inputs import ArgBinder, Batching, BoundInputs, CompiledInputs
 from .enums import CommGroupType, ConnectionType, OutputMode, ReductionType
-from .ops import _running_on_device
+from .ops import _running_on_device, final_loss, finding_losses
 from .options import Options
 from .poptorch_core import py_error
 
@@ -183,6 +184,7 @@ class PoplarExecutor:
             logger.warning("Input tensor has requires_grad=True set. This tensor will be detached because "
                            "backward pass via inputs is not supported.")
         self._compiled = CompiledInputs(inputs)
+        self._loss_output: int | None = None  # which output is the final loss, once a training run found it
         self._compile_count += 1
         self._compilation_time = datetime.timedelta(seconds=time.perf_counter() - start)
         self._is_attached = self._options.connection_type != ConnectionType.Never
@@ -274,8 +276,9 @@ class PoplarExecutor:
             return None
         return _structure.rebuild(structure, iter(flat))
 
-    def _run(self, inputs: BoundInputs, on_output) -> tuple[_outputs.MicroOutputs, Any]:
-        """Run every micro-batch of the call, in [D, G, R] order; ``on_output`` sees each raw output."""
+    def _run(self, inputs: BoundInputs, on_output, find_losses: bool = False) -> tuple[_outputs.MicroOutputs, Any]:
+        """Run every micro-batch of the call, in [D, G, R] order; ``on_output`` sees each raw output (and,
+        with ``find_losses``, the losses marked while it was computed)."""
         b = self.batching
         per_micro: _outputs.MicroOutputs = []
         structure = None
@@ -285,8 +288,13 @@ class PoplarExecutor:
                 per_r = []
                 for r in range(b.replication_factor):
                     micro = inputs.map(lambda t, d=d, g=g, r=r: b.micro_batch(t, d, g, r))
-                    out = self._model(*micro.args, **micro.kwargs)
-                    on_output(out)
+                    if find_losses:
+                        with finding_losses() as marked:
+                            out = self._model(*micro.args, **micro.kwargs)
+                        on_output(out, marked)
+                    else:
+                        out = self._model(*micro.args, **micro.kwargs)
+                        on_output(out)
                     structure = out
                     per_r.append([_outputs.to_host_dtype(t.detach()) for t in _structure.flatten(out)])
                 per_g.append(per_r)
@@ -296,17 +304,21 @@ class PoplarExecutor:
         return per_micro, structure
 
     def _run_training(self, inputs: BoundInputs) -> tuple[_outputs.MicroOutputs, Any]:
+        """Each micro-batch backpropagates from its final loss (PopTorch's rule, see ops.final_loss). The
+        first call finds it among the losses marked while the model ran; when it is one of the outputs (the
+        usual case), later calls take that output without marking again."""
         self._zero_grad()
 
-        def backward(out: Any) -> None:
-            tensors = _structure.flatten(out)
-            if not tensors or not tensors[-1].requires_grad:
-                raise py_error("Couldn't find a loss in graph! A training model's forward must return the "
-                               "loss as its last output (use poptorch.identity_loss or a torch loss).")
-            loss = tensors[-1]
+        def backward(out: Any, marked: list[torch.Tensor] | None = None) -> None:
+            if marked is None:
+                loss = _structure.flatten(out)[self._loss_output]
+            else:
+                loss = final_loss(marked)
+                if self._loss_output is None:
+                    self._loss_output = next((i for i, t in enumerate(_structure.flatten(out)) if t is loss), None)
             loss.backward(torch.ones_like(loss) if loss.dim() else None)
 
-        return self._run(inputs, backward)
+        return self._run(inputs, backward, find_losses=self._loss_output is None)
 
     def _params(self) -> list[torch.nn.Parameter]:
         assert self._optimizer is not None

@@ -48,7 +48,8 @@ class SyntheticImages(torch.utils.data.Dataset):
 
 
 class Classifier(torch.nn.Module):
-    """Returns (logits, loss): PopTorch takes the last output as the loss to train."""
+    """Returns (logits, loss): PopTorch trains on the loss it finds in the graph (here the torch loss), whichever
+    output holds it; a hand-written loss must be wrapped in poptorch.identity_loss."""
 
     def __init__(self, features: int, hidden: int, classes: int):
         super().__init__()
