@@ -152,6 +152,9 @@ def create_world(opts: Opts, agent: Agent | type[Agent] | None = None, rows: int
     first = runtime is None and getattr(getattr(model, "slot", None), "runtime", None) is None
     runtime = runtime or getattr(getattr(model, "slot", None), "runtime", None) or setup_runtime(opts)
     compile_agent(model, runtime)
+    if first and runtime.topology.rank == 0:
+        for note in getattr(model, "load_notes", ()):
+            print(f"accelbatch: {note}", file=sys.stderr)
     if first and runtime.topology.rank == 0 and opts.dynamic_batching == "none" and not uses_loader(opts, model) \
             and (opts.num_workers > 0 or opts.dataloader_mode != "sync"):
         print(f"accelbatch: --num-workers / --dataloader-mode: {type(model).__name__} overrides observe() or is "

@@ -3,17 +3,18 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Sequence
 from typing import NoReturn
 
 from accelbatch.agents import AGENT_PATHS, UnknownNameError
 from accelbatch.checkpoint import CheckpointError
-from accelbatch.opts import OptionError, Opts, add_arguments
+from accelbatch.opts import OptionError, Opts, add_arguments, train_only_flags
 from accelbatch.plan import PlanError
 from accelbatch.procs import ProcessFailure
 from accelbatch.tasks.files import DataFileError
-from accelbatch.teachers import list_tasks
+from accelbatch.teachers import eval_datatype, list_tasks
 
 USAGE_ERRORS: tuple[type[BaseException], ...] = (OptionError, UnknownNameError, DataFileError,
                                                   CheckpointError)
@@ -27,17 +28,21 @@ class _Parser(argparse.ArgumentParser):
 
 
 def build_cli() -> argparse.ArgumentParser:
-    parser = _Parser(prog="accelbatch", description="ParlAI-style worlds on cpu, cuda and ipu.")
+    parser = _Parser(prog="accelbatch", description="ParlAI-style worlds on cpu, cuda and ipu.", allow_abbrev=False)
     verbs = parser.add_subparsers(dest="verb", metavar="{train,eval,report,tasks}", parser_class=_Parser)
-    train = verbs.add_parser("train", help="train a model (defaults: the bundled babi:1 task, memnn model)")
+    train = verbs.add_parser("train", help="train a model (defaults: the bundled babi:1 task, memnn model)",
+                             allow_abbrev=False)
     add_arguments(train)
-    evaluate = verbs.add_parser("eval", help="evaluate a model on a split (default -dt valid)")
-    add_arguments(evaluate)
+    evaluate = verbs.add_parser("eval", allow_abbrev=False,
+                                help="evaluate a model on a split (default -dt valid; -dt train scores the "
+                                     "training data once, training nothing)")
+    add_arguments(evaluate, training=False)
     evaluate.set_defaults(datatype="valid")
     from accelbatch.plots import add_report_arguments
 
-    add_report_arguments(verbs.add_parser("report", help="plot a run's loss and throughput to a PNG"))
-    verbs.add_parser("tasks", help="list the registered tasks and models")
+    add_report_arguments(verbs.add_parser("report", help="plot a run's loss and throughput to a PNG",
+                                          allow_abbrev=False))
+    verbs.add_parser("tasks", help="list the registered tasks and models", allow_abbrev=False)
     return parser
 
 
@@ -95,7 +100,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"  {name:<14} {path}")
         return 0
     try:
-        opts = Opts.from_namespace(args)
+        opts = eval_opts(args) if args.verb == "eval" else Opts.from_namespace(args)
         from accelbatch.run import format_report
 
         report = run_replicas(opts) if _spawns_replicas(opts) else train_or_eval(opts)
@@ -112,6 +117,21 @@ def main(argv: Sequence[str] | None = None) -> int:
     if report is not None:
         print(format_report(report))
     return 0
+
+
+def eval_opts(args: argparse.Namespace) -> Opts:
+    """The options of ``accelbatch eval``: training-only options refused, a train datatype in eval mode (it
+    scores the training data, never trains), and the model file, when one is named, must exist."""
+    given = [flag for name, flag in train_only_flags().items() if name in vars(args)]
+    if given:
+        raise OptionError(f"{given[0]}: a training option; `accelbatch eval` trains nothing and does not take it "
+                          "(evaluation never accumulates gradients, changes weights or saves): drop it")
+    opts = Opts.from_namespace(args)
+    opts = opts.replace(datatype=eval_datatype(opts.datatype))
+    if opts.model_file and not os.path.isfile(opts.model_file):
+        raise OptionError(f"-mf/--model-file {opts.model_file}: no such file; eval scores the model saved there "
+                          "(check the path, or train one with `accelbatch train -mf PATH`)")
+    return opts
 
 
 def train_or_eval(opts: Opts) -> dict | None:
