@@ -52,7 +52,12 @@ def setup_runtime(opts: Opts) -> Runtime:
     from accelbatch.backends.base import get_backend
 
     plan = ExecutionPlan.from_opts(opts, training=True)  # a bad plan fails before any process or device work
-    backend = get_backend(opts.device, opts)()
+    backend_class = get_backend(opts.device, opts)
+    if not opts.drop_last and is_training(opts.datatype) and not backend_class.runs_partial_tails:
+        raise OptionError(f"--no-drop-last: --device {opts.device} runs graphs of static shapes, which cannot train "
+                          "an epoch's partial last batch; train with --drop-last (the default), which drops it and "
+                          "says so")
+    backend = backend_class()
     backend.setup(opts)  # joins the replicas' group when launched as one of them; the topology says where
     return Runtime(backend, backend.topology, plan)
 

@@ -289,3 +289,20 @@ def test_validation_options_of_parlai(write_jsonl, tmp_path):
     report = run(create_world(timed), timed)
     valid = [json.loads(line) for line in log.read_text().splitlines() if '"valid"' in line]
     assert len(valid) == 2 and "loss" in report["train"]  # after steps 1 and 2 (step 3 ends the run)
+
+
+def test_no_drop_last_on_ipu_is_refused_before_any_work(monkeypatch, capsys):
+    import accelbatch.build as build
+
+    def no_world(*args, **kwargs):
+        raise AssertionError("a world was built")
+
+    monkeypatch.setattr(build, "build_world", no_world)
+    opts = Opts(device="ipu", ipu_emulator=True, drop_last=False, progress=False)
+    with pytest.raises(OptionError, match="--no-drop-last: --device ipu runs graphs of static shapes"):
+        create_world(opts)
+    assert main(["train", "--device", "ipu", "--ipu-emulator", "--no-drop-last", "--no-progress"]) == 2
+    assert capsys.readouterr().err.count("\n") == 1
+    monkeypatch.undo()
+    evaluation = opts.replace(datatype="valid", model="repeat_label")  # evaluation has no tail to train
+    assert run(create_world(evaluation), evaluation)["valid"]["exs"] == 1000
