@@ -59,9 +59,15 @@ def import_path(path: str, kind: str, known: Sequence[str]) -> Any:
                                    f"{', '.join(known)}") from None
         raise
     try:
-        return getattr(module, attr)
+        found = getattr(module, attr)
     except AttributeError:
         raise UnknownNameError(f"{kind} {path!r}: module {module_name!r} has no {attr!r}") from None
+    if isinstance(found, type) and hasattr(found, "act") or not isinstance(found, type) and callable(found):
+        return found  # a class with act(), or a function that makes one
+    what = "a class without act()" if isinstance(found, type) else f"a {type(found).__name__}"
+    raise UnknownNameError(f"{kind} {path!r} is {what}, not a {kind}: give a class with observe()/act() (e.g. "
+                           f"a subclass of accelbatch's {'Agent' if kind == 'model' else 'Teacher'}) or a function "
+                           "returning one")
 
 
 def resolve_agent_class(name: str) -> type["Agent"]:

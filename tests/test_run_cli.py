@@ -306,3 +306,29 @@ def test_no_drop_last_on_ipu_is_refused_before_any_work(monkeypatch, capsys):
     monkeypatch.undo()
     evaluation = opts.replace(datatype="valid", model="repeat_label")  # evaluation has no tail to train
     assert run(create_world(evaluation), evaluation)["valid"]["exs"] == 1000
+
+
+@pytest.mark.parametrize("argv, fragment", [
+    (["-m", "os:path"], "model 'os:path' is a module, not a model"),
+    (["-m", "os:sep"], "model 'os:sep' is a str, not a model"),
+    (["-m", "os:stat_result"], "model 'os:stat_result' is a class without act(), not a model"),
+    (["-t", "collections:OrderedDict", "-m", "repeat_label"], "task 'collections:OrderedDict' is a class without"),
+])
+def test_a_module_path_that_is_no_agent_or_teacher_is_one_line(argv, fragment, capsys):
+    assert main(["eval", *argv, "--no-progress"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and fragment in err
+
+
+def test_hogwild_on_the_ipu_emulator_is_one_line(capsys):
+    assert main(["train", "--device", "ipu", "--ipu-emulator", "-nt", "2", "-tstep", "2", "--no-progress"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "--numthreads 2 (hogwild) runs on --device cpu only" in err
+
+
+def test_a_parlai_training_line_without_labels_is_one_line(tmp_path, capsys):
+    path = tmp_path / "train.txt"
+    path.write_text("text:a\tlabels:b\tepisode_done:True\ntext:hello\tepisode_done:True\n")
+    assert main(["train", "-t", f"parlai:{path}", "-m", "repeat_label", "-tstep", "2", "--no-progress"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and f"{path}:2: no labels: field" in err
