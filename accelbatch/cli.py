@@ -64,6 +64,9 @@ def error_message(exc: BaseException) -> tuple[int, str] | None:
         return 2, bad_input
     # a child's failure, or a child's exception re-raised with its own type (the failure is its cause)
     failure = next((e for e in (exc, exc.__cause__) if isinstance(e, ProcessFailure)), None)
+    nonfinite = f"{NonFiniteLoss.__module__}.{NonFiniteLoss.__qualname__}"
+    if failure is not None and nonfinite in failure.error_types and failure.error_message:
+        return 1, failure.error_message  # a replica's NaN loss: its one line, as in a single process
     if failure is not None:
         return 1, str(failure)
     return (1, str(exc)) if isinstance(exc, NonFiniteLoss) else None

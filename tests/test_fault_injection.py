@@ -393,6 +393,16 @@ def test_a_nan_loss_stops_naming_skip_nan_and_skip_nan_counts_and_goes_on(lab, t
     ran.assert_clean()
 
 
+@pytest.mark.slow
+@pytest.mark.timeout(90)
+def test_a_nan_loss_in_replicas_is_the_same_one_line(lab):
+    """Under -rf 2 the replica's NonFiniteLoss ends the run as in one process: one line naming --skip-nan."""
+    ran = cli(lab, "train", "-t", f"jsonl:{lab}/qa60.jsonl", "-m", "faulty:NaNEvery3", "-bs", "4", "-tstep", "7",
+              "-rf", "2", *QUICK)
+    ran.assert_one_line_error("non-finite training loss", "--skip-nan", rc=1)
+    ran.assert_clean()
+
+
 # --- crashes and hangs in other processes -------------------------------------------------------------
 def _assert_child_traceback(ran: Ran, *fragments: str) -> None:
     """Exit 1; the failing process's traceback (down to the injected fault) is shown, the main process's
