@@ -411,12 +411,18 @@ class TorchAgent(Agent):
                                    f"{kind} starts fresh (weights loaded)")
             return
         lr = self.opts.learning_rate
-        old = {group["lr"] for group in self.optimizer.param_groups}
-        for group in self.optimizer.param_groups:
-            group["lr"] = lr
-        if old != {lr}:
-            self.load_notes.append(f"{option} {path}: continuing with -lr {lr:g} (the file's optimizer had "
-                                   f"{', '.join(f'{v:g}' for v in sorted(old))})")
+        had = set_learning_rate(self.optimizer, lr)
+        if had:
+            self.load_notes.append(f"{option} {path}: continuing with -lr {lr:g} (the file's optimizer had {had})")
+
+
+def set_learning_rate(optimizer: torch.optim.Optimizer, lr: float) -> str | None:
+    """Give every parameter group of ``optimizer`` (loaded from a file) the learning rate ``lr``; the rates
+    it had, as text, when that changed them, else None."""
+    old = {group["lr"] for group in optimizer.param_groups}
+    for group in optimizer.param_groups:
+        group["lr"] = lr
+    return None if old == {lr} else ", ".join(f"{v:g}" for v in sorted(old))
 
 
 def _check_weights(saved: dict[str, Any], wanted: dict[str, torch.Tensor], what: str, model: str) -> None:

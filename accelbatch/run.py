@@ -16,7 +16,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, TextIO
 
-from accelbatch.agents import Agent, TorchAgent
+from accelbatch.agents import Agent, TorchAgent, set_learning_rate
 from accelbatch.build import Runtime, attach_runtime, create_world
 from accelbatch.opts import OptionError, Opts
 from accelbatch.run_control import PeriodicSaver, StopSignals
@@ -162,6 +162,11 @@ def _train(world: World, opts: Opts, log: MetricsLog, runtime: Runtime, stop: St
     checkpoints = Checkpointer(opts, backend, runtime.plan) if opts.model_file and isinstance(model, TorchAgent) \
         else None
     resumed = checkpoints.resume(world, model.engine) if checkpoints is not None and opts.resume else None
+    if checkpoints is not None and opts.resume and model.engine.host_optimizer() is not None:
+        had = set_learning_rate(model.engine.host_optimizer(), opts.learning_rate)  # the new -lr applies
+        if had and main:
+            print(f"accelbatch: --resume: continuing with -lr {opts.learning_rate:g} (the checkpoint's optimizer "
+                  f"had {had})", file=sys.stderr)
     if resumed is not None:
         state.load_json(resumed["train"])
         next_validation = resumed.get("next_validation", next_validation)

@@ -332,3 +332,20 @@ def test_a_parlai_training_line_without_labels_is_one_line(tmp_path, capsys):
     assert main(["train", "-t", f"parlai:{path}", "-m", "repeat_label", "-tstep", "2", "--no-progress"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and f"{path}:2: no labels: field" in err
+
+
+def test_resume_applies_a_new_learning_rate_and_refuses_another_optimizer(tmp_path, capsys):
+    from accelbatch.checkpoint import CheckpointError
+
+    path = str(tmp_path / "m.pt")
+    opts = _train_memnn(path, save_every_n_secs=1000.0, learning_rate=0.01)  # a checkpoint at the end
+    resumed = opts.replace(resume=True, max_train_steps=3, learning_rate=0.05)
+    world = create_world(resumed)
+    optimizer, parley, rates = world.get_model_agent().engine.host_optimizer(), world.parley, []
+    world.parley = lambda: (rates.append([g["lr"] for g in optimizer.param_groups]), parley())
+    run(world, resumed)
+    assert rates == [[0.05]]  # the resumed run's one step
+    assert "--resume: continuing with -lr 0.05 (the checkpoint's optimizer had 0.01)" in capsys.readouterr().err
+    other = resumed.replace(optimizer="sgd", max_train_steps=4)
+    with pytest.raises(CheckpointError, match=r"-opt/--optimizer 'sgd' \(checkpoint: 'adam'\)"):
+        run(create_world(other), other)
