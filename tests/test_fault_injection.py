@@ -254,7 +254,7 @@ def _report(ran: Ran, path: Path) -> dict:
 BAD_FILES = {
     "bad-json-line": ("jsonl", '{"text": "ok", "labels": ["a"]}\n{"text": "broken"\n', ":2: not valid JSON"),
     "parlai-line-no-text": ("parlai", "text:a\tlabels:b\tepisode_done:True\nepisode_done:True\n",
-                            ":2: example has no 'text' and no 'labels'"),
+                            ":2: no text: and no labels: field"),
     "parlai-field-not-key-value": ("parlai", "text:a\tlabels:b\nhello\tlabels:c\n", ":2: field 1 'hello'"),
     "parlai-bad-episode-done": ("parlai", "text:a\tlabels:b\tepisode_done:True\ntext:oops\tepisode_done:maybe\n",
                                 ":2:"),
