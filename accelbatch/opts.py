@@ -72,8 +72,8 @@ class Opts:
                                               help="max or min: whether a larger or a smaller -vmt is better "
                                                    "(default: min for loss, max otherwise)")
     validation_max_exs: int = _opt(-1, "-vme", "--validation-max-exs", train_only=True,
-                                   help="validations during training score at most this many examples (the "
-                                        "final evaluation scores all; -1: all)")
+                                   help="validations during training stop after the step that reaches this "
+                                        "many examples (the final evaluation scores all; -1: all)")
     validation_cutoff: float = _opt(-1.0, "-vcut", "--validation-cutoff", train_only=True,
                                     help="stop training once the validation metric reaches this (-1: never)")
     eval_splits: str = _opt("valid,test", "--eval-splits", train_only=True,
