@@ -21,7 +21,7 @@ import torch
 
 from accelbatch.messages import EPISODE_DONE, EVAL_LABELS, LABELS, TEXT, Message, is_padding
 from accelbatch.metrics import Metrics
-from accelbatch.opts import Opts
+from accelbatch.opts import OptionError, Opts
 
 if TYPE_CHECKING:
     from accelbatch.data.loader import AgentCollate
@@ -37,12 +37,28 @@ AGENT_PATHS: dict[str, str] = {
 }
 
 
+class ModelFileError(OptionError):
+    """A model file (--model-file, --init-model) that cannot be loaded: the message names it and the problem."""
+
+
 class UnknownNameError(ValueError):
     """A task, model or device name that is not registered; the message lists the known ones."""
 
 
 def import_path(path: str, kind: str, known: Sequence[str]) -> Any:
-    """Import ``module:Attr``; a clear error listing the registered names when it cannot be found."""
+    """The agent or teacher class (or factory) at ``module:Attr``; a clear error listing the registered names
+    when it cannot be found or is neither."""
+    found = import_object(path, kind, known)
+    if isinstance(found, type) and hasattr(found, "act") or not isinstance(found, type) and callable(found):
+        return found  # a class with act(), or a function that makes one
+    what = "a class without act()" if isinstance(found, type) else f"a {type(found).__name__}"
+    raise UnknownNameError(f"{kind} {path!r} is {what}, not a {kind}: give a class with observe()/act() (e.g. "
+                           f"a subclass of accelbatch's {'Agent' if kind == 'model' else 'Teacher'}) or a function "
+                           "returning one")
+
+
+def import_object(path: str, kind: str, known: Sequence[str]) -> Any:
+    """Import ``module:Attr`` (any object); a clear error listing the registered names when it cannot be found."""
     module_name, sep, attr = path.partition(":")
     if not sep or not module_name or not attr:
         raise UnknownNameError(f"unknown {kind} {path!r}; known {kind}s: {', '.join(known)} "
@@ -197,8 +213,13 @@ class TorchAgent(Agent):
             self.optimizer = self.build_optimizer(self.model)
             self.slot = EngineSlot()
             self.metrics = Metrics()
+            self.load_notes: list[str] = []  # what loading a model file changed, for the run to say once
             if opts.model_file and os.path.isfile(opts.model_file):
                 self.load(opts.model_file)
+            elif opts.init_model:
+                if not os.path.isfile(opts.init_model):
+                    raise ModelFileError(f"--init-model {opts.init_model}: no such file")
+                self.load(opts.init_model, "--init-model", optimizer=False)
         else:
             self.model = shared["model"]
             self.optimizer = shared["optimizer"]
@@ -353,25 +374,82 @@ class TorchAgent(Agent):
         self.metrics.clear()
 
     def save(self, path: str) -> None:
-        """Write model and optimizer weights to ``path`` atomically."""
-        state = {"model": self.model.state_dict()}
+        """Write model and optimizer weights (and the optimizer's class) to ``path`` atomically."""
+        state: dict[str, Any] = {"model": self.model.state_dict()}
         if self.optimizer is not None:
             state["optimizer"] = self.optimizer.state_dict()
+            state["optimizer_class"] = type(self.optimizer).__name__
         tmp = f"{path}.tmp"
         os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
         torch.save(state, tmp)
         os.replace(tmp, path)
 
-    def load(self, path: str) -> None:
-        """Load weights saved by :meth:`save`; never unpickles arbitrary objects."""
+    def load(self, path: str, option: str = "--model-file", optimizer: bool = True) -> None:
+        """Load weights saved by :meth:`save` (never unpickling code), and the optimizer's state when
+        ``optimizer`` and the file's optimizer is this one's kind: its learning rate becomes --learning-rate.
+        Another kind of optimizer starts fresh. Either is said in :attr:`load_notes`. A file that is not
+        such a save, or holds weights of other shapes, is a :class:`ModelFileError` naming it."""
         try:
             state = torch.load(path, map_location="cpu", weights_only=True)
-            self.model.load_state_dict(state["model"])
-            if self.optimizer is not None and "optimizer" in state:
-                self.optimizer.load_state_dict(state["optimizer"])
-        except Exception as exc:  # noqa: BLE001 - any failure here means the file is not ours
-            raise ValueError(f"--model-file {path}: cannot load ({type(exc).__name__}: {exc}); "
-                             "delete it or point --model-file elsewhere") from None
+        except Exception as exc:  # noqa: BLE001 - any failure here means the file is not a save of ours
+            first = (str(exc).strip().splitlines() or [""])[0].split(". ")[0][:160]
+            raise ModelFileError(f"{option} {path}: cannot load: not a model file saved by accelbatch "
+                                 f"({type(exc).__name__}: {first}); point {option} at another file") from None
+        weights = state.get("model") if isinstance(state, dict) else None
+        if not isinstance(weights, dict):
+            raise ModelFileError(f"{option} {path}: cannot load: the file holds no model weights (not saved by "
+                                 f"accelbatch); point {option} at another file")
+        _check_weights(weights, self.model.state_dict(), f"{option} {path}: cannot load", type(self).__name__)
+        self.model.load_state_dict(weights)
+        if optimizer and self.optimizer is not None and "optimizer" in state:
+            self._load_optimizer(state, path, option)
+
+    def _load_optimizer(self, state: dict[str, Any], path: str, option: str) -> None:
+        saved, kind = state["optimizer"], type(self.optimizer).__name__
+        saved_kind = state.get("optimizer_class")
+        groups = saved.get("param_groups") if isinstance(saved, dict) else None
+        same_kind = saved_kind == kind if saved_kind else bool(groups) and \
+            set(groups[0]) == set(self.optimizer.param_groups[0])
+        if same_kind:
+            try:
+                self.optimizer.load_state_dict(saved)
+            except (ValueError, KeyError, TypeError):
+                same_kind = False
+        if not same_kind:
+            self.optimizer = self.build_optimizer(self.model)
+            self.load_notes.append(f"{option} {path}: saved with {saved_kind or 'another'} optimizer state; "
+                                   f"{kind} starts fresh (weights loaded)")
+            return
+        lr = self.opts.learning_rate
+        had = set_learning_rate(self.optimizer, lr)
+        if had:
+            self.load_notes.append(f"{option} {path}: continuing with -lr {lr:g} (the file's optimizer had {had})")
+
+
+def set_learning_rate(optimizer: torch.optim.Optimizer, lr: float) -> str | None:
+    """Give every parameter group of ``optimizer`` (loaded from a file) the learning rate ``lr``; the rates
+    it had, as text, when that changed them, else None."""
+    old = {group["lr"] for group in optimizer.param_groups}
+    for group in optimizer.param_groups:
+        group["lr"] = lr
+    return None if old == {lr} else ", ".join(f"{v:g}" for v in sorted(old))
+
+
+def _check_weights(saved: dict[str, Any], wanted: dict[str, torch.Tensor], what: str, model: str) -> None:
+    """A one-line ModelFileError when ``saved`` are not weights of the model ``wanted`` describes."""
+    missing = [k for k in wanted if k not in saved]
+    unexpected = [k for k in saved if k not in wanted]
+    if missing or unexpected:
+        parts = ([f"missing {', '.join(missing[:3])}"] if missing else []) + \
+            ([f"unexpected {', '.join(unexpected[:3])}"] if unexpected else [])
+        raise ModelFileError(f"{what}: its weights are not a {model}'s ({'; '.join(parts)}); was it saved by "
+                             "another -m model?")
+    for key, tensor in wanted.items():
+        got = saved[key]
+        if not isinstance(got, torch.Tensor) or got.shape != tensor.shape:
+            shape = list(got.shape) if isinstance(got, torch.Tensor) else type(got).__name__
+            raise ModelFileError(f"{what}: {key} is {shape} in the file but {list(tensor.shape)} in this "
+                                 f"{model}; load it with the options it was trained with (e.g. -esz)")
 
 
 def _leading(outputs: dict[str, torch.Tensor]) -> int:

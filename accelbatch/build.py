@@ -52,7 +52,12 @@ def setup_runtime(opts: Opts) -> Runtime:
     from accelbatch.backends.base import get_backend
 
     plan = ExecutionPlan.from_opts(opts, training=True)  # a bad plan fails before any process or device work
-    backend = get_backend(opts.device, opts)()
+    backend_class = get_backend(opts.device, opts)
+    if not opts.drop_last and is_training(opts.datatype) and not backend_class.runs_partial_tails:
+        raise OptionError(f"--no-drop-last: --device {opts.device} runs graphs of static shapes, which cannot train "
+                          "an epoch's partial last batch; train with --drop-last (the default), which drops it and "
+                          "says so")
+    backend = backend_class()
     backend.setup(opts)  # joins the replicas' group when launched as one of them; the topology says where
     return Runtime(backend, backend.topology, plan)
 
@@ -170,6 +175,9 @@ def create_world(opts: Opts, agent: Agent | type[Agent] | None = None, rows: int
     first = runtime is None and getattr(getattr(model, "slot", None), "runtime", None) is None
     runtime = runtime or getattr(getattr(model, "slot", None), "runtime", None) or setup_runtime(opts)
     compile_agent(model, runtime)
+    if first and runtime.topology.rank == 0:
+        for note in getattr(model, "load_notes", ()):
+            print(f"accelbatch: {note}", file=sys.stderr)
     if opts.numthreads > 1:
         world: World = create_hogwild_world(opts, agent, rows, runtime=runtime, model=model)
     else:

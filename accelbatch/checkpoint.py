@@ -414,7 +414,7 @@ def _plain(value: Any, where: str) -> Any:
 # keep them, or the examples seen (and the weights) would not continue the interrupted run
 RESUME_OPTS = ("task", "datatype", "seed", "batchsize", "device_iterations", "replication_factor",
                "gradient_accumulation", "numthreads", "reduction", "drop_last", "dynamic_batching",
-               "dataloader_mode", "num_workers", "context_length", "include_labels")
+               "dataloader_mode", "num_workers", "context_length", "include_labels", "optimizer")
 
 
 def resume_mismatches(checkpoint: Checkpoint, opts: Any, keys: Sequence[str] = RESUME_OPTS) -> list[str]:

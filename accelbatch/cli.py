@@ -4,17 +4,18 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Sequence
 from typing import NoReturn
 
 from accelbatch.agents import AGENT_PATHS, UnknownNameError
 from accelbatch.checkpoint import CheckpointError
-from accelbatch.opts import OptionError, Opts, add_arguments
+from accelbatch.opts import OptionError, Opts, add_arguments, train_only_flags
 from accelbatch.plan import PlanError
 from accelbatch.procs import ProcessFailure
 from accelbatch.tasks.files import DataFileError
-from accelbatch.teachers import list_tasks
+from accelbatch.teachers import eval_datatype, list_tasks
 
 USAGE_ERRORS: tuple[type[BaseException], ...] = (OptionError, UnknownNameError, DataFileError,
                                                   CheckpointError)
@@ -28,27 +29,31 @@ class _Parser(argparse.ArgumentParser):
 
 
 def build_cli() -> argparse.ArgumentParser:
-    parser = _Parser(prog="accelbatch", description="ParlAI-style worlds on cpu, cuda and ipu.")
+    parser = _Parser(prog="accelbatch", description="ParlAI-style worlds on cpu, cuda and ipu.", allow_abbrev=False)
     verbs = parser.add_subparsers(dest="verb", metavar="{train,eval,display-data,display-model,interactive,report,"
                                   "tasks}", parser_class=_Parser)
-    train = verbs.add_parser("train", help="train a model (defaults: the bundled babi:1 task, memnn model)")
+    train = verbs.add_parser("train", help="train a model (defaults: the bundled babi:1 task, memnn model)",
+                             allow_abbrev=False)
     add_arguments(train)
-    evaluate = verbs.add_parser("eval", help="evaluate a model on a split (default -dt valid)")
-    add_arguments(evaluate)
+    evaluate = verbs.add_parser("eval", allow_abbrev=False,
+                                help="evaluate a model on a split (default -dt valid; -dt train scores the "
+                                     "training data once, training nothing)")
+    add_arguments(evaluate, training=False)
     evaluate.set_defaults(datatype="valid")
     from accelbatch.verbs import add_verb_arguments
 
     for verb, text, datatype in (("display-data", "print a task's examples (-n of them)", "train:ordered"),
                                  ("display-model", "print examples with a model's replies (-mf or -m)", "valid"),
                                  ("interactive", "type messages, read a model's replies (-mf or -m)", "valid")):
-        sub = verbs.add_parser(verb, help=text)
-        add_arguments(sub)
+        sub = verbs.add_parser(verb, help=text, allow_abbrev=False)
+        add_arguments(sub, training=False)
         add_verb_arguments(sub, verb)
         sub.set_defaults(datatype=datatype)
     from accelbatch.plots import add_report_arguments
 
-    add_report_arguments(verbs.add_parser("report", help="plot a run's loss and throughput to a PNG"))
-    verbs.add_parser("tasks", help="list the registered tasks and models")
+    add_report_arguments(verbs.add_parser("report", help="plot a run's loss and throughput to a PNG",
+                                          allow_abbrev=False))
+    verbs.add_parser("tasks", help="list the registered tasks and models", allow_abbrev=False)
     return parser
 
 
@@ -70,6 +75,9 @@ def error_message(exc: BaseException) -> tuple[int, str] | None:
         return 2, bad_input
     # a child's failure, or a child's exception re-raised with its own type (the failure is its cause)
     failure = next((e for e in (exc, exc.__cause__) if isinstance(e, ProcessFailure)), None)
+    nonfinite = f"{NonFiniteLoss.__module__}.{NonFiniteLoss.__qualname__}"
+    if failure is not None and nonfinite in failure.error_types and failure.error_message:
+        return 1, failure.error_message  # a replica's NaN loss: its one line, as in a single process
     if failure is not None:
         return 1, str(failure)
     return (1, str(exc)) if isinstance(exc, NonFiniteLoss) else None
@@ -106,7 +114,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"  {name:<14} {path}")
         return 0
     try:
-        opts = Opts.from_namespace(args)
+        opts = eval_opts(args) if args.verb == "eval" else Opts.from_namespace(args)
         from accelbatch.run import format_report
 
         if args.verb in ("display-data", "display-model", "interactive"):
@@ -141,6 +149,21 @@ def _run_verb(args: argparse.Namespace, opts: Opts) -> int:
     else:
         verbs.interactive(opts, args.candidates)
     return 0
+
+
+def eval_opts(args: argparse.Namespace) -> Opts:
+    """The options of ``accelbatch eval``: training-only options refused, a train datatype in eval mode (it
+    scores the training data, never trains), and the model file, when one is named, must exist."""
+    given = [flag for name, flag in train_only_flags().items() if name in vars(args)]
+    if given:
+        raise OptionError(f"{given[0]}: a training option; `accelbatch eval` trains nothing and does not take it "
+                          "(evaluation never accumulates gradients, changes weights or saves): drop it")
+    opts = Opts.from_namespace(args)
+    opts = opts.replace(datatype=eval_datatype(opts.datatype))
+    if opts.model_file and not os.path.isfile(opts.model_file):
+        raise OptionError(f"-mf/--model-file {opts.model_file}: no such file; eval scores the model saved there "
+                          "(check the path, or train one with `accelbatch train -mf PATH`)")
+    return opts
 
 
 def train_or_eval(opts: Opts) -> dict | None:

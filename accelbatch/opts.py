@@ -25,9 +25,10 @@ MIXED_PRECISION = ("no", "bf16", "fp16")
 
 
 def _opt(default: Any, *flags: str, help: str, choices: Sequence[Any] | None = None,
-         group: str = "main") -> Any:
-    """A dataclass field that also describes its command-line flags."""
-    meta = {"flags": flags, "help": help, "choices": choices, "group": group}
+         group: str = "main", train_only: bool = False) -> Any:
+    """A dataclass field that also describes its command-line flags; ``train_only`` options are read by
+    training alone (``accelbatch eval`` neither lists nor accepts them)."""
+    meta = {"flags": flags, "help": help, "choices": choices, "group": group, "train_only": train_only}
     if isinstance(default, (list, dict)):
         return field(default_factory=lambda: type(default)(default), metadata=meta)
     return field(default=default, metadata=meta)
@@ -53,29 +54,48 @@ class Opts:
     # --- training loop -----------------------------------------------------------------------
     batchsize: int = _opt(32, "-bs", "--batchsize",
                           help="micro batch b; a world step has b x D x R x G rows (the combined batch)")
-    num_epochs: float = _opt(5.0, "-ne", "--num-epochs", help="passes over the training data (-1: no limit)")
-    max_train_steps: int = _opt(-1, "-tstep", "--max-train-steps",
+    num_epochs: float = _opt(5.0, "-ne", "--num-epochs", train_only=True,
+                             help="passes over the training data (-1: no limit)")
+    max_train_steps: int = _opt(-1, "-tstep", "--max-train-steps", train_only=True,
                                 help="stop after this many world steps (-1: no limit)")
-    validation_every_n_epochs: float = _opt(1.0, "-veps", "--validation-every-n-epochs",
+    validation_every_n_epochs: float = _opt(1.0, "-veps", "--validation-every-n-epochs", train_only=True,
                                             help="validate after this many epochs (-1: only at the end)")
-    validation_patience: int = _opt(-1, "-vp", "--validation-patience",
+    validation_every_n_secs: float = _opt(-1.0, "-vtim", "--validation-every-n-secs", train_only=True,
+                                          help="also validate every this many seconds of training (-1: never)")
+    validation_patience: int = _opt(-1, "-vp", "--validation-patience", train_only=True,
                                     help="stop after this many validations without improvement (-1: never)")
-    validation_metric: str = _opt("accuracy", "-vmt", "--validation-metric",
-                                  help="metric that decides the best model")
-    validation_cutoff: float = _opt(-1.0, "-vcut", "--validation-cutoff",
+    validation_metric: str = _opt("accuracy", "-vmt", "--validation-metric", train_only=True,
+                                  help="metric of the valid report that decides the best model (accuracy, f1, "
+                                       "loss or an agent's own)")
+    validation_metric_mode: str | None = _opt(None, "-vmm", "--validation-metric-mode", choices=("max", "min"),
+                                              train_only=True,
+                                              help="max or min: whether a larger or a smaller -vmt is better "
+                                                   "(default: min for loss, max otherwise)")
+    validation_max_exs: int = _opt(-1, "-vme", "--validation-max-exs", train_only=True,
+                                   help="validations during training stop after the step that reaches this "
+                                        "many examples (the final evaluation scores all; -1: all)")
+    validation_cutoff: float = _opt(-1.0, "-vcut", "--validation-cutoff", train_only=True,
                                     help="stop training once the validation metric reaches this (-1: never)")
-    eval_splits: str = _opt("valid,test", "--eval-splits",
+    eval_splits: str = _opt("valid,test", "--eval-splits", train_only=True,
                             help="comma-separated splits evaluated at the end of training")
+    metrics: str = _opt("default", "--metrics",
+                        help="metrics the report shows: 'default' or 'all' (every metric), or a comma-separated "
+                             "list such as accuracy,loss (exs is always shown)")
     numthreads: int = _opt(1, "-nt", "--numthreads", help="hogwild processes sharing one model (cpu)")
-    learning_rate: float = _opt(0.01, "-lr", "--learning-rate", help="optimizer learning rate")
-    optimizer: str = _opt("adam", "-opt", "--optimizer", choices=("sgd", "adam", "adamw"), help="optimizer")
+    learning_rate: float = _opt(0.01, "-lr", "--learning-rate", train_only=True, help="optimizer learning rate")
+    optimizer: str = _opt("adam", "-opt", "--optimizer", choices=("sgd", "adam", "adamw"), train_only=True,
+                          help="optimizer")
+    init_model: str | None = _opt(None, "--init-model", train_only=True,
+                                  help="start from the weights of this model file (a fresh optimizer); ignored "
+                                       "when --model-file exists, which is continued instead")
     embedding_size: int = _opt(64, "-esz", "--embedding-size", help="embedding size of reference models")
     text_truncate: int = _opt(256, "-tr", "--text-truncate", help="keep at most this many tokens of input text")
 
     # --- output ------------------------------------------------------------------------------
     metrics_log: str | None = _opt(None, "--metrics-log", help="append one JSON line of metrics per log event")
     report_json: str | None = _opt(None, "--report-json", help="write the final report to this JSON file")
-    log_every_n_secs: float = _opt(2.0, "-ltim", "--log-every-n-secs", help="seconds between metric logs")
+    log_every_n_secs: float = _opt(2.0, "-ltim", "--log-every-n-secs", train_only=True,
+                                   help="seconds between metric logs")
     progress: bool = _opt(True, "--progress", help="show a progress bar (--no-progress to hide)")
     tensorboard_logdir: str | None = _opt(None, "--tensorboard-logdir",
                                           help="also write the logged metrics as TensorBoard scalars here "
@@ -101,7 +121,7 @@ class Opts:
     num_workers: int = _opt(0, "--num-workers", group="data", help="data worker processes")
     buffer_size: int = _opt(3, "--buffer-size", group="data", help="batches the async accessor keeps ready")
     drop_last: bool = _opt(True, "--drop-last", group="data",
-                           help="drop a partial final training batch (said in the log)")
+                           help="drop a partial final training batch (said in the log)", train_only=True)
     data_timeout_s: float = _opt(60.0, "--data-timeout-s", group="data",
                                  help="seconds to wait for one batch from the data workers before failing")
 
@@ -112,14 +132,14 @@ class Opts:
     replication_factor: int = _opt(1, "-rf", "--replication-factor", group="plan",
                                    help="data-parallel replicas (R)")
     gradient_accumulation: int = _opt(1, "-ga", "--gradient-accumulation", group="plan",
-                                      help="micro batches accumulated per weight update (G)")
+                                      help="micro batches accumulated per weight update (G)", train_only=True)
     output_mode: str = _opt("default", "--output-mode", choices=OUTPUT_MODES, group="plan",
                             help="outputs returned per call: all, final, sum, everyn (default: final when "
-                                 "training, all in inference)")
+                                 "training, all in inference)", train_only=True)
     output_return_period: int = _opt(1, "--output-return-period", group="plan",
-                                     help="N for --output-mode everyn")
+                                     help="N for --output-mode everyn", train_only=True)
     reduction: str = _opt("mean", "--reduction", choices=REDUCTIONS, group="plan",
-                          help="how accumulated and replicated gradients combine")
+                          help="how accumulated and replicated gradients combine", train_only=True)
     mixed_precision: str = _opt("no", "--mixed-precision", choices=MIXED_PRECISION, group="plan",
                                 help="cuda: autocast precision")
     ipu_emulator: bool = _opt(False, "--ipu-emulator", group="plan",
@@ -127,11 +147,12 @@ class Opts:
                                    "(also ACCELBATCH_IPU_EMULATOR=1)")
 
     # --- fault tolerance ---------------------------------------------------------------------
-    resume: bool = _opt(False, "--resume", group="faults", help="continue from the checkpoint in --model-file")
-    save_every_n_secs: float = _opt(-1.0, "--save-every-n-secs", group="faults",
-                                    help="save a checkpoint this often (-1: only at the end)")
+    resume: bool = _opt(False, "--resume", group="faults", train_only=True,
+                        help="continue from the checkpoint in --model-file")
+    save_every_n_secs: float = _opt(-1.0, "-stim", "--save-every-n-secs", group="faults",
+                                    help="save a checkpoint this often (-1: only at the end)", train_only=True)
     skip_nan: bool = _opt(False, "--skip-nan", group="faults",
-                          help="skip a step whose loss is NaN instead of stopping")
+                          help="skip a step whose loss is NaN instead of stopping", train_only=True)
     replica_timeout_s: float = _opt(300.0, "--replica-timeout-s", group="faults",
                                     help="seconds a replica (-rf) waits in a collective for the others before "
                                          "the run fails naming the stuck replica")
@@ -185,7 +206,7 @@ def validate(opts: Opts) -> None:
         value = getattr(opts, f.name)
         flag = "/".join(f.metadata["flags"])
         choices = f.metadata.get("choices")
-        if choices and value not in choices:
+        if choices and value is not None and value not in choices:
             raise OptionError(f"{flag}: {value!r} is not one of {', '.join(map(str, choices))}")
         expected = _field_type(f)
         if value is None:
@@ -199,7 +220,7 @@ def validate(opts: Opts) -> None:
         if expected is str and not isinstance(value, str):
             raise OptionError(f"{flag}: expected a string, got {value!r}")
     for name in ("batchsize", "device_iterations", "replication_factor", "gradient_accumulation",
-                 "numthreads", "output_return_period", "buffer_size", "num_buckets"):
+                 "numthreads", "output_return_period", "buffer_size", "num_buckets", "embedding_size"):
         if getattr(opts, name) < 1:
             raise OptionError(f"{_flag(name)}: must be at least 1, got {getattr(opts, name)}")
     if opts.num_workers < 0:
@@ -212,6 +233,16 @@ def validate(opts: Opts) -> None:
     for name in ("data_timeout_s", "replica_timeout_s"):
         if getattr(opts, name) <= 0:
             raise OptionError(f"{_flag(name)}: must be a positive number of seconds, got {getattr(opts, name)}")
+    for name in ("num_epochs", "max_train_steps", "validation_max_exs"):
+        value = getattr(opts, name)
+        if value <= 0 and value != -1:
+            raise OptionError(f"{_flag(name)}: must be positive, or -1 for no limit, got {value}")
+    for name, given in (("resume", opts.resume), ("save_every_n_secs", opts.save_every_n_secs > 0)):
+        if given and not opts.model_file:
+            raise OptionError(f"{_flag(name)}: checkpoints live next to --model-file PATH (PATH.ckpt); give "
+                              "-mf/--model-file too")
+    if not [m for m in opts.metrics.split(",") if m.strip()]:
+        raise OptionError("--metrics: give 'default', 'all' or comma-separated metric names such as accuracy,loss")
 
 
 def _field_type(f: dataclasses.Field) -> type:
@@ -230,13 +261,20 @@ def _flag(name: str) -> str:
 
 
 def build_parser(prog: str = "accelbatch") -> argparse.ArgumentParser:
-    """An argparse parser with one argument per Opts field, in groups."""
-    parser = argparse.ArgumentParser(prog=prog, add_help=True)
+    """An argparse parser with one argument per Opts field, in groups (no abbreviated option names)."""
+    parser = argparse.ArgumentParser(prog=prog, add_help=True, allow_abbrev=False)
     add_arguments(parser)
     return parser
 
 
-def add_arguments(parser: argparse.ArgumentParser) -> None:
+def train_only_flags() -> dict[str, str]:
+    """Field name -> flags of the options only training reads."""
+    return {f.name: "/".join(f.metadata["flags"]) for f in dataclasses.fields(Opts) if f.metadata["train_only"]}
+
+
+def add_arguments(parser: argparse.ArgumentParser, training: bool = True) -> None:
+    """One argument per Opts field. With ``training=False`` (``accelbatch eval``) the training-only options
+    are hidden from --help and absent from the namespace unless given (the caller refuses them)."""
     groups: dict[str, argparse._ArgumentGroup] = {}
     titles = {"main": "task and model", "data": "data pipeline", "plan": "device and execution plan",
               "faults": "checkpoints and faults"}
@@ -244,7 +282,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         meta = f.metadata
         group = groups.setdefault(meta["group"], parser.add_argument_group(titles[meta["group"]]))
         typ = _field_type(f)
-        kwargs: dict[str, Any] = {"dest": f.name, "default": f.default, "help": meta["help"]}
+        hidden = meta["train_only"] and not training
+        kwargs: dict[str, Any] = {"dest": f.name, "default": argparse.SUPPRESS if hidden else f.default,
+                                  "help": argparse.SUPPRESS if hidden else meta["help"]}
         if typ is bool:
             kwargs["action"] = argparse.BooleanOptionalAction
         else:

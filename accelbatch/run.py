@@ -16,10 +16,10 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, TextIO
 
-from accelbatch.agents import Agent, TorchAgent
+from accelbatch.agents import Agent, TorchAgent, set_learning_rate
 from accelbatch.build import Runtime, attach_runtime, create_world
 from accelbatch.metrics import combine_reports
-from accelbatch.opts import Opts
+from accelbatch.opts import OptionError, Opts
 from accelbatch.run_control import PeriodicSaver, StopSignals
 from accelbatch.state import Checkpointer
 from accelbatch.teachers import is_training, split_of
@@ -79,13 +79,16 @@ class TrainState:
 
 
 def evaluate(world: World, log: MetricsLog | None = None, split: str = "valid",
-             backend: Any = None, at: dict[str, Any] | None = None) -> dict[str, float]:
-    """Run ``world`` until its epoch is done; return its report (merged across replicas) and log it,
-    with ``at`` (the training position: step, epoch; final) in the logged record."""
+             backend: Any = None, max_exs: int = -1, at: dict[str, Any] | None = None) -> dict[str, float]:
+    """Run ``world`` until its epoch is done, or until it served ``max_exs`` examples (all replicas together;
+    -1: no limit); return its report (merged across replicas) and log it, with ``at`` (the training
+    position: step, epoch; final) in the logged record."""
     world.reset()
     world.reset_metrics()
     start = time.monotonic()
-    while not world.epoch_done():
+    replicas = 1 if backend is None else backend.world_size  # each serves an equal share of every step
+    served = world.get_total_exs()  # a count over the world's life
+    while not world.epoch_done() and (max_exs < 0 or (world.get_total_exs() - served) * replicas < max_exs):
         world.parley()
     report = reduce_report(world.report(), backend)
     report["time_s"] = round(time.monotonic() - start, 3)
@@ -118,6 +121,10 @@ def run(world: World, opts: Opts) -> dict[str, Any]:
 
     A world from :func:`accelbatch.create_world` already has its model compiled for the device; one built by
     hand is compiled here. The backend is torn down at the end."""
+    if not is_training(opts.datatype) and opts.gradient_accumulation > 1:
+        world.shutdown()
+        raise OptionError(f"-ga/--gradient-accumulation {opts.gradient_accumulation}: gradient accumulation is a "
+                          f"training option and -dt {opts.datatype} trains nothing; evaluate with -ga 1")
     runtime = attach_runtime(world, opts)
     backend = runtime.backend
     main = backend.is_main_process()
@@ -136,6 +143,7 @@ def run(world: World, opts: Opts) -> dict[str, Any]:
             report["ipu"] = {"poptorch": backend.implementation, "compilations": backend.compilations}
         if backend.world_size > 1:
             report["replicas"] = backend.world_size
+        report = select_metrics(report, opts.metrics)
         report = _finish(report, opts if main else opts.replace(report_json=None))
     finally:
         log.close()
@@ -156,6 +164,11 @@ def _train(world: World, opts: Opts, log: MetricsLog, runtime: Runtime, stop: St
     checkpoints = Checkpointer(opts, backend, runtime.plan) if opts.model_file and isinstance(model, TorchAgent) \
         else None
     resumed = checkpoints.resume(world, model.engine) if checkpoints is not None and opts.resume else None
+    if checkpoints is not None and opts.resume and model.engine.host_optimizer() is not None:
+        had = set_learning_rate(model.engine.host_optimizer(), opts.learning_rate)  # the new -lr applies
+        if had and main:
+            print(f"accelbatch: --resume: continuing with -lr {opts.learning_rate:g} (the checkpoint's optimizer "
+                  f"had {had})", file=sys.stderr)
     # the train row of the report: every example trained, before a resume (from the checkpoint) and since
     before_resume: dict[str, float] = {}
     if resumed is not None:
@@ -170,6 +183,7 @@ def _train(world: World, opts: Opts, log: MetricsLog, runtime: Runtime, stop: St
     window_data = getattr(world, "data_time_s", 0.0)
     logged: dict[str, float] = {}  # the world's metrics (cumulative: never reset in training) at the last log
     valid_world: World | None = None
+    last_validation = time.monotonic()
     stop_reason = "num_epochs"
     # a checkpoint taken after the last step (the save at the end of training) leaves nothing to train
     finished = resumed is not None and (state.exs >= target_exs or (
@@ -217,6 +231,7 @@ def _train(world: World, opts: Opts, log: MetricsLog, runtime: Runtime, stop: St
             break
         if state.exs >= next_validation:
             next_validation += opts.validation_every_n_epochs * per_epoch
+            last_validation = time.monotonic()
             valid_world = valid_world or create_world(_eval_opts(opts, "valid"), agent=model, runtime=runtime)
             if _validate(valid_world, opts, log, state, model, backend, position()):
                 stop_reason = "validation"
@@ -225,9 +240,16 @@ def _train(world: World, opts: Opts, log: MetricsLog, runtime: Runtime, stop: St
             break
         # between world steps: every call's D updates (and their G-micro-batch windows) are complete. The
         # replicas decide together: one whose stop signal came a step later than another's must still stop
-        # at the same step, or it would wait alone in the next step's collectives
+        # at the same step, or it would wait alone in the next step's collectives (a -vtim clock too)
         stopping = stop.requested is not None
-        want_save, stopping = backend.decide(saver.due() or stopping, stopping)
+        timed = 0 < opts.validation_every_n_secs <= time.monotonic() - last_validation
+        want_save, stopping, timed = backend.decide(saver.due() or stopping, stopping, timed)
+        if timed:
+            last_validation = time.monotonic()
+            valid_world = valid_world or create_world(_eval_opts(opts, "valid"), agent=model, runtime=runtime)
+            if _validate(valid_world, opts, log, state, model, backend, position()):
+                stop_reason = "validation"
+                break
         if want_save and checkpoints is not None:
             save()
         if stopping:
@@ -255,7 +277,7 @@ def _train(world: World, opts: Opts, log: MetricsLog, runtime: Runtime, stop: St
                                         "time_s": round(state.elapsed(), 3), "stopped_by": stop_reason}}
     for split in [s.strip() for s in opts.eval_splits.split(",") if s.strip()]:
         eval_world = create_world(_eval_opts(opts, split), agent=model, runtime=runtime)
-        report[split] = evaluate(eval_world, log, split, backend, {**position(), "final": True})
+        report[split] = evaluate(eval_world, log, split, backend, at={**position(), "final": True})
         eval_world.shutdown()
     if valid_world is not None:
         valid_world.shutdown()
@@ -269,14 +291,16 @@ def _eval_opts(opts: Opts, split: str) -> Opts:
 
 
 def _validate(world: World, opts: Opts, log: MetricsLog, state: TrainState, model: Agent,
-              backend: Any, at: dict[str, Any]) -> bool:
+              backend: Any, at: dict[str, Any] | None = None) -> bool:
     """Evaluate on valid; save the best model (rank 0); True when training should stop."""
-    report = evaluate(world, log, "valid", backend, at)
+    report = evaluate(world, log, "valid", backend, opts.validation_max_exs, at)
     state.validations += 1
     metric = report.get(opts.validation_metric)
     if metric is None:
-        return False
-    value = -metric if opts.validation_metric == "loss" else metric
+        known = ", ".join(k for k, v in report.items() if isinstance(v, (int, float)) and k != "time_s")
+        raise OptionError(f"-vmt/--validation-metric {opts.validation_metric}: the valid report has no such "
+                          f"metric; choose one of {known}")
+    value = -metric if metric_mode(opts) == "min" else metric
     if value > state.best:
         state.best, state.stale = value, 0
         if opts.model_file and backend.is_main_process():
@@ -285,7 +309,34 @@ def _validate(world: World, opts: Opts, log: MetricsLog, state: TrainState, mode
         state.stale += 1
     if opts.validation_patience > 0 and state.stale >= opts.validation_patience:
         return True
-    return opts.validation_cutoff > 0 and metric >= opts.validation_cutoff
+    if opts.validation_cutoff <= 0:
+        return False
+    return metric <= opts.validation_cutoff if metric_mode(opts) == "min" else metric >= opts.validation_cutoff
+
+
+# what a split's report says about the run itself rather than the model: kept whatever --metrics lists
+RUN_FIELDS = ("exs", "steps", "epochs", "exs_per_s", "time_s", "stopped_by")
+
+
+def select_metrics(report: dict[str, Any], metrics: str) -> dict[str, Any]:
+    """The report with each split's metrics cut to the comma-separated ``metrics`` ('default' and 'all':
+    every one); a listed metric no split has is said once on stderr."""
+    wanted = {m.strip() for m in metrics.split(",") if m.strip()}
+    if wanted & {"default", "all"}:
+        return report
+    splits = {name: rep for name, rep in report.items() if isinstance(rep, dict) and "exs" in rep}
+    missing = sorted(wanted - {k for rep in splits.values() for k in rep})
+    if missing:
+        print(f"accelbatch: --metrics: no split reported {', '.join(missing)}", file=sys.stderr)
+    return {name: {k: v for k, v in rep.items() if k in wanted or k in RUN_FIELDS} if name in splits else rep
+            for name, rep in report.items()}
+
+
+def metric_mode(opts: Opts) -> str:
+    """'max' or 'min': -vmm, else min for the metrics that fall as a model learns (ParlAI's defaults)."""
+    if opts.validation_metric_mode:
+        return opts.validation_metric_mode
+    return "min" if opts.validation_metric in ("loss", "ppl", "mean_rank") else "max"
 
 
 def _save(model: Agent, path: str) -> None:

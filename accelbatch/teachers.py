@@ -51,6 +51,14 @@ def is_training(datatype: str) -> bool:
     return split_of(datatype) == "train" and "evalmode" not in datatype
 
 
+def eval_datatype(datatype: str) -> str:
+    """The datatype that evaluates ``datatype``'s split: a train datatype in eval mode (each example once,
+    in data order, nothing trained), valid and test as they are."""
+    if not is_training(datatype):
+        return datatype
+    return "train:evalmode:stream" if "stream" in datatype else "train:evalmode"
+
+
 def shuffles(datatype: str) -> bool:
     """Whether the data order is shuffled each epoch (training, unless ``:ordered``)."""
     return is_training(datatype) and "ordered" not in datatype

@@ -83,6 +83,7 @@ class IPUBackend(Backend):
     """``--device ipu``: poptorch (or its emulator) running the execution plan."""
 
     name = "ipu"
+    runs_partial_tails = False  # a graph has static shapes
 
     def __init__(self) -> None:
         self.poptorch: ModuleType | None = None

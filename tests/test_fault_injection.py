@@ -254,7 +254,7 @@ def _report(ran: Ran, path: Path) -> dict:
 BAD_FILES = {
     "bad-json-line": ("jsonl", '{"text": "ok", "labels": ["a"]}\n{"text": "broken"\n', ":2: not valid JSON"),
     "parlai-line-no-text": ("parlai", "text:a\tlabels:b\tepisode_done:True\nepisode_done:True\n",
-                            ":2: example has no 'text' and no 'labels'"),
+                            ":2: no text: and no labels: field"),
     "parlai-field-not-key-value": ("parlai", "text:a\tlabels:b\nhello\tlabels:c\n", ":2: field 1 'hello'"),
     "parlai-bad-episode-done": ("parlai", "text:a\tlabels:b\tepisode_done:True\ntext:oops\tepisode_done:maybe\n",
                                 ":2:"),
@@ -309,8 +309,8 @@ def test_a_malformed_line_met_in_another_process_is_still_one_line(lab, tmp_path
         "unknown-task", "unknown-model", "unknown-module", "unknown-class", "impossible-plan", "no-loss"])
 def test_bad_options_and_unknown_names_are_one_line(lab, capsys, monkeypatch, argv, fragments):
     verb, *options = argv  # a -t in the case's options overrides the default one before it
-    ran = in_process(lab, capsys, monkeypatch, verb, "-t", f"jsonl:{lab}/qa10.jsonl", *options, "-tstep", "2",
-                     *QUICK)
+    quick = ["-tstep", "2", *QUICK] if verb == "train" else ["--no-progress"]  # eval takes no training option
+    ran = in_process(lab, capsys, monkeypatch, verb, "-t", f"jsonl:{lab}/qa10.jsonl", *options, *quick)
     ran.assert_one_line_error(*fragments)
     ran.assert_clean()
 
@@ -328,14 +328,13 @@ def test_an_unusable_device_is_one_line_listing_the_usable_ones(lab, capsys, mon
 
 # --- a batch larger than the data ---------------------------------------------------------------------
 @pytest.mark.timeout(60)
-@pytest.mark.parametrize("examples, extra", [(10, []), (10, ["-ga", "3"]), (10, ["--num-workers", "1"]),
-                                             (1, ["-rf", "2"])],
-                         ids=["world", "grad-accumulation-in-eval", "data-workers", "replicas-one-example"])
+@pytest.mark.parametrize("examples, extra", [(10, []), (10, ["--num-workers", "1"]), (1, ["-rf", "2"])],
+                         ids=["world", "data-workers", "replicas-one-example"])
 @pytest.mark.slow
 def test_eval_with_a_batch_larger_than_the_split_serves_every_example_once(lab, tmp_path, capsys, monkeypatch,
                                                                            examples, extra):
-    """Gradient accumulation in eval is not refused: the plan evaluates micro batches of b x G rows. With
-    one example and two replicas, replica 1's shard is empty."""
+    """With one example and two replicas, replica 1's shard is empty. (Gradient accumulation in eval is
+    refused: tests/test_run_cli.py.)"""
     report = tmp_path / "r.json"
     argv = ["eval", "-t", f"jsonl:{lab}/qa{examples}.jsonl", "-m", "repeat_label", "-bs", "64", *extra,
             "--no-progress", "--report-json", str(report)]
@@ -397,6 +396,16 @@ def test_a_nan_loss_stops_naming_skip_nan_and_skip_nan_counts_and_goes_on(lab, t
     ran = in_process(lab, capsys, monkeypatch, *argv, "--skip-nan", "--report-json", str(report))
     train = _report(ran, report)["train"]
     assert train["steps"] == 7 and train["skipped_updates"] == 2  # calls 3 and 6
+    ran.assert_clean()
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(90)
+def test_a_nan_loss_in_replicas_is_the_same_one_line(lab):
+    """Under -rf 2 the replica's NonFiniteLoss ends the run as in one process: one line naming --skip-nan."""
+    ran = cli(lab, "train", "-t", f"jsonl:{lab}/qa60.jsonl", "-m", "faulty:NaNEvery3", "-bs", "4", "-tstep", "7",
+              "-rf", "2", *QUICK)
+    ran.assert_one_line_error("non-finite training loss", "--skip-nan", rc=1)
     ran.assert_clean()
 
 

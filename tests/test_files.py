@@ -52,3 +52,20 @@ def test_empty_and_missing_files_are_errors(tmp_path):
         load_episodes(str(empty))
     with pytest.raises(DataFileError, match="no such file"):
         load_episodes(str(tmp_path / "missing.jsonl"))
+
+
+@pytest.mark.parametrize("line, missing", [("text:hello\tepisode_done:True", "no labels: field"),
+                                           ("labels:hi\tepisode_done:True", "no text: field"),
+                                           ("episode_done:True", "no text: and no labels: field"),
+                                           ("id:x\ttext:hello", "no labels: field")])
+def test_a_parlai_line_without_text_or_labels_names_file_and_line(tmp_path, line, missing):
+    path = tmp_path / "train.txt"
+    path.write_text(f"text:a\tlabels:b\n{line}\n")
+    with pytest.raises(DataFileError, match=f"{path}:2: {missing}; every line of a ParlAI-format file needs both"):
+        load_episodes(str(path))
+
+
+def test_a_parlai_line_with_eval_labels_has_its_answers(tmp_path):
+    path = tmp_path / "valid.txt"
+    path.write_text("text:a\teval_labels:b\tepisode_done:True\n")
+    assert load_episodes(str(path))[0][0]["eval_labels"] == ["b"]

@@ -44,3 +44,43 @@ def test_replace_returns_a_copy():
     opts = Opts()
     other = opts.replace(datatype="valid")
     assert opts.datatype == "train" and other.datatype == "valid"
+
+
+@pytest.mark.parametrize("changes, fragment", [
+    ({"num_epochs": -5.0}, "-ne/--num-epochs: must be positive, or -1 for no limit, got -5.0"),
+    ({"num_epochs": 0.0}, "-ne/--num-epochs: must be positive"),
+    ({"max_train_steps": 0}, "-tstep/--max-train-steps: must be positive"),
+    ({"validation_max_exs": -2}, "-vme/--validation-max-exs: must be positive"),
+    ({"embedding_size": 0}, "-esz/--embedding-size: must be at least 1"),
+    ({"resume": True}, "--resume: checkpoints live next to --model-file"),
+    ({"save_every_n_secs": 5.0}, "-stim/--save-every-n-secs: checkpoints live next to --model-file"),
+    ({"metrics": " , "}, "--metrics: give 'default', 'all'"),
+    ({"validation_metric_mode": "up"}, "-vmm/--validation-metric-mode: 'up' is not one of max, min"),
+])
+def test_values_that_cannot_work_are_refused(changes, fragment):
+    with pytest.raises(OptionError, match=fragment.replace("(", r"\(").replace(".", r"\.")):
+        Opts(**changes)
+
+
+def test_no_limit_and_checkpoint_options_with_a_model_file_are_accepted():
+    opts = Opts(num_epochs=-1, max_train_steps=-1, resume=True, save_every_n_secs=5.0, model_file="m.pt")
+    assert opts.num_epochs == -1 and opts.resume
+
+
+@pytest.mark.parametrize("argv", [["--learning-rat", "0.1"], ["--num-ep", "2"], ["--batch", "4"]])
+def test_abbreviated_option_names_are_refused(argv, capsys):
+    from accelbatch.cli import main
+
+    with pytest.raises(SystemExit) as exc:
+        build_parser().parse_args(argv)
+    assert exc.value.code == 2
+    with pytest.raises(SystemExit) as exc:
+        main(["train", *argv])
+    assert exc.value.code == 2 and f"unrecognized arguments: {argv[0]}" in capsys.readouterr().err
+
+
+def test_parlai_names_of_the_new_options():
+    opts = Opts.from_args(["-vtim", "30", "-vmm", "min", "-vme", "100", "-stim", "60", "-mf", "m.pt",
+                           "--metrics", "accuracy,loss", "--init-model", "init.pt"])
+    assert (opts.validation_every_n_secs, opts.validation_metric_mode, opts.validation_max_exs) == (30, "min", 100)
+    assert (opts.save_every_n_secs, opts.metrics, opts.init_model) == (60, "accuracy,loss", "init.pt")

@@ -8,7 +8,7 @@ import torch
 from accelbatch.build import create_world
 from accelbatch.cli import main
 from accelbatch.models.memnn import MemNNAgent
-from accelbatch.opts import Opts
+from accelbatch.opts import OptionError, Opts
 from accelbatch.run import run
 
 
@@ -85,3 +85,267 @@ def test_python_dash_m_lists_tasks():
     out = subprocess.run([sys.executable, "-m", "accelbatch", "tasks"], capture_output=True, text=True,
                          timeout=60, check=True).stdout
     assert "babi:1" in out and "repeat_label" in out
+
+
+def _ranking_rows(n: int) -> list[dict]:
+    """Examples a candidate ranker learns: the answer is the question's word."""
+    words = ["red", "green", "blue", "black"]
+    return [{"text": f"say {words[i % 4]}", "labels": [words[i % 4]], "label_candidates": words} for i in range(n)]
+
+
+def _weights(path: str) -> dict[str, torch.Tensor]:
+    return torch.load(path, map_location="cpu", weights_only=True)["model"]
+
+
+@pytest.mark.slow
+def test_eval_of_the_train_split_scores_it_once_and_never_trains_nor_saves(write_jsonl, tmp_path):
+    data = write_jsonl(_ranking_rows(40))
+    model_file = str(tmp_path / "e.pt")
+    common = ["-t", f"jsonl:{data}", "-m", "bag", "-bs", "8", "--no-progress", "-mf", model_file]
+    assert main(["train", *common, "-tstep", "2", "--eval-splits", "", "-veps", "-1"]) == 0
+    before, saved = open(model_file, "rb").read(), _weights(model_file)
+    for datatype in ("train", "train:stream", "train:ordered"):
+        report_path = tmp_path / f"{datatype}.json"
+        assert main(["eval", *common, "-dt", datatype, "--report-json", str(report_path)]) == 0
+        report = json.loads(report_path.read_text())
+        assert set(report) == {"train", "device"}
+        assert report["train"]["exs"] == 40 and "steps" not in report["train"]  # each example once, no update
+        assert open(model_file, "rb").read() == before
+    # the score is the saved model's: the same as evaluating it on the (single-file) valid split
+    valid = run(create_world(opts := Opts(task=f"jsonl:{data}", model="bag", batchsize=8, datatype="valid",
+                                          model_file=model_file, progress=False)), opts)["valid"]
+    assert report["train"]["accuracy"] == valid["accuracy"]
+    assert all(torch.equal(saved[k], v) for k, v in _weights(model_file).items())
+
+
+def test_eval_with_a_missing_model_file_is_a_one_line_error(tmp_path, capsys):
+    missing = str(tmp_path / "typo.pt")
+    assert main(["eval", "-m", "repeat_label", "-mf", missing, "--no-progress"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and missing in err and "no such file" in err
+
+
+@pytest.mark.parametrize("flag, value", [("-ga", "2"), ("--gradient-accumulation", "2"), ("-lr", "0.1"),
+                                          ("-ne", "2"), ("--resume", None), ("-vmt", "loss")])
+def test_eval_refuses_training_options(flag, value, capsys):
+    argv = ["eval", "-m", "repeat_label", "--no-progress", flag] + ([value] if value else [])
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and flag.lstrip("-") in err and "training option" in err
+
+
+@pytest.mark.parametrize("device", ["cpu", "ipu"])
+def test_gradient_accumulation_in_an_evaluation_run_is_refused(device):
+    opts = Opts(task="babi:1", model="repeat_label", datatype="valid", gradient_accumulation=2, device=device,
+                ipu_emulator=True, progress=False)
+    with pytest.raises(OptionError, match="-ga/--gradient-accumulation 2: gradient accumulation is a training"):
+        run(create_world(opts), opts)
+
+
+def test_eval_help_lists_no_training_option(capsys):
+    from accelbatch.opts import train_only_flags
+
+    with pytest.raises(SystemExit):
+        main(["eval", "--help"])
+    text = capsys.readouterr().out
+    assert "--datatype" in text and "--model-file" in text
+    for flags in train_only_flags().values():
+        for flag in flags.split("/"):
+            assert f" {flag} " not in text and f" {flag}," not in text and f"[{flag}" not in text, flag
+
+
+def _train_memnn(path: str, **changes) -> Opts:
+    fields = {"task": "babi:1", "max_train_steps": 2, "model_file": path, "progress": False, "eval_splits": "",
+              "validation_every_n_epochs": -1, "embedding_size": 16}
+    opts = Opts(**{**fields, **changes})
+    run(create_world(opts), opts)
+    return opts
+
+
+def test_continuing_a_model_file_applies_a_new_learning_rate_and_says_so(tmp_path, capsys):
+    path = str(tmp_path / "m.pt")
+    opts = _train_memnn(path, learning_rate=0.01)
+    saved = torch.load(path, map_location="cpu", weights_only=True)["optimizer"]
+    agent = MemNNAgent(opts.replace(learning_rate=0.05))
+    assert [g["lr"] for g in agent.optimizer.param_groups] == [0.05]
+    steps = [float(s["step"]) for s in agent.optimizer.state_dict()["state"].values()]
+    assert steps == [float(s["step"]) for s in saved["state"].values()] and steps[0] == 2  # Adam's state kept
+    assert agent.load_notes == [f"--model-file {path}: continuing with -lr 0.05 (the file's optimizer had 0.01)"]
+    assert MemNNAgent(opts).load_notes == []  # the same -lr: nothing to say
+    argv = ["train", "-t", "babi:1", "-mf", path, "-esz", "16", "-tstep", "1", "--no-progress", "-veps", "-1",
+            "--eval-splits", "", "-lr", "0.02"]
+    assert main(argv) == 0
+    assert capsys.readouterr().err.count("continuing with -lr 0.02 (the file's optimizer had 0.01)") == 1
+
+
+def test_continuing_a_model_file_with_another_optimizer_starts_it_fresh(tmp_path, capsys):
+    path = str(tmp_path / "m.pt")
+    opts = _train_memnn(path, optimizer="adam")
+    weights = torch.load(path, map_location="cpu", weights_only=True)["model"]
+    sgd = opts.replace(optimizer="sgd", max_train_steps=1)
+    agent = MemNNAgent(sgd)
+    assert isinstance(agent.optimizer, torch.optim.SGD) and not agent.optimizer.state_dict()["state"]
+    assert all(torch.equal(weights[k], v) for k, v in agent.model.state_dict().items())
+    assert agent.load_notes == [f"--model-file {path}: saved with Adam optimizer state; SGD starts fresh "
+                                "(weights loaded)"]
+    run(create_world(sgd), sgd)  # trains on with SGD
+    assert "SGD starts fresh" in capsys.readouterr().err
+    assert torch.load(path, map_location="cpu", weights_only=True)["optimizer_class"] == "SGD"
+
+
+def _foreign_files(tmp_path, good: str) -> dict[str, tuple[str, str]]:
+    """name -> (path, expected fragment) of files that are not a 16-wide memnn's save."""
+    raw = open(good, "rb").read()
+    (tmp_path / "truncated.pt").write_bytes(raw[: len(raw) // 2])
+    (tmp_path / "text.pt").write_text("hello\n")
+    (tmp_path / "empty.pt").write_bytes(b"")
+    torch.save({"weights": torch.zeros(2)}, tmp_path / "dict.pt")
+    torch.save(torch.zeros(3), tmp_path / "tensor.pt")
+    _train_memnn(str(tmp_path / "wide.pt"), embedding_size=24)
+    return {"truncated": (str(tmp_path / "truncated.pt"), "not a model file saved by accelbatch"),
+            "text": (str(tmp_path / "text.pt"), "not a model file saved by accelbatch"),
+            "empty": (str(tmp_path / "empty.pt"), "not a model file saved by accelbatch"),
+            "dict": (str(tmp_path / "dict.pt"), "holds no model weights"),
+            "tensor": (str(tmp_path / "tensor.pt"), "holds no model weights"),
+            "wide": (str(tmp_path / "wide.pt"), "is [4096, 24] in the file but [4096, 16] in this MemNNAgent")}
+
+
+def test_unloadable_model_files_are_one_line_errors(tmp_path, capsys):
+    good = str(tmp_path / "good.pt")
+    _train_memnn(good)
+    for name, (path, fragment) in _foreign_files(tmp_path, good).items():
+        capsys.readouterr()
+        assert main(["eval", "-mf", path, "-esz", "16", "--no-progress"]) == 2, name
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and f"--model-file {path}: cannot load" in err and fragment in err, err
+    capsys.readouterr()
+    assert main(["eval", "-mf", good, "-m", "bag", "--no-progress"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "its weights are not a BagAgent's" in err
+
+
+def test_init_model_starts_from_its_weights_with_a_fresh_optimizer(tmp_path):
+    source = str(tmp_path / "source.pt")
+    opts = _train_memnn(source)
+    weights = torch.load(source, map_location="cpu", weights_only=True)["model"]
+    target = str(tmp_path / "target.pt")
+    agent = MemNNAgent(opts.replace(model_file=target, init_model=source))
+    assert all(torch.equal(weights[k], v) for k, v in agent.model.state_dict().items())
+    assert not agent.optimizer.state_dict()["state"]
+    fresh = MemNNAgent(opts.replace(model_file=target))
+    assert not all(torch.equal(weights[k], v) for k, v in fresh.model.state_dict().items())
+    _train_memnn(target, init_model=source, seed=1)
+    continued = MemNNAgent(opts.replace(model_file=target, init_model=source))  # -mf exists: it wins
+    saved = torch.load(target, map_location="cpu", weights_only=True)["model"]
+    assert all(torch.equal(saved[k], v) for k, v in continued.model.state_dict().items())
+    with pytest.raises(OptionError, match="--init-model .*nope.pt: no such file"):
+        MemNNAgent(opts.replace(model_file=None, init_model=str(tmp_path / "nope.pt")))
+
+
+def test_a_validation_metric_no_report_has_is_refused(write_jsonl, capsys):
+    data = write_jsonl(_ranking_rows(16))
+    opts = Opts(task=f"jsonl:{data}", model="repeat_label", batchsize=4, num_epochs=3, validation_metric="nosuch",
+                validation_patience=2, progress=False)
+    with pytest.raises(OptionError, match="-vmt/--validation-metric nosuch: .*choose one of exs, accuracy, f1"):
+        run(create_world(opts), opts)
+    assert main(["train", "-t", f"jsonl:{data}", "-m", "repeat_label", "-bs", "4", "-vmt", "nosuch",
+                 "--no-progress"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "accuracy" in err
+
+
+@pytest.mark.parametrize("mode, metric, stops_after", [("min", "accuracy", 2), ("max", "accuracy", 4),
+                                                        (None, "accuracy", 4), (None, "loss", 2)])
+def test_validation_metric_mode_decides_what_improves(monkeypatch, mode, metric, stops_after):
+    """Rising values (0.1, 0.2, ...): an improvement when larger is better, stale when smaller is."""
+    import importlib
+
+    run_module = importlib.import_module("accelbatch.run")
+
+    values = iter([0.1, 0.2, 0.3, 0.4])
+    monkeypatch.setattr(run_module, "evaluate", lambda *args: {"exs": 4, metric: next(values)})
+    opts = Opts(validation_metric=metric, validation_metric_mode=mode, validation_patience=1)
+    state = run_module.TrainState()
+    stopped = [run_module._validate(None, opts, None, state, None, None) for _ in range(4)]
+    assert stopped.index(True) + 1 == stops_after if True in stopped else stops_after == 4
+
+
+@pytest.mark.slow
+def test_validation_options_of_parlai(write_jsonl, tmp_path):
+    """-vme caps the examples of each validation during training, not the final evaluation; -vtim validates
+    on a clock; --metrics keeps the listed metrics in the report."""
+    data = write_jsonl(_ranking_rows(40))
+    log = tmp_path / "log.jsonl"
+    opts = Opts(task=f"jsonl:{data}", model="bag", batchsize=8, num_epochs=2, validation_max_exs=16,
+                metrics_log=str(log), progress=False, eval_splits="valid", metrics="accuracy")
+    report = run(create_world(opts), opts)
+    valid = [json.loads(line) for line in log.read_text().splitlines() if '"valid"' in line]
+    assert [r["exs"] for r in valid] == [16, 16, 40]  # two validations during training, then the final one
+    assert report["valid"]["exs"] == 40 and set(report["valid"]) == {"exs", "accuracy", "time_s"}
+    assert "loss" not in report["train"] and "accuracy" in report["train"]
+    log.unlink()
+    timed = opts.replace(num_epochs=-1, max_train_steps=3, validation_every_n_epochs=-1, validation_max_exs=-1,
+                         validation_every_n_secs=1e-9, eval_splits="", metrics="default")
+    report = run(create_world(timed), timed)
+    valid = [json.loads(line) for line in log.read_text().splitlines() if '"valid"' in line]
+    assert len(valid) == 2 and "loss" in report["train"]  # after steps 1 and 2 (step 3 ends the run)
+
+
+def test_no_drop_last_on_ipu_is_refused_before_any_work(monkeypatch, capsys):
+    import accelbatch.build as build
+
+    def no_world(*args, **kwargs):
+        raise AssertionError("a world was built")
+
+    monkeypatch.setattr(build, "build_world", no_world)
+    opts = Opts(device="ipu", ipu_emulator=True, drop_last=False, progress=False)
+    with pytest.raises(OptionError, match="--no-drop-last: --device ipu runs graphs of static shapes"):
+        create_world(opts)
+    assert main(["train", "--device", "ipu", "--ipu-emulator", "--no-drop-last", "--no-progress"]) == 2
+    assert capsys.readouterr().err.count("\n") == 1
+    monkeypatch.undo()
+    evaluation = opts.replace(datatype="valid", model="repeat_label")  # evaluation has no tail to train
+    assert run(create_world(evaluation), evaluation)["valid"]["exs"] == 1000
+
+
+@pytest.mark.parametrize("argv, fragment", [
+    (["-m", "os:path"], "model 'os:path' is a module, not a model"),
+    (["-m", "os:sep"], "model 'os:sep' is a str, not a model"),
+    (["-m", "os:stat_result"], "model 'os:stat_result' is a class without act(), not a model"),
+    (["-t", "collections:OrderedDict", "-m", "repeat_label"], "task 'collections:OrderedDict' is a class without"),
+])
+def test_a_module_path_that_is_no_agent_or_teacher_is_one_line(argv, fragment, capsys):
+    assert main(["eval", *argv, "--no-progress"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and fragment in err
+
+
+def test_hogwild_on_the_ipu_emulator_is_one_line(capsys):
+    assert main(["train", "--device", "ipu", "--ipu-emulator", "-nt", "2", "-tstep", "2", "--no-progress"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "--numthreads 2 (hogwild) runs on --device cpu only" in err
+
+
+def test_a_parlai_training_line_without_labels_is_one_line(tmp_path, capsys):
+    path = tmp_path / "train.txt"
+    path.write_text("text:a\tlabels:b\tepisode_done:True\ntext:hello\tepisode_done:True\n")
+    assert main(["train", "-t", f"parlai:{path}", "-m", "repeat_label", "-tstep", "2", "--no-progress"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and f"{path}:2: no labels: field" in err
+
+
+def test_resume_applies_a_new_learning_rate_and_refuses_another_optimizer(tmp_path, capsys):
+    from accelbatch.checkpoint import CheckpointError
+
+    path = str(tmp_path / "m.pt")
+    opts = _train_memnn(path, save_every_n_secs=1000.0, learning_rate=0.01)  # a checkpoint at the end
+    resumed = opts.replace(resume=True, max_train_steps=3, learning_rate=0.05)
+    world = create_world(resumed)
+    optimizer, parley, rates = world.get_model_agent().engine.host_optimizer(), world.parley, []
+    world.parley = lambda: (rates.append([g["lr"] for g in optimizer.param_groups]), parley())
+    run(world, resumed)
+    assert rates == [[0.05]]  # the resumed run's one step
+    assert "--resume: continuing with -lr 0.05 (the checkpoint's optimizer had 0.01)" in capsys.readouterr().err
+    other = resumed.replace(optimizer="sgd", max_train_steps=4)
+    with pytest.raises(CheckpointError, match=r"-opt/--optimizer 'sgd' \(checkpoint: 'adam'\)"):
+        run(create_world(other), other)

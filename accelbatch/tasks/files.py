@@ -57,6 +57,12 @@ def parse_parlai_line(line: str, path: str, lineno: int) -> Message:
             obj[key] = value.lower() == "true"
         else:
             obj[key] = _unescape(value)
+    # as ParlAI's dialog teacher: every line of the format is an exchange, its text and its answers
+    missing = [f"{key}:" for key, present in (("text", "text" in obj),
+                                               ("labels", "labels" in obj or "eval_labels" in obj)) if not present]
+    if obj and missing:
+        raise DataFileError(f"{path}:{lineno}: no {' and no '.join(missing)} field; every line of a ParlAI-format "
+                            "file needs both, e.g. text:hello<TAB>labels:hi")
     return _checked(obj, path, lineno, episode_done_default=False)
 
 

@@ -22,7 +22,7 @@ from typing import Any
 import torch
 from torch.utils.data import IterableDataset, default_collate
 
-from accelbatch.agents import TorchAgent, import_path
+from accelbatch.agents import TorchAgent, import_object
 from accelbatch.messages import Message
 from accelbatch.opts import OptionError
 from accelbatch.teachers import FixedTeacher, split_of
@@ -36,7 +36,7 @@ def load(path: str, flag: str, what: str) -> Any:
     """The object at ``pkg.module:Name`` (after ``torch:``), or an OptionError naming ``flag``."""
     if not path.startswith(PREFIX) or path.count(":") != 2:
         raise OptionError(f"{flag} {path!r}: expected torch:pkg.module:Name (the {what})")
-    return import_path(path[len(PREFIX):], what, [])
+    return import_object(path[len(PREFIX):], what, [])
 
 
 def items_of(dataset: Any, task: str) -> list[tuple[torch.Tensor, ...]]:
