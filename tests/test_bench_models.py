@@ -267,3 +267,26 @@ def test_descendants_cpu_counts_children_and_grandchildren():
     assert own >= 0.3 and theirs >= 0.3
     assert below_child == pytest.approx(theirs, abs=0.05)
     assert below_me >= own + theirs - 0.05
+
+
+# --- data a ranker cannot learn from -----------------------------------------------------------------
+
+@pytest.mark.parametrize("model", ["bag", "conv", "memnn"])
+def test_ranker_without_label_candidates_is_refused_before_training(write_jsonl, capsys, model):
+    """A candidate ranker on examples without label_candidates would train on a zero loss: one line, exit 2."""
+    from accelbatch.cli import main
+
+    path = write_jsonl([{"text": f"hello {i}", "labels": ["hi"], "episode_done": True} for i in range(20)])
+    rc = main(["train", "-t", f"jsonl:{path}", "-m", model, "-bs", "4", "-ne", "1", "--no-progress"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 2
+    assert len(err) == 1 and "label_candidates" in err[0] and f"-m {model}" in err[0] and "add" in err[0]
+
+
+def test_ranker_with_label_candidates_in_some_examples_is_accepted(write_jsonl):
+    from accelbatch.build import create_world
+
+    rows = [{"text": f"hello {i}", "labels": ["hi"], "episode_done": True} for i in range(20)]
+    rows[7]["label_candidates"] = ["hi", "bye"]
+    world = create_world(Opts(task=f"jsonl:{write_jsonl(rows)}", model="bag", batchsize=4))
+    assert world is not None
