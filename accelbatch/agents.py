@@ -85,7 +85,10 @@ def resolve_agent_class(name: str) -> type["Agent"]:
 
 
 class Agent:
-    """Base agent: remembers its last observation; ``act`` is the subclass's."""
+    """Base agent: remembers its last observation; ``act`` is the subclass's. ``required_fields``: message
+    keys without which it learns nothing (the build refuses a task none of whose examples has one)."""
+
+    required_fields: tuple[str, ...] = ()
 
     def __init__(self, opts: Opts, shared: dict[str, Any] | None = None):
         self.opts = opts

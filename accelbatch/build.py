@@ -121,6 +121,7 @@ def build_world(opts: Opts, model: Agent, shard: tuple[int, int] = (0, 1), rows:
     serve = replica_rows(plan, shard[0], replicas) if replicas > 1 and rows * replicas == plan.combined_batch \
         else None
     teacher = create_teacher(opts)
+    check_required_fields(opts, model, teacher)
     if uses_loader(opts, model, teacher):
         if opts.dynamic_batching != "none":
             check_dynamic_batching(opts, teacher)
@@ -140,6 +141,25 @@ def build_world(opts: Opts, model: Agent, shard: tuple[int, int] = (0, 1), rows:
             _share_data(teacher, shard, serve, plan.combined_batch)
         world = DialogPartnerWorld(opts, [teacher, model])
     return BatchWorld(opts, world, rows) if rows > 1 else world
+
+
+def check_required_fields(opts: Opts, model: Agent, teacher: Any, scan: int = 1000) -> None:
+    """Refuse data the agent cannot learn from: an agent naming ``required_fields`` (e.g. rankers need
+    ``label_candidates``) whose task has none of them in its first ``scan`` episodes (per task) would train
+    on a zero loss and reply nothing."""
+    fields = getattr(model, "required_fields", ())
+    store = getattr(teacher, "store", None) if isinstance(teacher, FixedTeacher) else None
+    if not fields or store is None:
+        return
+    for sub, name in zip(getattr(store, "stores", [store]), task_names(opts)):
+        episodes = min(scan, sub.table.num_episodes)
+        turns = [turn for e in range(episodes) for turn in sub.episode(e)]
+        for field in fields:
+            if not any(turn.get(field) for turn in turns):
+                raise OptionError(
+                    f"-m {opts.model}: no example of -t {name} ({opts.datatype}) has '{field}' (read the first "
+                    f"{episodes} episodes); {type(model).__name__} needs it and learns nothing without it: add "
+                    f"'{field}' to the examples or choose a model that does not need it")
 
 
 def replica_rows(plan: ExecutionPlan, rank: int, replicas: int) -> list[int]:
@@ -237,5 +257,6 @@ def attach_runtime(world: World, opts: Opts) -> Runtime:
     return world.runtime
 
 
-__all__ = ["Runtime", "attach_runtime", "build_hogwild_child", "build_world", "collates_anywhere", "compile_agent",
-           "create_hogwild_world", "create_world", "make_agent", "setup_runtime", "uses_loader"]
+__all__ = ["Runtime", "attach_runtime", "build_hogwild_child", "build_world", "check_required_fields",
+           "collates_anywhere", "compile_agent", "create_hogwild_world", "create_world", "make_agent", "setup_runtime",
+           "uses_loader"]

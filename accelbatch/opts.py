@@ -90,6 +90,9 @@ class Opts:
                                        "when --model-file exists, which is continued instead")
     embedding_size: int = _opt(64, "-esz", "--embedding-size", help="embedding size of reference models")
     text_truncate: int = _opt(256, "-tr", "--text-truncate", help="keep at most this many tokens of input text")
+    label_truncate: int = _opt(-1, "--label-truncate",
+                               help="label truncation length (-1: as --text-truncate, ParlAI's default); with "
+                                    "--text-truncate it sets the default --max-batch-tokens")
 
     # --- output ------------------------------------------------------------------------------
     metrics_log: str | None = _opt(None, "--metrics-log", help="append one JSON line of metrics per log event")
@@ -111,7 +114,8 @@ class Opts:
                                  help="none, batchsort (sort by length), full (token budget), "
                                       "buckets (few static shapes)")
     max_batch_tokens: int = _opt(-1, "--max-batch-tokens", group="data",
-                                 help="token budget per batch for 'full' (-1: batchsize x median length)")
+                                 help="token budget per batch for 'full' and 'buckets', counted as rows x longest "
+                                      "text (-1: ParlAI's (text-truncate + label-truncate) x batchsize)")
     num_buckets: int = _opt(8, "--num-buckets", group="data", help="most static shapes for 'buckets'")
     batch_sort_cache_size: int = _opt(1000, "--batch-sort-cache-size", group="data",
                                       help="examples buffered for sorting by length")

@@ -1,8 +1,11 @@
 """Throughput benchmark of issue 8: every figure is a ratio of two variants measured in this one run.
 
-Workload (the spec peers are compared on): synthetic dialogues by seed (``-t dialogues``: 10,000 training
-episodes of 1-3 turns, log-normal turns of median 12 words clipped at 300, labels of 1-4 words with label
-candidates; 3,000 validation episodes), text truncated at 256 tokens, torch threads 1 per process. Agents:
+Default workload: accelbatch's own generated dialogues (``-t dialogues``, :mod:`accelbatch.tasks.dialogues`;
+not ParlAI's synthetic data, and not a ParlAI task): 10,000 training episodes of 1-3 turns, log-normal turns of
+median 12 words clipped at 300, labels of 1-4 words with 10 label candidates; 3,000 validation episodes; text
+truncated at 256 tokens, torch threads 1 per process. ``--task`` runs the same parts on any task instead (e.g.
+``--task jsonl:PATH`` or ``parlai:PATH``: ParlAI-format data, whose examples need label_candidates for the bag
+and conv models). Agents:
 trivial (a fixed reply with text, so the teacher scores accuracy and F1), bag (EmbeddingBag + Linear, SGD),
 conv (Embedding + Conv1d + pooling + Linear, so padding costs compute).
 
@@ -19,13 +22,14 @@ Parts (``--parts``, comma separated; all by default):
               per example of the main process and of the data processes (accessor + workers, from /proc), and
               the ratio those allow on this machine's cores at best. All variants train the same weights.
 ``dynamic``   conv at bs 32: dynamic batching batchsort / full / buckets vs none, with the pad fraction (pad
-              tokens over all tokens of the text tensors fed to the model; goal >= 1.8x, pad <= 0.05).
+              tokens over all tokens of the text tensors fed to the model; goal >= 1.8x, pad <= 0.05) and the
+              rows per step; full and buckets use the default token budget, ParlAI's (text truncation + label
+              truncation) x bs (``--max-batch-tokens`` to set one).
 ``hogwild``   conv at bs 32: ``--numthreads 2`` vs 1 (goal >= 1.8x on 2 cores).
 
 Compared variants are interleaved and repeated (``--repeats``) so that load from other processes hits both
 sides alike; the median of the per-round ratios is printed with the individual rounds. Every part runs
-through ``create_world`` and the world, as ``accelbatch train`` does. ``--task`` swaps the synthetic
-dialogues for any task (e.g. ``jsonl:PATH``).
+through ``create_world`` and the world, as ``accelbatch train`` does.
 
     python bench/throughput.py --quick            # about a minute and a half
     python bench/throughput.py                    # the full workload
@@ -340,10 +344,14 @@ def world_speed(opts: Opts, min_seconds: float, warmup_steps: int = 5) -> tuple[
             world.parley()
         world.reset_metrics()
 
+        parleys = 0
+
         def steps() -> int:
+            nonlocal parleys
             before = world.get_total_exs()
             for _ in range(10):
                 world.parley()
+            parleys += 10
             return world.get_total_exs() - before
 
         others_start = descendants_cpu_s(os.getpid())
@@ -354,6 +362,7 @@ def world_speed(opts: Opts, min_seconds: float, warmup_steps: int = 5) -> tuple[
         exs = world.get_total_exs() - exs_start
         report = dict(world.report())
         report["main_cpu_exs_per_s"] = exs / max(cpu, 1e-9)
+        report["rows_per_step"] = exs / max(parleys, 1)
         if others_start is not None and others_end is not None and exs:
             report["data_cpu_s_per_ex"] = max(0.0, others_end - others_start) / exs
         return speed, report
@@ -417,18 +426,20 @@ def part_dynamic(args: argparse.Namespace) -> dict[str, float]:
     strategies = ["none", "batchsort", "full", "buckets"]
     speeds: dict[str, list[float]] = {s: [] for s in strategies}
     pads: dict[str, float] = {}
+    rows: dict[str, float] = {}
     for _ in range(args.repeats):
         for s in strategies:
             speed, report = world_speed(base_opts(args, model=CONV, dynamic_batching=s,
                                                   max_batch_tokens=args.max_batch_tokens), args.min_seconds * 2)
             speeds[s].append(speed)
             pads[s] = report.get("pad_fraction", float("nan"))  # "none" runs through the clones: no tensors seen
+            rows[s] = report["rows_per_step"]
     results = {}
     for s in strategies:
         ratio, ratios = median_ratio(list(zip(speeds[s], speeds["none"])))
         goal = "   goal >= 1.8x, pad <= 0.05" if s in ("full", "buckets") else ""
         say(f"{s:>9}: {statistics.median(speeds[s]):>8,.0f}/s  ratio vs none {ratio:.2f}x  pad fraction "
-            f"{pads.get(s, float('nan')):.3f}  ({fmt_rounds(ratios)}){goal}")
+            f"{pads.get(s, float('nan')):.3f}  rows/step {rows[s]:.1f}  ({fmt_rounds(ratios)}){goal}")
         results[f"dynamic_{s}_ratio"] = ratio
         results[f"dynamic_{s}_pad"] = pads.get(s, float("nan"))
     return results
@@ -486,7 +497,8 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     parser.add_argument("--min-seconds", type=float, default=None, help="time per measurement")
     parser.add_argument("--batchsizes", default="1,32,128", help="batch sizes of the overhead part")
     parser.add_argument("--max-batch-tokens", type=int, default=-1,
-                        help="dynamic part: token budget of 'full' (-1: the loader's default, bs x median length)")
+                        help="dynamic part: token budget of 'full' and 'buckets' (-1: the loader's default, "
+                             "ParlAI's (text truncation + label truncation) x bs)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--clock", choices=tuple(CLOCKS), default="wall",
                         help="overhead and metrics parts: wall time, or this process's CPU time (steadier when "

@@ -12,13 +12,16 @@ bounded cache, so they serve map-style and streaming datasets alike:
     a token budget (:class:`TokenBatcher`): the row count varies so that ``rows x longest`` (the padded
     rectangle a device really computes, ``count="padded"``, the default) or the sum of the lengths
     (``count="words"``, the counting of ParlAI's worked example) stays within ``max_tokens``. Examples are
-    sorted longest first inside the cache and batches are filled greedily.
+    sorted longest first inside the cache and batches are filled greedily. The default budget is ParlAI's,
+    ``(text_truncate + label_truncate) x batch_size`` (:func:`default_max_tokens`).
 ``buckets``
     a few static shapes ``(rows, padded_len)`` planned from the data (:func:`plan_buckets`) for graph
     compilers (IPU, CUDA graphs): every batch has one of at most ``num_buckets`` shapes; an example goes to the
     shortest bucket that holds it; a bucket's last, partial batch is completed with padding rows so no new
     shape appears. Bucket lengths are chosen by dynamic programming to minimise the padding over the
-    length distribution; with a token budget a bucket's rows are ``max_tokens // padded_len``.
+    length distribution (the least padding any ``num_buckets`` lengths allow: rows do not change the pad
+    fraction). Rows vary with the length under the token budget (at most ``max_tokens // padded_len``), so
+    short examples share big batches and long ones small ones, evened out so a last batch is nearly full.
 
 Every strategy emits every pushed item exactly once (nothing is dropped here: dropping a partial training
 batch is the loader's decision). ``pad fraction`` = pad tokens / all tokens of the padded batches, padding
@@ -33,7 +36,6 @@ from __future__ import annotations
 import bisect
 import random
 from dataclasses import dataclass
-from statistics import median
 from typing import Any, Generic, Iterable, Iterator, Sequence, TypeVar
 
 import numpy as np
@@ -227,7 +229,8 @@ class TokenBatcher(Batcher[T]):
     ``count="padded"``: rows x longest <= max_tokens (the padded rectangle; what memory and compute see).
     ``count="words"``: the sum of the lengths <= max_tokens (ParlAI's documented counting).
     Inside a cache of ``cache_size`` examples the examples are sorted longest first and batches filled
-    greedily; the last, underfull batch of a fill waits for the next one. An example longer than the whole
+    greedily (:func:`token_cache_size` sizes the cache to the budget); the last, underfull batch of a fill waits
+    for the next one. An example longer than the whole
     budget gets a batch of its own (``row_multiple`` rows at least). ``max_rows`` caps the row count.
     """
 
@@ -339,23 +342,30 @@ class BucketBatcher(Batcher[T]):
 # bucket planning
 # --------------------------------------------------------------------------------------------------
 
-def _bucket_rows(padded_len: int, batch_size: int, max_tokens: int | None, row_multiple: int) -> int:
-    if max_tokens and max_tokens > 0:
-        rows = max_tokens // max(padded_len, 1)
-    else:
-        rows = batch_size
-    return max(row_multiple, rows // row_multiple * row_multiple)
+def _bucket_rows(padded_len: int, count: int, batch_size: int, max_tokens: int | None, row_multiple: int) -> int:
+    """Rows of one bucket: as many as the budget allows at this length (``batch_size`` without a budget), a
+    multiple of ``row_multiple``; then evened out over the batches its ``count`` examples need, so its last
+    batch is (nearly) full instead of mostly padding rows."""
+    cap = max_tokens // max(padded_len, 1) if max_tokens and max_tokens > 0 else batch_size
+    cap = max(row_multiple, cap // row_multiple * row_multiple)
+    if count < 1:
+        return cap
+    rows = -(-count // -(-count // cap))           # ceil(count / number of batches) <= cap
+    return -(-rows // row_multiple) * row_multiple  # cap is a multiple, so still <= cap
 
 
 def plan_buckets(lengths: Iterable[int], num_buckets: int = 8, batch_size: int = 32,
                  max_tokens: int | None = None, row_multiple: int = 1,
-                 max_len: int | None = None) -> list[BucketShape]:
-    """Choose at most ``num_buckets`` static shapes that minimise padding for these lengths.
+                 max_len: int | None = None, shards: int = 1) -> list[BucketShape]:
+    """Choose at most ``num_buckets`` static shapes ``(rows_k, len_k)`` that minimise padding for these lengths.
 
     The padded lengths are the optimal partition of the sorted lengths into ``num_buckets`` intervals, each
-    padded to its longest member (exact dynamic programming over the distinct lengths). The longest bucket is
-    ``max_len`` when given (so a stream never meets a longer example), else the longest length. Rows: with a
-    token budget ``max_tokens // padded_len``, else ``batch_size``; always a multiple of ``row_multiple``.
+    padded to its longest member (exact dynamic programming over the distinct lengths: no choice of
+    ``num_buckets`` lengths pads less, see :func:`bucket_padding_bound`). The longest bucket is ``max_len`` when
+    given (so a stream never meets a longer example), else the longest length. Rows vary with the length: with
+    a token budget at most ``max_tokens // len_k`` (so ``rows_k x len_k <= max_tokens`` unless one row alone is
+    longer), else ``batch_size``; a multiple of ``row_multiple``; evened out over the batches the bucket's
+    examples (``1 / shards`` of them per shard) need, so a bucket's last batch is not mostly padding rows.
     """
     _check_positive("num_buckets", num_buckets)
     _check_positive("batch_size", batch_size)
@@ -388,21 +398,55 @@ def plan_buckets(lengths: Iterable[int], num_buckets: int = 8, batch_size: int =
             pick = int(np.argmin(total))
             best[k, j], choice[k, j] = total[pick], starts[pick]
     k = int(np.argmin(best[1:, m - 1])) + 1        # fewest buckets reaching the minimum
-    ends, j = [], m - 1
+    ends, members, j = [], [], m - 1
     while k >= 1:
-        ends.append(int(values[j]))
         start = choice[k, j] if k > 1 else 0
+        ends.append(int(values[j]))
+        members.append(int(counts[start:j + 1].sum()))
         j, k = start - 1, k - 1
-    return [BucketShape(n, _bucket_rows(n, batch_size, max_tokens, row_multiple)) for n in sorted(ends)]
+    _check_positive("shards", shards)
+    return sorted(BucketShape(n, _bucket_rows(n, -(-count // shards), batch_size, max_tokens, row_multiple))
+                  for n, count in zip(ends, members))
+
+
+def bucket_padding_bound(lengths: Iterable[int], num_buckets: int) -> float:
+    """The least pad fraction any ``num_buckets`` static lengths can reach on these lengths, one example per
+    row and no padding rows (the optimum :func:`plan_buckets` finds): a floor for every bucketing."""
+    values = np.asarray(list(lengths), dtype=np.int64)
+    if values.size == 0:
+        return 0.0
+    padded = np.asarray([s.padded_len for s in plan_buckets(values.tolist(), num_buckets)], dtype=np.int64)
+    per_example = padded[np.searchsorted(padded, values)]
+    return float((per_example - values).sum() / per_example.sum())
 
 
 # --------------------------------------------------------------------------------------------------
 # one entry point
 # --------------------------------------------------------------------------------------------------
 
-def default_max_tokens(batch_size: int, lengths: Sequence[int]) -> int:
-    """The budget used for ``full`` when none is given: batch_size x median length (at least batch_size)."""
-    return max(batch_size, int(batch_size * (median(lengths) if lengths else 1)))
+def default_max_tokens(batch_size: int, text_truncate: int = -1, label_truncate: int = -1,
+                       lengths: Sequence[int] = ()) -> int:
+    """The token budget of ``full`` and ``buckets`` when none is given: ParlAI's
+    ``(text_truncate + label_truncate) x batch_size``, so ``-bs`` rows of the longest kind of example fit.
+
+    ``text_truncate`` <= 0 (no truncation) stands for the longest of ``lengths``; ``label_truncate`` <= 0 for
+    ``text_truncate`` (ParlAI's label truncation defaults to its truncation). The budget is spent on the
+    padded text (rows x longest text), which is what these models pad; labels are not counted against it.
+    """
+    _check_positive("batch_size", batch_size)
+    text = text_truncate if text_truncate > 0 else max(max(lengths, default=1), 1)
+    label = label_truncate if label_truncate > 0 else text
+    return (text + label) * batch_size
+
+
+def token_cache_size(cache_size: int, max_tokens: int, lengths: Sequence[int], batches: int = 32) -> int:
+    """The sorting cache of ``full``: at least ``batches`` batches of the median length, so a budget that
+    gives big batches still finds similar lengths to fill them (a cache of a few batches pads like none)."""
+    values = np.asarray(lengths)
+    if values.size == 0 or max_tokens < 1:
+        return cache_size
+    typical = max(1, int(np.median(values)))
+    return max(cache_size, batches * max(1, max_tokens // typical))
 
 
 def make_batcher(strategy: str, batch_size: int, *, max_tokens: int = -1, cache_size: int = 1000,
@@ -459,19 +503,21 @@ class BatchingConfig:
 def make_batches(items: Sequence[T], lengths: Sequence[int], strategy: str = "none", batch_size: int = 32, *,
                  max_tokens: int = -1, num_buckets: int = 8, cache_size: int = 1000,
                  count: str = "padded", row_multiple: int = 1, pad_rows: bool = False,
-                 rng: random.Random | None = None) -> list[Batch[T]]:
-    """Batch a whole list (map-style data). ``full`` without a budget uses :func:`default_max_tokens`;
-    ``buckets`` plans its shapes from these lengths."""
+                 rng: random.Random | None = None, text_truncate: int = -1,
+                 label_truncate: int = -1) -> list[Batch[T]]:
+    """Batch a whole list (map-style data). ``full`` and ``buckets`` without a budget use
+    :func:`default_max_tokens` of the truncations; ``buckets`` plans its shapes from these lengths."""
     if len(items) != len(lengths):
         raise ValueError(f"make_batches: {len(items)} items but {len(lengths)} lengths")
     shapes = None
-    if strategy == "full" and (max_tokens is None or max_tokens < 1):
-        max_tokens = default_max_tokens(batch_size, lengths)
+    if strategy in ("full", "buckets") and (max_tokens is None or max_tokens < 1):
+        max_tokens = default_max_tokens(batch_size, text_truncate, label_truncate, lengths)
     if strategy == "buckets":
         if not items:
             return []
-        shapes = plan_buckets(lengths, num_buckets, batch_size,
-                              max_tokens if max_tokens and max_tokens > 0 else None, row_multiple)
+        shapes = plan_buckets(lengths, num_buckets, batch_size, max_tokens, row_multiple)
+    if strategy == "full":
+        cache_size = token_cache_size(cache_size, max_tokens, lengths)
     batcher = make_batcher(strategy, batch_size, max_tokens=max_tokens, cache_size=cache_size, shapes=shapes,
                            count=count, row_multiple=row_multiple, pad_rows=pad_rows, rng=rng)
     return list(batcher.run(zip(items, lengths)))

@@ -42,6 +42,7 @@ from accelbatch.data.batching import (
     MessageLength,
     default_max_tokens,
     plan_buckets,
+    token_cache_size,
 )
 from accelbatch.data.datasets import EpisodeStore, FileStore, Store
 from accelbatch.data.rebatch import tree_map
@@ -72,6 +73,7 @@ class LoaderConfig:
     shuffle: bool = True
     seed: int = 0
     text_truncate: int = 256
+    label_truncate: int = -1        # with text_truncate: the default token budget (ParlAI's), -1: as text
     context_length: int = -1
     include_labels: bool = True
     row_multiple: int = 1           # rows of full/buckets batches: multiples of this (e.g. D x R x G)
@@ -467,7 +469,7 @@ def make_loader(data: Any, config: LoaderConfig | Any | None = None, *, collate:
     batching, lengths, shapes = None, None, None
     if strategy != "none":
         lengths = store.lengths(length_fn, config.context_length, config.include_labels)
-        batching, shapes = _batching(config, lengths[:-1])
+        batching, shapes = _batching(config, lengths[:-1], shard[1])
     steps = _Steps(store, config, training, shard, rows or config.batch_size, lengths, batching, serve)
     workers = config.num_workers
     build = _BuildStep(store, collate, config.context_length, config.include_labels, length_fn,
@@ -483,15 +485,18 @@ def make_loader(data: Any, config: LoaderConfig | Any | None = None, *, collate:
     return Loader(dataloader, steps, config, shapes)
 
 
-def _batching(config: LoaderConfig, lengths: np.ndarray) -> tuple[BatchingConfig, list | None]:
+def _batching(config: LoaderConfig, lengths: np.ndarray, shards: int = 1) -> tuple[BatchingConfig, list | None]:
     strategy, bs = config.dynamic_batching, config.batch_size
     max_tokens, shapes = config.max_batch_tokens, None
-    if strategy == "full" and max_tokens < 1:
-        max_tokens = default_max_tokens(bs, lengths.tolist())
+    if strategy in ("full", "buckets") and max_tokens < 1:
+        max_tokens = default_max_tokens(bs, config.text_truncate, config.label_truncate, lengths.tolist())
     if strategy == "buckets":
-        shapes = plan_buckets(lengths.tolist(), config.num_buckets, bs, max_tokens if max_tokens > 0 else None,
-                              config.row_multiple)
-    batching = BatchingConfig(strategy, bs, max_tokens=max_tokens, cache_size=config.batch_sort_cache_size,
+        shapes = plan_buckets(lengths.tolist(), config.num_buckets, bs, max_tokens, config.row_multiple,
+                              shards=shards)
+    cache = config.batch_sort_cache_size
+    if strategy == "full":
+        cache = token_cache_size(cache, max_tokens, lengths)
+    batching = BatchingConfig(strategy, bs, max_tokens=max_tokens, cache_size=cache,
                               count=config.token_count, row_multiple=config.row_multiple,
                               pad_rows=config.static_rows, shapes=tuple(shapes) if shapes else None)
     return batching, shapes

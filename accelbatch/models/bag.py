@@ -91,6 +91,7 @@ class RankerAgent(TorchAgent):
     """Ranks label candidates; subclasses give ``build_model`` (forward(batch) -> scores and loss)."""
 
     pad_multiple = 1  # text padded to a multiple of this (1: exactly the longest row)
+    required_fields = (LABEL_CANDIDATES,)  # the build refuses data without them (nothing to rank, zero loss)
 
     def __init__(self, opts: Any, shared: dict[str, Any] | None = None):
         super().__init__(opts, shared)

@@ -59,6 +59,8 @@ class MemoryNetwork(nn.Module):
 class MemNNAgent(TorchAgent):
     """``-m memnn``: ranks ``label_candidates`` with :class:`MemoryNetwork`."""
 
+    required_fields = (LABEL_CANDIDATES,)  # the build refuses data without them (nothing to rank)
+
     def build_model(self) -> nn.Module:
         return MemoryNetwork(VOCAB, self.opts.embedding_size, MAX_MEMORIES)
 

@@ -14,6 +14,8 @@ from accelbatch.data.batching import (
     BucketShape,
     TokenBatcher,
     batch_stats,
+    bucket_padding_bound,
+    default_max_tokens,
     make_batcher,
     make_batches,
     plan_buckets,
@@ -61,18 +63,22 @@ def long_tail(n=5000, seed=0):
 
 def test_sorting_strategies_cut_padding_on_long_tails():
     lengths = long_tail()
-    waste = {s: batch_stats(make_batches(list(range(len(lengths))), lengths, s, 32)).pad_fraction
+    waste = {s: batch_stats(make_batches(list(range(len(lengths))), lengths, s, 32, max_tokens=640)).pad_fraction
              for s in STRATEGIES}
     assert waste["none"] > 0.4
     assert waste["batchsort"] < 0.15 and waste["full"] < 0.1
     assert waste["buckets"] < waste["none"] / 2
 
 
-def test_buckets_use_few_static_shapes():
+def test_buckets_use_few_static_shapes_whose_rows_follow_the_default_budget():
     lengths = long_tail()
-    batches = make_batches(list(range(len(lengths))), lengths, "buckets", 32, num_buckets=6)
+    batches = make_batches(list(range(len(lengths))), lengths, "buckets", 32, num_buckets=6, text_truncate=200,
+                           label_truncate=56)
     stats = batch_stats(batches)
-    assert len(stats.shapes) <= 6 and all(rows == 32 for rows, _ in stats.shapes)
+    budget = (200 + 56) * 32  # ParlAI's (text truncation + label truncation) x batchsize
+    assert len(stats.shapes) <= 6 and all(rows * n <= budget for rows, n in stats.shapes)
+    by_len = sorted(stats.shapes, key=lambda s: s[1])
+    assert by_len[0][0] > by_len[-1][0]  # short examples share bigger batches than long ones
     assert stats.examples == len(lengths)
     budget = make_batches(list(range(len(lengths))), lengths, "buckets", 32, num_buckets=6, max_tokens=640,
                           row_multiple=4)
@@ -149,3 +155,49 @@ def test_every_example_is_in_exactly_one_batch(lengths, strategy, batch_size, ca
             assert not over or b.num_real <= row_multiple
     if strategy in ("none", "batchsort"):
         assert all(b.num_real == batch_size for b in batches[:-1]) or strategy == "batchsort"
+
+
+def test_default_budget_by_hand():
+    # ParlAI: (text_truncate + label_truncate) x batchsize; label truncation -1 falls back to the text's
+    assert default_max_tokens(32, 256, -1) == 512 * 32
+    assert default_max_tokens(32, 360, 128) == 488 * 32
+    assert default_max_tokens(4, -1, 2, lengths=[3, 9, 5]) == (9 + 2) * 4  # no truncation: the longest
+
+
+@settings(max_examples=200, deadline=None)
+@given(lengths=st.lists(st.integers(1, 80), min_size=1, max_size=300), num_buckets=st.integers(1, 9),
+       batch_size=st.integers(1, 16), budget=st.one_of(st.none(), st.integers(1, 600)),
+       row_multiple=st.integers(1, 4), seed=st.integers(0, 3))
+def test_bucket_plan_property(lengths, num_buckets, batch_size, budget, row_multiple, seed):
+    """Never more than --num-buckets shapes; every batch within the token budget (a single row multiple may
+    exceed it when one example alone does); every example exactly once in an epoch; rows at most what the
+    budget allows at the bucket's length; a bucket's padding rows fewer than its batches x the row multiple."""
+    max_tokens = budget or default_max_tokens(batch_size, 40, -1, lengths)
+    shapes = plan_buckets(lengths, num_buckets, batch_size, max_tokens, row_multiple)
+    order = list(range(len(lengths)))
+    random.Random(seed).shuffle(order)
+    batches = list(BucketBatcher(shapes).run((i, lengths[i]) for i in order))
+    assert len(shapes) <= num_buckets and len({b.shape for b in batches}) <= num_buckets
+    assert Counter(i for b in batches for i in b.items) == Counter(range(len(lengths)))
+    for shape in shapes:
+        assert shape.rows % row_multiple == 0
+        assert shape.rows <= max(row_multiple, max_tokens // shape.padded_len // row_multiple * row_multiple)
+        mine = [b for b in batches if b.shape == shape.shape]
+        assert sum(b.rows - b.num_real for b in mine) < max(1, len(mine)) * row_multiple
+    for b in batches:
+        assert b.padded_tokens <= max_tokens or b.rows == row_multiple
+        assert all(n <= b.padded_len for n in b.lengths)
+
+
+def test_bucket_padding_bound_is_the_optimum_by_brute_force():
+    rng = random.Random(1)
+    lengths = [rng.randint(1, 12) for _ in range(60)]
+    best = 1.0
+    values = sorted(set(lengths))
+    from itertools import combinations
+    for k in range(1, 4):
+        for cut in combinations(values[:-1], k - 1):
+            ends = sorted(set(cut) | {values[-1]})
+            padded = [min(e for e in ends if e >= n) for n in lengths]
+            best = min(best, (sum(padded) - sum(lengths)) / sum(padded))
+    assert bucket_padding_bound(lengths, 3) == pytest.approx(best)

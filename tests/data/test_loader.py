@@ -245,3 +245,19 @@ def test_episodes_are_squashed_and_no_collate_means_no_tensors():
     (batch,) = list(make_loader([episode], batch_size=2, training=False, dynamic_batching="batchsort"))
     assert sorted(m["full_text"] for m in batch.messages) == ["x1", "x1\ny1\nx2"]
     assert [m["text"] for m in batch.messages] == [batch.messages[i]["text"] for i in range(2)]
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("label_truncate, rows", [(-1, 6), (4, 4)])
+def test_full_default_budget_is_parlais(no_leaks, label_truncate, rows):
+    """Default budget (text_truncate + label_truncate) x bs, counted on the padded text: 40 examples of exactly
+    10 words (MessageLength), -bs 2, --text-truncate 16. By hand: label truncation -1 means 16, so the budget is
+    (16 + 16) x 2 = 64 tokens: 6 rows of 10 (60 <= 64 < 70); with --label-truncate 4: (16 + 4) x 2 = 40 tokens:
+    4 rows. The old default (bs x median length = 20 tokens) gave 2."""
+    msgs = [Message({"text": " ".join(["w"] * 10), "labels": ["a"], "episode_done": True}) for _ in range(40)]
+    opts = Opts(batchsize=2, text_truncate=16, label_truncate=label_truncate, dynamic_batching="full")
+    with make_loader(msgs, opts, training=False) as loader:
+        batches = list(loader)
+    assert sorted(i for b in batches for i in b.ids) == list(range(40))
+    assert all(b.padded_len == 10 for b in batches)
+    assert max(b.num_real for b in batches) == rows
