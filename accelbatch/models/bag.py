@@ -44,7 +44,9 @@ class CandidateScorer(nn.Module):
         cands = batch["candidates"]  # [rows, C, W]
         rows, n_cands, words = cands.shape
         cand_vecs = self.cand_emb(cands.reshape(rows * n_cands, words)).view(rows, n_cands, -1)
-        scores = torch.einsum("rcd,rd->rc", cand_vecs, text_vec).masked_fill(batch["cand_mask"] == 0, -1e9)
+        scores = torch.einsum("rcd,rd->rc", cand_vecs, text_vec)
+        # the dtype's own minimum: -1e9 overflows fp16 (autocast) and masked_fill refuses it
+        scores = scores.masked_fill(batch["cand_mask"] == 0, torch.finfo(scores.dtype).min)
         out = {"scores": scores}
         if "label_index" in batch:
             # rows without candidates (padding rows added by static-shape batching) are left out of the loss
