@@ -121,7 +121,8 @@ class Opts:
     reduction: str = _opt("mean", "--reduction", choices=REDUCTIONS, group="plan",
                           help="how accumulated and replicated gradients combine")
     mixed_precision: str = _opt("no", "--mixed-precision", choices=MIXED_PRECISION, group="plan",
-                                help="cuda: autocast precision")
+                                help="autocast precision (cpu and cuda); fp16 also scales the loss "
+                                     "(GradScaler, its state in checkpoints)")
     ipu_emulator: bool = _opt(False, "--ipu-emulator", group="plan",
                               help="run --device ipu on the CPU emulator of poptorch "
                                    "(also ACCELBATCH_IPU_EMULATOR=1)")

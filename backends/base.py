@@ -209,11 +209,20 @@ class Engine(ABC):
         """The optimizer whose state a checkpoint holds (None: weights only)."""
         return getattr(self, "optimizer", None)
 
+    def loss_scaler(self) -> Any:
+        """The fp16 loss scaler (a ``GradScaler``) whose state a checkpoint holds; None without one."""
+        return getattr(getattr(self, "hooks", None), "scaler", None)
+
     def state_dict(self) -> dict[str, Any]:
+        """``{"model", "optimizer"?, "scaler"?}``: the scaler's scale and growth tracker with fp16, so that
+        a resume goes on at the scale it had reached (not at the initial 65536)."""
         state = {"model": self.model.state_dict()}
         optimizer = self.host_optimizer()
         if optimizer is not None:
             state["optimizer"] = optimizer.state_dict()
+        scaler = self.loss_scaler()
+        if scaler is not None and scaler.is_enabled():
+            state["scaler"] = scaler.state_dict()
         return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -221,6 +230,9 @@ class Engine(ABC):
         optimizer = self.host_optimizer()
         if optimizer is not None and "optimizer" in state:
             optimizer.load_state_dict(state["optimizer"])
+        scaler = self.loss_scaler()
+        if scaler is not None and scaler.is_enabled() and state.get("scaler"):
+            scaler.load_state_dict(state["scaler"])
 
 
 class Backend(ABC):

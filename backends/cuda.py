@@ -42,7 +42,6 @@ from accelbatch.plan import ExecutionPlan, PlanError
 
 from . import distributed
 from .base import MIXED_PRECISION, Backend, EngineOptions, Hooks, Replicas, TensorBatch, Topology
-from .cpu import FP16_ON_CPU
 from .engine import LayoutEngine
 from .prefetch import Copier, copier_for, map_tensors, tensors_of
 
@@ -87,7 +86,8 @@ def make_accelerator(cpu: bool = False, mixed_precision: str = "no",
     if mixed_precision not in MIXED_PRECISION:
         raise PlanError(f"--mixed-precision: {mixed_precision!r} is not one of {', '.join(MIXED_PRECISION)}")
     if cpu and mixed_precision == "fp16":
-        raise PlanError(FP16_ON_CPU)
+        raise PlanError("--mixed-precision fp16 needs a GPU on accelerate (its CPU path has no GradScaler): "
+                        "use bf16 or no, or --device cpu, which runs fp16 with torch's CPU GradScaler")
     if is_initialized():
         state = AcceleratorState()
         want_cpu = cpu or not torch.cuda.is_available()

@@ -85,3 +85,21 @@ def test_python_dash_m_lists_tasks():
     out = subprocess.run([sys.executable, "-m", "accelbatch", "tasks"], capture_output=True, text=True,
                          timeout=60, check=True).stdout
     assert "babi:1" in out and "repeat_label" in out
+
+
+@pytest.mark.slow
+def test_mixed_precision_on_the_cpu_changes_the_run(tmp_path):
+    """`--mixed-precision` on --device cpu runs autocast (bf16; fp16 with a loss scaler where torch has it):
+    the valid loss differs from fp32's after the same steps, and stays close to it."""
+    from accelbatch.backends.cpu import fp16_on_cpu_supported
+
+    losses = {}
+    for mp in ("no", "bf16") + (("fp16",) if fp16_on_cpu_supported() else ()):
+        path = tmp_path / f"{mp}.json"
+        assert main(["train", "-t", "babi:1", "-m", "memnn", "-bs", "8", "--max-train-steps", "4", "-veps", "-1",
+                     "--eval-splits", "valid", "--no-progress", "--mixed-precision", mp,
+                     "--report-json", str(path)]) == 0
+        losses[mp] = json.loads(path.read_text())["valid"]["loss"]
+    for mp, loss in losses.items():
+        if mp != "no":
+            assert loss != losses["no"] and loss == pytest.approx(losses["no"], rel=0.05), (mp, losses)
