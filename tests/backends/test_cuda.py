@@ -419,14 +419,19 @@ def test_gpu_check(name):
 
 
 def _gpu_replica(rank: int, plan: ExecutionPlan, state: dict, calls: list) -> dict:
+    """One DDP replica on its GPU; its NCCL group is torn down however it ends (a live communicator at
+    exit can leave a peer waiting until NCCL's watchdog aborts it)."""
     model = Tiny()
     model.load_state_dict(state)
     backend = CUDABackend()
-    backend.setup(Opts(device="cuda", replication_factor=plan.replication_factor))
-    engine = backend.compile(model, torch.optim.SGD(model.parameters(), lr=0.1), plan)
-    for batch in calls:
-        engine.train_step(plan.shard(batch, rank))
-    return {k: v.cpu() for k, v in model.state_dict().items()}
+    try:
+        backend.setup(Opts(device="cuda", replication_factor=plan.replication_factor))
+        engine = backend.compile(model, torch.optim.SGD(model.parameters(), lr=0.1), plan)
+        for batch in calls:
+            engine.train_step(plan.shard(batch, rank))
+        return {k: v.cpu() for k, v in model.state_dict().items()}
+    finally:
+        backend.teardown()
 
 
 @pytest.mark.cuda
