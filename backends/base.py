@@ -113,7 +113,8 @@ class Hooks:
     ``forward(batch, bare)``: ``bare`` runs the module without replication wrappers (tails, eval);
     ``no_sync``: the context of a micro-batch whose gradients must not be all-reduced yet; ``loss_factor``:
     an extra loss scale (DDP averages over R); ``reduce``: all-reduce an update's gradients and loss sum,
-    returning the summed loss; ``host_check``: read this update's NaN flag on the host now, else
+    returning the summed loss; ``step``: apply an update whose loss the host saw finite;
+    ``host_check``: read this update's NaN flag on the host now, else
     ``step_unless(flag, update)`` steps where the device-side flag is clear and ``rollback(update)`` undoes
     what such steps left off the device before the call raises; ``to_host``: the call's one host wait.
     """
@@ -147,8 +148,10 @@ class Hooks:
     def reduce(self, loss_sum: torch.Tensor, bare: bool) -> torch.Tensor:
         return loss_sum
 
-    def step(self) -> None:
+    def step(self) -> int:
+        """Apply the update (the host has seen its loss finite); the host reads it made (0 or more)."""
         self.optimizer.step()
+        return 0
 
     def host_check(self) -> bool:
         return True

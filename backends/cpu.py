@@ -5,9 +5,10 @@ Both engines are the one loop of :mod:`accelbatch.backends.engine` with CPU hook
 * :class:`PlanEngine` (one process): with R > 1 the replicas are simulated in this process (their
   micro-batches join the update's accumulation), which gives the same weights as R processes.
   Micro-batches are views of the combined batch (no copy). ``--mixed-precision bf16|fp16`` runs the
-  forward under CPU autocast (outputs come back in fp32); fp16 also scales the loss with torch's CPU
-  ``GradScaler`` (an update whose gradients overflow is skipped and the scale lowered, as on a GPU). A
-  torch without fp16 CPU autocast refuses fp16 in one line.
+  forward under CPU autocast (outputs come back in fp32); fp16 also scales the loss
+  (:class:`~accelbatch.backends.scaler.LossScaler`, GradScaler's policy, shared with the CUDA engine: an
+  update whose gradients overflow is not applied and the scale lowered). A torch without fp16 CPU
+  autocast refuses fp16 in one line.
 * :class:`ReplicatedEngine` (R processes, torch.distributed initialised with ``world_size == R``): each
   process runs its replica's micro-batches (``inputs="shard"``: it is given its ``[D, G, b]`` slice,
   ``plan.shard(batch, rank)``; ``inputs="full"``: it is given the whole call and keeps its rows). The
@@ -37,6 +38,7 @@ from accelbatch.plan import ExecutionPlan, OutputMode, PlanError
 from . import distributed
 from .base import Backend, EngineOptions, Hooks, Replicas, TensorBatch, Topology
 from .engine import LayoutEngine
+from .scaler import LossScaler
 
 FP16_ON_CPU = (f"--mixed-precision fp16 on the CPU needs a torch with fp16 CPU autocast and a CPU "
                f"GradScaler (this is {torch.__version__}): upgrade torch, or use bf16 or no")
@@ -66,14 +68,14 @@ def check_mixed_precision_on_cpu(mixed_precision: str) -> None:
 
 class CPUHooks(Hooks):
     """The CPU in one process; ``bf16``/``fp16``: the forward under CPU autocast, its outputs returned in
-    fp32; ``fp16`` also scales the loss with a CPU ``GradScaler`` (``self.scaler``, None otherwise)."""
+    fp32; ``fp16`` also scales the loss (``self.scaler``, a :class:`LossScaler`; None otherwise)."""
 
     def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer | None,
                  mixed_precision: str = "no"):
         check_mixed_precision_on_cpu(mixed_precision)
         super().__init__(model, optimizer)
         self.autocast = AUTOCAST_DTYPES.get(mixed_precision)
-        self.scaler = torch.amp.GradScaler("cpu") if mixed_precision == "fp16" else None
+        self.scaler = LossScaler("cpu") if mixed_precision == "fp16" else None
 
     def forward(self, batch: TensorBatch, bare: bool) -> Mapping[str, torch.Tensor]:
         if self.autocast is None:
@@ -85,12 +87,15 @@ class CPUHooks(Hooks):
     def backward(self, loss: torch.Tensor) -> None:
         (loss if self.scaler is None else self.scaler.scale(loss)).backward()
 
-    def step(self) -> None:
+    def step(self) -> int:
         if self.scaler is None:
             self.optimizer.step()
-        else:  # skips the step when a gradient overflowed; then lowers the scale
-            self.scaler.step(self.optimizer)
-            self.scaler.update()
+            return 0
+        found = self.scaler.unscale_(p for g in self.optimizer.param_groups for p in g["params"])
+        if not found.item():  # a gradient overflowed: not applied (reading a CPU tensor waits for nothing)
+            self.optimizer.step()
+        self.scaler.update(found)
+        return 1
 
 
 class FlatGradHooks(CPUHooks):

@@ -12,9 +12,10 @@
   Pinning runs on the calling thread at that point: no helper thread, none competing for cores.
 * No host wait inside a call: updates are queued back to back and the call ends with one wait, after
   which the loss, the NaN flags and the selected outputs are read together (``engine.host_syncs``). The
-  NaN policy keeps its flag on the device (:class:`StepGuard`). Exceptions, each one wait per update:
-  fp16 (the GradScaler reads its overflow flag), the first update while the optimizer has no state yet,
-  and ``--skip-nan`` with an optimizer that keeps state on the host (torch's Adam/AdamW unless
+  NaN policy keeps its flag on the device (:class:`StepGuard`), and so does fp16's loss scaler
+  (:class:`~accelbatch.backends.scaler.LossScaler`: an overflow masks the step through the same guard).
+  Exceptions, each one wait per update: the first update while the optimizer has no state yet,
+  and ``--skip-nan`` or fp16 with an optimizer that keeps state on the host (torch's Adam/AdamW unless
   ``fused=True`` or ``capturable=True``); with R processes and ``--no-drop-last``, one small all-reduce of
   shard sizes per call.
 * Replication: one process per replica, launched by ``torchrun``/``accelerate launch`` (or
@@ -23,9 +24,9 @@
   with fewer micro-batches than another, which DDP cannot all-reduce: tails run the bare module under
   ``no_sync`` and all-reduce the gradients explicitly. Each update's loss is all-reduced (on the device),
   so every replica skips or stops at the same update.
-* The optimizer step, ``zero_grad`` and ``backward`` call torch (and accelerate's GradScaler for fp16)
-  directly for one device or DDP: accelerate's optimizer wrapper adds per-step host work that an engine
-  doing its own accumulation does not need.
+* The optimizer step, ``zero_grad`` and ``backward`` call torch (and the device-side loss scaler for
+  fp16) directly for one device or DDP: accelerate's optimizer wrapper and GradScaler add per-step host
+  work that an engine doing its own accumulation does not need.
 """
 
 from __future__ import annotations
@@ -44,6 +45,7 @@ from . import distributed
 from .base import MIXED_PRECISION, Backend, EngineOptions, Hooks, Replicas, TensorBatch, Topology
 from .engine import LayoutEngine
 from .prefetch import Copier, copier_for, map_tensors, tensors_of
+from .scaler import LossScaler
 
 if TYPE_CHECKING:
     from accelerate import Accelerator
@@ -140,11 +142,15 @@ class StepGuard:
                         out.append((self.optimizer.state[p], key))
         return out
 
+    def has_host_state(self) -> bool:
+        """Whether the optimizer keeps state off the device (torch's Adam: ``step`` unless fused/capturable)."""
+        return bool(self._state(on_device=False))
+
     def needs_host(self) -> bool:
         state = self.optimizer.state
         if not self.primed and any(p not in state for g in self.optimizer.param_groups for p in g["params"]):
             return True
-        return self.skip and bool(self._state(on_device=False))
+        return self.skip and self.has_host_state()
 
     def step(self, do_step: Callable[[], None], flag: torch.Tensor, update: int) -> None:
         if update == 0:
@@ -196,7 +202,11 @@ class AccelerateHooks(Hooks):
             self.module, self.wrapped = accelerator.prepare(model, optimizer)
         self.direct = accelerator.distributed_type in (DistributedType.NO, DistributedType.MULTI_GPU,
                                                         DistributedType.MULTI_CPU)
-        self.scaler = accelerator.scaler
+        # fp16: our device-side scaler where we step ourselves (no host read per update); accelerate's
+        # GradScaler where accelerate steps (DeepSpeed, FSDP, ...)
+        self.scaler: Any = accelerator.scaler
+        if self.direct and self.scaler is not None:
+            self.scaler = LossScaler(device)
         self.guard = StepGuard(optimizer, device, options.skip_nan) if optimizer is not None else None
         self.copier = copier if copier is not None else copier_for(device)
         self.prefetch = prefetch
@@ -235,22 +245,42 @@ class AccelerateHooks(Hooks):
         dist.all_reduce(loss_sum)
         return loss_sum
 
-    def step(self) -> None:
-        if not self.direct:
-            self.wrapped.step()
-        elif self.scaler is not None:  # fp16: skips the step on overflow
-            self.scaler.step(self.optimizer)
-            self.scaler.update()
-        else:
-            self.optimizer.step()
+    def _params(self) -> list[torch.nn.Parameter]:
+        return [p for g in self.optimizer.param_groups for p in g["params"]]
+
+    def _optimizer_step(self) -> None:
+        self.optimizer.step()
         if self.guard is not None:
             self.guard.primed = True
 
+    def step(self) -> int:
+        if not self.direct:
+            self.wrapped.step()
+            return 0
+        if self.scaler is None:
+            self._optimizer_step()
+            return 0
+        # the host path (the optimizer has no state yet, or keeps it off the device): read the overflow flag
+        found = self.scaler.unscale_(self._params())
+        if not found.item():
+            self._optimizer_step()
+        self.scaler.update(found)
+        return 1
+
     def host_check(self) -> bool:
-        return self.guard is None or self.scaler is not None or not self.direct or self.guard.needs_host()
+        # fp16 with state off the device: an overflow-masked step would leave it advanced (no rollback then)
+        return (self.guard is None or not self.direct or self.guard.needs_host()
+                or (self.scaler is not None and self.guard.has_host_state()))
 
     def step_unless(self, flag: torch.Tensor, update: int) -> None:
-        self.guard.step(self.step, flag, update)
+        if self.scaler is None:
+            self.guard.step(self._optimizer_step, flag, update)
+            return
+        # fp16 without a host read: an overflow masks the step as a bad loss does; the scale changes only
+        # on updates the NaN policy lets through
+        found = self.scaler.unscale_(self._params())
+        self.guard.step(self._optimizer_step, flag | found, update)
+        self.scaler.update(found, active=~flag)
 
     def rollback(self, update: int) -> None:
         if self.guard is not None:

@@ -129,7 +129,7 @@ class LayoutEngine(Engine):
             if hooks.host_check():
                 reads += 1
                 if not bad.item():
-                    hooks.step()
+                    reads += hooks.step() or 0
                 elif self.skip_nan:
                     hooks.zero_grad()
                 else:

@@ -151,6 +151,8 @@ def test_state_kept_off_the_device_is_put_back_or_read_on_the_host():
     opt.step()
     assert not StepGuard(opt, torch.device("cpu"), skip=True).needs_host()
     assert StepGuard(opt, torch.device("meta"), skip=True).needs_host()     # its state is "off the device"
+    assert StepGuard(opt, torch.device("meta"), skip=False).has_host_state()  # fp16 reads the host then
+    assert not StepGuard(opt, torch.device("cpu"), skip=False).has_host_state()
     guard = StepGuard(opt, torch.device("meta"), skip=False)
     assert not guard.needs_host()
     weights, state = copy.deepcopy(model.state_dict()), copy.deepcopy(opt.state_dict())
@@ -278,3 +280,55 @@ def test_replicas_stop_at_or_skip_the_same_update(two_replicas, skip):
                 assert "weight update 1 of 2" in res["error"] and "--skip-nan" in res["error"]
             for k, v in model.state_dict().items():
                 torch.testing.assert_close(res["state"][k], v, rtol=0, atol=1e-6, msg=f"{name} {k}")
+
+
+# --- fp16's loss scaler: the same policy on both engines, no host read on the CUDA one -------------------
+
+class Overflowing(Poisonable):
+    """A row with ``o`` set gives NaN gradients and a finite loss, as an fp16 overflow in backward does."""
+
+    def forward(self, batch):
+        out = super().forward(batch)
+        pred = self.lin(batch["x"])
+        out["loss"] = out["loss"] + (torch.sqrt(pred.sum(1) * 0.0 + (1 - batch["o"])) * 0.0).mean()
+        return out
+
+
+def overflow_data(rows: int, overflow: tuple[int, ...] = (), seed: int = 0) -> dict[str, torch.Tensor]:
+    batch = data(rows, seed=seed)
+    batch["o"] = torch.zeros(rows)
+    batch["o"][list(overflow)] = 1.0
+    return batch
+
+
+@pytest.mark.parametrize("opt", ["sgd", "momentum", "adam_fused", "momentum_fused"])
+def test_an_overflow_skips_the_same_update_and_backs_off_the_scale_on_both_engines(opt):
+    from accelbatch.backends.scaler import LossScaler
+
+    plan = ExecutionPlan(micro_batch=2, device_iterations=4)
+    models = [Overflowing(), Overflowing()]
+    cpu = PlanEngine(models[0], OPTIMIZERS[opt](models[0].parameters()), plan)
+    backend = CUDABackend(cpu=True)
+    backend.setup(Opts(device="cuda"))
+    cuda = backend.compile(models[1], OPTIMIZERS[opt](models[1].parameters()), plan)
+    for engine in (cpu, cuda):   # fp16's scaler; the arithmetic stays fp32 (accelerate runs no fp16 on the CPU)
+        engine.hooks.scaler = LossScaler("cpu", growth_interval=3)
+    calls = [overflow_data(8, seed=1), overflow_data(8, (4,), seed=2), overflow_data(8, seed=3)]
+    for i, batch in enumerate(calls):
+        weights = copy.deepcopy(cuda.model.state_dict())
+        a = cpu.train_step(batch)
+        with count_host_syncs(include_cpu_reads=True) as syncs:
+            b = cuda.train_step(batch)
+        if i > 0:   # the first call reads its first update's flags on the host (no optimizer state yet)
+            assert syncs.by_kind == {"Tensor.tolist": 1} and b.extras["host_syncs"] == 1, syncs.by_kind
+        assert a.updates == b.updates == 4 and a.extras["skipped_updates"] == b.extras["skipped_updates"] == 0
+        assert b.loss == pytest.approx(a.loss, rel=1e-6)
+        assert any(not torch.equal(weights[k], v) for k, v in cuda.model.state_dict().items())
+        assert_same(cpu, cuda)
+        assert cpu.hooks.scaler.state_dict() == cuda.hooks.scaler.state_dict()
+    # x2 after every 3 clean updates in a row, x0.5 at the overflow (update 3 of call 2), whose NaN
+    # gradients were not applied: call 1: 3 clean (x2) + 1; call 2: 2 clean (x2), overflow (x0.5), 1;
+    # call 3: 2 clean (x2), 2 more
+    assert all(bool(torch.isfinite(p).all()) for p in cuda.model.parameters())
+    assert cuda.hooks.scaler.state_dict()["scale"] == 65536.0 * 2 * 2 * 0.5 * 2
+    assert cuda.hooks.scaler.state_dict()["_growth_tracker"] == 2
