@@ -22,8 +22,8 @@
   :func:`spawn_cuda_replicas` on one node); accelerate joins the group and wraps the model in DDP. DDP
   averages over R, so a micro-batch's loss is scaled by ``weight x R``. An epoch tail may leave a replica
   with fewer micro-batches than another, which DDP cannot all-reduce: tails run the bare module under
-  ``no_sync`` and all-reduce the gradients explicitly. Each update's loss is all-reduced (on the device),
-  so every replica skips or stops at the same update.
+  ``no_sync`` and all-reduce the gradients explicitly (one flat buffer with the loss). Each update's
+  loss is all-reduced (on the device), so every replica skips or stops at the same update.
 * The optimizer step, ``zero_grad`` and ``backward`` call torch (and the device-side loss scaler for
   fp16) directly for one device or DDP: accelerate's optimizer wrapper and GradScaler add per-step host
   work that an engine doing its own accumulation does not need.
@@ -32,6 +32,7 @@
 from __future__ import annotations
 
 import copy
+import functools
 import os
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
@@ -236,14 +237,22 @@ class AccelerateHooks(Hooks):
     def reduce(self, loss_sum: torch.Tensor, bare: bool) -> torch.Tensor:
         if self.world == 1:
             return loss_sum
-        if bare:  # a tail: DDP did not all-reduce (see the module docstring)
-            for p in self.model.parameters():
-                if p.requires_grad:
-                    if p.grad is None:
-                        p.grad = torch.zeros_like(p)
-                    dist.all_reduce(p.grad)
-        dist.all_reduce(loss_sum)
-        return loss_sum
+        if not bare:
+            dist.all_reduce(loss_sum)
+            return loss_sum
+        # a tail: DDP did not all-reduce (see the module docstring); gradients and loss in one flat buffer
+        params = [p for p in self.model.parameters() if p.requires_grad]
+        for p in params:
+            if p.grad is None:
+                p.grad = torch.zeros_like(p)
+        dtype = functools.reduce(torch.promote_types, [p.grad.dtype for p in params], torch.float32)
+        flat = torch.cat([p.grad.reshape(-1).to(dtype) for p in params] + [loss_sum.reshape(1).to(dtype)])
+        dist.all_reduce(flat)
+        offset = 0
+        for p in params:
+            p.grad.copy_(flat[offset:offset + p.numel()].view_as(p.grad))
+            offset += p.numel()
+        return flat[-1]
 
     def _params(self) -> list[torch.nn.Parameter]:
         return [p for g in self.optimizer.param_groups for p in g["params"]]

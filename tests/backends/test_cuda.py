@@ -298,6 +298,30 @@ def test_two_replicas_with_ddp_equal_one_process():
         assert torch.equal(both["full"]["rows"][0], ref_results[0].rows)
 
 
+def test_a_tail_all_reduces_gradients_and_loss_in_one_flat_buffer(monkeypatch):
+    """An epoch tail runs the bare module (DDP cannot all-reduce it): one all-reduce for every gradient and
+    the loss, not one per parameter. Two replicas are faked with an all-reduce that adds an equal peer."""
+    import torch.distributed as dist
+
+    model = Tiny()
+    engine = cuda_on_cpu(model, torch.optim.SGD(model.parameters(), lr=0.1), ExecutionPlan(micro_batch=2))
+    engine.hooks.world = 2
+    calls = []
+
+    def all_reduce(tensor, *args, **kwargs):
+        calls.append(tensor.numel())
+        tensor.mul_(2)
+
+    monkeypatch.setattr(dist, "all_reduce", all_reduce)
+    model(batches(1, 2)[0])["loss"].backward()
+    grads = [p.grad.clone() for p in model.parameters()]
+    total = engine.hooks.reduce(torch.tensor(1.5), bare=True)
+    assert calls == [sum(p.numel() for p in model.parameters()) + 1]
+    assert float(total) == 3.0
+    for p, g in zip(model.parameters(), grads):
+        torch.testing.assert_close(p.grad, 2 * g, rtol=0, atol=0)
+
+
 def test_spawning_gpu_replicas_without_gpus_is_refused():
     if torch.cuda.device_count() >= 64:
         pytest.skip("a machine with 64 GPUs")
