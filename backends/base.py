@@ -65,10 +65,11 @@ class Topology:
 
 @dataclass(frozen=True)
 class EngineOptions:
-    """Run options an engine needs beyond its plan: ``--skip-nan`` and ``--mixed-precision``."""
+    """Run options an engine needs beyond its plan: ``--skip-nan``, ``--mixed-precision``, ``--compile``."""
 
     skip_nan: bool = False
     mixed_precision: str = "no"
+    compile: bool = False
 
     def __post_init__(self) -> None:
         if self.mixed_precision not in MIXED_PRECISION:
@@ -78,7 +79,8 @@ class EngineOptions:
     @classmethod
     def from_opts(cls, opts: Any) -> EngineOptions:
         return cls(skip_nan=bool(getattr(opts, "skip_nan", False)),
-                   mixed_precision=getattr(opts, "mixed_precision", None) or "no")
+                   mixed_precision=getattr(opts, "mixed_precision", None) or "no",
+                   compile=bool(getattr(opts, "compile", False)))
 
 
 @dataclass(frozen=True)

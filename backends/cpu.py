@@ -71,17 +71,18 @@ class CPUHooks(Hooks):
     fp32; ``fp16`` also scales the loss (``self.scaler``, a :class:`LossScaler`; None otherwise)."""
 
     def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer | None,
-                 mixed_precision: str = "no"):
+                 mixed_precision: str = "no", compile: bool = False):
         check_mixed_precision_on_cpu(mixed_precision)
         super().__init__(model, optimizer)
         self.autocast = AUTOCAST_DTYPES.get(mixed_precision)
         self.scaler = LossScaler("cpu") if mixed_precision == "fp16" else None
+        self.run: Any = torch.compile(model) if compile else model   # shares the model's parameters
 
     def forward(self, batch: TensorBatch, bare: bool) -> Mapping[str, torch.Tensor]:
         if self.autocast is None:
-            return self.model(batch)
+            return self.run(batch)
         with torch.autocast("cpu", dtype=self.autocast):
-            out = self.model(batch)
+            out = self.run(batch)
         return {k: v.float() if v.dtype in (torch.bfloat16, torch.float16) else v for k, v in out.items()}
 
     def backward(self, loss: torch.Tensor) -> None:
@@ -102,8 +103,8 @@ class FlatGradHooks(CPUHooks):
     """One replica of R gloo processes: gradients and the update's loss in one flat all-reduced buffer."""
 
     def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer | None, group: Any,
-                 mixed_precision: str = "no"):
-        super().__init__(model, optimizer, mixed_precision)
+                 mixed_precision: str = "no", compile: bool = False):
+        super().__init__(model, optimizer, mixed_precision, compile)
         self.group = group
         self.params = [p for p in model.parameters() if p.requires_grad]
         dtypes = {p.dtype for p in self.params}
@@ -139,7 +140,8 @@ class PlanEngine(LayoutEngine):
     def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer | None,
                  plan: ExecutionPlan | None = None, options: EngineOptions | None = None):
         options = options or EngineOptions()
-        super().__init__(model, optimizer, plan, CPUHooks(model, optimizer, options.mixed_precision), options)
+        hooks = CPUHooks(model, optimizer, options.mixed_precision, options.compile)
+        super().__init__(model, optimizer, plan, hooks, options)
 
 
 class ReplicatedEngine(LayoutEngine):
@@ -159,7 +161,7 @@ class ReplicatedEngine(LayoutEngine):
         replicas = Replicas(rank=dist.get_rank(group), world_size=dist.get_world_size(group), group=group,
                             inputs=inputs, gather_outputs=gather_outputs)
         replicas.check(plan)
-        hooks = FlatGradHooks(model, optimizer, group, options.mixed_precision)
+        hooks = FlatGradHooks(model, optimizer, group, options.mixed_precision, options.compile)
         super().__init__(model, optimizer, plan, hooks, options, replicas)
         if broadcast_init:
             _broadcast_state(model, group)

@@ -211,9 +211,13 @@ class AccelerateHooks(Hooks):
         self.guard = StepGuard(optimizer, device, options.skip_nan) if optimizer is not None else None
         self.copier = copier if copier is not None else copier_for(device)
         self.prefetch = prefetch
+        # --compile: the bare module (tails, eval) and the wrapped one (DDP) each through torch.compile
+        self.run_bare: Any = torch.compile(model) if options.compile else model
+        self.run_wrapped: Any = self.run_bare if self.module is model else (
+            torch.compile(self.module) if options.compile else self.module)
 
     def forward(self, batch: TensorBatch, bare: bool) -> Mapping[str, torch.Tensor]:
-        return (self.model if bare else self.module)(batch)
+        return (self.run_bare if bare else self.run_wrapped)(batch)
 
     def no_sync(self, last: bool, bare: bool) -> Any:
         if self.world == 1 or (last and not bare):

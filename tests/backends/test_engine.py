@@ -332,3 +332,44 @@ def test_an_overflow_skips_the_same_update_and_backs_off_the_scale_on_both_engin
     assert all(bool(torch.isfinite(p).all()) for p in cuda.model.parameters())
     assert cuda.hooks.scaler.state_dict()["scale"] == 65536.0 * 2 * 2 * 0.5 * 2
     assert cuda.hooks.scaler.state_dict()["_growth_tracker"] == 2
+
+
+# --- --compile ------------------------------------------------------------------------------------------
+
+@pytest.mark.slow
+@pytest.mark.multiprocess      # inductor runs the C++ compiler
+@pytest.mark.timeout(600)
+def test_compile_runs_the_forward_through_torch_compile_with_the_same_results():
+    """``--compile`` on both engines: the forward goes through torch.compile (training and eval), and the
+    weights and outputs equal the eager engine's."""
+    plan = ExecutionPlan(micro_batch=4, device_iterations=2)
+    calls = [data(8, seed=s) for s in (1, 2)]
+    eager_model = Poisonable()
+    eager = PlanEngine(eager_model, OPTIMIZERS["momentum"](eager_model.parameters()), plan)
+    eager_results = [eager.train_step(b) for b in calls]
+    eager_eval = eager.eval_step(calls[0])
+    for name in ("cpu", "cuda"):
+        torch._dynamo.reset()
+        backend = CPUBackend() if name == "cpu" else CUDABackend(cpu=True)
+        backend.setup(Opts(device=name, compile=True))
+        model = Poisonable()
+        engine = backend.compile(model, OPTIMIZERS["momentum"](model.parameters()), plan)
+        results = [engine.train_step(b) for b in calls]
+        evaluated = engine.eval_step(calls[0])
+        frames = torch._dynamo.utils.counters["stats"]["unique_graphs"]
+        assert frames >= 1, name                           # dynamo compiled the model's forward
+        for got, want in zip(results, eager_results):
+            assert got.loss == pytest.approx(want.loss, rel=1e-5)
+        torch.testing.assert_close(evaluated.outputs["pred"], eager_eval.outputs["pred"], rtol=1e-5, atol=1e-6)
+        for p, q in zip(model.parameters(), eager_model.parameters()):
+            torch.testing.assert_close(p, q, rtol=1e-5, atol=1e-6)
+        backend.teardown()
+
+
+def test_compile_on_the_ipu_is_refused_in_one_line():
+    from accelbatch.backends.ipu import IPUBackend
+
+    from accelbatch.plan import PlanError
+
+    with pytest.raises(PlanError, match=r"^--compile applies to --device cpu and cuda .*leave it out$"):
+        IPUBackend().setup(Opts(device="ipu", compile=True, ipu_emulator=True))
