@@ -86,6 +86,14 @@ def uses_loader(opts: Opts, agent: Agent) -> bool:
     return (opts.num_workers > 0 or opts.dataloader_mode != "sync") and collates_anywhere(agent)
 
 
+def stages_batches(agent: Agent) -> bool:
+    """Whether the agent's engine copies batches to a device ahead of their step (``Engine.stage``: the
+    CUDA engine's side-stream prefetch), which the loader front end does one batch ahead."""
+    slot = getattr(agent, "slot", None)
+    engine = getattr(slot, "engine", None)
+    return collates_anywhere(agent) and engine is not None and bool(engine.stages)
+
+
 def build_world(opts: Opts, model: Agent, shard: tuple[int, int] = (0, 1), rows: int | None = None,
                 replicas: int = 1) -> World:
     """The world of this process: ``shard`` (index, count) of the episodes, ``rows`` per step (default: the
@@ -97,7 +105,9 @@ def build_world(opts: Opts, model: Agent, shard: tuple[int, int] = (0, 1), rows:
     serve = replica_rows(plan, shard[0], replicas) if replicas > 1 and rows * replicas == plan.combined_batch \
         else None
     teacher = create_teacher(opts)
-    if uses_loader(opts, model):
+    # an engine that stages batches (CUDA) gets the loader front end even without workers: it builds the
+    # same schedule's steps and fetches one ahead, whose copy then overlaps the current step
+    if uses_loader(opts, model) or (isinstance(teacher, FixedTeacher) and stages_batches(model)):
         if not isinstance(teacher, FixedTeacher):
             raise OptionError(f"-t {opts.task}: --dynamic-batching needs FixedTeacher tasks (episodes the "
                               "schedule can plan); run it without --dynamic-batching")

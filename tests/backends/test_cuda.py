@@ -384,6 +384,37 @@ def test_the_run_loop_drives_the_cuda_backend(monkeypatch):
     assert any(not torch.equal(before[k], v) for k, v in agent.model.state_dict().items())
 
 
+@pytest.mark.slow
+def test_the_run_loop_stages_each_next_call_on_the_cuda_backend(monkeypatch):
+    """`accelbatch train --device cuda` without workers: the loader front end fetches each call one step
+    ahead and stages it (its copy then overlaps the current step); the weights are the --device cpu run's
+    (no prefetch, teacher and agent clones)."""
+    from accelbatch.build import create_world
+    from accelbatch.loader_world import LoaderWorld
+    from accelbatch.run import run
+
+    monkeypatch.setattr(CUDABackend, "is_available", classmethod(lambda cls: (True, "")))
+    monkeypatch.setattr(CUDABackend, "__init__", functools.partialmethod(CUDABackend.__init__, cpu=True))
+    staged, stepped = [], []
+    stage, train_step = CUDAEngine.stage, CUDAEngine.train_step
+    monkeypatch.setattr(CUDAEngine, "stage", lambda self, b: (staged.append(id(b)), stage(self, b))[1])
+    monkeypatch.setattr(CUDAEngine, "train_step", lambda self, b: (stepped.append(id(b)), train_step(self, b))[1])
+    # sgd: fused (cuda) and plain (cpu) SGD agree to rounding; Adam's ~lr steps on near-zero gradients
+    # would turn rounding into differences of the order of lr
+    opts = Opts(task="babi:1", model="memnn", device="cuda", batchsize=8, device_iterations=2, optimizer="sgd",
+                learning_rate=0.1, max_train_steps=6, validation_every_n_epochs=-1, eval_splits="", progress=False)
+    models = {}
+    for device in ("cuda", "cpu"):
+        world = create_world(opts.replace(device=device))
+        models[device] = world.get_model_agent().model
+        if device == "cuda":
+            assert isinstance(world, LoaderWorld)
+        run(world, opts.replace(device=device))
+    assert len(stepped) == 6 and stepped[1:] == staged[:5]     # every call after the first was staged first
+    for p, q in zip(models["cuda"].parameters(), models["cpu"].parameters()):
+        torch.testing.assert_close(p, q, rtol=0, atol=1e-6)
+
+
 # --- on a GPU -----------------------------------------------------------------------------------------------
 
 @functools.lru_cache(maxsize=1)
