@@ -8,8 +8,9 @@
 * Feeding: host rows are pinned and copied with ``non_blocking=True`` on a side stream
   (:mod:`accelbatch.backends.prefetch`). Inside a call the rows of update u+1 are copied once update u's
   kernels are queued; ``engine.stage(next_batch)``, called before stepping the current batch, has the next
-  call pinned and copied once the current call's kernels are queued, so both overlap the device's work.
-  Pinning runs on the calling thread at that point: no helper thread, none competing for cores.
+  call pinned on one helper thread at once (while this thread steps the current call) and copied once the
+  current call's kernels are queued, so both overlap the device's work. ``accelbatch train --device cuda``
+  stages every call one step ahead (the loader front end, with or without data workers).
 * No host wait inside a call: updates are queued back to back and the call ends with one wait, after
   which the loss, the NaN flags and the selected outputs are read together (``engine.host_syncs``). The
   NaN policy keeps its flag on the device (:class:`StepGuard`), and so does fp16's loss scaler

@@ -75,6 +75,7 @@ class _Mine(NamedTuple):
 class _Staged:
     batch: Any
     pending: Pending | None = None
+    pinned: Any = None        # a future of the batch pinned off the calling thread (copiers that pin)
 
 
 class LayoutEngine(Engine):
@@ -251,13 +252,16 @@ class LayoutEngine(Engine):
         call are queued (so it overlaps them), and the step given this same object uses it."""
         if self.hooks.copier is None or self.hooks.on_device(batch) or id(batch) in self._staged:
             return
-        self._staged[id(batch)] = _Staged(batch)
+        pin_ahead = getattr(self.hooks.copier, "pin_ahead", None)
+        self._staged[id(batch)] = _Staged(batch, pinned=pin_ahead(batch) if pin_ahead is not None else None)
         while len(self._staged) > self.max_staged:
             self._staged.popitem(last=False)
 
     def _issue_staged(self) -> None:
         for entry in self._staged.values():
-            if entry.pending is None:
+            if entry.pending is None and entry.pinned is not None:   # pinned meanwhile on the pin thread
+                entry.pending = self.hooks.copier.start(entry.pinned.result(), pinned=True)
+            elif entry.pending is None:
                 entry.pending = self.hooks.copier.start(entry.batch)
 
     def _feed(self, batch: TensorBatch, spans: list[tuple[int, int] | None]
