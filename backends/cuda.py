@@ -103,15 +103,21 @@ def make_accelerator(cpu: bool = False, mixed_precision: str = "no",
                 "process of its own (start a new process for it)")
         if state.distributed_type != DistributedType.NO and not distributed.is_initialized():
             raise PlanError("accelerate's process group of this process was torn down; start a new process")
+    from accelerate.utils import DistributedDataParallelKwargs
+
     kwargs: dict[str, Any] = {"cpu": cpu}
     if mixed_precision != "no":
         kwargs["mixed_precision"] = mixed_precision
+    # DDP: gradients are views of its all-reduce buckets (no copy into and out of them, no second copy
+    # of the gradients in memory)
+    handlers: list[Any] = [DistributedDataParallelKwargs(gradient_as_bucket_view=True)]
     if group_timeout_s is not None:
         from datetime import timedelta
 
         from accelerate.utils import InitProcessGroupKwargs
 
-        kwargs["kwargs_handlers"] = [InitProcessGroupKwargs(timeout=timedelta(seconds=group_timeout_s))]
+        handlers.append(InitProcessGroupKwargs(timeout=timedelta(seconds=group_timeout_s)))
+    kwargs["kwargs_handlers"] = handlers
     return Accelerator(**kwargs)
 
 

@@ -224,7 +224,10 @@ def test_mixed_precision_is_passed_to_accelerate_only_when_asked(monkeypatch):
     monkeypatch.setattr(accelerate, "Accelerator", lambda **kwargs: made.append(kwargs))
     make_accelerator(cpu=True)
     make_accelerator(cpu=True, mixed_precision="bf16")
+    handlers = [m.pop("kwargs_handlers") for m in made]
     assert made == [{"cpu": True}, {"cpu": True, "mixed_precision": "bf16"}]
+    assert all([type(h).__name__ for h in hs] == ["DistributedDataParallelKwargs"] for hs in handlers)
+    assert all(hs[0].gradient_as_bucket_view for hs in handlers)
 
 
 def test_fp16_on_the_cpu_is_refused():
@@ -264,7 +267,8 @@ def _replica(rank: int, plan: ExecutionPlan, state: dict, calls: list) -> dict:
         results = [engine.train_step(batch if name == "full" else plan.shard(batch, rank)) for batch in calls]
         out[name] = {"state": model.state_dict(), "losses": [r.loss for r in results],
                      "outputs": [r.outputs for r in results], "rows": [r.rows for r in results],
-                     "wrapper": type(engine.module).__name__}
+                     "wrapper": type(engine.module).__name__,
+                     "bucket_view": getattr(engine.module, "gradient_as_bucket_view", None)}
     backend.teardown()
     return out
 
@@ -285,7 +289,7 @@ def test_two_replicas_with_ddp_equal_one_process():
     results = spawn_cuda_replicas(_replica, 2, plan, init, calls, timeout_s=100, cpu=True)
     for rank, both in enumerate(results):
         for res in both.values():
-            assert res["wrapper"] == "DistributedDataParallel"
+            assert res["wrapper"] == "DistributedDataParallel" and res["bucket_view"] is True
             assert res["losses"] == pytest.approx([r.loss for r in ref_results], rel=1e-5)
             for k, v in ref_model.state_dict().items():
                 torch.testing.assert_close(res["state"][k], v, rtol=0, atol=1e-6)
