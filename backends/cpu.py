@@ -40,22 +40,21 @@ from .base import Backend, EngineOptions, Hooks, Replicas, TensorBatch, Topology
 from .engine import LayoutEngine
 from .scaler import LossScaler
 
-FP16_ON_CPU = (f"--mixed-precision fp16 on the CPU needs a torch with fp16 CPU autocast and a CPU "
-               f"GradScaler (this is {torch.__version__}): upgrade torch, or use bf16 or no")
+FP16_ON_CPU = (f"--mixed-precision fp16 on the CPU needs a torch with fp16 CPU autocast and CPU loss-scaling "
+               f"kernels (this is {torch.__version__}): upgrade torch, or use bf16 or no")
 AUTOCAST_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
 
 def fp16_on_cpu_supported() -> bool:
-    """Whether this torch runs fp16 autocast on the CPU and has a CPU GradScaler (torch >= 2.4)."""
-    if not hasattr(torch, "amp") or not hasattr(torch.amp, "GradScaler"):
-        return False
+    """Whether this torch runs fp16 autocast on the CPU and unscales gradients there (torch >= 2.4)."""
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # an older torch warns and disables autocast instead
             with torch.autocast("cpu", dtype=torch.float16):
                 ok = torch.is_autocast_enabled("cpu") and torch.get_autocast_dtype("cpu") == torch.float16
-            torch.amp.GradScaler("cpu")
-    except (RuntimeError, TypeError, AttributeError):
+        grad = torch.ones(1)
+        torch._amp_foreach_non_finite_check_and_unscale_([grad], torch.zeros(1), torch.ones(()))
+    except (RuntimeError, TypeError, AttributeError, NotImplementedError):
         return False
     return ok
 
@@ -93,7 +92,7 @@ class CPUHooks(Hooks):
             self.optimizer.step()
             return 0
         found = self.scaler.unscale_(p for g in self.optimizer.param_groups for p in g["params"])
-        if not found.item():  # a gradient overflowed: not applied (reading a CPU tensor waits for nothing)
+        if not found.item():  # applied unless a gradient overflowed (reading a CPU tensor waits for nothing)
             self.optimizer.step()
         self.scaler.update(found)
         return 1
