@@ -472,6 +472,7 @@ def gpu_check(name: str) -> dict:
 @pytest.mark.timeout(600)
 @pytest.mark.parametrize("name", ["weights_D1_G1", "weights_D4_G2", "weights_bf16_D4_G2",
                                   "weights_fp16_D4_G2", "placement", "staged_prefetch", "host_syncs_D8",
+                                  "host_syncs_fp16_D8",
                                   "throughput"])
 def test_gpu_check(name):
     gpu_check(name)
