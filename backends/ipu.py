@@ -103,6 +103,9 @@ class IPUBackend(Backend):
         if getattr(opts, "compile", False):
             raise PlanError("--compile applies to --device cpu and cuda (torch.compile); poptorch compiles "
                             "every model for the IPU itself: leave it out")
+        if (getattr(opts, "mixed_precision", None) or "no") != "no":
+            raise PlanError(f"--mixed-precision {opts.mixed_precision} applies to --device cpu and cuda "
+                            "(autocast); on the IPU cast the model itself (model.half()) and leave it out")
         self._select(opts)
         seed = getattr(opts, "seed", None)
         self.seed = int(seed) if seed is not None else None

@@ -366,10 +366,12 @@ def test_compile_runs_the_forward_through_torch_compile_with_the_same_results():
         backend.teardown()
 
 
-def test_compile_on_the_ipu_is_refused_in_one_line():
+def test_compile_and_mixed_precision_on_the_ipu_are_refused_in_one_line():
     from accelbatch.backends.ipu import IPUBackend
 
     from accelbatch.plan import PlanError
 
     with pytest.raises(PlanError, match=r"^--compile applies to --device cpu and cuda .*leave it out$"):
         IPUBackend().setup(Opts(device="ipu", compile=True, ipu_emulator=True))
+    with pytest.raises(PlanError, match=r"^--mixed-precision bf16 applies to --device cpu and cuda .*leave it out$"):
+        IPUBackend().setup(Opts(device="ipu", mixed_precision="bf16", ipu_emulator=True))
