@@ -17,6 +17,7 @@ once update u's kernels are queued; :meth:`LayoutEngine.stage` copies a later ca
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections import OrderedDict
 from collections.abc import Iterator, Mapping
 from typing import Any, NamedTuple
@@ -207,9 +208,7 @@ class LayoutEngine(Engine):
         whole call's, in the plan's order); else this replica's, rows indexing the batch it was given."""
         lay = mine.lay
         if self.world_size > 1 and self.gather_outputs:
-            gathered: list[Any] = [None] * self.world_size
-            dist.all_gather_object(gathered, kept, group=self.group)
-            kept = {j: part[j] for part in gathered for j in part}
+            kept = self._gather(kept)
         if self.world_size == 1 or self.gather_outputs:
             return combine_outputs(lay, [kept[j] for j in lay.kept]), lay.out_rows
         js = tuple(kept)
@@ -220,6 +219,33 @@ class LayoutEngine(Engine):
         rows = [torch.arange(first[j], first[j] + lay.micro_rows(j)) for j in js]
         index = torch.cat(rows) if rows else torch.empty(0, dtype=torch.long)
         return combine_outputs(own, [kept[j] for j in js]), index
+
+    def _gather(self, kept: dict[int, dict[str, torch.Tensor]]) -> dict[int, dict[str, torch.Tensor]]:
+        """Every replica's kept outputs, gathered as device tensors: one small exchange of their shapes,
+        then one all-gather per output name (no pickled tensors)."""
+        meta = {j: {k: (tuple(v.shape), str(v.dtype).removeprefix("torch.")) for k, v in out.items()}
+                for j, out in kept.items()}
+        metas: list[Any] = [None] * self.world_size
+        dist.all_gather_object(metas, meta, group=self.group)
+        names = sorted({k for m in metas for out in m.values() for k in out})
+        gathered: dict[int, dict[str, torch.Tensor]] = {j: {} for m in metas for j in m}
+        for name in names:
+            dtype = next(getattr(torch, out[name][1]) for m in metas for out in m.values() if name in out)
+            sizes = [sum(math.prod(out[name][0]) for out in m.values() if name in out) for m in metas]
+            local = [kept[j][name].reshape(-1) for j in sorted(kept) if name in kept[j]]
+            flat = torch.cat(local) if local else torch.empty(0, dtype=dtype, device=self.device)
+            padded = torch.zeros(max(sizes), dtype=dtype, device=self.device)
+            padded[:flat.numel()] = flat
+            parts = [torch.empty_like(padded) for _ in range(self.world_size)]
+            dist.all_gather(parts, padded, group=self.group)
+            for part, m in zip(parts, metas):
+                offset = 0
+                for j in sorted(m):
+                    if name in m[j]:
+                        shape = m[j][name][0]
+                        gathered[j][name] = part[offset:offset + math.prod(shape)].view(shape)
+                        offset += math.prod(shape)
+        return gathered
 
     @torch.no_grad()
     def eval_step(self, batch: TensorBatch) -> StepResult:

@@ -375,3 +375,35 @@ def test_compile_and_mixed_precision_on_the_ipu_are_refused_in_one_line():
         IPUBackend().setup(Opts(device="ipu", compile=True, ipu_emulator=True))
     with pytest.raises(PlanError, match=r"^--mixed-precision bf16 applies to --device cpu and cuda .*leave it out$"):
         IPUBackend().setup(Opts(device="ipu", mixed_precision="bf16", ipu_emulator=True))
+
+
+def test_gathered_outputs_travel_as_tensors_not_pickles(monkeypatch):
+    """``gather_outputs``: replicas exchange the outputs' shapes (small), then one all-gather per output
+    name; no tensor is pickled. A second replica is faked: it holds micro-batch 1 with its own values."""
+    engine = PlanEngine(Poisonable(), None, ExecutionPlan(micro_batch=2))
+    engine.world_size, engine.rank = 2, 0
+    mine = {0: {"pred": torch.arange(6.0).view(3, 2), "n": torch.tensor(7), "ids": torch.tensor([1, 2, 3])}}
+    peer = {1: {"pred": -torch.arange(4.0).view(2, 2), "n": torch.tensor(8), "ids": torch.tensor([4, 5])}}
+    pickled = []
+
+    def all_gather_object(out, obj, group=None):
+        pickled.append(obj)
+        out[0], out[1] = obj, {j: {k: (tuple(v.shape), str(v.dtype).removeprefix("torch.")) for k, v in o.items()}
+                               for j, o in peer.items()}
+
+    order = iter(sorted(mine[0]))     # one all-gather per output name, in sorted order
+
+    def all_gather(parts, tensor, group=None):
+        parts[0].copy_(tensor)
+        flat = peer[1][next(order)].reshape(-1)
+        parts[1].zero_()
+        parts[1][:flat.numel()] = flat
+
+    monkeypatch.setattr(dist, "all_gather_object", all_gather_object)
+    monkeypatch.setattr(dist, "all_gather", all_gather)
+    got = engine._gather(mine)
+    assert not [v for obj in pickled for out in obj.values() for v in out.values() if isinstance(v, torch.Tensor)]
+    for j, expected in {**mine, **peer}.items():
+        assert got[j].keys() == expected.keys()
+        for k, v in expected.items():
+            assert torch.equal(got[j][k], v), (j, k)
