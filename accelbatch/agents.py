@@ -76,11 +76,12 @@ def import_object(path: str, kind: str, known: Sequence[str]) -> Any:
         raise UnknownNameError(f"{kind} {path!r}: module {module_name!r} has no {attr!r}") from None
 
 
-def resolve_agent_class(name: str) -> type["Agent"]:
-    if name.startswith("torch:"):  # the user's nn.Module, PopTorch-style (accelbatch.tasks.torch_data)
-        from accelbatch.tasks.torch_data import TorchModelAgent
+TORCH_MODEL_AGENT = "accelbatch.tasks.torch_data:TorchModelAgent"  # -m torch:pkg.mod:Model
 
-        return TorchModelAgent
+
+def resolve_agent_class(name: str) -> type["Agent"]:
+    if name.startswith("torch:"):  # the user's nn.Module, PopTorch-style
+        return import_path(TORCH_MODEL_AGENT, "model", list(AGENT_PATHS))
     return import_path(AGENT_PATHS.get(name, name), "model", list(AGENT_PATHS))
 
 
@@ -173,6 +174,12 @@ class History:
 _WORD = str.maketrans({c: " " for c in ".,?!;:\"'()"})
 
 
+def optimizer_kwargs(opts: Any) -> dict[str, Any]:
+    """Extra keywords for torch's SGD/Adam/AdamW: ``fused=True`` on --device cuda (one kernel per step for
+    every parameter, and the engine skips a bad update inside it without copying the weights)."""
+    return {"fused": True} if getattr(opts, "device", "cpu") == "cuda" else {}
+
+
 def tokenize(text: str) -> list[str]:
     return text.lower().translate(_WORD).split()
 
@@ -247,7 +254,7 @@ class TorchAgent(Agent):
         if not params:
             return None
         kinds = {"sgd": torch.optim.SGD, "adam": torch.optim.Adam, "adamw": torch.optim.AdamW}
-        return kinds[self.opts.optimizer](params, lr=self.opts.learning_rate)
+        return kinds[self.opts.optimizer](params, lr=self.opts.learning_rate, **optimizer_kwargs(self.opts))
 
     # --- sharing ---------------------------------------------------------------------------------
     def share(self) -> dict[str, Any]:
@@ -413,6 +420,7 @@ class TorchAgent(Agent):
         groups = saved.get("param_groups") if isinstance(saved, dict) else None
         same_kind = saved_kind == kind if saved_kind else bool(groups) and \
             set(groups[0]) == set(self.optimizer.param_groups[0])
+        fresh = learning_rates(self.optimizer)  # what this run's options (and the agent) give
         if same_kind:
             try:
                 self.optimizer.load_state_dict(saved)
@@ -423,19 +431,29 @@ class TorchAgent(Agent):
             self.load_notes.append(f"{option} {path}: saved with {saved_kind or 'another'} optimizer state; "
                                    f"{kind} starts fresh (weights loaded)")
             return
-        lr = self.opts.learning_rate
-        had = set_learning_rate(self.optimizer, lr)
+        had = set_learning_rates(self.optimizer, fresh)
         if had:
-            self.load_notes.append(f"{option} {path}: continuing with -lr {lr:g} (the file's optimizer had {had})")
+            self.load_notes.append(f"{option} {path}: continuing with -lr {_rates(fresh)} (the file's optimizer "
+                                   f"had {had})")
 
 
-def set_learning_rate(optimizer: torch.optim.Optimizer, lr: float) -> str | None:
-    """Give every parameter group of ``optimizer`` (loaded from a file) the learning rate ``lr``; the rates
-    it had, as text, when that changed them, else None."""
-    old = {group["lr"] for group in optimizer.param_groups}
-    for group in optimizer.param_groups:
+def learning_rates(optimizer: torch.optim.Optimizer) -> list[float]:
+    return [group["lr"] for group in optimizer.param_groups]
+
+
+def set_learning_rates(optimizer: torch.optim.Optimizer, rates: list[float]) -> str | None:
+    """Give the parameter groups of ``optimizer`` (loaded from a file) the rates a fresh one built for this
+    run has (``rates``, from :func:`learning_rates`); the rates it had, as text, when that changed them."""
+    old = learning_rates(optimizer)
+    if len(old) != len(rates) or old == rates:
+        return None
+    for group, lr in zip(optimizer.param_groups, rates):
         group["lr"] = lr
-    return None if old == {lr} else ", ".join(f"{v:g}" for v in sorted(old))
+    return _rates(old)
+
+
+def _rates(rates: list[float]) -> str:
+    return ", ".join(f"{v:g}" for v in sorted(set(rates)))
 
 
 def _check_weights(saved: dict[str, Any], wanted: dict[str, torch.Tensor], what: str, model: str) -> None:

@@ -110,6 +110,14 @@ def check_dynamic_batching(opts: Opts, teacher: Teacher | None) -> None:
                           "batches are planned from stored episodes: run it without --dynamic-batching")
 
 
+def stages_batches(agent: Agent) -> bool:
+    """Whether the agent's engine copies batches to a device ahead of their step (``Engine.stage``: the
+    CUDA engine's side-stream prefetch), which the loader front end does one batch ahead."""
+    slot = getattr(agent, "slot", None)
+    engine = getattr(slot, "engine", None)
+    return collates_anywhere(agent) and engine is not None and bool(engine.stages)
+
+
 def build_world(opts: Opts, model: Agent, shard: tuple[int, int] = (0, 1), rows: int | None = None,
                 replicas: int = 1) -> World:
     """The world of this process: ``shard`` (index, count) of the episodes, ``rows`` per step (default: the
@@ -122,7 +130,9 @@ def build_world(opts: Opts, model: Agent, shard: tuple[int, int] = (0, 1), rows:
         else None
     teacher = create_teacher(opts)
     check_required_fields(opts, model, teacher)
-    if uses_loader(opts, model, teacher):
+    # an engine that stages batches (CUDA) gets the loader front end even without workers: it builds the
+    # same schedule's steps and fetches one ahead, whose copy then overlaps the current step
+    if uses_loader(opts, model, teacher) or (served_as_stored(teacher) and stages_batches(model)):
         if opts.dynamic_batching != "none":
             check_dynamic_batching(opts, teacher)
         if serve is None or opts.dynamic_batching != "none":

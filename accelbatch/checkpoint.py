@@ -8,7 +8,8 @@ Layout. ``save_checkpoint(PATH, ...)`` writes the directory ``PATH.ckpt`` (``PAT
                             "directory": "gen-000007",
                             "files": {"tensors.pt": {"sha256": ..., "bytes": ...}, "state.json": {...}}}
       gen-000007/
-        tensors.pt         {"model": state_dict, "optimizer": state_dict | None}; read with
+        tensors.pt         {"model": state_dict, "optimizer": state_dict | None, "scaler": {...} (fp16
+                           only: the loss scaler's scale and growth tracker)}; read with
                            torch.load(weights_only=True), which refuses anything but tensors and plain
                            containers, so loading never runs code from the file
         state.json         {"opts": {...}, "plan": {...}, "state": {...}, "rng": {...} | [...] | null}
@@ -106,6 +107,7 @@ class Checkpoint:
     path: str
     model_state: dict[str, torch.Tensor]
     optimizer_state: dict[str, Any] | None = None
+    scaler_state: dict[str, Any] | None = None  # the fp16 loss scaler's (scale, growth tracker, ...)
     opts: dict[str, Any] = field(default_factory=dict)
     plan: dict[str, Any] = field(default_factory=dict)
     state: dict[str, Any] = field(default_factory=dict)
@@ -120,10 +122,13 @@ class Checkpoint:
         return self.state.get("data")
 
     def engine_state(self) -> dict[str, Any]:
-        """``{"model": ..., "optimizer": ...}`` as ``Engine.load_state_dict`` and ``TorchAgent.save`` use."""
+        """``{"model": ..., "optimizer": ..., "scaler": ...}`` as ``Engine.load_state_dict`` and
+        ``TorchAgent.save`` use (the optional parts only when saved)."""
         out: dict[str, Any] = {"model": self.model_state}
         if self.optimizer_state is not None:
             out["optimizer"] = self.optimizer_state
+        if self.scaler_state:
+            out["scaler"] = self.scaler_state
         return out
 
     def load_into(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer | None = None) -> None:
@@ -142,12 +147,14 @@ class Checkpoint:
 def save_checkpoint(path: str | os.PathLike, *, model: torch.nn.Module | Mapping[str, Any],
                     optimizer: torch.optim.Optimizer | Mapping[str, Any] | None = None,
                     opts: Any = None, plan: Any = None, state: Mapping[str, Any] | None = None,
-                    rng: Mapping[str, Any] | Sequence[Mapping[str, Any]] | None = None) -> str:
+                    rng: Mapping[str, Any] | Sequence[Mapping[str, Any]] | None = None,
+                    scaler: Mapping[str, Any] | None = None) -> str:
     """Write a checkpoint atomically to ``checkpoint_dir(path)``; return that directory.
 
     ``model``/``optimizer``: modules or their state dicts. ``opts``: an :class:`Opts`, a dict or None.
     ``plan``: an :class:`ExecutionPlan`, a dict or None. ``state``: JSON data (see the module docstring).
     ``rng``: RNG states as JSON data (:func:`accelbatch.state.capture_rng`, or one per replica), or None.
+    ``scaler``: the fp16 loss scaler's ``state_dict()`` (numbers only), or None.
     """
     ckdir = checkpoint_dir(path)
     # everything that can fail on bad input fails here, before anything is written
@@ -159,6 +166,8 @@ def save_checkpoint(path: str | os.PathLike, *, model: torch.nn.Module | Mapping
     }
     state_bytes = json.dumps(document, sort_keys=True, indent=1).encode("utf-8")
     tensors = {"model": _state_dict(model), "optimizer": _state_dict(optimizer)}
+    if scaler:
+        tensors["scaler"] = _plain(dict(scaler), "scaler")
 
     if os.path.exists(ckdir) and not os.path.isdir(ckdir):
         raise CheckpointError(f"{ckdir}: exists and is not a directory; move it away or choose another "
@@ -229,7 +238,8 @@ def load_checkpoint(path: str | os.PathLike, map_location: Any = "cpu") -> Check
             or not isinstance(document, dict):
         raise CheckpointError(f"{gen_dir}: not an accelbatch checkpoint (unexpected contents); {what_to_do}")
     return Checkpoint(path=found, model_state=tensors["model"], optimizer_state=tensors.get("optimizer"),
-                      opts=document.get("opts") or {}, plan=document.get("plan") or {},
+                      scaler_state=tensors.get("scaler"), opts=document.get("opts") or {},
+                      plan=document.get("plan") or {},
                       state=document.get("state") or {}, rng=document.get("rng"),
                       version=manifest["version"], generation=manifest["generation"])
 

@@ -145,7 +145,11 @@ class Opts:
     reduction: str = _opt("mean", "--reduction", choices=REDUCTIONS, group="plan",
                           help="how accumulated and replicated gradients combine", train_only=True)
     mixed_precision: str = _opt("no", "--mixed-precision", choices=MIXED_PRECISION, group="plan",
-                                help="cuda: autocast precision")
+                                help="autocast precision (cpu and cuda); fp16 also scales the loss "
+                                     "(GradScaler, its state in checkpoints)")
+    compile: bool = _opt(False, "--compile", group="plan",
+                         help="cpu, cuda: run the model's forward through torch.compile (fewer kernel launches "
+                              "for small models); the first steps, and each new input shape, compile")
     ipu_emulator: bool = _opt(False, "--ipu-emulator", group="plan",
                               help="run --device ipu on the CPU emulator of poptorch "
                                    "(also ACCELBATCH_IPU_EMULATOR=1)")

@@ -16,7 +16,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, TextIO
 
-from accelbatch.agents import Agent, TorchAgent, set_learning_rate
+from accelbatch.agents import Agent, TorchAgent, learning_rates, set_learning_rates
 from accelbatch.build import Runtime, attach_runtime, create_world
 from accelbatch.metrics import combine_reports
 from accelbatch.opts import OptionError, Opts
@@ -163,12 +163,14 @@ def _train(world: World, opts: Opts, log: MetricsLog, runtime: Runtime, stop: St
     next_validation = opts.validation_every_n_epochs * per_epoch if opts.validation_every_n_epochs > 0 else math.inf
     checkpoints = Checkpointer(opts, backend, runtime.plan) if opts.model_file and isinstance(model, TorchAgent) \
         else None
+    optimizer = model.engine.host_optimizer() if checkpoints is not None and opts.resume else None
+    fresh = learning_rates(optimizer) if optimizer is not None else []  # this run's -lr (and the agent's own)
     resumed = checkpoints.resume(world, model.engine) if checkpoints is not None and opts.resume else None
-    if checkpoints is not None and opts.resume and model.engine.host_optimizer() is not None:
-        had = set_learning_rate(model.engine.host_optimizer(), opts.learning_rate)  # the new -lr applies
+    if optimizer is not None:
+        had = set_learning_rates(model.engine.host_optimizer(), fresh)  # a new -lr applies
         if had and main:
-            print(f"accelbatch: --resume: continuing with -lr {opts.learning_rate:g} (the checkpoint's optimizer "
-                  f"had {had})", file=sys.stderr)
+            print(f"accelbatch: --resume: continuing with -lr {', '.join(f'{v:g}' for v in sorted(set(fresh)))} "
+                  f"(the checkpoint's optimizer had {had})", file=sys.stderr)
     # the train row of the report: every example trained, before a resume (from the checkpoint) and since
     before_resume: dict[str, float] = {}
     if resumed is not None:

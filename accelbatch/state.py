@@ -140,7 +140,8 @@ class Checkpointer:
         if self.backend.is_main_process():
             tensors = engine.state_dict()
             save_checkpoint(self.opts.model_file, model=tensors["model"], optimizer=tensors.get("optimizer"),
-                            opts=self.opts, plan=self.plan, rng=rngs, state={**extra, "data": states})
+                            opts=self.opts, plan=self.plan, rng=rngs, state={**extra, "data": states},
+                            scaler=tensors.get("scaler"))
         self.backend.barrier()
 
     def resume(self, world: Any, engine: Any) -> dict[str, Any] | None:

@@ -65,10 +65,11 @@ class Topology:
 
 @dataclass(frozen=True)
 class EngineOptions:
-    """Run options an engine needs beyond its plan: ``--skip-nan`` and ``--mixed-precision``."""
+    """Run options an engine needs beyond its plan: ``--skip-nan``, ``--mixed-precision``, ``--compile``."""
 
     skip_nan: bool = False
     mixed_precision: str = "no"
+    compile: bool = False
 
     def __post_init__(self) -> None:
         if self.mixed_precision not in MIXED_PRECISION:
@@ -78,7 +79,8 @@ class EngineOptions:
     @classmethod
     def from_opts(cls, opts: Any) -> EngineOptions:
         return cls(skip_nan=bool(getattr(opts, "skip_nan", False)),
-                   mixed_precision=getattr(opts, "mixed_precision", None) or "no")
+                   mixed_precision=getattr(opts, "mixed_precision", None) or "no",
+                   compile=bool(getattr(opts, "compile", False)))
 
 
 @dataclass(frozen=True)
@@ -113,7 +115,8 @@ class Hooks:
     ``forward(batch, bare)``: ``bare`` runs the module without replication wrappers (tails, eval);
     ``no_sync``: the context of a micro-batch whose gradients must not be all-reduced yet; ``loss_factor``:
     an extra loss scale (DDP averages over R); ``reduce``: all-reduce an update's gradients and loss sum,
-    returning the summed loss; ``host_check``: read this update's NaN flag on the host now, else
+    returning the summed loss; ``step``: apply an update whose loss the host saw finite;
+    ``host_check``: read this update's NaN flag on the host now, else
     ``step_unless(flag, update)`` steps where the device-side flag is clear and ``rollback(update)`` undoes
     what such steps left off the device before the call raises; ``to_host``: the call's one host wait.
     """
@@ -147,8 +150,10 @@ class Hooks:
     def reduce(self, loss_sum: torch.Tensor, bare: bool) -> torch.Tensor:
         return loss_sum
 
-    def step(self) -> None:
+    def step(self) -> int:
+        """Apply the update (the host has seen its loss finite); the host reads it made (0 or more)."""
         self.optimizer.step()
+        return 0
 
     def host_check(self) -> bool:
         return True
@@ -210,11 +215,20 @@ class Engine(ABC):
         """The optimizer whose state a checkpoint holds (None: weights only)."""
         return getattr(self, "optimizer", None)
 
+    def loss_scaler(self) -> Any:
+        """The fp16 loss scaler (a ``GradScaler``) whose state a checkpoint holds; None without one."""
+        return getattr(getattr(self, "hooks", None), "scaler", None)
+
     def state_dict(self) -> dict[str, Any]:
+        """``{"model", "optimizer"?, "scaler"?}``: the scaler's scale and growth tracker with fp16, so that
+        a resume goes on at the scale it had reached (not at the initial 65536)."""
         state = {"model": self.model.state_dict()}
         optimizer = self.host_optimizer()
         if optimizer is not None:
             state["optimizer"] = optimizer.state_dict()
+        scaler = self.loss_scaler()
+        if scaler is not None and scaler.is_enabled():
+            state["scaler"] = scaler.state_dict()
         return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -222,6 +236,9 @@ class Engine(ABC):
         optimizer = self.host_optimizer()
         if optimizer is not None and "optimizer" in state:
             optimizer.load_state_dict(state["optimizer"])
+        scaler = self.loss_scaler()
+        if scaler is not None and scaler.is_enabled() and state.get("scaler"):
+            scaler.load_state_dict(state["scaler"])
 
 
 class Backend(ABC):

@@ -4,8 +4,11 @@ Both engines are the one loop of :mod:`accelbatch.backends.engine` with CPU hook
 
 * :class:`PlanEngine` (one process): with R > 1 the replicas are simulated in this process (their
   micro-batches join the update's accumulation), which gives the same weights as R processes.
-  Micro-batches are views of the combined batch (no copy). ``--mixed-precision bf16`` runs the forward
-  under CPU autocast (outputs come back in fp32); fp16 needs a GPU and is refused.
+  Micro-batches are views of the combined batch (no copy). ``--mixed-precision bf16|fp16`` runs the
+  forward under CPU autocast (outputs come back in fp32); fp16 also scales the loss
+  (:class:`~accelbatch.backends.scaler.LossScaler`, GradScaler's policy, shared with the CUDA engine: an
+  update whose gradients overflow is not applied and the scale lowered). A torch without fp16 CPU
+  autocast refuses fp16 in one line.
 * :class:`ReplicatedEngine` (R processes, torch.distributed initialised with ``world_size == R``): each
   process runs its replica's micro-batches (``inputs="shard"``: it is given its ``[D, G, b]`` slice,
   ``plan.shard(batch, rank)``; ``inputs="full"``: it is given the whole call and keeps its rows). The
@@ -23,6 +26,7 @@ Both engines are the one loop of :mod:`accelbatch.backends.engine` with CPU hook
 from __future__ import annotations
 
 import os
+import warnings
 from collections.abc import Mapping
 from typing import Any
 
@@ -34,35 +38,72 @@ from accelbatch.plan import ExecutionPlan, OutputMode, PlanError
 from . import distributed
 from .base import Backend, EngineOptions, Hooks, Replicas, TensorBatch, Topology
 from .engine import LayoutEngine
+from .scaler import LossScaler
 
-FP16_ON_CPU = ("--mixed-precision fp16 needs a GPU (fp16 autocast with a GradScaler); on the CPU use bf16 "
-               "or no")
+FP16_ON_CPU = (f"--mixed-precision fp16 on the CPU needs a torch with fp16 CPU autocast and CPU loss-scaling "
+               f"kernels (this is {torch.__version__}): upgrade torch, or use bf16 or no")
+AUTOCAST_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+def fp16_on_cpu_supported() -> bool:
+    """Whether this torch runs fp16 autocast on the CPU and unscales gradients there (torch >= 2.4)."""
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # an older torch warns and disables autocast instead
+            with torch.autocast("cpu", dtype=torch.float16):
+                ok = torch.is_autocast_enabled("cpu") and torch.get_autocast_dtype("cpu") == torch.float16
+        grad = torch.ones(1)
+        torch._amp_foreach_non_finite_check_and_unscale_([grad], torch.zeros(1), torch.ones(()))
+    except (RuntimeError, TypeError, AttributeError, NotImplementedError):
+        return False
+    return ok
+
+
+def check_mixed_precision_on_cpu(mixed_precision: str) -> None:
+    """Refuse fp16 in one line when this torch cannot run it on the CPU."""
+    if mixed_precision == "fp16" and not fp16_on_cpu_supported():
+        raise PlanError(FP16_ON_CPU)
 
 
 class CPUHooks(Hooks):
-    """The CPU in one process; ``bf16``: the forward under CPU autocast, its outputs returned in fp32."""
+    """The CPU in one process; ``bf16``/``fp16``: the forward under CPU autocast, its outputs returned in
+    fp32; ``fp16`` also scales the loss (``self.scaler``, a :class:`LossScaler`; None otherwise)."""
 
     def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer | None,
-                 mixed_precision: str = "no"):
-        if mixed_precision == "fp16":
-            raise PlanError(FP16_ON_CPU)
+                 mixed_precision: str = "no", compile: bool = False):
+        check_mixed_precision_on_cpu(mixed_precision)
         super().__init__(model, optimizer)
-        self.autocast = mixed_precision == "bf16"
+        self.autocast = AUTOCAST_DTYPES.get(mixed_precision)
+        self.scaler = LossScaler("cpu") if mixed_precision == "fp16" else None
+        self.run: Any = torch.compile(model) if compile else model   # shares the model's parameters
 
     def forward(self, batch: TensorBatch, bare: bool) -> Mapping[str, torch.Tensor]:
-        if not self.autocast:
-            return self.model(batch)
-        with torch.autocast("cpu", dtype=torch.bfloat16):
-            out = self.model(batch)
+        if self.autocast is None:
+            return self.run(batch)
+        with torch.autocast("cpu", dtype=self.autocast):
+            out = self.run(batch)
         return {k: v.float() if v.dtype in (torch.bfloat16, torch.float16) else v for k, v in out.items()}
+
+    def backward(self, loss: torch.Tensor) -> None:
+        (loss if self.scaler is None else self.scaler.scale(loss)).backward()
+
+    def step(self) -> int:
+        if self.scaler is None:
+            self.optimizer.step()
+            return 0
+        found = self.scaler.unscale_(p for g in self.optimizer.param_groups for p in g["params"])
+        if not found.item():  # applied unless a gradient overflowed (reading a CPU tensor waits for nothing)
+            self.optimizer.step()
+        self.scaler.update(found)
+        return 1
 
 
 class FlatGradHooks(CPUHooks):
     """One replica of R gloo processes: gradients and the update's loss in one flat all-reduced buffer."""
 
     def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer | None, group: Any,
-                 mixed_precision: str = "no"):
-        super().__init__(model, optimizer, mixed_precision)
+                 mixed_precision: str = "no", compile: bool = False):
+        super().__init__(model, optimizer, mixed_precision, compile)
         self.group = group
         self.params = [p for p in model.parameters() if p.requires_grad]
         dtypes = {p.dtype for p in self.params}
@@ -98,7 +139,8 @@ class PlanEngine(LayoutEngine):
     def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer | None,
                  plan: ExecutionPlan | None = None, options: EngineOptions | None = None):
         options = options or EngineOptions()
-        super().__init__(model, optimizer, plan, CPUHooks(model, optimizer, options.mixed_precision), options)
+        hooks = CPUHooks(model, optimizer, options.mixed_precision, options.compile)
+        super().__init__(model, optimizer, plan, hooks, options)
 
 
 class ReplicatedEngine(LayoutEngine):
@@ -118,7 +160,7 @@ class ReplicatedEngine(LayoutEngine):
         replicas = Replicas(rank=dist.get_rank(group), world_size=dist.get_world_size(group), group=group,
                             inputs=inputs, gather_outputs=gather_outputs)
         replicas.check(plan)
-        hooks = FlatGradHooks(model, optimizer, group, options.mixed_precision)
+        hooks = FlatGradHooks(model, optimizer, group, options.mixed_precision, options.compile)
         super().__init__(model, optimizer, plan, hooks, options, replicas)
         if broadcast_init:
             _broadcast_state(model, group)
@@ -164,11 +206,10 @@ class CPUBackend(Backend):
         return True, ""
 
     def setup(self, opts: Any) -> Topology:
-        """Keep the engine options (fp16 refused) and, when launched by torchrun or spawn_replicas with
-        R > 1, join the gloo process group."""
+        """Keep the engine options (fp16 refused where torch cannot run it on the CPU) and, when launched
+        by torchrun or spawn_replicas with R > 1, join the gloo process group."""
         options = EngineOptions.from_opts(opts)
-        if options.mixed_precision == "fp16":
-            raise PlanError(FP16_ON_CPU)
+        check_mixed_precision_on_cpu(options.mixed_precision)
         self.options = options
         if getattr(opts, "replication_factor", 1) > 1 and not distributed.is_initialized():
             timeout_s = float(getattr(opts, "replica_timeout_s", distributed.DEFAULT_GROUP_TIMEOUT_S))

@@ -8,29 +8,32 @@
 * Feeding: host rows are pinned and copied with ``non_blocking=True`` on a side stream
   (:mod:`accelbatch.backends.prefetch`). Inside a call the rows of update u+1 are copied once update u's
   kernels are queued; ``engine.stage(next_batch)``, called before stepping the current batch, has the next
-  call pinned and copied once the current call's kernels are queued, so both overlap the device's work.
-  Pinning runs on the calling thread at that point: no helper thread, none competing for cores.
+  call pinned on one helper thread at once (while this thread steps the current call) and copied once the
+  current call's kernels are queued, so both overlap the device's work. ``accelbatch train --device cuda``
+  stages every call one step ahead (the loader front end, with or without data workers).
 * No host wait inside a call: updates are queued back to back and the call ends with one wait, after
   which the loss, the NaN flags and the selected outputs are read together (``engine.host_syncs``). The
-  NaN policy keeps its flag on the device (:class:`StepGuard`). Exceptions, each one wait per update:
-  fp16 (the GradScaler reads its overflow flag), the first update while the optimizer has no state yet,
-  and ``--skip-nan`` with an optimizer that keeps state on the host (torch's Adam/AdamW unless
+  NaN policy keeps its flag on the device (:class:`StepGuard`), and so does fp16's loss scaler
+  (:class:`~accelbatch.backends.scaler.LossScaler`: an overflow masks the step through the same guard).
+  Exceptions, each one wait per update: the first update while the optimizer has no state yet,
+  and ``--skip-nan`` or fp16 with an optimizer that keeps state on the host (torch's Adam/AdamW unless
   ``fused=True`` or ``capturable=True``); with R processes and ``--no-drop-last``, one small all-reduce of
   shard sizes per call.
 * Replication: one process per replica, launched by ``torchrun``/``accelerate launch`` (or
   :func:`spawn_cuda_replicas` on one node); accelerate joins the group and wraps the model in DDP. DDP
   averages over R, so a micro-batch's loss is scaled by ``weight x R``. An epoch tail may leave a replica
   with fewer micro-batches than another, which DDP cannot all-reduce: tails run the bare module under
-  ``no_sync`` and all-reduce the gradients explicitly. Each update's loss is all-reduced (on the device),
-  so every replica skips or stops at the same update.
-* The optimizer step, ``zero_grad`` and ``backward`` call torch (and accelerate's GradScaler for fp16)
-  directly for one device or DDP: accelerate's optimizer wrapper adds per-step host work that an engine
-  doing its own accumulation does not need.
+  ``no_sync`` and all-reduce the gradients explicitly (one flat buffer with the loss). Each update's
+  loss is all-reduced (on the device), so every replica skips or stops at the same update.
+* The optimizer step, ``zero_grad`` and ``backward`` call torch (and the device-side loss scaler for
+  fp16) directly for one device or DDP: accelerate's optimizer wrapper and GradScaler add per-step host
+  work that an engine doing its own accumulation does not need.
 """
 
 from __future__ import annotations
 
 import copy
+import functools
 import os
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
@@ -42,9 +45,9 @@ from accelbatch.plan import ExecutionPlan, PlanError
 
 from . import distributed
 from .base import MIXED_PRECISION, Backend, EngineOptions, Hooks, Replicas, TensorBatch, Topology
-from .cpu import FP16_ON_CPU
 from .engine import LayoutEngine
 from .prefetch import Copier, copier_for, map_tensors, tensors_of
+from .scaler import LossScaler
 
 if TYPE_CHECKING:
     from accelerate import Accelerator
@@ -87,7 +90,8 @@ def make_accelerator(cpu: bool = False, mixed_precision: str = "no",
     if mixed_precision not in MIXED_PRECISION:
         raise PlanError(f"--mixed-precision: {mixed_precision!r} is not one of {', '.join(MIXED_PRECISION)}")
     if cpu and mixed_precision == "fp16":
-        raise PlanError(FP16_ON_CPU)
+        raise PlanError("--mixed-precision fp16 needs a GPU on accelerate (its CPU path has no GradScaler): "
+                        "use bf16 or no, or --device cpu, which runs fp16 with torch's CPU GradScaler")
     if is_initialized():
         state = AcceleratorState()
         want_cpu = cpu or not torch.cuda.is_available()
@@ -99,15 +103,21 @@ def make_accelerator(cpu: bool = False, mixed_precision: str = "no",
                 "process of its own (start a new process for it)")
         if state.distributed_type != DistributedType.NO and not distributed.is_initialized():
             raise PlanError("accelerate's process group of this process was torn down; start a new process")
+    from accelerate.utils import DistributedDataParallelKwargs
+
     kwargs: dict[str, Any] = {"cpu": cpu}
     if mixed_precision != "no":
         kwargs["mixed_precision"] = mixed_precision
+    # DDP: gradients are views of its all-reduce buckets (no copy into and out of them, no second copy
+    # of the gradients in memory)
+    handlers: list[Any] = [DistributedDataParallelKwargs(gradient_as_bucket_view=True)]
     if group_timeout_s is not None:
         from datetime import timedelta
 
         from accelerate.utils import InitProcessGroupKwargs
 
-        kwargs["kwargs_handlers"] = [InitProcessGroupKwargs(timeout=timedelta(seconds=group_timeout_s))]
+        handlers.append(InitProcessGroupKwargs(timeout=timedelta(seconds=group_timeout_s)))
+    kwargs["kwargs_handlers"] = handlers
     return Accelerator(**kwargs)
 
 
@@ -140,11 +150,15 @@ class StepGuard:
                         out.append((self.optimizer.state[p], key))
         return out
 
+    def has_host_state(self) -> bool:
+        """Whether the optimizer keeps state off the device (torch's Adam: ``step`` unless fused/capturable)."""
+        return bool(self._state(on_device=False))
+
     def needs_host(self) -> bool:
         state = self.optimizer.state
         if not self.primed and any(p not in state for g in self.optimizer.param_groups for p in g["params"]):
             return True
-        return self.skip and bool(self._state(on_device=False))
+        return self.skip and self.has_host_state()
 
     def step(self, do_step: Callable[[], None], flag: torch.Tensor, update: int) -> None:
         if update == 0:
@@ -196,13 +210,21 @@ class AccelerateHooks(Hooks):
             self.module, self.wrapped = accelerator.prepare(model, optimizer)
         self.direct = accelerator.distributed_type in (DistributedType.NO, DistributedType.MULTI_GPU,
                                                         DistributedType.MULTI_CPU)
-        self.scaler = accelerator.scaler
+        # fp16: our device-side scaler where we step ourselves (no host read per update); accelerate's
+        # GradScaler where accelerate steps (DeepSpeed, FSDP, ...)
+        self.scaler: Any = accelerator.scaler
+        if self.direct and self.scaler is not None:
+            self.scaler = LossScaler(device)
         self.guard = StepGuard(optimizer, device, options.skip_nan) if optimizer is not None else None
         self.copier = copier if copier is not None else copier_for(device)
         self.prefetch = prefetch
+        # --compile: the bare module (tails, eval) and the wrapped one (DDP) each through torch.compile
+        self.run_bare: Any = torch.compile(model) if options.compile else model
+        self.run_wrapped: Any = self.run_bare if self.module is model else (
+            torch.compile(self.module) if options.compile else self.module)
 
     def forward(self, batch: TensorBatch, bare: bool) -> Mapping[str, torch.Tensor]:
-        return (self.model if bare else self.module)(batch)
+        return (self.run_bare if bare else self.run_wrapped)(batch)
 
     def no_sync(self, last: bool, bare: bool) -> Any:
         if self.world == 1 or (last and not bare):
@@ -226,31 +248,59 @@ class AccelerateHooks(Hooks):
     def reduce(self, loss_sum: torch.Tensor, bare: bool) -> torch.Tensor:
         if self.world == 1:
             return loss_sum
-        if bare:  # a tail: DDP did not all-reduce (see the module docstring)
-            for p in self.model.parameters():
-                if p.requires_grad:
-                    if p.grad is None:
-                        p.grad = torch.zeros_like(p)
-                    dist.all_reduce(p.grad)
-        dist.all_reduce(loss_sum)
-        return loss_sum
+        if not bare:
+            dist.all_reduce(loss_sum)
+            return loss_sum
+        # a tail: DDP did not all-reduce (see the module docstring); gradients and loss in one flat buffer
+        params = [p for p in self.model.parameters() if p.requires_grad]
+        for p in params:
+            if p.grad is None:
+                p.grad = torch.zeros_like(p)
+        dtype = functools.reduce(torch.promote_types, [p.grad.dtype for p in params], torch.float32)
+        flat = torch.cat([p.grad.reshape(-1).to(dtype) for p in params] + [loss_sum.reshape(1).to(dtype)])
+        dist.all_reduce(flat)
+        offset = 0
+        for p in params:
+            p.grad.copy_(flat[offset:offset + p.numel()].view_as(p.grad))
+            offset += p.numel()
+        return flat[-1]
 
-    def step(self) -> None:
-        if not self.direct:
-            self.wrapped.step()
-        elif self.scaler is not None:  # fp16: skips the step on overflow
-            self.scaler.step(self.optimizer)
-            self.scaler.update()
-        else:
-            self.optimizer.step()
+    def _params(self) -> list[torch.nn.Parameter]:
+        return [p for g in self.optimizer.param_groups for p in g["params"]]
+
+    def _optimizer_step(self) -> None:
+        self.optimizer.step()
         if self.guard is not None:
             self.guard.primed = True
 
+    def step(self) -> int:
+        if not self.direct:
+            self.wrapped.step()
+            return 0
+        if self.scaler is None:
+            self._optimizer_step()
+            return 0
+        # the host path (the optimizer has no state yet, or keeps it off the device): read the overflow flag
+        found = self.scaler.unscale_(self._params())
+        if not found.item():
+            self._optimizer_step()
+        self.scaler.update(found)
+        return 1
+
     def host_check(self) -> bool:
-        return self.guard is None or self.scaler is not None or not self.direct or self.guard.needs_host()
+        # fp16 with state off the device: an overflow-masked step would leave it advanced (no rollback then)
+        return (self.guard is None or not self.direct or self.guard.needs_host()
+                or (self.scaler is not None and self.guard.has_host_state()))
 
     def step_unless(self, flag: torch.Tensor, update: int) -> None:
-        self.guard.step(self.step, flag, update)
+        if self.scaler is None:
+            self.guard.step(self._optimizer_step, flag, update)
+            return
+        # fp16 without a host read: an overflow masks the step as a bad loss does; the scale changes only
+        # on updates the NaN policy lets through
+        found = self.scaler.unscale_(self._params())
+        self.guard.step(self._optimizer_step, flag | found, update)
+        self.scaler.update(found, active=~flag)
 
     def rollback(self, update: int) -> None:
         if self.guard is not None:

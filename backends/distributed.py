@@ -11,6 +11,10 @@ What the CLI / run integration needs:
   if one raises, the others are ended at once and :class:`~accelbatch.procs.ProcessRaised` carries the
   traceback of the replica that raised first; one that dies without a traceback is
   :class:`~accelbatch.procs.ProcessDied`; past ``timeout_s`` :class:`~accelbatch.procs.ProcessTimeout`.
+  A replica aborted without a traceback (SIGABRT: NCCL's watchdog ends a replica whose collective timed
+  out) while a peer keeps running is ``ProcessTimeout`` naming that stuck peer, with its stack; when all
+  abort, ``ProcessDied`` says what SIGABRT means there. A group ``fn`` joined itself (accelerate's NCCL
+  group) and left up is left after ``fn`` returns.
   ``group_timeout_s`` (``--replica-timeout-s``) bounds every collective: when a replica waits that long
   for one that never comes (hung, deadlocked), ``ProcessTimeout`` names the stuck replica and shows
   its Python stack. SIGINT/SIGTERM to the parent are passed on once to each replica (which run in process
@@ -56,6 +60,7 @@ from accelbatch.procs import (
 )
 
 DEFAULT_GROUP_TIMEOUT_S = 300.0  # --replica-timeout-s: how long a collective waits for a late replica
+ABORT_SETTLE_S = 5.0  # after a replica's SIGABRT: how long its peers have to end before one counts as stuck
 _TIMEOUT_TEXT = re.compile(r"timed out|timeout", re.IGNORECASE)
 _PEER_LOST = re.compile(r"closed by peer|reset by peer|broken pipe|connection refused", re.IGNORECASE)
 
@@ -165,6 +170,10 @@ def _replica_main(index: int, fn: Callable[..., Any], nprocs: int, port: int, in
         # every replica is past its last collective; the wrapper then leaves without running C++ destructors
         # (tearing a gloo group down while its peer does the same aborts one of them now and then)
         dist.barrier()
+    elif dist.is_initialized():
+        # a group ``fn`` joined and left up (accelerate's NCCL group): left here, after a barrier, so that
+        # no replica exits with a live NCCL communicator (its watchdog may abort a peer still inside one)
+        _leave_group(wait_for_peers=True)
     return result
 
 
@@ -281,13 +290,22 @@ def _failure(replicas: Supervisor, group_timeout_s: float, judge: bool) -> Proce
         if stuck:
             return _stuck_error(replicas, stuck, records[0], group_timeout_s)
     dead = [i for i in replicas.failed() if i not in replicas.records]
+    aborted = [i for i in dead if replicas.exitcodes[i] == -signal.SIGABRT]
+    if judge and aborted and not records:
+        stuck = _still_running(replicas, ABORT_SETTLE_S)
+        if stuck:
+            return _aborted_waiting_error(replicas, stuck, aborted[0], group_timeout_s)
     peers_lost = all(_PEER_LOST.search(_last_line(record.traceback)) for _, record in records)
     if dead and (not records or (judge and peers_lost)):
         index, code = dead[0], replicas.exitcodes[dead[0]]
         killed = code is not None and -code in signal.valid_signals()
         how = f"was killed by {signal.Signals(-code).name}" if killed else describe_exit(code)
+        why = (f"(a C++ abort: NCCL's watchdog aborts a replica whose collective waited past "
+               f"--replica-timeout-s={group_timeout_s:g} s or whose peer failed; raise that option if steps "
+               f"really take that long, NCCL_DEBUG=INFO says more)" if index in aborted
+               else "(out of memory? killed?)")
         return ProcessDied(f"replica {index} of {replicas.nprocs} (pid {replicas.pids[index]}) {how} without "
-                           "a Python traceback (out of memory? killed?); the other replicas were ended"
+                           f"a Python traceback {why}; the other replicas were ended"
                            + _consequences("died, these replicas failed too (as a consequence)", records),
                            role="replica", index=index, pid=replicas.pids[index], exitcode=code)
     (index, record), pid = records[0], replicas.pids[records[0][0]]
@@ -316,6 +334,30 @@ def _stuck_error(replicas: Supervisor, stuck: list[int], first: tuple[int, Failu
         f"({_last_line(record.traceback)}); all replicas were ended. It hangs (a deadlock, a blocking call) "
         f"or is much slower than the others; raise --replica-timeout-s if its steps really take that long.",
         stuck)
+    replicas.signal(signal.SIGKILL, stuck)
+    return error
+
+
+def _still_running(replicas: Supervisor, settle_s: float) -> list[int]:
+    """The replicas still running, without a failure report, ``settle_s`` after the call (or at once when
+    all others have ended): aborted peers end within moments of each other, a stuck one does not."""
+    deadline = time.monotonic() + settle_s
+    while not replicas.wait(max(0.0, min(0.5, deadline - time.monotonic()))) and time.monotonic() < deadline:
+        pass
+    return [i for i, code in enumerate(replicas.exitcodes) if code is None and i not in replicas.records]
+
+
+def _aborted_waiting_error(replicas: Supervisor, stuck: list[int], aborted: int,
+                           group_timeout_s: float) -> ProcessTimeout:
+    """ProcessTimeout naming the replicas that stayed up while a peer was aborted (SIGABRT, as NCCL's
+    watchdog ends a replica whose collective timed out): they never joined that collective."""
+    names, pids = ", ".join(map(str, stuck)), ", ".join(str(replicas.pids[i]) for i in stuck)
+    error = replicas.timeout_error(
+        f"replica {names} of {replicas.nprocs} (pid {pids}) is stuck: replica {aborted} was aborted (SIGABRT) "
+        f"without a Python traceback while replica {names} kept running, as NCCL's watchdog aborts a replica "
+        f"whose collective waited past --replica-timeout-s={group_timeout_s:g} s for one that never joined "
+        f"it; all replicas were ended. It hangs (a deadlock, a blocking call) or is much slower than the "
+        f"others; raise --replica-timeout-s if its steps really take that long.", stuck)
     replicas.signal(signal.SIGKILL, stuck)
     return error
 

@@ -17,6 +17,7 @@ once update u's kernels are queued; :meth:`LayoutEngine.stage` copies a later ca
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections import OrderedDict
 from collections.abc import Iterator, Mapping
 from typing import Any, NamedTuple
@@ -75,6 +76,7 @@ class _Mine(NamedTuple):
 class _Staged:
     batch: Any
     pending: Pending | None = None
+    pinned: Any = None        # a future of the batch pinned off the calling thread (copiers that pin)
 
 
 class LayoutEngine(Engine):
@@ -131,7 +133,7 @@ class LayoutEngine(Engine):
             if hooks.host_check():
                 reads += 1
                 if not bad.item():
-                    hooks.step()
+                    reads += hooks.step() or 0
                 elif self.skip_nan:
                     hooks.zero_grad()
                 else:
@@ -212,9 +214,7 @@ class LayoutEngine(Engine):
         whole call's, in the plan's order); else this replica's, rows indexing the batch it was given."""
         lay = mine.lay
         if self.world_size > 1 and self.gather_outputs:
-            gathered: list[Any] = [None] * self.world_size
-            dist.all_gather_object(gathered, kept, group=self.group)
-            kept = {j: part[j] for part in gathered for j in part}
+            kept = self._gather(kept)
         if self.world_size == 1 or self.gather_outputs:
             return combine_outputs(lay, [kept[j] for j in lay.kept]), lay.out_rows
         js = tuple(kept)
@@ -225,6 +225,33 @@ class LayoutEngine(Engine):
         rows = [torch.arange(first[j], first[j] + lay.micro_rows(j)) for j in js]
         index = torch.cat(rows) if rows else torch.empty(0, dtype=torch.long)
         return combine_outputs(own, [kept[j] for j in js]), index
+
+    def _gather(self, kept: dict[int, dict[str, torch.Tensor]]) -> dict[int, dict[str, torch.Tensor]]:
+        """Every replica's kept outputs, gathered as device tensors: one small exchange of their shapes,
+        then one all-gather per output name (no pickled tensors)."""
+        meta = {j: {k: (tuple(v.shape), str(v.dtype).removeprefix("torch.")) for k, v in out.items()}
+                for j, out in kept.items()}
+        metas: list[Any] = [None] * self.world_size
+        dist.all_gather_object(metas, meta, group=self.group)
+        names = sorted({k for m in metas for out in m.values() for k in out})
+        gathered: dict[int, dict[str, torch.Tensor]] = {j: {} for m in metas for j in m}
+        for name in names:
+            dtype = next(getattr(torch, out[name][1]) for m in metas for out in m.values() if name in out)
+            sizes = [sum(math.prod(out[name][0]) for out in m.values() if name in out) for m in metas]
+            local = [kept[j][name].reshape(-1) for j in sorted(kept) if name in kept[j]]
+            flat = torch.cat(local) if local else torch.empty(0, dtype=dtype, device=self.device)
+            padded = torch.zeros(max(sizes), dtype=dtype, device=self.device)
+            padded[:flat.numel()] = flat
+            parts = [torch.empty_like(padded) for _ in range(self.world_size)]
+            dist.all_gather(parts, padded, group=self.group)
+            for part, m in zip(parts, metas):
+                offset = 0
+                for j in sorted(m):
+                    if name in m[j]:
+                        shape = m[j][name][0]
+                        gathered[j][name] = part[offset:offset + math.prod(shape)].view(shape)
+                        offset += math.prod(shape)
+        return gathered
 
     @torch.no_grad()
     def eval_step(self, batch: TensorBatch) -> StepResult:
@@ -257,13 +284,16 @@ class LayoutEngine(Engine):
         call are queued (so it overlaps them), and the step given this same object uses it."""
         if self.hooks.copier is None or self.hooks.on_device(batch) or id(batch) in self._staged:
             return
-        self._staged[id(batch)] = _Staged(batch)
+        pin_ahead = getattr(self.hooks.copier, "pin_ahead", None)
+        self._staged[id(batch)] = _Staged(batch, pinned=pin_ahead(batch) if pin_ahead is not None else None)
         while len(self._staged) > self.max_staged:
             self._staged.popitem(last=False)
 
     def _issue_staged(self) -> None:
         for entry in self._staged.values():
-            if entry.pending is None:
+            if entry.pending is None and entry.pinned is not None:   # pinned meanwhile on the pin thread
+                entry.pending = self.hooks.copier.start(entry.pinned.result(), pinned=True)
+            elif entry.pending is None:
                 entry.pending = self.hooks.copier.start(entry.batch)
 
     def _feed(self, batch: TensorBatch, spans: list[tuple[int, int] | None]

@@ -27,7 +27,7 @@ from typing import Any, Iterable
 
 import torch
 
-from accelbatch.plan import ExecutionPlan
+from accelbatch.plan import ExecutionPlan, PlanError
 
 from .base import Backend, BackendUnavailable, Engine, TensorBatch
 from .ipu_engine import IPUEngine, plan_options
@@ -101,6 +101,12 @@ class IPUBackend(Backend):
 
     def setup(self, opts: Any) -> None:
         """Pick poptorch or the emulator for ``opts`` (see :func:`select_poptorch`); keep the seed."""
+        if getattr(opts, "compile", False):
+            raise PlanError("--compile applies to --device cpu and cuda (torch.compile); poptorch compiles "
+                            "every model for the IPU itself: leave it out")
+        if (getattr(opts, "mixed_precision", None) or "no") != "no":
+            raise PlanError(f"--mixed-precision {opts.mixed_precision} applies to --device cpu and cuda "
+                            "(autocast); on the IPU cast the model itself (model.half()) and leave it out")
         self._select(opts)
         seed = getattr(opts, "seed", None)
         self.seed = int(seed) if seed is not None else None

@@ -26,6 +26,7 @@ from __future__ import annotations
 import contextlib
 import threading
 from collections.abc import Callable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -162,22 +163,40 @@ class PassthroughCopier:
 
 
 class StreamCopier:
-    """Pinned, non-blocking copies on a side stream, waited for by the consumer's stream (see module doc)."""
+    """Pinned, non-blocking copies on a side stream, waited for by the consumer's stream (see module doc).
+
+    :meth:`pin_ahead` pins a batch on a helper thread (one, started when first needed), so that a batch
+    staged ahead is pinned while the calling thread steps the current one; ``start(pinned, pinned=True)``
+    then only issues the copies.
+    """
 
     def __init__(self, api: StreamAPI, pin: bool = True):
         self.api = api
         self.device = api.device
         self.pin = pin
         self.stream = api.new_stream()
+        self._pinner: ThreadPoolExecutor | None = None
 
-    def start(self, batch: Any) -> Pending:
+    def _pinned(self, t: torch.Tensor) -> torch.Tensor:
+        return self.api.pin(t) if t.device.type == "cpu" and not self.api.on_device(t) else t
+
+    def pin_ahead(self, batch: Any) -> Future | None:
+        """Start pinning ``batch``'s host tensors off the calling thread; the future gives the pinned batch
+        (None when this copier does not pin)."""
+        if not self.pin:
+            return None
+        if self._pinner is None:
+            self._pinner = ThreadPoolExecutor(1, thread_name_prefix="accelbatch-pin")
+        return self._pinner.submit(map_tensors, batch, self._pinned)
+
+    def start(self, batch: Any, pinned: bool = False) -> Pending:
         copied: list[torch.Tensor] = []
         sources: list[torch.Tensor] = []
 
         def copy(t: torch.Tensor) -> torch.Tensor:
             if self.api.on_device(t):
                 return t
-            src = self.api.pin(t) if self.pin and t.device.type == "cpu" else t   # rule 1
+            src = self.api.pin(t) if self.pin and not pinned and t.device.type == "cpu" else t   # rule 1
             out = self.api.copy_async(src)
             sources.append(src)
             copied.append(out)

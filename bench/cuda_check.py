@@ -7,7 +7,7 @@
 
 Every check runs in a fresh process (accelerate keeps one state per process, so a cpu=True or bf16
 Accelerator made by one check must not decide the next one's): cuda-vs-cpu weights for (D, G) = (1, 1),
-(4, 2) and in bf16/fp16, host syncs per call with D=8 (the counter and torch.cuda.set_sync_debug_mode),
+(4, 2) and in bf16/fp16, host syncs per call with D=8 in fp32 and fp16 (the counter and torch.cuda.set_sync_debug_mode),
 step time with staged prefetch vs compute alone, examples/s vs a plain PyTorch loop, and where the engine
 keeps weights and outputs. Exits 1 when a test or a check's criterion fails. Without a GPU: says why, runs
 the CPU-checkable tests (the GPU ones skip with their reason) and exits 0 when they pass.
@@ -73,12 +73,15 @@ def _weights(d: int, g: int, mixed_precision: str, limit: float) -> Callable[[st
     return run
 
 
-def _host_syncs(device: str) -> dict[str, Any]:
-    s = _bench().syncs_per_call(d=8, device=device, **(CPU_SIZES["syncs"] if device == "cpu" else {}))
-    ok = s.counted == 1 and s.debug_mode <= 1
-    return {"counted": s.counted, "sync_debug_warnings": s.debug_mode, "by_kind": s.by_kind,
-            "failure": None if ok else f"host syncs per call with D=8: counted {s.counted}, sync-debug "
-                                       f"{s.debug_mode} (want 1)"}
+def _host_syncs(mixed_precision: str) -> Callable[[str], dict[str, Any]]:
+    def run(device: str) -> dict[str, Any]:
+        s = _bench().syncs_per_call(d=8, device=device, mixed_precision=mixed_precision,
+                                    **(CPU_SIZES["syncs"] if device == "cpu" else {}))
+        ok = s.counted == 1 and s.debug_mode <= 1
+        return {"counted": s.counted, "sync_debug_warnings": s.debug_mode, "by_kind": s.by_kind,
+                "failure": None if ok else f"host syncs per call with D=8 ({mixed_precision}): counted "
+                                           f"{s.counted}, sync-debug {s.debug_mode} (want 1)"}
+    return run
 
 
 def _staged_prefetch(device: str) -> dict[str, Any]:
@@ -121,7 +124,8 @@ CHECKS: dict[str, tuple[Callable[[str], dict[str, Any]], bool]] = {  # name -> (
     "weights_D4_G2": (_weights(4, 2, "no", 1e-5), True),
     "weights_bf16_D4_G2": (_weights(4, 2, "bf16", 5e-2), True),
     "weights_fp16_D4_G2": (_weights(4, 2, "fp16", 5e-2), False),
-    "host_syncs_D8": (_host_syncs, True),
+    "host_syncs_D8": (_host_syncs("no"), True),
+    "host_syncs_fp16_D8": (_host_syncs("fp16"), False),
     "staged_prefetch": (_staged_prefetch, True),
     "throughput": (_throughput, True),
     "placement": (_placement, True),

@@ -173,8 +173,9 @@ class SyncReport:
 
 
 def syncs_per_call(d: int = 8, b: int = 64, features: int = 64, hidden: int = 256,
-                   device: str | None = None) -> SyncReport:
-    """Host waits in one training call with D device iterations (after a warm-up call).
+                   device: str | None = None, mixed_precision: str = "no") -> SyncReport:
+    """Host waits in one training call with D device iterations (after a warm-up call); with fp16 the loss
+    scaler's overflow checks too.
 
     On the CPU nothing waits for a device, so the count is of the host reads of results instead
     (``count_host_syncs(include_cpu_reads=True)``), and torch's sync-debug mode is not consulted.
@@ -182,7 +183,7 @@ def syncs_per_call(d: int = 8, b: int = 64, features: int = 64, hidden: int = 25
     dev = _device(device)
     on_cpu = dev.type == "cpu"
     plan = ExecutionPlan(micro_batch=b, device_iterations=d)
-    engine = _engine(MLPRegressor(features, hidden).to(dev), plan, dev)
+    engine = _engine(MLPRegressor(features, hidden).to(dev), plan, dev, mixed_precision=mixed_precision)
     batches = make_batches(2, plan.combined_batch, features, pinned=not on_cpu)
     engine.train_step(batches[0])
     _sync(dev)

@@ -443,3 +443,63 @@ def test_stop_signals_turn_sigterm_into_a_flag():
         with pytest.raises(KeyboardInterrupt):
             os.kill(os.getpid(), signal.SIGTERM)
     assert signal.getsignal(signal.SIGTERM) is before
+
+
+# --- the fp16 loss scaler ----------------------------------------------------------------------------
+
+class _LoudMemNN(torch.nn.Module):
+    """memnn with its loss times 30: its fp16 gradients overflow at the scaler's initial 65536."""
+
+    def __init__(self, inner):
+        super().__init__()
+        self.inner = inner
+
+    def forward(self, batch):
+        out = dict(self.inner(batch))
+        if "loss" in out:
+            out["loss"] = out["loss"] * 30.0
+        return out
+
+
+def _loud_agent():
+    from accelbatch.models.memnn import MemNNAgent
+
+    class LoudMemNN(MemNNAgent):
+        def build_model(self):
+            return _LoudMemNN(super().build_model())
+
+        def build_optimizer(self, model):
+            return torch.optim.SGD(model.parameters(), lr=1e-5)
+
+    return LoudMemNN
+
+
+def _fp16_run(tmp_path, steps, resume=False):
+    from accelbatch.build import create_world
+    from accelbatch.run import run
+
+    opts = Opts(task="babi:1", device="cpu", batchsize=4, mixed_precision="fp16", max_train_steps=steps,
+                validation_every_n_epochs=-1, eval_splits="", progress=False, seed=3,
+                model_file=str(tmp_path / "model"), save_every_n_secs=3600, resume=resume)
+    world = create_world(opts, agent=_loud_agent())
+    agent = world.get_model_agent()
+    run(world, opts)
+    return agent.engine
+
+
+def test_the_fp16_loss_scale_is_saved_and_a_resume_goes_on_from_it(tmp_path):
+    from accelbatch.backends.cpu import fp16_on_cpu_supported
+
+    if not fp16_on_cpu_supported():
+        pytest.skip(f"torch {torch.__version__} has no fp16 CPU autocast")
+    whole = _fp16_run(tmp_path / "whole", 8)
+    first = _fp16_run(tmp_path / "cut", 4)
+    scale = first.hooks.scaler.get_scale()
+    assert scale < 65536.0                     # overflows lowered it (updates were skipped)
+    assert any(not torch.equal(p, q) for p, q in zip(whole.model.parameters(), first.model.parameters()))
+    saved = ck.load_checkpoint(str(tmp_path / "cut" / "model")).scaler_state
+    assert saved["scale"] == scale and saved["_growth_tracker"] == first.hooks.scaler.state_dict()["_growth_tracker"]
+    resumed = _fp16_run(tmp_path / "cut", 8, resume=True)
+    assert resumed.hooks.scaler.state_dict() == whole.hooks.scaler.state_dict()
+    for (name, p), q in zip(whole.model.named_parameters(), resumed.model.parameters()):
+        assert torch.equal(p, q), name

@@ -71,3 +71,45 @@ def test_real_replicas_train_the_weights_of_the_single_process_plan(tmp_path, ex
         torch.testing.assert_close(cpu[key], ipu[key], rtol=1e-5, atol=1e-6, msg=key)
     assert reports["cpu"]["valid"]["exs"] == reports["ipu"]["valid"]["exs"] == 1000
     assert reports["cpu"]["valid"]["accuracy"] == reports["ipu"]["valid"]["accuracy"]
+
+
+@pytest.mark.slow
+@pytest.mark.multiprocess
+@pytest.mark.timeout(400)
+def test_two_torchrun_nodes_train_the_weights_of_one_process(tmp_path):
+    """Two torchrun agents as two "nodes" on 127.0.0.1 (c10d rendezvous, one process each, gloo) run
+    `accelbatch train -rf 2`; the weights equal one process running the same plan (the IPU emulator runs
+    both replicas' micro-batches in turn, the same combined batch)."""
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    import torch
+    from accelbatch.backends.distributed import find_free_port
+
+    torchrun = os.path.join(os.path.dirname(sys.executable), "torchrun")
+    if not os.path.exists(torchrun):
+        pytest.skip("torchrun is not installed next to this python")
+    common = ["train", "-t", "babi:1", "-m", "memnn", "-tstep", "6", "-bs", "4", "-rf", "2", "--no-progress"]
+    port, env = find_free_port(), dict(os.environ, OMP_NUM_THREADS="1")
+    nodes = [subprocess.Popen([torchrun, "--nnodes", "2", "--node-rank", str(rank), "--nproc-per-node", "1",
+                               "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-id",
+                               "accelbatch-test", "-m", "accelbatch", *common, "--device", "cpu",
+                               "-mf", str(tmp_path / "nodes.pt"), "--report-json", str(tmp_path / "nodes.json")],
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+             for rank in (0, 1)]
+    try:
+        outputs = [node.communicate(timeout=300)[0].decode() for node in nodes]
+    finally:
+        for node in nodes:
+            if node.poll() is None:
+                os.killpg(node.pid, signal.SIGKILL)
+                node.wait()
+    assert [node.returncode for node in nodes] == [0, 0], "\n".join(out[-3000:] for out in outputs)
+    report = json.loads((tmp_path / "nodes.json").read_text())
+    assert report["replicas"] == 2 and report["train"]["exs"] == 6 * 4 * 2 and report["valid"]["exs"] == 1000
+    assert main(common + ["--device", "ipu", "--ipu-emulator", "-mf", str(tmp_path / "one.pt")]) == 0
+    nodes_w, one = _weights(tmp_path / "nodes.pt"), _weights(tmp_path / "one.pt")
+    for key in one:
+        torch.testing.assert_close(nodes_w[key], one[key], rtol=1e-5, atol=1e-6, msg=key)

@@ -349,3 +349,21 @@ def test_resume_applies_a_new_learning_rate_and_refuses_another_optimizer(tmp_pa
     other = resumed.replace(optimizer="sgd", max_train_steps=4)
     with pytest.raises(CheckpointError, match=r"-opt/--optimizer 'sgd' \(checkpoint: 'adam'\)"):
         run(create_world(other), other)
+
+
+@pytest.mark.slow
+def test_mixed_precision_on_the_cpu_changes_the_run(tmp_path):
+    """`--mixed-precision` on --device cpu runs autocast (bf16; fp16 with a loss scaler where torch has it):
+    the valid loss differs from fp32's after the same steps, and stays close to it."""
+    from accelbatch.backends.cpu import fp16_on_cpu_supported
+
+    losses = {}
+    for mp in ("no", "bf16") + (("fp16",) if fp16_on_cpu_supported() else ()):
+        path = tmp_path / f"{mp}.json"
+        assert main(["train", "-t", "babi:1", "-m", "memnn", "-bs", "8", "--max-train-steps", "4", "-veps", "-1",
+                     "--eval-splits", "valid", "--no-progress", "--mixed-precision", mp,
+                     "--report-json", str(path)]) == 0
+        losses[mp] = json.loads(path.read_text())["valid"]["loss"]
+    for mp, loss in losses.items():
+        if mp != "no":
+            assert loss != losses["no"] and loss == pytest.approx(losses["no"], rel=0.05), (mp, losses)

@@ -44,12 +44,15 @@ class MemoryNetwork(nn.Module):
         m_in = self.memory_in(flat).view(rows, mems, -1) + self.time_in(age)
         m_out = self.memory_out(flat).view(rows, mems, -1) + self.time_out(age)
         u = self.query_emb(query)
-        logits = torch.einsum("rmd,rd->rm", m_in, u).masked_fill(age == 0, -1e9)
+        logits = torch.einsum("rmd,rd->rm", m_in, u)
+        logits = logits.masked_fill(age == 0, torch.finfo(logits.dtype).min)
         attention = logits.softmax(dim=-1)
         answer = u + torch.einsum("rm,rmd->rd", attention, m_out)
         c_rows, n_cands, c_words = cands.shape
         cand_vecs = self.cand_emb(cands.view(c_rows * n_cands, c_words)).view(c_rows, n_cands, -1)
-        scores = torch.einsum("rcd,rd->rc", cand_vecs, answer).masked_fill(batch["cand_mask"] == 0, -1e9)
+        scores = torch.einsum("rcd,rd->rc", cand_vecs, answer)
+        # the dtype's own minimum: -1e9 overflows fp16 (autocast) and masked_fill refuses it
+        scores = scores.masked_fill(batch["cand_mask"] == 0, torch.finfo(scores.dtype).min)
         out = {"scores": scores}
         if "label_index" in batch:
             out["loss"] = F.cross_entropy(scores, batch["label_index"])

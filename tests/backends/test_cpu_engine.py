@@ -335,3 +335,40 @@ def test_bf16_runs_the_forward_under_cpu_autocast_and_returns_fp32():
     seen.clear()
     engine_for(model, 0.1).train_step(make_data(1))               # no mixed precision: no autocast
     assert seen == [False]
+
+
+def test_fp16_on_the_cpu_scales_the_loss_as_a_plain_torch_loop_does():
+    """fp16: autocast and torch's CPU GradScaler, step for step as the loop torch documents (an update
+    whose gradients overflow at the initial scale is skipped and the scale halved)."""
+    import types
+
+    from accelbatch.backends.cpu import fp16_on_cpu_supported
+
+    if not fp16_on_cpu_supported():
+        pytest.skip(f"torch {torch.__version__} has no fp16 CPU autocast")
+    data = [{**b, "y": b["y"] * 100} for b in (make_data(4, seed=s) for s in range(6))]   # large grads
+    ref = fresh()
+    opt = torch.optim.SGD(ref.parameters(), lr=0.1)
+    scaler = torch.amp.GradScaler("cpu")
+    scales, ref_losses = [], []
+    for batch in data:                       # the plain loop: one micro batch per step
+        opt.zero_grad()
+        with torch.autocast("cpu", dtype=torch.float16):
+            loss = ref(batch)["loss"]
+        scaler.scale(loss).backward()
+        scaler.step(opt)
+        scaler.update()
+        scales.append(scaler.get_scale())
+        ref_losses.append(loss.item())
+    assert scales[0] < 65536.0               # the data overflows at the initial scale: a skipped update
+    model = fresh()
+    backend = CPUBackend()
+    backend.setup(types.SimpleNamespace(replication_factor=1, mixed_precision="fp16"))
+    eng = backend.compile(model, torch.optim.SGD(model.parameters(), lr=0.1), ExecutionPlan(micro_batch=4))
+    losses = [eng.train_step(batch).loss for batch in data]
+    assert losses == pytest.approx(ref_losses, rel=1e-6)
+    assert eng.hooks.scaler.get_scale() == scales[-1]
+    assert_same_weights(model, ref, atol=0)
+    fp32 = fresh()
+    fp32_losses = [engine_for(fp32, 0.1, micro_batch=4).train_step(batch).loss for batch in data[:1]]
+    assert losses[0] != fp32_losses[0]        # autocast really ran in fp16

@@ -224,7 +224,10 @@ def test_mixed_precision_is_passed_to_accelerate_only_when_asked(monkeypatch):
     monkeypatch.setattr(accelerate, "Accelerator", lambda **kwargs: made.append(kwargs))
     make_accelerator(cpu=True)
     make_accelerator(cpu=True, mixed_precision="bf16")
+    handlers = [m.pop("kwargs_handlers") for m in made]
     assert made == [{"cpu": True}, {"cpu": True, "mixed_precision": "bf16"}]
+    assert all([type(h).__name__ for h in hs] == ["DistributedDataParallelKwargs"] for hs in handlers)
+    assert all(hs[0].gradient_as_bucket_view for hs in handlers)
 
 
 def test_fp16_on_the_cpu_is_refused():
@@ -264,7 +267,8 @@ def _replica(rank: int, plan: ExecutionPlan, state: dict, calls: list) -> dict:
         results = [engine.train_step(batch if name == "full" else plan.shard(batch, rank)) for batch in calls]
         out[name] = {"state": model.state_dict(), "losses": [r.loss for r in results],
                      "outputs": [r.outputs for r in results], "rows": [r.rows for r in results],
-                     "wrapper": type(engine.module).__name__}
+                     "wrapper": type(engine.module).__name__,
+                     "bucket_view": getattr(engine.module, "gradient_as_bucket_view", None)}
     backend.teardown()
     return out
 
@@ -285,7 +289,7 @@ def test_two_replicas_with_ddp_equal_one_process():
     results = spawn_cuda_replicas(_replica, 2, plan, init, calls, timeout_s=100, cpu=True)
     for rank, both in enumerate(results):
         for res in both.values():
-            assert res["wrapper"] == "DistributedDataParallel"
+            assert res["wrapper"] == "DistributedDataParallel" and res["bucket_view"] is True
             assert res["losses"] == pytest.approx([r.loss for r in ref_results], rel=1e-5)
             for k, v in ref_model.state_dict().items():
                 torch.testing.assert_close(res["state"][k], v, rtol=0, atol=1e-6)
@@ -296,6 +300,30 @@ def test_two_replicas_with_ddp_equal_one_process():
         for got, want in zip(both["full"]["outputs"], ref_results):
             torch.testing.assert_close(got["pred"], want.outputs["pred"], rtol=1e-5, atol=1e-6)
         assert torch.equal(both["full"]["rows"][0], ref_results[0].rows)
+
+
+def test_a_tail_all_reduces_gradients_and_loss_in_one_flat_buffer(monkeypatch):
+    """An epoch tail runs the bare module (DDP cannot all-reduce it): one all-reduce for every gradient and
+    the loss, not one per parameter. Two replicas are faked with an all-reduce that adds an equal peer."""
+    import torch.distributed as dist
+
+    model = Tiny()
+    engine = cuda_on_cpu(model, torch.optim.SGD(model.parameters(), lr=0.1), ExecutionPlan(micro_batch=2))
+    engine.hooks.world = 2
+    calls = []
+
+    def all_reduce(tensor, *args, **kwargs):
+        calls.append(tensor.numel())
+        tensor.mul_(2)
+
+    monkeypatch.setattr(dist, "all_reduce", all_reduce)
+    model(batches(1, 2)[0])["loss"].backward()
+    grads = [p.grad.clone() for p in model.parameters()]
+    total = engine.hooks.reduce(torch.tensor(1.5), bare=True)
+    assert calls == [sum(p.numel() for p in model.parameters()) + 1]
+    assert float(total) == 3.0
+    for p, g in zip(model.parameters(), grads):
+        torch.testing.assert_close(p.grad, 2 * g, rtol=0, atol=0)
 
 
 def test_spawning_gpu_replicas_without_gpus_is_refused():
@@ -360,6 +388,37 @@ def test_the_run_loop_drives_the_cuda_backend(monkeypatch):
     assert any(not torch.equal(before[k], v) for k, v in agent.model.state_dict().items())
 
 
+@pytest.mark.slow
+def test_the_run_loop_stages_each_next_call_on_the_cuda_backend(monkeypatch):
+    """`accelbatch train --device cuda` without workers: the loader front end fetches each call one step
+    ahead and stages it (its copy then overlaps the current step); the weights are the --device cpu run's
+    (no prefetch, teacher and agent clones)."""
+    from accelbatch.build import create_world
+    from accelbatch.loader_world import LoaderWorld
+    from accelbatch.run import run
+
+    monkeypatch.setattr(CUDABackend, "is_available", classmethod(lambda cls: (True, "")))
+    monkeypatch.setattr(CUDABackend, "__init__", functools.partialmethod(CUDABackend.__init__, cpu=True))
+    staged, stepped = [], []
+    stage, train_step = CUDAEngine.stage, CUDAEngine.train_step
+    monkeypatch.setattr(CUDAEngine, "stage", lambda self, b: (staged.append(id(b)), stage(self, b))[1])
+    monkeypatch.setattr(CUDAEngine, "train_step", lambda self, b: (stepped.append(id(b)), train_step(self, b))[1])
+    # sgd: fused (cuda) and plain (cpu) SGD agree to rounding; Adam's ~lr steps on near-zero gradients
+    # would turn rounding into differences of the order of lr
+    opts = Opts(task="babi:1", model="memnn", device="cuda", batchsize=8, device_iterations=2, optimizer="sgd",
+                learning_rate=0.1, max_train_steps=6, validation_every_n_epochs=-1, eval_splits="", progress=False)
+    models = {}
+    for device in ("cuda", "cpu"):
+        world = create_world(opts.replace(device=device))
+        models[device] = world.get_model_agent().model
+        if device == "cuda":
+            assert isinstance(world, LoaderWorld)
+        run(world, opts.replace(device=device))
+    assert len(stepped) == 6 and stepped[1:] == staged[:5]     # every call after the first was staged first
+    for p, q in zip(models["cuda"].parameters(), models["cpu"].parameters()):
+        torch.testing.assert_close(p, q, rtol=0, atol=1e-6)
+
+
 # --- on a GPU -----------------------------------------------------------------------------------------------
 
 @functools.lru_cache(maxsize=1)
@@ -413,20 +472,26 @@ def gpu_check(name: str) -> dict:
 @pytest.mark.timeout(600)
 @pytest.mark.parametrize("name", ["weights_D1_G1", "weights_D4_G2", "weights_bf16_D4_G2",
                                   "weights_fp16_D4_G2", "placement", "staged_prefetch", "host_syncs_D8",
+                                  "host_syncs_fp16_D8",
                                   "throughput"])
 def test_gpu_check(name):
     gpu_check(name)
 
 
 def _gpu_replica(rank: int, plan: ExecutionPlan, state: dict, calls: list) -> dict:
+    """One DDP replica on its GPU; its NCCL group is torn down however it ends (a live communicator at
+    exit can leave a peer waiting until NCCL's watchdog aborts it)."""
     model = Tiny()
     model.load_state_dict(state)
     backend = CUDABackend()
-    backend.setup(Opts(device="cuda", replication_factor=plan.replication_factor))
-    engine = backend.compile(model, torch.optim.SGD(model.parameters(), lr=0.1), plan)
-    for batch in calls:
-        engine.train_step(plan.shard(batch, rank))
-    return {k: v.cpu() for k, v in model.state_dict().items()}
+    try:
+        backend.setup(Opts(device="cuda", replication_factor=plan.replication_factor))
+        engine = backend.compile(model, torch.optim.SGD(model.parameters(), lr=0.1), plan)
+        for batch in calls:
+            engine.train_step(plan.shard(batch, rank))
+        return {k: v.cpu() for k, v in model.state_dict().items()}
+    finally:
+        backend.teardown()
 
 
 @pytest.mark.cuda

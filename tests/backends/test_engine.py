@@ -151,6 +151,8 @@ def test_state_kept_off_the_device_is_put_back_or_read_on_the_host():
     opt.step()
     assert not StepGuard(opt, torch.device("cpu"), skip=True).needs_host()
     assert StepGuard(opt, torch.device("meta"), skip=True).needs_host()     # its state is "off the device"
+    assert StepGuard(opt, torch.device("meta"), skip=False).has_host_state()  # fp16 reads the host then
+    assert not StepGuard(opt, torch.device("cpu"), skip=False).has_host_state()
     guard = StepGuard(opt, torch.device("meta"), skip=False)
     assert not guard.needs_host()
     weights, state = copy.deepcopy(model.state_dict()), copy.deepcopy(opt.state_dict())
@@ -278,3 +280,130 @@ def test_replicas_stop_at_or_skip_the_same_update(two_replicas, skip):
                 assert "weight update 1 of 2" in res["error"] and "--skip-nan" in res["error"]
             for k, v in model.state_dict().items():
                 torch.testing.assert_close(res["state"][k], v, rtol=0, atol=1e-6, msg=f"{name} {k}")
+
+
+# --- fp16's loss scaler: the same policy on both engines, no host read on the CUDA one -------------------
+
+class Overflowing(Poisonable):
+    """A row with ``o`` set gives NaN gradients and a finite loss, as an fp16 overflow in backward does."""
+
+    def forward(self, batch):
+        out = super().forward(batch)
+        pred = self.lin(batch["x"])
+        out["loss"] = out["loss"] + (torch.sqrt(pred.sum(1) * 0.0 + (1 - batch["o"])) * 0.0).mean()
+        return out
+
+
+def overflow_data(rows: int, overflow: tuple[int, ...] = (), seed: int = 0) -> dict[str, torch.Tensor]:
+    batch = data(rows, seed=seed)
+    batch["o"] = torch.zeros(rows)
+    batch["o"][list(overflow)] = 1.0
+    return batch
+
+
+@pytest.mark.parametrize("opt", ["sgd", "momentum", "adam_fused", "momentum_fused"])
+def test_an_overflow_skips_the_same_update_and_backs_off_the_scale_on_both_engines(opt):
+    from accelbatch.backends.scaler import LossScaler
+
+    plan = ExecutionPlan(micro_batch=2, device_iterations=4)
+    models = [Overflowing(), Overflowing()]
+    cpu = PlanEngine(models[0], OPTIMIZERS[opt](models[0].parameters()), plan)
+    backend = CUDABackend(cpu=True)
+    backend.setup(Opts(device="cuda"))
+    cuda = backend.compile(models[1], OPTIMIZERS[opt](models[1].parameters()), plan)
+    for engine in (cpu, cuda):   # fp16's scaler; the arithmetic stays fp32 (accelerate runs no fp16 on the CPU)
+        engine.hooks.scaler = LossScaler("cpu", growth_interval=3)
+    calls = [overflow_data(8, seed=1), overflow_data(8, (4,), seed=2), overflow_data(8, seed=3)]
+    for i, batch in enumerate(calls):
+        weights = copy.deepcopy(cuda.model.state_dict())
+        a = cpu.train_step(batch)
+        with count_host_syncs(include_cpu_reads=True) as syncs:
+            b = cuda.train_step(batch)
+        if i > 0:   # the first call reads its first update's flags on the host (no optimizer state yet)
+            assert syncs.by_kind == {"Tensor.tolist": 1} and b.extras["host_syncs"] == 1, syncs.by_kind
+        assert a.updates == b.updates == 4 and a.extras["skipped_updates"] == b.extras["skipped_updates"] == 0
+        assert b.loss == pytest.approx(a.loss, rel=1e-6)
+        assert any(not torch.equal(weights[k], v) for k, v in cuda.model.state_dict().items())
+        assert_same(cpu, cuda)
+        assert cpu.hooks.scaler.state_dict() == cuda.hooks.scaler.state_dict()
+    # x2 after every 3 clean updates in a row, x0.5 at the overflow (update 3 of call 2), whose NaN
+    # gradients were not applied: call 1: 3 clean (x2) + 1; call 2: 2 clean (x2), overflow (x0.5), 1;
+    # call 3: 2 clean (x2), 2 more
+    assert all(bool(torch.isfinite(p).all()) for p in cuda.model.parameters())
+    assert cuda.hooks.scaler.state_dict()["scale"] == 65536.0 * 2 * 2 * 0.5 * 2
+    assert cuda.hooks.scaler.state_dict()["_growth_tracker"] == 2
+
+
+# --- --compile ------------------------------------------------------------------------------------------
+
+@pytest.mark.slow
+@pytest.mark.multiprocess      # inductor runs the C++ compiler
+@pytest.mark.timeout(600)
+def test_compile_runs_the_forward_through_torch_compile_with_the_same_results():
+    """``--compile`` on both engines: the forward goes through torch.compile (training and eval), and the
+    weights and outputs equal the eager engine's."""
+    plan = ExecutionPlan(micro_batch=4, device_iterations=2)
+    calls = [data(8, seed=s) for s in (1, 2)]
+    eager_model = Poisonable()
+    eager = PlanEngine(eager_model, OPTIMIZERS["momentum"](eager_model.parameters()), plan)
+    eager_results = [eager.train_step(b) for b in calls]
+    eager_eval = eager.eval_step(calls[0])
+    for name in ("cpu", "cuda"):
+        torch._dynamo.reset()
+        backend = CPUBackend() if name == "cpu" else CUDABackend(cpu=True)
+        backend.setup(Opts(device=name, compile=True))
+        model = Poisonable()
+        engine = backend.compile(model, OPTIMIZERS["momentum"](model.parameters()), plan)
+        results = [engine.train_step(b) for b in calls]
+        evaluated = engine.eval_step(calls[0])
+        frames = torch._dynamo.utils.counters["stats"]["unique_graphs"]
+        assert frames >= 1, name                           # dynamo compiled the model's forward
+        for got, want in zip(results, eager_results):
+            assert got.loss == pytest.approx(want.loss, rel=1e-5)
+        torch.testing.assert_close(evaluated.outputs["pred"], eager_eval.outputs["pred"], rtol=1e-5, atol=1e-6)
+        for p, q in zip(model.parameters(), eager_model.parameters()):
+            torch.testing.assert_close(p, q, rtol=1e-5, atol=1e-6)
+        backend.teardown()
+
+
+def test_compile_and_mixed_precision_on_the_ipu_are_refused_in_one_line():
+    from accelbatch.backends.ipu import IPUBackend
+
+    from accelbatch.plan import PlanError
+
+    with pytest.raises(PlanError, match=r"^--compile applies to --device cpu and cuda .*leave it out$"):
+        IPUBackend().setup(Opts(device="ipu", compile=True, ipu_emulator=True))
+    with pytest.raises(PlanError, match=r"^--mixed-precision bf16 applies to --device cpu and cuda .*leave it out$"):
+        IPUBackend().setup(Opts(device="ipu", mixed_precision="bf16", ipu_emulator=True))
+
+
+def test_gathered_outputs_travel_as_tensors_not_pickles(monkeypatch):
+    """``gather_outputs``: replicas exchange the outputs' shapes (small), then one all-gather per output
+    name; no tensor is pickled. A second replica is faked: it holds micro-batch 1 with its own values."""
+    engine = PlanEngine(Poisonable(), None, ExecutionPlan(micro_batch=2))
+    engine.world_size, engine.rank = 2, 0
+    mine = {0: {"pred": torch.arange(6.0).view(3, 2), "n": torch.tensor(7), "ids": torch.tensor([1, 2, 3])}}
+    peer = {1: {"pred": -torch.arange(4.0).view(2, 2), "n": torch.tensor(8), "ids": torch.tensor([4, 5])}}
+    pickled = []
+
+    def all_gather_object(out, obj, group=None):
+        pickled.append(obj)
+        out[0], out[1] = obj, {j: {k: (tuple(v.shape), str(v.dtype).removeprefix("torch.")) for k, v in o.items()}
+                               for j, o in peer.items()}
+
+    order = iter(sorted(mine[0]))     # one all-gather per output name, in sorted order
+
+    def all_gather(parts, tensor, group=None):
+        parts[0].copy_(tensor)
+        flat = peer[1][next(order)].reshape(-1)
+        parts[1].zero_()
+        parts[1][:flat.numel()] = flat
+
+    monkeypatch.setattr(dist, "all_gather_object", all_gather_object)
+    monkeypatch.setattr(dist, "all_gather", all_gather)
+    got = engine._gather(mine)
+    assert not [v for obj in pickled for out in obj.values() for v in out.values() if isinstance(v, torch.Tensor)]
+    for j, expected in {**mine, **peer}.items():
+        assert got[j].keys() == expected.keys()
+        for k, v in expected.items():
+            assert torch.equal(got[j][k], v), (j, k)

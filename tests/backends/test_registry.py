@@ -97,8 +97,13 @@ def test_cpu_backend_interface_single_process(monkeypatch):
     backend.teardown()  # safe twice
 
 
-def test_fp16_on_the_cpu_backend_is_refused_in_one_line():
+def test_fp16_on_the_cpu_backend_is_refused_in_one_line_by_a_torch_without_it(monkeypatch):
+    import accelbatch.backends.cpu as cpu
+
+    monkeypatch.setattr(cpu, "fp16_on_cpu_supported", lambda: False)
     with pytest.raises(PlanError) as err:
         CPUBackend().setup(types.SimpleNamespace(replication_factor=1, mixed_precision="fp16"))
-    assert str(err.value) == ("--mixed-precision fp16 needs a GPU (fp16 autocast with a GradScaler); on the "
-                              "CPU use bf16 or no")
+    assert str(err.value) == (f"--mixed-precision fp16 on the CPU needs a torch with fp16 CPU autocast and CPU "
+                              f"loss-scaling kernels (this is {torch.__version__}): upgrade torch, or use bf16 "
+                              "or no")
+    assert "\n" not in str(err.value)

@@ -334,3 +334,64 @@ def test_env_info_reads_torchrun_variables():
     port = distributed.find_free_port()
     assert 0 < port < 65536
     assert distributed.rank() == 0 and distributed.world_size() == 1 and distributed.is_main_process()
+
+
+# --- a group the replica's function joined itself (accelerate's NCCL group) ------------------------------
+
+def _joins_its_own_group(rank: int, marker_dir: str) -> int:
+    """Joins a gloo group itself (as accelerate joins NCCL) and returns without leaving it; records whether
+    the group was destroyed after it returned."""
+    import torch.distributed as dist
+
+    original = dist.destroy_process_group
+
+    def recorded(*args, **kwargs):
+        with open(os.path.join(marker_dir, f"destroyed-{rank}"), "w") as fh:
+            fh.write("yes")
+        return original(*args, **kwargs)
+
+    dist.destroy_process_group = recorded
+    dist.init_process_group("gloo", init_method="env://", rank=rank, world_size=2)
+    return rank
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+def test_a_group_the_replica_joined_itself_is_left_after_it_returns(tmp_path):
+    assert spawn_replicas(_joins_its_own_group, 2, str(tmp_path), timeout_s=90, init_process_group=False) == [0, 1]
+    assert sorted(os.listdir(tmp_path)) == ["destroyed-0", "destroyed-1"]
+    assert_no_leaked_children()
+
+
+def _aborted_or_stuck(rank: int, stuck: bool) -> None:
+    """Replica 0 aborts as NCCL's watchdog aborts a replica whose collective timed out; replica 1 hangs in
+    user code (``stuck``) or aborts too."""
+    if rank == 0 or not stuck:
+        time.sleep(0.5)
+        os.abort()
+    time.sleep(120)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+def test_an_abort_while_a_peer_hangs_names_the_peer_as_stuck():
+    with pytest.raises(ProcessTimeout) as err:
+        spawn_replicas(_aborted_or_stuck, 2, True, timeout_s=90, init_process_group=False, group_timeout_s=7)
+    text = str(err.value)
+    assert text.startswith("replica 1 of 2") and "is stuck: replica 0 was aborted (SIGABRT)" in text
+    assert "--replica-timeout-s=7 s" in text and "_aborted_or_stuck" in text    # its stack is shown
+    assert err.value.index == 1
+    assert_no_leaked_children()
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+def test_an_abort_of_every_replica_is_reported_as_a_collective_timeout_or_lost_peer():
+    from accelbatch.procs import ProcessDied
+
+    with pytest.raises(ProcessDied) as err:
+        spawn_replicas(_aborted_or_stuck, 2, False, timeout_s=90, init_process_group=False, group_timeout_s=7)
+    text = str(err.value)
+    assert "was killed by SIGABRT without a Python traceback (a C++ abort: NCCL's watchdog" in text
+    assert "--replica-timeout-s=7 s" in text and "out of memory" not in text
+    assert_no_leaked_children()
