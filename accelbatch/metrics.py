@@ -9,6 +9,7 @@ few thousand rows at a time, each distinct pair once, weighted by how often it o
 
 from __future__ import annotations
 
+import math
 import re
 import string
 from collections import Counter
@@ -277,7 +278,51 @@ class Metrics:
         if self.loss_count:
             out["loss"] = self.loss_sum / self.loss_count
         out.update(self.extra)
+        return token_report(out)
+
+
+# sums a generator adds with Metrics.add (see accelbatch.models.generator); report() turns them into ParlAI's
+# token metrics. "tokens" stays in the report: replicas' reports merge exactly with it (report_weights).
+TOKEN_SUMS = ("token_nll", "token_correct", "token_batches")
+
+
+def token_report(out: dict[str, float]) -> dict[str, float]:
+    """Replace the token sums in ``out`` by loss (token-weighted mean NLL, over the row-weighted loss), ppl =
+    exp(loss), token_acc (targets predicted exactly under teacher forcing) and tpb (target tokens per batch)."""
+    if "token_nll" not in out:
         return out
+    nll, correct, batches = (out.pop(key) for key in TOKEN_SUMS)
+    tokens = out.get("tokens", 0.0)
+    if tokens:
+        out["loss"] = nll / tokens
+        out["ppl"] = math.exp(out["loss"]) if out["loss"] < 700 else math.inf
+        out["token_acc"] = correct / tokens
+    if batches:
+        out["tpb"] = tokens / batches
+    return out
+
+
+def report_weights(report: dict[str, float]) -> dict[str, float | None]:
+    """How to merge ``report`` with other processes' exactly: key -> weight of its average (None: a count,
+    summed). Averages weigh by examples, token metrics by tokens (tpb by batches); ppl is exp of the merged loss
+    (see :func:`finish_merged`)."""
+    exs = float(report.get("exs", 0))
+    weights: dict[str, float | None] = {key: exs for key in report}
+    weights["exs"] = None
+    tokens = report.get("tokens")
+    if tokens is not None:
+        weights.update(tokens=None, loss=tokens, token_acc=tokens)
+        weights.pop("ppl", None)
+        if report.get("tpb"):
+            weights["tpb"] = tokens / report["tpb"]
+    return weights
+
+
+def finish_merged(merged: dict[str, float]) -> dict[str, float]:
+    """ppl of a merged report with token metrics: exp of its merged token loss."""
+    if "tokens" in merged and "loss" in merged:
+        merged["ppl"] = math.exp(merged["loss"]) if merged["loss"] < 700 else math.inf
+    return merged
 
 
 def merge_reports(reports: Iterable[tuple[str, dict[str, float]]]) -> dict[str, float]:

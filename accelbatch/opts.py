@@ -22,6 +22,7 @@ DATALOADER_MODES = ("sync", "async", "async-rebatched")
 OUTPUT_MODES = ("default", "all", "final", "sum", "everyn")
 REDUCTIONS = ("mean", "sum")
 MIXED_PRECISION = ("no", "bf16", "fp16")
+INFERENCE = ("greedy", "beam")
 
 
 def _opt(default: Any, *flags: str, help: str, choices: Sequence[Any] | None = None,
@@ -71,6 +72,14 @@ class Opts:
     optimizer: str = _opt("adam", "-opt", "--optimizer", choices=("sgd", "adam", "adamw"), help="optimizer")
     embedding_size: int = _opt(64, "-esz", "--embedding-size", help="embedding size of reference models")
     text_truncate: int = _opt(256, "-tr", "--text-truncate", help="keep at most this many tokens of input text")
+    label_truncate: int = _opt(32, "-ltr", "--label-truncate",
+                               help="keep at most this many tokens of a label; generators generate at most this "
+                                    "many (plus the end token)")
+    inference: str = _opt("greedy", "--inference", choices=INFERENCE,
+                          help="generators: decoding at evaluation, greedy or beam (static shapes)")
+    beam_size: int = _opt(1, "--beam-size", help="generators: hypotheses kept by --inference beam")
+    skip_generation: bool = _opt(False, "--skip-generation",
+                                 help="generators: evaluate the token loss only, no replies (no accuracy)")
 
     # --- output ------------------------------------------------------------------------------
     metrics_log: str | None = _opt(None, "--metrics-log", help="append one JSON line of metrics per log event")
@@ -199,7 +208,7 @@ def validate(opts: Opts) -> None:
         if expected is str and not isinstance(value, str):
             raise OptionError(f"{flag}: expected a string, got {value!r}")
     for name in ("batchsize", "device_iterations", "replication_factor", "gradient_accumulation",
-                 "numthreads", "output_return_period", "buffer_size", "num_buckets"):
+                 "numthreads", "output_return_period", "buffer_size", "num_buckets", "label_truncate", "beam_size"):
         if getattr(opts, name) < 1:
             raise OptionError(f"{_flag(name)}: must be at least 1, got {getattr(opts, name)}")
     if opts.num_workers < 0:

@@ -29,6 +29,7 @@ TASK_PATHS: dict[str, str] = {
     "jsonl": "accelbatch.teachers:FileTeacher",
     "parlai": "accelbatch.teachers:FileTeacher",
     "dialogues": "accelbatch.tasks.dialogues:SyntheticDialogueTeacher",
+    "reverse": "accelbatch.tasks.reverse:ReverseTeacher",
 }
 
 TASK_HELP: dict[str, str] = {
@@ -37,6 +38,7 @@ TASK_HELP: dict[str, str] = {
     "jsonl:PATH": "a JSONL file (or a folder with train/valid/test.jsonl)",
     "parlai:PATH": "a ParlAI text-format file (or a folder with train/valid/test.txt)",
     "dialogues": "synthetic dialogues of the throughput benchmark",
+    "reverse": "generation: reply with the text's word reversed (reverse:N for N training examples)",
 }
 
 
