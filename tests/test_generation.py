@@ -1,0 +1,255 @@
+"""Generation: greedy/beam decoding, the token loss and token metrics, the generator agent end to end."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from torch import nn
+
+import accelbatch as ab
+from accelbatch.generation import BOS, EOS, PAD, ByteVocab, GeneratorModel
+from accelbatch.metrics import Metrics
+from accelbatch.models.generator import TransformerCore, TransformerGeneratorAgent
+from accelbatch.run import reduce_report
+from accelbatch.tasks.reverse import generate
+
+VOCAB = ByteVocab()
+
+
+def batch_of(texts: list[str], labels: list[str] | None = None) -> dict[str, torch.Tensor]:
+    def pad(rows):
+        width = max(len(r) for r in rows)
+        return torch.tensor([r + [PAD] * (width - len(r)) for r in rows])
+    batch = {"text_vec": pad([VOCAB.encode(t) for t in texts])}
+    if labels is not None:
+        batch["label_vec"] = pad([VOCAB.encode(lab) + [EOS] for lab in labels])
+    return batch
+
+
+class CopyCore(nn.Module):
+    """Hand-set: position t of the decoder predicts the input's token t, then EOS after the input ends."""
+
+    def encode(self, text):
+        return text
+
+    def decode(self, text, prefix):
+        rows, steps = prefix.shape
+        wanted = torch.full((rows, steps), EOS, dtype=torch.long)
+        n = min(steps, text.shape[1])
+        wanted[:, :n] = torch.where(text[:, :n] == PAD, EOS, text[:, :n])
+        return torch.nn.functional.one_hot(wanted, VOCAB.size).float() * 5.0
+
+
+class TableCore(nn.Module):
+    """Hand-set: the logits at decoder position t are row t of a fixed table, whatever the input."""
+
+    def __init__(self, table: torch.Tensor):
+        super().__init__()
+        self.table = table
+
+    def encode(self, text):
+        return text
+
+    def decode(self, text, prefix):
+        return self.table[: prefix.shape[1]].unsqueeze(0).expand(prefix.shape[0], -1, -1)
+
+
+def random_model(seed: int = 0, **kwargs) -> GeneratorModel:
+    torch.manual_seed(seed)
+    return GeneratorModel(TransformerCore(VOCAB.size, 16, 32), max_len=12, **kwargs).eval()
+
+
+def decoded(preds: torch.Tensor) -> list[str]:
+    return [VOCAB.decode(row) for row in preds.tolist()]
+
+
+@pytest.mark.parametrize("inference,beam", [("greedy", 1), ("beam", 1), ("beam", 3)])
+def test_a_decoder_that_copies_its_input_generates_the_input(inference, beam):
+    texts = ["hello", "ab", "copy me please"]
+    model = GeneratorModel(CopyCore(), max_len=20, inference=inference, beam_size=beam).eval()
+    assert decoded(model(batch_of(texts))["preds"]) == texts
+
+
+def test_generation_stops_at_max_len_and_pads_after_the_end_token():
+    model = GeneratorModel(CopyCore(), max_len=4).eval()
+    preds = model(batch_of(["abcdefgh", "ab"]))["preds"]
+    assert preds.shape == (2, 4)
+    assert decoded(preds) == ["abcd", "ab"]
+    assert preds[1].tolist() == VOCAB.encode("ab") + [EOS, PAD]
+
+
+def test_greedy_is_deterministic_and_beam_size_one_equals_greedy():
+    batch = batch_of(["abc", "kitchen", "", "a longer input text"])
+    first = random_model(inference="greedy")(batch)["preds"]
+    again = random_model(inference="greedy")(batch)["preds"]
+    beam1 = random_model(inference="beam", beam_size=1)(batch)["preds"]
+    beam4 = random_model(inference="beam", beam_size=4)(batch)["preds"]
+    assert torch.equal(first, again) and torch.equal(first, beam1)
+    assert torch.equal(beam4, random_model(inference="beam", beam_size=4)(batch)["preds"])
+    # the greedy steps by hand, one host read per token: the same tokens as the fixed-shape loop
+    model = random_model()
+    state = model.core.encode(batch["text_vec"])
+    for row in range(4):
+        prefix, out = [BOS], []
+        for _ in range(model.max_len):
+            logits = model.core.decode(tuple(s[row:row + 1] for s in state), torch.tensor([prefix]))[0, -1]
+            token = int(logits.argmax())
+            out.append(token)
+            prefix.append(token)
+            if token == EOS:
+                break
+        assert first[row, : len(out)].tolist() == out
+        assert set(first[row, len(out):].tolist()) <= {PAD}
+
+
+def test_beam_search_finds_a_sequence_greedy_misses():
+    # step 0: "a" (0.6) beats "b" (0.4); after "a" every continuation is flat, after "b" EOS is certain.
+    a, b = VOCAB.encode("a")[0], VOCAB.encode("b")[0]
+
+    class Branching(nn.Module):
+        def encode(self, text):
+            return text
+
+        def decode(self, text, prefix):
+            rows, steps = prefix.shape
+            logits = torch.zeros(rows, steps, VOCAB.size)
+            logits[:, 0, :] = -1e4
+            logits[:, 0, a], logits[:, 0, b] = math.log(0.6), math.log(0.4)
+            after_b = prefix[:, -1] == b
+            logits[after_b, -1, :] = -1e4
+            logits[after_b, -1, EOS] = 0.0
+            return logits
+
+    batch = batch_of(["x"])
+    greedy = GeneratorModel(Branching(), max_len=3).eval()(batch)["preds"]
+    beam = GeneratorModel(Branching(), max_len=3, inference="beam", beam_size=2).eval()(batch)["preds"]
+    assert VOCAB.decode(greedy[0].tolist()).startswith("a")
+    assert decoded(beam) == ["b"]
+
+
+def _hand_token_metrics(table: torch.Tensor, labels: list[str]) -> tuple[float, int, int]:
+    """(summed NLL, target tokens, tokens whose argmax is the target) with math on the table's logits."""
+    nll, tokens, correct = 0.0, 0, 0
+    for label in labels:
+        for t, target in enumerate(VOCAB.encode(label) + [EOS]):
+            row = table[t].tolist()
+            log_z = math.log(sum(math.exp(x) for x in row))
+            nll += log_z - row[target]
+            tokens += 1
+            correct += int(max(range(len(row)), key=row.__getitem__) == target)
+    return nll, tokens, correct
+
+
+def test_token_metrics_equal_a_hand_computation_and_merge_exactly_across_replicas():
+    torch.manual_seed(3)
+    table = torch.randn(8, VOCAB.size)
+    table[1, VOCAB.encode("b")[0]] = 10.0  # some targets are the argmax: token_acc is neither 0 nor 1
+    table[0, VOCAB.encode("a")[0]] = 10.0
+    opts = ab.Opts(model="transformer/generator", embedding_size=8)
+    agent = TransformerGeneratorAgent(opts)
+    model = GeneratorModel(TableCore(table), max_len=4).eval()
+    parts = [["ab", "abcdef"], ["a", "xyz", "bb"]]
+    reports = []
+    total = Metrics()
+    for labels in parts:
+        agent.metrics = Metrics()
+        out = model(batch_of(["q"] * len(labels), labels))
+        agent.replies({k: v for k, v in out.items() if k != "loss"}, [{}] * len(labels))
+        total.merge(agent.metrics)
+        reports.append({**agent.metrics.report(), "exs": len(labels)})
+        nll, tokens, _ = _hand_token_metrics(table, labels)
+        assert out["loss"].item() == pytest.approx(nll / tokens, rel=1e-5)  # the training loss: per token
+    nll, tokens, correct = _hand_token_metrics(table, parts[0] + parts[1])
+    assert 0 < correct < tokens
+    want = {"loss": nll / tokens, "ppl": math.exp(nll / tokens), "token_acc": correct / tokens,
+            "tpb": tokens / 2, "tokens": tokens}
+    got = total.report()
+    assert {k: got[k] for k in want} == pytest.approx(want, rel=1e-5)
+
+    class Recorder:
+        world_size = 2
+
+        def reduce_metrics(self, sums):
+            self.sums = sums
+            return sums
+
+    class TwoReplicas:
+        world_size = 2
+
+        def reduce_metrics(self, sums):
+            other = Recorder()
+            reduce_report(reports[1], other)
+            return {k: sums.get(k, 0.0) + other.sums.get(k, 0.0) for k in set(sums) | set(other.sums)}
+
+    merged = reduce_report(reports[0], TwoReplicas())
+    assert merged["exs"] == 5
+    assert {k: merged[k] for k in want} == pytest.approx(want, rel=1e-5)
+
+
+def test_skip_generation_gives_the_loss_and_no_preds():
+    out = GeneratorModel(CopyCore(), max_len=8, skip_generation=True).eval()(batch_of(["ab"], ["ab"]))
+    assert "preds" not in out and "loss" in out
+
+
+def test_generation_options_are_checked():
+    with pytest.raises(ab.opts.OptionError, match="--beam-size: must be at least 1"):
+        ab.Opts(beam_size=0)
+    with pytest.raises(ab.opts.OptionError, match="--inference: 'sample' is not one of greedy, beam"):
+        ab.Opts(inference="sample")
+
+
+def test_truncation_keeps_the_end_of_the_text_and_the_start_of_the_label():
+    agent = TransformerGeneratorAgent(ab.Opts(embedding_size=8, text_truncate=4, label_truncate=3))
+    obs = agent.vectorize(ab.Message(text="abcdefgh", labels=["uvwxyz"]))
+    assert VOCAB.decode(obs["text_vec"]) == "efgh"
+    assert obs["label_vec"] == VOCAB.encode("uvw") + [EOS]
+    assert agent.example_length(obs) == 4 + 4
+
+
+def _eval_report(opts: ab.Opts, agent=None) -> tuple[dict, object]:
+    world = ab.create_world(opts, agent=agent)
+    report = ab.evaluate(world)
+    world.shutdown()
+    return report, world.get_model_agent()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("device,bs,di", [("cpu", 7, 1), ("cpu", 4, 3), ("ipu", 5, 2)])
+def test_evaluation_with_generation_scores_every_example_once(device, bs, di):
+    # reverse:1340 has 67 valid examples: no batch size here divides it
+    opts = ab.Opts(task="reverse:1340", model="transformer/generator", datatype="valid", batchsize=bs,
+                   device_iterations=di, embedding_size=16, label_truncate=10, progress=False,
+                   device=device, ipu_emulator=device == "ipu")
+    report, _ = _eval_report(opts)
+    valid = [ep[0] for ep in generate(67, 0, "valid")]
+    assert report["exs"] == 67
+    assert report["tokens"] == sum(len(m["labels"][0]) + 1 for m in valid)
+    # an untrained model: compare with the same model evaluated one example at a time
+    one, _ = _eval_report(opts.replace(batchsize=1, device_iterations=1, device="cpu", ipu_emulator=False))
+    for key in ("loss", "ppl", "token_acc", "accuracy", "f1"):
+        assert report[key] == pytest.approx(one[key], rel=1e-4, abs=1e-6), key
+
+
+@pytest.mark.slow
+def test_same_weights_on_cpu_and_the_ipu_emulator_under_the_same_plan():
+    weights, reports = [], []
+    for device in ("cpu", "ipu"):
+        opts = ab.Opts(task="reverse:256", model="transformer/generator", batchsize=4, device_iterations=2,
+                       gradient_accumulation=2, embedding_size=16, num_epochs=1, label_truncate=10,
+                       validation_every_n_epochs=-1, eval_splits="valid", progress=False, seed=1,
+                       device=device, ipu_emulator=device == "ipu", log_every_n_secs=1000)
+        world = ab.create_world(opts)
+        reports.append(ab.run(world, opts))
+        weights.append({k: v.clone() for k, v in world.get_model_agent().model.state_dict().items()})
+    start = TransformerGeneratorAgent(ab.Opts(embedding_size=16, label_truncate=10, seed=1)).model.state_dict()
+    assert max((weights[0][k] - start[k]).abs().max().item() for k in start) > 1e-3  # it trained
+    assert max((weights[0][k] - weights[1][k]).abs().max().item() for k in start) < 1e-5
+    assert reports[1]["device"] == "ipu"
+    # texts of 3-8 letters pad to 8, labels of 4-9 tokens to 8 or 16: two training and two eval signatures at most
+    assert 1 <= reports[1]["ipu"]["compilations"] <= 4
+    cpu, ipu = reports[0]["valid"], reports[1]["valid"]
+    assert cpu["exs"] == ipu["exs"] and cpu["tokens"] == ipu["tokens"]
+    assert ipu["loss"] == pytest.approx(cpu["loss"], rel=1e-4)
+    assert ipu["accuracy"] == cpu["accuracy"]
