@@ -72,11 +72,12 @@ class Opts:
     optimizer: str = _opt("adam", "-opt", "--optimizer", choices=("sgd", "adam", "adamw"), help="optimizer")
     embedding_size: int = _opt(64, "-esz", "--embedding-size", help="embedding size of reference models")
     text_truncate: int = _opt(256, "-tr", "--text-truncate", help="keep at most this many tokens of input text")
-    label_truncate: int = _opt(32, "-ltr", "--label-truncate",
-                               help="keep at most this many tokens of a label; generators generate at most this "
-                                    "many (plus the end token)")
+    label_truncate: int = _opt(-1, "--label-truncate",
+                               help="label truncation length (-1: as --text-truncate, ParlAI's default); with "
+                                    "--text-truncate it sets the default --max-batch-tokens")
     inference: str = _opt("greedy", "--inference", choices=INFERENCE,
-                          help="generators: decoding at evaluation, greedy or beam (static shapes)")
+                          help="generators: decoding at evaluation, greedy or beam; it runs a fixed number of "
+                               "steps, --label-truncate + 1 (32 + 1 when it is -1)")
     beam_size: int = _opt(1, "--beam-size", help="generators: hypotheses kept by --inference beam")
     skip_generation: bool = _opt(False, "--skip-generation",
                                  help="generators: evaluate the token loss only, no replies (no accuracy)")
@@ -208,7 +209,7 @@ def validate(opts: Opts) -> None:
         if expected is str and not isinstance(value, str):
             raise OptionError(f"{flag}: expected a string, got {value!r}")
     for name in ("batchsize", "device_iterations", "replication_factor", "gradient_accumulation",
-                 "numthreads", "output_return_period", "buffer_size", "num_buckets", "label_truncate", "beam_size"):
+                 "numthreads", "output_return_period", "buffer_size", "num_buckets", "beam_size"):
         if getattr(opts, name) < 1:
             raise OptionError(f"{_flag(name)}: must be at least 1, got {getattr(opts, name)}")
     if opts.num_workers < 0:

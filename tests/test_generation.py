@@ -199,6 +199,11 @@ def test_generation_options_are_checked():
         ab.Opts(beam_size=0)
     with pytest.raises(ab.opts.OptionError, match="--inference: 'sample' is not one of greedy, beam"):
         ab.Opts(inference="sample")
+    with pytest.raises(ab.opts.OptionError, match="--label-truncate: must be -1 .* or at least 1, got 0"):
+        TransformerGeneratorAgent(ab.Opts(label_truncate=0, embedding_size=8))
+    default = TransformerGeneratorAgent(ab.Opts(embedding_size=8))  # -1: 32 label tokens kept, 33 steps
+    assert default.model.max_len == 33
+    assert len(default.vectorize(ab.Message(text="q", labels=["x" * 40]))["label_vec"]) == 33
 
 
 def test_truncation_keeps_the_end_of_the_text_and_the_start_of_the_label():
@@ -264,7 +269,7 @@ def test_two_gloo_replicas_train_and_report_what_the_emulated_replicas_do(tmp_pa
     replicas' evaluation reports (each replica scores its own rows) merge to the one-process token metrics."""
     from accelbatch.cli import main
 
-    common = ["train", "-t", "reverse:400", "-m", "transformer/generator", "-esz", "16", "-ltr", "10",
+    common = ["train", "-t", "reverse:400", "-m", "transformer/generator", "-esz", "16", "--label-truncate", "10",
               "-tstep", "6", "-bs", "4", "-rf", "2", "--no-progress", "--eval-splits", "valid", "-veps", "-1",
               # SGD: the key bias of attention has a zero gradient up to rounding, which Adam would scale up
               # into lr-sized steps that differ with the all-reduce's summation order
@@ -283,3 +288,25 @@ def test_two_gloo_replicas_train_and_report_what_the_emulated_replicas_do(tmp_pa
     assert cpu["tokens"] == ipu["tokens"] == sum(len(m["labels"][0]) + 1 for m in valid)
     for key in ("loss", "ppl", "token_acc", "accuracy"):
         assert cpu[key] == pytest.approx(ipu[key], rel=1e-5), key
+
+
+@pytest.mark.slow
+@pytest.mark.multiprocess
+@pytest.mark.timeout(300)
+def test_data_workers_and_dynamic_batching_change_nothing_but_speed():
+    """vectorize/batchify in two data workers (token-budget batches sized by text + label): the same weights
+    and the same evaluation as in the main process."""
+    results = []
+    for workers in (0, 2):
+        opts = ab.Opts(task="reverse:320", model="transformer/generator", batchsize=8, embedding_size=16,
+                       num_epochs=1, label_truncate=10, validation_every_n_epochs=-1, eval_splits="valid",
+                       progress=False, num_workers=workers, dynamic_batching="full", log_every_n_secs=1000)
+        world = ab.create_world(opts)
+        report = ab.run(world, opts)
+        results.append((report["valid"], world.get_model_agent().model.state_dict()))
+    (first, w0), (second, w2) = results
+    assert first["exs"] == second["exs"] == 16
+    for key in ("tokens", "loss", "ppl", "token_acc", "tpb", "accuracy"):
+        assert first[key] == pytest.approx(second[key], rel=1e-6), key
+    for key in w0:
+        torch.testing.assert_close(w0[key], w2[key], rtol=1e-6, atol=1e-7, msg=key)

@@ -3,9 +3,9 @@
 
 Tokens are UTF-8 bytes (:class:`~accelbatch.generation.ByteVocab`), so no dictionary is built and any task's
 text round-trips. ``--text-truncate`` keeps the last tokens of the text (the latest turn matters most, as in
-ParlAI), ``--label-truncate`` the first tokens of the label; generation runs ``--label-truncate`` + 1 steps
-(the end token included). Training minimises the token loss (teacher forcing); evaluation also generates
-(``--inference greedy|beam``, ``--beam-size``) unless ``--skip-generation``.
+ParlAI), ``--label-truncate`` the first tokens of the label (32 when it is -1, :func:`label_tokens`);
+generation runs that many steps + 1 (the end token included). Training minimises the token loss (teacher
+forcing); evaluation also generates (``--inference greedy|beam``, ``--beam-size``) unless ``--skip-generation``.
 
 Metrics (ParlAI's names): ``loss`` (mean NLL per target token), ``ppl`` = exp(loss), ``token_acc``, ``tpb``
 (target tokens per batch) and ``tokens``; they are sums in :class:`~accelbatch.metrics.Metrics`, so clones,
@@ -25,8 +25,21 @@ from torch import nn
 from accelbatch.agents import TorchAgent
 from accelbatch.generation import EOS, PAD, ByteVocab, GeneratorModel
 from accelbatch.messages import EVAL_LABELS, LABELS, TEXT, Message
+from accelbatch.opts import OptionError
 
 PAD_MULTIPLE = 8  # text and labels are padded to a multiple of this: few distinct shapes for graph compilers
+DEFAULT_LABEL_TOKENS = 32  # label tokens kept and generated when --label-truncate is -1 (see label_tokens)
+
+
+def label_tokens(opts: Any) -> int:
+    """Label tokens a generator keeps and generates: --label-truncate, or 32 when it is -1. (ParlAI generates up
+    to 256 and stops once every hypothesis ended; with static shapes every step costs, whether needed or not.)"""
+    if opts.label_truncate == -1:
+        return DEFAULT_LABEL_TOKENS
+    if opts.label_truncate < 1:
+        raise OptionError(f"--label-truncate: must be -1 (a generator keeps and generates {DEFAULT_LABEL_TOKENS} "
+                          f"tokens) or at least 1, got {opts.label_truncate}")
+    return opts.label_truncate
 
 
 def pad_to(rows: list[list[int]], width: int) -> torch.Tensor:
@@ -64,14 +77,14 @@ class GeneratorAgent(TorchAgent):
 
     def __init__(self, opts: Any, shared: dict[str, Any] | None = None):
         super().__init__(opts, shared)
-        self.example_length = TextLabelLength(opts.text_truncate, opts.label_truncate)
+        self.example_length = TextLabelLength(opts.text_truncate, label_tokens(opts))
 
     def build_core(self) -> nn.Module:
         raise NotImplementedError(f"{type(self).__name__} must implement build_core()")
 
     def build_model(self) -> nn.Module:
         o = self.opts
-        return GeneratorModel(self.build_core(), o.label_truncate + 1, o.inference, o.beam_size, o.skip_generation)
+        return GeneratorModel(self.build_core(), label_tokens(o) + 1, o.inference, o.beam_size, o.skip_generation)
 
     def vectorize(self, obs: Message) -> Message:
         text = self.vocab.encode(obs.get("full_text", obs.get(TEXT)) or "")
@@ -80,7 +93,7 @@ class GeneratorAgent(TorchAgent):
         obs["text_vec"] = text
         targets = obs.get(LABELS) or obs.get(EVAL_LABELS)
         if targets:
-            obs["label_vec"] = self.vocab.encode(targets[0])[: self.opts.label_truncate] + [EOS]
+            obs["label_vec"] = self.vocab.encode(targets[0])[: label_tokens(self.opts)] + [EOS]
         return obs
 
     def batchify(self, observations: list[Message]) -> dict[str, torch.Tensor]:
@@ -143,4 +156,4 @@ class TransformerGeneratorAgent(GeneratorAgent):
     def build_core(self) -> nn.Module:
         o = self.opts
         text = o.text_truncate if o.text_truncate > 0 else 1024
-        return TransformerCore(self.vocab.size, o.embedding_size, max(rounded(text), rounded(o.label_truncate + 1)))
+        return TransformerCore(self.vocab.size, o.embedding_size, max(rounded(text), rounded(label_tokens(o) + 1)))
