@@ -9,10 +9,11 @@ A *core* is any ``nn.Module`` with two methods:
 :class:`GeneratorModel` wraps a core into the model a :class:`~accelbatch.agents.TorchAgent` compiles:
 ``forward(batch)`` returns the teacher-forced token loss (mean over the micro-batch's target tokens) and
 per-row sums (``nll``, ``tokens``, ``correct``) the agent turns into ParlAI's loss / ppl / token_acc / tpb;
-in eval mode it also generates ``preds [rows, max_len]``. Decoding is a Python loop of exactly ``max_len``
-steps over tensors whose shapes depend only on the step number: no data-dependent branch and no host read
-per token, so a graph compiler (IPU) traces one graph per input shape and CUDA never syncs mid-decoding.
-A row that emitted the end token keeps emitting padding.
+in eval mode it also generates ``preds [rows, max_len]`` (never padding or the begin token; ParlAI's
+``--beam-min-length`` and ``--beam-block-ngram`` apply to greedy and beam alike, so beam size 1 is greedy).
+Decoding is a Python loop of exactly ``max_len`` steps over tensors whose shapes depend only on the step
+number: no data-dependent branch and no host read per token, so a graph compiler (IPU) traces one graph per
+input shape and CUDA never syncs mid-decoding. A row that emitted the end token keeps emitting padding.
 """
 
 from __future__ import annotations
@@ -72,13 +73,14 @@ class GeneratorModel(nn.Module):
     """
 
     def __init__(self, core: nn.Module, max_len: int, inference: str = "greedy", beam_size: int = 1,
-                 skip_generation: bool = False):
+                 skip_generation: bool = False, min_length: int = 0, block_ngram: int = -1):
         super().__init__()
         if inference not in ("greedy", "beam"):
             raise ValueError(f"--inference {inference!r}: expected greedy or beam")
         self.core = core
         self.max_len, self.inference, self.beam_size = max_len, inference, beam_size
         self.skip_generation = skip_generation
+        self.min_length, self.block_ngram = min_length, block_ngram
 
     def forward(self, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         text = batch["text_vec"]
@@ -105,6 +107,23 @@ class GeneratorModel(nn.Module):
         loss = row_nll.sum() / tokens.sum().clamp_min(1)
         return {"loss": loss, "nll": row_nll.detach(), "tokens": tokens, "correct": correct}
 
+    def constrain(self, scores: torch.Tensor, generated: torch.Tensor) -> torch.Tensor:
+        """``scores`` [N, vocab] of the next token with what may not come next made impossible: padding and the
+        begin token always, the end token before ``min_length`` tokens, and (``block_ngram`` n > 0) a token that
+        would repeat an n-gram of ``generated`` [N, t]. Shapes depend on t only, so this stays static."""
+        steps = generated.shape[1]
+        banned = [PAD, BOS] + ([EOS] if steps < self.min_length else [])
+        scores = scores.index_fill(1, torch.tensor(banned, device=scores.device), NEG)
+        n = self.block_ngram
+        if n < 1 or steps < n:
+            return scores
+        if n == 1:
+            return scores.scatter(1, generated, NEG)
+        # n-gram i is generated[i : i + n]; the next token would complete generated[t-n+1:] + [token]
+        heads = generated.unfold(1, n - 1, 1)[:, : steps - n + 1]        # [N, t-n+1, n-1]
+        match = (heads == generated[:, steps - n + 1:].unsqueeze(1)).all(dim=-1)
+        return scores.scatter_add(1, generated[:, n - 1:], match.to(scores.dtype) * NEG)
+
     def greedy(self, state: Any, rows: int) -> torch.Tensor:
         """[rows, max_len] tokens: the most likely token at each of max_len steps; padding after the end."""
         device = _device_of(state)
@@ -113,7 +132,7 @@ class GeneratorModel(nn.Module):
         done = torch.zeros(rows, dtype=torch.bool, device=device)
         positions = torch.arange(self.max_len + 1, device=device).unsqueeze(0)
         for t in range(self.max_len):
-            logits = self.core.decode(state, buf[:, : t + 1])[:, -1]
+            logits = self.constrain(self.core.decode(state, buf[:, : t + 1])[:, -1], buf[:, 1: t + 1])
             token = logits.argmax(dim=-1).masked_fill(done, PAD)
             buf = torch.where(positions == t + 1, token.unsqueeze(1), buf)
             done = done | (token == EOS)
@@ -136,6 +155,7 @@ class GeneratorModel(nn.Module):
         vocab = None
         for t in range(self.max_len):
             logp = F.log_softmax(self.core.decode(state, buf[:, : t + 1])[:, -1].float(), dim=-1)
+            logp = self.constrain(logp, buf[:, 1: t + 1])
             vocab = logp.shape[-1]
             finished = torch.full_like(logp[0], NEG)
             finished[PAD] = 0.0

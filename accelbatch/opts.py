@@ -79,6 +79,10 @@ class Opts:
                           help="generators: decoding at evaluation, greedy or beam; it runs a fixed number of "
                                "steps, --label-truncate + 1 (32 + 1 when it is -1)")
     beam_size: int = _opt(1, "--beam-size", help="generators: hypotheses kept by --inference beam")
+    beam_min_length: int = _opt(1, "--beam-min-length",
+                                help="generators: tokens generated before the end token may come (greedy too)")
+    beam_block_ngram: int = _opt(-1, "--beam-block-ngram",
+                                 help="generators: never repeat an n-gram of this size in a reply (-1: allow)")
     skip_generation: bool = _opt(False, "--skip-generation",
                                  help="generators: evaluate the token loss only, no replies (no accuracy)")
 

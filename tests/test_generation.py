@@ -105,6 +105,43 @@ def test_greedy_is_deterministic_and_beam_size_one_equals_greedy():
         assert set(first[row, len(out):].tolist()) <= {PAD}
 
 
+def _repeats_an_ngram(tokens: list[int], n: int) -> bool:
+    grams = [tuple(tokens[i:i + n]) for i in range(len(tokens) - n + 1)]
+    return len(grams) != len(set(grams))
+
+
+def _until_end(row: list[int]) -> list[int]:
+    return row[: row.index(EOS)] if EOS in row else row
+
+
+@pytest.mark.parametrize("inference,beam", [("greedy", 1), ("beam", 1), ("beam", 3)])
+def test_min_length_holds_back_the_end_token(inference, beam):
+    model = GeneratorModel(CopyCore(), max_len=8, inference=inference, beam_size=beam, min_length=4).eval()
+    preds = model(batch_of(["ab", "abcdef"]))["preds"].tolist()
+    short, long = (_until_end(row) for row in preds)
+    assert len(short) >= 4 and short[:2] == VOCAB.encode("ab") and PAD not in short and BOS not in short
+    assert long == VOCAB.encode("abcdef")
+    free = GeneratorModel(CopyCore(), max_len=8, min_length=0).eval()
+    assert decoded(free(batch_of([""]))["preds"]) == [""]  # min length 0: an empty reply may end at once
+    held = GeneratorModel(CopyCore(), max_len=8, min_length=1).eval()
+    assert decoded(held(batch_of([""]))["preds"]) != [""]  # ParlAI's default 1: never empty
+
+
+@pytest.mark.parametrize("n", [1, 2, 3])
+def test_block_ngram_never_repeats_an_ngram_and_beam_one_is_still_greedy(n):
+    batch = batch_of(["abababababab", "aaaaaaaaa", "kitchen"])
+    texts = {}
+    for name, kwargs in (("greedy", {}), ("beam1", dict(inference="beam", beam_size=1)),
+                         ("beam3", dict(inference="beam", beam_size=3))):
+        copy = GeneratorModel(CopyCore(), max_len=12, block_ngram=n, **kwargs).eval()
+        for row in copy(batch)["preds"].tolist():
+            assert not _repeats_an_ngram(_until_end(row), n), (name, row)
+        texts[name] = random_model(block_ngram=n, **kwargs)(batch)["preds"]
+    assert torch.equal(texts["greedy"], texts["beam1"])
+    unblocked = GeneratorModel(CopyCore(), max_len=12).eval()(batch)["preds"]
+    assert decoded(unblocked)[1] == "aaaaaaaaa"  # the blocking above changed something
+
+
 def test_beam_search_finds_a_sequence_greedy_misses():
     # step 0: "a" (0.6) beats "b" (0.4); after "a" every continuation is flat, after "b" EOS is certain.
     a, b = VOCAB.encode("a")[0], VOCAB.encode("b")[0]
@@ -199,6 +236,8 @@ def test_generation_options_are_checked():
         ab.Opts(beam_size=0)
     with pytest.raises(ab.opts.OptionError, match="--inference: 'sample' is not one of greedy, beam"):
         ab.Opts(inference="sample")
+    with pytest.raises(ab.opts.OptionError, match="--beam-block-ngram: must be -1 .* or at least 1, got 0"):
+        TransformerGeneratorAgent(ab.Opts(beam_block_ngram=0, embedding_size=8))
     with pytest.raises(ab.opts.OptionError, match="--label-truncate: must be -1 .* or at least 1, got 0"):
         TransformerGeneratorAgent(ab.Opts(label_truncate=0, embedding_size=8))
     default = TransformerGeneratorAgent(ab.Opts(embedding_size=8))  # -1: 32 label tokens kept, 33 steps

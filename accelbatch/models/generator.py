@@ -5,7 +5,8 @@ Tokens are UTF-8 bytes (:class:`~accelbatch.generation.ByteVocab`), so no dictio
 text round-trips. ``--text-truncate`` keeps the last tokens of the text (the latest turn matters most, as in
 ParlAI), ``--label-truncate`` the first tokens of the label (32 when it is -1, :func:`label_tokens`);
 generation runs that many steps + 1 (the end token included). Training minimises the token loss (teacher
-forcing); evaluation also generates (``--inference greedy|beam``, ``--beam-size``) unless ``--skip-generation``.
+forcing); evaluation also generates (``--inference greedy|beam``, ``--beam-size``, ``--beam-min-length``,
+``--beam-block-ngram``) unless ``--skip-generation``.
 
 Metrics (ParlAI's names): ``loss`` (mean NLL per target token), ``ppl`` = exp(loss), ``token_acc``, ``tpb``
 (target tokens per batch) and ``tokens``; they are sums in :class:`~accelbatch.metrics.Metrics`, so clones,
@@ -84,7 +85,12 @@ class GeneratorAgent(TorchAgent):
 
     def build_model(self) -> nn.Module:
         o = self.opts
-        return GeneratorModel(self.build_core(), label_tokens(o) + 1, o.inference, o.beam_size, o.skip_generation)
+        if o.beam_min_length < 0:
+            raise OptionError(f"--beam-min-length: must be 0 or more, got {o.beam_min_length}")
+        if o.beam_block_ngram == 0 or o.beam_block_ngram < -1:
+            raise OptionError(f"--beam-block-ngram: must be -1 (no blocking) or at least 1, got {o.beam_block_ngram}")
+        return GeneratorModel(self.build_core(), label_tokens(o) + 1, o.inference, o.beam_size, o.skip_generation,
+                              o.beam_min_length, o.beam_block_ngram)
 
     def vectorize(self, obs: Message) -> Message:
         text = self.vocab.encode(obs.get("full_text", obs.get(TEXT)) or "")
