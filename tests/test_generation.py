@@ -261,6 +261,18 @@ def _eval_report(opts: ab.Opts, agent=None) -> tuple[dict, object]:
 
 
 @pytest.mark.slow
+def test_skip_generation_evaluates_the_token_loss_without_replies():
+    common = dict(task="reverse:200", model="transformer/generator", datatype="valid", batchsize=4,
+                  embedding_size=8, label_truncate=10, progress=False)
+    full, _ = _eval_report(ab.Opts(**common))
+    loss_only, _ = _eval_report(ab.Opts(**common, skip_generation=True))
+    assert "accuracy" in full and "accuracy" not in loss_only and "f1" not in loss_only
+    assert loss_only["exs"] == full["exs"] == 10
+    for key in ("loss", "ppl", "token_acc", "tokens", "tpb"):
+        assert loss_only[key] == pytest.approx(full[key], rel=1e-6), key
+
+
+@pytest.mark.slow
 @pytest.mark.parametrize("device,bs,di", [("cpu", 7, 1), ("cpu", 4, 3), ("ipu", 5, 2)])
 def test_evaluation_with_generation_scores_every_example_once(device, bs, di):
     # reverse:1340 has 67 valid examples: no batch size here divides it
