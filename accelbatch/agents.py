@@ -34,6 +34,7 @@ AGENT_PATHS: dict[str, str] = {
     "trivial": "accelbatch.models.trivial:TrivialAgent",
     "repeat_label": "accelbatch.models.utility:RepeatLabelAgent",
     "random_candidate": "accelbatch.models.utility:RandomCandidateAgent",
+    "transformer/generator": "accelbatch.models.generator:TransformerGeneratorAgent",
 }
 
 

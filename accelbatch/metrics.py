@@ -9,6 +9,7 @@ few thousand rows at a time, each distinct pair once, weighted by how often it o
 
 from __future__ import annotations
 
+import math
 import re
 import string
 from collections import Counter
@@ -277,7 +278,51 @@ class Metrics:
         if self.loss_count:
             out["loss"] = self.loss_sum / self.loss_count
         out.update(self.extra)
+        return token_report(out)
+
+
+# sums a generator adds with Metrics.add (see accelbatch.models.generator); report() turns them into ParlAI's
+# token metrics. "tokens" stays in the report: replicas' reports merge exactly with it (report_weights).
+TOKEN_SUMS = ("token_nll", "token_correct", "token_batches")
+
+
+def token_report(out: dict[str, float]) -> dict[str, float]:
+    """Replace the token sums in ``out`` by loss (token-weighted mean NLL, over the row-weighted loss), ppl =
+    exp(loss), token_acc (targets predicted exactly under teacher forcing) and tpb (target tokens per batch)."""
+    if "token_nll" not in out:
         return out
+    nll, correct, batches = (out.pop(key) for key in TOKEN_SUMS)
+    tokens = out.get("tokens", 0.0)
+    if tokens:
+        out["loss"] = nll / tokens
+        out["ppl"] = math.exp(out["loss"]) if out["loss"] < 700 else math.inf
+        out["token_acc"] = correct / tokens
+    if batches:
+        out["tpb"] = tokens / batches
+    return out
+
+
+def report_weights(report: dict[str, float]) -> dict[str, float | None]:
+    """How to merge ``report`` with other processes' exactly: key -> weight of its average (None: a count,
+    summed). Averages weigh by examples, token metrics by tokens (tpb by batches); ppl is exp of the merged loss
+    (see :func:`finish_merged`)."""
+    exs = float(report.get("exs", 0))
+    weights: dict[str, float | None] = {key: exs for key in report}
+    weights["exs"] = None
+    tokens = report.get("tokens")
+    if tokens is not None:
+        weights.update(tokens=None, loss=tokens, token_acc=tokens)
+        weights.pop("ppl", None)
+        if report.get("tpb"):
+            weights["tpb"] = tokens / report["tpb"]
+    return weights
+
+
+def finish_merged(merged: dict[str, float]) -> dict[str, float]:
+    """ppl of a merged report with token metrics: exp of its merged token loss."""
+    if "tokens" in merged and "loss" in merged:
+        merged["ppl"] = math.exp(merged["loss"]) if merged["loss"] < 700 else math.inf
+    return merged
 
 
 def merge_reports(reports: Iterable[tuple[str, dict[str, float]]]) -> dict[str, float]:
@@ -300,6 +345,7 @@ def merge_reports(reports: Iterable[tuple[str, dict[str, float]]]) -> dict[str, 
 # Report keys that are averages over examples (every other key but "exs" is a count, e.g. skipped_updates);
 # a multitask report prefixes them with the task's name ("babi:1/accuracy").
 AVERAGED_METRICS = frozenset({"accuracy", "f1", "loss", "ppl", "token_acc", "tpb", "bleu-4"})
+TOKEN_WEIGHTED = frozenset({"loss", "token_acc", "tpb"})  # weighted by tokens (tpb: batches) with token metrics
 
 
 def _is_average(key: str) -> bool:
@@ -308,15 +354,17 @@ def _is_average(key: str) -> bool:
 
 def combine_reports(first: dict[str, float], second: dict[str, float], sign: int = 1) -> dict[str, float]:
     """The report of two runs of examples one after the other (``sign=-1``: of ``first``'s examples that
-    are not in ``second``, for a cumulative ``first``): averages weighted by examples, counts added."""
-    exs = first.get("exs", 0) + sign * second.get("exs", 0)
-    out: dict[str, float] = {"exs": exs}
+    are not in ``second``, for a cumulative ``first``): averages weighted as :func:`report_weights` says
+    (examples; tokens for token metrics), counts added, ppl from the combined loss."""
+    weights = report_weights(first), report_weights(second)
+    out: dict[str, float] = {}
     for key in dict.fromkeys([*first, *second]):
-        if key == "exs" or not isinstance(first.get(key, second.get(key)), (int, float)):
-            continue
         a, b = first.get(key, 0.0), second.get(key, 0.0)
-        if not _is_average(key):
+        if key == "ppl" or not isinstance(a, (int, float)) or not isinstance(b, (int, float)):
+            continue
+        wa, wb = (w.get(key) if key in r else 0.0 for w, r in zip(weights, (first, second)))
+        if key in ("exs", "tokens") or not (_is_average(key) or key in TOKEN_WEIGHTED):
             out[key] = a + sign * b
-        elif exs > 0:
-            out[key] = (a * first.get("exs", 0) + sign * b * second.get("exs", 0)) / exs
-    return out
+        elif (wa or 0.0) + sign * (wb or 0.0) > 0:
+            out[key] = (a * (wa or 0.0) + sign * b * (wb or 0.0)) / ((wa or 0.0) + sign * (wb or 0.0))
+    return finish_merged(out)

@@ -22,6 +22,7 @@ DATALOADER_MODES = ("sync", "async", "async-rebatched")
 OUTPUT_MODES = ("default", "all", "final", "sum", "everyn")
 REDUCTIONS = ("mean", "sum")
 MIXED_PRECISION = ("no", "bf16", "fp16")
+INFERENCE = ("greedy", "beam")
 
 
 def _opt(default: Any, *flags: str, help: str, choices: Sequence[Any] | None = None,
@@ -93,6 +94,16 @@ class Opts:
     label_truncate: int = _opt(-1, "--label-truncate",
                                help="label truncation length (-1: as --text-truncate, ParlAI's default); with "
                                     "--text-truncate it sets the default --max-batch-tokens")
+    inference: str = _opt("greedy", "--inference", choices=INFERENCE,
+                          help="generators: decoding at evaluation, greedy or beam; it runs a fixed number of "
+                               "steps, --label-truncate + 1 (32 + 1 when it is -1)")
+    beam_size: int = _opt(1, "--beam-size", help="generators: hypotheses kept by --inference beam")
+    beam_min_length: int = _opt(1, "--beam-min-length",
+                                help="generators: tokens generated before the end token may come (greedy too)")
+    beam_block_ngram: int = _opt(-1, "--beam-block-ngram",
+                                 help="generators: never repeat an n-gram of this size in a reply (-1: allow)")
+    skip_generation: bool = _opt(False, "--skip-generation",
+                                 help="generators: evaluate the token loss only, no replies (no accuracy)")
 
     # --- output ------------------------------------------------------------------------------
     metrics_log: str | None = _opt(None, "--metrics-log", help="append one JSON line of metrics per log event")
@@ -228,7 +239,8 @@ def validate(opts: Opts) -> None:
         if expected is str and not isinstance(value, str):
             raise OptionError(f"{flag}: expected a string, got {value!r}")
     for name in ("batchsize", "device_iterations", "replication_factor", "gradient_accumulation",
-                 "numthreads", "output_return_period", "buffer_size", "num_buckets", "embedding_size"):
+                 "numthreads", "output_return_period", "buffer_size", "num_buckets", "embedding_size",
+                 "beam_size"):
         if getattr(opts, name) < 1:
             raise OptionError(f"{_flag(name)}: must be at least 1, got {getattr(opts, name)}")
     if opts.num_workers < 0:

@@ -18,7 +18,7 @@ from typing import Any, TextIO
 
 from accelbatch.agents import Agent, TorchAgent, learning_rates, set_learning_rates
 from accelbatch.build import Runtime, attach_runtime, create_world
-from accelbatch.metrics import combine_reports
+from accelbatch.metrics import combine_reports, finish_merged, report_weights
 from accelbatch.opts import OptionError, Opts
 from accelbatch.run_control import PeriodicSaver, StopSignals
 from accelbatch.state import Checkpointer
@@ -101,19 +101,22 @@ def reduce_report(report: dict[str, float], backend: Any) -> dict[str, float]:
     """Merge one replica's report with the others' (averages weighted by examples); identity alone."""
     if backend is None or backend.world_size == 1:
         return report
-    exs = float(report.get("exs", 0))
-    sums = {"exs": exs}
+    weights = report_weights(report)
+    sums: dict[str, float] = {"exs": float(report.get("exs", 0))}
     for key, value in report.items():
-        if key != "exs" and isinstance(value, (int, float)):
-            sums[key] = value * exs
-            sums[f"{key}/present"] = exs
+        if key != "exs" and isinstance(value, (int, float)) and key in weights:
+            weight = weights[key]
+            sums[key] = value if weight is None else value * weight
+            sums[f"{key}/present"] = 1.0 if weight is None else weight
     keys = sorted(sums)
     total = backend.reduce_metrics({k: sums[k] for k in keys})
     merged: dict[str, float] = {"exs": int(total["exs"])}
     for key in keys:
-        if key != "exs" and not key.endswith("/present") and total[f"{key}/present"]:
-            merged[key] = float(total[key]) / float(total[f"{key}/present"])
-    return merged
+        if key == "exs" or key.endswith("/present") or not total[f"{key}/present"]:
+            continue
+        summed = weights[key] is None
+        merged[key] = float(total[key]) if summed else float(total[key]) / float(total[f"{key}/present"])
+    return finish_merged(merged)
 
 
 def run(world: World, opts: Opts) -> dict[str, Any]:

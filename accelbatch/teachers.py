@@ -30,6 +30,7 @@ TASK_PATHS: dict[str, str] = {
     "parlai": "accelbatch.teachers:FileTeacher",
     "dialogues": "accelbatch.tasks.dialogues:SyntheticDialogueTeacher",
     "torch": "accelbatch.tasks.torch_data:TorchDatasetTeacher",
+    "reverse": "accelbatch.tasks.reverse:ReverseTeacher",
 }
 
 TASK_HELP: dict[str, str] = {
@@ -39,6 +40,7 @@ TASK_HELP: dict[str, str] = {
     "parlai:PATH": "a ParlAI text-format file (or a folder with train/valid/test.txt)",
     "dialogues": "synthetic dialogues of the throughput benchmark",
     "torch:pkg.mod:make_dataset": "your torch Dataset: make_dataset(split) (use with -m torch:pkg.mod:Model)",
+    "reverse": "generation: reply with the text's word reversed (reverse:N for N training examples)",
 }
 
 

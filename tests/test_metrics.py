@@ -1,3 +1,4 @@
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -64,3 +65,39 @@ def test_batch_scores_equal_the_reference_functions_exactly(preds, golds):
     for p, g in rows:
         f1_sum += f1_score(p, g)
     assert (m.scored, m.correct, m.f1_sum) == (len(rows), correct, f1_sum)
+
+
+def _metrics(rows, seed):
+    """Metrics of ``rows`` rows: scored replies, a row-weighted loss, generator token sums, a count."""
+    import random
+
+    rng = random.Random(seed)
+    m = Metrics()
+    m.add_rows([rng.choice("ab") for _ in range(rows)], [("a",)] * rows, rows)
+    m.add_loss(rng.random(), rows)
+    tokens = rng.randint(rows, 5 * rows)
+    m.add("tokens", tokens)
+    m.add("token_nll", rng.random() * tokens)
+    m.add("token_correct", rng.randint(0, tokens))
+    m.add("token_batches", 2)
+    m.add("skipped_updates", rng.randint(0, 3))
+    return m
+
+
+def test_combined_reports_equal_the_report_of_all_the_examples():
+    """Two runs one after the other (a resume), and a cumulative report minus an earlier one (a log
+    window), give what the sums of all the examples give."""
+    from accelbatch.metrics import combine_reports
+
+    first, second = _metrics(7, 1), _metrics(13, 2)
+    whole = Metrics()
+    whole.merge(first)
+    whole.merge(second)
+    expected = whole.report()
+    combined = combine_reports(first.report(), second.report())
+    window = combine_reports(expected, first.report(), sign=-1)
+    assert set(combined) == set(expected)
+    for key, value in expected.items():
+        assert combined[key] == pytest.approx(value, rel=1e-12), key
+    for key, value in second.report().items():
+        assert window[key] == pytest.approx(value, rel=1e-9), key

@@ -1,0 +1,182 @@
+"""Generation for seq2seq and decoder-only models: byte tokens, the token loss, greedy and beam search.
+
+A *core* is any ``nn.Module`` with two methods:
+
+- ``encode(text_vec [rows, S]) -> state``: a tensor or a tuple/list/dict of tensors with rows in dim 0
+  (a seq2seq encoder's memory; a decoder-only core returns the context itself);
+- ``decode(state, prefix [rows, T]) -> logits [rows, T, vocab]``: causal, so position t sees prefix[:, :t+1].
+
+:class:`GeneratorModel` wraps a core into the model a :class:`~accelbatch.agents.TorchAgent` compiles:
+``forward(batch)`` returns the teacher-forced token loss (mean over the micro-batch's target tokens) and
+per-row sums (``nll``, ``tokens``, ``correct``) the agent turns into ParlAI's loss / ppl / token_acc / tpb;
+in eval mode it also generates ``preds [rows, max_len]`` (never padding or the begin token; ParlAI's
+``--beam-min-length`` and ``--beam-block-ngram`` apply to greedy and beam alike, so beam size 1 is greedy).
+Decoding is a Python loop of exactly ``max_len`` steps over tensors whose shapes depend only on the step
+number: no data-dependent branch and no host read per token, so a graph compiler (IPU) traces one graph per
+input shape and CUDA never syncs mid-decoding. A row that emitted the end token keeps emitting padding.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+PAD, BOS, EOS = 0, 1, 2
+BYTE_OFFSET = 3
+BYTE_VOCAB = 256 + BYTE_OFFSET
+NEG = -1e9  # a finite "impossible" score: -inf would turn 0 * -inf into NaN
+
+
+class ByteVocab:
+    """UTF-8 bytes as tokens (ids 3..258; 0 pad, 1 begin, 2 end): any text, no dictionary to build."""
+
+    size = BYTE_VOCAB
+
+    def encode(self, text: str) -> list[int]:
+        return [b + BYTE_OFFSET for b in text.encode("utf-8")]
+
+    def decode(self, ids: list[int]) -> str:
+        """Text of the ids up to the first end token (padding and begin tokens skipped)."""
+        out = bytearray()
+        for i in ids:
+            if i == EOS:
+                break
+            if i >= BYTE_OFFSET:
+                out.append(i - BYTE_OFFSET)
+        return out.decode("utf-8", errors="replace")
+
+
+def repeat_rows(state: Any, times: int) -> Any:
+    """Each row of every tensor in ``state`` repeated ``times`` times in place (beam expansion)."""
+    if isinstance(state, torch.Tensor):
+        return state.repeat_interleave(times, dim=0)
+    if isinstance(state, (tuple, list)):
+        return type(state)(repeat_rows(s, times) for s in state)
+    if isinstance(state, dict):
+        return {k: repeat_rows(v, times) for k, v in state.items()}
+    return state
+
+
+def length_penalty(lengths: torch.Tensor, alpha: float = 0.65) -> torch.Tensor:
+    """GNMT's length penalty ((5 + length) / 6) ** alpha, which beam search divides final scores by."""
+    return ((5.0 + lengths.float()) / 6.0) ** alpha
+
+
+class GeneratorModel(nn.Module):
+    """forward(batch) -> {"loss", "nll", "tokens", "correct"[, "preds"]} around a core (module docstring).
+
+    ``batch["text_vec"]`` [rows, S] is the input; ``batch["label_vec"]`` [rows, T], when given, holds the target
+    tokens ending with :data:`EOS`, padded with :data:`PAD` (an all-padding row is left out of the loss).
+    """
+
+    def __init__(self, core: nn.Module, max_len: int, inference: str = "greedy", beam_size: int = 1,
+                 skip_generation: bool = False, min_length: int = 0, block_ngram: int = -1):
+        super().__init__()
+        if inference not in ("greedy", "beam"):
+            raise ValueError(f"--inference {inference!r}: expected greedy or beam")
+        self.core = core
+        self.max_len, self.inference, self.beam_size = max_len, inference, beam_size
+        self.skip_generation = skip_generation
+        self.min_length, self.block_ngram = min_length, block_ngram
+
+    def forward(self, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        text = batch["text_vec"]
+        state = self.core.encode(text)
+        out: dict[str, torch.Tensor] = {}
+        if "label_vec" in batch:
+            out.update(self.token_loss(state, batch["label_vec"]))
+        if not self.training and not self.skip_generation:
+            if self.inference == "beam":
+                out["preds"] = self.beam_search(state, text.shape[0], self.beam_size)
+            else:
+                out["preds"] = self.greedy(state, text.shape[0])
+        return out
+
+    def token_loss(self, state: Any, labels: torch.Tensor) -> dict[str, torch.Tensor]:
+        """Teacher forcing: the decoder reads [BOS, labels[:-1]] and is scored on every non-pad label token."""
+        begin = torch.full_like(labels[:, :1], BOS)
+        logits = self.core.decode(state, torch.cat([begin, labels[:, :-1]], dim=1))
+        nll = F.cross_entropy(logits.transpose(1, 2).float(), labels, ignore_index=PAD, reduction="none")
+        mask = labels != PAD
+        tokens = mask.sum(dim=1)
+        correct = ((logits.argmax(dim=-1) == labels) & mask).sum(dim=1)
+        row_nll = nll.sum(dim=1)
+        loss = row_nll.sum() / tokens.sum().clamp_min(1)
+        return {"loss": loss, "nll": row_nll.detach(), "tokens": tokens, "correct": correct}
+
+    def constrain(self, scores: torch.Tensor, generated: torch.Tensor) -> torch.Tensor:
+        """``scores`` [N, vocab] of the next token with what may not come next made impossible: padding and the
+        begin token always, the end token before ``min_length`` tokens, and (``block_ngram`` n > 0) a token that
+        would repeat an n-gram of ``generated`` [N, t]. Shapes depend on t only, so this stays static."""
+        steps = generated.shape[1]
+        banned = [PAD, BOS] + ([EOS] if steps < self.min_length else [])
+        scores = scores.index_fill(1, torch.tensor(banned, device=scores.device), NEG)
+        n = self.block_ngram
+        if n < 1 or steps < n:
+            return scores
+        if n == 1:
+            return scores.scatter(1, generated, NEG)
+        # n-gram i is generated[i : i + n]; the next token would complete generated[t-n+1:] + [token]
+        heads = generated.unfold(1, n - 1, 1)[:, : steps - n + 1]        # [N, t-n+1, n-1]
+        match = (heads == generated[:, steps - n + 1:].unsqueeze(1)).all(dim=-1)
+        return scores.scatter_add(1, generated[:, n - 1:], match.to(scores.dtype) * NEG)
+
+    def greedy(self, state: Any, rows: int) -> torch.Tensor:
+        """[rows, max_len] tokens: the most likely token at each of max_len steps; padding after the end."""
+        device = _device_of(state)
+        buf = torch.full((rows, self.max_len + 1), PAD, dtype=torch.long, device=device)
+        buf[:, 0] = BOS
+        done = torch.zeros(rows, dtype=torch.bool, device=device)
+        positions = torch.arange(self.max_len + 1, device=device).unsqueeze(0)
+        for t in range(self.max_len):
+            logits = self.constrain(self.core.decode(state, buf[:, : t + 1])[:, -1], buf[:, 1: t + 1])
+            token = logits.argmax(dim=-1).masked_fill(done, PAD)
+            buf = torch.where(positions == t + 1, token.unsqueeze(1), buf)
+            done = done | (token == EOS)
+        return buf[:, 1:]
+
+    def beam_search(self, state: Any, rows: int, beam: int) -> torch.Tensor:
+        """[rows, max_len] tokens: the best of ``beam`` hypotheses (log-probability over GNMT's length
+        penalty) kept over max_len steps; a finished hypothesis only extends with padding at no cost."""
+        device = _device_of(state)
+        state = repeat_rows(state, beam)
+        flat = rows * beam
+        buf = torch.full((flat, self.max_len + 1), PAD, dtype=torch.long, device=device)
+        buf[:, 0] = BOS
+        done = torch.zeros(flat, dtype=torch.bool, device=device)
+        lengths = torch.zeros(flat, dtype=torch.long, device=device)
+        scores = torch.full((rows, beam), NEG, device=device)
+        scores[:, 0] = 0.0  # one live hypothesis at first, so the beams do not start as copies
+        positions = torch.arange(self.max_len + 1, device=device).unsqueeze(0)
+        base = (torch.arange(rows, device=device) * beam).unsqueeze(1)
+        vocab = None
+        for t in range(self.max_len):
+            logp = F.log_softmax(self.core.decode(state, buf[:, : t + 1])[:, -1].float(), dim=-1)
+            logp = self.constrain(logp, buf[:, 1: t + 1])
+            vocab = logp.shape[-1]
+            finished = torch.full_like(logp[0], NEG)
+            finished[PAD] = 0.0
+            logp = torch.where(done.unsqueeze(1), finished.unsqueeze(0), logp)
+            candidates = (scores.reshape(flat, 1) + logp).reshape(rows, beam * vocab)
+            scores, index = candidates.topk(beam, dim=1)
+            source = (base + torch.div(index, vocab, rounding_mode="floor")).reshape(flat)
+            token = (index % vocab).reshape(flat)
+            buf, done, lengths = buf[source], done[source], lengths[source]
+            buf = torch.where(positions == t + 1, token.unsqueeze(1), buf)
+            lengths = lengths + (~done).long()
+            done = done | (token == EOS)
+        final = scores / length_penalty(lengths).reshape(rows, beam)
+        best = (base.squeeze(1) + final.argmax(dim=1))
+        return buf[best, 1:]
+
+
+def _device_of(state: Any) -> torch.device:
+    if isinstance(state, torch.Tensor):
+        return state.device
+    items = state.values() if isinstance(state, dict) else state
+    for item in items:
+        return _device_of(item)
+    return torch.device("cpu")

@@ -1,0 +1,165 @@
+"""Generator agents: :class:`GeneratorAgent` (any core, see :mod:`accelbatch.generation`) and
+``-m transformer/generator``, a small encoder-decoder transformer.
+
+Tokens are UTF-8 bytes (:class:`~accelbatch.generation.ByteVocab`), so no dictionary is built and any task's
+text round-trips. ``--text-truncate`` keeps the last tokens of the text (the latest turn matters most, as in
+ParlAI), ``--label-truncate`` the first tokens of the label (32 when it is -1, :func:`label_tokens`);
+generation runs that many steps + 1 (the end token included). Training minimises the token loss (teacher
+forcing); evaluation also generates (``--inference greedy|beam``, ``--beam-size``, ``--beam-min-length``,
+``--beam-block-ngram``) unless ``--skip-generation``.
+
+Metrics (ParlAI's names): ``loss`` (mean NLL per target token), ``ppl`` = exp(loss), ``token_acc``, ``tpb``
+(target tokens per batch) and ``tokens``; they are sums in :class:`~accelbatch.metrics.Metrics`, so clones,
+hogwild processes and replicas merge exactly. They count the rows the plan's output mode returns: every row
+in evaluation, and in training all rows unless D x G > 1 with the default output mode Final (then the last
+micro-batch of each call).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+from torch import nn
+
+from accelbatch.agents import TorchAgent
+from accelbatch.generation import EOS, PAD, ByteVocab, GeneratorModel
+from accelbatch.messages import EVAL_LABELS, LABELS, TEXT, Message
+from accelbatch.opts import OptionError
+
+PAD_MULTIPLE = 8  # text and labels are padded to a multiple of this: few distinct shapes for graph compilers
+DEFAULT_LABEL_TOKENS = 32  # label tokens kept and generated when --label-truncate is -1 (see label_tokens)
+
+
+def label_tokens(opts: Any) -> int:
+    """Label tokens a generator keeps and generates: --label-truncate, or 32 when it is -1. (ParlAI generates up
+    to 256 and stops once every hypothesis ended; with static shapes every step costs, whether needed or not.)"""
+    if opts.label_truncate == -1:
+        return DEFAULT_LABEL_TOKENS
+    if opts.label_truncate < 1:
+        raise OptionError(f"--label-truncate: must be -1 (a generator keeps and generates {DEFAULT_LABEL_TOKENS} "
+                          f"tokens) or at least 1, got {opts.label_truncate}")
+    return opts.label_truncate
+
+
+def pad_to(rows: list[list[int]], width: int) -> torch.Tensor:
+    """Right-pad rows with PAD into a [len(rows), width] LongTensor."""
+    out = torch.full((len(rows), width), PAD, dtype=torch.long)
+    for i, row in enumerate(rows):
+        if row:
+            out[i, : len(row)] = torch.tensor(row, dtype=torch.long)
+    return out
+
+
+def rounded(length: int, multiple: int = PAD_MULTIPLE) -> int:
+    return max(multiple, -(-length // multiple) * multiple)
+
+
+class TextLabelLength:
+    """Picklable length for dynamic batching and buckets: the tokens a row costs (text + label, truncated)."""
+
+    def __init__(self, text_truncate: int, label_truncate: int):
+        self.text_truncate, self.label_truncate = text_truncate, label_truncate
+
+    def __call__(self, msg: Message) -> int:
+        text = len((msg.get("full_text", msg.get(TEXT)) or "").encode("utf-8"))
+        if self.text_truncate > 0:
+            text = min(text, self.text_truncate)
+        targets = msg.get(LABELS) or msg.get(EVAL_LABELS)
+        label = min(len(targets[0].encode("utf-8")), self.label_truncate) + 1 if targets else 0
+        return text + label
+
+
+class GeneratorAgent(TorchAgent):
+    """Base of generators: subclasses give ``build_core()`` (encode/decode, see :mod:`accelbatch.generation`)."""
+
+    vocab = ByteVocab()
+
+    def __init__(self, opts: Any, shared: dict[str, Any] | None = None):
+        super().__init__(opts, shared)
+        self.example_length = TextLabelLength(opts.text_truncate, label_tokens(opts))
+
+    def build_core(self) -> nn.Module:
+        raise NotImplementedError(f"{type(self).__name__} must implement build_core()")
+
+    def build_model(self) -> nn.Module:
+        o = self.opts
+        if o.beam_min_length < 0:
+            raise OptionError(f"--beam-min-length: must be 0 or more, got {o.beam_min_length}")
+        if o.beam_block_ngram == 0 or o.beam_block_ngram < -1:
+            raise OptionError(f"--beam-block-ngram: must be -1 (no blocking) or at least 1, got {o.beam_block_ngram}")
+        return GeneratorModel(self.build_core(), label_tokens(o) + 1, o.inference, o.beam_size, o.skip_generation,
+                              o.beam_min_length, o.beam_block_ngram)
+
+    def vectorize(self, obs: Message) -> Message:
+        text = self.vocab.encode(obs.get("full_text", obs.get(TEXT)) or "")
+        if self.opts.text_truncate > 0:
+            text = text[-self.opts.text_truncate:]
+        obs["text_vec"] = text
+        targets = obs.get(LABELS) or obs.get(EVAL_LABELS)
+        if targets:
+            obs["label_vec"] = self.vocab.encode(targets[0])[: label_tokens(self.opts)] + [EOS]
+        return obs
+
+    def batchify(self, observations: list[Message]) -> dict[str, torch.Tensor]:
+        texts = [o["text_vec"] for o in observations]
+        batch = {"text_vec": pad_to(texts, rounded(max(len(t) for t in texts)))}
+        labels = [o.get("label_vec") or [] for o in observations]
+        if any(labels):
+            batch["label_vec"] = pad_to(labels, rounded(max(len(t) for t in labels)))
+        return batch
+
+    def replies(self, outputs: dict[str, torch.Tensor], observations: list[Message]) -> list[dict[str, Any]]:
+        if "tokens" in outputs:
+            self.metrics.add("token_nll", float(outputs["nll"].double().sum()))
+            self.metrics.add("tokens", float(outputs["tokens"].sum()))
+            self.metrics.add("token_correct", float(outputs["correct"].sum()))
+            self.metrics.add("token_batches", 1)
+        if "preds" not in outputs:
+            return [{} for _ in observations]
+        return [{"text": self.vocab.decode(row)} for row in outputs["preds"].tolist()]
+
+
+class TransformerCore(nn.Module):
+    """A small encoder-decoder transformer over byte tokens (learned positions, no dropout)."""
+
+    def __init__(self, vocab: int, dim: int, max_positions: int, heads: int = 4, layers: int = 2,
+                 ffn: int | None = None):
+        super().__init__()
+        self.dim = dim
+        self.embed = nn.Embedding(vocab, dim, padding_idx=PAD)
+        self.positions = nn.Embedding(max_positions, dim)
+        ffn = ffn or 2 * dim
+        enc = nn.TransformerEncoderLayer(dim, heads, ffn, dropout=0.0, batch_first=True)
+        dec = nn.TransformerDecoderLayer(dim, heads, ffn, dropout=0.0, batch_first=True)
+        self.encoder = nn.TransformerEncoder(enc, layers, enable_nested_tensor=False)
+        self.decoder = nn.TransformerDecoder(dec, layers)
+        self.out = nn.Linear(dim, vocab)
+        nn.init.normal_(self.embed.weight, std=dim ** -0.5)
+        nn.init.normal_(self.positions.weight, std=0.02)
+
+    def _embed(self, tokens: torch.Tensor) -> torch.Tensor:
+        pos = torch.arange(tokens.shape[1], device=tokens.device)
+        return self.embed(tokens) * math.sqrt(self.dim) + self.positions(pos)
+
+    def encode(self, text: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        mask = text == PAD
+        mask[:, 0] = False  # an empty (or padding) row attends to one position rather than none (NaN)
+        return self.encoder(self._embed(text), src_key_padding_mask=mask), mask
+
+    def decode(self, state: tuple[torch.Tensor, torch.Tensor], prefix: torch.Tensor) -> torch.Tensor:
+        memory, mask = state
+        steps = prefix.shape[1]
+        causal = torch.triu(torch.full((steps, steps), float("-inf"), device=prefix.device), diagonal=1)
+        hidden = self.decoder(self._embed(prefix), memory, tgt_mask=causal, memory_key_padding_mask=mask)
+        return self.out(hidden)
+
+
+class TransformerGeneratorAgent(GeneratorAgent):
+    """``-m transformer/generator``: :class:`TransformerCore` with ``--embedding-size`` wide layers."""
+
+    def build_core(self) -> nn.Module:
+        o = self.opts
+        text = o.text_truncate if o.text_truncate > 0 else 1024
+        return TransformerCore(self.vocab.size, o.embedding_size, max(rounded(text), rounded(label_tokens(o) + 1)))
