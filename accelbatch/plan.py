@@ -347,5 +347,14 @@ def _layout(plan: ExecutionPlan, rows: int) -> CallLayout:
     return compute_layout(plan, rows)
 
 
+
+def reserved_ipus(n: int) -> int:
+    """The IPUs PopTorch reserves for a model on ``n`` IPUs: a power of 2 or a multiple of 64 (the next one
+    up); a real IPU system refuses any other count unless ``Options.autoRoundNumIPUs`` is set."""
+    if n & (n - 1) == 0 or n % 64 == 0:
+        return n
+    return 1 << n.bit_length() if n < 64 else -(-n // 64) * 64
+
+
 __all__ = ["ExecutionPlan", "OutputMode", "Reduction", "PlanError", "CallLayout", "combine_outputs",
-           "batch_rows"]
+           "batch_rows", "reserved_ipus"]

@@ -27,7 +27,7 @@ from typing import Any, Iterable
 
 import torch
 
-from accelbatch.plan import ExecutionPlan, PlanError
+from accelbatch.plan import ExecutionPlan, PlanError, reserved_ipus
 
 from .base import Backend, BackendUnavailable, Engine, TensorBatch
 from .ipu_engine import IPUEngine, plan_options
@@ -107,6 +107,13 @@ class IPUBackend(Backend):
         if (getattr(opts, "mixed_precision", None) or "no") != "no":
             raise PlanError(f"--mixed-precision {opts.mixed_precision} applies to --device cpu and cuda "
                             "(autocast); on the IPU cast the model itself (model.half()) and leave it out")
+        replicas = int(getattr(opts, "replication_factor", 1) or 1)
+        reserved = reserved_ipus(replicas)
+        if reserved != replicas:
+            below = 1 << (replicas.bit_length() - 1)
+            raise PlanError(f"-rf/--replication-factor {replicas}: an IPU system reserves a power of 2 or a "
+                            f"multiple of 64 IPUs, so {replicas} replicas would hold {reserved} IPUs with "
+                            f"{reserved - replicas} idle (PopTorch refuses it); use -rf {below} or {reserved}")
         self._select(opts)
         seed = getattr(opts, "seed", None)
         self.seed = int(seed) if seed is not None else None

@@ -281,9 +281,10 @@ class IPUEngine(Engine):
             self._release(self._active)
         ex = entry.executor
         if ex.isCompiled():  # (a first call compiles, attaches and uploads the host weights itself)
-            if not ex.isAttachedToDevice():
-                ex.attachToDevice()
-            ex.copyWeightsToDevice()
+            if ex.isAttachedToDevice():
+                ex.copyWeightsToDevice()
+            else:
+                ex.attachToDevice()  # which uploads the host's weights: no second copy
         self._active = entry
 
     def _sync_optimizer(self, entry: _Executor) -> None:

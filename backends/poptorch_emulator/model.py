@@ -29,6 +29,8 @@ from typing import Any
 
 import torch
 
+from accelbatch.plan import reserved_ipus
+
 from . import _outputs, _structure
 from ._inputs import ArgBinder, Batching, BoundInputs, CompiledInputs
 from .enums import CommGroupType, ConnectionType, OutputMode, ReductionType
@@ -54,6 +56,21 @@ def _set_wrapped(model: torch.nn.Module, wrapped: bool) -> None:
         model.__dict__[_WRAPPED_MARK] = True
     else:
         model.__dict__.pop(_WRAPPED_MARK, None)
+
+
+def _check_ipus(num_ipus: int, auto_round: bool) -> None:
+    """PopTorch's rule when it acquires a device: error unless ``autoRoundNumIPUs`` (then a warning)."""
+    rounded = reserved_ipus(num_ipus)
+    if rounded == num_ipus:
+        return
+    why = ", because PopTorch must reserve a power of 2 or a multiple of 64 IPUs."
+    if auto_round:
+        logger.warning("Reserving %d IPUs when the model specifices the use of only %d%s %d will be reserved but "
+                       "not used.", rounded, num_ipus, why, rounded - num_ipus)
+        return
+    raise py_error(f"The model specifies the use of {num_ipus} IPUs, however PopTorch must reserve a minimum of "
+                   f"{rounded} in order to allow the model to run{why} Please reconfigure your model to use a "
+                   "different number of IPUs or set poptorch.Options().autoRoundNumIPUs(True).")
 
 
 def _hyperparameters(optimizer: torch.optim.Optimizer) -> list[dict[str, Any]]:
@@ -180,6 +197,8 @@ class PoplarExecutor:
                               batching.device_iterations)
         for tensor in inputs.tensors():
             batching.check_batch_dim(tensor)
+        if self._options.connection_type != ConnectionType.Never:  # a device is acquired: whole IPU counts
+            _check_ipus(batching.replication_factor, bool(self._options.auto_round_num_ipus))
         if any(t.requires_grad for t in inputs.tensors()):
             logger.warning("Input tensor has requires_grad=True set. This tensor will be detached because "
                            "backward pass via inputs is not supported.")

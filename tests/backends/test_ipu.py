@@ -466,7 +466,7 @@ def test_switching_graphs_copies_weights_and_keeps_one_attached(monkeypatch):
         ("copyWeightsToHost", True), ("detachFromDevice", True),
         ("__call__", False),
         ("detachFromDevice", False),
-        ("attachToDevice", True), ("copyWeightsToDevice", True), ("__call__", True),
+        ("attachToDevice", True), ("__call__", True),        # attaching uploads the weights: no second copy
     ]
     spy.events.clear()
     engine.state_dict()
@@ -582,3 +582,13 @@ def test_a_non_finite_training_loss_stops_the_run_naming_the_ipu():
     with pytest.raises(NonFiniteLoss, match="on ipu.*--learning-rate"):
         engine.train_step(batch)
     engine.close()
+
+
+@pytest.mark.parametrize("replicas, ok", [(1, True), (2, True), (3, False), (4, True), (6, False)])
+def test_replication_factors_an_ipu_system_cannot_reserve_are_refused_at_setup(replicas, ok):
+    backend = IPUBackend()
+    if ok:
+        backend.setup(Opts(ipu_emulator=True, replication_factor=replicas))
+        return
+    with pytest.raises(PlanError, match=rf"-rf/--replication-factor {replicas}: an IPU system reserves a power of 2"):
+        backend.setup(Opts(ipu_emulator=True, replication_factor=replicas))

@@ -167,3 +167,19 @@ def test_argument_binding_errors():
         model(torch.zeros(1, 3))
     out, _ = model(y=torch.zeros(1, 2), x=torch.ones(1, 3))  # keywords are bound by name
     assert out.shape == (1, 2)
+
+
+def test_a_replication_factor_that_is_no_power_of_two_needs_auto_rounding(caplog):
+    """PopTorch reserves a power of 2 (or a multiple of 64) IPUs; other counts fail unless auto-rounded."""
+    opts = poptorch.Options().replicationFactor(3)
+    model = poptorch.trainingModel(Net(), opts)
+    with pytest.raises(poptorch.Error) as info:
+        model(torch.zeros(3, 3), torch.zeros(3, 2))
+    assert str(info.value).endswith(
+        "The model specifies the use of 3 IPUs, however PopTorch must reserve a minimum of 4 in order to allow "
+        "the model to run, because PopTorch must reserve a power of 2 or a multiple of 64 IPUs. Please "
+        "reconfigure your model to use a different number of IPUs or set poptorch.Options().autoRoundNumIPUs(True).")
+    model.destroy()
+    model = poptorch.trainingModel(Net(), poptorch.Options().replicationFactor(3).autoRoundNumIPUs(True))
+    model(torch.zeros(3, 3), torch.zeros(3, 2))
+    assert "Reserving 4 IPUs" in caplog.text
