@@ -241,7 +241,9 @@ class _Children:
     conns: list[Any]
     stack_dir: str | None
     processes: list[Any] = dataclasses.field(default_factory=list)
-    error_files: list[str] = dataclasses.field(default_factory=list)
+    # where torch's wrapper leaves a child's traceback when it raised before ours could report: a file per
+    # child (torch >= 2.1) or a queue (torch 2.0, the Poplar SDK's)
+    errors: list[Any] = dataclasses.field(default_factory=list)
     exitcodes: list[int | None] | None = None  # once stopped
 
 
@@ -265,11 +267,29 @@ def _end(children: _Children) -> None:
     for item in (*children.conns, *procs):
         with contextlib.suppress(Exception):
             item.close()
-    for path in children.error_files:
-        with contextlib.suppress(OSError):
-            os.unlink(path)
+    for where in children.errors:
+        with contextlib.suppress(OSError, AttributeError):
+            os.unlink(where) if isinstance(where, str) else where.close()
     if children.stack_dir:
         shutil.rmtree(children.stack_dir, ignore_errors=True)
+
+
+def _torch_errors(context: Any) -> list[Any]:
+    """The error files (torch >= 2.1) or error queues (torch 2.0) of a torch ProcessContext."""
+    files = getattr(context, "error_files", None)
+    return list(files if files is not None else context.error_queues)
+
+
+def _torch_error_text(where: Any) -> str | None:
+    """The traceback torch's wrapper recorded for a child, if any (a pickled file, or a queue)."""
+    with contextlib.suppress(Exception):
+        if isinstance(where, str):
+            if os.path.exists(where):
+                with open(where, "rb") as fh:
+                    return str(pickle.load(fh))
+        elif not where.empty():
+            return str(where.get())
+    return None
 
 
 @contextlib.contextmanager
@@ -322,14 +342,14 @@ class Supervisor:
                         _child_main, nprocs=1, join=False, start_method=spec.start_method,
                         args=(index, spec, target, child_end, stack_dir, tuple(args)))
                     self._children.processes += started.processes
-                    self._children.error_files += started.error_files
+                    self._children.errors += _torch_errors(started)
         except BaseException:
             self.stop()
             raise
         finally:
             for _, child_end in pipes:  # the children hold theirs: EOF here means the child is gone
                 child_end.close()
-        self.context = tmp.ProcessContext(self._children.processes, self._children.error_files)
+        self.context = tmp.ProcessContext(self._children.processes, self._children.errors)
         self.pids: list[int] = self.context.pids()
         self._poller = select.poll()  # one poll over every pipe and sentinel: a message or an end wakes it
         self._fds = {conn.fileno(): ("message", i) for i, conn in enumerate(self._conns)}
@@ -421,11 +441,9 @@ class Supervisor:
         """The error for child ``index``'s failure: what it raised, else how it ended."""
         pid, record = self.pids[index], self.records.get(index)
         label = self.spec.label.format(role=self.spec.role, index=index, pid=pid, n=self.nprocs)
-        path = self._children.error_files[index]
-        if record is None and os.path.exists(path):  # it raised before the wrapper could report: torch's file
-            with contextlib.suppress(Exception), open(path, "rb") as fh:
-                text = str(pickle.load(fh))
-                record = FailureRecord((), text.strip().splitlines()[-1], text)
+        text = _torch_error_text(self._children.errors[index]) if record is None else None
+        if text:  # it raised before the wrapper could report: torch's record of it
+            record = FailureRecord((), text.strip().splitlines()[-1], text)
         if record is not None:
             return record.to_error(self.spec.role, index, pid, name=label)
         if self.exitcodes[index] is None and not self._stopped:
