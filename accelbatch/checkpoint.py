@@ -319,8 +319,11 @@ def _fsync_dir(path: str) -> None:
 
 
 def _sha256(path: str) -> str:
+    digest = hashlib.sha256()
     with open(path, "rb") as handle:
-        return hashlib.file_digest(handle, "sha256").hexdigest()
+        for chunk in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
 
 
 def _next_generation(ckdir: str) -> int:

@@ -33,7 +33,7 @@ import dataclasses
 import random
 import time
 from collections.abc import Callable, Sequence
-from typing import Any, Self
+from typing import Any
 
 import torch
 
@@ -390,7 +390,7 @@ class HogwildWorld(World):
         with contextlib.suppress(Exception):  # at interpreter exit anything may be gone
             self.shutdown()
 
-    def __enter__(self) -> Self:
+    def __enter__(self) -> "HogwildWorld":
         return self
 
     def __exit__(self, *exc: object) -> None:

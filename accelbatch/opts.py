@@ -265,6 +265,19 @@ def validate(opts: Opts) -> None:
         raise OptionError("--metrics: give 'default', 'all' or comma-separated metric names such as accuracy,loss")
 
 
+class _OnOff(argparse.Action):
+    """``--flag`` / ``--no-flag``: argparse.BooleanOptionalAction for Python 3.8 (the Poplar SDK's)."""
+
+    def __init__(self, option_strings: Sequence[str], dest: str, default: Any = None, help: str | None = None,
+                 **_: Any) -> None:
+        strings = [s for flag in option_strings for s in (flag, "--no-" + flag[2:]) if flag.startswith("--")]
+        super().__init__(strings, dest, nargs=0, default=default, help=help)
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any,
+                 option_string: str | None = None) -> None:
+        setattr(namespace, self.dest, not (option_string or "").startswith("--no-"))
+
+
 def _field_type(f: dataclasses.Field) -> type:
     text = str(f.type)
     for name, typ in (("bool", bool), ("int", int), ("float", float), ("str", str)):
@@ -306,7 +319,7 @@ def add_arguments(parser: argparse.ArgumentParser, training: bool = True) -> Non
         kwargs: dict[str, Any] = {"dest": f.name, "default": argparse.SUPPRESS if hidden else f.default,
                                   "help": argparse.SUPPRESS if hidden else meta["help"]}
         if typ is bool:
-            kwargs["action"] = argparse.BooleanOptionalAction
+            kwargs["action"] = getattr(argparse, "BooleanOptionalAction", _OnOff)
         else:
             kwargs["type"] = typ if typ is not object else str
             if meta.get("choices"):

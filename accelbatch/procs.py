@@ -31,7 +31,7 @@ import traceback
 import weakref
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import Any, NamedTuple, Self
+from typing import Any, NamedTuple
 
 import torch
 import torch.multiprocessing as tmp
@@ -499,7 +499,7 @@ class Supervisor:
             if pending:
                 raise KeyboardInterrupt
 
-    def __enter__(self) -> Self:
+    def __enter__(self) -> "Supervisor":
         return self
 
     def __exit__(self, *exc: object) -> None:

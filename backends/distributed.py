@@ -45,7 +45,7 @@ import socket
 import threading
 import time
 from collections.abc import Callable, Mapping
-from typing import Any, Self
+from typing import Any
 
 import torch.distributed as dist
 
@@ -213,7 +213,7 @@ class _StopRequests:
         self.forwarded = False
         self._previous: dict[int, Any] = {}
 
-    def __enter__(self) -> Self:
+    def __enter__(self) -> "_StopRequests":
         if threading.current_thread() is threading.main_thread():
             for sig in (signal.SIGINT, signal.SIGTERM):
                 self._previous[sig] = signal.signal(sig, lambda signum, frame: self.signals.append(signum))

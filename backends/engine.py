@@ -229,7 +229,7 @@ class LayoutEngine(Engine):
     def _gather(self, kept: dict[int, dict[str, torch.Tensor]]) -> dict[int, dict[str, torch.Tensor]]:
         """Every replica's kept outputs, gathered as device tensors: one small exchange of their shapes,
         then one all-gather per output name (no pickled tensors)."""
-        meta = {j: {k: (tuple(v.shape), str(v.dtype).removeprefix("torch.")) for k, v in out.items()}
+        meta = {j: {k: (tuple(v.shape), str(v.dtype).split(".")[-1]) for k, v in out.items()}
                 for j, out in kept.items()}
         metas: list[Any] = [None] * self.world_size
         dist.all_gather_object(metas, meta, group=self.group)

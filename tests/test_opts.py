@@ -84,3 +84,18 @@ def test_parlai_names_of_the_new_options():
                            "--metrics", "accuracy,loss", "--init-model", "init.pt"])
     assert (opts.validation_every_n_secs, opts.validation_metric_mode, opts.validation_max_exs) == (30, "min", 100)
     assert (opts.save_every_n_secs, opts.metrics, opts.init_model) == (60, "accuracy,loss", "init.pt")
+
+
+def test_on_off_options_parse_without_argparse_boolean_optional_action(monkeypatch):
+    """Python 3.8 (the Poplar SDK's) has no argparse.BooleanOptionalAction: --x / --no-x still parse."""
+    import argparse
+
+    from accelbatch.opts import add_arguments
+
+    monkeypatch.delattr(argparse, "BooleanOptionalAction")
+    parser = argparse.ArgumentParser(allow_abbrev=False)
+    add_arguments(parser)
+    assert parser.parse_args([]).progress is True
+    assert parser.parse_args(["--no-progress"]).progress is False
+    assert parser.parse_args(["--no-progress", "--progress"]).progress is True
+    assert "--no-progress" in parser.format_help()

@@ -53,7 +53,7 @@ import signal
 import sys
 from collections.abc import Callable, Iterator
 from multiprocessing.reduction import ForkingPickler
-from typing import Any, Self
+from typing import Any
 
 import torch
 
@@ -304,7 +304,7 @@ class AsyncDataAccessor:
 
     close = terminate
 
-    def __enter__(self) -> Self:
+    def __enter__(self) -> "AsyncDataAccessor":
         return self
 
     def __exit__(self, *exc: object) -> None:
