@@ -42,7 +42,8 @@ from typing import Any, Callable, Mapping
 
 import torch
 
-from accelbatch.plan import ExecutionPlan, OutputMode, PlanError, Reduction, batch_rows
+from accelbatch.layout import token_prefix, update_totals
+from accelbatch.plan import LOSS_TOKENS, ExecutionPlan, LossNormalization, OutputMode, PlanError, Reduction, batch_rows
 
 from .base import Engine, NonFiniteLoss, StepResult, TensorBatch
 from .engine import check_trainable
@@ -50,6 +51,8 @@ from .engine import check_trainable
 log = logging.getLogger("accelbatch.ipu")
 
 Signature = tuple[tuple[str, tuple[int, ...], torch.dtype], ...]
+# the graph input carrying each row's loss scale under --loss-normalization token (InputsAdapter strips it)
+LOSS_SCALE = "_loss_scale"
 
 
 # --- options -------------------------------------------------------------------------------------------
@@ -122,7 +125,9 @@ class InputsAdapter(torch.nn.Module):
         self.meta: dict[str, Any] = {"out_keys": None, "has_loss": None, "dtypes": None}
 
     def forward(self, *tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        out = self.model(dict(zip(self.keys, tensors)))
+        inputs = dict(zip(self.keys, tensors))
+        scale = inputs.pop(LOSS_SCALE, None)
+        out = self.model(inputs)
         if not isinstance(out, Mapping):
             raise PlanError("the model's forward(batch) must return a dict of tensors ('loss' and per-row "
                             f"outputs), got {type(out).__name__}")
@@ -146,6 +151,8 @@ class InputsAdapter(torch.nn.Module):
         if loss is not None and self.graph_training and self.mark_loss is not None:
             # PopTorch trains on the loss it finds in the graph: marked here, any loss the model computes
             # (a hand-written one, a sum of two torch losses) is the one final loss
+            if scale is not None:  # the reported loss stays the model's; the graph trains on the scaled one
+                return tuple(out[k] for k in keys) + (loss, self.mark_loss(loss * scale[0], reduction="none"))
             loss = self.mark_loss(loss, reduction="none")
         return tuple(out[k] for k in keys) + ((loss,) if loss is not None else ())
 
@@ -338,6 +345,7 @@ class IPUEngine(Engine):
                 f"a training call of {n} rows is a partial tail (fewer than the combined batch of "
                 f"{plan.combined_batch}); an IPU graph has static shapes and cannot run it: train with "
                 "--drop-last (the default), which drops the tail and says so")
+        batch = self._with_loss_scale(batch, lay)
         entry = self._executor_for(True, batch)
         self._activate(entry)
         self._sync_optimizer(entry)
@@ -364,6 +372,25 @@ class IPUEngine(Engine):
                                   "compilations": self._compilations, "compiled": compiled,
                                   "loss_micro_batches": counted})
 
+    def _with_loss_scale(self, batch: TensorBatch, lay: Any) -> TensorBatch:
+        """``batch`` without ``loss_tokens``; under ``--loss-normalization token`` with a ``_loss_scale``
+        column instead: each row of micro-batch j holds t_j / T_u x (G x R), its micro-batch's share of its
+        update's tokens, times what the device's Mean reduction divides by."""
+        tokens = batch.get(LOSS_TOKENS)
+        if tokens is None:
+            return batch
+        batch = {k: v for k, v in batch.items() if k != LOSS_TOKENS}
+        if self.plan.loss_normalization is not LossNormalization.TOKEN:
+            return batch
+        cum = token_prefix(tokens)
+        per = {j: cum[e] - cum[s] for j, (s, e) in enumerate(zip(lay.starts, lay.stops))}
+        weights = lay.token_weights(per, update_totals(lay, per))
+        scale = torch.empty(lay.rows, dtype=torch.float32)
+        for j, (s, e) in enumerate(zip(lay.starts, lay.stops)):
+            scale[s:e] = weights[j] * self.plan.gradient_accumulation * self.plan.replication_factor
+        batch[LOSS_SCALE] = scale
+        return batch
+
     # --- inference -------------------------------------------------------------------------------
     def eval_step(self, batch: TensorBatch) -> StepResult:
         """Outputs for ``batch``'s rows; the loss is the mean over its real rows only.
@@ -374,6 +401,7 @@ class IPUEngine(Engine):
         whose loss is the mean over all its rows (padding included) still reports the loss of the real rows.
         """
         n = batch_rows(batch)
+        batch = {k: v for k, v in batch.items() if k != LOSS_TOKENS}
         plan = self.eval_plan
         lay = plan.layout(n)
         whole = n - n % plan.micro_batch
