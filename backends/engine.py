@@ -3,6 +3,9 @@
 A training call runs the layout's weight updates, each over its G x R micro-batches (all of them in one
 process, replicas simulated in turn; this replica's own when R processes run), with the layout's loss
 weights, output selection and partial tails, and ends with one host read (loss, NaN flags, outputs).
+Under ``--loss-normalization token`` the weights come from the batch's per-row ``loss_tokens``
+(:meth:`CallLayout.token_weights`; one all-reduce of the update totals when R processes run), which never
+reaches the model.
 Device and replication specifics come from :class:`~accelbatch.backends.base.Hooks` (cpu.py, cuda.py).
 
 NaN policy: an update whose loss (summed over the replicas, so all agree) is non-finite is not applied.

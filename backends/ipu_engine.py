@@ -24,6 +24,10 @@ Written once against ``poptorch`` (real, or :mod:`accelbatch.backends.poptorch_e
   their real rows, as the CPU engine does, and is exact whatever the model does with padding rows.
 * Training runs full calls (any multiple of D x R x G rows, as the plan allows); a partial training tail
   (``--no-drop-last``) has no static shape and is refused with a PlanError saying to use ``--drop-last``.
+* A batch's ``loss_tokens`` (per-row token counts) never reaches the model. Under ``--loss-normalization
+  token`` it becomes a per-row ``_loss_scale`` input (micro-batch j's rows hold t_j / T_u x G x R) that the
+  adapter multiplies the marked loss by, so the device's Mean reduction yields the per-token mean of each
+  update; the loss the graph returns for reporting stays the model's own.
 * ``StepResult.loss`` is the mean of the losses the output mode brings back: every micro-batch's for All
   and Sum (exactly the CPU engine's number), the last of each replica for Final, every N-th for EveryN
   (``extras["loss_micro_batches"]`` says how many). ``int64`` outputs, which an IPU returns as ``int32``,
