@@ -426,7 +426,8 @@ def _plain(value: Any, where: str) -> Any:
 # options that change the data order, the rows per step or the weights' trajectory: a resume must
 # keep them, or the examples seen (and the weights) would not continue the interrupted run
 RESUME_OPTS = ("task", "datatype", "seed", "batchsize", "device_iterations", "replication_factor",
-               "gradient_accumulation", "numthreads", "reduction", "drop_last", "dynamic_batching",
+               "gradient_accumulation", "numthreads", "reduction", "loss_normalization", "drop_last",
+               "dynamic_batching",
                "dataloader_mode", "num_workers", "context_length", "include_labels", "optimizer")
 
 

@@ -38,6 +38,26 @@ class OutputMode(enum.Enum):
         raise PlanError(f"--output-mode: {value!r} is not one of default, all, final, sum, everyn")
 
 
+LOSS_TOKENS = "loss_tokens"  # optional per-row batch tensor: the tokens a row's loss averages over
+
+
+class LossNormalization(enum.Enum):
+    """How an update weighs its micro-batches' mean losses: ``MICRO`` by rows (each micro-batch's mean, as
+    PopTorch's Mean reduction), ``TOKEN`` by the tokens each holds (the per-token mean of one big batch)."""
+
+    MICRO = "micro"
+    TOKEN = "token"
+
+    @classmethod
+    def parse(cls, value: "LossNormalization | str") -> "LossNormalization":
+        if isinstance(value, cls):
+            return value
+        for norm in cls:
+            if str(value).lower() in (norm.value, norm.name.lower()):
+                return norm
+        raise PlanError(f"--loss-normalization: {value!r} is not one of micro, token")
+
+
 class Reduction(enum.Enum):
     MEAN = "mean"
     SUM = "sum"
@@ -98,6 +118,13 @@ class CallLayout:
 
     def micro_rows(self, j: int) -> int:
         return self.stops[j] - self.starts[j]
+
+    def token_weights(self, tokens: Mapping[int, float], totals: Sequence[float]) -> dict[int, float]:
+        """Loss weights under ``--loss-normalization token``: micro-batch ``j`` (a key of ``tokens``, its
+        token count) weighs ``tokens[j] / totals[update[j]]``, its update's tokens over all its G x R
+        micro-batches, so the update's gradient is that of the per-token mean over the whole update (the
+        model's loss being the mean over its micro-batch's tokens). An update without tokens weighs 0."""
+        return {j: (t / totals[self.update[j]] if totals[self.update[j]] > 0 else 0.0) for j, t in tokens.items()}
 
 
 def compute_layout(plan: Any, n: int) -> CallLayout:
@@ -210,5 +237,21 @@ def batch_rows(batch: Mapping[str, torch.Tensor], name: str = "batch") -> int:
     return rows
 
 
-__all__ = ["CallLayout", "OutputMode", "PlanError", "Reduction", "batch_rows", "combine_outputs", "compute_layout",
-           "rows_of"]
+def token_prefix(loss_tokens: torch.Tensor) -> list[float]:
+    """Cumulative tokens of a batch's rows from its per-row ``loss_tokens``: rows ``s:e`` hold
+    ``prefix[e] - prefix[s]`` tokens (a row's tensor may have more dims; they are summed)."""
+    rows = loss_tokens.detach().reshape(loss_tokens.shape[0], -1).sum(1).double().cpu()
+    return torch.cat([rows.new_zeros(1), rows.cumsum(0)]).tolist()
+
+
+def update_totals(layout: CallLayout, tokens: Mapping[int, float]) -> list[float]:
+    """Tokens of each update of ``layout`` (summed over the micro-batches in ``tokens``)."""
+    totals = [0.0] * layout.num_updates
+    for j, t in tokens.items():
+        totals[layout.update[j]] += t
+    return totals
+
+
+__all__ = ["CallLayout", "LOSS_TOKENS", "LossNormalization", "OutputMode", "PlanError", "Reduction",
+           "batch_rows", "combine_outputs", "compute_layout",
+           "token_prefix", "rows_of", "update_totals"]

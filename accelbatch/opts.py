@@ -21,6 +21,7 @@ DYNAMIC_BATCHING = ("none", "batchsort", "full", "buckets")
 DATALOADER_MODES = ("sync", "async", "async-rebatched")
 OUTPUT_MODES = ("default", "all", "final", "sum", "everyn")
 REDUCTIONS = ("mean", "sum")
+LOSS_NORMALIZATIONS = ("micro", "token")
 MIXED_PRECISION = ("no", "bf16", "fp16")
 INFERENCE = ("greedy", "beam")
 
@@ -155,6 +156,11 @@ class Opts:
                                      help="N for --output-mode everyn", train_only=True)
     reduction: str = _opt("mean", "--reduction", choices=REDUCTIONS, group="plan",
                           help="how accumulated and replicated gradients combine", train_only=True)
+    loss_normalization: str = _opt("micro", "--loss-normalization", choices=LOSS_NORMALIZATIONS, group="plan",
+                                   help="micro: each micro-batch's mean loss counts alike (PopTorch's Mean); "
+                                        "token: each counts by its tokens, so an update with -ga/-rf is the "
+                                        "per-token mean of one big batch (needs --reduction mean)",
+                                   train_only=True)
     mixed_precision: str = _opt("no", "--mixed-precision", choices=MIXED_PRECISION, group="plan",
                                 help="autocast precision (cpu and cuda); fp16 also scales the loss "
                                      "(GradScaler, its state in checkpoints)")

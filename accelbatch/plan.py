@@ -55,6 +55,14 @@ follows, identically on every backend:
    proportion to its rows;
 4. the call returns every row's outputs (as ``ALL``), since the mode's shapes do not apply to a tail.
 
+Loss normalisation (``--loss-normalization``, training): ``micro`` (the default) is the above, each
+micro-batch's mean loss weighted by its rows (PopTorch's Mean reduction). ``token`` weighs micro-batch ``j``
+by ``t_j / T_u``, its tokens over those of its update's G x R micro-batches (all replicas), so the update's
+gradient is that of the per-token mean over the whole update, as one big batch would give, when micro-batches
+hold different token counts. A batch gives each row's tokens as the optional per-row tensor
+``"loss_tokens"`` (:data:`LOSS_TOKENS`; engines read it and never pass it to the model); without it every
+row counts one token, which is ``micro``'s weighting. It needs ``--reduction mean``.
+
 For full calls the same weights reduce to ``1 / (G x R)`` (MEAN) and ``1`` (SUM), so one formula covers
 both. :meth:`ExecutionPlan.layout` gives the whole layout of a call with ``n`` rows (micro-batch bounds,
 replica, update and loss weight of each micro-batch, which outputs are kept); engines only execute it.
@@ -70,7 +78,9 @@ from typing import TYPE_CHECKING, Any, Mapping, Sequence
 import torch
 
 from accelbatch.layout import (
+    LOSS_TOKENS,
     CallLayout,
+    LossNormalization,
     OutputMode,
     PlanError,
     Reduction,
@@ -106,11 +116,13 @@ class ExecutionPlan:
     reduction: Reduction = Reduction.MEAN
     training: bool = True
     drop_last: bool = True
+    loss_normalization: LossNormalization = LossNormalization.MICRO
 
     def __init__(self, micro_batch: int = 1, device_iterations: int = 1, replication_factor: int = 1,
                  gradient_accumulation: int = 1, output_mode: OutputMode | str | None = "default",
                  output_return_period: int = 1, reduction: Reduction | str = Reduction.MEAN,
-                 training: bool = True, drop_last: bool = True) -> None:
+                 training: bool = True, drop_last: bool = True,
+                 loss_normalization: LossNormalization | str = LossNormalization.MICRO) -> None:
         set_ = functools.partial(object.__setattr__, self)
         set_("micro_batch", micro_batch)
         set_("device_iterations", device_iterations)
@@ -121,6 +133,7 @@ class ExecutionPlan:
         set_("drop_last", bool(drop_last))
         set_("output_mode", OutputMode.parse(output_mode, bool(training)))
         set_("reduction", Reduction.parse(reduction))
+        set_("loss_normalization", LossNormalization.parse(loss_normalization))
         self._check()
 
     # --- construction ------------------------------------------------------------------------
@@ -136,7 +149,8 @@ class ExecutionPlan:
                    gradient_accumulation=opts.gradient_accumulation if training else 1,
                    output_mode=opts.output_mode if training else "all",
                    output_return_period=opts.output_return_period if training else 1,
-                   reduction=opts.reduction, training=training, drop_last=opts.drop_last)
+                   reduction=opts.reduction, training=training, drop_last=opts.drop_last,
+                   loss_normalization=opts.loss_normalization if training else "micro")
         if not training and opts.gradient_accumulation > 1:
             plan = dataclasses.replace(plan, micro_batch=opts.batchsize * opts.gradient_accumulation)
         return plan
@@ -160,6 +174,10 @@ class ExecutionPlan:
         elif n != 1:
             raise PlanError(f"--output-return-period {n} applies only to --output-mode everyn "
                             f"(the output mode is {self.output_mode.value}); drop it or use everyn")
+        if self.loss_normalization is LossNormalization.TOKEN and self.reduction is Reduction.SUM:
+            raise PlanError("--loss-normalization token makes each update the per-token mean over its G x R "
+                            "micro-batches, which --reduction sum (a sum of micro-batch means) contradicts: "
+                            "use --reduction mean with it, or --loss-normalization micro")
         if not self.training and self.gradient_accumulation != 1:
             raise PlanError(
                 f"--gradient-accumulation {self.gradient_accumulation}: gradient accumulation is a training "
@@ -207,7 +225,8 @@ class ExecutionPlan:
                                          if self.output_mode is OutputMode.EVERY_N else "")
         return (f"{'training' if self.training else 'inference'} plan: micro batch {self.micro_batch} x "
                 f"D {self.device_iterations} x R {self.replication_factor} x G {self.gradient_accumulation} "
-                f"= {self.combined_batch} rows per call, output {mode}, reduction {self.reduction.value}")
+                f"= {self.combined_batch} rows per call, output {mode}, reduction {self.reduction.value}"
+                + (", loss per token" if self.loss_normalization is LossNormalization.TOKEN else ""))
 
     # --- validation --------------------------------------------------------------------------
     def validate_batch(self, rows: "int | torch.Tensor | Sequence[int]", name: str = "input") -> int:
@@ -339,11 +358,6 @@ class ExecutionPlan:
 
 @functools.lru_cache(maxsize=256)
 def _layout(plan: ExecutionPlan, rows: int) -> CallLayout:
-    return plan._layout_uncached(rows)
-
-
-@functools.lru_cache(maxsize=256)
-def _layout(plan: ExecutionPlan, rows: int) -> CallLayout:
     return compute_layout(plan, rows)
 
 
@@ -356,5 +370,6 @@ def reserved_ipus(n: int) -> int:
     return 1 << n.bit_length() if n < 64 else -(-n // 64) * 64
 
 
-__all__ = ["ExecutionPlan", "OutputMode", "Reduction", "PlanError", "CallLayout", "combine_outputs",
+__all__ = ["ExecutionPlan", "LOSS_TOKENS", "LossNormalization", "OutputMode", "Reduction", "PlanError", "CallLayout",
+           "combine_outputs",
            "batch_rows", "reserved_ipus"]

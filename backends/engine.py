@@ -3,6 +3,9 @@
 A training call runs the layout's weight updates, each over its G x R micro-batches (all of them in one
 process, replicas simulated in turn; this replica's own when R processes run), with the layout's loss
 weights, output selection and partial tails, and ends with one host read (loss, NaN flags, outputs).
+Under ``--loss-normalization token`` the weights come from the batch's per-row ``loss_tokens``
+(:meth:`CallLayout.token_weights`; one all-reduce of the update totals when R processes run), which never
+reaches the model.
 Device and replication specifics come from :class:`~accelbatch.backends.base.Hooks` (cpu.py, cuda.py).
 
 NaN policy: an update whose loss (summed over the replicas, so all agree) is non-finite is not applied.
@@ -25,7 +28,16 @@ from typing import Any, NamedTuple
 import torch
 import torch.distributed as dist
 
-from accelbatch.plan import CallLayout, ExecutionPlan, PlanError, batch_rows, combine_outputs
+from accelbatch.layout import token_prefix, update_totals
+from accelbatch.plan import (
+    LOSS_TOKENS,
+    CallLayout,
+    ExecutionPlan,
+    LossNormalization,
+    PlanError,
+    batch_rows,
+    combine_outputs,
+)
 
 from .base import Engine, EngineOptions, Hooks, NonFiniteLoss, Replicas, StepResult, TensorBatch
 from .prefetch import Pending
@@ -44,6 +56,13 @@ def slice_rows(batch: Mapping[str, torch.Tensor] | None, start: int, stop: int) 
     if batch is None or (start == 0 and stop == batch_rows(batch)):
         return batch  # type: ignore[return-value]
     return {k: (v[start:stop] if v.dim() else v) for k, v in batch.items()}
+
+
+def model_inputs(batch: TensorBatch | None) -> TensorBatch | None:
+    """``batch`` without the engine's own ``loss_tokens`` (never an input of the model)."""
+    if batch is None or LOSS_TOKENS not in batch:
+        return batch
+    return {k: v for k, v in batch.items() if k != LOSS_TOKENS}
 
 
 def loss_of(out: Mapping[str, torch.Tensor]) -> torch.Tensor:
@@ -111,17 +130,20 @@ class LayoutEngine(Engine):
         hooks.set_training(True)
         mine, batch = self._shard(batch)
         lay, bare, keep = mine.lay, mine.lay.partial, set(mine.lay.kept)
+        updates = mine.updates
+        if self.plan.loss_normalization is LossNormalization.TOKEN and LOSS_TOKENS in batch:
+            updates = self._token_weights(mine, batch[LOSS_TOKENS])
         factor = hooks.loss_factor(bare)
         kept: dict[int, dict[str, torch.Tensor]] = {}
         kept_losses: dict[int, torch.Tensor] = {}
         losses, flags, halt, reads = [], [], None, 0
-        spans = [(s[0][0], s[-1][1]) if s else None for s in mine.updates]
-        for u, (steps, (offset, chunk)) in enumerate(zip(mine.updates, self._feed(batch, spans))):
+        spans = [(s[0][0], s[-1][1]) if s else None for s in updates]
+        for u, (steps, (offset, chunk)) in enumerate(zip(updates, self._feed(batch, spans))):
             hooks.zero_grad()
             local = torch.zeros((), dtype=torch.float32, device=self.device)
             for i, (start, stop, weight, j) in enumerate(steps):
                 with hooks.no_sync(i == len(steps) - 1, bare):
-                    out = hooks.forward(slice_rows(chunk, start - offset, stop - offset), bare)
+                    out = hooks.forward(model_inputs(slice_rows(chunk, start - offset, stop - offset)), bare)
                     loss = loss_of(out)
                     hooks.backward(loss if weight * factor == 1.0 else loss * (weight * factor))
                 local += loss.detach().float()
@@ -168,6 +190,21 @@ class LayoutEngine(Engine):
             extras.update(replica=self.rank, shard_rows=mine.rows)
         return StepResult(outputs=outputs, rows=rows, updates=lay.num_updates - len(skipped), extras=extras,
                           loss=sum(shown) / len(shown) if shown else None)
+
+    def _token_weights(self, mine: _Mine, loss_tokens: torch.Tensor
+                       ) -> tuple[tuple[tuple[int, int, float, int], ...], ...]:
+        """This process's updates with the token weights of ``--loss-normalization token``: each micro-batch's
+        tokens (from the host's ``loss_tokens``) over its update's, summed over the replicas by one small
+        all-reduce when R processes run (each sees only its own rows)."""
+        cum = token_prefix(loss_tokens)
+        tokens = {j: cum[stop] - cum[start] for steps in mine.updates for start, stop, _, j in steps}
+        totals = update_totals(mine.lay, tokens)
+        if self.world_size > 1:
+            summed = torch.tensor(totals, dtype=torch.float64, device=self.device)
+            dist.all_reduce(summed, group=self.group)
+            totals = summed.tolist()
+        weights = mine.lay.token_weights(tokens, totals)
+        return tuple(tuple((start, stop, weights[j], j) for start, stop, _, j in steps) for steps in mine.updates)
 
     def _shard(self, batch: TensorBatch) -> tuple[_Mine, TensorBatch]:
         """This process's part of the call, and its rows (cut here from a whole call with inputs="full")."""
@@ -264,7 +301,7 @@ class LayoutEngine(Engine):
         for js, (offset, chunk) in zip(lay.updates, self._feed(batch, spans)):
             for j in js:
                 s, e = lay.starts[j], lay.stops[j]
-                out = self.hooks.forward(slice_rows(chunk, s - offset, e - offset), True)
+                out = self.hooks.forward(model_inputs(slice_rows(chunk, s - offset, e - offset)), True)
                 if out.get("loss") is not None:
                     part = out["loss"].detach().float() * (e - s)
                     loss_sum = part if loss_sum is None else loss_sum + part

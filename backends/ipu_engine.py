@@ -24,6 +24,10 @@ Written once against ``poptorch`` (real, or :mod:`accelbatch.backends.poptorch_e
   their real rows, as the CPU engine does, and is exact whatever the model does with padding rows.
 * Training runs full calls (any multiple of D x R x G rows, as the plan allows); a partial training tail
   (``--no-drop-last``) has no static shape and is refused with a PlanError saying to use ``--drop-last``.
+* A batch's ``loss_tokens`` (per-row token counts) never reaches the model. Under ``--loss-normalization
+  token`` it becomes a per-row ``_loss_scale`` input (micro-batch j's rows hold t_j / T_u x G x R) that the
+  adapter multiplies the marked loss by, so the device's Mean reduction yields the per-token mean of each
+  update; the loss the graph returns for reporting stays the model's own.
 * ``StepResult.loss`` is the mean of the losses the output mode brings back: every micro-batch's for All
   and Sum (exactly the CPU engine's number), the last of each replica for Final, every N-th for EveryN
   (``extras["loss_micro_batches"]`` says how many). ``int64`` outputs, which an IPU returns as ``int32``,
@@ -42,7 +46,8 @@ from typing import Any, Callable, Mapping
 
 import torch
 
-from accelbatch.plan import ExecutionPlan, OutputMode, PlanError, Reduction, batch_rows
+from accelbatch.layout import token_prefix, update_totals
+from accelbatch.plan import LOSS_TOKENS, ExecutionPlan, LossNormalization, OutputMode, PlanError, Reduction, batch_rows
 
 from .base import Engine, NonFiniteLoss, StepResult, TensorBatch
 from .engine import check_trainable
@@ -50,6 +55,8 @@ from .engine import check_trainable
 log = logging.getLogger("accelbatch.ipu")
 
 Signature = tuple[tuple[str, tuple[int, ...], torch.dtype], ...]
+# the graph input carrying each row's loss scale under --loss-normalization token (InputsAdapter strips it)
+LOSS_SCALE = "_loss_scale"
 
 
 # --- options -------------------------------------------------------------------------------------------
@@ -122,7 +129,9 @@ class InputsAdapter(torch.nn.Module):
         self.meta: dict[str, Any] = {"out_keys": None, "has_loss": None, "dtypes": None}
 
     def forward(self, *tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        out = self.model(dict(zip(self.keys, tensors)))
+        inputs = dict(zip(self.keys, tensors))
+        scale = inputs.pop(LOSS_SCALE, None)
+        out = self.model(inputs)
         if not isinstance(out, Mapping):
             raise PlanError("the model's forward(batch) must return a dict of tensors ('loss' and per-row "
                             f"outputs), got {type(out).__name__}")
@@ -146,6 +155,8 @@ class InputsAdapter(torch.nn.Module):
         if loss is not None and self.graph_training and self.mark_loss is not None:
             # PopTorch trains on the loss it finds in the graph: marked here, any loss the model computes
             # (a hand-written one, a sum of two torch losses) is the one final loss
+            if scale is not None:  # the reported loss stays the model's; the graph trains on the scaled one
+                return tuple(out[k] for k in keys) + (loss, self.mark_loss(loss * scale[0], reduction="none"))
             loss = self.mark_loss(loss, reduction="none")
         return tuple(out[k] for k in keys) + ((loss,) if loss is not None else ())
 
@@ -338,6 +349,7 @@ class IPUEngine(Engine):
                 f"a training call of {n} rows is a partial tail (fewer than the combined batch of "
                 f"{plan.combined_batch}); an IPU graph has static shapes and cannot run it: train with "
                 "--drop-last (the default), which drops the tail and says so")
+        batch = self._with_loss_scale(batch, lay)
         entry = self._executor_for(True, batch)
         self._activate(entry)
         self._sync_optimizer(entry)
@@ -364,6 +376,25 @@ class IPUEngine(Engine):
                                   "compilations": self._compilations, "compiled": compiled,
                                   "loss_micro_batches": counted})
 
+    def _with_loss_scale(self, batch: TensorBatch, lay: Any) -> TensorBatch:
+        """``batch`` without ``loss_tokens``; under ``--loss-normalization token`` with a ``_loss_scale``
+        column instead: each row of micro-batch j holds t_j / T_u x (G x R), its micro-batch's share of its
+        update's tokens, times what the device's Mean reduction divides by."""
+        tokens = batch.get(LOSS_TOKENS)
+        if tokens is None:
+            return batch
+        batch = {k: v for k, v in batch.items() if k != LOSS_TOKENS}
+        if self.plan.loss_normalization is not LossNormalization.TOKEN:
+            return batch
+        cum = token_prefix(tokens)
+        per = {j: cum[e] - cum[s] for j, (s, e) in enumerate(zip(lay.starts, lay.stops))}
+        weights = lay.token_weights(per, update_totals(lay, per))
+        scale = torch.empty(lay.rows, dtype=torch.float32)
+        for j, (s, e) in enumerate(zip(lay.starts, lay.stops)):
+            scale[s:e] = weights[j] * self.plan.gradient_accumulation * self.plan.replication_factor
+        batch[LOSS_SCALE] = scale
+        return batch
+
     # --- inference -------------------------------------------------------------------------------
     def eval_step(self, batch: TensorBatch) -> StepResult:
         """Outputs for ``batch``'s rows; the loss is the mean over its real rows only.
@@ -374,6 +405,7 @@ class IPUEngine(Engine):
         whose loss is the mean over all its rows (padding included) still reports the loss of the real rows.
         """
         n = batch_rows(batch)
+        batch = {k: v for k, v in batch.items() if k != LOSS_TOKENS}
         plan = self.eval_plan
         lay = plan.layout(n)
         whole = n - n % plan.micro_batch

@@ -8,6 +8,7 @@ output values) and exit non-zero when one is wrong.
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -28,8 +29,8 @@ def run_example(name: str, *args: str, timeout: float = 120) -> str:
     return proc.stdout
 
 
-def test_there_are_five_tutorials_each_with_a_readme_section():
-    assert len(SCRIPTS) == 5
+def test_there_are_six_tutorials_each_with_a_readme_section():
+    assert len(SCRIPTS) == 6
     readme = (EXAMPLES / "README.md").read_text(encoding="utf-8")
     for name in SCRIPTS:
         assert f"`{name}`" in readme, name
@@ -99,3 +100,34 @@ def test_05_via_the_cli():
                       "--max-train-steps", "2", "--eval-splits", "")
     assert "accelbatch train " in out and "--device ipu" in out and "--ipu-emulator" in out
     assert "device: ipu" in out
+
+
+SMALL_GENERATOR = ("-t", "reverse:400", "-ne", "1", "-esz", "16", "-bs", "4", "--reply", "abc", "gamble")
+
+
+@pytest.mark.multiprocess
+@pytest.mark.slow
+@pytest.mark.timeout(240)
+def test_06_generator_on_ipu_matches_cpu_and_generates():
+    out = run_example("06_generator_on_ipu.py", "--ipu-emulator", *SMALL_GENERATOR, "--compare-cpu")
+    assert "device: ipu" in out and "ran on poptorch-emulator" in out
+    # texts pad to 8 tokens, labels (a word + the end token) to 8 or 16: at most two training graphs; eval:
+    # whole micro-batches and a remainder graph
+    compiled = re.search(r"graphs compiled: (\d+) \((\d+) training, (\d+) inference", out)
+    assert compiled is not None and 1 <= int(compiled[2]) <= 2 and int(compiled[3]) == 2
+    assert out.count("reply: ") == 2 and "reply: abc -> " in out and "reply: gamble -> " in out
+    diff = float(out.split("largest weight difference ipu vs cpu: ")[1].split()[0])
+    assert diff <= 1e-4
+
+
+@pytest.mark.multiprocess
+@pytest.mark.slow
+@pytest.mark.timeout(240)
+def test_06_the_same_script_on_cuda_or_skipped_without_it():
+    import torch
+
+    out = run_example("06_generator_on_ipu.py", "--device", "cuda", *SMALL_GENERATOR)
+    if torch.cuda.is_available():
+        assert "device: cuda" in out and out.count("reply: ") == 2
+    else:
+        assert out.strip() == "--device cuda: no CUDA device here; skipped (the same script runs unchanged on a GPU)"

@@ -13,6 +13,7 @@ import accelbatch as ab
 from accelbatch.generation import BOS, EOS, PAD, ByteVocab, GeneratorModel
 from accelbatch.metrics import Metrics
 from accelbatch.models.generator import TransformerCore, TransformerGeneratorAgent
+from accelbatch.plan import LOSS_TOKENS
 from accelbatch.run import reduce_report
 from accelbatch.tasks.reverse import generate
 
@@ -289,12 +290,24 @@ def test_evaluation_with_generation_scores_every_example_once(device, bs, di):
         assert report[key] == pytest.approx(one[key], rel=1e-4, abs=1e-6), key
 
 
+def test_batches_carry_each_rows_label_tokens_for_token_normalisation():
+    agent = TransformerGeneratorAgent(ab.Opts(embedding_size=16, label_truncate=4))
+    rows = [agent.vectorize(ab.Message(text=t, labels=[label])) for t, label in
+            (("abc", "cba"), ("ab", "ba"), ("abcdefg", "gfedcba"))]
+    batch = agent.batchify(rows)
+    # a label's bytes up to --label-truncate, plus the end token: the targets its row's loss averages over
+    assert batch[LOSS_TOKENS].tolist() == [4, 3, 5] == (batch["label_vec"] != 0).sum(1).tolist()
+    assert LOSS_TOKENS not in agent.batchify([agent.vectorize(ab.Message(text="abc"))])
+
+
 @pytest.mark.slow
-def test_same_weights_on_cpu_and_the_ipu_emulator_under_the_same_plan():
+@pytest.mark.parametrize("norm", ["micro", "token"])
+def test_same_weights_on_cpu_and_the_ipu_emulator_under_the_same_plan(norm):
     weights, reports = [], []
     for device in ("cpu", "ipu"):
         opts = ab.Opts(task="reverse:256", model="transformer/generator", batchsize=4, device_iterations=2,
                        gradient_accumulation=2, embedding_size=16, num_epochs=1, label_truncate=10,
+                       loss_normalization=norm,
                        validation_every_n_epochs=-1, eval_splits="valid", progress=False, seed=1,
                        device=device, ipu_emulator=device == "ipu", log_every_n_secs=1000)
         world = ab.create_world(opts)

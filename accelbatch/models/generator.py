@@ -27,6 +27,7 @@ from accelbatch.agents import TorchAgent
 from accelbatch.generation import EOS, PAD, ByteVocab, GeneratorModel
 from accelbatch.messages import EVAL_LABELS, LABELS, TEXT, Message
 from accelbatch.opts import OptionError
+from accelbatch.plan import LOSS_TOKENS
 
 PAD_MULTIPLE = 8  # text and labels are padded to a multiple of this: few distinct shapes for graph compilers
 DEFAULT_LABEL_TOKENS = 32  # label tokens kept and generated when --label-truncate is -1 (see label_tokens)
@@ -108,6 +109,8 @@ class GeneratorAgent(TorchAgent):
         labels = [o.get("label_vec") or [] for o in observations]
         if any(labels):
             batch["label_vec"] = pad_to(labels, rounded(max(len(t) for t in labels)))
+            # the tokens each row's loss averages over: --loss-normalization token weighs micro-batches by them
+            batch[LOSS_TOKENS] = torch.tensor([len(t) for t in labels], dtype=torch.long)
         return batch
 
     def replies(self, outputs: dict[str, torch.Tensor], observations: list[Message]) -> list[dict[str, Any]]:

@@ -1,0 +1,113 @@
+"""Tutorial 6: a generator on the IPU (teacher-forced training, greedy decoding), and the same code on CUDA.
+
+    python examples/ipu/06_generator_on_ipu.py                   # --device ipu (the emulator without the SDK)
+    python examples/ipu/06_generator_on_ipu.py --device cuda     # the same script on a GPU (skipped without one)
+    python examples/ipu/06_generator_on_ipu.py --compare-cpu     # also on the CPU: the same weights
+    python examples/ipu/06_generator_on_ipu.py --reply abcde     # the trained model's replies to your words
+
+The bundled ``-m transformer/generator`` (a small encoder-decoder transformer over UTF-8 bytes) learns the
+bundled ``-t reverse`` task (reply with the text's word reversed): about 95% exact replies after 3 epochs of
+6,000 words, in well under a minute on the emulator. Nothing in the script is device-specific:
+
+* training is teacher forcing on the token loss. With ``-ga 2`` (and ``-rf``), ``--loss-normalization token``
+  makes each weight update the per-token mean over its micro-batches, as one big batch would give (their
+  words have different lengths); ``micro`` would average the micro-batches' means, as PopTorch's Mean does.
+  On the IPU each micro-batch's share reaches the graph as an input, so both need no recompilation;
+* generation runs inside the model's forward for a fixed ``--label-truncate`` + 1 steps with static shapes:
+  the IPU compiles one inference graph per input shape (the script prints the count) and CUDA never waits
+  on the host mid-reply;
+* ``--text-truncate`` / ``--label-truncate`` bound the shapes: texts and labels pad to a multiple of 8
+  tokens, so this task needs at most two training graphs (labels of up to 8 tokens, or up to 16).
+
+Every option of ``accelbatch train`` is accepted. Without the Poplar SDK's poptorch the script switches to
+accelbatch's CPU emulator of poptorch and says so; ``--device cuda`` without a GPU says so and exits 0.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import torch
+
+import accelbatch as ab
+from accelbatch.opts import Opts, build_parser
+
+DEFAULTS = dict(task="reverse:6000", model="transformer/generator", device="ipu", embedding_size=32,
+                batchsize=16, device_iterations=2, gradient_accumulation=2, loss_normalization="token",
+                text_truncate=8, label_truncate=8, learning_rate=0.003, num_epochs=3.0,
+                validation_every_n_epochs=-1.0, eval_splits="valid", progress=False, log_every_n_secs=60.0)
+WORDS = ["abcde", "milk", "gamble"]
+
+
+def parse(argv: list[str]) -> tuple[Opts, bool, list[str]]:
+    parser = build_parser(prog="06_generator_on_ipu.py")
+    parser.set_defaults(**DEFAULTS)
+    parser.add_argument("--compare-cpu", action="store_true", help="also train on the CPU and compare weights")
+    parser.add_argument("--reply", nargs="*", default=WORDS, help="words to reverse with the trained model")
+    ns = parser.parse_args(argv)
+    return Opts.from_namespace(ns), ns.compare_cpu, ns.reply
+
+
+def ensure_device(opts: Opts) -> Opts | None:
+    """The opts to run: the emulator when --device ipu has no poptorch (said); None when CUDA is absent."""
+    if opts.device == "cuda" and not torch.cuda.is_available():
+        print("--device cuda: no CUDA device here; skipped (the same script runs unchanged on a GPU)")
+        return None
+    if opts.device != "ipu":
+        return opts
+    if not opts.ipu_emulator:
+        try:
+            import poptorch  # noqa: F401
+
+            return opts
+        except ImportError:
+            print("poptorch not found (it ships with the Poplar SDK): running --device ipu on accelbatch's CPU "
+                  "emulator of poptorch (--ipu-emulator)")
+    os.environ["ACCELBATCH_IPU_EMULATOR"] = "1"
+    return opts.replace(ipu_emulator=True)
+
+
+def train(opts: Opts):
+    """The whole training script: a world, a run, a report. The same on every device."""
+    world = ab.create_world(opts)
+    report = ab.run(world, opts)
+    return report, world.get_model_agent()
+
+
+def generate(agent, words: list[str]) -> list[str]:
+    """Replies to ``words`` from the trained agent, decoded on its device through its engine."""
+    rows = [agent.vectorize(ab.Message(text=word)) for word in words]
+    result = agent.engine.eval_step(agent.batchify(rows))
+    return [agent.vocab.decode(row) for row in result.outputs["preds"].tolist()]
+
+
+def main(argv: list[str] | None = None) -> int:
+    opts, compare, words = parse(sys.argv[1:] if argv is None else argv)
+    opts = ensure_device(opts)
+    if opts is None:
+        return 0
+    report, agent = train(opts)
+    print(ab.format_report(report))
+    engine = agent.engine
+    if opts.device == "ipu":
+        graphs = engine.compiled_graphs
+        print(f"ran on {engine.implementation}; graphs compiled: {engine.compilations} "
+              f"({sum(g['training'] for g in graphs)} training, {sum(not g['training'] for g in graphs)} "
+              "inference: decoding adds none per token)")
+    for word, reply in zip(words, generate(agent, words) if words else []):
+        print(f"reply: {word} -> {reply}  ({'right' if reply == word[::-1] else 'wrong'})")
+    if compare:
+        cpu_report, cpu_agent = train(opts.replace(device="cpu"))
+        state, cpu_state = agent.model.state_dict(), cpu_agent.model.state_dict()
+        diff = max(float((state[k].cpu() - cpu_state[k]).abs().max()) for k in cpu_state)
+        accuracy = cpu_report.get("valid", {}).get("accuracy")
+        print(f"cpu: valid accuracy {accuracy}; largest weight difference {opts.device} vs cpu: {diff:.2e}")
+        if diff > 1e-4:
+            print("the weights differ by more than 1e-4")
+            return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
