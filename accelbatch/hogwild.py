@@ -32,6 +32,7 @@ import contextlib
 import dataclasses
 import random
 import time
+import typing
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -46,7 +47,7 @@ from accelbatch.worlds import BatchWorld, MultiWorld, World
 
 __all__ = ["HogwildError", "HogwildWorld"]
 
-BuildChild = Callable[[Opts, "type[Agent] | None", int, int, "int | None"], World]
+BuildChild = typing.Callable[[Opts, "type[Agent] | None", int, int, "int | None"], World]
 _PARLEY = ("p",)
 _CHILDREN = ChildSpec(role="hogwild process", pipe=True, ignore_sigint=True, process_name="hogwild-{index}",
                       env={"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}, stack_dumps=True,

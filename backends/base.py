@@ -17,7 +17,7 @@ import pickle
 from abc import ABC, abstractmethod
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, Dict
 
 import torch
 import torch.distributed as dist
@@ -29,7 +29,7 @@ from .prefetch import Copier, map_tensors
 if TYPE_CHECKING:
     from accelbatch.opts import Opts
 
-TensorBatch = dict[str, torch.Tensor]
+TensorBatch = Dict[str, torch.Tensor]
 
 # name -> "module:Class", imported only when asked for, so the core never imports torch.cuda or poptorch.
 BACKEND_PATHS: dict[str, str] = {

@@ -42,7 +42,7 @@ import logging
 import math
 from collections import OrderedDict
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Mapping, Tuple
 
 import torch
 
@@ -54,7 +54,7 @@ from .engine import check_trainable
 
 log = logging.getLogger("accelbatch.ipu")
 
-Signature = tuple[tuple[str, tuple[int, ...], torch.dtype], ...]
+Signature = Tuple[Tuple[str, Tuple[int, ...], torch.dtype], ...]
 # the graph input carrying each row's loss scale under --loss-normalization token (InputsAdapter strips it)
 LOSS_SCALE = "_loss_scale"
 

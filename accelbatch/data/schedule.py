@@ -23,7 +23,7 @@ import hashlib
 import random
 from dataclasses import dataclass
 from itertools import islice
-from typing import Any, Callable, Iterator, Sequence
+from typing import Any, Callable, Iterator, Sequence, Tuple
 
 import numpy as np
 
@@ -267,7 +267,7 @@ class RowSchedule:
             self._epoch[whole] += 1
 
 
-Gather = Callable[[np.ndarray], tuple[np.ndarray, ...]]
+Gather = Callable[[np.ndarray], Tuple[np.ndarray, ...]]
 
 
 def _indices(block: np.ndarray) -> tuple[np.ndarray, ...]:

@@ -9,13 +9,15 @@ R*D*G/N for EveryN(N), R for Final and Sum. If m > 1 the results are joined alon
 
 from __future__ import annotations
 
+from typing import List
+
 import torch
 
 from .enums import OutputMode
 from .poptorch_core import py_error
 
 # outputs[d][g][r] = the flat list of one micro-batch's output tensors
-MicroOutputs = list[list[list[list[torch.Tensor]]]]
+MicroOutputs = List[List[List[List[torch.Tensor]]]]
 
 
 def check_period(mode: OutputMode, period: int, device_iterations: int) -> None:
