@@ -163,13 +163,23 @@ class Opts:
                                    train_only=True)
     mixed_precision: str = _opt("no", "--mixed-precision", choices=MIXED_PRECISION, group="plan",
                                 help="autocast precision (cpu and cuda); fp16 also scales the loss "
-                                     "(GradScaler, its state in checkpoints)")
+                                     "(GradScaler, its state in checkpoints); on ipu fp16 is "
+                                     "model.half() with a static loss scaling")
     compile: bool = _opt(False, "--compile", group="plan",
                          help="cpu, cuda: run the model's forward through torch.compile (fewer kernel launches "
                               "for small models); the first steps, and each new input shape, compile")
     ipu_emulator: bool = _opt(False, "--ipu-emulator", group="plan",
                               help="run --device ipu on the CPU emulator of poptorch "
                                    "(also ACCELBATCH_IPU_EMULATOR=1)")
+    ipu_loss_scaling: float | None = _opt(None, "--ipu-loss-scaling", group="plan", train_only=True,
+                                          help="ipu with --mixed-precision fp16: the optimizer's static "
+                                               "loss_scaling (default 128; 1 turns it off)")
+    ipu_cache_dir: str | None = _opt(None, "--ipu-cache-dir", group="plan",
+                                     help="ipu: keep compiled executables in this directory and load them "
+                                          "in later runs (Options.enableExecutableCaching)")
+    ipu_synthetic_data: bool = _opt(False, "--ipu-synthetic-data", group="plan",
+                                    help="ipu: no host I/O, the device makes its own inputs "
+                                         "(Options.enableSyntheticData): measures the model alone")
 
     # --- fault tolerance ---------------------------------------------------------------------
     resume: bool = _opt(False, "--resume", group="faults", train_only=True,

@@ -144,6 +144,8 @@ def run(world: World, opts: Opts) -> dict[str, Any]:
         report["device"] = backend.name
         if backend.name == "ipu":
             report["ipu"] = {"poptorch": backend.implementation, "compilations": backend.compilations}
+            if backend.settings.cache_dir is not None:  # graphs loaded from --ipu-cache-dir, not compiled
+                report["ipu"]["cached"] = backend.cache_loads
         if backend.world_size > 1:
             report["replicas"] = backend.world_size
         report = select_metrics(report, opts.metrics)

@@ -31,6 +31,7 @@ from accelbatch.plan import ExecutionPlan, PlanError, reserved_ipus
 
 from .base import Backend, BackendUnavailable, Engine, TensorBatch
 from .ipu_engine import IPUEngine, plan_options
+from .ipu_settings import IPUSettings
 
 log = logging.getLogger("accelbatch.ipu")
 
@@ -90,6 +91,7 @@ class IPUBackend(Backend):
         self.implementation: str | None = None  # "poptorch" or "poptorch-emulator" once selected
         self.seed: int | None = None
         self.engines: list[IPUEngine] = []
+        self.settings = IPUSettings()
 
     @classmethod
     def is_available(cls, opts: Any = None) -> tuple[bool, str]:
@@ -104,9 +106,7 @@ class IPUBackend(Backend):
         if getattr(opts, "compile", False):
             raise PlanError("--compile applies to --device cpu and cuda (torch.compile); poptorch compiles "
                             "every model for the IPU itself: leave it out")
-        if (getattr(opts, "mixed_precision", None) or "no") != "no":
-            raise PlanError(f"--mixed-precision {opts.mixed_precision} applies to --device cpu and cuda "
-                            "(autocast); on the IPU cast the model itself (model.half()) and leave it out")
+        self.settings = IPUSettings.from_opts(opts)
         replicas = int(getattr(opts, "replication_factor", 1) or 1)
         reserved = reserved_ipus(replicas)
         if reserved != replicas:
@@ -135,20 +135,28 @@ class IPUBackend(Backend):
 
     @property
     def compilations(self) -> int:
-        """Graphs compiled by every engine this backend made."""
+        """Graphs compiled by every engine this backend made (graphs loaded from --ipu-cache-dir left out)."""
         return sum(e.compilations for e in self.engines)
+
+    @property
+    def cache_loads(self) -> int:
+        """Graphs loaded from --ipu-cache-dir instead of compiled."""
+        return sum(e.cache_loads for e in self.engines)
 
     def compile(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer | None,
                 plan: ExecutionPlan | None = None, *, max_executors: int = 16) -> Engine:
-        """An :class:`IPUEngine` for ``plan`` (weights shared with ``model``)."""
+        """An :class:`IPUEngine` for ``plan`` (weights shared with ``model``; cast to float16 in place with
+        --mixed-precision fp16, see :mod:`~accelbatch.backends.ipu_settings`)."""
         poptorch = self._select()
-        engine = IPUEngine(poptorch, model, optimizer, plan, seed=self.seed, max_executors=max_executors)
+        self.settings.prepare(model, optimizer)
+        engine = IPUEngine(poptorch, model, optimizer, plan, seed=self.seed, max_executors=max_executors,
+                           settings=self.settings)
         self.engines.append(engine)
         return engine
 
     def options(self, plan: ExecutionPlan) -> Any:
         """``poptorch.Options`` for ``plan`` (the engine's mapping), e.g. for a loader or your own wrapper."""
-        return plan_options(self._select(), plan, self.seed)
+        return plan_options(self._select(), plan, self.seed, self.settings)
 
     def make_loader(self, batches: Any, plan: Any, *, mode: Any = "sync", num_workers: int = 0,
                     drop_last: bool | None = None, rebatched_worker_size: int | None = None,
@@ -171,7 +179,7 @@ class IPUBackend(Backend):
                 raise ValueError(f"--dataloader-mode: {mode!r} is not one of sync, async, async-rebatched")
             mode = getattr(poptorch.DataLoaderMode, _MODES[key])
         return poptorch.DataLoader(
-            plan_options(poptorch, plan, self.seed), batches,
+            plan_options(poptorch, plan, self.seed, self.settings), batches,
             batch_size=plan.micro_batch if batch_size is None else batch_size, shuffle=shuffle,
             num_workers=num_workers, drop_last=plan.drop_last if drop_last is None else drop_last, mode=mode,
             rebatched_worker_size=rebatched_worker_size, **kwargs)

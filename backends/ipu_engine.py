@@ -40,6 +40,7 @@ import inspect
 import keyword
 import logging
 import math
+import os
 from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Tuple
@@ -51,6 +52,7 @@ from accelbatch.plan import LOSS_TOKENS, ExecutionPlan, LossNormalization, Outpu
 
 from .base import Engine, NonFiniteLoss, StepResult, TensorBatch
 from .engine import check_trainable
+from .ipu_settings import IPUSettings
 
 log = logging.getLogger("accelbatch.ipu")
 
@@ -68,7 +70,8 @@ def device_output_mode(plan: ExecutionPlan) -> OutputMode:
     return plan.output_mode
 
 
-def plan_options(poptorch: Any, plan: ExecutionPlan, seed: int | None = None) -> Any:
+def plan_options(poptorch: Any, plan: ExecutionPlan, seed: int | None = None,
+                 settings: IPUSettings | None = None) -> Any:
     """``poptorch.Options`` for ``plan`` (a new, unfrozen object; one per model wrapper).
 
     ``randomSeed`` seeds the device; the host's torch generator is left as it was (PopTorch's
@@ -93,6 +96,8 @@ def plan_options(poptorch: Any, plan: ExecutionPlan, seed: int | None = None) ->
             opts.randomSeed(int(seed))
         finally:
             torch.set_rng_state(state)
+    if settings is not None:
+        settings.apply(opts)
     return opts
 
 
@@ -209,8 +214,11 @@ class IPUEngine(Engine):
     """
 
     def __init__(self, poptorch: Any, model: torch.nn.Module, optimizer: torch.optim.Optimizer | None,
-                 plan: ExecutionPlan | None = None, seed: int | None = None, max_executors: int = 16):
+                 plan: ExecutionPlan | None = None, seed: int | None = None, max_executors: int = 16,
+                 settings: IPUSettings | None = None):
         self.poptorch = poptorch
+        self.settings = settings if settings is not None else IPUSettings()
+        self._cache_loads = 0
         self.model = model
         self.optimizer = optimizer
         self.plan = plan if plan is not None else ExecutionPlan()
@@ -227,6 +235,11 @@ class IPUEngine(Engine):
     def compilations(self) -> int:
         """Graphs compiled so far (training and inference, recompilations after eviction included)."""
         return self._compilations
+
+    @property
+    def cache_loads(self) -> int:
+        """Graphs loaded from --ipu-cache-dir instead of compiled (not counted in ``compilations``)."""
+        return self._cache_loads
 
     @property
     def compiled_graphs(self) -> list[dict[str, Any]]:
@@ -254,7 +267,7 @@ class IPUEngine(Engine):
             return entry
         keys = tuple(k for k, _, _ in sig)
         adapter = make_adapter(self.model, keys, training, getattr(self.poptorch, "identity_loss", None))
-        options = plan_options(self.poptorch, plan, self.seed)
+        options = plan_options(self.poptorch, plan, self.seed, self.settings)
         if training:
             executor = self.poptorch.trainingModel(adapter, options=options, optimizer=self.optimizer)
         else:
@@ -313,9 +326,13 @@ class IPUEngine(Engine):
                                                                                  torch.Tensor | None, bool]:
         ex = entry.executor
         compiled_before = ex.isCompiled()
+        cache = _cache_files(self.settings.cache_dir) if not compiled_before else None
+        batch = self.settings.cast_inputs(dict(batch))
         result = ex(*[batch[k] for k in entry.keys])
         compiled = not compiled_before
-        if compiled:
+        if compiled and cache is not None and not _cache_files(self.settings.cache_dir) - cache:
+            self._cache_loads += 1  # an executable found in the cache (nothing new written): not compiled
+        elif compiled:
             self._compilations += 1
             entry.compilations += 1
             self._history.append({"training": entry.training,
@@ -478,7 +495,16 @@ class IPUEngine(Engine):
         return super().state_dict()
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        super().load_state_dict(state)
+        if self.settings.half:
+            # optimizer states stay float32 for a half model (PopTorch's accumulator types): loading them
+            # while the weights are float16 would round them (an Adam second moment to 0, then an inf step)
+            self.model.float()
+            try:
+                super().load_state_dict(state)
+            finally:
+                self.model.half()
+        else:
+            super().load_state_dict(state)
         active = self._active
         if active is not None and active.executor.isCompiled():
             active.executor.copyWeightsToDevice()
@@ -492,6 +518,16 @@ class IPUEngine(Engine):
             if entry.executor.isCompiled():
                 entry.executor.destroy()
         self._executors.clear()
+
+
+def _cache_files(path: str | None) -> set[str] | None:
+    """The executables in an --ipu-cache-dir (None without one); a compilation adds one, a load none."""
+    if path is None:
+        return None
+    try:
+        return set(os.listdir(path))
+    except OSError:
+        return set()
 
 
 def _cat_rows(parts: list[tuple[dict[str, torch.Tensor], int]]) -> dict[str, torch.Tensor]:

@@ -44,6 +44,7 @@ def test_01_efficient_data_loading():
                       "--hidden", "8", "--batch-size", "2", "--device-iterations", "3", "--workers", "1",
                       "--max-batches", "3")
     assert "= 6 rows per call; 16 calls per epoch of 96 items" in out
+    assert "model alone (Options.enableSyntheticData, 16 calls = one epoch):" in out
     assert "poptorch.DataLoader batch: x[6, 8] y[6]" in out and "torch DataLoader batch:    x[2, 8]" in out
     assert "Invalid batch dimension: In the input torch.Size([2, 8]), the batch dimension (2) must be a " \
            "multiple of Options.deviceIterations(3)" in out

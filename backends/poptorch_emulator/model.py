@@ -31,7 +31,7 @@ import torch
 
 from accelbatch.plan import reserved_ipus
 
-from . import _outputs, _structure
+from . import _device, _outputs, _structure
 from ._inputs import ArgBinder, Batching, BoundInputs, CompiledInputs
 from .enums import CommGroupType, ConnectionType, OutputMode, ReductionType
 from .ops import _running_on_device, final_loss, finding_losses
@@ -119,6 +119,10 @@ class PoplarExecutor:
         self._is_attached = False
         self._optimizer: torch.optim.Optimizer | None = None
         self._optimizer_hparams: list[dict[str, Any]] = []
+        self._loss_scaling = 1.0
+        self._half = _device.HalfUpdates()
+        self._synthetic: torch.Generator | None = None
+        self._loaded_from_cache = False
         if optimizer is not None:
             self.setOptimizer(optimizer)
         self._options._freeze()
@@ -157,6 +161,11 @@ class PoplarExecutor:
     def compiled_input_shapes(self) -> dict[str, tuple[tuple[int, ...], torch.dtype]]:
         """Input name -> (shape, dtype) the current executable was compiled for (empty if none)."""
         return self._compiled.shapes() if self._compiled is not None else {}
+
+    @property
+    def loaded_from_cache(self) -> bool:
+        """True when the last compilation loaded its executable from the executable cache."""
+        return self._loaded_from_cache
 
     @property
     def batching(self) -> Batching:
@@ -203,6 +212,10 @@ class PoplarExecutor:
             logger.warning("Input tensor has requires_grad=True set. This tensor will be detached because "
                            "backward pass via inputs is not supported.")
         self._compiled = CompiledInputs(inputs)
+        key = _device.cache_key(self._user_model, self._training, self._compiled.shapes(), self._options)
+        self._loaded_from_cache = bool(_device.cache_lookup(self._options, key))
+        if self._loaded_from_cache:
+            logger.info("Loaded the executable from the cache (%s)", self._options._Popart.options["cachePath"])
         self._loss_output: int | None = None  # which output is the final loss, once a training run found it
         self._compile_count += 1
         self._compilation_time = datetime.timedelta(seconds=time.perf_counter() - start)
@@ -257,6 +270,7 @@ class PoplarExecutor:
         """Use ``optimizer`` with its current hyper-parameters (call again after changing them)."""
         self._optimizer = optimizer
         self._optimizer_hparams = _hyperparameters(optimizer)
+        self._loss_scaling = _device.loss_scaling(optimizer)
 
     def _optimizer_step(self) -> None:
         assert self._optimizer is not None
@@ -283,6 +297,12 @@ class PoplarExecutor:
         assert self._compiled is not None
         self._compiled.validate(inputs)
         inputs = inputs.map(lambda t: t.detach())
+        if _device.synthetic_mode(self._options):
+            if self._synthetic is None:
+                seed = self._options.random_seed if self._options.exists("random_seed") else 0
+                self._synthetic = torch.Generator().manual_seed(seed)
+            gen = self._synthetic
+            inputs = inputs.map(lambda t: _device.synthetic(t, gen))
         with _running_on_device():
             if self._training:
                 per_micro, structure = self._run_training(inputs)
@@ -335,7 +355,11 @@ class PoplarExecutor:
                 loss = final_loss(marked)
                 if self._loss_output is None:
                     self._loss_output = next((i for i, t in enumerate(_structure.flatten(out)) if t is loss), None)
-            loss.backward(torch.ones_like(loss) if loss.dim() else None)
+            if self._loss_scaling != 1.0:  # the update divides it out again (_end_of_iteration)
+                loss.backward(torch.full_like(loss, self._loss_scaling))
+            else:
+                loss.backward(torch.ones_like(loss) if loss.dim() else None)
+            self._half.accumulate(self._params())
 
         return self._run(inputs, backward, find_losses=self._loss_output is None)
 
@@ -346,17 +370,20 @@ class PoplarExecutor:
     def _zero_grad(self) -> None:
         for p in self._params():
             p.grad = None
+        self._half.clear()
 
     def _end_of_iteration(self) -> None:
         """Reduce the accumulated gradients over G micro-batches x R replicas and update the weights."""
         b = self.batching
         reduction = self._options.Training.accumulation_and_replication_reduction_type
-        if reduction == ReductionType.Mean:
-            scale = 1.0 / (b.gradient_accumulation * b.replication_factor)
+        scale = 1.0 / (b.gradient_accumulation * b.replication_factor) if reduction == ReductionType.Mean else 1.0
+        scale /= self._loss_scaling
+        if scale != 1.0:
             for p in self._params():
                 if p.grad is not None:
                     p.grad.mul_(scale)
-        self._optimizer_step()
+            self._half.scale_(scale)
+        self._half.step(self._params(), self._optimizer, self._optimizer_step)
         self._zero_grad()
 
 

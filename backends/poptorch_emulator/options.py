@@ -193,6 +193,56 @@ class _TrainingOptions(_OptionsDict):
         return self
 
 
+class _PrecisionOptions(_OptionsDict):
+    """``opts.Precision``: half-precision settings.
+
+    As in PopTorch, the partials type, stochastic rounding and floating-point exceptions are backend
+    options (``_Popart``: ``partialsTypeMatMuls``, ``convolutionOptions``, ``enableStochasticRounding``,
+    ``enableFloatingPointChecks``). The emulator records them: a CPU's float16 matmul accumulates in float32
+    whatever the partials type, and it rounds to nearest (no stochastic rounding).
+    """
+
+    def __init__(self, popart: "_PopartOptions") -> None:
+        object.__setattr__(self, "_popart_options", popart)
+        super().__init__(autocast_enabled=True)
+
+    def autocastEnabled(self, autocast_enabled: bool) -> "_PrecisionOptions":
+        if not isinstance(autocast_enabled, bool):
+            raise ValueError("autocastEnabled must be set to either True or False")
+        self.set(autocast_enabled=autocast_enabled)
+        return self
+
+    def runningStatisticsAlwaysFloat(self, value: bool) -> "_PrecisionOptions":
+        if not isinstance(value, bool):
+            raise ValueError("runningStatisticsAlwaysFloat needs to be set to a bool")
+        self.createOrSet(running_statistics_always_float=value)
+        return self
+
+    def enableFloatingPointExceptions(self, enabled: bool) -> "_PrecisionOptions":
+        assert isinstance(enabled, bool), "enableFloatingPointExceptions needs to be set to a bool"
+        self.checkIsFrozen()
+        self._popart_options.set("enableFloatingPointChecks", enabled)
+        return self
+
+    def enableStochasticRounding(self, enabled: bool) -> "_PrecisionOptions":
+        self.checkIsFrozen()
+        self._popart_options.set("enableStochasticRounding", enabled)
+        return self
+
+    def setPartialsType(self, dtype: torch.dtype) -> "_PrecisionOptions":
+        """Type of matmul and convolution partials: ``torch.float`` or ``torch.half``."""
+        if dtype in (torch.float, torch.float32):
+            name = "float"
+        elif dtype in (torch.half, torch.float16):
+            name = "half"
+        else:
+            raise ValueError("parameter to setPartialsType should be either torch.float or torch.half")
+        self.checkIsFrozen()
+        self._popart_options.set("partialsTypeMatMuls", name)
+        self._popart_options.set("convolutionOptions", {"partialsType": name})
+        return self
+
+
 class _DistributedOptions(_OptionsDict):
     """``opts.Distributed``: this process's id among the processes sharing a run.
 
@@ -236,6 +286,7 @@ class Options(_OptionsDict):
         object.__setattr__(self, "_training", _TrainingOptions())
         object.__setattr__(self, "_distributed", _DistributedOptions())
         object.__setattr__(self, "_popart", _PopartOptions())
+        object.__setattr__(self, "_precision", _PrecisionOptions(self._popart))
         super().__init__(
             replication_factor=1,
             input_group_size=1,
@@ -264,6 +315,10 @@ class Options(_OptionsDict):
     @property
     def _Popart(self) -> _PopartOptions:
         return self._popart
+
+    @property
+    def Precision(self) -> _PrecisionOptions:
+        return self._precision
 
     # -- batching ---------------------------------------------------------------------------------
     def deviceIterations(self, device_iterations: int) -> "Options":
@@ -324,6 +379,13 @@ class Options(_OptionsDict):
         else:
             self._Popart.set("cachePath", path)
             self._Popart.set("enableEngineCaching", True)
+        return self
+
+    def enableSyntheticData(self, enabled: bool) -> "Options":
+        """No host I/O: the device makes its own inputs (PopTorch: random normal data, ``syntheticDataMode``
+        2). The emulator feeds floating-point inputs from a normal distribution and other inputs as zeros
+        (ids in range for an embedding), all of the compiled shapes, and leaves the host's data unread."""
+        self._Popart.set("syntheticDataMode", 2 if enabled else 0)
         return self
 
     def connectionType(self, connection_type: enums.ConnectionType) -> "Options":

@@ -373,7 +373,7 @@ def test_compile_and_mixed_precision_on_the_ipu_are_refused_in_one_line():
 
     with pytest.raises(PlanError, match=r"^--compile applies to --device cpu and cuda .*leave it out$"):
         IPUBackend().setup(Opts(device="ipu", compile=True, ipu_emulator=True))
-    with pytest.raises(PlanError, match=r"^--mixed-precision bf16 applies to --device cpu and cuda .*leave it out$"):
+    with pytest.raises(PlanError, match=r"^--mixed-precision bf16: IPUs have no bfloat16 arithmetic; .*leave it out$"):
         IPUBackend().setup(Opts(device="ipu", mixed_precision="bf16", ipu_emulator=True))
 
 
