@@ -6,6 +6,8 @@
     report = ab.run(world, opts)
 """
 
+from __future__ import annotations
+
 from accelbatch.agents import Agent, TorchAgent
 from accelbatch.build import create_world
 from accelbatch.loader_world import LoaderWorld

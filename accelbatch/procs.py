@@ -118,7 +118,7 @@ class FailureRecord:
             types, message, text = exc.error_types, exc.error_message or "", exc.child_traceback
         else:
             types = tuple(f"{c.__module__}.{c.__qualname__}" for c in type(exc).__mro__ if c is not object)
-            message, text = str(exc), "".join(traceback.format_exception(exc))
+            message, text = str(exc), "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
         return cls(types, message, traceback_text or text, _pickled(exc))
 
     @property

@@ -4,6 +4,8 @@ Installed as ``accelbatch.backends``. Backends know tensors and execution plans,
 worlds. Pick one with :func:`accelbatch.backends.base.get_backend`.
 """
 
+from __future__ import annotations
+
 from .base import Backend, Engine, StepResult, available_backends, get_backend
 
 __all__ = ["Backend", "Engine", "StepResult", "available_backends", "get_backend"]

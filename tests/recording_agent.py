@@ -1,6 +1,8 @@
 """A bag-of-words agent that reports which examples each training step held (tests import it by name, and
 data workers unpickle it): every example's text starts with ``q<index>``."""
 
+from __future__ import annotations
+
 import os
 
 import torch

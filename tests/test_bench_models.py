@@ -1,5 +1,7 @@
 """The benchmark's models (trivial, bag, conv) and the one-pass metrics they are scored with."""
 
+from __future__ import annotations
+
 import os
 import random
 import signal

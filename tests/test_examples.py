@@ -1,5 +1,7 @@
 """The non-IPU examples run to completion at small size."""
 
+from __future__ import annotations
+
 import runpy
 import sys
 

@@ -1,3 +1,5 @@
+from __future__ import annotations
+
 import pytest
 
 from accelbatch.tasks.files import DataFileError, iter_episodes, load_episodes, parse_parlai_line

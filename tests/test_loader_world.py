@@ -1,6 +1,8 @@
 """The batched front end (LoaderWorld) and what must not change when it takes over: examples, weights,
 metrics."""
 
+from __future__ import annotations
+
 import json
 
 import pytest

@@ -1,5 +1,7 @@
 """NaN losses: the run stops with a clear message, or --skip-nan skips exactly those updates."""
 
+from __future__ import annotations
+
 import pytest
 import torch
 from accelbatch.backends.base import NonFiniteLoss

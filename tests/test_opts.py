@@ -1,3 +1,5 @@
+from __future__ import annotations
+
 import pytest
 
 from accelbatch.opts import OptionError, Opts, build_parser

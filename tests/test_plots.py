@@ -1,5 +1,7 @@
 """accelbatch report (plots.py) and the TensorBoard scalars writer (tensorboard_log.py)."""
 
+from __future__ import annotations
+
 import json
 import sys
 

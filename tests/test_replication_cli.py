@@ -1,5 +1,7 @@
 """`accelbatch train --replication-factor 2` starts its own gloo processes; data sharded per replica."""
 
+from __future__ import annotations
+
 import json
 import multiprocessing
 

@@ -1,5 +1,7 @@
 """Kill a training run (SIGKILL at a random point, or SIGTERM) and --resume: nothing lost or repeated."""
 
+from __future__ import annotations
+
 import json
 import os
 import signal

@@ -6,6 +6,8 @@ and the pass). Checked for the sync, async and async-rebatched modes with dynami
 of a killed or finished run (accessor, data workers, forkserver) is left behind.
 """
 
+from __future__ import annotations
+
 import os
 import signal
 import subprocess

@@ -10,6 +10,8 @@
   that order, nothing skipped or repeated.
 """
 
+from __future__ import annotations
+
 import json
 import multiprocessing
 import os

@@ -9,6 +9,8 @@ permutation of the data, nothing repeated or lost) and ends with the same weight
 is left behind.
 """
 
+from __future__ import annotations
+
 import json
 import os
 import random

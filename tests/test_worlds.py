@@ -1,3 +1,5 @@
+from __future__ import annotations
+
 import torch
 from helpers import RecordingAgent, list_teacher
 from hypothesis import given, settings

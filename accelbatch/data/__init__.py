@@ -4,6 +4,8 @@ rebatching, the async accessor and the batched front end's loader.
 Most callers need :func:`make_loader` only; see :mod:`accelbatch.data.loader` for what it yields.
 """
 
+from __future__ import annotations
+
 from accelbatch.data.accessor import AsyncDataAccessor
 from accelbatch.data.batching import (
                                       STRATEGIES,

@@ -368,8 +368,11 @@ class AsyncDataAccessor:
         failure = record.to_error(_WORKER.role, 0, pid, name=_WORKER.label.format(pid=pid), chain=False)
         if exc is None:
             raise failure
-        exc.add_note(f"(raised in the AsyncDataAccessor worker process, pid {pid}; its traceback:)\n"
-                     f"{record.traceback}")
+        note = f"(raised in the AsyncDataAccessor worker process, pid {pid}; its traceback:)\n{record.traceback}"
+        if hasattr(exc, "add_note"):
+            exc.add_note(note)
+        else:  # Python < 3.11 (the Poplar SDK's 3.8): the notes are kept, tracebacks do not print them
+            exc.__notes__ = [*getattr(exc, "__notes__", ()), note]
         raise exc from failure
 
     def __iter__(self) -> Iterator[Any]:

@@ -11,6 +11,8 @@ PopTorch's error texts. It adds ``PoplarExecutor.compile_count`` and ``compiled_
 recompilations measurable, and ``IS_EMULATOR = True``.
 """
 
+from __future__ import annotations
+
 from . import enums, poptorch_core
 from .accessor import AsynchronousDataAccessor
 from .dataloader import DataLoader

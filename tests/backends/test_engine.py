@@ -388,7 +388,7 @@ def test_gathered_outputs_travel_as_tensors_not_pickles(monkeypatch):
 
     def all_gather_object(out, obj, group=None):
         pickled.append(obj)
-        out[0], out[1] = obj, {j: {k: (tuple(v.shape), str(v.dtype).removeprefix("torch.")) for k, v in o.items()}
+        out[0], out[1] = obj, {j: {k: (tuple(v.shape), str(v.dtype).split(".")[-1]) for k, v in o.items()}
                                for j, o in peer.items()}
 
     order = iter(sorted(mine[0]))     # one all-gather per output name, in sorted order

@@ -1,5 +1,7 @@
 """Tests of accelbatch.data; ``no_leaks`` is the leak check every multi-process test uses."""
 
+from __future__ import annotations
+
 import gc
 import multiprocessing
 import os

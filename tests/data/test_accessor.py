@@ -1,5 +1,7 @@
 """AsyncDataAccessor: ring views, epochs, resets, preloading, errors, and no leaked process or segment."""
 
+from __future__ import annotations
+
 import dataclasses
 import gc
 import os

@@ -1,5 +1,7 @@
 """AsyncDataAccessor's one-pass batch transport: C-pickled structure, tensors set aside for the ring; pickle_batch."""
 
+from __future__ import annotations
+
 import pickle
 from collections import namedtuple
 

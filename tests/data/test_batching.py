@@ -1,5 +1,7 @@
 """Dynamic batching: ParlAI's worked examples, the four strategies, and exactly-once as a property."""
 
+from __future__ import annotations
+
 import random
 from collections import Counter
 

@@ -1,5 +1,7 @@
 """Stores: episodes in memory and files read on demand through their index serve the same examples."""
 
+from __future__ import annotations
+
 import json
 import random
 

@@ -1,6 +1,8 @@
 """make_loader: every mode x strategy x workers gives the same steps; collate in the workers; training and
 evaluation rules."""
 
+from __future__ import annotations
+
 import gc
 import json
 import os

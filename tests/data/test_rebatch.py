@@ -1,5 +1,7 @@
 """rebatch(): structures, and PopTorch's iterable-dataset vectors through torch's DataLoader workers."""
 
+from __future__ import annotations
+
 import math
 from collections import namedtuple
 

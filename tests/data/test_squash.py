@@ -1,5 +1,7 @@
 """Episode squashing: ParlAI's documented x1..x4 / y1..y4 examples and the edge cases."""
 
+from __future__ import annotations
+
 import pytest
 
 from accelbatch.data.squash import squash_episode, squash_episodes

@@ -3,6 +3,8 @@
 Vectors from PopTorch's tests/dataloader_test.py; every test checks that no loading process is left behind.
 """
 
+from __future__ import annotations
+
 import gc
 import math
 import multiprocessing

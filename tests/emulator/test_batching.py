@@ -3,6 +3,8 @@
 Vectors from PopTorch's tests/batching_test.py, plus checks against plain torch loops written here.
 """
 
+from __future__ import annotations
+
 import copy
 
 import pytest

@@ -3,6 +3,8 @@
 Vectors from PopTorch's tests/dataloader_test.py; expected values are computed here from the dataset.
 """
 
+from __future__ import annotations
+
 import gc
 import math
 import multiprocessing

@@ -1,5 +1,7 @@
 """PopTorch's error texts, compilation on the first call, and the wrapper's life cycle."""
 
+from __future__ import annotations
+
 import pytest
 import torch
 from accelbatch.backends import poptorch_emulator as poptorch

@@ -1,6 +1,8 @@
 """How a training model's loss is found: PopTorch's rule (torch losses and identity_loss in the graph; a loss
 used by another loss is not final; exactly one final loss), whichever output holds it."""
 
+from __future__ import annotations
+
 import pytest
 import torch
 import torch.nn.functional as F

@@ -1,5 +1,7 @@
 """Options: setters, getters, freezing (PopTorch python/options.py, python/_options_impl.py)."""
 
+from __future__ import annotations
+
 import copy
 
 import pytest
