@@ -78,12 +78,20 @@ class TrainState:
 
 
 def evaluate(world: World, log: MetricsLog | None = None, split: str = "valid",
-             backend: Any = None) -> dict[str, float]:
-    """Run ``world`` until its epoch is done; return its report (merged across replicas) and log it."""
+             backend: Any = None, stop: StopSignals | None = None) -> dict[str, float]:
+    """Run ``world`` until its epoch is done; return its report (merged across replicas) and log it.
+
+    A stop signal (``stop``) ends it at the next step with KeyboardInterrupt saying how many examples it saw."""
     world.reset()
     world.reset_metrics()
     start = time.monotonic()
+    seen = world.get_total_exs()
     while not world.epoch_done():
+        if stop is not None and stop.requested is not None:
+            stop.at_safe_point()
+            share = " (this replica's share)" if backend is not None and backend.world_size > 1 else ""
+            raise KeyboardInterrupt(f"{stop.name}: the {split} evaluation stopped after {world.get_total_exs() - seen}"
+                                    f" of {world.num_examples()} examples{share}; no report")
         world.parley()
     report = reduce_report(world.report(), backend)
     report["time_s"] = round(time.monotonic() - start, 3)
@@ -124,11 +132,14 @@ def run(world: World, opts: Opts) -> dict[str, Any]:
                      tensorboard=TensorBoardLog(tb_dir) if main and tb_dir else None)
     try:
         if is_training(opts.datatype):
-            with StopSignals(announce=main) as stop:
+            then = "saving a checkpoint after this step, then stopping" if opts.model_file else \
+                "stopping after this step; nothing is saved (no --model-file)"
+            with StopSignals(announce=main, then=then) as stop:
                 report = _train(world, opts, log, runtime, stop)
         else:
             split = split_of(opts.datatype)
-            report = {split: evaluate(world, log, split, backend)}
+            with StopSignals(announce=main, then="stopping the evaluation after this step") as stop:
+                report = {split: evaluate(world, log, split, backend, stop)}
         report["device"] = backend.name
         if backend.name == "ipu":
             report["ipu"] = {"poptorch": backend.implementation, "compilations": backend.compilations}
@@ -209,6 +220,7 @@ def _train(world: World, opts: Opts, log: MetricsLog, runtime: Runtime, stop: St
         # between world steps: every call's D updates (and their G-micro-batch windows) are complete. The
         # replicas decide together: one whose stop signal came a step later than another's must still stop
         # at the same step, or it would wait alone in the next step's collectives
+        stop.at_safe_point()
         stopping = stop.requested is not None
         want_save, stopping = backend.decide(saver.due() or stopping, stopping)
         if want_save and checkpoints is not None:
@@ -217,8 +229,10 @@ def _train(world: World, opts: Opts, log: MetricsLog, runtime: Runtime, stop: St
             if bar is not None:
                 bar.close()
             where = f"checkpoint saved to {opts.model_file}; continue with --resume" if checkpoints else \
-                "nothing was saved (no --model-file)"
+                "nothing was saved (" + ("no --model-file)" if not opts.model_file else
+                                         f"{type(model).__name__} is not a TorchAgent)")
             raise KeyboardInterrupt(f"{stop.name or 'a stop signal to another replica'}: {where}")
+    stop.at_safe_point()  # the final save is not cut short; the evaluations below stop at their next step
     if checkpoints is not None and opts.save_every_n_secs > 0:
         save()  # a resume goes on from here
     if bar is not None:
@@ -238,8 +252,10 @@ def _train(world: World, opts: Opts, log: MetricsLog, runtime: Runtime, stop: St
                                         "time_s": round(state.elapsed(), 3), "stopped_by": stop_reason}}
     for split in [s.strip() for s in opts.eval_splits.split(",") if s.strip()]:
         eval_world = create_world(_eval_opts(opts, split), agent=model, runtime=runtime)
-        report[split] = evaluate(eval_world, log, split, backend)
-        eval_world.shutdown()
+        try:
+            report[split] = evaluate(eval_world, log, split, backend, stop)
+        finally:
+            eval_world.shutdown()
     if valid_world is not None:
         valid_world.shutdown()
     return report

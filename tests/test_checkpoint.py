@@ -443,3 +443,22 @@ def test_stop_signals_turn_sigterm_into_a_flag():
         with pytest.raises(KeyboardInterrupt):
             os.kill(os.getpid(), signal.SIGTERM)
     assert signal.getsignal(signal.SIGTERM) is before
+
+
+def test_stop_signals_stop_at_once_when_no_safe_point_comes_within_the_grace():
+    """A step far longer than the grace (a sleep here) is cut short by the grace timer; a safe point within
+    the grace turns the timer off, and the run may then save at leisure."""
+    import signal
+    import time
+
+    with run_control.StopSignals(grace_s=0.3, announce=False) as stop:
+        os.kill(os.getpid(), signal.SIGTERM)
+        begun = time.monotonic()
+        with pytest.raises(KeyboardInterrupt, match="SIGTERM: the step had not ended 0.3 s after the signal"):
+            time.sleep(30)
+        assert time.monotonic() - begun < 5
+    with run_control.StopSignals(grace_s=0.3, announce=False) as stop:
+        os.kill(os.getpid(), signal.SIGINT)
+        stop.at_safe_point()
+        time.sleep(0.6)  # a save that takes longer than the grace is not interrupted
+        assert stop.name == "SIGINT"

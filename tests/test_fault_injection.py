@@ -69,6 +69,13 @@ FAULTY = textwrap.dedent('''
             os.kill(os.getpid(), signal.SIGINT)
 
 
+    def mark_busy():
+        """Create the file $FAULTY_BUSY names (once): the run is in a forward, the test may signal it."""
+        path = os.environ.get("FAULTY_BUSY")
+        if path and not os.path.exists(path):
+            open(path, "w").close()
+
+
     class Toy(nn.Module):
         """Loss mean((w * x - 1)^2) over the rows; the agent's fault hits training forwards."""
 
@@ -78,6 +85,9 @@ FAULTY = textwrap.dedent('''
             self.fault, self.where, self.at, self.calls = fault, where, at, 0
 
         def forward(self, batch):
+            if self.fault == "sleepy":  # every forward, training or not: a long evaluation
+                mark_busy()
+                time.sleep(0.2)
             per_row = (self.w * batch["x"] - 1) ** 2
             out = {"pred": per_row.detach()}
             if self.fault == "noloss":
@@ -87,6 +97,9 @@ FAULTY = textwrap.dedent('''
                 self.calls += 1
                 if self.fault == "nan" and self.calls % self.at == 0:
                     out["loss"] = out["loss"] * float("nan")
+                elif self.calls == self.at and self.fault == "slow":  # a step that takes an hour
+                    mark_busy()
+                    time.sleep(3600)
                 elif self.calls == self.at:
                     go_wrong(self.fault)
             return out
@@ -125,6 +138,8 @@ FAULTY = textwrap.dedent('''
     ReplicaDies = _agent("ReplicaDies", "die", "rank1", at=2)
     HogwildCrash = _agent("HogwildCrash", "crash", "hogwild-1", at=1)
     ReplicaSignalled = _agent("ReplicaSignalled", "sigint", "rank1", at=3)
+    SlowStep = _agent("SlowStep", "slow", at=2)
+    Sleepy = _agent("Sleepy", "sleepy")
 ''')
 
 QUICK = ["--no-progress", "-veps", "-1", "--eval-splits", ""]  # no validation, no final evaluation
@@ -199,12 +214,13 @@ def _leftovers(tag: str, grace_s: float = 5.0) -> set[int]:
     return left
 
 
-def start(lab: Path, *argv: str) -> tuple[subprocess.Popen, str, _Sampler, set[str]]:
-    """Start ``python -m accelbatch argv`` with a fresh tag, in a session (and process group) of its own;
-    return it with what :func:`finish` needs."""
+def start(lab: Path, *argv: str, env: dict[str, str] | None = None) -> tuple[subprocess.Popen, str, _Sampler, set[str]]:
+    """Start ``python -m accelbatch argv`` with a fresh tag (and ``env``), in a session (and process group) of
+    its own; return it with what :func:`finish` needs."""
     tag = uuid.uuid4().hex
     shm_before = set(os.listdir("/dev/shm"))
-    proc = subprocess.Popen([sys.executable, "-m", "accelbatch", *argv], cwd=str(lab), env=_env(lab, tag),
+    proc = subprocess.Popen([sys.executable, "-m", "accelbatch", *argv], cwd=str(lab),
+                            env={**_env(lab, tag), **(env or {})},
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
     sampler = _Sampler(tag)
     sampler.start()
@@ -523,4 +539,64 @@ def test_a_signal_saves_a_checkpoint_and_exits_130_leaving_nothing(lab, tmp_path
     last = ran.err.strip().splitlines()[-1]
     assert last == f"accelbatch: interrupted: {how}: checkpoint saved to {model}; continue with --resume", ran.err
     assert "Traceback" not in ran.err and manifest.exists()
+    ran.assert_clean()
+
+
+SLOW = ["train", "-t", "jsonl:{lab}/qa60.jsonl", "-m", "faulty:SlowStep", "-bs", "2", "-tstep", "6", *QUICK]
+SIGNAL_CASES = {  # where: (argv, signal once the run is in a forward (else 0.3 s after start), what stderr says)
+    "startup": (["train", "-t", "jsonl:{lab}/qa60.jsonl", "-m", "faulty:Fine", "-ne", "-1", *QUICK], False, ""),
+    "mid-step": (SLOW, True, "the step had not ended 5 s after the signal; stopped at once, nothing saved"),
+    "eval": (["eval", "-t", "jsonl:{lab}/qa60.jsonl", "-m", "faulty:Sleepy", "-bs", "1", "--no-progress"], True,
+             "the valid evaluation stopped after"),
+    "hogwild": ([*SLOW, "-nt", "2"], True, "stopped at once, nothing saved"),
+    "replicas": ([*SLOW, "-rf", "2", "--device", "cpu"], True, "stopped at once, nothing saved"),
+}
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("how", ["SIGINT", "SIGTERM"])
+@pytest.mark.parametrize("where", sorted(SIGNAL_CASES))
+def test_a_stop_signal_ends_the_run_within_10_s_leaving_nothing(lab, tmp_path, how, where):
+    """One signal, wherever the run is: at start-up, in a step that would take an hour (the next safe point
+    is too far: the run stops at once 5 s later), in an evaluation (it stops at its next step, saying how
+    many examples it saw), with hogwild processes or replicas (their steps are the slow ones)."""
+    argv, in_forward, said = SIGNAL_CASES[where]
+    busy = tmp_path / "busy"
+    run = start(lab, *[a.format(lab=lab) for a in argv], env={"FAULTY_BUSY": str(busy)})
+    proc = run[0]
+    deadline = time.monotonic() + 90
+    while in_forward and not busy.exists() and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    time.sleep(0.3)
+    assert proc.poll() is None, proc.communicate()
+    proc.send_signal(getattr(signal, how))
+    sent = time.monotonic()
+    ran = finish(*run, timeout=30)
+    took = time.monotonic() - sent
+    assert took < 10, (took, ran.err)
+    if in_forward:  # past start-up the signal is handled: exit 130, one line saying what happened
+        assert ran.rc == 130, ran.err
+        last = ran.err.strip().splitlines()[-1]
+        assert last.startswith(f"accelbatch: interrupted: {how}: ") and said in last, ran.err
+        assert "Traceback" not in ran.err
+    else:
+        assert ran.rc != 0, ran.err
+    ran.assert_clean()
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(60)
+def test_a_signal_to_a_run_without_model_file_says_nothing_was_saved(lab):
+    run = start(lab, "train", "-t", f"jsonl:{lab}/qa60.jsonl", "-m", "faulty:Sleepy", "-bs", "2", "-ne", "-1",
+                *QUICK, env={"FAULTY_BUSY": str(lab / "busy-no-mf")})
+    proc = run[0]
+    deadline = time.monotonic() + 60
+    while not (lab / "busy-no-mf").exists() and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGINT)
+    ran = finish(*run)
+    assert ran.rc == 130, ran.err
+    assert ran.err.strip().splitlines()[-1] == "accelbatch: interrupted: SIGINT: nothing was saved (no --model-file)"
+    assert "None" not in ran.err and "checkpoint saved" not in ran.err
     ran.assert_clean()
