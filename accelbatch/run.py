@@ -124,6 +124,8 @@ def run(world: World, opts: Opts) -> dict[str, Any]:
 
     A world from :func:`accelbatch.create_world` already has its model compiled for the device; one built by
     hand is compiled here. The backend is torn down at the end."""
+    if world.opts.batchsize < opts.batchsize:  # create_world fitted the batch to the data (and said so)
+        opts = opts.replace(batchsize=world.opts.batchsize)
     runtime = attach_runtime(world, opts)
     backend = runtime.backend
     main = backend.is_main_process()
