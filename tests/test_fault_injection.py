@@ -332,6 +332,27 @@ def test_bad_options_and_unknown_names_are_one_line(lab, capsys, monkeypatch, ar
 
 
 @pytest.mark.timeout(30)
+@pytest.mark.parametrize("path", [["--dynamic-batching", "batchsort"], ["--num-workers", "1"],
+                                  ["--dataloader-mode", "async"], ["-nt", "2"], ["-rf", "2"]],
+                         ids=["loader", "workers", "async", "hogwild", "replicas"])
+@pytest.mark.parametrize("bad, fragment", [
+    (["--context-length", "-5"], "--context-length: must be -1 (all of the history) or at least 1, got -5"),
+    (["--embedding-size", "-5"], "-esz/--embedding-size: must be at least 1, got -5"),
+    (["--batch-sort-cache-size", "0"], "--batch-sort-cache-size: must be at least 1, got 0"),
+    (["--num-workers", "-1"], "--num-workers: must be 0 or more, got -1"),
+    (["--buffer-size", "0"], "--buffer-size: must be at least 1, got 0"),
+], ids=["context-length", "embedding-size", "batch-sort-cache-size", "num-workers", "buffer-size"])
+def test_a_bad_value_is_one_line_before_any_work_on_every_path(lab, capsys, monkeypatch, path, bad, fragment):
+    """Options are checked when they are read, before a loader, worker, replica or hogwild process starts
+    (in_process fails on any process started). Before: --embedding-size -5 was a traceback from torch,
+    --batch-sort-cache-size 0 a ValueError traceback from data/batching.py."""
+    ran = in_process(lab, capsys, monkeypatch, "train", "-t", f"jsonl:{lab}/qa10.jsonl", "-bs", "2", *path, *bad,
+                     "-tstep", "2", *QUICK)
+    ran.assert_one_line_error(fragment)
+    ran.assert_clean()
+
+
+@pytest.mark.timeout(30)
 def test_an_unusable_device_is_one_line_listing_the_usable_ones(lab, capsys, monkeypatch):
     import torch
 
