@@ -96,6 +96,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     try:
         opts = Opts.from_namespace(args)
+        from accelbatch.run_control import check_output_paths
+
+        check_output_paths(opts)  # a path the run could not write fails now, not after the training
         from accelbatch.run import format_report
 
         report = run_replicas(opts) if _spawns_replicas(opts) else train_or_eval(opts)

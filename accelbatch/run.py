@@ -19,7 +19,7 @@ from typing import Any, TextIO
 from accelbatch.agents import Agent, TorchAgent
 from accelbatch.build import Runtime, attach_runtime, create_world
 from accelbatch.opts import Opts
-from accelbatch.run_control import PeriodicSaver, StopSignals
+from accelbatch.run_control import PeriodicSaver, StopSignals, check_output_paths
 from accelbatch.state import Checkpointer
 from accelbatch.teachers import is_training, split_of
 from accelbatch.tensorboard_log import TensorBoardLog
@@ -124,6 +124,7 @@ def run(world: World, opts: Opts) -> dict[str, Any]:
 
     A world from :func:`accelbatch.create_world` already has its model compiled for the device; one built by
     hand is compiled here. The backend is torn down at the end."""
+    check_output_paths(opts)
     if world.opts.batchsize < opts.batchsize:  # create_world fitted the batch to the data (and said so)
         opts = opts.replace(batchsize=world.opts.batchsize)
     runtime = attach_runtime(world, opts)

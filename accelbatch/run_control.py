@@ -4,8 +4,10 @@
 from __future__ import annotations
 
 import math
+import os
 import signal
 import sys
+import tempfile
 import threading
 import time
 from typing import Any, Callable, Sequence
@@ -112,3 +114,30 @@ class StopSignals:
         for sig, previous in self._previous.items():
             signal.signal(sig, previous)
         self._previous.clear()
+
+
+def check_output_paths(opts: Any) -> None:
+    """Refuse (OptionError, one line) an output path the run could not write, before any work: the model
+    file (training), --report-json, --metrics-log, --tensorboard-logdir. Their folders are made now (the run
+    would make them) and a temporary file is written there and removed: a true test, also for root."""
+    from accelbatch.opts import OptionError
+    from accelbatch.teachers import is_training
+
+    outputs = [("-mf/--model-file", opts.model_file if is_training(opts.datatype) else None, False),
+               ("--report-json", opts.report_json, False), ("--metrics-log", opts.metrics_log, False),
+               ("--tensorboard-logdir", opts.tensorboard_logdir, True)]
+    for flag, path, is_dir in outputs:
+        if not path:
+            continue
+        target = os.path.abspath(os.path.expanduser(path))
+        if os.path.exists(target) and os.path.isdir(target) != is_dir:
+            kind = "a folder" if is_dir else "a file"
+            raise OptionError(f"{flag}: {path} exists and is not {kind}; give the path of {kind}")
+        folder = target if is_dir else os.path.dirname(target)
+        try:
+            os.makedirs(folder, exist_ok=True)
+            with tempfile.TemporaryFile(dir=folder):
+                pass
+        except OSError as exc:
+            raise OptionError(f"{flag}: cannot write {path} ({exc.strerror}: {exc.filename or folder}); give a "
+                              "path in a folder you can write") from None

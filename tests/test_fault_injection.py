@@ -321,8 +321,15 @@ def test_a_malformed_line_met_in_another_process_is_still_one_line(lab, tmp_path
     (["train", "--output-mode", "everyn", "--output-return-period", "3", "-di", "4"],
      ["--output-return-period 3", "not a multiple of 3", "--device-iterations"]),
     (["train", "-m", "faulty:NoLoss"], ["must return a dict with 'loss'"]),
+    (["train", "-mf", "/proc/nope/model.pt"], ["-mf/--model-file: cannot write /proc/nope/model.pt", "/proc/nope"]),
+    (["train", "--report-json", "/proc/nope/r.json"], ["--report-json: cannot write /proc/nope/r.json"]),
+    (["train", "--metrics-log", "/proc/nope/m.jsonl"], ["--metrics-log: cannot write /proc/nope/m.jsonl"]),
+    (["train", "--tensorboard-logdir", "/proc/nope"], ["--tensorboard-logdir: cannot write /proc/nope"]),
+    (["train", "-mf", "/"], ["-mf/--model-file: / exists and is not a file"]),
 ], ids=["missing-file", "bs-abc", "lr-x", "rf-two", "bs-0", "lr-negative", "replica-timeout-0", "device-tpu",
-        "unknown-task", "unknown-model", "unknown-module", "unknown-class", "impossible-plan", "no-loss"])
+        "unknown-task", "unknown-model", "unknown-module", "unknown-class", "impossible-plan", "no-loss",
+        "model-file-unwritable", "report-json-unwritable", "metrics-log-unwritable", "tensorboard-unwritable",
+        "model-file-a-folder"])
 def test_bad_options_and_unknown_names_are_one_line(lab, capsys, monkeypatch, argv, fragments):
     verb, *options = argv  # a -t in the case's options overrides the default one before it
     ran = in_process(lab, capsys, monkeypatch, verb, "-t", f"jsonl:{lab}/qa10.jsonl", "-bs", "2", *options,
