@@ -606,13 +606,17 @@ def test_a_signal_saves_a_checkpoint_and_exits_130_leaving_nothing(lab, tmp_path
 
 
 SLOW = ["train", "-t", "jsonl:{lab}/qa60.jsonl", "-m", "faulty:SlowStep", "-bs", "2", "-tstep", "6", *QUICK]
-SIGNAL_CASES = {  # where: (argv, signal once the run is in a forward (else 0.3 s after start), what stderr says)
-    "startup": (["train", "-t", "jsonl:{lab}/qa60.jsonl", "-m", "faulty:Fine", "-ne", "-1", *QUICK], False, ""),
-    "mid-step": (SLOW, True, "the step had not ended 5 s after the signal; stopped at once, nothing saved"),
-    "eval": (["eval", "-t", "jsonl:{lab}/qa60.jsonl", "-m", "faulty:Sleepy", "-bs", "1", "--no-progress"], True,
+SIGNAL_CASES = {  # where: (argv, when to signal, what stderr's last line says)
+    # when: "start" 0.3 s after the start, "children" once its processes exist (they are starting up),
+    # "busy" once the run is in a forward
+    "startup": (["train", "-t", "jsonl:{lab}/qa60.jsonl", "-m", "faulty:Fine", "-ne", "-1", *QUICK], "start", ""),
+    "startup-hogwild": ([*SLOW, "-nt", "2"], "children", ""),
+    "startup-replicas": ([*SLOW, "-rf", "2", "--device", "cpu"], "children", ""),
+    "mid-step": (SLOW, "busy", "the step had not ended 5 s after the signal; stopped at once, nothing saved"),
+    "eval": (["eval", "-t", "jsonl:{lab}/qa60.jsonl", "-m", "faulty:Sleepy", "-bs", "1", "--no-progress"], "busy",
              "the valid evaluation stopped after"),
-    "hogwild": ([*SLOW, "-nt", "2"], True, "stopped at once, nothing saved"),
-    "replicas": ([*SLOW, "-rf", "2", "--device", "cpu"], True, "stopped at once, nothing saved"),
+    "hogwild": ([*SLOW, "-nt", "2"], "busy", "stopped at once, nothing saved"),
+    "replicas": ([*SLOW, "-rf", "2", "--device", "cpu"], "busy", "stopped at once, nothing saved"),
 }
 
 
@@ -621,15 +625,17 @@ SIGNAL_CASES = {  # where: (argv, signal once the run is in a forward (else 0.3 
 @pytest.mark.parametrize("how", ["SIGINT", "SIGTERM"])
 @pytest.mark.parametrize("where", sorted(SIGNAL_CASES))
 def test_a_stop_signal_ends_the_run_within_10_s_leaving_nothing(lab, tmp_path, how, where):
-    """One signal, wherever the run is: at start-up, in a step that would take an hour (the next safe point
-    is too far: the run stops at once 5 s later), in an evaluation (it stops at its next step, saying how
-    many examples it saw), with hogwild processes or replicas (their steps are the slow ones)."""
-    argv, in_forward, said = SIGNAL_CASES[where]
+    """One signal, wherever the run is: at start-up (its own, or its processes'), in a step that would take
+    an hour (the next safe point is too far: the run stops at once 5 s later), in an evaluation (it stops at
+    its next step, saying how many examples it saw), with hogwild processes or replicas (their steps are the
+    slow ones)."""
+    argv, when, said = SIGNAL_CASES[where]
     busy = tmp_path / "busy"
     run = start(lab, *[a.format(lab=lab) for a in argv], env={"FAULTY_BUSY": str(busy)})
-    proc = run[0]
+    proc, sampler = run[0], run[2]
     deadline = time.monotonic() + 90
-    while in_forward and not busy.exists() and proc.poll() is None and time.monotonic() < deadline:
+    while proc.poll() is None and time.monotonic() < deadline and (
+            when == "busy" and not busy.exists() or when == "children" and len(sampler.pids) < 3):
         time.sleep(0.05)
     time.sleep(0.3)
     assert proc.poll() is None, proc.communicate()
@@ -638,7 +644,7 @@ def test_a_stop_signal_ends_the_run_within_10_s_leaving_nothing(lab, tmp_path, h
     ran = finish(*run, timeout=30)
     took = time.monotonic() - sent
     assert took < 10, (took, ran.err)
-    if in_forward:  # past start-up the signal is handled: exit 130, one line saying what happened
+    if when == "busy":  # past start-up the signal is handled: exit 130, one line saying what happened
         assert ran.rc == 130, ran.err
         last = ran.err.strip().splitlines()[-1]
         assert last.startswith(f"accelbatch: interrupted: {how}: ") and said in last, ran.err
