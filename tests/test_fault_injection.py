@@ -391,7 +391,7 @@ def test_eval_with_a_batch_larger_than_the_split_serves_every_example_once(lab, 
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(60)
+@pytest.mark.timeout(120)
 @pytest.mark.parametrize("extra, rows", [([], 10), (["-ga", "3"], 12), (["-nt", "2"], 5)],
                          ids=["world", "grad-accumulation", "hogwild"])
 def test_training_with_a_batch_larger_than_the_split_takes_the_rows_the_data_fills(lab, tmp_path, capsys,
