@@ -27,7 +27,15 @@ from accelbatch.hogwild import HogwildWorld
 from accelbatch.loader_world import LoaderWorld
 from accelbatch.opts import OptionError, Opts
 from accelbatch.plan import ExecutionPlan
-from accelbatch.teachers import FixedTeacher, Teacher, create_teacher, create_teachers, is_training, task_names
+from accelbatch.teachers import (
+    FixedTeacher,
+    Teacher,
+    create_teacher,
+    create_teachers,
+    is_training,
+    split_of,
+    task_names,
+)
 from accelbatch.worlds import BatchWorld, DialogPartnerWorld, MultiWorld, World
 
 
@@ -119,16 +127,17 @@ def stages_batches(agent: Agent) -> bool:
 
 
 def build_world(opts: Opts, model: Agent, shard: tuple[int, int] = (0, 1), rows: int | None = None,
-                replicas: int = 1) -> World:
+                replicas: int = 1, teacher: Teacher | None = None) -> World:
     """The world of this process: ``shard`` (index, count) of the episodes, ``rows`` per step (default: the
-    plan's combined batch over ``replicas``, the replica processes sharing a step)."""
+    plan's combined batch over ``replicas``, the replica processes sharing a step); ``teacher``: one made for
+    ``opts`` already (else it is made here)."""
     plan = ExecutionPlan.from_opts(opts, training=is_training(opts.datatype))
     rows = plan.combined_batch // replicas if rows is None else rows
     # replicas read their rows of the one schedule a single process lays out for the combined batch (same
     # plan, same numbers); hogwild processes (replicas == 1) and dynamic batches take shares of the episodes
     serve = replica_rows(plan, shard[0], replicas) if replicas > 1 and rows * replicas == plan.combined_batch \
         else None
-    teacher = create_teacher(opts)
+    teacher = teacher or create_teacher(opts)
     check_required_fields(opts, model, teacher)
     # an engine that stages batches (CUDA) gets the loader front end even without workers: it builds the
     # same schedule's steps and fetches one ahead, whose copy then overlaps the current step
@@ -192,6 +201,26 @@ def _share_data(teacher: FixedTeacher, shard: tuple[int, int], serve: list[int] 
         teacher.serve_replica(layout_rows, serve)
 
 
+def fit_batch_to_data(opts: Opts, teacher: Teacher | None) -> tuple[Opts, str | None]:
+    """``opts`` with ``--batchsize`` lowered so that a step has no more rows than the episodes can fill (each
+    row serves whole episodes: more rows would only repeat them in training, or be padding in evaluation,
+    at the cost of a teacher and agent clone each), and the line that says so; ``(opts, None)`` when it fits,
+    with --dynamic-batching (its batches are cut from the data) or when the task's size is unknown."""
+    if opts.dynamic_batching != "none" or not isinstance(teacher, FixedTeacher):
+        return opts, None
+    plan = ExecutionPlan.from_opts(opts, training=is_training(opts.datatype))
+    episodes = -(-teacher.num_episodes() // opts.numthreads)  # hogwild: each process serves its share
+    per_micro_row = plan.combined_batch // opts.batchsize  # rows per step for each row of -bs (D x R x G)
+    if plan.combined_batch <= max(episodes, per_micro_row):
+        return opts, None
+    fitted = max(1, -(-episodes // per_micro_row))
+    whose = " per hogwild process" if opts.numthreads > 1 else ""
+    note = (f"accelbatch: -bs {opts.batchsize}: a step of {plan.combined_batch} rows is more than the {episodes} "
+            f"episodes of -t {opts.task} ({split_of(opts.datatype)}){whose} can fill; using -bs {fitted} "
+            f"({fitted * per_micro_row} rows)")
+    return opts.replace(batchsize=fitted), note
+
+
 def create_world(opts: Opts, agent: Agent | type[Agent] | None = None, rows: int | None = None, *,
                  runtime: Runtime | None = None) -> World:
     """The world for ``opts``, its model compiled for ``opts.device``: one task or several, batched when
@@ -199,8 +228,14 @@ def create_world(opts: Opts, agent: Agent | type[Agent] | None = None, rows: int
 
     ``agent`` may be None (use ``opts.model``), an Agent class, or an agent instance whose model (and
     engine) the new world shares, e.g. the training agent for a validation world. Under replication each
-    process's world holds its replica's share of the rows and of the data.
+    process's world holds its replica's share of the rows and of the data. The first world of a run (no
+    runtime yet) fits ``--batchsize`` to its data (:func:`fit_batch_to_data`); ``world.opts`` holds the
+    options it was built with.
     """
+    teacher, fitted = None, None
+    if runtime is None and rows is None and getattr(getattr(agent, "slot", None), "runtime", None) is None:
+        teacher = create_teacher(opts)
+        opts, fitted = fit_batch_to_data(opts, teacher)
     model = make_agent(opts, agent)
     first = runtime is None and getattr(getattr(model, "slot", None), "runtime", None) is None
     runtime = runtime or getattr(getattr(model, "slot", None), "runtime", None) or setup_runtime(opts)
@@ -209,10 +244,10 @@ def create_world(opts: Opts, agent: Agent | type[Agent] | None = None, rows: int
         for note in getattr(model, "load_notes", ()):
             print(f"accelbatch: {note}", file=sys.stderr)
     if opts.numthreads > 1:
-        world: World = create_hogwild_world(opts, agent, rows, runtime=runtime, model=model)
+        world: World = create_hogwild_world(opts, agent, rows, runtime=runtime, model=model, teacher=teacher)
     else:
         replicas = runtime.topology.world_size
-        world = build_world(opts, model, runtime.shard, rows, replicas)
+        world = build_world(opts, model, runtime.shard, rows, replicas, teacher)
     if first and runtime.topology.rank == 0 and opts.dynamic_batching == "none" and opts.numthreads <= 1 \
             and (opts.num_workers > 0 or opts.dataloader_mode != "sync") and not isinstance(world, LoaderWorld):
         who = f"agent {type(model).__name__} overrides observe() or is not a TorchAgent" \
@@ -220,13 +255,16 @@ def create_world(opts: Opts, agent: Agent | type[Agent] | None = None, rows: int
         print(f"accelbatch: --num-workers / --dataloader-mode: {who}, so its batches are built in the main "
               "process (same results)", file=sys.stderr)
     world.runtime = runtime
+    if fitted and runtime.topology.rank == 0:  # said once the world is built: after any error in the options
+        print(fitted, file=sys.stderr, flush=True)
     return world
 
 
 def create_hogwild_world(opts: Opts, agent: Agent | type[Agent] | None = None, rows: int | None = None, *,
                          processes: int | None = None, runtime: Runtime | None = None,
-                         model: Agent | None = None) -> HogwildWorld:
-    """A HogwildWorld of ``processes`` (default ``--numthreads``) processes; cpu only."""
+                         model: Agent | None = None, teacher: Teacher | None = None) -> HogwildWorld:
+    """A HogwildWorld of ``processes`` (default ``--numthreads``) processes; cpu only. ``teacher``: the main
+    process's, made for ``opts`` already (else it is made here)."""
     if opts.device != "cpu":
         raise OptionError(f"--numthreads {opts.numthreads} (hogwild) runs on --device cpu only, not --device "
                           f"{opts.device}; use --numthreads 1, or --replication-factor for data parallelism")
@@ -234,7 +272,7 @@ def create_hogwild_world(opts: Opts, agent: Agent | type[Agent] | None = None, r
         model = make_agent(opts, agent)
         runtime = runtime or setup_runtime(opts)
         compile_agent(model, runtime)
-    main = build_world(opts.replace(numthreads=1), model, rows=1)
+    main = build_world(opts.replace(numthreads=1), model, rows=1, teacher=teacher)
     agent_class = agent if isinstance(agent, type) else (None if agent is None else type(agent))
     # a training parley of a static-row world trains its rows: known before it runs
     per_parley = None if opts.dynamic_batching != "none" else \
@@ -268,5 +306,5 @@ def attach_runtime(world: World, opts: Opts) -> Runtime:
 
 
 __all__ = ["Runtime", "attach_runtime", "build_hogwild_child", "build_world", "check_required_fields",
-           "collates_anywhere", "compile_agent", "create_hogwild_world", "create_world", "make_agent", "setup_runtime",
-           "uses_loader"]
+           "collates_anywhere", "compile_agent", "create_hogwild_world", "create_world", "fit_batch_to_data",
+           "make_agent", "setup_runtime", "uses_loader"]

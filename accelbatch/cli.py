@@ -115,6 +115,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     try:
         opts = eval_opts(args) if args.verb == "eval" else Opts.from_namespace(args)
+        from accelbatch.run_control import check_output_paths
+
+        check_output_paths(opts)  # a path the run could not write fails now, not after the training
         from accelbatch.run import format_report
 
         if args.verb in ("display-data", "display-model", "interactive"):

@@ -211,7 +211,7 @@ class HogwildWorld(World):
 
     def __init__(self, opts: Opts, main: World, build_child: BuildChild, agent_cls: type[Agent] | None = None,
                  rows: int | None = None, *, depth: int = 2, timeout: float = 300.0, start_timeout: float = 180.0,
-                 stop_grace: float = 30.0, exs_per_parley: int | None = None):
+                 stop_grace: float = 1.0, exs_per_parley: int | None = None):
         n = opts.numthreads
         if depth < 1:
             raise ValueError(f"depth: must be at least 1, got {depth}")

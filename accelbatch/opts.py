@@ -256,7 +256,7 @@ def validate(opts: Opts) -> None:
             raise OptionError(f"{flag}: expected a string, got {value!r}")
     for name in ("batchsize", "device_iterations", "replication_factor", "gradient_accumulation",
                  "numthreads", "output_return_period", "buffer_size", "num_buckets", "embedding_size",
-                 "beam_size"):
+                 "beam_size", "batch_sort_cache_size"):
         if getattr(opts, name) < 1:
             raise OptionError(f"{_flag(name)}: must be at least 1, got {getattr(opts, name)}")
     if opts.num_workers < 0:

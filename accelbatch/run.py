@@ -20,7 +20,7 @@ from accelbatch.agents import Agent, TorchAgent, learning_rates, set_learning_ra
 from accelbatch.build import Runtime, attach_runtime, create_world
 from accelbatch.metrics import combine_reports, finish_merged, report_weights
 from accelbatch.opts import OptionError, Opts
-from accelbatch.run_control import PeriodicSaver, StopSignals
+from accelbatch.run_control import PeriodicSaver, StopSignals, check_output_paths
 from accelbatch.state import Checkpointer
 from accelbatch.teachers import is_training, split_of
 from accelbatch.tensorboard_log import TensorBoardLog
@@ -79,16 +79,25 @@ class TrainState:
 
 
 def evaluate(world: World, log: MetricsLog | None = None, split: str = "valid",
-             backend: Any = None, max_exs: int = -1, at: dict[str, Any] | None = None) -> dict[str, float]:
+             backend: Any = None, max_exs: int = -1, at: dict[str, Any] | None = None,
+             stop: StopSignals | None = None) -> dict[str, float]:
     """Run ``world`` until its epoch is done, or until it served ``max_exs`` examples (all replicas together;
     -1: no limit); return its report (merged across replicas) and log it, with ``at`` (the training
-    position: step, epoch; final) in the logged record."""
+    position: step, epoch; final) in the logged record.
+
+    A stop signal (``stop``) ends it at the next step with KeyboardInterrupt saying how many examples it saw."""
     world.reset()
     world.reset_metrics()
     start = time.monotonic()
     replicas = 1 if backend is None else backend.world_size  # each serves an equal share of every step
     served = world.get_total_exs()  # a count over the world's life
     while not world.epoch_done() and (max_exs < 0 or (world.get_total_exs() - served) * replicas < max_exs):
+        if stop is not None and stop.requested is not None:
+            stop.at_safe_point()
+            share = " (this replica's share)" if backend is not None and backend.world_size > 1 else ""
+            raise KeyboardInterrupt(f"{stop.name}: the {split} evaluation stopped after "
+                                    f"{world.get_total_exs() - served} of {world.num_examples()} examples{share}; "
+                                    "no report")
         world.parley()
     report = reduce_report(world.report(), backend)
     report["time_s"] = round(time.monotonic() - start, 3)
@@ -128,6 +137,9 @@ def run(world: World, opts: Opts) -> dict[str, Any]:
         world.shutdown()
         raise OptionError(f"-ga/--gradient-accumulation {opts.gradient_accumulation}: gradient accumulation is a "
                           f"training option and -dt {opts.datatype} trains nothing; evaluate with -ga 1")
+    check_output_paths(opts)
+    if world.opts.batchsize < opts.batchsize:  # create_world fitted the batch to the data (and said so)
+        opts = opts.replace(batchsize=world.opts.batchsize)
     runtime = attach_runtime(world, opts)
     backend = runtime.backend
     main = backend.is_main_process()
@@ -136,11 +148,14 @@ def run(world: World, opts: Opts) -> dict[str, Any]:
                      tensorboard=TensorBoardLog(tb_dir) if main and tb_dir else None)
     try:
         if is_training(opts.datatype):
-            with StopSignals(announce=main) as stop:
+            then = "saving a checkpoint after this step, then stopping" if opts.model_file else \
+                "stopping after this step; nothing is saved (no --model-file)"
+            with StopSignals(announce=main, then=then) as stop:
                 report = _train(world, opts, log, runtime, stop)
         else:
             split = split_of(opts.datatype)
-            report = {split: evaluate(world, log, split, backend)}
+            with StopSignals(announce=main, then="stopping the evaluation after this step") as stop:
+                report = {split: evaluate(world, log, split, backend, stop=stop)}
         report["device"] = backend.name
         if backend.name == "ipu":
             report["ipu"] = {"poptorch": backend.implementation, "compilations": backend.compilations}
@@ -248,6 +263,7 @@ def _train(world: World, opts: Opts, log: MetricsLog, runtime: Runtime, stop: St
         # between world steps: every call's D updates (and their G-micro-batch windows) are complete. The
         # replicas decide together: one whose stop signal came a step later than another's must still stop
         # at the same step, or it would wait alone in the next step's collectives (a -vtim clock too)
+        stop.at_safe_point()
         stopping = stop.requested is not None
         timed = 0 < opts.validation_every_n_secs <= time.monotonic() - last_validation
         want_save, stopping, timed = backend.decide(saver.due() or stopping, stopping, timed)
@@ -263,10 +279,12 @@ def _train(world: World, opts: Opts, log: MetricsLog, runtime: Runtime, stop: St
             if bar is not None:
                 bar.close()
             where = f"checkpoint saved to {opts.model_file}; continue with --resume" if checkpoints else \
-                "nothing was saved (no --model-file)"
+                "nothing was saved (" + ("no --model-file)" if not opts.model_file else
+                                         f"{type(model).__name__} is not a TorchAgent)")
             raise KeyboardInterrupt(f"{stop.name or 'a stop signal to another replica'}: {where}")
     if window_exs:
         log_window(time.monotonic())  # the examples since the last train record
+    stop.at_safe_point()  # the final save is not cut short; the evaluations below stop at their next step
     if checkpoints is not None and opts.save_every_n_secs > 0:
         save()  # a resume goes on from here
     if bar is not None:
@@ -284,8 +302,11 @@ def _train(world: World, opts: Opts, log: MetricsLog, runtime: Runtime, stop: St
                                         "time_s": round(state.elapsed(), 3), "stopped_by": stop_reason}}
     for split in [s.strip() for s in opts.eval_splits.split(",") if s.strip()]:
         eval_world = create_world(_eval_opts(opts, split), agent=model, runtime=runtime)
-        report[split] = evaluate(eval_world, log, split, backend, at={**position(), "final": True})
-        eval_world.shutdown()
+        try:
+            report[split] = evaluate(eval_world, log, split, backend, at={**position(), "final": True},
+                                     stop=stop)
+        finally:
+            eval_world.shutdown()
     if valid_world is not None:
         valid_world.shutdown()
     return report

@@ -1,13 +1,18 @@
 """When a run saves and stops: :class:`PeriodicSaver` (``--save-every-n-secs``) and :class:`StopSignals`
-(SIGINT/SIGTERM become a flag the run loop checks between world steps)."""
+(SIGINT/SIGTERM become a flag the run loop checks between world steps, with a deadline)."""
 
 from __future__ import annotations
 
 import math
+import os
 import signal
 import sys
+import tempfile
+import threading
 import time
 from typing import Any, Callable, Sequence
+
+STOP_GRACE_S = 5.0  # seconds from a stop signal to the next safe point, past which the run stops at once
 
 
 class PeriodicSaver:
@@ -40,27 +45,57 @@ class PeriodicSaver:
 
 
 class StopSignals:
-    """Turn SIGINT/SIGTERM into a flag checked between world steps (then save and exit cleanly).
+    """Turn SIGINT/SIGTERM into a flag checked at safe points (between world steps: save, then stop).
 
-    ``with StopSignals() as stop: ... if stop.requested: save; break``. A second signal of the same
-    run raises KeyboardInterrupt at once (so a hung save can still be interrupted). The previous
-    handlers come back on exit. Outside the main thread (where handlers cannot be set) it does nothing.
-    ``announce=False`` keeps it quiet (replicas other than rank 0: one line per run, not one per replica).
+    ``with StopSignals() as stop: ... stop.at_safe_point(); if stop.requested: save; break``. The run stops
+    within seconds whatever a step costs: when no safe point comes within ``grace_s`` of the first signal (a
+    step that takes minutes), a timer sends the signal again, which raises KeyboardInterrupt where the run is
+    (nothing saved), as a second signal from the user does at once (a hung save can still be interrupted).
+    The previous handlers come back on exit. Outside the main thread (where handlers cannot be set) it does
+    nothing. ``announce=False`` keeps it quiet (replicas other than rank 0: one line per run, not one per
+    replica); ``then`` says what the first signal does (its announcement).
     """
 
-    def __init__(self, signals: Sequence[int] = (signal.SIGINT, signal.SIGTERM), announce: bool = True):
+    def __init__(self, signals: Sequence[int] = (signal.SIGINT, signal.SIGTERM), announce: bool = True,
+                 grace_s: float = STOP_GRACE_S, then: str = "saving a checkpoint after this step, then stopping"):
         self.signals = tuple(signals)
-        self.announce = announce
+        self.announce, self.grace_s, self.then = announce, grace_s, then
         self.requested: int | None = None
         self._previous: dict[int, Any] = {}
+        self._timer: threading.Timer | None = None
+        self._overdue = False
 
     def _handle(self, signum: int, frame: Any) -> None:
         if self.requested is not None:
-            raise KeyboardInterrupt
+            self._disarm()
+            if self._overdue:
+                raise KeyboardInterrupt(f"{self.name}: the step had not ended {self.grace_s:g} s after the signal; "
+                                        "stopped at once, nothing saved")
+            raise KeyboardInterrupt(f"{signal.Signals(signum).name} again: stopped at once, nothing saved")
         self.requested = signum
         if self.announce:
-            print(f"accelbatch: {signal.Signals(signum).name} received: saving a checkpoint after this step, "
-                  "then stopping (send it again to stop at once)", file=sys.stderr, flush=True)
+            print(f"accelbatch: {signal.Signals(signum).name} received: {self.then}; at once if the step has "
+                  f"not ended in {self.grace_s:g} s, or on a second signal", file=sys.stderr, flush=True)
+        if self._previous and self.grace_s > 0:
+            self._timer = threading.Timer(self.grace_s, self._expire, args=(signum, threading.main_thread().ident))
+            self._timer.daemon = True
+            self._timer.start()
+
+    def _expire(self, signum: int, main_ident: int | None) -> None:
+        """The grace is over and no safe point came: the signal again, to the main thread (it interrupts a
+        sleep or a wait there)."""
+        if self._timer is not None and self._previous and main_ident is not None:
+            self._overdue = True
+            signal.pthread_kill(main_ident, signum)
+
+    def at_safe_point(self) -> None:
+        """The run is between steps: a stop asked for now goes on to save (the grace timer is off)."""
+        self._disarm()
+
+    def _disarm(self) -> None:
+        timer, self._timer = self._timer, None
+        if timer is not None:
+            timer.cancel()
 
     @property
     def name(self) -> str | None:
@@ -75,6 +110,34 @@ class StopSignals:
         return self
 
     def __exit__(self, *exc: Any) -> None:
+        self._disarm()
         for sig, previous in self._previous.items():
             signal.signal(sig, previous)
         self._previous.clear()
+
+
+def check_output_paths(opts: Any) -> None:
+    """Refuse (OptionError, one line) an output path the run could not write, before any work: the model
+    file (training), --report-json, --metrics-log, --tensorboard-logdir. Their folders are made now (the run
+    would make them) and a temporary file is written there and removed: a true test, also for root."""
+    from accelbatch.opts import OptionError
+    from accelbatch.teachers import is_training
+
+    outputs = [("-mf/--model-file", opts.model_file if is_training(opts.datatype) else None, False),
+               ("--report-json", opts.report_json, False), ("--metrics-log", opts.metrics_log, False),
+               ("--tensorboard-logdir", opts.tensorboard_logdir, True)]
+    for flag, path, is_dir in outputs:
+        if not path:
+            continue
+        target = os.path.abspath(os.path.expanduser(path))
+        if os.path.exists(target) and os.path.isdir(target) != is_dir:
+            kind = "a folder" if is_dir else "a file"
+            raise OptionError(f"{flag}: {path} exists and is not {kind}; give the path of {kind}")
+        folder = target if is_dir else os.path.dirname(target)
+        try:
+            os.makedirs(folder, exist_ok=True)
+            with tempfile.TemporaryFile(dir=folder):
+                pass
+        except OSError as exc:
+            raise OptionError(f"{flag}: cannot write {path} ({exc.strerror}: {exc.filename or folder}); give a "
+                              "path in a folder you can write") from None

@@ -505,3 +505,22 @@ def test_the_fp16_loss_scale_is_saved_and_a_resume_goes_on_from_it(tmp_path):
     assert resumed.hooks.scaler.state_dict() == whole.hooks.scaler.state_dict()
     for (name, p), q in zip(whole.model.named_parameters(), resumed.model.parameters()):
         assert torch.equal(p, q), name
+
+
+def test_stop_signals_stop_at_once_when_no_safe_point_comes_within_the_grace():
+    """A step far longer than the grace (a sleep here) is cut short by the grace timer; a safe point within
+    the grace turns the timer off, and the run may then save at leisure."""
+    import signal
+    import time
+
+    with run_control.StopSignals(grace_s=0.3, announce=False) as stop:
+        os.kill(os.getpid(), signal.SIGTERM)
+        begun = time.monotonic()
+        with pytest.raises(KeyboardInterrupt, match="SIGTERM: the step had not ended 0.3 s after the signal"):
+            time.sleep(30)
+        assert time.monotonic() - begun < 5
+    with run_control.StopSignals(grace_s=0.3, announce=False) as stop:
+        os.kill(os.getpid(), signal.SIGINT)
+        stop.at_safe_point()
+        time.sleep(0.6)  # a save that takes longer than the grace is not interrupted
+        assert stop.name == "SIGINT"

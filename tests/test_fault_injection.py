@@ -69,6 +69,13 @@ FAULTY = textwrap.dedent('''
             os.kill(os.getpid(), signal.SIGINT)
 
 
+    def mark_busy():
+        """Create the file $FAULTY_BUSY names (once): the run is in a forward, the test may signal it."""
+        path = os.environ.get("FAULTY_BUSY")
+        if path and not os.path.exists(path):
+            open(path, "w").close()
+
+
     class Toy(nn.Module):
         """Loss mean((w * x - 1)^2) over the rows; the agent's fault hits training forwards."""
 
@@ -78,6 +85,9 @@ FAULTY = textwrap.dedent('''
             self.fault, self.where, self.at, self.calls = fault, where, at, 0
 
         def forward(self, batch):
+            if self.fault == "sleepy":  # every forward, training or not: a long evaluation
+                mark_busy()
+                time.sleep(0.2)
             per_row = (self.w * batch["x"] - 1) ** 2
             out = {"pred": per_row.detach()}
             if self.fault == "noloss":
@@ -87,6 +97,9 @@ FAULTY = textwrap.dedent('''
                 self.calls += 1
                 if self.fault == "nan" and self.calls % self.at == 0:
                     out["loss"] = out["loss"] * float("nan")
+                elif self.calls == self.at and self.fault == "slow":  # a step that takes an hour
+                    mark_busy()
+                    time.sleep(3600)
                 elif self.calls == self.at:
                     go_wrong(self.fault)
             return out
@@ -125,6 +138,8 @@ FAULTY = textwrap.dedent('''
     ReplicaDies = _agent("ReplicaDies", "die", "rank1", at=2)
     HogwildCrash = _agent("HogwildCrash", "crash", "hogwild-1", at=1)
     ReplicaSignalled = _agent("ReplicaSignalled", "sigint", "rank1", at=3)
+    SlowStep = _agent("SlowStep", "slow", at=2)
+    Sleepy = _agent("Sleepy", "sleepy")
 ''')
 
 QUICK = ["--no-progress", "-veps", "-1", "--eval-splits", ""]  # no validation, no final evaluation
@@ -199,12 +214,13 @@ def _leftovers(tag: str, grace_s: float = 5.0) -> set[int]:
     return left
 
 
-def start(lab: Path, *argv: str) -> tuple[subprocess.Popen, str, _Sampler, set[str]]:
-    """Start ``python -m accelbatch argv`` with a fresh tag, in a session (and process group) of its own;
-    return it with what :func:`finish` needs."""
+def start(lab: Path, *argv: str, env: dict[str, str] | None = None) -> tuple[subprocess.Popen, str, _Sampler, set[str]]:
+    """Start ``python -m accelbatch argv`` with a fresh tag (and ``env``), in a session (and process group) of
+    its own; return it with what :func:`finish` needs."""
     tag = uuid.uuid4().hex
     shm_before = set(os.listdir("/dev/shm"))
-    proc = subprocess.Popen([sys.executable, "-m", "accelbatch", *argv], cwd=str(lab), env=_env(lab, tag),
+    proc = subprocess.Popen([sys.executable, "-m", "accelbatch", *argv], cwd=str(lab),
+                            env={**_env(lab, tag), **(env or {})},
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
     sampler = _Sampler(tag)
     sampler.start()
@@ -305,13 +321,41 @@ def test_a_malformed_line_met_in_another_process_is_still_one_line(lab, tmp_path
     (["train", "--output-mode", "everyn", "--output-return-period", "3", "-di", "4"],
      ["--output-return-period 3", "not a multiple of 3", "--device-iterations"]),
     (["train", "-m", "faulty:NoLoss"], ["must return a dict with 'loss'"]),
+    (["train", "-mf", "/proc/nope/model.pt"], ["-mf/--model-file: cannot write /proc/nope/model.pt", "/proc/nope"]),
+    (["train", "--report-json", "/proc/nope/r.json"], ["--report-json: cannot write /proc/nope/r.json"]),
+    (["train", "--metrics-log", "/proc/nope/m.jsonl"], ["--metrics-log: cannot write /proc/nope/m.jsonl"]),
+    (["train", "--tensorboard-logdir", "/proc/nope"], ["--tensorboard-logdir: cannot write /proc/nope"]),
+    (["train", "-mf", "/"], ["-mf/--model-file: / exists and is not a file"]),
 ], ids=["missing-file", "bs-abc", "lr-x", "rf-two", "bs-0", "lr-negative", "replica-timeout-0", "device-tpu",
-        "unknown-task", "unknown-model", "unknown-module", "unknown-class", "impossible-plan", "no-loss"])
+        "unknown-task", "unknown-model", "unknown-module", "unknown-class", "impossible-plan", "no-loss",
+        "model-file-unwritable", "report-json-unwritable", "metrics-log-unwritable", "tensorboard-unwritable",
+        "model-file-a-folder"])
 def test_bad_options_and_unknown_names_are_one_line(lab, capsys, monkeypatch, argv, fragments):
     verb, *options = argv  # a -t in the case's options overrides the default one before it
     quick = ["-tstep", "2", *QUICK] if verb == "train" else ["--no-progress"]  # eval takes no training option
-    ran = in_process(lab, capsys, monkeypatch, verb, "-t", f"jsonl:{lab}/qa10.jsonl", *options, *quick)
+    ran = in_process(lab, capsys, monkeypatch, verb, "-t", f"jsonl:{lab}/qa10.jsonl", "-bs", "2", *options, *quick)
     ran.assert_one_line_error(*fragments)
+    ran.assert_clean()
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("path", [["--dynamic-batching", "batchsort"], ["--num-workers", "1"],
+                                  ["--dataloader-mode", "async"], ["-nt", "2"], ["-rf", "2"]],
+                         ids=["loader", "workers", "async", "hogwild", "replicas"])
+@pytest.mark.parametrize("bad, fragment", [
+    (["--context-length", "-5"], "--context-length: must be -1 (all of the history) or at least 1, got -5"),
+    (["--embedding-size", "-5"], "-esz/--embedding-size: must be at least 1, got -5"),
+    (["--batch-sort-cache-size", "0"], "--batch-sort-cache-size: must be at least 1, got 0"),
+    (["--num-workers", "-1"], "--num-workers: must be 0 or more, got -1"),
+    (["--buffer-size", "0"], "--buffer-size: must be at least 1, got 0"),
+], ids=["context-length", "embedding-size", "batch-sort-cache-size", "num-workers", "buffer-size"])
+def test_a_bad_value_is_one_line_before_any_work_on_every_path(lab, capsys, monkeypatch, path, bad, fragment):
+    """Options are checked when they are read, before a loader, worker, replica or hogwild process starts
+    (in_process fails on any process started). Before: --embedding-size -5 was a traceback from torch,
+    --batch-sort-cache-size 0 a ValueError traceback from data/batching.py."""
+    ran = in_process(lab, capsys, monkeypatch, "train", "-t", f"jsonl:{lab}/qa10.jsonl", "-bs", "2", *path, *bad,
+                     "-tstep", "2", *QUICK)
+    ran.assert_one_line_error(fragment)
     ran.assert_clean()
 
 
@@ -346,19 +390,50 @@ def test_eval_with_a_batch_larger_than_the_split_serves_every_example_once(lab, 
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(60)
-def test_training_with_a_batch_larger_than_the_split(lab, tmp_path, capsys, monkeypatch):
-    """ParlAI's world: each of the 64 rows serves the 10 examples in turn, so a step is 64 rows; the same
-    with a data worker building the steps (a performance option changes nothing)."""
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("extra, rows", [([], 10), (["-ga", "3"], 12), (["-nt", "2"], 5)],
+                         ids=["world", "grad-accumulation", "hogwild"])
+def test_training_with_a_batch_larger_than_the_split_takes_the_rows_the_data_fills(lab, tmp_path, capsys,
+                                                                                   monkeypatch, extra, rows):
+    """Each row serves whole episodes: rows past the 10 episodes would repeat them in the same step (a teacher
+    and agent clone each). -bs comes down to what the data fills, said in one line: 10 rows; with -ga 3 the
+    rows come in threes (-bs 4, 12 rows); each of two hogwild processes serves 5 episodes. The same with a
+    data worker building the steps (a performance option changes nothing)."""
     report = tmp_path / "r.json"
     common = ["train", "-t", f"jsonl:{lab}/qa10.jsonl", "-m", "faulty:Fine", "-bs", "64", "-ne", "1", *QUICK,
-              "--report-json", str(report)]
-    ran = in_process(lab, capsys, monkeypatch, *common)
-    assert _report(ran, report)["train"]["exs"] == 64
+              "--report-json", str(report), *extra]
+    ran = cli(lab, *common) if extra[:1] == ["-nt"] else in_process(lab, capsys, monkeypatch, *common)
+    fitted = rows // 3 if "-ga" in extra else rows
+    said = (f"accelbatch: -bs 64: a step of {64 * (3 if '-ga' in extra else 1)} rows is more than the "
+            f"{10 if '-nt' not in extra else 5} episodes of -t jsonl:{lab}/qa10.jsonl (train)")
+    assert said in ran.err and f"using -bs {fitted} ({rows} rows)" in ran.err, ran.err
+    train = _report(ran, report)["train"]
+    assert train["steps"] == (2 if "-nt" in extra else 1), train  # hogwild: one parley per process
+    assert train["exs"] == (10 if "-nt" in extra else rows), train
     ran.assert_clean()
-    ran = cli(lab, *common, "--num-workers", "1")
-    assert _report(ran, report)["train"]["exs"] == 64
-    ran.assert_clean()
+    if not extra:
+        ran = cli(lab, *common, "--num-workers", "1")
+        assert _report(ran, report)["train"]["exs"] == rows
+        ran.assert_clean()
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_a_huge_batch_costs_no_more_memory_than_the_data(tmp_path):
+    """Peak RSS of a run with -bs 100000 on babi:1 (1000 training episodes) within 2x of one with -bs 32
+    (before: a teacher and agent clone per row, 820 MB at -bs 20000 against 340 MB at -bs 32)."""
+    # a fresh parent per run: its RUSAGE_CHILDREN peak is that run's alone (this process's holds every test's)
+    measure = ("import resource, subprocess, sys; code = subprocess.run(sys.argv[1:]).returncode; "
+               "print(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss if code == 0 else -code)")
+    peaks = {}
+    for bs in (32, 100000):
+        proc = subprocess.run([sys.executable, "-c", measure, sys.executable, "-m", "accelbatch", "train", "-t",
+                               "babi:1", "-bs", str(bs), "-tstep", "2", *QUICK], cwd=str(tmp_path),
+                              capture_output=True, text=True, timeout=240,
+                              env={**os.environ, "PYTHONPATH": ROOT, "OMP_NUM_THREADS": "1"})
+        peaks[bs] = int(proc.stdout.split()[-1])  # KiB
+        assert peaks[bs] > 0, proc.stderr
+    assert peaks[100000] <= 2 * peaks[32], peaks
 
 
 @pytest.mark.timeout(60)
@@ -371,17 +446,15 @@ def test_training_a_batch_plan_with_no_full_batch_says_why_in_one_line(lab, caps
 
 @pytest.mark.slow
 @pytest.mark.timeout(90)
-def test_training_more_replica_rows_than_examples_trains_as_one_process(lab, tmp_path):
-    """Replicas read their rows of the one combined schedule, so one example and -rf 2 is the single
-    process's -bs 8 (every row repeats it), in seconds."""
-    args = ("train", "-t", f"jsonl:{lab}/qa1.jsonl", "-m", "faulty:Fine", "-tstep", "2", *QUICK)
-    one = _report(cli(lab, *args, "-bs", "8", "--report-json", str(tmp_path / "one.json")), tmp_path / "one.json")
-    ran = cli(lab, *args, "-bs", "4", "-rf", "2", "--replica-timeout-s", "20", "--report-json",
-              str(tmp_path / "two.json"))
+def test_training_more_replicas_than_examples_fits_the_batch_and_trains(lab, tmp_path):
+    """Replicas read their rows of one schedule, whose rows go on into the next epoch: one episode feeds two
+    replicas; -bs 4 (8 rows) comes down to -bs 1 (2 rows, one per replica)."""
+    report = tmp_path / "r.json"
+    ran = cli(lab, "train", "-t", f"jsonl:{lab}/qa1.jsonl", "-m", "faulty:Fine", "-bs", "4", "-rf", "2",
+              "-tstep", "2", *QUICK, "--report-json", str(report))
+    assert "using -bs 1 (2 rows)" in ran.err, ran.err
+    assert _report(ran, report)["train"]["exs"] == 4  # 2 steps x 2 rows
     ran.assert_clean()
-    two = _report(ran, tmp_path / "two.json")
-    assert two["train"]["exs"] == one["train"]["exs"] > 0
-    assert two["train"]["loss"] == pytest.approx(one["train"]["loss"], abs=1e-6)
 
 
 # --- NaN losses ---------------------------------------------------------------------------------------
@@ -538,4 +611,70 @@ def test_a_signal_saves_a_checkpoint_and_exits_130_leaving_nothing(lab, tmp_path
     last = ran.err.strip().splitlines()[-1]
     assert last == f"accelbatch: interrupted: {how}: checkpoint saved to {model}; continue with --resume", ran.err
     assert "Traceback" not in ran.err and manifest.exists()
+    ran.assert_clean()
+
+
+SLOW = ["train", "-t", "jsonl:{lab}/qa60.jsonl", "-m", "faulty:SlowStep", "-bs", "2", "-tstep", "6", *QUICK]
+SIGNAL_CASES = {  # where: (argv, when to signal, what stderr's last line says)
+    # when: "start" 0.3 s after the start, "children" once its processes exist (they are starting up),
+    # "busy" once the run is in a forward
+    "startup": (["train", "-t", "jsonl:{lab}/qa60.jsonl", "-m", "faulty:Fine", "-ne", "-1", *QUICK], "start", ""),
+    "startup-hogwild": ([*SLOW, "-nt", "2"], "children", ""),
+    "startup-replicas": ([*SLOW, "-rf", "2", "--device", "cpu"], "children", ""),
+    "mid-step": (SLOW, "busy", "the step had not ended 5 s after the signal; stopped at once, nothing saved"),
+    "eval": (["eval", "-t", "jsonl:{lab}/qa60.jsonl", "-m", "faulty:Sleepy", "-bs", "1", "--no-progress"], "busy",
+             "the valid evaluation stopped after"),
+    "hogwild": ([*SLOW, "-nt", "2"], "busy", "stopped at once, nothing saved"),
+    "replicas": ([*SLOW, "-rf", "2", "--device", "cpu"], "busy", "stopped at once, nothing saved"),
+}
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("how", ["SIGINT", "SIGTERM"])
+@pytest.mark.parametrize("where", sorted(SIGNAL_CASES))
+def test_a_stop_signal_ends_the_run_within_10_s_leaving_nothing(lab, tmp_path, how, where):
+    """One signal, wherever the run is: at start-up (its own, or its processes'), in a step that would take
+    an hour (the next safe point is too far: the run stops at once 5 s later), in an evaluation (it stops at
+    its next step, saying how many examples it saw), with hogwild processes or replicas (their steps are the
+    slow ones)."""
+    argv, when, said = SIGNAL_CASES[where]
+    busy = tmp_path / "busy"
+    run = start(lab, *[a.format(lab=lab) for a in argv], env={"FAULTY_BUSY": str(busy)})
+    proc, sampler = run[0], run[2]
+    deadline = time.monotonic() + 90
+    while proc.poll() is None and time.monotonic() < deadline and (
+            when == "busy" and not busy.exists() or when == "children" and len(sampler.pids) < 3):
+        time.sleep(0.05)
+    time.sleep(0.3)
+    assert proc.poll() is None, proc.communicate()
+    proc.send_signal(getattr(signal, how))
+    sent = time.monotonic()
+    ran = finish(*run, timeout=30)
+    took = time.monotonic() - sent
+    assert took < 10, (took, ran.err)
+    if when == "busy":  # past start-up the signal is handled: exit 130, one line saying what happened
+        assert ran.rc == 130, ran.err
+        last = ran.err.strip().splitlines()[-1]
+        assert last.startswith(f"accelbatch: interrupted: {how}: ") and said in last, ran.err
+        assert "Traceback" not in ran.err
+    else:
+        assert ran.rc != 0, ran.err
+    ran.assert_clean()
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(60)
+def test_a_signal_to_a_run_without_model_file_says_nothing_was_saved(lab):
+    run = start(lab, "train", "-t", f"jsonl:{lab}/qa60.jsonl", "-m", "faulty:Sleepy", "-bs", "2", "-ne", "-1",
+                *QUICK, env={"FAULTY_BUSY": str(lab / "busy-no-mf")})
+    proc = run[0]
+    deadline = time.monotonic() + 60
+    while not (lab / "busy-no-mf").exists() and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGINT)
+    ran = finish(*run)
+    assert ran.rc == 130, ran.err
+    assert ran.err.strip().splitlines()[-1] == "accelbatch: interrupted: SIGINT: nothing was saved (no --model-file)"
+    assert "None" not in ran.err and "checkpoint saved" not in ran.err
     ran.assert_clean()
