@@ -281,6 +281,9 @@ class TorchAgent(Agent):
     def attach_engine(self, engine: Any, backend_name: str) -> None:
         self.slot.engine = engine
         self.slot.backend_name = backend_name
+        adopted = engine.host_optimizer() if hasattr(engine, "host_optimizer") else None
+        if adopted is not None:  # an engine may run another optimizer object (the IPU's poptorch.optim one)
+            self.optimizer = adopted
 
     # --- conversation ----------------------------------------------------------------------------
     def observe(self, observation: Message) -> Message:
