@@ -18,7 +18,9 @@ What is reproduced from PopTorch (python/optim.py, python/_optimizer_attributes.
   ``torch.optim.Optimizer``) fails with PopTorch's AssertionError text; amsgrad fails with its ValueError.
 
 The emulator keeps ``ipu_state`` as ``{parameter name: torch's per-parameter state}``; on an IPU it holds
-PopART's tensors under PopART's names. ``loss_scaling`` changes nothing in float32 arithmetic (the loss is
+PopART's tensors under PopART's names. ``AdamW(bias_correction=False)`` and ``LAMB`` step as PopTorch
+describes them; ``RMSprop(use_tf_variant=True)`` is recorded and computed as torch's RMSprop (a difference
+from an IPU). ``loss_scaling`` changes nothing in float32 arithmetic (the loss is
 scaled up and the gradients down again), so the emulator records it and computes without it; the
 accumulator types are recorded, the arithmetic stays in the parameters' dtype.
 """
@@ -198,6 +200,27 @@ class AdamW(_AdamBase, torch.optim.AdamW):
         self.bias_correction = True if bias_correction is None else bool(bias_correction)
         self.max_grad_norm = math.inf if max_grad_norm is None else max_grad_norm
         _finish(self, given, ["loss_scaling"])
+
+    @torch.no_grad()
+    def step(self, closure: Callable[[], Any] | None = None) -> Any:
+        """torch's AdamW; without bias correction: decay, then the moments' ratio unscaled."""
+        if self.bias_correction:
+            return torch.optim.AdamW.step(self, closure)
+        loss = closure() if closure is not None else None
+        for group in self.param_groups:
+            beta1, beta2 = group["betas"]
+            for p in group["params"]:
+                if p.grad is None:
+                    continue
+                state = self.state[p]
+                if not state:
+                    state.update(step=torch.tensor(0.0), exp_avg=torch.zeros_like(p), exp_avg_sq=torch.zeros_like(p))
+                state["step"] += 1
+                p.mul_(1 - group["lr"] * group["weight_decay"])
+                state["exp_avg"].lerp_(p.grad, 1 - beta1)
+                state["exp_avg_sq"].mul_(beta2).addcmul_(p.grad, p.grad, value=1 - beta2)
+                p.addcdiv_(state["exp_avg"], state["exp_avg_sq"].sqrt().add_(group["eps"]), value=-group["lr"])
+        return loss
 
 
 class RMSprop(_AdamBase, torch.optim.RMSprop):

@@ -168,3 +168,17 @@ def test_lamb_step_follows_the_paper():
     expected = w.detach() - lr * trust * expected_u
     optim.LAMB([w], lr=lr, weight_decay=wd, eps=eps).step()
     assert torch.allclose(w.detach(), expected, atol=1e-6)
+
+
+def test_adamw_without_bias_correction_uses_the_raw_moments():
+    """Two steps by hand: w <- w (1 - lr wd) - lr m / (sqrt(v) + eps), m and v without 1 / (1 - beta^t)."""
+    lr, wd, eps, (b1, b2) = 0.1, 0.2, 1e-8, (0.9, 0.99)
+    w = torch.nn.Parameter(torch.tensor([1.0, -2.0]))
+    opt = optim.AdamW([w], lr=lr, weight_decay=wd, eps=eps, betas=(b1, b2), bias_correction=False)
+    expected, m, v = w.detach().clone(), torch.zeros(2), torch.zeros(2)
+    for g in (torch.tensor([0.5, 1.0]), torch.tensor([-1.0, 0.25])):
+        w.grad = g
+        opt.step()
+        m, v = b1 * m + (1 - b1) * g, b2 * v + (1 - b2) * g * g
+        expected = expected * (1 - lr * wd) - lr * m / (v.sqrt() + eps)
+    assert torch.allclose(w.detach(), expected, atol=1e-6)
