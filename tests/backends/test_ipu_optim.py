@@ -139,3 +139,25 @@ def test_an_adam_run_saved_mid_run_and_resumed_ends_with_the_uninterrupted_weigh
     for key, w in whole.items():
         assert torch.equal(w, resumed[key]), key
         assert torch.allclose(w, cpu[key], atol=1e-5, rtol=0), key
+
+
+@pytest.mark.slow
+def test_continuing_from_an_ipu_model_file_keeps_its_adam_state(tmp_path, monkeypatch):
+    """Two runs of 4 steps on one --model-file (no --resume: the second starts the data again but loads the
+    file's weights and optimizer): the emulated IPU ends where the CPU does, which keeps torch's Adam state."""
+    monkeypatch.setenv(EMULATOR_ENV, "1")
+    ends = {}
+    for device in ("cpu", "ipu"):
+        opts = Opts(task="babi:1", model="memnn", optimizer="adam", learning_rate=0.05, batchsize=4,
+                    embedding_size=8, device=device, ipu_emulator=device == "ipu", max_train_steps=4, num_epochs=1,
+                    validation_every_n_epochs=-1, eval_splits="", progress=False, seed=0,
+                    model_file=str(tmp_path / device / "model.pt"))
+        for _ in range(2):
+            world = ab.create_world(opts)
+            ab.run(world, opts)
+        ends[device] = world.get_model_agent().model.state_dict()
+        if device == "ipu":
+            saved = torch.load(opts.model_file, weights_only=True)["optimizer"]
+            assert all(int(st["step"]) == 8 for st in saved["ipu_state"].values())
+    for key, w in ends["cpu"].items():
+        assert torch.allclose(w, ends["ipu"][key], atol=1e-5, rtol=0), key
