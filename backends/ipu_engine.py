@@ -17,6 +17,12 @@ Written once against ``poptorch`` (real, or :mod:`accelbatch.backends.poptorch_e
   ``StepResult.extras["compilations"]``) and keeps one executor attached at a time: switching copies the
   weights to the host (``copyWeightsToHost``), detaches, attaches the next and copies the weights to it
   (``copyWeightsToDevice``), as a real IPU needs.
+* The optimizer: torch's SGD / Adam / AdamW / RMSprop become ``poptorch.optim``'s (:mod:`.ipu_optim`), whose
+  state PopTorch reads back from the device: ``state_dict()`` holds it (``"ipu_state"``), a loaded one goes
+  to the device before the next step. Detaching a graph reads the state back and attaching the next writes
+  it, so every training graph (one per bucket shape) continues one state; before stepping a graph the
+  engine gives it the optimizer again (``setOptimizer``), so ``optimizer.state_dict()`` reads from the
+  graph that stepped last, and it evicts an old graph before wrapping a new one.
 * Evaluation: a call with fewer rows than the eval combined batch is padded with whole micro-batches of
   zero rows and the outputs are cut back; a remainder of fewer rows than a micro-batch runs through a
   graph of micro batch 1 and b x D device iterations (one call; one more compilation per input shape),
@@ -52,6 +58,7 @@ from accelbatch.plan import LOSS_TOKENS, ExecutionPlan, LossNormalization, Outpu
 
 from .base import Engine, NonFiniteLoss, StepResult, TensorBatch
 from .engine import check_trainable
+from .ipu_optim import load_optimizer_state, to_poptorch_optimizer
 from .ipu_settings import IPUSettings
 
 log = logging.getLogger("accelbatch.ipu")
@@ -220,7 +227,8 @@ class IPUEngine(Engine):
         self.settings = settings if settings is not None else IPUSettings()
         self._cache_loads = 0
         self.model = model
-        self.optimizer = optimizer
+        self.optimizer = to_poptorch_optimizer(poptorch, optimizer)  # its state can come back from the device
+        self._bound: _Executor | None = None  # the executor whose state optimizer.state_dict() reads back
         self.plan = plan if plan is not None else ExecutionPlan()
         self.eval_plan = self.plan.for_inference()
         self.seed = seed
@@ -265,6 +273,8 @@ class IPUEngine(Engine):
         if entry is not None:
             self._executors.move_to_end(key)
             return entry
+        while len(self._executors) >= self.max_executors:  # before a new wrapper takes the optimizer (see above)
+            self._evict(next(iter(self._executors)))
         keys = tuple(k for k, _, _ in sig)
         adapter = make_adapter(self.model, keys, training, getattr(self.poptorch, "identity_loss", None))
         options = plan_options(self.poptorch, plan, self.seed, self.settings)
@@ -275,12 +285,12 @@ class IPUEngine(Engine):
         entry = _Executor(training=training, signature=sig, adapter=adapter, executor=executor,
                           host_select=training and device_output_mode(plan) is not plan.output_mode)
         self._executors[key] = entry
-        while len(self._executors) > self.max_executors:
-            self._evict(next(iter(self._executors)))
         return entry
 
     def _evict(self, key: tuple[bool, int, Signature]) -> None:
         entry = self._executors.pop(key)
+        if entry is self._bound:
+            self._bound = None
         if entry is self._active:
             self._release(entry)
             self._active = None
@@ -312,15 +322,17 @@ class IPUEngine(Engine):
         self._active = entry
 
     def _sync_optimizer(self, entry: _Executor) -> None:
-        """Send changed hyper-parameters (lr, ...) to the executor: a device reads them only on setOptimizer."""
+        """Send changed hyper-parameters (lr, ...) to the executor: a device reads them only on setOptimizer,
+        which also makes ``optimizer.state_dict()`` read the state back from this executor."""
         if self.optimizer is None:
             return
         now = repr([sorted((k, v) for k, v in g.items() if k != "params") for g in self.optimizer.param_groups])
         if entry.hparams is None:
-            entry.hparams = now  # the wrapper read them when it was made
-        elif entry.hparams != now:
+            entry.hparams = now  # the wrapper read them (and took the optimizer) when it was made
+        elif entry.hparams != now or entry is not self._bound:
             entry.executor.setOptimizer(self.optimizer)
             entry.hparams = now
+        self._bound = entry
 
     def _call(self, entry: _Executor, batch: Mapping[str, torch.Tensor]) -> tuple[dict[str, torch.Tensor],
                                                                                  torch.Tensor | None, bool]:
@@ -495,6 +507,9 @@ class IPUEngine(Engine):
         return super().state_dict()
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        if self.optimizer is not None and state.get("optimizer") is not None:
+            load_optimizer_state(self.poptorch, self.optimizer, state["optimizer"])
+            state = {k: v for k, v in state.items() if k != "optimizer"}
         if self.settings.half:
             # optimizer states stay float32 for a half model (PopTorch's accumulator types): loading them
             # while the weights are float16 would round them (an Adam second moment to 0, then an inf step)

@@ -6,14 +6,15 @@ Import it where ``poptorch`` is not installed::
 
 and the same code runs on an IPU with ``import poptorch``. The emulator reproduces PopTorch's batching
 semantics (device iterations, replication, gradient accumulation, output modes), its DataLoader and
-AsynchronousDataAccessor, option freezing, compilation on the first call with fixed input shapes, and
-PopTorch's error texts. It adds ``PoplarExecutor.compile_count`` and ``compiled_input_shapes`` to make
-recompilations measurable, and ``IS_EMULATOR = True``.
+AsynchronousDataAccessor, ``poptorch.optim`` (the optimizer state kept per executor and read back),
+option freezing, compilation on the first call with fixed input shapes, and PopTorch's error texts. It
+adds ``PoplarExecutor.compile_count`` and ``compiled_input_shapes`` to make recompilations measurable, and
+``IS_EMULATOR = True``.
 """
 
 from __future__ import annotations
 
-from . import enums, poptorch_core
+from . import enums, optim, poptorch_core
 from .accessor import AsynchronousDataAccessor
 from .dataloader import DataLoader
 from .enums import (
@@ -48,5 +49,5 @@ __all__ = [
     "IS_EMULATOR",
     "MeanReductionStrategy", "Options", "OutputMode", "PoplarExecutor", "RecoverableError", "ReductionType",
     "SharingStrategy", "UnrecoverableError", "enums", "identity_loss", "inferenceModel",
-    "ipuHardwareIsAvailable", "isRunningOnIpu", "poptorch_core", "setLogLevel", "trainingModel",
+    "ipuHardwareIsAvailable", "isRunningOnIpu", "optim", "poptorch_core", "setLogLevel", "trainingModel",
 ]

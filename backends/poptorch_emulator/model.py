@@ -17,6 +17,14 @@ What is reproduced from PopTorch (python/__init__.py, python/_poplar_executor.py
   loss uses: see ops.py), whichever output holds it.
 - The optimizer's hyper-parameters (lr, momentum, ...) are read when the model is made and by
   ``setOptimizer``; changing them on the host optimizer alone has no effect, as on an IPU.
+- The optimizer's state (momenta, Adam's moments and step) lives on the device, one per executor: a new
+  executor starts from none, the host optimizer's ``state`` is never stepped. Only a ``poptorch.optim``
+  optimizer moves it (optim.py): ``optimizer.state_dict()`` reads it back when the device has stepped since
+  (the executor that last took the optimizer answers), detaching reads it back too, and a state loaded with
+  ``optimizer.load_state_dict`` or read back from another executor is written to the device when this one
+  compiles, attaches or runs next. With torch's optimizers each executor keeps its own state and a
+  checkpoint of the host optimizer holds none, as on an IPU. ``trainingModel`` refuses an optimizer
+  PopTorch cannot run (``optim.optimizer_type``).
 """
 
 from __future__ import annotations
@@ -24,14 +32,16 @@ from __future__ import annotations
 import copy
 import datetime
 import logging
+import math
 import time
+from collections import defaultdict
 from typing import Any
 
 import torch
 
 from accelbatch.plan import reserved_ipus
 
-from . import _device, _outputs, _structure
+from . import _device, _outputs, _structure, optim
 from ._inputs import ArgBinder, Batching, BoundInputs, CompiledInputs
 from .enums import CommGroupType, ConnectionType, OutputMode, ReductionType
 from .ops import _running_on_device, final_loss, finding_losses
@@ -99,7 +109,7 @@ class PoplarExecutor:
             if options.defaultOutputMode():
                 options.outputMode(OutputMode.Final)
             if optimizer is None:
-                optimizer = torch.optim.SGD(self._user_model.parameters(), lr=0.01)
+                optimizer = optim.SGD(self._user_model.parameters(), lr=0.01)
         else:
             if options.defaultOutputMode():
                 options.outputMode(OutputMode.All)
@@ -123,6 +133,7 @@ class PoplarExecutor:
         self._half = _device.HalfUpdates()
         self._synthetic: torch.Generator | None = None
         self._loaded_from_cache = False
+        self._device_state: defaultdict[torch.Tensor, dict[str, Any]] = defaultdict(dict)  # "on the IPU"
         if optimizer is not None:
             self.setOptimizer(optimizer)
         self._options._freeze()
@@ -220,6 +231,8 @@ class PoplarExecutor:
         self._compile_count += 1
         self._compilation_time = datetime.timedelta(seconds=time.perf_counter() - start)
         self._is_attached = self._options.connection_type != ConnectionType.Never
+        if self._is_attached:
+            self._on_device_attach()
 
     # -- device ---------------------------------------------------------------------------------------
     def isAttachedToDevice(self) -> bool:
@@ -233,20 +246,26 @@ class PoplarExecutor:
         if self._is_attached:
             raise py_error("Device is already attached")
         self._is_attached = True
+        self._on_device_attach()
 
     def detachFromDevice(self) -> None:
         if not self.isCompiled():
             raise py_error(NO_EXECUTABLE_ERR)
         if not self._is_attached:
             raise py_error("Device is not attached")
+        if self._training:
+            self._read_optimizer_state()
         self._is_attached = False
 
     def destroy(self) -> None:
         """Release the executable; a training model's module can then be wrapped again."""
         if not self.isCompiled():
             return
+        if self._training and self._optimizer is not None:
+            self._optimizer.state_dict()  # read the state back while there is an executable (as PopTorch)
         self._compiled = None
         self._is_attached = False
+        self._device_state = defaultdict(dict)
         if self._training:
             _set_wrapped(self._user_model, False)
 
@@ -267,20 +286,90 @@ class PoplarExecutor:
         return self._user_model.load_state_dict(state_dict, strict)
 
     def setOptimizer(self, optimizer: torch.optim.Optimizer) -> None:
-        """Use ``optimizer`` with its current hyper-parameters (call again after changing them)."""
+        """Use ``optimizer`` with its current hyper-parameters (call again after changing them); a poptorch
+        optimizer's ``state_dict()`` then reads the state back from this executor."""
+        optim.optimizer_type(optimizer)
+        old = self._optimizer
+        if self.isCompiled() and optimizer is not old:
+            if isinstance(old, optim.Optimizer):  # keep the old one's state, and unhook it from this executor
+                self._read_optimizer_state()
+                old.__dict__.pop("state_dict", None)
+            if isinstance(optimizer, optim.Optimizer):
+                optimizer.ipu_state_is_dirty = True
+        if isinstance(optimizer, optim.Optimizer):
+            optimizer.state_dict = self._optimizer_state_dict
         self._optimizer = optimizer
         self._optimizer_hparams = _hyperparameters(optimizer)
         self._loss_scaling = _device.loss_scaling(optimizer)
+        if self.isAttachedToDevice():
+            self._write_optimizer_state()
+
+    # The optimizer state on the device and its copies to and from a poptorch optimizer's host dict.
+    def _optimizer_state_dict(self) -> dict[str, Any]:
+        assert isinstance(self._optimizer, optim.Optimizer)
+        self._read_optimizer_state()
+        return self._optimizer.get_state_dict()
+
+    def _read_optimizer_state(self) -> None:
+        opt = self._optimizer
+        if not isinstance(opt, optim.Optimizer) or not opt.host_state_is_dirty:
+            return
+        if not self.isCompiled():
+            raise py_error(NO_EXECUTABLE_ERR)
+        assert not opt.ipu_state_is_dirty, "Both host and ipu states cannot be dirty at the same time."
+        names = {p: name for name, p in self._user_model.named_parameters()}
+        ipu_state = {names[p]: {k: (v.detach().clone() if isinstance(v, torch.Tensor) else v)
+                                for k, v in st.items()}
+                     for p, st in self._device_state.items() if st and p in names}
+        opt.set_state_dict({"ipu_state": ipu_state, "ipu_param": copy.deepcopy(self._optimizer_hparams),
+                            **torch.optim.Optimizer.state_dict(opt)})
+        opt.ipu_state_is_dirty = False
+
+    def _write_optimizer_state(self) -> None:
+        opt = self._optimizer
+        if not isinstance(opt, optim.Optimizer) or not opt.ipu_state_is_dirty:
+            return
+        assert not opt.host_state_is_dirty, "Both host and ipu states cannot be dirty at the same time."
+        if opt.has_state():
+            params = dict(self._user_model.named_parameters())
+            state: defaultdict[torch.Tensor, dict[str, Any]] = defaultdict(dict)
+            for name, st in opt.get_state_dict()["ipu_state"].items():
+                if name not in params:
+                    raise py_error(f"Optimizer state for unknown parameter {name!r}: it was read from another model")
+                state[params[name]] = {k: (v.detach().clone().to(params[name].device)
+                                           if isinstance(v, torch.Tensor) else v) for k, v in st.items()}
+            self._device_state = state
+        opt.ipu_state_is_dirty = False
+
+    def _on_device_attach(self) -> None:
+        """A state the host holds goes to the device; without one the device's state is the current one."""
+        opt = self._optimizer
+        if not self._training or not isinstance(opt, optim.Optimizer):
+            return
+        if opt.has_state():
+            opt.ipu_state_is_dirty = True
+            self._write_optimizer_state()
+        else:
+            opt.host_state_is_dirty = True
+            opt.ipu_state_is_dirty = False
 
     def _optimizer_step(self) -> None:
-        assert self._optimizer is not None
-        groups = self._optimizer.param_groups
+        """One update with the device's hyper-parameters and state (swapped in around torch's step)."""
+        opt = self._optimizer
+        assert opt is not None
+        groups = opt.param_groups
         host_values = [{k: g[k] for k in snap if k in g} for g, snap in zip(groups, self._optimizer_hparams)]
+        host_state = opt.state
         for group, snap in zip(groups, self._optimizer_hparams):
             group.update(snap)
+        opt.state = self._device_state
         try:
-            self._optimizer.step()
+            clip = getattr(opt, "max_grad_norm", math.inf)
+            if math.isfinite(clip):
+                torch.nn.utils.clip_grad_norm_(self._params(), clip)
+            opt.step()
         finally:
+            opt.state = host_state
             for group, values in zip(groups, host_values):
                 group.update(values)
 
@@ -303,9 +392,13 @@ class PoplarExecutor:
                 self._synthetic = torch.Generator().manual_seed(seed)
             gen = self._synthetic
             inputs = inputs.map(lambda t: _device.synthetic(t, gen))
+        if self._training:
+            self._write_optimizer_state()
         with _running_on_device():
             if self._training:
                 per_micro, structure = self._run_training(inputs)
+                if isinstance(self._optimizer, optim.Optimizer):
+                    self._optimizer.host_state_is_dirty = True  # the device stepped: the host copy is stale
             else:
                 with torch.no_grad():
                     per_micro, structure = self._run(inputs, lambda _out: None)

@@ -218,12 +218,12 @@ def test_fp16_resume_keeps_the_optimizer_states_in_float32():
     first = engine()
     first.train_step(data(4))
     saved = first.state_dict()
-    moments = [s["exp_avg_sq"] for s in saved["optimizer"]["state"].values()]
+    moments = [s["exp_avg_sq"] for s in saved["optimizer"]["ipu_state"].values()]  # the device's state
     assert all(m.dtype == torch.float32 for m in moments) and min(float(m[m > 0].min()) for m in moments) < 6e-8
     second = engine()
     second.load_state_dict(saved)
     assert {p.dtype for p in second.model.parameters()} == {torch.float16}
-    loaded = [s["exp_avg_sq"] for s in second.optimizer.state_dict()["state"].values()]
+    loaded = [s["exp_avg_sq"] for s in second.optimizer.state_dict()["ipu_state"].values()]
     assert all(torch.equal(a, b) for a, b in zip(moments, loaded))
     result = second.train_step(data(4, seed=2))
     assert result.loss == result.loss and all(torch.isfinite(p).all() for p in second.model.parameters())
