@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import copy
 import importlib
+import inspect
 import os
 import zlib
 from dataclasses import dataclass, field
@@ -175,10 +176,12 @@ class History:
 _WORD = str.maketrans({c: " " for c in ".,?!;:\"'()"})
 
 
-def optimizer_kwargs(opts: Any) -> dict[str, Any]:
-    """Extra keywords for torch's SGD/Adam/AdamW: ``fused=True`` on --device cuda (one kernel per step for
-    every parameter, and the engine skips a bad update inside it without copying the weights)."""
-    return {"fused": True} if getattr(opts, "device", "cpu") == "cuda" else {}
+def optimizer_kwargs(opts: Any, kind: type[torch.optim.Optimizer]) -> dict[str, Any]:
+    """Extra keywords for torch's SGD/Adam/AdamW ``kind``: ``fused=True`` on --device cuda where this torch
+    has it (one kernel per step for every parameter, and the engine skips a bad update inside it without
+    copying the weights; torch 2.0's SGD has no fused kernel)."""
+    fused = getattr(opts, "device", "cpu") == "cuda" and "fused" in inspect.signature(kind.__init__).parameters
+    return {"fused": True} if fused else {}
 
 
 def tokenize(text: str) -> list[str]:
@@ -255,7 +258,8 @@ class TorchAgent(Agent):
         if not params:
             return None
         kinds = {"sgd": torch.optim.SGD, "adam": torch.optim.Adam, "adamw": torch.optim.AdamW}
-        return kinds[self.opts.optimizer](params, lr=self.opts.learning_rate, **optimizer_kwargs(self.opts))
+        kind = kinds[self.opts.optimizer]
+        return kind(params, lr=self.opts.learning_rate, **optimizer_kwargs(self.opts, kind))
 
     # --- sharing ---------------------------------------------------------------------------------
     def share(self) -> dict[str, Any]:

@@ -102,7 +102,9 @@ class RankerAgent(TorchAgent):
 
     def build_optimizer(self, model: nn.Module) -> torch.optim.Optimizer | None:
         params = [p for p in model.parameters() if p.requires_grad]
-        return torch.optim.SGD(params, lr=self.opts.learning_rate, **optimizer_kwargs(self.opts)) if params else None
+        if not params:
+            return None
+        return torch.optim.SGD(params, lr=self.opts.learning_rate, **optimizer_kwargs(self.opts, torch.optim.SGD))
 
     def vectorize(self, obs: Message) -> Message:
         text = obs.get("full_text", obs.get(TEXT)) or ""
