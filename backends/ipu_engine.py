@@ -42,153 +42,27 @@ Written once against ``poptorch`` (real, or :mod:`accelbatch.backends.poptorch_e
 
 from __future__ import annotations
 
-import inspect
-import keyword
 import logging
 import math
 import os
 from collections import OrderedDict
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping, Tuple
+from typing import Any, Mapping, Tuple
 
 import torch
 
 from accelbatch.layout import token_prefix, update_totals
-from accelbatch.plan import LOSS_TOKENS, ExecutionPlan, LossNormalization, OutputMode, PlanError, Reduction, batch_rows
+from accelbatch.plan import LOSS_TOKENS, ExecutionPlan, LossNormalization, OutputMode, PlanError, batch_rows
 
 from .base import Engine, NonFiniteLoss, StepResult, TensorBatch
 from .engine import check_trainable
+from .ipu_graph import LOSS_SCALE, InputsAdapter, device_output_mode, make_adapter, plan_options
 from .ipu_optim import load_optimizer_state, to_poptorch_optimizer
 from .ipu_settings import IPUSettings
 
 log = logging.getLogger("accelbatch.ipu")
 
 Signature = Tuple[Tuple[str, Tuple[int, ...], torch.dtype], ...]
-# the graph input carrying each row's loss scale under --loss-normalization token (InputsAdapter strips it)
-LOSS_SCALE = "_loss_scale"
-
-
-# --- options -------------------------------------------------------------------------------------------
-
-def device_output_mode(plan: ExecutionPlan) -> OutputMode:
-    """The output mode the device runs: the plan's, except EveryN with G > 1 (All, selected on the host)."""
-    if plan.output_mode is OutputMode.EVERY_N and plan.gradient_accumulation > 1:
-        return OutputMode.ALL
-    return plan.output_mode
-
-
-def plan_options(poptorch: Any, plan: ExecutionPlan, seed: int | None = None,
-                 settings: IPUSettings | None = None) -> Any:
-    """``poptorch.Options`` for ``plan`` (a new, unfrozen object; one per model wrapper).
-
-    ``randomSeed`` seeds the device; the host's torch generator is left as it was (PopTorch's
-    ``randomSeed`` also reseeds it, which would restart the host's random stream at every new graph).
-    """
-    opts = poptorch.Options()
-    opts.deviceIterations(plan.device_iterations)
-    opts.replicationFactor(plan.replication_factor)
-    if plan.training:
-        opts.Training.gradientAccumulation(plan.gradient_accumulation)
-        opts.Training.accumulationAndReplicationReductionType(
-            poptorch.ReductionType.Sum if plan.reduction is Reduction.SUM else poptorch.ReductionType.Mean)
-    mode = device_output_mode(plan)
-    names = {OutputMode.ALL: "All", OutputMode.FINAL: "Final", OutputMode.SUM: "Sum", OutputMode.EVERY_N: "EveryN"}
-    if mode is OutputMode.EVERY_N:
-        opts.outputMode(poptorch.OutputMode.EveryN, plan.output_return_period)
-    else:
-        opts.outputMode(getattr(poptorch.OutputMode, names[mode]))
-    if seed is not None:
-        state = torch.get_rng_state()
-        try:
-            opts.randomSeed(int(seed))
-        finally:
-            torch.set_rng_state(state)
-    if settings is not None:
-        settings.apply(opts)
-    return opts
-
-
-# --- the dict <-> positional adapter --------------------------------------------------------------------
-
-def input_names(keys: tuple[str, ...]) -> tuple[str, ...]:
-    """Parameter names for the graph's inputs: the batch keys where they are identifiers."""
-    names, seen = [], set()
-    for i, key in enumerate(keys):
-        name = key if key.isidentifier() and not keyword.iskeyword(key) and key != "self" else f"input_{i}"
-        while name in seen:
-            name = f"{name}_{i}"
-        seen.add(name)
-        names.append(name)
-    return tuple(names)
-
-
-class InputsAdapter(torch.nn.Module):
-    """``forward(*tensors)`` -> ``(outputs..., loss)`` around a dict-in/dict-out model.
-
-    The inputs are the batch's tensors in the order of ``keys``; ``forward`` has one named parameter per
-    key (so PopTorch's input errors name them). The output keys, whether a loss is returned and the
-    dtypes the model produced are recorded on the first call in ``meta``, a dict shared with the
-    (shallow) copies poptorch makes of this module.
-    """
-
-    def __init__(self, model: torch.nn.Module, keys: tuple[str, ...], training: bool,
-                 mark_loss: Callable[..., torch.Tensor] | None = None):
-        super().__init__()
-        self.model = model
-        self.keys = tuple(keys)
-        self.graph_training = training
-        self.mark_loss = mark_loss
-        self.meta: dict[str, Any] = {"out_keys": None, "has_loss": None, "dtypes": None}
-
-    def forward(self, *tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        inputs = dict(zip(self.keys, tensors))
-        scale = inputs.pop(LOSS_SCALE, None)
-        out = self.model(inputs)
-        if not isinstance(out, Mapping):
-            raise PlanError("the model's forward(batch) must return a dict of tensors ('loss' and per-row "
-                            f"outputs), got {type(out).__name__}")
-        keys = tuple(k for k in out if k != "loss")
-        has_loss = "loss" in out
-        if self.graph_training:
-            if not has_loss:
-                raise PlanError("the model's forward(batch) must return a dict with 'loss' (the mean loss over "
-                                "the micro-batch's rows) when training")
-            if out["loss"].dim() != 0:
-                raise PlanError(f"the model's 'loss' has shape {tuple(out['loss'].shape)}; it must be a scalar: "
-                                "the mean loss over the micro-batch's rows")
-        meta = self.meta
-        if meta["out_keys"] is None:
-            meta.update(out_keys=keys, has_loss=has_loss, dtypes={k: out[k].dtype for k in keys})
-        elif meta["out_keys"] != keys or meta["has_loss"] != has_loss:
-            raise PlanError(f"the model returned outputs {list(keys) + (['loss'] if has_loss else [])} but "
-                            f"{list(meta['out_keys']) + (['loss'] if meta['has_loss'] else [])} when its graph "
-                            "was compiled: a compiled graph has fixed outputs")
-        loss = out["loss"] if has_loss else None
-        if loss is not None and self.graph_training and self.mark_loss is not None:
-            # PopTorch trains on the loss it finds in the graph: marked here, any loss the model computes
-            # (a hand-written one, a sum of two torch losses) is the one final loss
-            if scale is not None:  # the reported loss stays the model's; the graph trains on the scaled one
-                return tuple(out[k] for k in keys) + (loss, self.mark_loss(loss * scale[0], reduction="none"))
-            loss = self.mark_loss(loss, reduction="none")
-        return tuple(out[k] for k in keys) + ((loss,) if loss is not None else ())
-
-
-def make_adapter(model: torch.nn.Module, keys: tuple[str, ...], training: bool,
-                 mark_loss: Callable[..., torch.Tensor] | None = None) -> InputsAdapter:
-    """An :class:`InputsAdapter` whose ``forward`` signature names the inputs after ``keys``; in training
-    ``mark_loss`` (``poptorch.identity_loss``) marks the model's loss."""
-    names = input_names(keys)
-
-    def forward(self: InputsAdapter, *tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        return InputsAdapter.forward(self, *tensors)
-
-    params = [inspect.Parameter("self", inspect.Parameter.POSITIONAL_OR_KEYWORD)]
-    params += [inspect.Parameter(n, inspect.Parameter.POSITIONAL_OR_KEYWORD) for n in names]
-    forward.__signature__ = inspect.Signature(params)  # type: ignore[attr-defined]
-    cls = type("IPUInputs", (InputsAdapter,), {"forward": forward})
-    return cls(model, keys, training, mark_loss)
-
-
 # --- the engine ------------------------------------------------------------------------------------------
 
 def signature_of(batch: Mapping[str, torch.Tensor]) -> Signature:
