@@ -46,6 +46,9 @@ class Opts:
                           "'parlai:PATH' or 'module:Class' (run `accelbatch tasks` for the list)")
     model: str = _opt("memnn", "-m", "--model",
                       help="agent name or 'module:Class' (run `accelbatch tasks` for the list)")
+    collate: str | None = _opt(None, "--collate",
+                               help="with -m torch:...: pkg.mod:fn, the collate function that batches the dataset's "
+                                    "items (default: torch's default_collate)")
     model_file: str | None = _opt(None, "-mf", "--model-file",
                                   help="save the model here after training; loaded when it exists")
     datatype: str = _opt("train", "-dt", "--datatype", choices=DATATYPES,

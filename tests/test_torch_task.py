@@ -95,3 +95,16 @@ def test_a_model_path_that_makes_no_module_is_one_line(capsys, model, says):
     rc = main(["train", "-t", TASK, "-m", model, "--no-progress", "-tstep", "1"])
     err = capsys.readouterr().err
     assert rc == 2 and err.count("\n") == 1 and says in err
+
+
+def test_a_collate_function_batches_what_default_collate_cannot(tmp_path, capsys):
+    """Items of different lengths: refused by default_collate (one line), batched by --collate."""
+    common = ["train", "-t", "torch:torch_task:make_ragged_sequences", "-m", MODEL, "-bs", "4", "-tstep", "3",
+              "--no-progress", "--eval-splits", "valid", "-veps", "-1"]
+    assert main(common) == 2 and "cannot be batched" in capsys.readouterr().err
+    report = tmp_path / "r.json"
+    assert main([*common, "--collate", "torch_task:pad_collate", "--report-json", str(report)]) == 0
+    assert json.loads(report.read_text())["valid"]["exs"] == torch_task.SIZES["valid"]
+    assert main([*common, "--collate", "torch_task:broken_collate"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "--collate torch_task:broken_collate failed on the batch of items" in err

@@ -112,6 +112,8 @@ class TorchModelAgent(TorchAgent):
 
     def batchify(self, observations: list[Message]) -> dict[str, torch.Tensor]:
         items = [obs[ITEM] for obs in observations]
+        if self.opts.collate:
+            return _as_batch(self._user_collate(items, observations), self.opts.collate)
         if any(len(item) != len(items[0]) for item in items):
             odd = next(o for o, item in zip(observations, items) if len(item) != len(items[0]))
             raise OptionError(f"-t {self.opts.task}: item {odd[INDEX]} has {len(odd[ITEM])} parts, item "
@@ -126,17 +128,40 @@ class TorchModelAgent(TorchAgent):
                 raise OptionError(f"-t {self.opts.task}: item {odd} cannot be batched with item {first}: part "
                                   f"{part} has shape {shapes[odd]} against {shapes[first]} ({str(exc).splitlines()[0]})"
                                   ) from None
-        *inputs, target = columns if len(columns) > 1 else (*columns, None)
-        batch = {f"input{i:02d}": x for i, x in enumerate(inputs)}
-        if target is not None:
-            batch["target"] = target
-        return batch
+        return _as_batch(columns, "default_collate")
+
+    def _user_collate(self, items: list[tuple[torch.Tensor, ...]], observations: list[Message]) -> Any:
+        """``--collate``'s function on the items (as the dataset gave them: one tensor, or a tuple)."""
+        collate = import_object(self.opts.collate, "collate function", [])
+        if not callable(collate):
+            raise OptionError(f"--collate {self.opts.collate}: a {type(collate).__name__}, not a function")
+        try:
+            return collate([item if len(item) > 1 else item[0] for item in items])
+        except Exception as exc:
+            first, last = observations[0][INDEX], observations[-1][INDEX]
+            raise OptionError(f"-t {self.opts.task}: --collate {self.opts.collate} failed on the batch of items "
+                              f"{first}..{last} ({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''})"
+                              ) from None
 
     def replies(self, outputs: dict[str, torch.Tensor], observations: list[Message]) -> list[dict[str, Any]]:
         out = outputs.get("out")
         if out is None or out.dim() != 2 or not out.is_floating_point() or out.shape[0] != len(observations):
             return [{} for _ in observations]
         return [{"text": str(p)} for p in out.argmax(dim=1).tolist()]
+
+
+def _as_batch(columns: Any, made_by: str) -> dict[str, torch.Tensor]:
+    """The model's inputs and target from a collated batch: a tensor (inputs only) or a sequence of tensors,
+    the target last when there are two or more."""
+    columns = [columns] if isinstance(columns, torch.Tensor) else list(columns)
+    if not columns or not all(isinstance(c, torch.Tensor) for c in columns):
+        raise OptionError(f"{made_by} must return a tensor or a tuple of tensors (the target last), got "
+                          f"{[type(c).__name__ for c in columns]}")
+    *inputs, target = columns if len(columns) > 1 else (*columns, None)
+    batch = {f"input{i:02d}": x for i, x in enumerate(inputs)}
+    if target is not None:
+        batch["target"] = target
+    return batch
 
 
 def _first_mismatch(shapes: dict[int, tuple[int, ...]]) -> tuple[int, int]:
