@@ -26,6 +26,11 @@ _ARTICLES = re.compile(r"\b(a|an|the)\b")
 _PUNCT = str.maketrans("", "", string.punctuation)
 
 
+def wants_bleu(metrics: str) -> bool:
+    """Whether --metrics asks for bleu-4 ('all', or a list naming it)."""
+    return bool({m.strip() for m in metrics.split(",")} & {"all", "bleu-4"})
+
+
 def normalize_answer(text: str) -> str:
     """Lower case, no punctuation, no articles, single spaces (SQuAD/ParlAI normalisation)."""
     text = _ARTICLES.sub(" ", text.lower().translate(_PUNCT))
@@ -45,6 +50,29 @@ def f1_score(prediction: str, answers: Sequence[str]) -> float:
     """Best token-level F1 of the prediction against any of the answers."""
     pred = normalize_answer(prediction).split()
     return max((_f1_tokens(pred, normalize_answer(a).split()) for a in answers), default=0.0)
+
+
+def bleu4(prediction: str, answers: Sequence[str], epsilon: float = 1e-12) -> float:
+    """Sentence BLEU-4 of the prediction against the answers (normalised words), as ParlAI's bleu-4: clipped
+    n-gram precisions for n = 1..4 averaged in log space, a precision with no match counted as ``epsilon``
+    over its n-grams, the brevity penalty against the answer closest in length; 0 without a word in common."""
+    hyp = normalize_answer(prediction).split()
+    refs = [normalize_answer(a).split() for a in answers]
+    if not hyp or not refs:
+        return 0.0
+    log_sum = 0.0
+    for n in range(1, 5):
+        grams = Counter(tuple(hyp[i:i + n]) for i in range(len(hyp) - n + 1))
+        most: Counter = Counter()
+        for ref in refs:
+            most |= Counter(tuple(ref[i:i + n]) for i in range(len(ref) - n + 1))
+        matched, total = sum(min(c, most[g]) for g, c in grams.items()), max(1, sum(grams.values()))
+        if n == 1 and matched == 0:
+            return 0.0
+        log_sum += math.log((matched or epsilon) / total) / 4
+    closest = min((len(r) for r in refs), key=lambda r: (abs(r - len(hyp)), r))
+    brevity = 1.0 if len(hyp) > closest else math.exp(1 - closest / len(hyp))
+    return brevity * math.exp(log_sum)
 
 
 def exact_match(prediction: str, answers: Sequence[str]) -> bool:
@@ -177,6 +205,8 @@ class Metrics:
     loss_sum: float = 0.0
     loss_count: int = 0
     extra: dict[str, float] = field(default_factory=dict)
+    bleu: bool = False  # also score bleu-4 (ParlAI computes it when --metrics asks: all, or a list with it)
+    bleu_sum: float = 0.0
     # rows kept to be scored: their answers' ids (chunks) in _table and their predictions, see score_pending
     _ids: list[Sequence[int]] = field(default_factory=list, repr=False, compare=False)
     _predictions: list[str | None] = field(default_factory=list, repr=False, compare=False)
@@ -227,10 +257,15 @@ class Metrics:
         self.scored += scored
         self.correct += correct
         self.f1_sum += f1_sum
+        if self.bleu:
+            self.bleu_sum += sum(bleu4(pred, golds) * n for golds, preds in pairs.items() if golds
+                                 for pred, n in preds.items() if pred is not None)
 
     def add_batch(self, predictions: Sequence[str | None], answers: Sequence[Sequence[str]]) -> None:
         """Count ``len(predictions)`` examples and score those with a prediction and answers."""
         scored, correct, f1_sum = score_batch(predictions, answers)
+        if self.bleu:
+            self.bleu_sum += sum(bleu4(p, a) for p, a in zip(predictions, answers) if p is not None and a)
         self.exs += len(predictions)
         self.scored += scored
         self.correct += correct
@@ -250,7 +285,8 @@ class Metrics:
     def state(self) -> dict:
         self.score_pending()
         return {"exs": self.exs, "scored": self.scored, "correct": self.correct, "f1_sum": self.f1_sum,
-                "loss_sum": self.loss_sum, "loss_count": self.loss_count, "extra": dict(self.extra)}
+                "loss_sum": self.loss_sum, "loss_count": self.loss_count, "extra": dict(self.extra),
+                "bleu": self.bleu, "bleu_sum": self.bleu_sum}
 
     def merge_state(self, state: dict) -> None:
         self.exs += state["exs"]
@@ -259,6 +295,8 @@ class Metrics:
         self.f1_sum += state["f1_sum"]
         self.loss_sum += state["loss_sum"]
         self.loss_count += state["loss_count"]
+        self.bleu = self.bleu or bool(state.get("bleu", False))
+        self.bleu_sum += state.get("bleu_sum", 0.0)
         for k, v in state["extra"].items():
             self.extra[k] = self.extra.get(k, 0.0) + v
 
@@ -266,7 +304,7 @@ class Metrics:
         self._ids.clear()
         self._predictions.clear()
         self.exs = self.scored = self.loss_count = 0
-        self.correct = self.f1_sum = self.loss_sum = 0.0
+        self.correct = self.f1_sum = self.loss_sum = self.bleu_sum = 0.0
         self.extra = {}
 
     def report(self) -> dict[str, float]:
@@ -275,6 +313,8 @@ class Metrics:
         if self.scored:
             out["accuracy"] = self.correct / self.scored
             out["f1"] = self.f1_sum / self.scored
+            if self.bleu:
+                out["bleu-4"] = self.bleu_sum / self.scored
         if self.loss_count:
             out["loss"] = self.loss_sum / self.loss_count
         out.update(self.extra)

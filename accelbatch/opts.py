@@ -84,8 +84,9 @@ class Opts:
     eval_splits: str = _opt("valid,test", "--eval-splits", train_only=True,
                             help="comma-separated splits evaluated at the end of training")
     metrics: str = _opt("default", "--metrics",
-                        help="metrics the report shows: 'default' or 'all' (every metric), or a comma-separated "
-                             "list such as accuracy,loss (exs is always shown)")
+                        help="metrics the report shows: 'default' or 'all' (every metric, bleu-4 of the replies "
+                             "included), or a comma-separated list such as accuracy,loss,bleu-4 (exs is always "
+                             "shown)")
     numthreads: int = _opt(1, "-nt", "--numthreads", help="hogwild processes sharing one model (cpu)")
     learning_rate: float = _opt(0.01, "-lr", "--learning-rate", train_only=True, help="optimizer learning rate")
     optimizer: str = _opt("adam", "-opt", "--optimizer", choices=("sgd", "adam", "adamw"), train_only=True,

@@ -19,7 +19,7 @@ from accelbatch.agents import Agent, UnknownNameError, import_path
 from accelbatch.data.datasets import ConcatStore, EpisodeStore, FileStore, Store
 from accelbatch.data.schedule import RowFeed, RowSchedule, make_order
 from accelbatch.messages import Message
-from accelbatch.metrics import Metrics, merge_reports
+from accelbatch.metrics import Metrics, merge_reports, wants_bleu
 from accelbatch.opts import OptionError, Opts
 from accelbatch.tasks.files import DataFileError, FileIndex, load_episodes
 
@@ -118,7 +118,7 @@ class FixedTeacher(Teacher):
             self.store = self.build_store()
             if self.store.table.num_episodes == 0:
                 raise DataFileError(f"task {opts.task!r} ({split_of(opts.datatype)}) has no examples")
-            self.metrics = Metrics()
+            self.metrics = Metrics(bleu=wants_bleu(opts.metrics))
             self.serving = Serving()
         else:
             self.store, self.metrics, self.serving = shared["store"], shared["metrics"], shared["serving"]

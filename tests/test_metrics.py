@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+import math
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -103,3 +105,50 @@ def test_combined_reports_equal_the_report_of_all_the_examples():
         assert combined[key] == pytest.approx(value, rel=1e-12), key
     for key, value in second.report().items():
         assert window[key] == pytest.approx(value, rel=1e-9), key
+
+
+def test_bleu4_by_hand():
+    from accelbatch.metrics import bleu4
+
+    assert bleu4("The cat sat on the mat", ["the cat sat on the mat"]) == pytest.approx(1.0)
+    # normalised: 5 words against 4; precisions 4/5, 3/4, 2/3, 1/2; longer than the answer: no penalty
+    assert bleu4("the cat sat on the mat today", ["a cat sat on mat"]) == pytest.approx(0.2 ** 0.25)
+    # one word: no n-gram of order 2-4 matches (epsilon each), brevity penalty exp(1 - 4/1)
+    assert bleu4("cat", ["cat sat on mat"]) == pytest.approx(math.exp(-3) * 1e-12 ** 0.75, rel=1e-9)
+    assert bleu4("dog", ["cat sat on mat"]) == 0.0
+    # clipped by the most any answer has (2 of 4 unigrams, 1 of 3 bigrams); no 3- or 4-gram; the answer
+    # closest in length (1 word) sets the penalty: none for 2 words
+    assert bleu4("cat cat", ["cat", "cat cat cat cat"]) == pytest.approx(1e-12 ** 0.5, rel=1e-9)
+
+
+def test_bleu4_is_reported_when_asked_and_merges_like_the_other_averages():
+    from accelbatch.metrics import bleu4
+
+    preds, answers = ["cat sat on mat today", "dog", "cat sat"], [("cat sat on mat",), ("dog",), ("cat",)]
+    first, second = Metrics(bleu=True), Metrics(bleu=True)
+    first.add_rows(preds[:2], answers[:2], 2)
+    second.add_rows(preds[2:], answers[2:], 1)
+    merged = Metrics()
+    merged.merge_state(first.state())
+    merged.merge_state(second.state())
+    expected = sum(bleu4(p, a) for p, a in zip(preds, answers)) / 3
+    assert merged.report()["bleu-4"] == pytest.approx(expected)
+    plain = Metrics()
+    plain.add_rows(preds, answers, 3)
+    assert "bleu-4" not in plain.report()
+
+
+def test_metrics_all_reports_bleu4_of_the_replies(write_jsonl, tmp_path):
+    """repeat_label replies with the answer: bleu-4 1.0 for every row of four or more words."""
+    import json
+
+    from accelbatch.cli import main
+
+    rows = [{"text": f"q {i}", "labels": [f"answer number {i} is here"], "episode_done": True} for i in range(9)]
+    path, report = write_jsonl(rows), tmp_path / "r.json"
+    assert main(["eval", "-t", f"jsonl:{path}", "-m", "repeat_label", "--no-progress", "--metrics", "all",
+                 "--report-json", str(report)]) == 0
+    assert json.loads(report.read_text())["valid"]["bleu-4"] == pytest.approx(1.0)
+    assert main(["eval", "-t", f"jsonl:{path}", "-m", "repeat_label", "--no-progress", "--report-json",
+                 str(report)]) == 0
+    assert "bleu-4" not in json.loads(report.read_text())["valid"]
