@@ -108,3 +108,15 @@ def test_a_collate_function_batches_what_default_collate_cannot(tmp_path, capsys
     assert main([*common, "--collate", "torch_task:broken_collate"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "--collate torch_task:broken_collate failed on the batch of items" in err
+
+
+@pytest.mark.slow
+def test_a_resumed_run_ends_with_the_weights_of_one_run(tmp_path):
+    """A checkpoint after 4 of 8 steps and --resume: the user's dataset and model end as if never stopped."""
+    plan = ["-bs", "4", "-di", "2", "--eval-splits", ""]
+    whole, _ = _train(tmp_path, "whole", *plan, "-tstep", "8")
+    _train(tmp_path, "cut", *plan, "-tstep", "4", "-stim", "1000")
+    resumed, report = _train(tmp_path, "cut", *plan, "-tstep", "8", "-stim", "1000", "--resume")
+    assert report["train"]["steps"] == 8
+    for key in whole:
+        assert torch.equal(whole[key], resumed[key]), key
