@@ -25,13 +25,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from accelbatch.data.batching import (  # noqa: E402
-    STRATEGIES,
-    batch_stats,
-    bucket_padding_bound,
-    default_max_tokens,
-    make_batches,
-)
+from accelbatch.data.batching import STRATEGIES, batch_stats, default_max_tokens, make_batches  # noqa: E402
+from accelbatch.data.buckets import bucket_padding_bound  # noqa: E402
 
 
 def dialogue_lengths(n: int, truncate: int, seed: int = 0) -> list[int]:

@@ -16,12 +16,12 @@ from accelbatch.data.batching import (
     BucketShape,
     TokenBatcher,
     batch_stats,
-    bucket_padding_bound,
     default_max_tokens,
     make_batcher,
     make_batches,
     plan_buckets,
 )
+from accelbatch.data.buckets import bucket_padding_bound
 
 # ParlAI's 12 movie quotes (id -> number of words), from "Worlds, Sharing & Batching"
 QUOTE_WORDS = [8, 10, 17, 2, 2, 38, 6, 12, 6, 12, 13, 5]
