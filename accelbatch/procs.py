@@ -27,7 +27,6 @@ import sys
 import tempfile
 import threading
 import time
-import traceback
 import weakref
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
@@ -36,117 +35,20 @@ from typing import Any, NamedTuple
 import torch
 import torch.multiprocessing as tmp
 
+from accelbatch.proc_errors import (
+    FailureRecord,
+    ProcessDied,
+    ProcessFailure,
+    ProcessRaised,
+    ProcessTimeout,
+    describe_exit,
+)
+
 __all__ = ["INTERRUPTED", "STACK_SIGNAL", "Channel", "ChildSpec", "FailureRecord", "ProcessDied", "ProcessFailure",
            "ProcessRaised", "ProcessTimeout", "Supervisor", "describe_exit"]
 
 STACK_SIGNAL = signal.SIGUSR1  # a child started with ChildSpec.stack_dumps writes its Python stacks on it
 INTERRUPTED = 130              # exit code of a child that stopped on KeyboardInterrupt (its message was sent)
-
-
-class ProcessFailure(RuntimeError):
-    """A child process failed. ``role`` ("replica", "hogwild process", ...), ``index`` and ``pid`` name it;
-    when it raised: ``error_types`` (its exception's classes, ``module.QualName``, most derived first),
-    ``error_message``, ``child_traceback``, and ``child_exception`` when it survived pickling."""
-
-    def __init__(self, message: str = "", *, role: str = "process", index: int | None = None,
-                 pid: int | None = None, child_traceback: str = "", error_types: Sequence[str] = (),
-                 error_message: str | None = None, child_exception: BaseException | None = None) -> None:
-        super().__init__(message)
-        self.role, self.index, self.pid = role, index, pid
-        self.child_traceback, self.child_exception = child_traceback, child_exception
-        self.error_types, self.error_message = tuple(error_types), error_message
-
-    def __reduce__(self) -> tuple:
-        portable = self.child_exception if _pickled(self.child_exception) is not None else None
-        return _rebuild, (type(self), self.args, dict(self.__dict__, child_exception=portable))
-
-
-class ProcessRaised(ProcessFailure):
-    """The child raised an exception; the message holds its traceback."""
-
-
-class ProcessDied(ProcessFailure):
-    """The child ended without a Python traceback (``exitcode``: negative for a signal)."""
-
-    def __init__(self, message: str = "", *, exitcode: int | None = None, **names: Any) -> None:
-        super().__init__(message, **names)
-        self.exitcode = exitcode
-
-
-class ProcessTimeout(ProcessFailure, TimeoutError):
-    """The child gave no answer in time (it hangs, or is stuck in a collective)."""
-
-
-def _rebuild(cls: type, args: tuple, state: dict) -> ProcessFailure:
-    error = cls(*args)
-    error.__dict__.update(state)
-    return error
-
-
-def _pickled(obj: Any) -> bytes | None:
-    """``obj`` pickled, or None when it does not survive the round trip."""
-    try:
-        data = pickle.dumps(obj)
-        pickle.loads(data)
-        return data
-    except Exception:  # noqa: BLE001 - any failure means: send the text only
-        return None
-
-
-def describe_exit(exitcode: int | None) -> str:
-    """How a process ended: "exited with code 3", "was killed by signal 9 (SIGKILL)"."""
-    if exitcode is None or exitcode >= 0:
-        return "stopped answering (its pipe closed)" if exitcode is None else f"exited with code {exitcode}"
-    name = signal.Signals(-exitcode).name if -exitcode in signal.valid_signals() else "?"
-    return f"was killed by signal {-exitcode} ({name})"
-
-
-@dataclasses.dataclass(frozen=True)
-class FailureRecord:
-    """An exception in a child in a picklable form: sent to the parent, which raises :meth:`to_error`."""
-
-    error_types: tuple[str, ...]
-    error_message: str
-    traceback: str
-    exception: bytes | None = None  # the pickled exception; None when it does not survive pickling
-    time: float = dataclasses.field(default_factory=time.time)  # which of several failures came first
-
-    @classmethod
-    def capture(cls, exc: BaseException, traceback_text: str | None = None) -> FailureRecord:
-        """The record of ``exc``; a ProcessFailure passed on keeps its own child's types and traceback."""
-        if isinstance(exc, ProcessFailure) and exc.error_types:
-            types, message, text = exc.error_types, exc.error_message or "", exc.child_traceback
-        else:
-            types = tuple(f"{c.__module__}.{c.__qualname__}" for c in type(exc).__mro__ if c is not object)
-            message, text = str(exc), "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
-        return cls(types, message, traceback_text or text, _pickled(exc))
-
-    @property
-    def summary(self) -> str:
-        """``Type: message``."""
-        kind = self.error_types[0].rsplit(".", 1)[-1] + ": " if self.error_types else ""
-        return kind + self.error_message
-
-    def load_exception(self) -> BaseException | None:
-        with contextlib.suppress(Exception):  # e.g. its class cannot be imported here
-            exc = None if self.exception is None else pickle.loads(self.exception)
-            return exc if isinstance(exc, BaseException) else None
-        return None
-
-    def to_error(self, role: str, index: int | None = None, pid: int | None = None, *,
-                 name: str | None = None, message: str | None = None, chain: bool = True) -> ProcessRaised:
-        """The ProcessRaised to raise here: ``name`` names the process in the message (default "role index
-        (pid P)"), ``message`` replaces the whole text; ``chain`` sets the exception as ``__cause__``."""
-        child = self.load_exception()
-        if message is None:
-            label = name or " ".join(str(p) for p in (role, index, pid and f"(pid {pid})") if p is not None)
-            message = f"{label} raised {self.summary}\n\nIts traceback:\n{self.traceback.rstrip()}"
-        error = ProcessRaised(message, role=role, index=index, pid=pid, child_traceback=self.traceback,
-                              error_types=self.error_types, error_message=self.error_message,
-                              child_exception=child)
-        if chain and child is not None:
-            error.__cause__ = child
-        return error
 
 
 @dataclasses.dataclass(frozen=True)
