@@ -13,6 +13,9 @@ Behaviour reproduced from PopTorch (python/options.py, python/_options_impl.py):
   ``opts.input_group_size``, ``opts.output_mode``, ``opts.output_return_period``, ``opts.random_seed``
   (only once set: check with ``opts.exists("random_seed")``), ``opts.Training.gradient_accumulation``,
   ``opts.Training.accumulation_and_replication_reduction_type``, ``opts.Distributed.numProcesses``.
+- Settings the emulator records without effect (a CPU has one memory): ``opts.TensorLocations``
+  (:mod:`.tensor_locations`) and ``setAvailableMemoryProportion`` (read back as
+  ``opts.available_memory_proportion``, ``{ipu_index: proportion}``).
 """
 
 from __future__ import annotations
@@ -29,6 +32,8 @@ from . import enums
 logger = logging.getLogger("poptorch_emulator")
 
 FROZEN_MESSAGE = "Can't modify frozen Options"
+MEMORY_PROPORTION_MESSAGE = ('Available memory proportions are expected to be in a dictionary of {"IPU0": 0.5} '
+                             "where the 0 in IPU is the index of the IPU. Invalid key: %s")
 
 
 
@@ -283,6 +288,9 @@ class Options(_OptionsDict):
     """
 
     def __init__(self) -> None:
+        from .tensor_locations import _TensorLocationOptions  # (it builds on _OptionsDict, defined here)
+
+        object.__setattr__(self, "_tensor_locations", _TensorLocationOptions())
         object.__setattr__(self, "_training", _TrainingOptions())
         object.__setattr__(self, "_distributed", _DistributedOptions())
         object.__setattr__(self, "_popart", _PopartOptions())
@@ -319,6 +327,11 @@ class Options(_OptionsDict):
     @property
     def Precision(self) -> _PrecisionOptions:
         return self._precision
+
+    @property
+    def TensorLocations(self) -> Any:
+        """Where activations, weights, optimizer states and accumulators are stored (recorded only)."""
+        return self._tensor_locations
 
     # -- batching ---------------------------------------------------------------------------------
     def deviceIterations(self, device_iterations: int) -> "Options":
@@ -386,6 +399,16 @@ class Options(_OptionsDict):
         2). The emulator feeds floating-point inputs from a normal distribution and other inputs as zeros
         (ids in range for an embedding), all of the compiled shapes, and leaves the host's data unread."""
         self._Popart.set("syntheticDataMode", 2 if enabled else 0)
+        return self
+
+    def setAvailableMemoryProportion(self, available_memory_proportion: dict[str, float]) -> "Options":
+        """Temporary memory for matmuls, convolutions and the like per IPU: ``{"IPU0": 0.5}`` (recorded only)."""
+        proportions = {}
+        for key, proportion in available_memory_proportion.items():
+            if not key.startswith("IPU"):
+                raise AssertionError(MEMORY_PROPORTION_MESSAGE % key)
+            proportions[int(key[3:])] = proportion
+        self.createOrSet(available_memory_proportion=proportions)
         return self
 
     def connectionType(self, connection_type: enums.ConnectionType) -> "Options":
