@@ -10,7 +10,7 @@ PopTorch. The emulator keeps these as settings only: a CPU has one memory, so no
 
 from __future__ import annotations
 
-from .options import _OptionsDict
+from ._options_dict import _OptionsDict
 
 IO_TILES_MESSAGE = "numIOTiles must be an even number between 32 and 192."
 
