@@ -181,6 +181,10 @@ class Opts:
     ipu_cache_dir: str | None = _opt(None, "--ipu-cache-dir", group="plan",
                                      help="ipu: keep compiled executables in this directory and load them "
                                           "in later runs (Options.enableExecutableCaching)")
+    ipu_available_memory_proportion: float | None = _opt(
+        None, "--ipu-available-memory-proportion", group="plan",
+        help="ipu: share of each IPU's memory that matmuls, convolutions and embeddings may use for temporaries, "
+             "in (0, 1] (Options.setAvailableMemoryProportion; lower it when a graph runs out of memory)")
     ipu_synthetic_data: bool = _opt(False, "--ipu-synthetic-data", group="plan",
                                     help="ipu: no host I/O, the device makes its own inputs "
                                          "(Options.enableSyntheticData): measures the model alone")

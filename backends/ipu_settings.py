@@ -12,6 +12,8 @@ bfloat16 arithmetic, so bf16 is refused.
 DIR by later runs (the report counts ``cached`` graphs apart from ``compilations``).
 ``--ipu-synthetic-data`` -> ``Options.enableSyntheticData(True)``: no host I/O, the device makes its own
 inputs, which measures the model alone (figures of such a run mean nothing else).
+``--ipu-available-memory-proportion P`` -> ``Options.setAvailableMemoryProportion({"IPU0": P})``: the model
+takes one IPU per replica; the emulator records it.
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ class IPUSettings:
     loss_scaling: float = 1.0
     cache_dir: str | None = None
     synthetic_data: bool = False
+    memory_proportion: float | None = None
 
     @classmethod
     def from_opts(cls, opts: Any) -> "IPUSettings":
@@ -54,9 +57,14 @@ class IPUSettings:
         if cache_dir is not None and os.path.exists(cache_dir) and not os.path.isdir(cache_dir):
             raise PlanError(f"--ipu-cache-dir {cache_dir}: it is a file, not a directory; name a directory "
                             "(it is created if missing)")
+        proportion = getattr(opts, "ipu_available_memory_proportion", None)
+        if proportion is not None and not (math.isfinite(float(proportion)) and 0 < float(proportion) <= 1):
+            raise PlanError(f"--ipu-available-memory-proportion {proportion}: give a proportion in (0, 1], "
+                            "e.g. 0.3 when a graph runs out of memory")
         return cls(half=half, loss_scaling=float(scaling if scaling is not None else
                                                  (DEFAULT_LOSS_SCALING if half else 1.0)),
-                   cache_dir=cache_dir, synthetic_data=bool(getattr(opts, "ipu_synthetic_data", False)))
+                   cache_dir=cache_dir, synthetic_data=bool(getattr(opts, "ipu_synthetic_data", False)),
+                   memory_proportion=None if proportion is None else float(proportion))
 
     def apply(self, options: Any) -> Any:
         """Set these settings on a ``poptorch.Options`` (returned)."""
@@ -66,6 +74,8 @@ class IPUSettings:
             options.enableExecutableCaching(self.cache_dir)
         if self.synthetic_data:
             options.enableSyntheticData(True)
+        if self.memory_proportion is not None:
+            options.setAvailableMemoryProportion({"IPU0": self.memory_proportion})
         return options
 
     def prepare(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer | None) -> None:

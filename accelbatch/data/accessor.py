@@ -46,11 +46,13 @@ from __future__ import annotations
 import functools
 import gc
 import io
+import math
 import multiprocessing as mp
 import pickle
 import select
 import signal
 import sys
+import time
 from collections.abc import Callable, Iterator
 from multiprocessing.reduction import ForkingPickler
 from typing import Any
@@ -137,8 +139,10 @@ class _Stop(Exception):
 
 
 class _Worker:
-    def __init__(self, source: Any, transform: Callable | None, conn: Any, num_slots: int, load_indefinitely: bool):
+    def __init__(self, source: Any, transform: Callable | None, conn: Any, num_slots: int, load_indefinitely: bool,
+                 miss_sleep_s: float = 0.0):
         self.source, self.transform = source, transform
+        self.miss_sleep_s = miss_sleep_s
         self.conn = conn                            # orders in, batches out
         self.poller = select.poll()                 # one poll object, not a selector per check
         self.poller.register(conn.fileno(), select.POLLIN)
@@ -146,12 +150,16 @@ class _Worker:
         self.free = set(range(num_slots))
         self.storages: list[torch.Tensor | None] = [None] * num_slots
         self.restart: tuple[int, int] | None = None
+        self.hold_after: int | None = None          # batches of this pass to load before a "go"
+        self.restart_hold: int | None = None        # hold_after of the pass asked for by ``restart``
 
     def _handle(self, msg: tuple) -> None:
         if msg[0] == "free":
             self.free.add(msg[1])
         elif msg[0] == "start":
-            self.restart = msg[1]
+            self.restart, self.restart_hold = msg[1], (msg[2] if len(msg) > 2 else None)
+        elif msg[0] == "go":
+            self.hold_after = None
         elif msg[0] == "stop":
             raise _Stop
 
@@ -167,10 +175,15 @@ class _Worker:
             self._recv()
 
     def _acquire(self) -> int | None:
+        waited_from = None if self.free else time.monotonic()
         while not self.free:
             self._recv()
             if self.restart is not None:
                 return None
+        if waited_from is not None and self.miss_sleep_s > 0:
+            # a worker that checks for a free slot every miss_sleep_s sees one only at its next check
+            elapsed = time.monotonic() - waited_from
+            time.sleep(max(0.0, math.ceil(elapsed / self.miss_sleep_s) * self.miss_sleep_s - elapsed))
         return self.free.pop()
 
     def _write(self, slot: int, batch: Any) -> tuple:
@@ -207,6 +220,8 @@ class _Worker:
                 self.conn.send((kind, epoch, slot, new, blob, metas))
                 count += 1
                 self._drain()
+                while self.hold_after is not None and count >= self.hold_after and self.restart is None:
+                    self._recv()  # held (see AsyncDataAccessor.start_pass): wait for "go" (or other orders)
                 if self.restart is not None:
                     return False
         finally:
@@ -221,7 +236,7 @@ class _Worker:
         while True:
             if epoch is None:
                 self._recv()
-                epoch, self.restart = self.restart, None
+                epoch = self._take_restart()
                 continue
             try:
                 finished = self.run_pass(epoch)
@@ -234,19 +249,26 @@ class _Worker:
                 continue
             if finished:  # pass ids are (generation, number): the consumer bumps the generation to restart
                 epoch = (epoch[0], epoch[1] + 1) if self.load_indefinitely else None
+                self.hold_after = None
             if self.restart is not None:
-                epoch, self.restart = self.restart, None
+                epoch = self._take_restart()
+
+    def _take_restart(self) -> tuple[int, int] | None:
+        """The pass asked for by the last "start" order (with its hold), now the current one."""
+        epoch, self.restart, self.hold_after = self.restart, None, self.restart_hold
+        return epoch
 
 
 def _worker_main(index: int, conn: Any, source: Any, transform: Callable | None, num_slots: int,
-                 load_indefinitely: bool, first_epoch: tuple[int, int] | None, start_method: str | None) -> None:
+                 load_indefinitely: bool, first_epoch: tuple[int, int] | None, start_method: str | None,
+                 miss_sleep_s: float = 0.0) -> None:
     """The worker process (under the supervisor's entry wrapper, which ignores SIGINT and sets one thread)."""
     # a forkserver child has 'forkserver' as its default: give the source the consumer's, as if it ran there
     mp.set_start_method(start_method or mp.get_all_start_methods()[0], force=True)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))  # run cleanup (stops the source's own workers)
     gc.freeze()  # what it was handed lives as long as the process (see the module docstring)
     try:
-        _Worker(source, transform, conn, num_slots, load_indefinitely).main(first_epoch)
+        _Worker(source, transform, conn, num_slots, load_indefinitely, miss_sleep_s).main(first_epoch)
     except (_Stop, BrokenPipeError):
         pass
 
@@ -258,13 +280,18 @@ class AsyncDataAccessor:
     (:func:`~accelbatch.data.rebatch.rebatch`, dropping the last partial one unless
     ``rebatch_drop_last=False``). ``transform``: any picklable ``iterator -> iterator`` applied in the worker
     instead. ``source`` and ``transform`` must be picklable (they are sent to the worker).
+    ``miss_sleep_s``: with every slot full, the worker takes a freed slot only at its next check, one every
+    ``miss_sleep_s`` seconds (PopTorch's polling worker; 0, the default: at once). It waits without polling.
     """
 
     def __init__(self, source: Any, buffer_size: int = 3, early_preload: bool = False,
                  load_indefinitely: bool = True, rebatch_size: int | None = None, timeout_s: float = 60.0,
-                 *, rebatch_drop_last: bool = True, transform: Callable[[Iterator[Any]], Iterator[Any]] | None = None):
+                 *, rebatch_drop_last: bool = True, transform: Callable[[Iterator[Any]], Iterator[Any]] | None = None,
+                 miss_sleep_s: float = 0.0):
         if isinstance(buffer_size, bool) or not isinstance(buffer_size, int) or buffer_size < 1:
             raise ValueError(f"AsyncDataAccessor: buffer_size must be a positive integer, got {buffer_size!r}")
+        if isinstance(miss_sleep_s, bool) or not isinstance(miss_sleep_s, (int, float)) or miss_sleep_s < 0:
+            raise ValueError(f"AsyncDataAccessor: miss_sleep_s must be a number >= 0, got {miss_sleep_s!r}")
         if timeout_s <= 0:
             raise ValueError(f"AsyncDataAccessor: timeout_s must be positive, got {timeout_s!r}")
         if rebatch_size is not None:
@@ -290,7 +317,7 @@ class AsyncDataAccessor:
         try:
             self._worker = Supervisor(_WORKER, _worker_main, 1, args=(
                 source, transform, buffer_size + 1, load_indefinitely, self._epoch if early_preload else None,
-                mp.get_start_method(allow_none=True)))
+                mp.get_start_method(allow_none=True), float(miss_sleep_s)))
         except (pickle.PicklingError, TypeError, AttributeError) as exc:
             raise TypeError(f"AsyncDataAccessor: the source (or transform) cannot be sent to the worker "
                             f"process: {exc}; define datasets and collate functions at module level") from exc
@@ -376,6 +403,15 @@ class AsyncDataAccessor:
         raise exc from failure
 
     def __iter__(self) -> Iterator[Any]:
+        return self.start_pass()
+
+    def start_pass(self, hold_after: int | None = None) -> Iterator[Any]:
+        """``iter(accessor)``; with ``hold_after=n`` the worker loads only the first ``n`` batches of this pass
+        until :meth:`release` (no effect when it is already loading the pass: early preload, or the pass after
+        a finished one with ``load_indefinitely``)."""
+        if hold_after is not None and (isinstance(hold_after, bool) or not isinstance(hold_after, int)
+                                       or hold_after < 1):
+            raise ValueError(f"AsyncDataAccessor: hold_after must be a positive integer, got {hold_after!r}")
         if self._worker is None:
             raise RuntimeError("AsyncDataAccessor: this accessor was terminated; create a new one")
         self._pass_token += 1
@@ -383,8 +419,13 @@ class AsyncDataAccessor:
         if self._in_pass:  # an earlier iterator is still mid-pass: abandon it and restart
             self._restart()
         if not self._loading:
-            self._loading = self._tell(("start", self._epoch))
+            self._loading = self._tell(("start", self._epoch, hold_after))
         return self._generate(token, self._epoch)
+
+    def release(self) -> None:
+        """Let the worker load the rest of a pass started with ``hold_after``."""
+        if self._worker is not None:
+            self._tell(("go",))
 
     def _restart(self) -> None:
         self._epoch = (self._epoch[0] + 1, 0)

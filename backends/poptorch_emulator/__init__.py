@@ -30,6 +30,7 @@ from .model import PoplarExecutor, inferenceModel, trainingModel
 from .ops import identity_loss, isRunningOnIpu
 from .options import Options
 from .poptorch_core import Error, RecoverableError, UnrecoverableError
+from .tensor_locations import TensorLocationSettings
 
 __version__ = "3.3.0+emulator"
 IS_EMULATOR = True
@@ -48,6 +49,6 @@ __all__ = [
     "AsynchronousDataAccessor", "CommGroupType", "ConnectionType", "DataLoader", "DataLoaderMode", "Error",
     "IS_EMULATOR",
     "MeanReductionStrategy", "Options", "OutputMode", "PoplarExecutor", "RecoverableError", "ReductionType",
-    "SharingStrategy", "UnrecoverableError", "enums", "identity_loss", "inferenceModel",
+    "SharingStrategy", "TensorLocationSettings", "UnrecoverableError", "enums", "identity_loss", "inferenceModel",
     "ipuHardwareIsAvailable", "isRunningOnIpu", "optim", "poptorch_core", "setLogLevel", "trainingModel",
 ]

@@ -7,29 +7,34 @@ python/_dataloader.py):
 
 - The constructor waits for the first batch, so a dataset that fails or is empty fails here with
   ``poptorch.Error("AsynchronousDataAccessor worker thread failed to start (Check above for details)")``.
+  With ``early_preload=False`` (the default) the worker then waits for the first ``iter()`` (or ``next()``)
+  before reading further; with ``True`` it fills the ring at once.
 - ``iter()`` starts a pass; the pass begun by the constructor is the first one. Leaving a pass early and
   iterating again starts from the first item. The accessor is its own iterator (``next(accessor)``).
 - Batches are views of shared memory, valid until the next batch: clone what you keep.
 - ``rebatched_size`` re-forms batches of that many rows in the loading process, dropping the last partial
   one unless the wrapped ``poptorch.DataLoader`` was made with ``drop_last=False``.
 - An exception in the dataset during a pass is ``AssertionError("An error occurred in the data fetcher")``
-  raised from the original exception (whose worker traceback is attached).
+  raised from the original exception. Either failure first prints the worker's traceback to stderr as a
+  failed ``multiprocessing`` process does (``Process <name>:`` then ``Traceback (most recent call last):``),
+  which is what PopTorch's "Check above for details" points to.
+- ``miss_sleep_time_in_ms``: with the ring full, the worker takes a freed slot only at its next check, one
+  every that many milliseconds (it waits without polling, with the same timing).
 
-Accepted for compatibility but without effect: ``miss_sleep_time_in_ms`` and ``sharing_strategy`` (the
-loading process is always started from a forkserver). ``early_preload=False`` still reads ahead: after the
-first batch the ring fills while the caller works (PopTorch waits for the first ``iter()``). A batch that
-takes longer than 60 s to arrive raises instead of hanging.
+Accepted for compatibility but without effect: ``sharing_strategy`` (the loading process is always started
+from a forkserver). A batch that takes longer than 60 s to arrive raises instead of hanging.
 """
 
 from __future__ import annotations
 
 import copy
+import sys
 import weakref
 from collections.abc import Iterator
 from typing import Any
 
 from accelbatch.data.accessor import AsyncDataAccessor
-from accelbatch.procs import ProcessDied, ProcessTimeout
+from accelbatch.procs import ProcessDied, ProcessFailure, ProcessTimeout
 
 from .enums import SharingStrategy
 from .poptorch_core import py_error
@@ -48,6 +53,9 @@ class AsynchronousDataAccessor:
         self._inner: AsyncDataAccessor | None = None
         self._current: Iterator[Any] | None = None
         self._first_pass_unclaimed = False
+        if isinstance(miss_sleep_time_in_ms, bool) or not isinstance(miss_sleep_time_in_ms, (int, float)) \
+                or miss_sleep_time_in_ms < 0:
+            raise ValueError(f"miss_sleep_time_in_ms must be a number >= 0, got {miss_sleep_time_in_ms!r}")
         is_loader = hasattr(dataset, "combinedBatchSize")  # a poptorch.DataLoader (which imports this module)
         if is_loader:
             if dataset.__dict__.get("_accessor") is not None:
@@ -68,13 +76,15 @@ class AsynchronousDataAccessor:
         self._inner = AsyncDataAccessor(
             source, buffer_size=buffer_size, early_preload=early_preload,
             load_indefinitely=load_indefinitely, rebatch_size=rebatched_size,
-            rebatch_drop_last=bool(getattr(dataset, "rebatched_drop_last", True)))
+            rebatch_drop_last=bool(getattr(dataset, "rebatched_drop_last", True)),
+            miss_sleep_s=miss_sleep_time_in_ms / 1000.0)
         # Read the first batch now, as PopTorch's worker does while it starts.
         try:
-            first_pass = iter(self._inner)
+            first_pass = self._inner.start_pass(hold_after=None if early_preload else 1)
             first = next(first_pass)
         except Exception as exc:  # the dataset failed or is empty, or the process died
             self.terminate()
+            _print_worker_traceback(exc)
             raise py_error(FAILED_TO_START) from exc
         self._current = _prepend(first, first_pass)
         self._first_pass_unclaimed = True
@@ -108,12 +118,13 @@ class AsynchronousDataAccessor:
             raise AssertionError("The AsynchronousDataAccessor has been terminated")
         if self._first_pass_unclaimed:
             self._first_pass_unclaimed = False  # continue the pass the constructor started
+            self._inner.release()
         else:
             self._current = iter(self._inner)
         return self
 
     def __next__(self) -> Any:
-        if self._current is None:
+        if self._current is None or self._first_pass_unclaimed:
             self.__iter__()
         assert self._current is not None
         try:
@@ -124,7 +135,23 @@ class AsynchronousDataAccessor:
         except (ProcessDied, ProcessTimeout):
             raise
         except Exception as exc:
+            _print_worker_traceback(exc)
             raise AssertionError(FETCH_ERROR) from exc
+
+
+def _print_worker_traceback(exc: BaseException) -> None:
+    """Print the loading process's traceback, if ``exc`` carries one, as ``multiprocessing`` prints a failed
+    process's (PopTorch's worker is such a process; its errors are read on stderr)."""
+    seen: set[int] = set()
+    link: BaseException | None = exc
+    while link is not None and id(link) not in seen:
+        seen.add(id(link))
+        if isinstance(link, ProcessFailure) and link.child_traceback:
+            name = f"AsynchronousDataAccessor worker (pid {link.pid})" if link.pid else "AsynchronousDataAccessor"
+            sys.stderr.write(f"Process {name}:\n{link.child_traceback.rstrip()}\n")
+            sys.stderr.flush()
+            return
+        link = link.__cause__ or link.__context__
 
 
 def _prepend(first: Any, rest: Iterator[Any]) -> Iterator[Any]:

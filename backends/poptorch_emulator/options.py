@@ -13,6 +13,9 @@ Behaviour reproduced from PopTorch (python/options.py, python/_options_impl.py):
   ``opts.input_group_size``, ``opts.output_mode``, ``opts.output_return_period``, ``opts.random_seed``
   (only once set: check with ``opts.exists("random_seed")``), ``opts.Training.gradient_accumulation``,
   ``opts.Training.accumulation_and_replication_reduction_type``, ``opts.Distributed.numProcesses``.
+- Settings the emulator records without effect (a CPU has one memory): ``opts.TensorLocations``
+  (:mod:`.tensor_locations`) and ``setAvailableMemoryProportion`` (read back as
+  ``opts.available_memory_proportion``, ``{ipu_index: proportion}``).
 """
 
 from __future__ import annotations
@@ -25,108 +28,13 @@ from typing import Any
 import torch
 
 from . import enums
+from ._options_dict import FROZEN_MESSAGE, _OptionsDict
+from .tensor_locations import _TensorLocationOptions
 
 logger = logging.getLogger("poptorch_emulator")
 
-FROZEN_MESSAGE = "Can't modify frozen Options"
-
-
-
-class _OptionsDict:
-    """A dictionary of options whose keys are fixed at construction and which can be frozen."""
-
-    def __init__(self, **defaults: Any) -> None:
-        object.__setattr__(self, "_frozen", False)
-        object.__setattr__(self, "_disabled_warnings", set())
-        object.__setattr__(self, "_values", dict(defaults))
-
-    # -- freezing ---------------------------------------------------------------------------------
-    def _sub_options(self) -> list[Any]:
-        return [v for v in vars(self).values() if isinstance(v, (_OptionsDict, _PopartOptions))]
-
-    def _set_frozen(self, frozen: bool) -> None:
-        object.__setattr__(self, "_frozen", frozen)
-        for child in self._sub_options():
-            child._set_frozen(frozen)
-
-    def _freeze(self) -> None:
-        self._set_frozen(True)
-
-    def _unfreeze(self) -> None:
-        self._set_frozen(False)
-
-    def checkIsFrozen(self, option: str | None = None) -> None:
-        if self._frozen:
-            raise AttributeError(FROZEN_MESSAGE)
-
-    # -- values -----------------------------------------------------------------------------------
-    def set(self, **kwargs: Any) -> "_OptionsDict":
-        self.checkIsFrozen()
-        for option, value in kwargs.items():
-            if option not in self._values:
-                raise AssertionError(
-                    "Invalid option %s, valid options are %s" % (option, self._values.keys()))
-            expected = type(self._values[option])
-            if not isinstance(value, expected):
-                raise AssertionError(
-                    "Unexpected type %s for option %s. Expected %s" % (type(value), option, expected))
-            self._values[option] = value
-        return self
-
-    def createOrSet(self, **kwargs: Any) -> "_OptionsDict":
-        self.checkIsFrozen()
-        for option, value in kwargs.items():
-            if option in self._values:
-                self.set(**{option: value})
-            else:
-                self._values[option] = value
-        return self
-
-    def exists(self, option: str) -> bool:
-        return option in self._values
-
-    def deleteIfExists(self, option: str) -> None:
-        self.checkIsFrozen()
-        self._values.pop(option, None)
-
-    def toDict(self) -> dict[str, Any]:
-        return dict(self._values)
-
-    def __getattr__(self, option: str) -> Any:
-        # Only called when normal lookup fails: public names are option values.
-        values = self.__dict__.get("_values")
-        if values is None or option.startswith("_") or option not in values:
-            raise AttributeError(f"Invalid attribute {option}.")
-        return values[option]
-
-    def __setattr__(self, option: str, value: Any) -> None:
-        self.checkIsFrozen(option)
-        if option.startswith("_"):
-            object.__setattr__(self, option, value)
-        else:
-            self.set(**{option: value})
-
-    def __call__(self, option: str) -> Any:
-        return getattr(self, option)
-
-    def __deepcopy__(self, memo: dict[int, Any]) -> "_OptionsDict":
-        cls = type(self)
-        new = cls.__new__(cls)
-        memo[id(self)] = new
-        for key, val in vars(self).items():
-            object.__setattr__(new, key, False if key == "_frozen" else copy.deepcopy(val, memo))
-        return new
-
-    def __getstate__(self) -> dict[str, Any]:
-        return dict(vars(self))
-
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        for key, val in state.items():
-            object.__setattr__(self, key, val)
-
-    def __repr__(self) -> str:
-        body = ", ".join(f"{k}={v!r}" for k, v in self._values.items())
-        return f"{type(self).__name__}({body})"
+MEMORY_PROPORTION_MESSAGE = ('Available memory proportions are expected to be in a dictionary of {"IPU0": 0.5} '
+                             "where the 0 in IPU is the index of the IPU. Invalid key: %s")
 
 
 class _PopartOptions:
@@ -283,6 +191,7 @@ class Options(_OptionsDict):
     """
 
     def __init__(self) -> None:
+        object.__setattr__(self, "_tensor_locations", _TensorLocationOptions())
         object.__setattr__(self, "_training", _TrainingOptions())
         object.__setattr__(self, "_distributed", _DistributedOptions())
         object.__setattr__(self, "_popart", _PopartOptions())
@@ -319,6 +228,11 @@ class Options(_OptionsDict):
     @property
     def Precision(self) -> _PrecisionOptions:
         return self._precision
+
+    @property
+    def TensorLocations(self) -> Any:
+        """Where activations, weights, optimizer states and accumulators are stored (recorded only)."""
+        return self._tensor_locations
 
     # -- batching ---------------------------------------------------------------------------------
     def deviceIterations(self, device_iterations: int) -> "Options":
@@ -386,6 +300,16 @@ class Options(_OptionsDict):
         2). The emulator feeds floating-point inputs from a normal distribution and other inputs as zeros
         (ids in range for an embedding), all of the compiled shapes, and leaves the host's data unread."""
         self._Popart.set("syntheticDataMode", 2 if enabled else 0)
+        return self
+
+    def setAvailableMemoryProportion(self, available_memory_proportion: dict[str, float]) -> "Options":
+        """Temporary memory for matmuls, convolutions and the like per IPU: ``{"IPU0": 0.5}`` (recorded only)."""
+        proportions = {}
+        for key, proportion in available_memory_proportion.items():
+            if not key.startswith("IPU"):
+                raise AssertionError(MEMORY_PROPORTION_MESSAGE % key)
+            proportions[int(key[3:])] = proportion
+        self.createOrSet(available_memory_proportion=proportions)
         return self
 
     def connectionType(self, connection_type: enums.ConnectionType) -> "Options":

@@ -14,8 +14,18 @@ What it shows:
    ``Options.enableSyntheticData(True)``: no host I/O at all, over an epoch), then both together. If the
    loader alone is slower than the model alone, the IPU waits for data: add workers, use Async, or make
    ``__getitem__`` cheaper. If the model is slower, data loading is not the problem.
+4. ``async_options`` of an Async loader (they go to its ``AsynchronousDataAccessor``): ``buffer_size``
+   (batches read ahead, default 3), ``early_preload`` (fill the ring at construction instead of waiting
+   for the first ``iter()``; the worker reads only the first batch before that otherwise), and
+   ``miss_sleep_time_in_ms`` (how long the worker sleeps between checks for a free slot when the ring is
+   full, default 0.1: small keeps the ring topped up, larger polls less). And ``persistent_workers=True``:
+   torch's worker processes live across epochs instead of starting again at every ``iter()``.
+5. Device iterations against batch size: the same rows per call as ``b x D`` with a larger ``D`` and a
+   smaller ``b``, or the reverse. A call costs one host round trip whatever ``D``; the micro batch ``b``
+   sets the activations' memory on the IPU and the rows per weight update, ``D`` the updates per call.
 
-Runs on a real IPU with the Poplar SDK's ``poptorch``; without it, on accelbatch's CPU emulator of poptorch
+Runs on a real IPU with the Poplar SDK's ``poptorch`` and torch alone (accelbatch need not be installed);
+without poptorch, on accelbatch's CPU emulator of poptorch
 (``--emulator`` forces the emulator). Timings on the emulator are CPU timings, not IPU ones; the method is
 the same.
 """
@@ -101,6 +111,87 @@ def time_both(model, loader, max_batches: int) -> tuple[int, float]:
     return items, time.perf_counter() - start
 
 
+def time_after_pause(loader, batches: int, pause_s: float) -> float:
+    """Seconds to read ``batches`` batches of a new Async loader after ``pause_s`` of other host work (the
+    model compiling, say): what ``early_preload`` buys."""
+    time.sleep(pause_s)
+    start = time.perf_counter()
+    it = iter(loader)
+    for _ in range(batches):
+        next(it)
+    return time.perf_counter() - start
+
+
+def time_epoch_start(loader) -> float:
+    """Seconds to the first batch of a second epoch (a first one is read before)."""
+    for _ in loader:
+        pass
+    start = time.perf_counter()
+    next(iter(loader))
+    return time.perf_counter() - start
+
+
+def async_options_section(poptorch, opts, dataset, args, training) -> None:
+    """4. What each of async_options and persistent_workers changes, measured."""
+    pause = args.pause_s
+    print(f"\n4. async_options (first {args.buffer_size} batches read after {pause:g} s of other work; then "
+          f"loader + model over {args.max_batches} calls)")
+    choices = [("defaults", {}),
+               ("early_preload=True", {"early_preload": True}),
+               ("buffer_size=1, miss_sleep_time_in_ms=50", {"buffer_size": 1, "miss_sleep_time_in_ms": 50})]
+    for label, extra in choices:
+        async_options = {"buffer_size": args.buffer_size, **extra}
+        times = []
+        for measure in ("pause", "both"):
+            loader = poptorch.DataLoader(opts, dataset, batch_size=args.batch_size, drop_last=True,
+                                         mode=poptorch.DataLoaderMode.Async, async_options=async_options)
+            try:
+                if measure == "pause":
+                    times.append(time_after_pause(loader, min(args.buffer_size, len(loader)), pause))
+                else:
+                    items, seconds = time_both(training, loader, args.max_batches)
+                    times.append(items_per_second(items, seconds))
+            finally:
+                loader.terminate()
+        print(f"   {label:<42}{times[0] * 1000:>8.1f} ms{times[1]:>12,.0f} it/s")
+    print("   early_preload=True: the ring is full when the loop starts. A large miss_sleep_time_in_ms with a "
+          "small buffer\n   lets the worker notice late that a slot is free: the model may wait for data.")
+    if args.workers:
+        starts = []
+        for persistent in (False, True):
+            loader = poptorch.DataLoader(opts, dataset, batch_size=args.batch_size, drop_last=True,
+                                         num_workers=args.workers, persistent_workers=persistent)
+            starts.append(time_epoch_start(loader))
+        print(f"   start of a 2nd epoch with {args.workers} workers: {starts[0] * 1000:.1f} ms, with "
+              f"persistent_workers=True {starts[1] * 1000:.1f} ms (the workers are not started again)")
+
+
+def trade_off_section(poptorch, dataset, args) -> None:
+    """5. The same rows per call as batch_size x deviceIterations, split differently."""
+    rows = args.batch_size * args.device_iterations
+    splits = sorted({d for d in (1, 2, 4, args.device_iterations) if rows % d == 0}, reverse=True)
+    print(f"\n5. {rows} rows per call (x replicas x accumulation) as batch_size x deviceIterations:")
+    header = [("batch_size", 10), ("deviceIterations", 17), ("updates/call", 13), ("rows/update", 12),
+              ("model alone", 14)]
+    print("   " + " ".join(f"{name:>{width}}" for name, width in header))
+    for d in splits:
+        b = rows // d
+        opts = poptorch.Options().deviceIterations(d).replicationFactor(args.replication_factor)
+        opts.Training.gradientAccumulation(args.gradient_accumulation)
+        loader = poptorch.DataLoader(opts, dataset, batch_size=b, drop_last=True)
+        model = Classifier(args.features, args.hidden, args.classes)
+        training = poptorch.trainingModel(model, opts, optimizer=torch.optim.SGD(model.parameters(), lr=0.01))
+        batch = next(iter(loader))
+        items, seconds = time_model(training, batch, max(2, args.max_batches))
+        training.destroy()
+        per_update = b * args.replication_factor * args.gradient_accumulation
+        print(f"   {b:>10} {d:>17} {d:>13} {per_update:>12} {items_per_second(items, seconds):>9,.0f} it/s")
+    print("   Larger deviceIterations: more weight updates per host round trip, smaller micro-batches (less IPU "
+          "memory\n   for activations, more and noisier steps). Larger batch_size: fewer, larger updates, one "
+          "round trip each;\n   pick batch_size for memory and convergence, then raise deviceIterations until "
+          "the host is hidden.")
+
+
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--items", type=int, default=2048)
@@ -114,6 +205,8 @@ def main(argv=None) -> None:
     parser.add_argument("--workers", type=int, default=2, help="torch DataLoader worker processes")
     parser.add_argument("--item-cost-ms", type=float, default=0.2, help="busy work per item (decoding)")
     parser.add_argument("--max-batches", type=int, default=8, help="combined batches timed per measurement")
+    parser.add_argument("--buffer-size", type=int, default=3, help="async_options buffer_size")
+    parser.add_argument("--pause-s", type=float, default=0.5, help="host work before reading (early_preload)")
     parser.add_argument("--emulator", action="store_true", help="use the CPU emulator even if poptorch exists")
     args = parser.parse_args(argv)
     poptorch = import_poptorch(args.emulator)
@@ -183,6 +276,8 @@ def main(argv=None) -> None:
         print(f"   {label:<28}{loader_rate:>12,.0f} it/s{both_rate:>14,.0f} it/s   {verdict}")
     print("\nIf the bottleneck is data loading: more workers, Async mode, cheaper __getitem__, or a larger "
           "deviceIterations (fewer host round trips). Otherwise the loader keeps up: look at the model.")
+    async_options_section(poptorch, opts, dataset, args, training)
+    trade_off_section(poptorch, dataset, args)
 
 
 if __name__ == "__main__":

@@ -10,7 +10,14 @@ to compute, ``--device`` says where. On ``--device ipu`` the backend maps the ex
 micro batch, ``-di`` device iterations, ``-rf`` replicas, ``-ga`` gradient accumulation, ``--output-mode``)
 to ``poptorch.Options``, wraps the model in ``poptorch.trainingModel`` / ``inferenceModel`` (the host
 weights are shared) and compiles one graph per input shape; ``--dynamic-batching buckets`` keeps the number
-of shapes, hence of compilations, small. Under the same plan the CPU and the IPU train to the same weights.
+of shapes, hence of compilations, small.
+
+Same weights? On the emulator, yes: it runs the model with the CPU's float32 arithmetic, so under the same
+plan ``--compare-cpu`` finds the weights equal to 1e-5 (the check's default there). On IPU hardware, no
+bit-for-bit equality is to be expected: the IPU computes in its own float32 (other operation orders and
+fused kernels; stochastic rounding if enabled), so the weights agree only within a tolerance, and the
+differences grow with the number of steps. The check's default on hardware is 1e-3 (a starting point, not
+a figure measured on an IPU); set ``--tolerance`` for your model and step count.
 
 Every option of ``accelbatch train`` is accepted. Without the Poplar SDK's poptorch the script switches to
 accelbatch's CPU emulator of poptorch (the same as passing ``--ipu-emulator`` or setting
@@ -31,13 +38,16 @@ DEFAULTS = dict(task="babi:1", model="memnn", device="ipu", optimizer="sgd", lea
                 validation_every_n_epochs=-1.0, eval_splits="valid", progress=False, log_every_n_secs=60.0)
 
 
-def parse(argv: list[str]) -> tuple[Opts, bool, bool]:
+def parse(argv: list[str]) -> tuple[Opts, bool, bool, float | None]:
     parser = build_parser(prog="05_world_training_on_ipu.py")
     parser.set_defaults(**DEFAULTS)
     parser.add_argument("--compare-cpu", action="store_true", help="also train on the CPU and compare weights")
     parser.add_argument("--via-cli", action="store_true", help="run `accelbatch train` with these options")
+    parser.add_argument("--tolerance", type=float, default=None,
+                        help="largest weight difference --compare-cpu accepts (default: 1e-5 on the emulator, "
+                             "1e-3 on IPU hardware)")
     ns = parser.parse_args(argv)
-    return Opts.from_namespace(ns), ns.compare_cpu, ns.via_cli
+    return Opts.from_namespace(ns), ns.compare_cpu, ns.via_cli, ns.tolerance
 
 
 def ensure_ipu(opts: Opts) -> Opts:
@@ -82,7 +92,7 @@ def cli_args(opts: Opts) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    opts, compare, via_cli = parse(sys.argv[1:] if argv is None else argv)
+    opts, compare, via_cli, tolerance = parse(sys.argv[1:] if argv is None else argv)
     opts = ensure_ipu(opts)
     if via_cli:
         from accelbatch.cli import main as cli_main
@@ -101,10 +111,12 @@ def main(argv: list[str] | None = None) -> int:
         cpu_report, cpu_agent = train(opts.replace(device="cpu"))
         ipu_state, cpu_state = agent.model.state_dict(), cpu_agent.model.state_dict()
         diff = max(float((ipu_state[k] - cpu_state[k]).abs().max()) for k in cpu_state)
+        if tolerance is None:  # exact CPU arithmetic on the emulator; the IPU's own float32 on hardware
+            tolerance = 1e-3 if opts.device == "ipu" and engine.implementation == "poptorch" else 1e-5
         print(f"cpu: valid accuracy {cpu_report.get('valid', {}).get('accuracy')}; largest weight difference "
-              f"{opts.device} vs cpu: {diff:.2e}")
-        if diff > 1e-5:
-            print("the weights differ by more than 1e-5")
+              f"{opts.device} vs cpu: {diff:.2e} (tolerance {tolerance:g})")
+        if diff > tolerance:
+            print(f"the weights differ by more than {tolerance:g}")
             return 1
     return 0
 

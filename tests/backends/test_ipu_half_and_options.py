@@ -227,3 +227,14 @@ def test_fp16_resume_keeps_the_optimizer_states_in_float32():
     assert all(torch.equal(a, b) for a, b in zip(moments, loaded))
     result = second.train_step(data(4, seed=2))
     assert result.loss == result.loss and all(torch.isfinite(p).all() for p in second.model.parameters())
+
+
+def test_available_memory_proportion_option_reaches_the_options():
+    backend = IPUBackend()
+    backend.setup(Opts(ipu_emulator=True, ipu_available_memory_proportion=0.3))
+    assert backend.options(ExecutionPlan(micro_batch=2, replication_factor=2)).available_memory_proportion == {0: 0.3}
+    for bad in (0.0, 1.5, float("nan")):
+        with pytest.raises(PlanError, match=r"^--ipu-available-memory-proportion .*: give a proportion in "
+                                            r"\(0, 1\]") as exc:
+            IPUBackend().setup(Opts(ipu_emulator=True, ipu_available_memory_proportion=bad))
+        assert "\n" not in str(exc.value)

@@ -8,6 +8,8 @@ from __future__ import annotations
 import gc
 import math
 import multiprocessing
+import re
+import time
 
 import pytest
 import torch
@@ -279,3 +281,81 @@ def test_distributed_shuffle_in_the_loading_process():
         assert first != second  # a new permutation every epoch
         used |= set(first) | set(second)
     assert used == set(range(n))
+
+
+class CountingDataset(IncrementDataset):
+    """Counts the items read, in shared memory (the count is seen from the loading process)."""
+
+    def __init__(self, shape, length):
+        super().__init__(shape, length)
+        self.reads = torch.zeros(1, dtype=torch.int64).share_memory_()
+
+    def __getitem__(self, index):
+        self.reads += 1
+        return super().__getitem__(index)
+
+
+def test_early_preload_false_reads_only_the_first_batch_before_iterating():
+    # PopTorch's worker reads the first element while it starts, then waits for iter() unless early_preload
+    ds = CountingDataset([1], 10)
+    loader = poptorch.DataLoader(poptorch.Options(), ds, batch_size=1)
+    accessor = poptorch.AsynchronousDataAccessor(loader, buffer_size=3)
+    time.sleep(0.5)
+    assert int(ds.reads) == 1
+    assert values(accessor) == list(range(10))
+    accessor.terminate()
+    eager = CountingDataset([1], 10)
+    accessor = poptorch.AsynchronousDataAccessor(poptorch.DataLoader(poptorch.Options(), eager, batch_size=1),
+                                                 buffer_size=3, early_preload=True)
+    deadline = time.monotonic() + 10
+    while int(eager.reads) < 4 and time.monotonic() < deadline:  # the ring: 3 ahead + the one handed out
+        time.sleep(0.05)
+    assert int(eager.reads) >= 4
+    assert values(accessor) == list(range(10))
+    accessor.terminate()
+
+
+def test_next_without_iter_continues_the_first_pass():
+    loader = poptorch.DataLoader(poptorch.Options(), IncrementDataset([1], 4), batch_size=1)
+    accessor = poptorch.AsynchronousDataAccessor(loader)
+    assert [int(next(accessor)) for _ in range(4)] == [0, 1, 2, 3]
+    accessor.terminate()
+
+
+def test_worker_traceback_printed_as_a_failed_process(capsys):
+    loader = poptorch.DataLoader(poptorch.Options(), BrokenDataset([1], 100), batch_size=1)
+    with pytest.raises(poptorch.Error, match="worker thread failed to start"):
+        poptorch.AsynchronousDataAccessor(loader)
+    err = capsys.readouterr().err
+    assert re.search(r"^Process AsynchronousDataAccessor worker \(pid \d+\):\nTraceback \(most recent call "
+                     r"last\):\n", err, re.M), err
+    assert "in __getitem__" in err and err.rstrip().endswith("AssertionError: Broken dataset")
+    loader = poptorch.DataLoader(poptorch.Options(), BreaksAt([1], 20), batch_size=2, mode=Async)
+    with pytest.raises(AssertionError, match="An error occurred in the data fetcher"):
+        for _ in loader:
+            pass
+    err = capsys.readouterr().err
+    assert "Traceback (most recent call last):" in err and err.rstrip().endswith("ValueError: item 7 is corrupt")
+
+
+@pytest.mark.slow
+def test_miss_sleep_time_delays_refilling_a_full_ring():
+    # buffer_size=1: the worker fills the ring then checks for a freed slot every miss_sleep_time_in_ms, so
+    # of 7 batches asked for back to back, every other one waits for the worker's next check (~250 ms)
+    def seconds_for_7_batches(miss_ms):
+        loader = poptorch.DataLoader(poptorch.Options(), IncrementDataset([1], 8), batch_size=1)
+        accessor = poptorch.AsynchronousDataAccessor(loader, buffer_size=1, miss_sleep_time_in_ms=miss_ms)
+        it = iter(accessor)
+        next(it)
+        time.sleep(0.3)  # the ring is full
+        start = time.monotonic()
+        got = [int(next(it)) for _ in range(7)]  # (iterating `it` again would start a new pass)
+        elapsed = time.monotonic() - start
+        accessor.terminate()
+        assert got == list(range(1, 8))
+        return elapsed
+
+    assert seconds_for_7_batches(250) > 0.5  # measured 0.70 s (3 waits of ~250 ms)
+    assert seconds_for_7_batches(0.1) < 0.3  # measured 0.003 s
+    with pytest.raises(ValueError, match="miss_sleep_time_in_ms must be a number >= 0"):
+        poptorch.AsynchronousDataAccessor(IncrementDataset([1], 4), miss_sleep_time_in_ms=-1)

@@ -116,3 +116,43 @@ def test_clone_and_deepcopy_are_unfrozen():
 def test_invalid_options_type_for_model():
     with pytest.raises(poptorch.Error, match="Invalid type: 'options' is of type"):
         poptorch.inferenceModel(torch.nn.Linear(2, 2), options={"deviceIterations": 2})
+
+
+def test_tensor_locations_recorded_with_poptorch_keys_and_checks():
+    opts = poptorch.Options()
+    off_chip = poptorch.TensorLocationSettings().useOnChipStorage(False).minElementsForOffChip(128)
+    sharded = poptorch.TensorLocationSettings().useReplicatedTensorSharding(True).useIOTilesToLoad()
+    assert opts.TensorLocations.setWeightLocation(off_chip) is opts.TensorLocations
+    opts.TensorLocations.setOptimizerLocation(sharded).setActivationLocation(
+        poptorch.TensorLocationSettings().useOnChipStorage(True)).setAccumulatorLocation(
+        poptorch.TensorLocationSettings().useIOTilesToStore(False).minElementsForReplicatedTensorSharding(4))
+    opts.TensorLocations.numIOTiles(64)
+    locations = opts.TensorLocations
+    assert locations.location_weight == {"onChip": 0, "minElementsForOffChip": 128}
+    assert locations.location_optimizer == {"useReplicatedTensorSharding": 1, "useIOTilesToLoad": 1}
+    assert locations.location_activation == {"onChip": 1}
+    assert locations.location_accumulator == {"useIOTilesToStore": 0, "minElementsForReplicatedTensorSharding": 4}
+    assert locations.toDict()["numIOTiles"] == 64  # (the setter has the same name)
+    assert poptorch.TensorLocationSettings().useOnChipStorage(False).useOnChipStorage(None).toDict() == {}
+    for tiles in (30, 194, 33):
+        with pytest.raises(AssertionError, match=r"^numIOTiles must be an even number between 32 and 192\.$"):
+            opts.TensorLocations.numIOTiles(tiles)
+    with pytest.raises(AssertionError):
+        opts.TensorLocations.setWeightLocation({"onChip": 0})  # a dict is not a TensorLocationSettings
+    with pytest.raises(AssertionError):
+        poptorch.TensorLocationSettings().useOnChipStorage(1)
+    copied = opts.clone()
+    poptorch.trainingModel(torch.nn.Linear(2, 2), options=opts)
+    with pytest.raises(AttributeError, match=FROZEN):
+        opts.TensorLocations.numIOTiles(32)
+    assert copied.TensorLocations.numIOTiles(32).toDict()["numIOTiles"] == 32  # a clone: unfrozen, its own
+
+
+def test_available_memory_proportion_recorded_per_ipu_index():
+    opts = poptorch.Options()
+    assert opts.setAvailableMemoryProportion({"IPU0": 0.3, "IPU1": 0.6}) is opts
+    assert opts.available_memory_proportion == {0: 0.3, 1: 0.6}
+    with pytest.raises(AssertionError, match=r'^Available memory proportions are expected to be in a dictionary '
+                                             r'of \{"IPU0": 0.5\} where the 0 in IPU is the index of the IPU\. '
+                                             r"Invalid key: 0$"):
+        opts.setAvailableMemoryProportion({"0": 0.5})
