@@ -402,9 +402,10 @@ def combine_reports(first: dict[str, float], second: dict[str, float], sign: int
         a, b = first.get(key, 0.0), second.get(key, 0.0)
         if key == "ppl" or not isinstance(a, (int, float)) or not isinstance(b, (int, float)):
             continue
-        wa, wb = (w.get(key) if key in r else 0.0 for w, r in zip(weights, (first, second)))
         if key in ("exs", "tokens") or not (_is_average(key) or key in TOKEN_WEIGHTED):
             out[key] = a + sign * b
-        elif (wa or 0.0) + sign * (wb or 0.0) > 0:
-            out[key] = (a * (wa or 0.0) + sign * b * (wb or 0.0)) / ((wa or 0.0) + sign * (wb or 0.0))
+            continue
+        wa, wb = weights[0].get(key) or 0.0, weights[1].get(key) or 0.0  # 0 for a report without the key
+        if wa + sign * wb > 0:
+            out[key] = (a * wa + sign * b * wb) / (wa + sign * wb)
     return finish_merged(out)

@@ -42,6 +42,7 @@ Written once against ``poptorch`` (real, or :mod:`accelbatch.backends.poptorch_e
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
 import os
@@ -316,7 +317,7 @@ class IPUEngine(Engine):
         if whole:
             chunks.append((plan, 0, whole))
         if whole < n:
-            rows_plan = self._rows_plan()
+            rows_plan = self._rows_plan
             step = rows_plan.combined_batch
             chunks += [(rows_plan, s, min(s + step, n)) for s in range(whole, n, step)]
         if self.model.training:
@@ -334,6 +335,7 @@ class IPUEngine(Engine):
                           updates=0, extras={"micro_batches": lay.num_micro_batches, "padded_rows": padded_rows,
                                              "compilations": self._compilations, "compiled": compiled})
 
+    @functools.cached_property
     def _rows_plan(self) -> ExecutionPlan:
         """Micro batch 1 with b x D device iterations: the eval call's rows, one per micro-batch, so a
         remainder of fewer rows than a micro-batch runs in one call without mixing in padding rows."""

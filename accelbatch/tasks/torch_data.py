@@ -16,7 +16,8 @@ per item, the reply is the arg max, so the report has accuracy beside the loss.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import functools
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -132,9 +133,7 @@ class TorchModelAgent(TorchAgent):
 
     def _user_collate(self, items: list[tuple[torch.Tensor, ...]], observations: list[Message]) -> Any:
         """``--collate``'s function on the items (as the dataset gave them: one tensor, or a tuple)."""
-        collate = import_object(self.opts.collate, "collate function", [])
-        if not callable(collate):
-            raise OptionError(f"--collate {self.opts.collate}: a {type(collate).__name__}, not a function")
+        collate = _collate_function(self.opts.collate)
         try:
             return collate([item if len(item) > 1 else item[0] for item in items])
         except Exception as exc:
@@ -148,6 +147,15 @@ class TorchModelAgent(TorchAgent):
         if out is None or out.dim() != 2 or not out.is_floating_point() or out.shape[0] != len(observations):
             return [{} for _ in observations]
         return [{"text": str(p)} for p in out.argmax(dim=1).tolist()]
+
+
+@functools.lru_cache(maxsize=None)
+def _collate_function(path: str) -> Callable[[list[Any]], Any]:
+    """``--collate``'s function, imported once per process (batchify runs once per step)."""
+    collate = import_object(path, "collate function", [])
+    if not callable(collate):
+        raise OptionError(f"--collate {path}: a {type(collate).__name__}, not a function")
+    return collate
 
 
 def _as_batch(columns: Any, made_by: str) -> dict[str, torch.Tensor]:
