@@ -172,6 +172,10 @@ class Opts:
     compile: bool = _opt(False, "--compile", group="plan",
                          help="cpu, cuda: run the model's forward through torch.compile (fewer kernel launches "
                               "for small models); the first steps, and each new input shape, compile")
+    ddp_static_graph: bool = _opt(False, "--ddp-static-graph", group="plan", train_only=True,
+                                  help="cuda with replicas: DDP's static_graph (for a model whose forward "
+                                       "uses the same parameters every step; DDP then skips its per-step "
+                                       "bookkeeping of which gradients are ready)")
     ipu_emulator: bool = _opt(False, "--ipu-emulator", group="plan",
                               help="run --device ipu on the CPU emulator of poptorch "
                                    "(also ACCELBATCH_IPU_EMULATOR=1)")
@@ -285,6 +289,9 @@ def validate(opts: Opts) -> None:
         if given and not opts.model_file:
             raise OptionError(f"{_flag(name)}: checkpoints live next to --model-file PATH (PATH.ckpt); give "
                               "-mf/--model-file too")
+    if opts.ddp_static_graph and opts.device != "cuda":
+        raise OptionError(f"--ddp-static-graph: applies to --device cuda (DDP through accelerate); "
+                          f"--device {opts.device} does not use DDP: leave it out")
     if not [m for m in opts.metrics.split(",") if m.strip()]:
         raise OptionError("--metrics: give 'default', 'all' or comma-separated metric names such as accuracy,loss")
 

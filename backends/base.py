@@ -65,11 +65,13 @@ class Topology:
 
 @dataclass(frozen=True)
 class EngineOptions:
-    """Run options an engine needs beyond its plan: ``--skip-nan``, ``--mixed-precision``, ``--compile``."""
+    """Run options an engine needs beyond its plan: ``--skip-nan``, ``--mixed-precision``, ``--compile``,
+    ``--ddp-static-graph``."""
 
     skip_nan: bool = False
     mixed_precision: str = "no"
     compile: bool = False
+    ddp_static_graph: bool = False
 
     def __post_init__(self) -> None:
         if self.mixed_precision not in MIXED_PRECISION:
@@ -80,7 +82,8 @@ class EngineOptions:
     def from_opts(cls, opts: Any) -> EngineOptions:
         return cls(skip_nan=bool(getattr(opts, "skip_nan", False)),
                    mixed_precision=getattr(opts, "mixed_precision", None) or "no",
-                   compile=bool(getattr(opts, "compile", False)))
+                   compile=bool(getattr(opts, "compile", False)),
+                   ddp_static_graph=bool(getattr(opts, "ddp_static_graph", False)))
 
 
 @dataclass(frozen=True)

@@ -73,7 +73,7 @@ def cuda_unavailable_reason() -> str | None:
 
 
 def make_accelerator(cpu: bool = False, mixed_precision: str = "no",
-                     group_timeout_s: float | None = None) -> Accelerator:
+                     group_timeout_s: float | None = None, static_graph: bool = False) -> Accelerator:
     """An ``Accelerator`` for this process (``cpu=True``: the CPU; else the GPU of this rank).
 
     accelerate keeps one state per process, so every Accelerator of a process must run on the same device
@@ -81,7 +81,7 @@ def make_accelerator(cpu: bool = False, mixed_precision: str = "no",
     it in a process of its own. ``mixed_precision`` "no" passes nothing on, leaving the choice to
     ``accelerate launch --mixed_precision`` or accelerate's config; bf16/fp16 are passed on.
     ``group_timeout_s`` (``--replica-timeout-s``): how long a collective waits when accelerate joins the
-    process group.
+    process group. ``static_graph`` (``--ddp-static-graph``): DDP's static_graph.
     """
     from accelerate import Accelerator
     from accelerate.state import AcceleratorState, is_initialized
@@ -110,7 +110,7 @@ def make_accelerator(cpu: bool = False, mixed_precision: str = "no",
         kwargs["mixed_precision"] = mixed_precision
     # DDP: gradients are views of its all-reduce buckets (no copy into and out of them, no second copy
     # of the gradients in memory)
-    handlers: list[Any] = [DistributedDataParallelKwargs(gradient_as_bucket_view=True)]
+    handlers: list[Any] = [DistributedDataParallelKwargs(gradient_as_bucket_view=True, static_graph=static_graph)]
     if group_timeout_s is not None:
         from datetime import timedelta
 
@@ -222,12 +222,20 @@ class AccelerateHooks(Hooks):
         self.run_bare: Any = torch.compile(model) if options.compile else model
         self.run_wrapped: Any = self.run_bare if self.module is model else (
             torch.compile(self.module) if options.compile else self.module)
+        # --ddp-static-graph: DDP records the graph in its first iteration, which must all-reduce (a
+        # backward under no_sync, or through the bare module, then fails inside DDP's reducer), so the
+        # first update all-reduces after each of its micro-batches: the same sum, G - 1 more all-reduces once
+        self.graph_pending = options.ddp_static_graph and self.world > 1 and self.module is not model
 
     def forward(self, batch: TensorBatch, bare: bool) -> Mapping[str, torch.Tensor]:
         return (self.run_bare if bare else self.run_wrapped)(batch)
 
     def no_sync(self, last: bool, bare: bool) -> Any:
-        if self.world == 1 or (last and not bare):
+        if bare and self.graph_pending:
+            raise PlanError("--ddp-static-graph: the run's first call is an epoch tail (fewer micro-batches on "
+                            "some replicas), and DDP records its static graph from a full update: train on "
+                            "more data than one call, or leave --ddp-static-graph out")
+        if self.world == 1 or (last and not bare) or self.graph_pending:
             return super().no_sync(last, bare)
         return self.accelerator.no_sync(self.module)
 
@@ -249,6 +257,7 @@ class AccelerateHooks(Hooks):
         if self.world == 1:
             return loss_sum
         if not bare:
+            self.graph_pending = False
             dist.all_reduce(loss_sum)
             return loss_sum
         # a tail: DDP did not all-reduce (see the module docstring); gradients and loss in one flat buffer
@@ -365,7 +374,8 @@ class CUDABackend(Backend):
     def _make(self, group_timeout_s: float | None = None) -> Accelerator:
         if self.accelerator is None:
             acc = make_accelerator(cpu=self.cpu, mixed_precision=self.options.mixed_precision,
-                                   group_timeout_s=group_timeout_s)
+                                   group_timeout_s=group_timeout_s,
+                                   static_graph=self.options.ddp_static_graph)
             self.accelerator = acc
             self.topology = Topology(rank=acc.process_index, world_size=acc.num_processes,
                                      local_rank=acc.local_process_index)

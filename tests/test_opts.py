@@ -58,10 +58,16 @@ def test_replace_returns_a_copy():
     ({"save_every_n_secs": 5.0}, "-stim/--save-every-n-secs: checkpoints live next to --model-file"),
     ({"metrics": " , "}, "--metrics: give 'default', 'all'"),
     ({"validation_metric_mode": "up"}, "-vmm/--validation-metric-mode: 'up' is not one of max, min"),
+    ({"ddp_static_graph": True}, "--ddp-static-graph: applies to --device cuda"),
+    ({"ddp_static_graph": True, "device": "ipu"}, "--ddp-static-graph: applies to --device cuda"),
 ])
 def test_values_that_cannot_work_are_refused(changes, fragment):
     with pytest.raises(OptionError, match=fragment.replace("(", r"\(").replace(".", r"\.")):
         Opts(**changes)
+
+
+def test_ddp_static_graph_is_a_cuda_option():
+    assert Opts.from_args(["--device", "cuda", "--ddp-static-graph"]).ddp_static_graph
 
 
 def test_no_limit_and_checkpoint_options_with_a_model_file_are_accepted():

@@ -227,7 +227,10 @@ def test_mixed_precision_is_passed_to_accelerate_only_when_asked(monkeypatch):
     handlers = [m.pop("kwargs_handlers") for m in made]
     assert made == [{"cpu": True}, {"cpu": True, "mixed_precision": "bf16"}]
     assert all([type(h).__name__ for h in hs] == ["DistributedDataParallelKwargs"] for hs in handlers)
-    assert all(hs[0].gradient_as_bucket_view for hs in handlers)
+    assert all(hs[0].gradient_as_bucket_view and not hs[0].static_graph for hs in handlers)
+    made.clear()
+    make_accelerator(cpu=True, static_graph=True)
+    assert made[0]["kwargs_handlers"][0].static_graph
 
 
 def test_fp16_on_the_cpu_is_refused():
@@ -255,10 +258,10 @@ def test_one_host_read_per_call_with_eight_device_iterations():
 
 # --- replication: DDP through accelerate, two processes on gloo ------------------------------------------
 
-def _replica(rank: int, plan: ExecutionPlan, state: dict, calls: list) -> dict:
+def _replica(rank: int, plan: ExecutionPlan, state: dict, calls: list, static_graph: bool = False) -> dict:
     """One replica, twice: fed its shard (default), and fed the whole call with outputs gathered."""
     backend = CUDABackend(cpu=True)
-    backend.setup(Opts(device="cuda", replication_factor=plan.replication_factor))
+    backend.setup(Opts(device="cuda", replication_factor=plan.replication_factor, ddp_static_graph=static_graph))
     out: dict = {}
     for name, kwargs in (("shard", {}), ("full", {"inputs": "full", "gather_outputs": True})):
         model = Tiny()
@@ -268,7 +271,8 @@ def _replica(rank: int, plan: ExecutionPlan, state: dict, calls: list) -> dict:
         out[name] = {"state": model.state_dict(), "losses": [r.loss for r in results],
                      "outputs": [r.outputs for r in results], "rows": [r.rows for r in results],
                      "wrapper": type(engine.module).__name__,
-                     "bucket_view": getattr(engine.module, "gradient_as_bucket_view", None)}
+                     "bucket_view": getattr(engine.module, "gradient_as_bucket_view", None),
+                     "static_graph": getattr(engine.module, "static_graph", None)}
     backend.teardown()
     return out
 
@@ -276,7 +280,19 @@ def _replica(rank: int, plan: ExecutionPlan, state: dict, calls: list) -> dict:
 @pytest.mark.slow
 @pytest.mark.multiprocess
 @pytest.mark.timeout(120)
-def test_two_replicas_with_ddp_equal_one_process():
+def test_static_graph_refuses_a_first_call_that_is_an_epoch_tail():
+    plan = ExecutionPlan(micro_batch=3, device_iterations=2, replication_factor=2, gradient_accumulation=2,
+                         drop_last=False, output_mode="all")
+    with pytest.raises(Exception, match="--ddp-static-graph: the run's first call is an epoch tail"):
+        spawn_cuda_replicas(_replica, 2, plan, Tiny().state_dict(), batches(1, 14, seed=9), True, timeout_s=100,
+                            cpu=True)
+
+
+@pytest.mark.slow
+@pytest.mark.multiprocess
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("static_graph", [False, True], ids=["dynamic-graph", "static-graph"])
+def test_two_replicas_with_ddp_equal_one_process(static_graph):
     plan = ExecutionPlan(micro_batch=3, device_iterations=2, replication_factor=2, gradient_accumulation=2,
                          drop_last=False, output_mode="all")
     init = Tiny().state_dict()
@@ -286,7 +302,7 @@ def test_two_replicas_with_ddp_equal_one_process():
     ref_model.load_state_dict(init)
     ref = PlanEngine(ref_model, torch.optim.SGD(ref_model.parameters(), lr=0.1), plan)
     ref_results = [ref.train_step(b) for b in calls]
-    results = spawn_cuda_replicas(_replica, 2, plan, init, calls, timeout_s=100, cpu=True)
+    results = spawn_cuda_replicas(_replica, 2, plan, init, calls, static_graph, timeout_s=100, cpu=True)
     for mode in ("shard", "full"):  # each replica reports its own micro-batches' loss: on full calls (equal
         # shares) their mean is the single process's figure
         mean = [sum(both[mode]["losses"][c] for both in results) / 2 for c in range(2)]
@@ -294,6 +310,7 @@ def test_two_replicas_with_ddp_equal_one_process():
     for rank, both in enumerate(results):
         for res in both.values():
             assert res["wrapper"] == "DistributedDataParallel" and res["bucket_view"] is True
+            assert res["static_graph"] is static_graph
             for k, v in ref_model.state_dict().items():
                 torch.testing.assert_close(res["state"][k], v, rtol=0, atol=1e-6)
         # fed its shard, a replica returns its own micro-batches' outputs, rows indexing the shard
