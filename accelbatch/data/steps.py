@@ -6,17 +6,15 @@ from __future__ import annotations
 import hashlib
 import math
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Iterator, Sequence
+from typing import Iterator, Sequence
 
 import numpy as np
 from torch.utils.data import Sampler
 
 from accelbatch.data.batching import BatchingConfig, default_max_tokens, plan_buckets, token_cache_size
+from accelbatch.data.config import LoaderConfig
 from accelbatch.data.datasets import Store
 from accelbatch.data.schedule import BatchPlan, RowSchedule, make_order
-
-if TYPE_CHECKING:
-    from accelbatch.data.loader import LoaderConfig
 
 __all__ = ["PassSteps", "Step", "batching_config"]
 
