@@ -200,16 +200,6 @@ class ExecutionPlan:
         """D x G: the micro-batches each replica runs per call."""
         return self.device_iterations * self.gradient_accumulation
 
-    @property
-    def output_multiplier(self) -> int:
-        """How many micro-batches' outputs a full call returns, stacked along dim0."""
-        r = self.replication_factor
-        if self.output_mode is OutputMode.ALL:
-            return self.factor
-        if self.output_mode is OutputMode.EVERY_N:
-            return self.factor // self.output_return_period
-        return r
-
     def for_inference(self) -> "ExecutionPlan":
         """The eval plan for the same world rows: micro batch b x G, same D and R, G = 1, output ALL."""
         if not self.training:

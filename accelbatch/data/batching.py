@@ -133,9 +133,7 @@ class MessageLength:
         return min(n, self.truncate) if self.truncate and self.truncate > 0 else n
 
 
-# --------------------------------------------------------------------------------------------------
-# streaming batchers: push(item, length) -> ready batches; finish() -> the rest
-# --------------------------------------------------------------------------------------------------
+# --- streaming batchers: push(item, length) -> ready batches; finish() -> the rest -----------------------
 
 class Batcher(Generic[T]):
     """Base of the strategies. ``push`` returns batches that are ready; ``finish`` returns all the rest."""
@@ -323,9 +321,7 @@ class BucketBatcher(Batcher[T]):
         return [self._emit(k) for k in range(len(self.shapes)) if self._queues[k]]
 
 
-# --------------------------------------------------------------------------------------------------
-# one entry point
-# --------------------------------------------------------------------------------------------------
+# --- one entry point -------------------------------------------------------------------------------------
 
 def default_max_tokens(batch_size: int, text_truncate: int = -1, label_truncate: int = -1,
                        lengths: Sequence[int] = ()) -> int:
