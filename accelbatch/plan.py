@@ -351,7 +351,6 @@ def _layout(plan: ExecutionPlan, rows: int) -> CallLayout:
     return compute_layout(plan, rows)
 
 
-
 def reserved_ipus(n: int) -> int:
     """The IPUs PopTorch reserves for a model on ``n`` IPUs: a power of 2 or a multiple of 64 (the next one
     up); a real IPU system refuses any other count unless ``Options.autoRoundNumIPUs`` is set."""
@@ -361,5 +360,4 @@ def reserved_ipus(n: int) -> int:
 
 
 __all__ = ["ExecutionPlan", "LOSS_TOKENS", "LossNormalization", "OutputMode", "Reduction", "PlanError", "CallLayout",
-           "combine_outputs",
-           "batch_rows", "reserved_ipus"]
+           "combine_outputs", "batch_rows", "reserved_ipus"]
