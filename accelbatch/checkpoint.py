@@ -72,9 +72,7 @@ class CheckpointError(ValueError):
     """A checkpoint cannot be written, read or resumed from; the text names the file and what to do."""
 
 
-# ------------------------------------------------------------------------------------------------------
-# paths
-# ------------------------------------------------------------------------------------------------------
+# --- paths -----------------------------------------------------------------------------------------------
 def checkpoint_dir(path: str | os.PathLike) -> str:
     """The checkpoint directory of a ``--model-file`` value: ``PATH.ckpt`` (``PATH`` if it ends so)."""
     path = os.fspath(path)
@@ -97,9 +95,7 @@ def find_checkpoint(path: str | os.PathLike) -> str | None:
     return None
 
 
-# ------------------------------------------------------------------------------------------------------
-# the checkpoint
-# ------------------------------------------------------------------------------------------------------
+# --- the checkpoint --------------------------------------------------------------------------------------
 @dataclass
 class Checkpoint:
     """What :func:`load_checkpoint` read. Tensors are on ``map_location`` (CPU by default)."""
@@ -368,28 +364,26 @@ def _state_dict(obj: Any) -> Any:
                           "state dict")
 
 
-# ------------------------------------------------------------------------------------------------------
-# opts, plan and JSON data
-# ------------------------------------------------------------------------------------------------------
-def _opts_dict(opts: Any) -> dict[str, Any]:
-    if opts is None:
+# --- opts, plan and JSON data ----------------------------------------------------------------------------
+def _fields(obj: Any, where: str, expected: str) -> dict[str, Any]:
+    """A dataclass instance's fields, or a mapping, as a dict; None: {}."""
+    if obj is None:
         return {}
-    if dataclasses.is_dataclass(opts) and not isinstance(opts, type):
-        opts = {f.name: getattr(opts, f.name) for f in dataclasses.fields(opts)}
-    if not isinstance(opts, Mapping):
-        raise CheckpointError(f"opts: expected Opts or a dict, got {type(opts).__name__}")
-    return _plain(dict(opts), "opts")
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        return {f.name: getattr(obj, f.name) for f in dataclasses.fields(obj)}
+    if not isinstance(obj, Mapping):
+        raise CheckpointError(f"{where}: expected {expected} or a dict, got {type(obj).__name__}")
+    return dict(obj)
+
+
+def _opts_dict(opts: Any) -> dict[str, Any]:
+    return _plain(_fields(opts, "opts", "Opts"), "opts")
 
 
 def plan_to_dict(plan: Any) -> dict[str, Any]:
     """The fields of an :class:`ExecutionPlan` as JSON data (enums by value); a dict is checked; None: {}."""
-    if plan is None:
-        return {}
-    if dataclasses.is_dataclass(plan) and not isinstance(plan, type):
-        plan = {f.name: getattr(plan, f.name) for f in dataclasses.fields(plan)}
-    if not isinstance(plan, Mapping):
-        raise CheckpointError(f"plan: expected an ExecutionPlan or a dict, got {type(plan).__name__}")
-    return _plain({k: (v.value if isinstance(v, enum.Enum) else v) for k, v in plan.items()}, "plan")
+    fields_ = _fields(plan, "plan", "an ExecutionPlan")
+    return _plain({k: (v.value if isinstance(v, enum.Enum) else v) for k, v in fields_.items()}, "plan")
 
 
 def plan_from_dict(data: Mapping[str, Any]) -> Any:
@@ -401,9 +395,7 @@ def plan_from_dict(data: Mapping[str, Any]) -> Any:
 
 def _plain(value: Any, where: str) -> Any:
     """``value`` as JSON data, or a CheckpointError naming the first part that is not."""
-    if value is None or isinstance(value, (str, bool, int)):
-        return value
-    if isinstance(value, float):
+    if value is None or isinstance(value, (str, bool, int, float)):
         return value
     if isinstance(value, Mapping):
         out = {}

@@ -60,9 +60,7 @@ class HogwildError(RuntimeError):
     process's failure is a :class:`~accelbatch.procs.ProcessFailure`.)"""
 
 
-# --------------------------------------------------------------------------------------------------------
-# metrics of one process, merged in the main process
-# --------------------------------------------------------------------------------------------------------
+# --- metrics of one process, merged in the main process --------------------------------------------------
 def _part(obj: Any) -> tuple[str, Any]:
     metrics = getattr(obj, "metrics", None)
     return ("metrics", metrics.state()) if isinstance(metrics, Metrics) else ("report", dict(obj.report()))
@@ -113,9 +111,7 @@ def merge_metric_states(states: Sequence[dict[str, Any]]) -> dict[str, float]:
     return report
 
 
-# --------------------------------------------------------------------------------------------------------
-# the child process
-# --------------------------------------------------------------------------------------------------------
+# --- the child process -----------------------------------------------------------------------------------
 def _alias_model(agent: Agent, names: Sequence[str], params: Sequence[torch.Tensor],
                  buffer_names: Sequence[str], buffers: Sequence[torch.Tensor]) -> None:
     """Point the agent's parameters and buffers at the main process's shared tensors."""
@@ -196,9 +192,7 @@ def _serve(rank: int, world: World, counts: torch.Tensor, done: torch.Tensor, ev
         conn.send(("reply", msg[1], controls[kind](msg[2] if len(msg) > 2 else None)))
 
 
-# --------------------------------------------------------------------------------------------------------
-# the main process
-# --------------------------------------------------------------------------------------------------------
+# --- the main process ------------------------------------------------------------------------------------
 class HogwildWorld(World):
     """``numthreads`` processes parleying their own worlds on one shared-memory model.
 

@@ -12,9 +12,6 @@ ID = "id"
 LABEL_CANDIDATES = "label_candidates"
 TEXT_CANDIDATES = "text_candidates"
 REWARD = "reward"
-METRICS = "metrics"
-
-KNOWN_KEYS = (TEXT, LABELS, EVAL_LABELS, EPISODE_DONE, ID, LABEL_CANDIDATES, TEXT_CANDIDATES, REWARD)
 
 
 class Message(dict):
@@ -56,11 +53,6 @@ class FrozenMessage(Message):
 def is_padding(message: dict | None) -> bool:
     """True for a row with no example in it (None, or no text and no labels: past the end of the data)."""
     return not message or (TEXT not in message and LABELS not in message and EVAL_LABELS not in message)
-
-
-def padding_message() -> Message:
-    """An observation that stands for 'nothing here' (a batch row past the end of the data)."""
-    return Message({EPISODE_DONE: True})
 
 
 def freeze(message: dict) -> FrozenMessage:

@@ -200,16 +200,6 @@ class ExecutionPlan:
         """D x G: the micro-batches each replica runs per call."""
         return self.device_iterations * self.gradient_accumulation
 
-    @property
-    def output_multiplier(self) -> int:
-        """How many micro-batches' outputs a full call returns, stacked along dim0."""
-        r = self.replication_factor
-        if self.output_mode is OutputMode.ALL:
-            return self.factor
-        if self.output_mode is OutputMode.EVERY_N:
-            return self.factor // self.output_return_period
-        return r
-
     def for_inference(self) -> "ExecutionPlan":
         """The eval plan for the same world rows: micro batch b x G, same D and R, G = 1, output ALL."""
         if not self.training:
@@ -361,7 +351,6 @@ def _layout(plan: ExecutionPlan, rows: int) -> CallLayout:
     return compute_layout(plan, rows)
 
 
-
 def reserved_ipus(n: int) -> int:
     """The IPUs PopTorch reserves for a model on ``n`` IPUs: a power of 2 or a multiple of 64 (the next one
     up); a real IPU system refuses any other count unless ``Options.autoRoundNumIPUs`` is set."""
@@ -371,5 +360,4 @@ def reserved_ipus(n: int) -> int:
 
 
 __all__ = ["ExecutionPlan", "LOSS_TOKENS", "LossNormalization", "OutputMode", "Reduction", "PlanError", "CallLayout",
-           "combine_outputs",
-           "batch_rows", "reserved_ipus"]
+           "combine_outputs", "batch_rows", "reserved_ipus"]

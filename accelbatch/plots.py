@@ -190,9 +190,7 @@ def plot_run(path: str | os.PathLike, out: str | os.PathLike | None = None, *, s
     return out
 
 
-# ------------------------------------------------------------------------------------------------------
-# command line: accelbatch report RUN_DIR [-o OUT] [--skip-bad]
-# ------------------------------------------------------------------------------------------------------
+# --- command line: accelbatch report RUN_DIR [-o OUT] [--skip-bad] ---------------------------------------
 def add_report_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("run_dir", metavar="RUN_DIR",
                         help="the run's directory (with metrics.jsonl or one *.jsonl) or its metrics log")

@@ -233,6 +233,13 @@ def _train(world: World, opts: Opts, log: MetricsLog, runtime: Runtime, stop: St
     def trained() -> dict[str, float]:
         return combine_reports(before_resume, reduce_report(world.report(), backend))
 
+    def validate() -> bool:
+        """Evaluate on valid now (the world built once); True when training should stop."""
+        nonlocal valid_world, last_validation
+        last_validation = time.monotonic()
+        valid_world = valid_world or create_world(_eval_opts(opts, "valid"), agent=model, runtime=runtime)
+        return _validate(valid_world, opts, log, state, model, backend, position())
+
     def save() -> None:
         checkpoints.save(world, model.engine, {"train": state.to_json(), "next_validation": next_validation,
                                                "train_metrics": trained()})
@@ -253,9 +260,7 @@ def _train(world: World, opts: Opts, log: MetricsLog, runtime: Runtime, stop: St
             break
         if state.exs >= next_validation:
             next_validation += opts.validation_every_n_epochs * per_epoch
-            last_validation = time.monotonic()
-            valid_world = valid_world or create_world(_eval_opts(opts, "valid"), agent=model, runtime=runtime)
-            if _validate(valid_world, opts, log, state, model, backend, position()):
+            if validate():
                 stop_reason = "validation"
                 break
         if state.exs >= target_exs:
@@ -267,12 +272,9 @@ def _train(world: World, opts: Opts, log: MetricsLog, runtime: Runtime, stop: St
         stopping = stop.requested is not None
         timed = 0 < opts.validation_every_n_secs <= time.monotonic() - last_validation
         want_save, stopping, timed = backend.decide(saver.due() or stopping, stopping, timed)
-        if timed:
-            last_validation = time.monotonic()
-            valid_world = valid_world or create_world(_eval_opts(opts, "valid"), agent=model, runtime=runtime)
-            if _validate(valid_world, opts, log, state, model, backend, position()):
-                stop_reason = "validation"
-                break
+        if timed and validate():
+            stop_reason = "validation"
+            break
         if want_save and checkpoints is not None:
             save()
         if stopping:

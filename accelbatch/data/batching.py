@@ -133,9 +133,7 @@ class MessageLength:
         return min(n, self.truncate) if self.truncate and self.truncate > 0 else n
 
 
-# --------------------------------------------------------------------------------------------------
-# streaming batchers: push(item, length) -> ready batches; finish() -> the rest
-# --------------------------------------------------------------------------------------------------
+# --- streaming batchers: push(item, length) -> ready batches; finish() -> the rest -----------------------
 
 class Batcher(Generic[T]):
     """Base of the strategies. ``push`` returns batches that are ready; ``finish`` returns all the rest."""
@@ -172,11 +170,7 @@ class FixedBatcher(Batcher[T]):
 
     def push(self, item: T, length: int) -> list[Batch[T]]:
         self._pending.append((item, length))
-        if len(self._pending) < self.batch_size:
-            return []
-        out = _cut(self._pending, self.batch_size, self.pad_rows)
-        self._pending = []
-        return out
+        return self.finish() if len(self._pending) == self.batch_size else []
 
     def finish(self) -> list[Batch[T]]:
         out = _cut(self._pending, self.batch_size, self.pad_rows)
@@ -203,18 +197,16 @@ class SortBatcher(Batcher[T]):
         self._cache.append((item, length))
         if len(self._cache) < self.cache_size:
             return []
-        self._cache.sort(key=lambda p: p[1])
-        full = len(self._cache) // self.batch_size * self.batch_size
-        out = _cut(self._cache[:full], self.batch_size, False)
-        self._cache = self._cache[full:]
-        if self.rng is not None:
-            self.rng.shuffle(out)
-        return out
+        return self._emit(len(self._cache) // self.batch_size * self.batch_size, False)
 
     def finish(self) -> list[Batch[T]]:
+        return self._emit(len(self._cache), self.pad_rows)
+
+    def _emit(self, count: int, pad_rows: bool) -> list[Batch[T]]:
+        """The ``count`` shortest cached examples cut into batches (shuffled with ``rng``); the rest stay."""
         self._cache.sort(key=lambda p: p[1])
-        out = _cut(self._cache, self.batch_size, self.pad_rows)
-        self._cache = []
+        out = _cut(self._cache[:count], self.batch_size, pad_rows)
+        self._cache = self._cache[count:]
         if self.rng is not None:
             self.rng.shuffle(out)
         return out
@@ -323,9 +315,7 @@ class BucketBatcher(Batcher[T]):
         return [self._emit(k) for k in range(len(self.shapes)) if self._queues[k]]
 
 
-# --------------------------------------------------------------------------------------------------
-# one entry point
-# --------------------------------------------------------------------------------------------------
+# --- one entry point -------------------------------------------------------------------------------------
 
 def default_max_tokens(batch_size: int, text_truncate: int = -1, label_truncate: int = -1,
                        lengths: Sequence[int] = ()) -> int:

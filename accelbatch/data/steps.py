@@ -1,0 +1,114 @@
+"""The batched front end's steps, pass by pass: which flat indices each step of this process serves, from the
+schedule's RowSchedule (fixed rows) or BatchPlan (``--dynamic-batching``)."""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from dataclasses import dataclass
+from typing import Iterator, Sequence
+
+import numpy as np
+from torch.utils.data import Sampler
+
+from accelbatch.data.batching import BatchingConfig, default_max_tokens, plan_buckets, token_cache_size
+from accelbatch.data.config import LoaderConfig
+from accelbatch.data.datasets import Store
+from accelbatch.data.schedule import BatchPlan, RowSchedule, make_order
+
+__all__ = ["PassSteps", "Step", "batching_config"]
+
+
+@dataclass(frozen=True)
+class Step:
+    """What a data worker builds: step ``index`` of ``pass_`` serves flat indices ``ids`` (real rows) in a
+    batch of ``rows`` rows padded to ``padded_len`` (0: the collate's own padding)."""
+
+    pass_: int
+    index: int
+    ids: tuple[int, ...]
+    rows: int
+    padded_len: int
+
+
+class PassSteps(Sampler):
+    """This process's steps, pass by pass: the rows of a RowSchedule or the batches of a BatchPlan."""
+
+    def __init__(self, store: Store, config: LoaderConfig, training: bool, shard: tuple[int, int], rows: int,
+                 lengths: np.ndarray | None, batching: BatchingConfig | None, serve: Sequence[int] | None = None):
+        index, count = shard
+        self.training, self.pad, self.static_rows = training, store.pad, config.static_rows
+        self.table = store.table.shard(index, count)
+        self.pass_, self.skip = 0, 0
+        self._current: tuple[int, int] | None = None  # (pass, first index) of the pass under way
+        if batching is None:
+            order = make_order(self.table, training and config.shuffle, config.seed)
+            self.rows = RowSchedule(self.table, rows, order, loop=training, pad=store.pad, serve=serve)
+            self.plan, self.lengths = None, None
+            self.per_pass = (math.ceil(self.table.num_examples / rows) if training else self.rows.steps)
+        else:
+            tables = [store.table.shard(r, count) for r in range(count)]
+            self.plan = BatchPlan(tables, index, lengths, batching, training, training and config.shuffle,
+                                  config.seed, config.drop_last)
+            self.rows, self.lengths, self.per_pass = None, lengths, 0
+
+    def steps_in(self, pass_: int) -> int:
+        return self.per_pass if self.plan is None else self.plan.count(pass_)[0]
+
+    def dropped(self, pass_: int) -> int:
+        return 0 if self.plan is None else self.plan.count(pass_)[1]
+
+    def begin_pass(self) -> None:
+        """A new pass: called once per pass by the DataLoader (torch may iterate a sampler twice per pass)."""
+        self._current = (self.pass_, self.skip)
+        self.pass_, self.skip = self.pass_ + 1, 0
+
+    def __len__(self) -> int:
+        return self.steps_in(self.pass_ if self._current is None else self._current[0])
+
+    def __iter__(self) -> Iterator[Step]:
+        if self._current is None:
+            self.begin_pass()
+        pass_, first = self._current  # type: ignore[misc]
+        if self.plan is not None:
+            return (Step(pass_, i, tuple(b.items), b.rows, b.padded_len)
+                    for i, b in enumerate(self.plan.batches(pass_, first), first))
+        return self._row_steps(pass_, first)
+
+    def _row_steps(self, pass_: int, first: int) -> Iterator[Step]:
+        start = (pass_ * self.per_pass if self.training else 0) + first  # evaluation: each pass is the one pass
+        if self.rows.next_step != start:
+            self.rows.seek(start)
+        index = first
+        while index < self.per_pass:
+            block = self.rows.block(min(self.per_pass - index, max(16, 65536 // self.rows.rows)))
+            for row in block.tolist():
+                ids = tuple(i for i in row if i != self.pad)
+                yield Step(pass_, index, ids, self.rows.rows if self.static_rows else len(ids), 0)
+                index += 1
+
+    def digest(self, pass_: int) -> str:
+        """What decides the steps (data, shard, rows or plan, order): a position of other ones is refused."""
+        key = (f"{self.table.digest()}:{self.rows.layout_rows}:{self.rows.serve.tolist()}:{self.rows.order!r}"
+               if self.plan is None else self.plan.key())
+        return hashlib.sha256(key.encode()).hexdigest()[:16]
+
+
+def batching_config(config: LoaderConfig, lengths: np.ndarray,
+                    shards: int = 1) -> tuple[BatchingConfig, list | None]:
+    """The BatchingConfig of ``config``'s dynamic batching over examples of ``lengths``, and its bucket shapes."""
+    strategy, bs = config.dynamic_batching, config.batch_size
+    max_tokens, shapes = config.max_batch_tokens, None
+    if strategy in ("full", "buckets") and max_tokens < 1:
+        max_tokens = default_max_tokens(bs, config.text_truncate, config.label_truncate, lengths.tolist())
+    if strategy == "buckets":
+        shapes = plan_buckets(lengths.tolist(), config.num_buckets, bs, max_tokens, config.row_multiple,
+                              shards=shards)
+    cache = config.batch_sort_cache_size
+    if strategy == "full":
+        cache = token_cache_size(cache, max_tokens, lengths)
+    batching = BatchingConfig(strategy, bs, max_tokens=max_tokens, cache_size=cache,
+                              count=config.token_count, row_multiple=config.row_multiple,
+                              pad_rows=config.static_rows, shapes=tuple(shapes) if shapes else None)
+    return batching, shapes
+

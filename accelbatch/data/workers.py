@@ -1,0 +1,193 @@
+"""Where a step's batch is built (a data worker, the accessor process, or the caller's): the collate, padding to
+a planned shape, and torch's DataLoader around it with its workers' failures named."""
+
+from __future__ import annotations
+
+import gc
+import os
+import pickle
+import signal
+from dataclasses import dataclass
+from typing import Any, Callable, Iterator, Sequence
+
+import torch
+from torch.utils.data import DataLoader, Dataset, get_worker_info
+
+from accelbatch.data.accessor import pickle_batch
+from accelbatch.data.datasets import Store
+from accelbatch.data.rebatch import tree_map
+from accelbatch.data.steps import Step
+from accelbatch.messages import Message
+from accelbatch.procs import FailureRecord, ProcessDied, ProcessTimeout
+
+__all__ = ["AgentCollate", "BuildStep", "LoadedBatch", "PassLoader", "identity", "init_data_worker", "pad_to_shape",
+           "unpacked"]
+
+
+@dataclass
+class LoadedBatch:
+    """One step as the loader delivers it: collated ``tensors`` with ``rows`` rows (rows ``num_real`` on are
+    padding), the real rows' observations, their flat indices in the store (``ids``) and lengths, the planned
+    padded length, and ``step`` = (pass, index in the pass)."""
+
+    tensors: Any
+    messages: list[Message]
+    ids: list[int]
+    lengths: list[int]
+    rows: int
+    padded_len: int
+    step: tuple[int, int] = (0, 0)
+
+    @property
+    def num_real(self) -> int:
+        return len(self.messages)
+
+    @property
+    def pad_fraction(self) -> float:
+        total = self.rows * self.padded_len
+        return (total - sum(self.lengths)) / total if total else 0.0
+
+
+class AgentCollate:
+    """``collate(messages) = batchify([vectorize(m) for m in messages])``; picklable if both are."""
+
+    def __init__(self, vectorize: Callable[[Message], Message], batchify: Callable[[list[Message]], Any]):
+        self.vectorize, self.batchify = vectorize, batchify
+
+    def __call__(self, messages: list[Message]) -> Any:
+        return self.batchify([self.vectorize(Message(m)) for m in messages])
+
+
+def init_data_worker(worker_id: int) -> None:
+    """Set up a data worker: Ctrl-C is the run's (it saves, then stops the workers); what the worker inherited
+    (the store among it) lives as long as it does, so it is frozen out of the collector's reach: otherwise
+    every full collection walks it and, in a forked worker, copies each page it touches."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    torch.set_num_threads(1)
+    gc.freeze()
+
+
+def pad_to_shape(tensors: Any, num_real: int, rows: int, padded_len: int | None = None,
+                 seq_keys: Sequence[str] = ("text_vec",)) -> Any:
+    """Zero-pad a collated batch to ``rows`` rows, and its ``seq_keys`` tensors along dim 1 to ``padded_len``."""
+    def pad_rows(t: Any) -> Any:
+        if isinstance(t, torch.Tensor) and t.dim() >= 1 and t.shape[0] == num_real and rows > num_real:
+            return torch.cat([t, t.new_zeros((rows - num_real, *t.shape[1:]))], dim=0)
+        return t
+
+    if padded_len is not None and isinstance(tensors, dict):
+        tensors = dict(tensors)
+        for key in seq_keys:
+            t = tensors.get(key)
+            if isinstance(t, torch.Tensor) and t.dim() >= 2 and t.shape[1] != padded_len:
+                if t.shape[1] > padded_len:
+                    raise ValueError(f"static shapes: '{key}' has length {t.shape[1]} but the batch was planned "
+                                     f"for {padded_len}; the loader's length_fn undercounts the collate's "
+                                     "sequence length (give make_loader a length_fn that counts the same tokens)")
+                extra = t.new_zeros((t.shape[0], padded_len - t.shape[1], *t.shape[2:]))
+                tensors[key] = torch.cat([t, extra], dim=1)
+    return tree_map(pad_rows, tensors)
+
+
+@dataclass
+class BuildStep(Dataset):
+    """Builds a step's batch from the store (in a data worker, the accessor, or here)."""
+
+    store: Store
+    collate: Callable[[list[Message]], Any] | None
+    context_length: int
+    include_labels: bool
+    length_fn: Callable[[Message], int]
+    static_len: bool
+    static_rows: bool
+    seq_keys: tuple[str, ...]
+    pack: bool
+
+    def __getitem__(self, step: Step) -> LoadedBatch | bytes:
+        if not self.pack:  # here or in the accessor: an exception is raised where it happens
+            return self._build(step)
+        try:
+            return pickle_batch(self._build(step))
+        except Exception as exc:  # noqa: BLE001 - a data worker reports it (torch would wrap it in a RuntimeError)
+            info = get_worker_info()
+            return pickle_batch(_Failed(FailureRecord.capture(exc), info.id if info else 0, os.getpid()))
+
+    def _build(self, step: Step) -> LoadedBatch:
+        messages = self.store.observations(step.ids, self.context_length, self.include_labels)
+        lengths = [int(self.length_fn(m)) for m in messages]
+        rows = step.rows
+        tensors = None
+        if self.collate is not None:
+            tensors = self.collate(messages)
+            padded = step.padded_len if self.static_len else None
+            if rows > len(messages) or padded is not None:
+                tensors = pad_to_shape(tensors, len(messages), rows, padded, self.seq_keys)
+        return LoadedBatch(tensors, messages, list(step.ids), lengths, rows, step.padded_len or max(lengths, default=0),
+                           (step.pass_, step.index))
+
+    def __len__(self) -> int:
+        return self.store.pad
+
+
+@dataclass(frozen=True)
+class _Failed:
+    """What a data worker sends instead of a batch when building it raised."""
+
+    record: FailureRecord
+    worker: int
+    pid: int
+
+
+def _named_failures(batches: Iterator[Any], timeout_s: float) -> Iterator[Any]:
+    """torch's DataLoader iterator, its workers' failures raised as the process family: a worker's exception
+    (sent as :class:`_Failed`) with its own types and traceback, a dead or silent worker named."""
+    try:
+        for item in batches:
+            yield item
+    except RuntimeError as exc:  # torch reports a worker's death or silence as a RuntimeError with this text
+        text = str(exc)
+        if text.startswith("DataLoader timed out after"):
+            raise ProcessTimeout(f"no batch from the data workers (--num-workers) within --data-timeout-s="
+                                 f"{timeout_s:g} s: a worker hangs, or one batch takes longer than that (raise it "
+                                 "if so); the workers were stopped", role="data worker") from None
+        if text.startswith("DataLoader worker (pid"):
+            raise ProcessDied(f"{text.rstrip('. ')} (--num-workers: killed from outside, out of memory, or a crash "
+                              "in native code?); the workers were stopped", role="data worker") from None
+        raise
+
+
+class PassLoader(DataLoader):
+    """A DataLoader that starts one pass of its sampler per iteration (wherever it is iterated), its workers'
+    seeds drawn from a generator of its own (made where it is iterated: a generator does not pickle), so
+    starting workers draws nothing from the run's torch generator."""
+
+    seed: int = 0
+
+    def __iter__(self):  # type: ignore[override]
+        if self.generator is None:
+            self.generator = torch.Generator().manual_seed(self.seed)
+        self.sampler.begin_pass()
+        return _named_failures(super().__iter__(), self.timeout)
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = dict(self.__dict__)
+        state["generator"] = None
+        return state
+
+
+def identity(x: Any) -> Any:
+    return x
+
+
+def unpacked(items: Iterator[Any]) -> Iterator[Any]:
+    try:
+        for item in items:
+            item = pickle.loads(item) if isinstance(item, bytes) else item
+            if isinstance(item, _Failed):
+                raise item.record.to_error("data worker", item.worker, item.pid,
+                                           name=f"a data worker (--num-workers: worker {item.worker}, pid {item.pid})")
+            yield item
+    finally:  # an early stop reaches the source (the accessor resets its pass)
+        close = getattr(items, "close", None)
+        if close is not None:
+            close()
