@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from . import enums, optim, poptorch_core
 from .accessor import AsynchronousDataAccessor
-from .blocks import BeginBlock, Block, BlockFunction, removeBlocks
+from .blocks import BeginBlock, Block, BlockFunction, module_repr, removeBlocks
 from .dataloader import DataLoader
 from .enums import (
     AutoStage,
@@ -62,7 +62,7 @@ __all__ = [
     "AsynchronousDataAccessor", "AutoStage", "BeginBlock", "Block", "BlockFunction",
     "CommGroupType", "ConnectionType", "DataLoader", "DataLoaderMode", "Error",
     "IS_EMULATOR", "Liveness", "ParallelPhasedExecution", "Phase", "PipelinedExecution", "SerialPhasedExecution",
-    "ShardedExecution", "Stage", "removeBlocks",
+    "ShardedExecution", "Stage", "module_repr", "removeBlocks",
     "MeanReductionStrategy", "Options", "OutputMode", "PoplarExecutor", "RecoverableError", "ReductionType",
     "SharingStrategy", "TensorLocationSettings", "UnrecoverableError", "enums", "identity_loss", "inferenceModel",
     "ipuHardwareIsAvailable", "isRunningOnIpu", "optim", "poptorch_core", "setLogLevel", "trainingModel",

@@ -13,6 +13,7 @@ which block, stage and IPU the ops that follow belong to:
 - ``with Block(user_id, ipu_id):`` runs its body in the block; after it, until another block begins, no
   block is active and an op there is an error ("No active Block, ...").
 - ``@BlockFunction(user_id, ipu_id)`` runs the decorated function inside ``Block(user_id, ipu_id)``.
+- ``module_repr(module)`` shows the ``BeginBlock`` hooks that ``repr`` leaves out (an executor's repr too).
 - ``Block.useAutoId()`` restarts the automatic ids ("0", "1", ...) given to blocks without a ``user_id``.
 """
 
@@ -156,10 +157,27 @@ def removeBlocks(module: torch.nn.Module) -> None:
                                            if not isinstance(h, _BlockHook))
 
 
+def module_repr(m: torch.nn.Module) -> str:
+    """``repr(m)`` with each module's forward pre-hooks (so its ``BeginBlock``) before its name."""
+    extra = m.extra_repr().split("\n") if m.extra_repr() else []
+    children = []
+    for key, child in m._modules.items():
+        text = module_repr(child) if child is not None else "None"
+        children.append(f"({key}): " + text.replace("\n", "\n  "))
+    hooks = "".join(f"{h!r} " for h in m._forward_pre_hooks.values())
+    body = ""
+    if len(extra) == 1 and not children:
+        body = extra[0]
+    elif extra or children:
+        body = "\n  " + "\n  ".join(extra + children) + "\n"
+    return f"{hooks}{m._get_name()}({body})"
+
+
 def block_annotations(module: torch.nn.Module) -> dict[str, tuple[Any, int | None]]:
     """Emulator extra: submodule name -> (user_id, ipu_id) of each ``BeginBlock`` on ``module``."""
     return {name: (h._user_id, h._ipu_id) for name, m in module.named_modules()
             for h in m._forward_pre_hooks.values() if isinstance(h, _BlockHook)}
 
 
-__all__ = ["BeginBlock", "Block", "BlockFunction", "LegacyBeginBlockFn", "block_annotations", "removeBlocks"]
+__all__ = ["BeginBlock", "Block", "BlockFunction", "LegacyBeginBlockFn", "block_annotations", "module_repr",
+           "removeBlocks"]

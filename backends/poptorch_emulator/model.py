@@ -39,7 +39,7 @@ from typing import Any
 
 import torch
 
-from . import _device, _outputs, _structure, execution_strategy, optim
+from . import _device, _outputs, _structure, blocks, execution_strategy, optim
 from ._inputs import ArgBinder, Batching, BoundInputs, CompiledInputs
 from .enums import CommGroupType, ConnectionType, OutputMode, ReductionType
 from .ops import _running_on_device, final_loss, finding_losses
@@ -131,7 +131,7 @@ class PoplarExecutor:
         return getattr(self._user_model, attr)
 
     def __repr__(self) -> str:
-        return repr(self._user_model)
+        return blocks.module_repr(self._user_model)
 
     @property
     def model(self) -> torch.nn.Module:

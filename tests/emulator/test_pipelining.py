@@ -332,3 +332,13 @@ def test_compile_traces_the_model_without_changing_its_buffers_or_the_random_str
     assert wrapped._placement.forward_stages == 2
     with pytest.raises(poptorch.Error, match=r"pipeline stages \(2\)"):
         poptorch.inferenceModel(model).compile(torch.randn(4, 3))
+
+
+def test_module_repr_shows_begin_blocks_that_repr_leaves_out():
+    model = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.Sequential(torch.nn.ReLU(), torch.nn.Linear(2, 1)))
+    assert poptorch.module_repr(model) == repr(model)
+    poptorch.BeginBlock(model[1], user_id=1, ipu_id=2)
+    text = poptorch.module_repr(model)
+    assert "(1): BeginBlock(user_id=1, ipu_id=2) Sequential(\n    (0): ReLU()" in text
+    assert "BeginBlock" not in repr(model)
+    assert "BeginBlock(user_id=1, ipu_id=2)" in repr(poptorch.inferenceModel(model))
