@@ -108,6 +108,13 @@ def test_a_model_that_annotates_itself_runs_as_written():
     train(engine, plan, steps=1)
     (entry,) = engine._executors.values()
     assert entry.executor._placement.forward_stages == 2
+    model = Annotated()
+    plan = ExecutionPlan(micro_batch=1, gradient_accumulation=2, device_iterations=2)
+    engine = backend().compile(model, torch.optim.SGD(model.parameters(), lr=0.3), plan)
+    with pytest.raises(PlanError, match=r"^--device ipu: poptorch could not compile the model: poptorch.Options\(\)."
+                                        r"Training.gradientAccumulation must be greater than or equal to the number "
+                                        r"of pipeline stages \(3\)"):
+        engine.train_step(data(plan.combined_batch))
 
 
 def test_the_memory_proportion_applies_to_every_ipu_of_a_replica():
