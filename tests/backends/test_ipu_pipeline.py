@@ -193,8 +193,12 @@ def test_memnn_pipelined_over_2_and_4_ipus_trains_to_the_cpu_weights(monkeypatch
                     device_iterations=d, gradient_accumulation=g, output_mode="all", max_train_steps=3,
                     num_epochs=1, validation_every_n_epochs=-1, eval_splits="", progress=False, seed=3, **extra)
         world = ab.create_world(opts)
-        assert ab.run(world, opts)["train"]["steps"] == 3
+        report = ab.run(world, opts)
+        assert report["train"]["steps"] == 3
         weights[run] = world.get_model_agent().model.state_dict()
+    stages = pipeline.count(",") + 2
+    assert {k: report["ipu"][k] for k in ("stages", "strategy", "ipus")} == {
+        "stages": stages, "strategy": "pipelined", "ipus": stages}
     for k, w in weights["split"].items():
         assert torch.equal(w, weights["ipu"][k]), k
         assert torch.allclose(w, weights["cpu"][k], atol=1e-5, rtol=0), k
