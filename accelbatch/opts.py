@@ -24,6 +24,7 @@ REDUCTIONS = ("mean", "sum")
 LOSS_NORMALIZATIONS = ("micro", "token")
 MIXED_PRECISION = ("no", "bf16", "fp16")
 INFERENCE = ("greedy", "beam")
+IPU_STRATEGIES = ("pipelined", "sharded", "phased")
 
 
 def _opt(default: Any, *flags: str, help: str, choices: Sequence[Any] | None = None,
@@ -192,6 +193,13 @@ class Opts:
     ipu_synthetic_data: bool = _opt(False, "--ipu-synthetic-data", group="plan",
                                     help="ipu: no host I/O, the device makes its own inputs "
                                          "(Options.enableSyntheticData): measures the model alone")
+    pipeline: str | None = _opt(None, "--pipeline", group="plan",
+                                help="ipu: split the model over IPUs where these submodules start (comma-separated "
+                                     "dotted names from model.named_modules(); K names give K+1 stages)")
+    ipu_execution_strategy: str = _opt("pipelined", "--ipu-execution-strategy", choices=IPU_STRATEGIES, group="plan",
+                                       help="ipu with --pipeline: pipelined (training needs gradient accumulation of "
+                                            "2 x stages - 1 or more, evaluation device iterations of stages or "
+                                            "more), sharded, or phased (1 IPU a replica)")
 
     # --- fault tolerance ---------------------------------------------------------------------
     resume: bool = _opt(False, "--resume", group="faults", train_only=True,
@@ -292,8 +300,39 @@ def validate(opts: Opts) -> None:
     if opts.ddp_static_graph and opts.device != "cuda":
         raise OptionError(f"--ddp-static-graph: applies to --device cuda (DDP through accelerate); "
                           f"--device {opts.device} does not use DDP: leave it out")
+    _validate_pipeline(opts)
     if not [m for m in opts.metrics.split(",") if m.strip()]:
         raise OptionError("--metrics: give 'default', 'all' or comma-separated metric names such as accuracy,loss")
+
+
+def parse_split_points(spec: str | None) -> tuple[str, ...]:
+    """``"a.b,c"`` -> ``("a.b", "c")``; ValueError (naming what is wrong) for an empty or malformed name."""
+    if spec is None or not spec.strip():
+        return ()
+    names = tuple(n.strip() for n in spec.split(","))
+    for name in names:
+        parts = name.split(".")
+        if not name or not all(p.isidentifier() or p.isdigit() for p in parts):
+            raise ValueError(f"{name!r} is not a submodule name: give dotted paths such as encoder.layers.2, "
+                             "comma separated, as model.named_modules() lists them")
+    dupes = sorted({n for n in names if names.count(n) > 1})
+    if dupes:
+        raise ValueError(f"{', '.join(dupes)} named twice: each split point starts one stage")
+    return names
+
+
+def _validate_pipeline(opts: Opts) -> None:
+    """--pipeline names IPU split points: well formed, and only with --device ipu."""
+    try:
+        points = parse_split_points(opts.pipeline)
+    except ValueError as exc:
+        raise OptionError(f"--pipeline: {exc}") from None
+    if points and opts.device != "ipu":
+        raise OptionError(f"--pipeline splits the model over IPUs and applies to --device ipu only (this run is "
+                          f"--device {opts.device}, where the model runs whole): drop it, or use --device ipu")
+    if not points and opts.ipu_execution_strategy != "pipelined":
+        raise OptionError(f"--ipu-execution-strategy {opts.ipu_execution_strategy}: places the stages of --pipeline; "
+                          "give --pipeline NAME,... too, or leave it out")
 
 
 class _OnOff(argparse.Action):

@@ -161,6 +161,10 @@ def run(world: World, opts: Opts) -> dict[str, Any]:
             report["ipu"] = {"poptorch": backend.implementation, "compilations": backend.compilations}
             if backend.settings.cache_dir is not None:  # graphs loaded from --ipu-cache-dir, not compiled
                 report["ipu"]["cached"] = backend.cache_loads
+            pipeline = backend.settings.pipeline
+            if pipeline.stages > 1:  # --pipeline: the model's stages and the IPUs the run holds
+                report["ipu"].update(stages=pipeline.stages, strategy=pipeline.strategy,
+                                     ipus=pipeline.ipus_per_replica * opts.replication_factor)
         if backend.world_size > 1:
             report["replicas"] = backend.world_size
         report = select_metrics(report, opts.metrics)

@@ -13,7 +13,8 @@ on the CPU on an SDK machine too. :attr:`IPUBackend.implementation` says which o
 :attr:`IPUBackend.compilations` counts the graphs compiled by the engines this backend made.
 
 The engine (:class:`~accelbatch.backends.ipu_engine.IPUEngine`) maps the plan to ``poptorch.Options`` and
-runs ``trainingModel`` / ``inferenceModel``; :meth:`IPUBackend.make_loader` gives a ``poptorch.DataLoader``
+runs ``trainingModel`` / ``inferenceModel`` (split over IPUs with ``--pipeline``, :mod:`.ipu_pipeline`);
+:meth:`IPUBackend.make_loader` gives a ``poptorch.DataLoader``
 with the plan's options for a dataset.
 """
 
@@ -109,7 +110,8 @@ class IPUBackend(Backend):
         self.settings = IPUSettings.from_opts(opts)
         replicas = int(getattr(opts, "replication_factor", 1) or 1)
         reserved = reserved_ipus(replicas)
-        if reserved != replicas:
+        self.settings.pipeline.check_replicas(replicas)
+        if reserved != replicas and self.settings.pipeline.stages == 1:
             below = 1 << (replicas.bit_length() - 1)
             raise PlanError(f"-rf/--replication-factor {replicas}: an IPU system reserves a power of 2 or a "
                             f"multiple of 64 IPUs, so {replicas} replicas would hold {reserved} IPUs with "
@@ -148,6 +150,8 @@ class IPUBackend(Backend):
         """An :class:`IPUEngine` for ``plan`` (weights shared with ``model``; cast to float16 in place with
         --mixed-precision fp16, see :mod:`~accelbatch.backends.ipu_settings`)."""
         poptorch = self._select()
+        self.settings.pipeline.check_plan(plan if plan is not None else ExecutionPlan())
+        self.settings.pipeline.annotate(poptorch, model)
         self.settings.prepare(model, optimizer)
         engine = IPUEngine(poptorch, model, optimizer, plan, seed=self.seed, max_executors=max_executors,
                            settings=self.settings)

@@ -215,7 +215,16 @@ class IPUEngine(Engine):
         compiled_before = ex.isCompiled()
         cache = _cache_files(self.settings.cache_dir) if not compiled_before else None
         batch = self.settings.cast_inputs(dict(batch))
-        result = ex(*[batch[k] for k in entry.keys])
+        try:
+            result = ex(*[batch[k] for k in entry.keys])
+        except getattr(self.poptorch, "Error", ()) as exc:
+            if compiled_before:
+                raise
+            # the model or plan cannot be compiled (e.g. a model's own BeginBlock placement): the user's to fix
+            message = str(getattr(exc, "message", "") or exc)
+            log.error("ipu: poptorch could not compile the %s graph: %s", "training" if entry.training
+                      else "inference", message)
+            raise PlanError(f"--device ipu: poptorch could not compile the model: {message.splitlines()[0]}") from exc
         compiled = not compiled_before
         if compiled and cache is not None and not _cache_files(self.settings.cache_dir) - cache:
             self._cache_loads += 1  # an executable found in the cache (nothing new written): not compiled

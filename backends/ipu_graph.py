@@ -55,6 +55,9 @@ def plan_options(poptorch: Any, plan: ExecutionPlan, seed: int | None = None,
             torch.set_rng_state(state)
     if settings is not None:
         settings.apply(opts)
+        strategy = settings.pipeline.execution_strategy(poptorch)
+        if strategy is not None:
+            opts.setExecutionStrategy(strategy)
     return opts
 
 

@@ -12,20 +12,23 @@ bfloat16 arithmetic, so bf16 is refused.
 DIR by later runs (the report counts ``cached`` graphs apart from ``compilations``).
 ``--ipu-synthetic-data`` -> ``Options.enableSyntheticData(True)``: no host I/O, the device makes its own
 inputs, which measures the model alone (figures of such a run mean nothing else).
-``--ipu-available-memory-proportion P`` -> ``Options.setAvailableMemoryProportion({"IPU0": P})``: the model
-takes one IPU per replica; the emulator records it.
+``--ipu-available-memory-proportion P`` -> ``Options.setAvailableMemoryProportion({"IPU0": P, ...})``, one
+entry per IPU of a replica (more than one with ``--pipeline``); the emulator records it.
+``--pipeline NAME,...`` / ``--ipu-execution-strategy``: the model split over IPUs (:mod:`.ipu_pipeline`).
 """
 
 from __future__ import annotations
 
 import math
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
 from accelbatch.plan import PlanError
+
+from .ipu_pipeline import PipelineSettings
 
 DEFAULT_LOSS_SCALING = 128.0
 
@@ -37,6 +40,7 @@ class IPUSettings:
     cache_dir: str | None = None
     synthetic_data: bool = False
     memory_proportion: float | None = None
+    pipeline: PipelineSettings = field(default_factory=PipelineSettings)
 
     @classmethod
     def from_opts(cls, opts: Any) -> "IPUSettings":
@@ -64,7 +68,8 @@ class IPUSettings:
         return cls(half=half, loss_scaling=float(scaling if scaling is not None else
                                                  (DEFAULT_LOSS_SCALING if half else 1.0)),
                    cache_dir=cache_dir, synthetic_data=bool(getattr(opts, "ipu_synthetic_data", False)),
-                   memory_proportion=None if proportion is None else float(proportion))
+                   memory_proportion=None if proportion is None else float(proportion),
+                   pipeline=PipelineSettings.from_opts(opts))
 
     def apply(self, options: Any) -> Any:
         """Set these settings on a ``poptorch.Options`` (returned)."""
@@ -75,7 +80,8 @@ class IPUSettings:
         if self.synthetic_data:
             options.enableSyntheticData(True)
         if self.memory_proportion is not None:
-            options.setAvailableMemoryProportion({"IPU0": self.memory_proportion})
+            options.setAvailableMemoryProportion({f"IPU{k}": self.memory_proportion
+                                                  for k in range(self.pipeline.ipus_per_replica)})
         return options
 
     def prepare(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer | None) -> None:

@@ -29,8 +29,8 @@ def run_example(name: str, *args: str, timeout: float = 120) -> str:
     return proc.stdout
 
 
-def test_there_are_six_tutorials_each_with_a_readme_section():
-    assert len(SCRIPTS) == 6
+def test_there_are_seven_tutorials_each_with_a_readme_section():
+    assert len(SCRIPTS) == 7
     readme = (EXAMPLES / "README.md").read_text(encoding="utf-8")
     for name in SCRIPTS:
         assert f"`{name}`" in readme, name
@@ -161,3 +161,17 @@ def test_tutorials_1_and_4_import_no_accelbatch_when_poptorch_exists():
     assert "accelbatch" not in imported(EXAMPLES / "poptorch_or_emulator.py", top_level_only=True)
     for name in ("02_device_iterations_and_output_modes.py", "05_world_training_on_ipu.py"):
         assert "accelbatch" in imported(EXAMPLES / name, top_level_only=False), name
+
+
+@pytest.mark.multiprocess
+@pytest.mark.slow
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("stages", [2, 4])
+def test_07_pipelining_trains_to_the_unsplit_weights_and_shows_the_accumulation_rule(stages):
+    out = run_example("07_pipelining.py", "--emulator", "--stages", str(stages))
+    g = 2 * stages - 1
+    assert f"1. {stages} pipelined stages (IPUs 0..{stages - 1}), gradientAccumulation {g} = 2 x {stages} - 1" in out
+    assert (f"must be greater than or equal to the number of pipeline stages ({g}) when using "
+            f"poptorch.PipelinedExecution. Please note that a model with {stages} pipeline stages") in out
+    diffs = [float(v) for v in re.findall(r"max difference ([\d.e+-]+)", out)]
+    assert len(diffs) == 3 and max(diffs) <= 1e-6

@@ -7,7 +7,9 @@ Import it where ``poptorch`` is not installed::
 and the same code runs on an IPU with ``import poptorch``. The emulator reproduces PopTorch's batching
 semantics (device iterations, replication, gradient accumulation, output modes), its DataLoader and
 AsynchronousDataAccessor, ``poptorch.optim`` (the optimizer state kept per executor and read back),
-option freezing, compilation on the first call with fixed input shapes, and PopTorch's error texts. It
+option freezing, execution strategies and block annotations (the unsplit model's numbers, PopTorch's
+placement errors: execution_strategy.py), compilation on the first call with fixed input shapes, and
+PopTorch's error texts. It
 adds ``PoplarExecutor.compile_count`` and ``compiled_input_shapes`` to make recompilations measurable, and
 ``IS_EMULATOR = True``.
 """
@@ -16,15 +18,26 @@ from __future__ import annotations
 
 from . import enums, optim, poptorch_core
 from .accessor import AsynchronousDataAccessor
+from .blocks import BeginBlock, Block, BlockFunction, module_repr, removeBlocks
 from .dataloader import DataLoader
 from .enums import (
+    AutoStage,
     CommGroupType,
     ConnectionType,
     DataLoaderMode,
+    Liveness,
     MeanReductionStrategy,
     OutputMode,
     ReductionType,
     SharingStrategy,
+)
+from .execution_strategy import (
+    ParallelPhasedExecution,
+    Phase,
+    PipelinedExecution,
+    SerialPhasedExecution,
+    ShardedExecution,
+    Stage,
 )
 from .model import PoplarExecutor, inferenceModel, trainingModel
 from .ops import identity_loss, isRunningOnIpu
@@ -46,8 +59,10 @@ def setLogLevel(level: str | int) -> None:
 
 
 __all__ = [
-    "AsynchronousDataAccessor", "CommGroupType", "ConnectionType", "DataLoader", "DataLoaderMode", "Error",
-    "IS_EMULATOR",
+    "AsynchronousDataAccessor", "AutoStage", "BeginBlock", "Block", "BlockFunction",
+    "CommGroupType", "ConnectionType", "DataLoader", "DataLoaderMode", "Error",
+    "IS_EMULATOR", "Liveness", "ParallelPhasedExecution", "Phase", "PipelinedExecution", "SerialPhasedExecution",
+    "ShardedExecution", "Stage", "module_repr", "removeBlocks",
     "MeanReductionStrategy", "Options", "OutputMode", "PoplarExecutor", "RecoverableError", "ReductionType",
     "SharingStrategy", "TensorLocationSettings", "UnrecoverableError", "enums", "identity_loss", "inferenceModel",
     "ipuHardwareIsAvailable", "isRunningOnIpu", "optim", "poptorch_core", "setLogLevel", "trainingModel",

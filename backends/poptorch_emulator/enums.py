@@ -85,7 +85,26 @@ class ConnectionType(enum.IntEnum):
     Never = 2
 
 
+class AutoStage(enum.IntEnum):
+    """How a pipeline given no explicit stages numbers its blocks' stages: ``SameAsIpu`` (stage = the block's
+    ``ipu_id``, the default) or ``AutoIncrement`` (each new block its own next stage)."""
+
+    SameAsIpu = 0
+    AutoIncrement = 1
+
+
+class Liveness(enum.IntEnum):
+    """Where phased execution keeps tensors between phases (recorded; a CPU has one memory)."""
+
+    AlwaysLive = 0
+    OffChipAfterFwd = 1
+    OffChipAfterFwdNoOverlap = 2
+    OffChipAfterEachPhase = 3
+
+
 __all__ = [
+    "AutoStage",
+    "Liveness",
     "CommGroupType",
     "ConnectionType",
     "DataLoaderMode",

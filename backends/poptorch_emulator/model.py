@@ -39,9 +39,7 @@ from typing import Any
 
 import torch
 
-from accelbatch.plan import reserved_ipus
-
-from . import _device, _outputs, _structure, optim
+from . import _device, _outputs, _structure, blocks, execution_strategy, optim
 from ._inputs import ArgBinder, Batching, BoundInputs, CompiledInputs
 from .enums import CommGroupType, ConnectionType, OutputMode, ReductionType
 from .ops import _running_on_device, final_loss, finding_losses
@@ -66,21 +64,6 @@ def _set_wrapped(model: torch.nn.Module, wrapped: bool) -> None:
         model.__dict__[_WRAPPED_MARK] = True
     else:
         model.__dict__.pop(_WRAPPED_MARK, None)
-
-
-def _check_ipus(num_ipus: int, auto_round: bool) -> None:
-    """PopTorch's rule when it acquires a device: error unless ``autoRoundNumIPUs`` (then a warning)."""
-    rounded = reserved_ipus(num_ipus)
-    if rounded == num_ipus:
-        return
-    why = ", because PopTorch must reserve a power of 2 or a multiple of 64 IPUs."
-    if auto_round:
-        logger.warning("Reserving %d IPUs when the model specifices the use of only %d%s %d will be reserved but "
-                       "not used.", rounded, num_ipus, why, rounded - num_ipus)
-        return
-    raise py_error(f"The model specifies the use of {num_ipus} IPUs, however PopTorch must reserve a minimum of "
-                   f"{rounded} in order to allow the model to run{why} Please reconfigure your model to use a "
-                   "different number of IPUs or set poptorch.Options().autoRoundNumIPUs(True).")
 
 
 def _hyperparameters(optimizer: torch.optim.Optimizer) -> list[dict[str, Any]]:
@@ -116,9 +99,10 @@ class PoplarExecutor:
             if options.Training.gradient_accumulation != 1:
                 raise py_error(
                     "You must set poptorch.Options().Training.gradientAccumulation to 1 or leave it as its "
-                    "default value (1) when running a poptorch.inferenceModel(). Use "
-                    "poptorch.Options().deviceIterations to process a sufficient number of batches each "
-                    "run for pipelined execution instead.")
+                    "default value (1) when running a poptorch.inferenceModel()." + (
+                        " Use poptorch.Options().deviceIterations to process a sufficient number of batches "
+                        "each run for pipelined execution instead."
+                        if execution_strategy.is_pipelined(options) else ""))
             if optimizer is not None:
                 raise AssertionError("Optimizer should be None for inference")
         self._options = options
@@ -147,7 +131,7 @@ class PoplarExecutor:
         return getattr(self._user_model, attr)
 
     def __repr__(self) -> str:
-        return repr(self._user_model)
+        return blocks.module_repr(self._user_model)
 
     @property
     def model(self) -> torch.nn.Module:
@@ -198,6 +182,9 @@ class PoplarExecutor:
             logger.warning("Call to compile() ignored: the executable is already compiled")
             return
         self._compile(inputs)
+        b = self.batching
+        with execution_strategy.dry_run(self._model):  # PopTorch traces the model when it compiles
+            self._forward(inputs.map(lambda t: b.micro_batch(t.detach(), 0, 0, 0)))
 
     def compilationTime(self) -> datetime.timedelta:
         if not self.isCompiled():
@@ -217,8 +204,6 @@ class PoplarExecutor:
                               batching.device_iterations)
         for tensor in inputs.tensors():
             batching.check_batch_dim(tensor)
-        if self._options.connection_type != ConnectionType.Never:  # a device is acquired: whole IPU counts
-            _check_ipus(batching.replication_factor, bool(self._options.auto_round_num_ipus))
         if any(t.requires_grad for t in inputs.tensors()):
             logger.warning("Input tensor has requires_grad=True set. This tensor will be detached because "
                            "backward pass via inputs is not supported.")
@@ -228,6 +213,7 @@ class PoplarExecutor:
         if self._loaded_from_cache:
             logger.info("Loaded the executable from the cache (%s)", self._options._Popart.options["cachePath"])
         self._loss_output: int | None = None  # which output is the final loss, once a training run found it
+        self._placement: execution_strategy.Placement | None = None  # blocks and IPUs, once traced
         self._compile_count += 1
         self._compilation_time = datetime.timedelta(seconds=time.perf_counter() - start)
         self._is_attached = self._options.connection_type != ConnectionType.Never
@@ -422,10 +408,10 @@ class PoplarExecutor:
                     micro = inputs.map(lambda t, d=d, g=g, r=r: b.micro_batch(t, d, g, r))
                     if find_losses:
                         with finding_losses() as marked:
-                            out = self._model(*micro.args, **micro.kwargs)
+                            out = self._forward(micro)
                         on_output(out, marked)
                     else:
-                        out = self._model(*micro.args, **micro.kwargs)
+                        out = self._forward(micro)
                         on_output(out)
                     structure = out
                     per_r.append([_outputs.to_host_dtype(t.detach()) for t in _structure.flatten(out)])
@@ -434,6 +420,17 @@ class PoplarExecutor:
             if self._training:
                 self._end_of_iteration()
         return per_micro, structure
+
+    def _forward(self, micro: BoundInputs) -> Any:
+        """One micro-batch; the first of a compilation is traced, and its placement checked (IPUs acquired
+        unless ConnectionType.Never, pipeline depth) before anything is updated."""
+        if self._placement is not None:
+            return self._model(*micro.args, **micro.kwargs)
+        with execution_strategy.tracing(self._options) as trace:
+            out = self._model(*micro.args, **micro.kwargs)
+        execution_strategy.check_placement(trace.placement, self._options, self._training)
+        self._placement = trace.placement
+        return out
 
     def _run_training(self, inputs: BoundInputs) -> tuple[_outputs.MicroOutputs, Any]:
         """Each micro-batch backpropagates from its final loss (PopTorch's rule, see ops.final_loss). The

@@ -29,6 +29,7 @@ import torch
 
 from . import enums
 from ._options_dict import FROZEN_MESSAGE, _OptionsDict
+from .execution_strategy import PipelinedExecution, _IExecutionStrategy
 from .tensor_locations import _TensorLocationOptions
 
 logger = logging.getLogger("poptorch_emulator")
@@ -196,6 +197,7 @@ class Options(_OptionsDict):
         object.__setattr__(self, "_distributed", _DistributedOptions())
         object.__setattr__(self, "_popart", _PopartOptions())
         object.__setattr__(self, "_precision", _PrecisionOptions(self._popart))
+        object.__setattr__(self, "_execution_strategy", PipelinedExecution())
         super().__init__(
             replication_factor=1,
             input_group_size=1,
@@ -320,6 +322,14 @@ class Options(_OptionsDict):
 
     def useIpuModel(self, use_model: bool) -> "Options":
         self.createOrSet(use_model=use_model)
+        return self
+
+    def setExecutionStrategy(self, strategy: Any) -> "Options":
+        """How the model's blocks are placed: ``PipelinedExecution`` (the default), ``ShardedExecution``,
+        ``SerialPhasedExecution`` or ``ParallelPhasedExecution`` (see :mod:`.execution_strategy`)."""
+        self.checkIsFrozen()
+        assert isinstance(strategy, _IExecutionStrategy)
+        object.__setattr__(self, "_execution_strategy", strategy)
         return self
 
     def autoRoundNumIPUs(self, auto_round_num_ipus: bool = True) -> "Options":
