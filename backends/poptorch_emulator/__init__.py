@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from . import enums, optim, poptorch_core
 from .accessor import AsynchronousDataAccessor
+from .custom_args import ICustomArgParser, registerCustomArgParser
 from .dataloader import DataLoader
 from .enums import (
     CommGroupType,
@@ -47,8 +48,9 @@ def setLogLevel(level: str | int) -> None:
 
 __all__ = [
     "AsynchronousDataAccessor", "CommGroupType", "ConnectionType", "DataLoader", "DataLoaderMode", "Error",
-    "IS_EMULATOR",
+    "ICustomArgParser", "IS_EMULATOR",
     "MeanReductionStrategy", "Options", "OutputMode", "PoplarExecutor", "RecoverableError", "ReductionType",
     "SharingStrategy", "TensorLocationSettings", "UnrecoverableError", "enums", "identity_loss", "inferenceModel",
-    "ipuHardwareIsAvailable", "isRunningOnIpu", "optim", "poptorch_core", "setLogLevel", "trainingModel",
+    "ipuHardwareIsAvailable", "isRunningOnIpu", "optim", "poptorch_core", "registerCustomArgParser", "setLogLevel",
+    "trainingModel",
 ]
