@@ -42,6 +42,16 @@ def registerCustomArgParser(arg_data_type: type, arg_parser: Optional[ICustomArg
     _PARSERS[arg_data_type] = arg_parser
 
 
+def registered_parsers() -> Dict[type, ICustomArgParser]:
+    """A copy of the registry (sent to loading processes, which have not run the registrations)."""
+    return dict(_PARSERS)
+
+
+def parser_for_type(data_type: type) -> Optional[ICustomArgParser]:
+    """The parser registered for exactly ``data_type``, or None."""
+    return _PARSERS.get(data_type)
+
+
 def parser_for(obj: Any) -> Optional[ICustomArgParser]:
     """The parser registered for ``obj``'s type, else for one of its base classes, else None."""
     if not _PARSERS:

@@ -268,3 +268,15 @@ def test_latency_left_out_when_poptorch_has_no_get_latency():
     stats.record(Timed())
     stats.record(Timed())
     assert stats.report() == {"latency_min_ms": 2.0, "latency_mean_ms": 3.0, "latency_max_ms": 4.0}
+
+
+def test_a_failing_get_latency_never_stops_the_run():
+    from accelbatch.backends.ipu_latency import LatencyStats
+
+    class Broken:
+        def getLatency(self):
+            raise AssertionError("Internal PopTorch error: mismatching number of start timestamps")
+
+    stats = LatencyStats()
+    stats.record(Broken())
+    assert stats.report() is None

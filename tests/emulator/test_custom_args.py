@@ -66,3 +66,19 @@ def test_model_takes_and_returns_custom_type(pair_parser):
 def test_parser_must_implement_the_interface():
     with pytest.raises(poptorch.Error, match="arg_parser must inherit from ICustomArgParser"):
         poptorch.registerCustomArgParser(Pair, object())
+
+
+@pytest.mark.slow
+@pytest.mark.multiprocess  # the loading process
+@pytest.mark.timeout(120)
+def test_async_rebatched_loader_reforms_custom_batches(pair_parser):
+    # 12 rows loaded in batches of 4 (rebatched_worker_size), re-formed into the combined 2 x 3 = 6 rows
+    opts = poptorch.Options().deviceIterations(2)
+    loader = poptorch.DataLoader(opts, Rows(), batch_size=3, collate_fn=_collate, drop_last=False,
+                                 mode=poptorch.DataLoaderMode.AsyncRebatched, rebatched_worker_size=4)
+    labels = []
+    for batch in loader:
+        assert isinstance(batch, Pair)
+        assert batch.data[:, 1].tolist() == batch.label.float().tolist()
+        labels.append(batch.label.tolist())
+    assert labels == [[0, 1, 2, 3, 4, 5], [6, 7, 8, 9, 10, 11]]
