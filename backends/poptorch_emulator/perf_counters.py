@@ -116,7 +116,10 @@ class PerfCounterMethods:
 
     @property
     def _perf_counters(self) -> PerfCounters:
-        return self.__dict__.setdefault("_perf_counter_store", PerfCounters())
+        store = self.__dict__.get("_perf_counter_store")
+        if store is None:
+            store = self.__dict__["_perf_counter_store"] = PerfCounters()
+        return store
 
     def getPerfCounters(self) -> Counters:
         """Timestamps (fractional seconds, host clock) of the last call's transfers: see the module doc."""
