@@ -54,3 +54,19 @@ def test_missing_test_files_are_one_line_errors(script, tmp_path, capsys):
     assert "batching_test.py not found" in capsys.readouterr().err
     assert script.main(["--git-dir", str(tmp_path / "nope")]) == 2
     assert "--git-dir" in capsys.readouterr().err
+
+
+MIRROR = Path("/work/.mirror/graphcore+poptorch/repo")
+
+
+@pytest.mark.slow
+@pytest.mark.multiprocess
+@pytest.mark.timeout(300)
+@pytest.mark.skipif(not MIRROR.is_dir(), reason="no local graphcore/poptorch mirror")
+def test_poptorch_outputs_tests_pass_on_the_emulator():
+    import subprocess
+
+    proc = subprocess.run([sys.executable, str(SCRIPT), "--git-dir", str(MIRROR), "--ref", "sdk-release-3.3",
+                           "--", "-k", "outputs_test"], capture_output=True, text=True, timeout=280)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    assert "6 passed, 0 failed, 0 skipped, 6 in all" in proc.stdout
