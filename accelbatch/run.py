@@ -159,6 +159,7 @@ def run(world: World, opts: Opts) -> dict[str, Any]:
         report["device"] = backend.name
         if backend.name == "ipu":
             report["ipu"] = {"poptorch": backend.implementation, "compilations": backend.compilations}
+            report["ipu"].update(backend.latency or {})  # host-timed figures that vary from run to run
             if backend.settings.cache_dir is not None:  # graphs loaded from --ipu-cache-dir, not compiled
                 report["ipu"]["cached"] = backend.cache_loads
             pipeline = backend.settings.pipeline

@@ -32,6 +32,7 @@ from accelbatch.plan import ExecutionPlan, PlanError, reserved_ipus
 
 from .base import Backend, BackendUnavailable, Engine, TensorBatch
 from .ipu_engine import IPUEngine, plan_options
+from .ipu_latency import combined
 from .ipu_settings import IPUSettings
 
 log = logging.getLogger("accelbatch.ipu")
@@ -139,6 +140,11 @@ class IPUBackend(Backend):
     def compilations(self) -> int:
         """Graphs compiled by every engine this backend made (graphs loaded from --ipu-cache-dir left out)."""
         return sum(e.compilations for e in self.engines)
+
+    @property
+    def latency(self) -> dict[str, float] | None:
+        """Round-trip latency figures over every engine's calls (see :mod:`.ipu_latency`), or None."""
+        return combined(e.latency for e in self.engines).report()
 
     @property
     def cache_loads(self) -> int:

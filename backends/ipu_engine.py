@@ -58,6 +58,7 @@ from accelbatch.plan import LOSS_TOKENS, ExecutionPlan, LossNormalization, Outpu
 from .base import Engine, NonFiniteLoss, StepResult, TensorBatch
 from .engine import check_trainable
 from .ipu_graph import LOSS_SCALE, InputsAdapter, device_output_mode, make_adapter, plan_options
+from .ipu_latency import LatencyStats
 from .ipu_optim import load_optimizer_state, to_poptorch_optimizer
 from .ipu_settings import IPUSettings
 
@@ -112,6 +113,7 @@ class IPUEngine(Engine):
         self._active: _Executor | None = None
         self._compilations = 0
         self._history: list[dict[str, Any]] = []
+        self.latency = LatencyStats()  # getLatency() of each call, when the poptorch in use has it
 
     # --- reporting -------------------------------------------------------------------------------
     @property
@@ -225,6 +227,7 @@ class IPUEngine(Engine):
             log.error("ipu: poptorch could not compile the %s graph: %s", "training" if entry.training
                       else "inference", message)
             raise PlanError(f"--device ipu: poptorch could not compile the model: {message.splitlines()[0]}") from exc
+        self.latency.record(ex)
         compiled = not compiled_before
         if compiled and cache is not None and not _cache_files(self.settings.cache_dir) - cache:
             self._cache_loads += 1  # an executable found in the cache (nothing new written): not compiled

@@ -19,6 +19,7 @@ from __future__ import annotations
 from . import enums, optim, poptorch_core
 from .accessor import AsynchronousDataAccessor
 from .blocks import BeginBlock, Block, BlockFunction, module_repr, removeBlocks
+from .custom_args import ICustomArgParser, registerCustomArgParser
 from .dataloader import DataLoader
 from .enums import (
     AutoStage,
@@ -60,10 +61,11 @@ def setLogLevel(level: str | int) -> None:
 
 __all__ = [
     "AsynchronousDataAccessor", "AutoStage", "BeginBlock", "Block", "BlockFunction",
-    "CommGroupType", "ConnectionType", "DataLoader", "DataLoaderMode", "Error",
+    "CommGroupType", "ConnectionType", "DataLoader", "DataLoaderMode", "Error", "ICustomArgParser",
     "IS_EMULATOR", "Liveness", "ParallelPhasedExecution", "Phase", "PipelinedExecution", "SerialPhasedExecution",
     "ShardedExecution", "Stage", "module_repr", "removeBlocks",
     "MeanReductionStrategy", "Options", "OutputMode", "PoplarExecutor", "RecoverableError", "ReductionType",
     "SharingStrategy", "TensorLocationSettings", "UnrecoverableError", "enums", "identity_loss", "inferenceModel",
-    "ipuHardwareIsAvailable", "isRunningOnIpu", "optim", "poptorch_core", "setLogLevel", "trainingModel",
+    "ipuHardwareIsAvailable", "isRunningOnIpu", "optim", "poptorch_core", "registerCustomArgParser", "setLogLevel",
+    "trainingModel",
 ]

@@ -14,6 +14,7 @@ from typing import Any
 import torch
 
 from . import _structure
+from .custom_args import parser_for
 from .poptorch_core import py_error
 
 RECOMPILE_HINT = (
@@ -160,6 +161,13 @@ def _validate(name: str, compiled: Any, given: Any, top_level_named: bool = Fals
         if compiled.shape != given.shape:
             raise py_error(f"Shape mismatch for {name}: expected {compiled.shape} but got "
                            f"{given.shape}.{RECOMPILE_HINT}")
+    elif parser_for(compiled) is not None:  # a custom type: its parser lists the tensors to check
+        flat, flat_given = _structure.flatten(compiled), _structure.flatten(given)
+        if len(flat) != len(flat_given):
+            raise py_error(f"Length mismatch for {name}: expected {len(flat)} tensors but got "
+                           f"{len(flat_given)}.{RECOMPILE_HINT}")
+        for i, (c, g) in enumerate(zip(flat, flat_given)):
+            _validate(f"{name}[{i}]", c, g)
     elif compiled != given:
         raise py_error(f"Value mismatch for {name}: expected {compiled} but got {given}.{RECOMPILE_HINT}")
 

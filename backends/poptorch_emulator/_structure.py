@@ -7,9 +7,14 @@ from typing import Any
 
 import torch
 
+from .custom_args import parser_for
+
 
 def flatten(obj: Any) -> list[torch.Tensor]:
-    """Every tensor in ``obj``, depth first, dicts in insertion order."""
+    """Every tensor in ``obj``, depth first, dicts in insertion order, custom types as their parser lists."""
+    parser = parser_for(obj)
+    if parser is not None:
+        return list(parser.yieldTensors(obj))
     if isinstance(obj, torch.Tensor):
         return [obj]
     if isinstance(obj, (tuple, list)):
@@ -21,6 +26,9 @@ def flatten(obj: Any) -> list[torch.Tensor]:
 
 def rebuild(obj: Any, tensors: Iterator[torch.Tensor]) -> Any:
     """``obj`` with its tensors replaced, in ``flatten`` order, by those ``tensors`` yields."""
+    parser = parser_for(obj)
+    if parser is not None:
+        return parser.reconstruct(obj, tensors)
     if isinstance(obj, torch.Tensor):
         return next(tensors)
     if isinstance(obj, tuple):

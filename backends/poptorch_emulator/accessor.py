@@ -28,6 +28,7 @@ from a forkserver). A batch that takes longer than 60 s to arrive raises instead
 from __future__ import annotations
 
 import copy
+import functools
 import sys
 import weakref
 from collections.abc import Iterator
@@ -36,6 +37,8 @@ from typing import Any
 from accelbatch.data.accessor import AsyncDataAccessor
 from accelbatch.procs import ProcessDied, ProcessFailure, ProcessTimeout
 
+from . import custom_args
+from ._custom_rebatch import rebatch_custom
 from .enums import SharingStrategy
 from .poptorch_core import py_error
 
@@ -73,11 +76,15 @@ class AsynchronousDataAccessor:
         # A DataLoader is sent as a shallow copy (same dataset, sampler and options, no accessor), so that
         # the loading process's source does not hold on to the loader that owns this accessor.
         source = copy.copy(dataset) if is_loader else dataset
+        drop_last = bool(getattr(dataset, "rebatched_drop_last", True))
+        rebatching: dict[str, Any] = {"rebatch_size": rebatched_size, "rebatch_drop_last": drop_last}
+        if rebatched_size is not None and custom_args.registered_parsers():  # custom types: see _custom_rebatch
+            rebatching = {"transform": functools.partial(rebatch_custom, batch_size=rebatched_size,
+                                                         drop_last=drop_last,
+                                                         parsers=custom_args.registered_parsers())}
         self._inner = AsyncDataAccessor(
-            source, buffer_size=buffer_size, early_preload=early_preload,
-            load_indefinitely=load_indefinitely, rebatch_size=rebatched_size,
-            rebatch_drop_last=bool(getattr(dataset, "rebatched_drop_last", True)),
-            miss_sleep_s=miss_sleep_time_in_ms / 1000.0)
+            source, buffer_size=buffer_size, early_preload=early_preload, load_indefinitely=load_indefinitely,
+            miss_sleep_s=miss_sleep_time_in_ms / 1000.0, **rebatching)
         # Read the first batch now, as PopTorch's worker does while it starts.
         try:
             first_pass = self._inner.start_pass(hold_after=None if early_preload else 1)

@@ -43,7 +43,8 @@ from . import _device, _outputs, _structure, blocks, execution_strategy, optim
 from ._inputs import ArgBinder, Batching, BoundInputs, CompiledInputs
 from .enums import CommGroupType, ConnectionType, OutputMode, ReductionType
 from .ops import _running_on_device, final_loss, finding_losses
-from .options import Options
+from .options import Options, adopt_optimizer_accum_type
+from .perf_counters import PerfCounterMethods
 from .poptorch_core import py_error
 
 logger = logging.getLogger("poptorch_emulator")
@@ -66,12 +67,7 @@ def _set_wrapped(model: torch.nn.Module, wrapped: bool) -> None:
         model.__dict__.pop(_WRAPPED_MARK, None)
 
 
-def _hyperparameters(optimizer: torch.optim.Optimizer) -> list[dict[str, Any]]:
-    return [{k: copy.copy(v) for k, v in group.items() if k != "params"}
-            for group in optimizer.param_groups]
-
-
-class PoplarExecutor:
+class PoplarExecutor(PerfCounterMethods):
     """A model "compiled" for the (emulated) IPU; call it like the wrapped module."""
 
     def __init__(self, model: torch.nn.Module, options: Options | None, training: bool,
@@ -275,6 +271,7 @@ class PoplarExecutor:
         """Use ``optimizer`` with its current hyper-parameters (call again after changing them); a poptorch
         optimizer's ``state_dict()`` then reads the state back from this executor."""
         optim.optimizer_type(optimizer)
+        adopt_optimizer_accum_type(self._options, optimizer, self.isCompiled())
         old = self._optimizer
         if self.isCompiled() and optimizer is not old:
             if isinstance(old, optim.Optimizer):  # keep the old one's state, and unhook it from this executor
@@ -285,7 +282,8 @@ class PoplarExecutor:
         if isinstance(optimizer, optim.Optimizer):
             optimizer.state_dict = self._optimizer_state_dict
         self._optimizer = optimizer
-        self._optimizer_hparams = _hyperparameters(optimizer)
+        self._optimizer_hparams = [{k: copy.copy(v) for k, v in group.items() if k != "params"}
+                                   for group in optimizer.param_groups]
         self._loss_scaling = _device.loss_scaling(optimizer)
         if self.isAttachedToDevice():
             self._write_optimizer_state()
@@ -376,11 +374,10 @@ class PoplarExecutor:
             if self._synthetic is None:
                 seed = self._options.random_seed if self._options.exists("random_seed") else 0
                 self._synthetic = torch.Generator().manual_seed(seed)
-            gen = self._synthetic
-            inputs = inputs.map(lambda t: _device.synthetic(t, gen))
+            inputs = inputs.map(lambda t, gen=self._synthetic: _device.synthetic(t, gen))
         if self._training:
             self._write_optimizer_state()
-        with _running_on_device():
+        with _running_on_device(), self._perf_counters.recording(self._options, self.batching):
             if self._training:
                 per_micro, structure = self._run_training(inputs)
                 if isinstance(self._optimizer, optim.Optimizer):
@@ -405,7 +402,7 @@ class PoplarExecutor:
             for g in range(b.gradient_accumulation):
                 per_r = []
                 for r in range(b.replication_factor):
-                    micro = inputs.map(lambda t, d=d, g=g, r=r: b.micro_batch(t, d, g, r))
+                    micro = self._perf_counters.load(inputs, lambda t, d=d, g=g, r=r: b.micro_batch(t, d, g, r))
                     if find_losses:
                         with finding_losses() as marked:
                             out = self._forward(micro)
@@ -414,7 +411,7 @@ class PoplarExecutor:
                         out = self._forward(micro)
                         on_output(out)
                     structure = out
-                    per_r.append([_outputs.to_host_dtype(t.detach()) for t in _structure.flatten(out)])
+                    per_r.append(self._perf_counters.store(_structure.flatten(out), _outputs.to_host_dtype))
                 per_g.append(per_r)
             per_micro.append(per_g)
             if self._training:

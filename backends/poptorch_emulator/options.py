@@ -21,6 +21,7 @@ Behaviour reproduced from PopTorch (python/options.py, python/_options_impl.py):
 from __future__ import annotations
 
 import copy
+import json
 import logging
 import os
 from typing import Any
@@ -213,6 +214,23 @@ class Options(_OptionsDict):
         path = os.environ.get("POPTORCH_CACHE_DIR", "")
         if path:
             self.enableExecutableCaching(path)
+        self.from_json(os.environ.get("POPTORCH_DEFAULT_OPTIONS", "{}"))
+
+    def from_json(self, string: str) -> "Options":
+        """Call setters named by a JSON object: ``{"deviceIterations": 2, "Precision.setPartialsType": ...}``;
+        a list value gives the arguments, a string ``"Enum.Member"`` a poptorch enum member."""
+        for name, value in json.loads(string).items():
+            setter: Any = self
+            for part in name.split("."):
+                setter = getattr(setter, part)
+            if isinstance(value, str) and value.count(".") == 1:
+                enum_name, member = value.split(".")
+                value = getattr(getattr(enums, enum_name, None), member, value)
+            if isinstance(value, list):
+                setter(*value)
+            else:
+                setter(value)
+        return self
 
     # -- categories -------------------------------------------------------------------------------
     @property
@@ -320,6 +338,12 @@ class Options(_OptionsDict):
         self.set(connection_type=connection_type.value)
         return self
 
+    def useOfflineIpuTarget(self, ipu_version: int = 2) -> "Options":
+        """Compile for an IPU that is not attached (``ConnectionType.Never``): models can compile, not run."""
+        self.connectionType(enums.ConnectionType.Never)
+        self.createOrSet(ipu_version=ipu_version)
+        return self
+
     def useIpuModel(self, use_model: bool) -> "Options":
         self.createOrSet(use_model=use_model)
         return self
@@ -365,4 +389,23 @@ class Options(_OptionsDict):
                 f"_Popart={self._popart!r})")
 
 
-__all__ = ["Options", "FROZEN_MESSAGE"]
+
+def adopt_optimizer_accum_type(options: Options, optimizer: Any, compiled: bool) -> None:
+    """PopTorch's rule: an optimizer accumulating in float16 (``accum_type``), unless it uses the combined
+    accumulator, makes the mean reduction Running; once compiled, a model using another strategy refuses it."""
+    if getattr(optimizer, "accum_type", None) != torch.float16 or getattr(optimizer, "use_combined_accum", False):
+        return
+    running = enums.MeanReductionStrategy.Running
+    if not compiled:
+        frozen = options._frozen
+        options._unfreeze()
+        options.Training.setMeanAccumulationAndReplicationReductionStrategy(running)
+        if frozen:
+            options._freeze()
+    elif options.Training.meanAccumulationAndReplicationReductionStrategy != running:
+        raise ValueError("Invalid optimizer: the new optimizer would require changing options.Training."
+                         "meanAccumulationAndReplicationReductionStrategy to poptorch.MeanReductionStrategy."
+                         "Running but the executable is already compiled.")
+
+
+__all__ = ["Options", "FROZEN_MESSAGE", "adopt_optimizer_accum_type"]

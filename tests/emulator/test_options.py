@@ -156,3 +156,60 @@ def test_available_memory_proportion_recorded_per_ipu_index():
                                              r'of \{"IPU0": 0.5\} where the 0 in IPU is the index of the IPU\. '
                                              r"Invalid key: 0$"):
         opts.setAvailableMemoryProportion({"0": 0.5})
+
+
+# -- the mean reduction strategy follows the optimizer's accumulator type (PopTorch's documented rule) ----
+class _Scale(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.w = torch.nn.Parameter(torch.ones(2))
+
+    def forward(self, x):
+        out = x * self.w
+        return out, poptorch.identity_loss(out.sum(), reduction="none")
+
+
+@pytest.mark.parametrize("accum_type, combined, expected", [
+    (torch.float16, False, poptorch.MeanReductionStrategy.Running),  # float16 accumulators: Running
+    (torch.float16, True, poptorch.MeanReductionStrategy.Post),      # the combined variant only has Post
+    (torch.float32, False, poptorch.MeanReductionStrategy.Post),
+    (None, False, poptorch.MeanReductionStrategy.Post),               # float32 by default
+])
+def test_mean_reduction_strategy_from_accum_type(accum_type, combined, expected):
+    model = _Scale()
+    sgd = poptorch.optim.SGD(model.parameters(), lr=0.1, accum_type=accum_type, use_combined_accum=combined)
+    training = poptorch.trainingModel(model, poptorch.Options(), sgd)
+    training.compile(torch.ones(1, 2))
+    assert training.options.Training.meanAccumulationAndReplicationReductionStrategy == expected
+
+
+def test_float16_accumulators_after_compiling_with_post_are_refused():
+    model = _Scale()
+    training = poptorch.trainingModel(model, poptorch.Options(), poptorch.optim.SGD(model.parameters(), lr=0.1))
+    training.compile(torch.ones(1, 2))
+    half = poptorch.optim.SGD(model.parameters(), lr=0.1, accum_type=torch.float16)
+    with pytest.raises(ValueError, match="already compiled"):
+        training.setOptimizer(half)
+
+
+# -- POPTORCH_DEFAULT_OPTIONS and from_json ------------------------------------------------------------
+def test_default_options_from_the_environment(monkeypatch):
+    monkeypatch.setenv("POPTORCH_DEFAULT_OPTIONS", '{"deviceIterations": 3, "Training.gradientAccumulation": 2, '
+                                                   '"connectionType": "ConnectionType.OnDemand", '
+                                                   '"_Popart.set": ["saveInitializersToFile", "w.onnx"]}')
+    opts = poptorch.Options()
+    assert opts.device_iterations == 3
+    assert opts.Training.gradient_accumulation == 2
+    assert opts.connection_type == poptorch.ConnectionType.OnDemand.value
+    assert opts._Popart.options["saveInitializersToFile"] == "w.onnx"
+    monkeypatch.delenv("POPTORCH_DEFAULT_OPTIONS")
+    assert poptorch.Options().device_iterations == 1
+
+
+def test_offline_ipu_target_compiles_but_does_not_run():
+    opts = poptorch.Options().useOfflineIpuTarget()
+    assert opts.connection_type == poptorch.ConnectionType.Never.value
+    model = poptorch.inferenceModel(torch.nn.Linear(2, 2), opts)
+    model.compile(torch.ones(1, 2))
+    with pytest.raises(AssertionError, match="Trying to run a model on an offline device"):
+        model(torch.ones(1, 2))
