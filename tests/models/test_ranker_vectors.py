@@ -96,7 +96,7 @@ def test_dialogue_batches_equal_the_reference_twice(cls):
 
 
 def test_full_caches_still_give_the_same_ids():
-    small = HashDictionary(VOCAB, max_words=3, max_texts=2)
+    small = HashDictionary(VOCAB, max_words=3, max_ids=8)
     texts = ["Alpha beta, gamma delta", "epsilon zeta", "eta theta iota", "alpha"]
     for _ in range(2):
         for text in texts:
@@ -168,3 +168,14 @@ def test_world_trains_the_weights_of_reference_batches(model):
         optimizer.step()
     for key, value in plain.state_dict().items():
         assert torch.equal(value, final[key]), key
+
+
+def test_text_caches_keep_truncations_apart_and_stay_in_bounds():
+    d = HashDictionary(VOCAB, max_ids=12)
+    text = "one two three four five"
+    for _ in range(2):
+        assert d.text_ids(text, 2) == ref_ids(text)[-2:]
+        assert d.text_ids(text) == d.text_ids(text, -1) == ref_ids(text)
+        assert d.short_text_ids(text, 2) == ref_ids(text)[:2]
+        assert d.short_text_ids(text, 0) == []
+    assert d.held_ids <= 12 and d.cached()[1] == 3
