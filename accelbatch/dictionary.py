@@ -78,11 +78,18 @@ class HashDictionary:
     def short_text_ids(self, text: str, keep_first: int) -> list[int]:
         """Ids of the first ``keep_first`` words of ``tokenize(text)`` (for texts that recur, such as label
         candidates), cached per text."""
+        return self.short_texts_ids([text], keep_first)[0]
+
+    def short_texts_ids(self, texts: Sequence[str], keep_first: int) -> list[list[int]]:
+        """:meth:`short_text_ids` of each of ``texts``."""
         cache = self._cache(-1 - max(0, keep_first))
-        found = cache.get(text)
-        if found is None:
-            found = self._store(cache, text, text.lower().translate(_WORD).split()[:keep_first])
-        return list(found)
+        get, out = cache.get, []
+        for text in texts:
+            found = get(text)
+            if found is None:
+                found = self._store(cache, text, text.lower().translate(_WORD).split()[:keep_first])
+            out.append(list(found))
+        return out
 
     def _cache(self, key: int) -> dict[str, tuple[int, ...]]:
         cache = self._texts.get(key)

@@ -135,7 +135,7 @@ class RankerAgent(TorchAgent):
         words = self.dictionary
         obs["text_vec"] = words.text_ids(text, self.opts.text_truncate)
         cands = obs.get(LABEL_CANDIDATES) or []
-        obs["cand_vecs"] = [words.short_text_ids(c, MAX_CANDIDATE_WORDS) for c in cands]
+        obs["cand_vecs"] = words.short_texts_ids(cands, MAX_CANDIDATE_WORDS)
         targets = obs.get(LABELS) or obs.get(EVAL_LABELS)
         obs["label_index"] = cands.index(targets[0]) if targets and targets[0] in cands else -1
         return obs
@@ -145,16 +145,17 @@ class RankerAgent(TorchAgent):
         counts = list(map(len, cand_vecs))
         n_cand = max(1, max(counts))
         n_words = max(1, max((len(c) for cs in cand_vecs for c in cs), default=1))
-        flat, zeros = array("q"), array("q", bytes(8 * n_cand * n_words))
+        pad = [[0] * (n_words - k) for k in range(n_words + 1)]  # what a candidate of k words lacks
+        absent = [[0] * (n_words * k) for k in range(n_cand + 1)]  # k missing candidates
+        flat: list[int] = []
         for cs in cand_vecs:
             for c in cs:
-                flat.extend(c)
-                flat.extend(zeros[len(c):n_words])
-            flat.extend(zeros[len(cs) * n_words:])
-        rows = len(observations)
+                flat += c
+                flat += pad[len(c)]
+            flat += absent[n_cand - len(cs)]
         return {
             "text_vec": pad_rows([o["text_vec"] for o in observations], self.pad_multiple),
-            "candidates": long_tensor(flat, (rows, n_cand, n_words)),
+            "candidates": long_tensor(array("q", flat), (len(observations), n_cand, n_words)),
             "cand_mask": (torch.arange(n_cand) < torch.tensor(counts).unsqueeze(1)).long(),
             "label_index": torch.tensor([o["label_index"] for o in observations], dtype=torch.long),
         }
