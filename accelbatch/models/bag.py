@@ -94,6 +94,16 @@ def pad_rows(rows: list[list[int]], multiple: int = 1) -> torch.Tensor:
     return long_tensor(flat, (len(rows), width))
 
 
+def _index(candidates: Any, target: str) -> int:
+    """The first position of ``target`` among ``candidates`` (any sequence), -1 when absent."""
+    try:
+        return candidates.index(target)  # lists and tuples: in C
+    except ValueError:
+        return -1
+    except AttributeError:
+        return next((i for i, c in enumerate(candidates) if c == target), -1)
+
+
 class TokenLength:
     """Picklable length function for dynamic batching: the tokens ``vectorize`` keeps of a message's text."""
 
@@ -137,7 +147,7 @@ class RankerAgent(TorchAgent):
         cands = obs.get(LABEL_CANDIDATES) or []
         obs["cand_vecs"] = words.short_texts_ids(cands, MAX_CANDIDATE_WORDS)
         targets = obs.get(LABELS) or obs.get(EVAL_LABELS)
-        obs["label_index"] = cands.index(targets[0]) if targets and targets[0] in cands else -1
+        obs["label_index"] = _index(cands, targets[0]) if targets else -1
         return obs
 
     def batchify(self, observations: list[Message]) -> dict[str, torch.Tensor]:

@@ -179,3 +179,27 @@ def test_text_caches_keep_truncations_apart_and_stay_in_bounds():
         assert d.short_text_ids(text, 2) == ref_ids(text)[:2]
         assert d.short_text_ids(text, 0) == []
     assert d.held_ids <= 12 and d.cached()[1] == 3
+
+
+def test_label_index_in_candidates_of_any_sequence():
+    agent = BagAgent(Opts(embedding_size=4))
+    for cands in (["x", "y", "y"], ("x", "y"), _Seq(["x", "y"])):
+        obs = agent.vectorize(Message(text="t", labels=["y"], label_candidates=cands))
+        assert obs["label_index"] == 1 and len(obs["cand_vecs"]) == len(list(cands))
+    assert agent.vectorize(Message(text="t", labels=["z"], label_candidates=("x",)))["label_index"] == -1
+
+
+class _Seq:
+    """A sequence without .index (what a user's task might hand over)."""
+
+    def __init__(self, items):
+        self.items = items
+
+    def __iter__(self):
+        return iter(self.items)
+
+    def __len__(self):
+        return len(self.items)
+
+    def __bool__(self):
+        return bool(self.items)
