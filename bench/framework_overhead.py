@@ -124,6 +124,7 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     parser.add_argument("--task", default=None, help="any task instead of the synthetic dialogues")
     parser.add_argument("--episodes", type=int, default=None, help="training episodes of the dialogues task")
     parser.add_argument("--quick", action="store_true", help="60 steps, 3 rounds, 2,000 episodes")
+    parser.add_argument("--modes", default="sync,async", help="data modes to run, comma separated (sync, async)")
     parser.add_argument("--interleave", action="store_true",
                         help="sync: time the plain loop's step on each batch right after the world's, so that "
                              "load from other processes on the cores hits both sides alike")
@@ -136,6 +137,8 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
           f"({args.steps} steps of bs 32, {args.repeats} rounds) ==", flush=True)
     for name, model in (("bag", BAG), ("conv", CONV)):
         for mode, changes in MODES.items():
+            if mode not in args.modes.split(","):
+                continue
             opts = base_opts(args, model=model, **changes)
             # sync runs in this process alone: its CPU time, which other processes on the cores disturb far
             # less than the wall clock; async has data workers in other processes: wall time
