@@ -75,6 +75,11 @@ class HashDictionary:
             found = self._store(cache, text, tokens)
         return list(found)
 
+    def text_length(self, text: str, keep_last: int = 0) -> int:
+        """``len(self.text_ids(text, keep_last))``, from the same cache (no list made)."""
+        found = self._cache(max(0, keep_last)).get(text)
+        return len(found) if found is not None else len(self.text_ids(text, keep_last))
+
     def short_text_ids(self, text: str, keep_first: int) -> list[int]:
         """Ids of the first ``keep_first`` words of ``tokenize(text)`` (for texts that recur, such as label
         candidates), cached per text."""

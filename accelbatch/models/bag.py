@@ -105,13 +105,19 @@ def _index(candidates: Any, target: str) -> int:
 
 
 class TokenLength:
-    """Picklable length function for dynamic batching: the tokens ``vectorize`` keeps of a message's text."""
+    """Picklable length function for dynamic batching: the tokens ``vectorize`` keeps of a message's text.
+    With the agent's ``dictionary`` it counts from its text cache, so the loader's length and ``vectorize``
+    tokenize a text once (pickled together to a data worker, the two keep sharing one dictionary)."""
 
-    def __init__(self, truncate: int):
+    def __init__(self, truncate: int, dictionary: HashDictionary | None = None):
         self.truncate = truncate
+        self.dictionary = dictionary
 
     def __call__(self, msg: Message) -> int:
-        n = len(tokenize(msg.get("full_text", msg.get(TEXT)) or ""))
+        text = msg.get("full_text", msg.get(TEXT)) or ""
+        if self.dictionary is not None:
+            return self.dictionary.text_length(text, self.truncate)
+        n = len(tokenize(text))
         return min(n, self.truncate) if self.truncate > 0 else n
 
 
@@ -123,11 +129,11 @@ class RankerAgent(TorchAgent):
 
     def __init__(self, opts: Any, shared: dict[str, Any] | None = None):
         super().__init__(opts, shared)
-        # the loader sorts and buckets examples by this; it counts exactly the tokens of text_vec
-        self.example_length = TokenLength(opts.text_truncate)
         # word ids with caches, shared by the clones (the rows of a batch)
         found = shared.get("dictionary") if shared else None
         self.dictionary: HashDictionary = found if found is not None else HashDictionary(VOCAB)
+        # the loader sorts and buckets examples by this; it counts exactly the tokens of text_vec
+        self.example_length = TokenLength(opts.text_truncate, self.dictionary)
 
     def share(self) -> dict[str, Any]:
         shared = super().share()

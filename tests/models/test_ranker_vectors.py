@@ -203,3 +203,23 @@ class _Seq:
 
     def __bool__(self):
         return bool(self.items)
+
+
+@pytest.mark.parametrize("truncate", [-1, 0, 3])
+def test_example_length_from_the_cache_counts_the_reference_tokens(truncate):
+    agent = BagAgent(Opts(embedding_size=4, text_truncate=truncate))
+    texts = ["a b c d e", "it's the end. of, the world", "", "x\ny z"]
+    for _ in range(2):  # empty caches, then from them (after vectorize filled them)
+        for text in texts:
+            want = len(ref_vectorize({"text": text}, truncate)["text_vec"])
+            assert agent.example_length(Message(text=text, full_text=text)) == want
+            agent.vectorize(Message(text=text))
+
+
+def test_length_and_collate_pickled_together_share_one_dictionary():
+    agent = BagAgent(Opts(embedding_size=4))
+    collate = agent.collate_fn()
+    length, vectorize = pickle.loads(pickle.dumps((agent.example_length, collate.vectorize)))
+    assert length.dictionary is vectorize.__self__.dictionary
+    length(Message(text="p q r"))
+    assert vectorize.__self__.dictionary.cached()[1] == 1
