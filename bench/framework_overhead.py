@@ -48,10 +48,12 @@ from accelbatch.build import create_world  # noqa: E402
 MODES = {"sync": {}, "async": {"dataloader_mode": "async", "num_workers": 2}}
 
 
-def one_round(opts: Any, warmup: int, steps: int, now: Any, interleave: bool = False) -> tuple[float, float, float]:
+def one_round(opts: Any, warmup: int, steps: int, now: Any, interleave: bool = False,
+              parts: dict[str, float] | None = None) -> tuple[float, float, float]:
     """(framework seconds, plain-loop seconds, max weight difference at the end) for one round, timed by
     ``now``. ``interleave``: the plain loop's step on each batch runs right after the world's, each timed
-    alone, so that load from other processes hits both sides alike (the sides then share the CPU caches)."""
+    alone, so that load from other processes hits both sides alike (the sides then share the CPU caches);
+    then ``parts`` (when given) also gets the seconds of the engine's train_step and of batchify."""
     world = create_world(opts)
     try:
         agent = world.get_model_agent()
@@ -64,11 +66,29 @@ def one_round(opts: Any, warmup: int, steps: int, now: Any, interleave: bool = F
         train_step = engine.train_step
         model, optimizer = _plain_copy(agent, model0, optim0) if interleave else (None, None)
 
+        timed = interleave and parts is not None
+        batchify = agent.batchify
+
         def recording(batch: dict[str, torch.Tensor]) -> Any:
             recorded.append(batch)
-            return train_step(batch)
+            if not timed:
+                return train_step(batch)
+            start = now()
+            try:
+                return train_step(batch)
+            finally:
+                parts["engine"] = parts.get("engine", 0.0) + now() - start  # type: ignore[index]
+
+        def timed_batchify(observations: list) -> Any:
+            start = now()
+            try:
+                return batchify(observations)
+            finally:
+                parts["batchify"] = parts.get("batchify", 0.0) + now() - start  # type: ignore[index]
 
         engine.train_step = recording
+        if timed:
+            agent.batchify = timed_batchify
         framework_s = plain_s = 0.0
         if interleave:
             for _ in range(steps):
@@ -83,6 +103,7 @@ def one_round(opts: Any, warmup: int, steps: int, now: Any, interleave: bool = F
                 world.parley()
             framework_s = now() - start
         del engine.train_step
+        agent.__dict__.pop("batchify", None)
         final = {k: v.detach().clone() for k, v in agent.model.state_dict().items()}
         if not interleave:
             model, optimizer = _plain_copy(agent, model0, optim0)
@@ -144,7 +165,8 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
             # less than the wall clock; async has data workers in other processes: wall time
             clock = time.process_time if mode == "sync" else time.perf_counter
             interleave = args.interleave and mode == "sync"  # async: the workers would gain the plain steps' time
-            rounds = [one_round(opts, args.warmup, args.steps, clock, interleave) for _ in range(args.repeats)]
+            parts: list[dict[str, float]] = [{} for _ in range(args.repeats)]
+            rounds = [one_round(opts, args.warmup, args.steps, clock, interleave, part) for part in parts]
             ratios = [f / p for f, p, _ in rounds]
             worst = max(d for _, _, d in rounds)
             ratio = statistics.median(ratios)
@@ -154,6 +176,14 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
             print(f"{name:<5} {mode:<6} framework/plain {ratio:6.3f}x  ({how}; "
                   f"plain loop {per_ex:7.1f} us/example; "
                   f"rounds {' '.join(f'{r:.3f}' for r in ratios)}; max weight diff {worst:.1e})", flush=True)
+            if interleave:  # where a world step's time goes, per example, in the median round
+                k = min(range(len(ratios)), key=lambda i: abs(ratios[i] - ratio))
+                us = {key: v / (args.steps * 32) * 1e6 for key, v in parts[k].items()}
+                world_us, plain_us = rounds[k][0] / (args.steps * 32) * 1e6, rounds[k][1] / (args.steps * 32) * 1e6
+                rest = world_us - us.get("engine", 0.0) - us.get("batchify", 0.0)
+                print(f"      per example: world step {world_us:.1f} us = engine train_step {us.get('engine', 0):.1f} "
+                      f"(plain step {plain_us:.1f}) + batchify {us.get('batchify', 0):.1f} + the rest {rest:.1f} "
+                      "(observe and vectorize, replies, metrics, world)", flush=True)
             if worst > 1e-5:
                 print(f"  !! the plain loop did not train the same weights ({worst:.2e}): not the same batches",
                       flush=True)
