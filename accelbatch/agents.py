@@ -14,12 +14,12 @@ import copy
 import importlib
 import inspect
 import os
-import zlib
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Sequence
 
 import torch
 
+from accelbatch.dictionary import hash_tokens, tokenize  # noqa: F401 - agents' public helpers
 from accelbatch.messages import EPISODE_DONE, EVAL_LABELS, LABELS, TEXT, Message, is_padding
 from accelbatch.metrics import Metrics
 from accelbatch.opts import OptionError, Opts
@@ -173,24 +173,12 @@ class History:
         self.turns = []
 
 
-_WORD = str.maketrans({c: " " for c in ".,?!;:\"'()"})
-
-
 def optimizer_kwargs(opts: Any, kind: type[torch.optim.Optimizer]) -> dict[str, Any]:
     """Extra keywords for torch's SGD/Adam/AdamW ``kind``: ``fused=True`` on --device cuda where this torch
     has it (one kernel per step for every parameter, and the engine skips a bad update inside it without
     copying the weights; torch 2.0's SGD has no fused kernel)."""
     fused = getattr(opts, "device", "cpu") == "cuda" and "fused" in inspect.signature(kind.__init__).parameters
     return {"fused": True} if fused else {}
-
-
-def tokenize(text: str) -> list[str]:
-    return text.lower().translate(_WORD).split()
-
-
-def hash_tokens(tokens: Sequence[str], vocab_size: int) -> list[int]:
-    """Stable feature hashing of words into [1, vocab_size) (0 is padding)."""
-    return [1 + zlib.crc32(t.encode()) % (vocab_size - 1) for t in tokens]
 
 
 def pad_2d(rows: Sequence[Sequence[int]], length: int | None = None) -> torch.Tensor:

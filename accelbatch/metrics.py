@@ -186,14 +186,6 @@ class AnswerTable:
         return np.fromiter((-1 if a is None else self.id(a) for a in answers), dtype=np.int64, count=len(answers))
 
 
-def _texts(replies: Sequence[dict]) -> list[str | None]:
-    """Each reply's text (None without one): ``dict.get`` mapped in C, replies being dicts."""
-    try:
-        return list(map(dict.get, replies, repeat(TEXT, len(replies))))
-    except TypeError:  # a reply that is not a dict: read it the slow way
-        return [r.get(TEXT) for r in replies]
-
-
 @dataclass
 class Metrics:
     """Sums and counts; ``report()`` turns them into ParlAI-named averages."""
@@ -224,7 +216,20 @@ class Metrics:
                     examples: int) -> None:
         """:meth:`add_rows` for reply messages and answers by id in ``table`` (-1: nothing to score): row
         ``i``'s prediction is ``replies[i].get("text")``."""
-        self._keep(_texts(replies), answer_ids, table, examples)
+        if table is not self._table:
+            self.score_pending()
+            self._table = table
+        pending = self._predictions
+        kept = len(pending)
+        try:  # the texts appended straight from the replies, dict.get mapped in C
+            pending.extend(map(dict.get, replies, repeat(TEXT, len(replies))))
+        except TypeError:  # a reply that is not a dict: read it the slow way
+            del pending[kept:]
+            pending.extend(r.get(TEXT) for r in replies)
+        self._ids.append(answer_ids)
+        self.exs += examples
+        if len(pending) >= PENDING_ROWS:
+            self.score_pending()
 
     def _keep(self, predictions: list[str | None], ids: Sequence[int], table: AnswerTable, examples: int) -> None:
         if table is not self._table:

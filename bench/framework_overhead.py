@@ -12,13 +12,15 @@ async accessor with 2 data workers), one round is:
    tensors its engine receives are recorded (a clone outside the timed region would not fit: the recording
    is a reference to the batch, which the engine does not modify);
 3. the plain loop starts from the copied state and runs ``zero_grad / forward / backward / step`` over the
-   recorded batches, timed.
+   recorded batches, timed (``--interleave``, sync only: each batch's plain step right after the world's step,
+   so that load from other processes on the cores hits both sides alike).
 
 Both must end with the same weights (checked: this is what makes the batches "the same rows"). Rounds are
 repeated (``--repeats``) and the median of the per-round ratios printed with every round's ratio.
 
     python bench/framework_overhead.py --quick
     python bench/framework_overhead.py --steps 200 --repeats 5
+    python bench/framework_overhead.py --quick --interleave    # on a machine other processes load
 """
 
 from __future__ import annotations
@@ -46,9 +48,12 @@ from accelbatch.build import create_world  # noqa: E402
 MODES = {"sync": {}, "async": {"dataloader_mode": "async", "num_workers": 2}}
 
 
-def one_round(opts: Any, warmup: int, steps: int, now: Any) -> tuple[float, float, float]:
+def one_round(opts: Any, warmup: int, steps: int, now: Any, interleave: bool = False,
+              parts: dict[str, float] | None = None) -> tuple[float, float, float]:
     """(framework seconds, plain-loop seconds, max weight difference at the end) for one round, timed by
-    ``now``."""
+    ``now``. ``interleave``: the plain loop's step on each batch runs right after the world's, each timed
+    alone, so that load from other processes hits both sides alike (the sides then share the CPU caches);
+    then ``parts`` (when given) also gets the seconds of the engine's train_step and of batchify."""
     world = create_world(opts)
     try:
         agent = world.get_model_agent()
@@ -59,33 +64,76 @@ def one_round(opts: Any, warmup: int, steps: int, now: Any) -> tuple[float, floa
         recorded: list[dict[str, torch.Tensor]] = []
         engine = agent.engine
         train_step = engine.train_step
+        model, optimizer = _plain_copy(agent, model0, optim0) if interleave else (None, None)
+
+        timed = interleave and parts is not None
+        batchify = agent.batchify
 
         def recording(batch: dict[str, torch.Tensor]) -> Any:
             recorded.append(batch)
-            return train_step(batch)
+            if not timed:
+                return train_step(batch)
+            start = now()
+            try:
+                return train_step(batch)
+            finally:
+                parts["engine"] = parts.get("engine", 0.0) + now() - start  # type: ignore[index]
+
+        def timed_batchify(observations: list) -> Any:
+            start = now()
+            try:
+                return batchify(observations)
+            finally:
+                parts["batchify"] = parts.get("batchify", 0.0) + now() - start  # type: ignore[index]
 
         engine.train_step = recording
-        start = now()
-        for _ in range(steps):
-            world.parley()
-        framework_s = now() - start
+        if timed:
+            agent.batchify = timed_batchify
+        framework_s = plain_s = 0.0
+        if interleave:
+            for _ in range(steps):
+                start = now()
+                world.parley()
+                middle = now()
+                _plain_steps(model, optimizer, recorded[-1:])
+                framework_s, plain_s = framework_s + middle - start, plain_s + now() - middle
+        else:
+            start = now()
+            for _ in range(steps):
+                world.parley()
+            framework_s = now() - start
         del engine.train_step
+        agent.__dict__.pop("batchify", None)
         final = {k: v.detach().clone() for k, v in agent.model.state_dict().items()}
-        model = agent.build_model()
-        model.load_state_dict(model0)
-        model.train()
-        optimizer = agent.build_optimizer(model)
-        optimizer.load_state_dict(optim0)
+        if not interleave:
+            model, optimizer = _plain_copy(agent, model0, optim0)
     finally:
         world.shutdown()
-    start = now()
-    for batch in recorded:
+    if not interleave:
+        start = now()
+        _plain_steps(model, optimizer, recorded)
+        plain_s = now() - start
+    diff = max((final[k].float() - v.detach().float()).abs().max().item() for k, v in model.state_dict().items())
+    return framework_s, plain_s, diff
+
+
+def _plain_copy(agent: Any, model_state: dict, optimizer_state: dict) -> tuple[torch.nn.Module, Any]:
+    """A new model and optimizer of the agent's kind from the states copied after warm-up (the global torch
+    RNG the model's initialisation draws from is left as it was, so the world's run does not change)."""
+    with torch.random.fork_rng():
+        model = agent.build_model()
+    model.load_state_dict(model_state)
+    model.train()
+    optimizer = agent.build_optimizer(model)
+    optimizer.load_state_dict(optimizer_state)
+    return model, optimizer
+
+
+def _plain_steps(model: torch.nn.Module, optimizer: Any, batches: list[dict[str, torch.Tensor]]) -> None:
+    for batch in batches:
         optimizer.zero_grad(set_to_none=True)
         model(batch)["loss"].backward()
         optimizer.step()
-    plain_s = now() - start
-    diff = max((final[k].float() - v.detach().float()).abs().max().item() for k, v in model.state_dict().items())
-    return framework_s, plain_s, diff
 
 
 def main(argv: list[str] | None = None) -> dict[str, float]:
@@ -97,6 +145,10 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     parser.add_argument("--task", default=None, help="any task instead of the synthetic dialogues")
     parser.add_argument("--episodes", type=int, default=None, help="training episodes of the dialogues task")
     parser.add_argument("--quick", action="store_true", help="60 steps, 3 rounds, 2,000 episodes")
+    parser.add_argument("--modes", default="sync,async", help="data modes to run, comma separated (sync, async)")
+    parser.add_argument("--interleave", action="store_true",
+                        help="sync: time the plain loop's step on each batch right after the world's, so that "
+                             "load from other processes on the cores hits both sides alike")
     args = parser.parse_args(argv)
     if args.quick:
         args.steps, args.repeats, args.episodes = 60, 3, args.episodes or 2000
@@ -106,19 +158,32 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
           f"({args.steps} steps of bs 32, {args.repeats} rounds) ==", flush=True)
     for name, model in (("bag", BAG), ("conv", CONV)):
         for mode, changes in MODES.items():
+            if mode not in args.modes.split(","):
+                continue
             opts = base_opts(args, model=model, **changes)
             # sync runs in this process alone: its CPU time, which other processes on the cores disturb far
             # less than the wall clock; async has data workers in other processes: wall time
             clock = time.process_time if mode == "sync" else time.perf_counter
-            rounds = [one_round(opts, args.warmup, args.steps, clock) for _ in range(args.repeats)]
+            interleave = args.interleave and mode == "sync"  # async: the workers would gain the plain steps' time
+            parts: list[dict[str, float]] = [{} for _ in range(args.repeats)]
+            rounds = [one_round(opts, args.warmup, args.steps, clock, interleave, part) for part in parts]
             ratios = [f / p for f, p, _ in rounds]
             worst = max(d for _, _, d in rounds)
             ratio = statistics.median(ratios)
             results[f"{name}_{mode}"] = ratio
             per_ex = statistics.median(p for _, p, _ in rounds) / (args.steps * 32) * 1e6
-            print(f"{name:<5} {mode:<6} framework/plain {ratio:6.3f}x  ({'cpu' if mode == 'sync' else 'wall'} time; "
+            how = ("cpu time, interleaved" if interleave else "cpu time") if mode == "sync" else "wall time"
+            print(f"{name:<5} {mode:<6} framework/plain {ratio:6.3f}x  ({how}; "
                   f"plain loop {per_ex:7.1f} us/example; "
                   f"rounds {' '.join(f'{r:.3f}' for r in ratios)}; max weight diff {worst:.1e})", flush=True)
+            if interleave:  # where a world step's time goes, per example, in the median round
+                k = min(range(len(ratios)), key=lambda i: abs(ratios[i] - ratio))
+                us = {key: v / (args.steps * 32) * 1e6 for key, v in parts[k].items()}
+                world_us, plain_us = rounds[k][0] / (args.steps * 32) * 1e6, rounds[k][1] / (args.steps * 32) * 1e6
+                rest = world_us - us.get("engine", 0.0) - us.get("batchify", 0.0)
+                print(f"      per example: world step {world_us:.1f} us = engine train_step {us.get('engine', 0):.1f} "
+                      f"(plain step {plain_us:.1f}) + batchify {us.get('batchify', 0):.1f} + the rest {rest:.1f} "
+                      "(observe and vectorize, replies, metrics, world)", flush=True)
             if worst > 1e-5:
                 print(f"  !! the plain loop did not train the same weights ({worst:.2e}): not the same batches",
                       flush=True)

@@ -272,8 +272,8 @@ def test_descendants_cpu_counts_children_and_grandchildren():
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("model", ["bag", "conv"])
-def test_framework_overhead_bench_replays_the_batches_the_world_trained(model):
+@pytest.mark.parametrize("model,interleave", [("bag", False), ("conv", False), ("bag", True)])
+def test_framework_overhead_bench_replays_the_batches_the_world_trained(model, interleave):
     """bench/framework_overhead.py compares like with like only if its plain loop trains the same weights."""
     import argparse
     import importlib.util
@@ -289,8 +289,12 @@ def test_framework_overhead_bench_replays_the_batches_the_world_trained(model):
         sys.path.remove("bench")
     args = argparse.Namespace(task=None, episodes=200, seed=0)
     opts = bench.base_opts(args, model=bench.BAG if model == "bag" else bench.CONV, batchsize=8)
-    framework_s, plain_s, diff = bench.one_round(opts, warmup=2, steps=5, now=time.perf_counter)
+    parts: dict[str, float] = {}
+    framework_s, plain_s, diff = bench.one_round(opts, warmup=2, steps=5, now=time.perf_counter,
+                                                 interleave=interleave, parts=parts)
     assert diff == 0.0 and framework_s > 0 and plain_s > 0
+    assert set(parts) == ({"engine", "batchify"} if interleave else set())
+    assert 0 < parts.get("engine", 1) + parts.get("batchify", 0) < framework_s or not interleave
 
 
 # --- data a ranker cannot learn from -----------------------------------------------------------------

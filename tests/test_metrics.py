@@ -152,3 +152,29 @@ def test_metrics_all_reports_bleu4_of_the_replies(write_jsonl, tmp_path):
     assert main(["eval", "-t", f"jsonl:{path}", "-m", "repeat_label", "--no-progress", "--report-json",
                  str(report)]) == 0
     assert "bleu-4" not in json.loads(report.read_text())["valid"]
+
+
+class _Reply:
+    """A reply that is not a dict but reads like one (what a user's agent may return)."""
+
+    def __init__(self, text):
+        self.text = text
+
+    def get(self, key, default=None):
+        return self.text if key == "text" else default
+
+
+def test_add_replies_equals_add_batch_with_replies_that_are_not_dicts():
+    """A non-dict reply after dict ones: every row's prediction is read once, in order, none twice."""
+    from accelbatch.metrics import AnswerTable
+
+    table = AnswerTable()
+    golds = [("garden",), ("hallway",), ("kitchen",), ("sky",)]
+    ids = [table.id(g) for g in golds]
+    replies = [{"text": "the garden"}, _Reply("hall way"), {"id": "x"}, _Reply("sky")]
+    m = Metrics()
+    m.add_replies(replies[:2], ids[:2], table, 2)
+    m.add_replies(replies[2:], ids[2:], table, 2)
+    want = Metrics()
+    want.add_batch(["the garden", "hall way", None, "sky"], [list(g) for g in golds])
+    assert m.report() == want.report() and m.report()["exs"] == 4

@@ -18,13 +18,15 @@ Adam's default: about 0.5 for ``bag``, 0.1 for ``conv``. Fused on --device cuda.
 
 from __future__ import annotations
 
+from array import array
 from typing import Any
 
 import torch
 from torch import nn
 from torch.nn import functional as F
 
-from accelbatch.agents import TorchAgent, hash_tokens, optimizer_kwargs, tokenize
+from accelbatch.agents import TorchAgent, optimizer_kwargs
+from accelbatch.dictionary import HashDictionary, tokenize
 from accelbatch.messages import EVAL_LABELS, LABEL_CANDIDATES, LABELS, TEXT, Message
 
 VOCAB = 8192
@@ -71,21 +73,51 @@ class BagOfWords(CandidateScorer):
         return self.score(self.proj(self.text_emb(batch["text_vec"])), batch)
 
 
+def long_tensor(flat: array, shape: tuple[int, ...]) -> torch.Tensor:
+    """A LongTensor of ``shape`` holding the int64 array ``flat`` (its own copy: one memcpy, where
+    ``torch.tensor`` on a list converts element by element, about 3x slower for a batch)."""
+    if not flat:
+        return torch.zeros(shape, dtype=torch.long)
+    return torch.frombuffer(flat, dtype=torch.long).clone().view(shape)
+
+
 def pad_rows(rows: list[list[int]], multiple: int = 1) -> torch.Tensor:
     """Right-pad rows of ids with 0 to the longest (rounded up to ``multiple``): [rows, length] LongTensor."""
-    width = max(1, max((len(r) for r in rows), default=1))
+    if not rows:
+        return torch.zeros(0, dtype=torch.long)
+    width = max(1, max(map(len, rows)))
     width = -(-width // multiple) * multiple
-    return torch.tensor([r + [0] * (width - len(r)) for r in rows], dtype=torch.long)
+    flat, zeros = array("q"), array("q", bytes(8 * width))
+    for row in rows:
+        flat.extend(row)
+        flat.extend(zeros[len(row):])
+    return long_tensor(flat, (len(rows), width))
+
+
+def _index(candidates: Any, target: str) -> int:
+    """The first position of ``target`` among ``candidates`` (any sequence), -1 when absent."""
+    try:
+        return candidates.index(target)  # lists and tuples: in C
+    except ValueError:
+        return -1
+    except AttributeError:
+        return next((i for i, c in enumerate(candidates) if c == target), -1)
 
 
 class TokenLength:
-    """Picklable length function for dynamic batching: the tokens ``vectorize`` keeps of a message's text."""
+    """Picklable length function for dynamic batching: the tokens ``vectorize`` keeps of a message's text.
+    With the agent's ``dictionary`` it counts from its text cache, so the loader's length and ``vectorize``
+    tokenize a text once (pickled together to a data worker, the two keep sharing one dictionary)."""
 
-    def __init__(self, truncate: int):
+    def __init__(self, truncate: int, dictionary: HashDictionary | None = None):
         self.truncate = truncate
+        self.dictionary = dictionary
 
     def __call__(self, msg: Message) -> int:
-        n = len(tokenize(msg.get("full_text", msg.get(TEXT)) or ""))
+        text = msg.get("full_text", msg.get(TEXT)) or ""
+        if self.dictionary is not None:
+            return self.dictionary.text_length(text, self.truncate)
+        n = len(tokenize(text))
         return min(n, self.truncate) if self.truncate > 0 else n
 
 
@@ -97,8 +129,16 @@ class RankerAgent(TorchAgent):
 
     def __init__(self, opts: Any, shared: dict[str, Any] | None = None):
         super().__init__(opts, shared)
+        # word ids with caches, shared by the clones (the rows of a batch)
+        found = shared.get("dictionary") if shared else None
+        self.dictionary: HashDictionary = found if found is not None else HashDictionary(VOCAB)
         # the loader sorts and buckets examples by this; it counts exactly the tokens of text_vec
-        self.example_length = TokenLength(opts.text_truncate)
+        self.example_length = TokenLength(opts.text_truncate, self.dictionary)
+
+    def share(self) -> dict[str, Any]:
+        shared = super().share()
+        shared["dictionary"] = self.dictionary
+        return shared
 
     def build_optimizer(self, model: nn.Module) -> torch.optim.Optimizer | None:
         params = [p for p in model.parameters() if p.requires_grad]
@@ -108,27 +148,31 @@ class RankerAgent(TorchAgent):
 
     def vectorize(self, obs: Message) -> Message:
         text = obs.get("full_text", obs.get(TEXT)) or ""
-        tokens = tokenize(text)
-        if self.opts.text_truncate > 0 and len(tokens) > self.opts.text_truncate:
-            tokens = tokens[-self.opts.text_truncate:]
-        obs["text_vec"] = hash_tokens(tokens, VOCAB)
+        words = self.dictionary
+        obs["text_vec"] = words.text_ids(text, self.opts.text_truncate)
         cands = obs.get(LABEL_CANDIDATES) or []
-        obs["cand_vecs"] = [hash_tokens(tokenize(c)[:MAX_CANDIDATE_WORDS], VOCAB) for c in cands]
-        targets = obs.get(LABELS) or obs.get(EVAL_LABELS) or []
-        obs["label_index"] = next((i for i, c in enumerate(cands) if targets and c == targets[0]), -1)
+        obs["cand_vecs"] = words.short_texts_ids(cands, MAX_CANDIDATE_WORDS)
+        targets = obs.get(LABELS) or obs.get(EVAL_LABELS)
+        obs["label_index"] = _index(cands, targets[0]) if targets else -1
         return obs
 
     def batchify(self, observations: list[Message]) -> dict[str, torch.Tensor]:
-        n_cand = max(1, max(len(o["cand_vecs"]) for o in observations))
-        n_words = max(1, max((len(c) for o in observations for c in o["cand_vecs"]), default=1))
-        empty = [0] * n_words
-        cands = [[c + [0] * (n_words - len(c)) for c in o["cand_vecs"]]
-                 + [empty] * (n_cand - len(o["cand_vecs"])) for o in observations]
-        mask = [[1] * len(o["cand_vecs"]) + [0] * (n_cand - len(o["cand_vecs"])) for o in observations]
+        cand_vecs = [o["cand_vecs"] for o in observations]
+        counts = list(map(len, cand_vecs))
+        n_cand = max(1, max(counts))
+        n_words = max(1, max((len(c) for cs in cand_vecs for c in cs), default=1))
+        pad = [[0] * (n_words - k) for k in range(n_words + 1)]  # what a candidate of k words lacks
+        absent = [[0] * (n_words * k) for k in range(n_cand + 1)]  # k missing candidates
+        flat: list[int] = []
+        for cs in cand_vecs:
+            for c in cs:
+                flat += c
+                flat += pad[len(c)]
+            flat += absent[n_cand - len(cs)]
         return {
             "text_vec": pad_rows([o["text_vec"] for o in observations], self.pad_multiple),
-            "candidates": torch.tensor(cands, dtype=torch.long),
-            "cand_mask": torch.tensor(mask, dtype=torch.long),
+            "candidates": long_tensor(array("q", flat), (len(observations), n_cand, n_words)),
+            "cand_mask": (torch.arange(n_cand) < torch.tensor(counts).unsqueeze(1)).long(),
             "label_index": torch.tensor([o["label_index"] for o in observations], dtype=torch.long),
         }
 

@@ -1,0 +1,225 @@
+"""The rankers' vectorize + batchify (cached word ids, flat tensor building) against a plain reference: the
+definition written out (crc32 per word, nested lists into torch.tensor), so a faster path never changes a
+batch, a weight or a report."""
+
+from __future__ import annotations
+
+import copy
+import pickle
+import zlib
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from accelbatch.dictionary import HashDictionary
+from accelbatch.messages import Message
+from accelbatch.models.bag import MAX_CANDIDATE_WORDS, VOCAB, BagAgent, pad_rows
+from accelbatch.models.conv import ConvAgent
+from accelbatch.opts import Opts
+from accelbatch.tasks.dialogues import generate
+
+PUNCT = ".,?!;:\"'()"
+
+
+def ref_ids(text: str, vocab: int = VOCAB) -> list[int]:
+    words = "".join(" " if ch in PUNCT else ch for ch in text.lower()).split()
+    return [1 + zlib.crc32(w.encode("utf-8")) % (vocab - 1) for w in words]
+
+
+def ref_vectorize(obs: dict, truncate: int) -> dict:
+    text = obs.get("full_text", obs.get("text")) or ""
+    ids = ref_ids(text)
+    if truncate > 0 and len(ids) > truncate:
+        ids = ids[len(ids) - truncate:]
+    cands = obs.get("label_candidates") or []
+    targets = obs.get("labels") or obs.get("eval_labels") or []
+    index = -1
+    for i, c in enumerate(cands):
+        if targets and c == targets[0]:
+            index = i
+            break
+    return {"text_vec": ids, "cand_vecs": [ref_ids(c)[:MAX_CANDIDATE_WORDS] for c in cands], "label_index": index}
+
+
+def ref_batchify(vecs: list[dict], multiple: int = 1) -> dict[str, torch.Tensor]:
+    width = max(1, max(len(v["text_vec"]) for v in vecs))
+    width = -(-width // multiple) * multiple
+    n_cand = max(1, max(len(v["cand_vecs"]) for v in vecs))
+    n_words = max([1] + [len(c) for v in vecs for c in v["cand_vecs"]])
+    cands, mask = [], []
+    for v in vecs:
+        rows = [c + [0] * (n_words - len(c)) for c in v["cand_vecs"]]
+        cands.append(rows + [[0] * n_words] * (n_cand - len(rows)))
+        mask.append([1] * len(rows) + [0] * (n_cand - len(rows)))
+    return {"text_vec": torch.tensor([v["text_vec"] + [0] * (width - len(v["text_vec"])) for v in vecs]),
+            "candidates": torch.tensor(cands), "cand_mask": torch.tensor(mask),
+            "label_index": torch.tensor([v["label_index"] for v in vecs])}
+
+
+def assert_same_batch(got: dict[str, torch.Tensor], want: dict[str, torch.Tensor]) -> None:
+    assert got.keys() == want.keys()
+    for key in want:
+        assert got[key].dtype == torch.long and got[key].is_contiguous(), key
+        assert torch.equal(got[key], want[key]), key
+
+
+words = st.text(alphabet="aB .,?!'é\n", min_size=0, max_size=40)
+messages = st.fixed_dictionaries(
+    {"text": words, "labels": st.lists(words, min_size=0, max_size=2)},
+    optional={"label_candidates": st.lists(words, min_size=0, max_size=5)})
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(messages, min_size=1, max_size=6), st.sampled_from([-1, 0, 1, 3]))
+def test_vectorize_and_batchify_equal_the_reference(msgs, truncate):
+    agent = BagAgent(Opts(embedding_size=4, text_truncate=truncate))
+    vecs = [agent.vectorize(Message(m)) for m in msgs]
+    refs = [ref_vectorize(m, truncate) for m in msgs]
+    for got, want in zip(vecs, refs):
+        assert {k: got[k] for k in want} == want
+    assert_same_batch(agent.batchify(vecs), ref_batchify(refs))
+
+
+@pytest.mark.parametrize("cls", [BagAgent, ConvAgent])
+def test_dialogue_batches_equal_the_reference_twice(cls):
+    """Second pass: every word and candidate comes from the caches; the batches stay the same."""
+    agent = cls(Opts(embedding_size=4, text_truncate=20))
+    msgs = [m for ep in generate(30, 0, "train") for m in ep]
+    want = [ref_batchify([ref_vectorize(m, 20) for m in msgs[i:i + 8]], cls.pad_multiple)
+            for i in range(0, len(msgs), 8)]
+    for _ in range(2):
+        for i, batch in zip(range(0, len(msgs), 8), want):
+            assert_same_batch(agent.batchify([agent.vectorize(Message(m)) for m in msgs[i:i + 8]]), batch)
+    assert agent.dictionary.cached()[1] > 0
+
+
+def test_full_caches_still_give_the_same_ids():
+    small = HashDictionary(VOCAB, max_words=3, max_ids=8)
+    texts = ["Alpha beta, gamma delta", "epsilon zeta", "eta theta iota", "alpha"]
+    for _ in range(2):
+        for text in texts:
+            assert small.text_ids(text) == ref_ids(text)
+            assert small.short_text_ids(text, 2) == ref_ids(text)[:2]
+    assert small.cached() == (3, 2)
+
+
+def test_cached_ids_are_copies():
+    d = HashDictionary(VOCAB)
+    first = d.short_text_ids("a b", 8)
+    first.append(99)
+    assert d.short_text_ids("a b", 8) == ref_ids("a b")
+
+
+def test_clones_share_the_dictionary_and_pickles_start_empty():
+    agent = BagAgent(Opts(embedding_size=4))
+    agent.vectorize(Message(text="x y", labels=["x"], label_candidates=["x", "z"]))
+    assert agent.clone().dictionary is agent.dictionary
+    copied = pickle.loads(pickle.dumps(agent.dictionary))
+    assert copied.cached() == (0, 0) and agent.dictionary.cached() != (0, 0)
+    assert copied.text_ids("x y") == ref_ids("x y") and copy.copy(agent).dictionary is agent.dictionary
+
+
+def test_pad_rows_of_no_rows_and_multiple():
+    assert pad_rows([]).shape == (0,)
+    assert pad_rows([[5], [1, 2, 3]], 4).tolist() == [[5, 0, 0, 0], [1, 2, 3, 0]]
+
+
+def test_vocab_size_below_two_is_refused():
+    with pytest.raises(ValueError, match="vocab_size"):
+        HashDictionary(1)
+
+
+@pytest.mark.parametrize("model", ["bag", "conv"])
+def test_world_trains_the_weights_of_reference_batches(model):
+    """Through create_world: every batch the engine trains on equals the reference built from the same
+    examples, and a plain loop over the reference batches ends with equal weights."""
+    from accelbatch.build import create_world
+
+    opts = Opts(task="dialogues:40", model=model, batchsize=8, embedding_size=8, text_truncate=16,
+                learning_rate=0.1, eval_splits="", progress=False, log_every_n_secs=1e9)
+    world = create_world(opts)
+    try:
+        agent = world.get_model_agent()
+        model0 = copy.deepcopy(agent.model.state_dict())
+        seen, batch_act = [], agent.batch_act
+
+        def recording(observations):
+            seen.append([ref_vectorize(o, 16) for o in observations])
+            return batch_act(observations)
+
+        agent.batch_act, trained, train_step = recording, [], agent.engine.train_step
+        agent.engine.train_step = lambda batch: trained.append(batch) or train_step(batch)
+        for _ in range(12):
+            world.parley()
+        final = agent.model.state_dict()
+        plain = agent.build_model()
+        plain.load_state_dict(model0)
+        optimizer = agent.build_optimizer(plain)
+    finally:
+        world.shutdown()
+    assert len(seen) == len(trained) == 12
+    for refs, batch in zip(seen, trained):
+        want = ref_batchify(refs, agent.pad_multiple)
+        assert_same_batch(batch, want)
+        optimizer.zero_grad()
+        plain(want)["loss"].backward()
+        optimizer.step()
+    for key, value in plain.state_dict().items():
+        assert torch.equal(value, final[key]), key
+
+
+def test_text_caches_keep_truncations_apart_and_stay_in_bounds():
+    d = HashDictionary(VOCAB, max_ids=12)
+    text = "one two three four five"
+    for _ in range(2):
+        assert d.text_ids(text, 2) == ref_ids(text)[-2:]
+        assert d.text_ids(text) == d.text_ids(text, -1) == ref_ids(text)
+        assert d.short_text_ids(text, 2) == ref_ids(text)[:2]
+        assert d.short_text_ids(text, 0) == []
+    assert d.held_ids <= 12 and d.cached()[1] == 3
+
+
+def test_label_index_in_candidates_of_any_sequence():
+    agent = BagAgent(Opts(embedding_size=4))
+    for cands in (["x", "y", "y"], ("x", "y"), _Seq(["x", "y"])):
+        obs = agent.vectorize(Message(text="t", labels=["y"], label_candidates=cands))
+        assert obs["label_index"] == 1 and len(obs["cand_vecs"]) == len(list(cands))
+    assert agent.vectorize(Message(text="t", labels=["z"], label_candidates=("x",)))["label_index"] == -1
+
+
+class _Seq:
+    """A sequence without .index (what a user's task might hand over)."""
+
+    def __init__(self, items):
+        self.items = items
+
+    def __iter__(self):
+        return iter(self.items)
+
+    def __len__(self):
+        return len(self.items)
+
+    def __bool__(self):
+        return bool(self.items)
+
+
+@pytest.mark.parametrize("truncate", [-1, 0, 3])
+def test_example_length_from_the_cache_counts_the_reference_tokens(truncate):
+    agent = BagAgent(Opts(embedding_size=4, text_truncate=truncate))
+    texts = ["a b c d e", "it's the end. of, the world", "", "x\ny z"]
+    for _ in range(2):  # empty caches, then from them (after vectorize filled them)
+        for text in texts:
+            want = len(ref_vectorize({"text": text}, truncate)["text_vec"])
+            assert agent.example_length(Message(text=text, full_text=text)) == want
+            agent.vectorize(Message(text=text))
+
+
+def test_length_and_collate_pickled_together_share_one_dictionary():
+    agent = BagAgent(Opts(embedding_size=4))
+    collate = agent.collate_fn()
+    length, vectorize = pickle.loads(pickle.dumps((agent.example_length, collate.vectorize)))
+    assert length.dictionary is vectorize.__self__.dictionary
+    length(Message(text="p q r"))
+    assert vectorize.__self__.dictionary.cached()[1] == 1
