@@ -72,6 +72,9 @@ def test_from_opts_carries_the_grouping():
     plan = ExecutionPlan.from_opts(opts, training=True)
     assert (plan.input_group_size, plan.input_group_type, plan.combined_batch) == (2, "orthogonal", 3 * 2 * 2)
     assert ExecutionPlan.from_opts(opts, training=False).combined_batch == 3 * 2 * 2
+    parsed = Opts.from_args(["--device", "ipu", "-bs", "3", "-rf", "4", "-ga", "2", "--ipu-input-replica-grouping",
+                             "2", "--ipu-input-replica-grouping-type", "orthogonal"])
+    assert ExecutionPlan.from_opts(parsed, training=True) == plan
 
 
 # --- options --------------------------------------------------------------------------------------------
