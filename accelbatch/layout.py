@@ -76,7 +76,8 @@ class Reduction(enum.Enum):
 class CallLayout:
     """How one call with ``rows`` rows runs under a plan (see the module docstring).
 
-    Micro-batch ``j`` covers rows ``starts[j]:stops[j]``, runs on replica ``replica[j]`` in weight update
+    Micro-batch ``j`` covers rows ``starts[j]:stops[j]``, runs on replica ``replica[j]`` (the input group,
+    with input replica grouping) in weight update
     ``update[j]`` with its loss scaled by ``weight[j]``. ``updates[u]`` lists the micro-batches of update
     ``u``. ``kept`` lists the micro-batches whose outputs the output mode returns (in output order),
     ``sum_groups`` (SUM only) the micro-batches summed for each replica; ``out_rows`` the row indices of
@@ -129,7 +130,7 @@ class CallLayout:
 
 def compute_layout(plan: Any, n: int) -> CallLayout:
     """The layout of a call with ``n`` rows under ``plan`` (an ExecutionPlan), already validated."""
-    d, r, g = plan.device_iterations, plan.replication_factor, plan.gradient_accumulation
+    d, r, g = plan.device_iterations, plan.input_groups, plan.gradient_accumulation  # r: replicas the host feeds
     if not plan.training:
         b = plan.micro_batch if n <= plan.combined_batch else n // (d * r)
         partial = False

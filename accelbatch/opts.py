@@ -25,6 +25,7 @@ LOSS_NORMALIZATIONS = ("micro", "token")
 MIXED_PRECISION = ("no", "bf16", "fp16")
 INFERENCE = ("greedy", "beam")
 IPU_STRATEGIES = ("pipelined", "sharded", "phased")
+INPUT_GROUP_TYPES = ("consecutive", "orthogonal")
 
 
 def _opt(default: Any, *flags: str, help: str, choices: Sequence[Any] | None = None,
@@ -193,6 +194,14 @@ class Opts:
     ipu_synthetic_data: bool = _opt(False, "--ipu-synthetic-data", group="plan",
                                     help="ipu: no host I/O, the device makes its own inputs "
                                          "(Options.enableSyntheticData): measures the model alone")
+    ipu_input_replica_grouping: int = _opt(
+        1, "--ipu-input-replica-grouping", group="plan",
+        help="ipu: replicas in groups of N that read the same inputs (Options.inputReplicaGrouping; N divides -rf): "
+             "a call feeds b x D x (R / N) x G rows")
+    ipu_input_replica_grouping_type: str = _opt(
+        "consecutive", "--ipu-input-replica-grouping-type", choices=INPUT_GROUP_TYPES, group="plan",
+        help="ipu: which replicas share inputs: consecutive (0..N-1, N..2N-1, ...) or orthogonal (replica r reads "
+             "input group r mod (R / N))")
     pipeline: str | None = _opt(None, "--pipeline", group="plan",
                                 help="ipu: split the model over IPUs where these submodules start (comma-separated "
                                      "dotted names from model.named_modules(); K names give K+1 stages)")
@@ -275,8 +284,8 @@ def validate(opts: Opts) -> None:
         if expected is str and not isinstance(value, str):
             raise OptionError(f"{flag}: expected a string, got {value!r}")
     for name in ("batchsize", "device_iterations", "replication_factor", "gradient_accumulation",
-                 "numthreads", "output_return_period", "buffer_size", "num_buckets", "embedding_size",
-                 "beam_size", "batch_sort_cache_size"):
+                 "ipu_input_replica_grouping", "numthreads", "output_return_period", "buffer_size", "num_buckets",
+                 "embedding_size", "beam_size", "batch_sort_cache_size"):
         if getattr(opts, name) < 1:
             raise OptionError(f"{_flag(name)}: must be at least 1, got {getattr(opts, name)}")
     if opts.num_workers < 0:
@@ -301,6 +310,7 @@ def validate(opts: Opts) -> None:
         raise OptionError(f"--ddp-static-graph: applies to --device cuda (DDP through accelerate); "
                           f"--device {opts.device} does not use DDP: leave it out")
     _validate_pipeline(opts)
+    _validate_input_grouping(opts)
     if not [m for m in opts.metrics.split(",") if m.strip()]:
         raise OptionError("--metrics: give 'default', 'all' or comma-separated metric names such as accuracy,loss")
 
@@ -333,6 +343,22 @@ def _validate_pipeline(opts: Opts) -> None:
     if not points and opts.ipu_execution_strategy != "pipelined":
         raise OptionError(f"--ipu-execution-strategy {opts.ipu_execution_strategy}: places the stages of --pipeline; "
                           "give --pipeline NAME,... too, or leave it out")
+
+
+def _validate_input_grouping(opts: Opts) -> None:
+    """--ipu-input-replica-grouping N: a factor of -rf, only with --device ipu; its type only with N > 1."""
+    n, r = opts.ipu_input_replica_grouping, opts.replication_factor
+    if n > 1 and opts.device != "ipu":
+        raise OptionError(f"--ipu-input-replica-grouping {n} makes IPU replicas share inputs and applies to "
+                          f"--device ipu only (this run is --device {opts.device}, where each replica reads its "
+                          "own rows): drop it, or use --device ipu")
+    if r % n:
+        fits = ", ".join(str(k) for k in range(1, r + 1) if r % k == 0)
+        raise OptionError(f"--ipu-input-replica-grouping {n}: groups of replicas must divide "
+                          f"-rf/--replication-factor {r}; use one of {fits}")
+    if n == 1 and opts.ipu_input_replica_grouping_type != "consecutive":
+        raise OptionError(f"--ipu-input-replica-grouping-type {opts.ipu_input_replica_grouping_type}: arranges "
+                          "the groups of --ipu-input-replica-grouping N; give N > 1 too, or leave it out")
 
 
 class _OnOff(argparse.Action):

@@ -63,6 +63,15 @@ hold different token counts. A batch gives each row's tokens as the optional per
 ``"loss_tokens"`` (:data:`LOSS_TOKENS`; engines read it and never pass it to the model); without it every
 row counts one token, which is ``micro``'s weighting. It needs ``--reduction mean``.
 
+Input replica grouping (``--ipu-input-replica-grouping N``, PopTorch's ``Options.inputReplicaGrouping``;
+IPU only): the R replicas form R / N *input groups* of N replicas that read the same rows. ``consecutive``
+groups replicas ``q*N .. q*N+N-1``; ``orthogonal`` puts replica ``r`` in group ``r % (R / N)``. The host feeds
+each group once, so everything above holds with the R / N groups in place of R (:attr:`input_groups`): a call
+carries ``b x D x (R / N) x G`` rows in the layout ``[D, G, R / N, b]``, and its outputs are those of each
+group's first replica (:attr:`group_leaders`), one per row fed. The gradients of a group's N replicas are
+equal, so with MEAN an update equals that of R / N replicas without grouping (N equal gradients over R);
+with SUM it is N times it.
+
 For full calls the same weights reduce to ``1 / (G x R)`` (MEAN) and ``1`` (SUM), so one formula covers
 both. :meth:`ExecutionPlan.layout` gives the whole layout of a call with ``n`` rows (micro-batch bounds,
 replica, update and loss weight of each micro-batch, which outputs are kept); engines only execute it.
@@ -100,7 +109,9 @@ _FLAGS = {
     "replication_factor": "--replication-factor",
     "gradient_accumulation": "--gradient-accumulation",
     "output_return_period": "--output-return-period",
+    "input_group_size": "--ipu-input-replica-grouping",
 }
+INPUT_GROUP_TYPES = ("consecutive", "orthogonal")
 
 
 @dataclass(frozen=True)
@@ -117,12 +128,15 @@ class ExecutionPlan:
     training: bool = True
     drop_last: bool = True
     loss_normalization: LossNormalization = LossNormalization.MICRO
+    input_group_size: int = 1
+    input_group_type: str = "consecutive"
 
     def __init__(self, micro_batch: int = 1, device_iterations: int = 1, replication_factor: int = 1,
                  gradient_accumulation: int = 1, output_mode: OutputMode | str | None = "default",
                  output_return_period: int = 1, reduction: Reduction | str = Reduction.MEAN,
                  training: bool = True, drop_last: bool = True,
-                 loss_normalization: LossNormalization | str = LossNormalization.MICRO) -> None:
+                 loss_normalization: LossNormalization | str = LossNormalization.MICRO,
+                 input_group_size: int = 1, input_group_type: str = "consecutive") -> None:
         set_ = functools.partial(object.__setattr__, self)
         set_("micro_batch", micro_batch)
         set_("device_iterations", device_iterations)
@@ -134,6 +148,8 @@ class ExecutionPlan:
         set_("output_mode", OutputMode.parse(output_mode, bool(training)))
         set_("reduction", Reduction.parse(reduction))
         set_("loss_normalization", LossNormalization.parse(loss_normalization))
+        set_("input_group_size", input_group_size)
+        set_("input_group_type", str(input_group_type).lower())
         self._check()
 
     # --- construction ------------------------------------------------------------------------
@@ -150,7 +166,9 @@ class ExecutionPlan:
                    output_mode=opts.output_mode if training else "all",
                    output_return_period=opts.output_return_period if training else 1,
                    reduction=opts.reduction, training=training, drop_last=opts.drop_last,
-                   loss_normalization=opts.loss_normalization if training else "micro")
+                   loss_normalization=opts.loss_normalization if training else "micro",
+                   input_group_size=opts.ipu_input_replica_grouping,
+                   input_group_type=opts.ipu_input_replica_grouping_type)
         if not training and opts.gradient_accumulation > 1:
             plan = dataclasses.replace(plan, micro_batch=opts.batchsize * opts.gradient_accumulation)
         return plan
@@ -160,6 +178,14 @@ class ExecutionPlan:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise PlanError(f"{flag}: must be an integer of at least 1, got {value!r}")
+        n, r = self.input_group_size, self.replication_factor
+        if r % n:
+            fits = ", ".join(str(k) for k in range(1, r + 1) if r % k == 0)
+            raise PlanError(f"--ipu-input-replica-grouping {n}: groups of replicas must divide "
+                            f"--replication-factor {r}; use one of {fits}")
+        if self.input_group_type not in INPUT_GROUP_TYPES:
+            raise PlanError(f"--ipu-input-replica-grouping-type: {self.input_group_type!r} is not one of "
+                            f"{', '.join(INPUT_GROUP_TYPES)}")
         n = self.output_return_period
         if self.output_mode is OutputMode.EVERY_N:
             per_call = self.device_iterations * self.gradient_accumulation
@@ -186,13 +212,30 @@ class ExecutionPlan:
 
     # --- sizes -------------------------------------------------------------------------------
     @property
+    def input_groups(self) -> int:
+        """R / N: the replica groups the host feeds (each replica its own without input grouping)."""
+        return self.replication_factor // self.input_group_size
+
+    def input_group_of(self, replica: int) -> int:
+        """The input group replica ``replica`` reads (its host layout index in ``[D, G, R / N, b]``)."""
+        if self.input_group_type == "orthogonal":
+            return replica % self.input_groups
+        return replica // self.input_group_size
+
+    @property
+    def group_leaders(self) -> tuple[int, ...]:
+        """The first replica of each input group, in group order: the replicas whose outputs are kept."""
+        step = 1 if self.input_group_type == "orthogonal" else self.input_group_size
+        return tuple(q * step for q in range(self.input_groups))
+
+    @property
     def factor(self) -> int:
-        """D x R x G: the number of micro-batches of one call; rows must be a multiple of it."""
-        return self.device_iterations * self.replication_factor * self.gradient_accumulation
+        """D x (R / N) x G: the number of micro-batches of one call; rows must be a multiple of it."""
+        return self.device_iterations * self.input_groups * self.gradient_accumulation
 
     @property
     def combined_batch(self) -> int:
-        """b x D x R x G: the rows of one host call (the world's rows per step)."""
+        """b x D x (R / N) x G: the rows of one host call (the world's rows per step)."""
         return self.micro_batch * self.factor
 
     @property
@@ -208,7 +251,8 @@ class ExecutionPlan:
                              device_iterations=self.device_iterations,
                              replication_factor=self.replication_factor, gradient_accumulation=1,
                              output_mode=OutputMode.ALL, output_return_period=1, reduction=self.reduction,
-                             training=False, drop_last=False)
+                             training=False, drop_last=False, input_group_size=self.input_group_size,
+                             input_group_type=self.input_group_type)
 
     def describe(self) -> str:
         mode = self.output_mode.value + (f"({self.output_return_period})"
@@ -216,7 +260,9 @@ class ExecutionPlan:
         return (f"{'training' if self.training else 'inference'} plan: micro batch {self.micro_batch} x "
                 f"D {self.device_iterations} x R {self.replication_factor} x G {self.gradient_accumulation} "
                 f"= {self.combined_batch} rows per call, output {mode}, reduction {self.reduction.value}"
-                + (", loss per token" if self.loss_normalization is LossNormalization.TOKEN else ""))
+                + (", loss per token" if self.loss_normalization is LossNormalization.TOKEN else "")
+                + (f", inputs shared by {self.input_group_type} groups of {self.input_group_size} replicas"
+                   if self.input_group_size > 1 else ""))
 
     # --- validation --------------------------------------------------------------------------
     def validate_batch(self, rows: "int | torch.Tensor | Sequence[int]", name: str = "input") -> int:
@@ -235,17 +281,19 @@ class ExecutionPlan:
             return n
         what = repr(shape) if shape is not None else f"'{name}'"
         d, r, g = self.device_iterations, self.replication_factor, self.gradient_accumulation
+        k = self.input_group_size
+        grouped = f" / --ipu-input-replica-grouping({k})" if k > 1 else ""
         tail = ("" if self.drop_last else
                 f" (with --no-drop-last a call of fewer than {self.combined_batch} rows is an epoch tail and "
                 "is cut into micro-batches by the partial-tail policy; more rows must still be a multiple)")
         raise PlanError(
             f"Invalid batch dimension: In the input {what}, the batch dimension ({n}) must be a multiple of "
             f"Options.deviceIterations({d}) * (Options.replicationFactor({r}) / "
-            f"Options.inputReplicaGrouping.input_group_size(1)) * "
+            f"Options.inputReplicaGrouping.input_group_size({k})) * "
             f"Options.Training.gradientAccumulation({g}) = {self.factor} because it is used to calculate "
             f"the batch size which will be executed on the device in any given iteration. "
             f"In accelbatch the rows per call ('{name}') are the combined batch --batchsize({self.micro_batch}) "
-            f"x --device-iterations({d}) x --replication-factor({r}) x --gradient-accumulation({g}) = "
+            f"x --device-iterations({d}) x --replication-factor({r}){grouped} x --gradient-accumulation({g}) = "
             f"{self.combined_batch}: give the engine batches of that size (or any multiple of {self.factor}), "
             f"or change --batchsize, --device-iterations, --replication-factor or --gradient-accumulation"
             f"{tail}.")
@@ -271,38 +319,40 @@ class ExecutionPlan:
 
     # --- host layout -------------------------------------------------------------------------
     def split(self, batch: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        """View every tensor of a full call as the host layout ``[D, G, R, b, ...]`` (no copy)."""
+        """View every tensor of a full call as the host layout ``[D, G, R, b, ...]`` (no copy; ``R / N`` input
+        groups in place of ``R`` with input replica grouping)."""
         out = {}
         for key, t in batch.items():
             n = self.validate_batch(t, key)
             out[key] = t.reshape(self.device_iterations, self.gradient_accumulation,
-                                 self.replication_factor, n // self.factor, *t.shape[1:])
+                                 self.input_groups, n // self.factor, *t.shape[1:])
         return out
 
     def merge(self, batch: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         """Inverse of :meth:`split`: ``[D, G, R, b, ...]`` back to ``[D*G*R*b, ...]``."""
         out = {}
         for key, t in batch.items():
-            if tuple(t.shape[:3]) != (self.device_iterations, self.gradient_accumulation,
-                                      self.replication_factor):
+            if tuple(t.shape[:3]) != (self.device_iterations, self.gradient_accumulation, self.input_groups):
                 raise PlanError(f"'{key}' of shape {tuple(t.shape)} is not in the host layout [D, G, R, b, ...]"
                                 f" = [{self.device_iterations}, {self.gradient_accumulation}, "
-                                f"{self.replication_factor}, b, ...]")
+                                f"{self.input_groups}, b, ...]")
             out[key] = t.reshape(-1, *t.shape[4:])
         return out
 
     def shard(self, batch: Mapping[str, torch.Tensor], replica: int) -> dict[str, torch.Tensor]:
-        """The rows one replica runs (its ``[D, G, b]`` slice of a full call, or its part of a tail)."""
+        """The rows one replica runs (its ``[D, G, b]`` slice of a full call, or its part of a tail): those of
+        its input group with input replica grouping."""
         if not 0 <= replica < self.replication_factor:
             raise PlanError(f"replica {replica} is outside --replication-factor {self.replication_factor}")
         rows = rows_of(batch)
-        if self.replication_factor == 1:
+        if self.input_groups == 1:
             return dict(batch)
+        group = self.input_group_of(replica)
         lay = self.layout(rows)
         if not lay.partial:
-            return {k: v.reshape(self.iterations, self.replication_factor, -1, *v.shape[1:])[:, replica]
+            return {k: v.reshape(self.iterations, self.input_groups, -1, *v.shape[1:])[:, group]
                     .reshape(-1, *v.shape[1:]) for k, v in batch.items()}
-        index = lay.replica_index(replica)
+        index = lay.replica_index(group)
         return {k: v.index_select(0, index) for k, v in batch.items()}
 
     # --- outputs -----------------------------------------------------------------------------
@@ -325,15 +375,15 @@ class ExecutionPlan:
     def select_tensor(self, t: torch.Tensor) -> torch.Tensor:
         """Apply the output mode to one tensor of a full call in the ALL layout.
 
-        ``t`` has dim0 = ``m x k`` (``m = D x G x R`` micro-batches of ``k`` rows each); the result has
-        dim0 = ``multiplier x k``. A 0-dim tensor (m = 1) is returned unchanged.
+        ``t`` has dim0 = ``m x k`` (``m = D x G x R`` micro-batches of ``k`` rows each, ``R / N`` input groups in
+        place of ``R``); the result has dim0 = ``multiplier x k``. A 0-dim tensor (m = 1) is returned unchanged.
         """
         m = self.factor
         if t.dim() == 0:
             return t
         if t.shape[0] % m:
             raise PlanError(f"an output of shape {tuple(t.shape)} is not {m} micro-batches stacked on dim0")
-        r, mode = self.replication_factor, self.output_mode
+        r, mode = self.input_groups, self.output_mode
         if not self.training or mode is OutputMode.ALL:
             return t
         v = t.reshape(self.iterations, r, t.shape[0] // m, *t.shape[1:])

@@ -8,6 +8,9 @@ Written once against ``poptorch`` (real, or :mod:`accelbatch.backends.poptorch_e
   ``randomSeed``. PopTorch's ``EveryN`` counts device iterations while the plan's counts the ``D x G``
   iterations of a call; the two agree when ``G = 1``. With ``G > 1`` the device returns ``All`` and the
   host applies the plan's selection (:meth:`ExecutionPlan.select_tensor`).
+* Input replica grouping (``plan.input_group_size`` N > 1): ``inputReplicaGrouping(N, type)``; a call carries
+  the rows of the R / N input groups and the device returns all R replicas' outputs, of which the engine keeps
+  each group's first replica's (:func:`~.ipu_graph.group_leaders_only`): one output per row fed.
 * accelbatch models take a dict and return a dict; an IPU graph takes positional tensors and returns
   ``(outputs..., loss)`` with the loss last. :class:`InputsAdapter` does the translation in a fixed key
   order (the batch's keys, sorted), so PopTorch's errors name the batch keys.
@@ -42,6 +45,7 @@ Written once against ``poptorch`` (real, or :mod:`accelbatch.backends.poptorch_e
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import logging
 import math
@@ -57,7 +61,7 @@ from accelbatch.plan import LOSS_TOKENS, ExecutionPlan, LossNormalization, Outpu
 
 from .base import Engine, NonFiniteLoss, StepResult, TensorBatch
 from .engine import check_trainable
-from .ipu_graph import LOSS_SCALE, InputsAdapter, device_output_mode, make_adapter, plan_options
+from .ipu_graph import LOSS_SCALE, InputsAdapter, device_output_mode, group_leaders_only, make_adapter, plan_options
 from .ipu_latency import LatencyStats
 from .ipu_optim import load_optimizer_state, to_poptorch_optimizer
 from .ipu_settings import IPUSettings
@@ -79,6 +83,7 @@ class _Executor:
     adapter: InputsAdapter
     executor: Any
     host_select: bool
+    plan: ExecutionPlan
     compilations: int = 0
     calls: int = 0
     hparams: str | None = None
@@ -160,7 +165,7 @@ class IPUEngine(Engine):
         else:
             executor = self.poptorch.inferenceModel(adapter, options=options)
         entry = _Executor(training=training, signature=sig, adapter=adapter, executor=executor,
-                          host_select=training and device_output_mode(plan) is not plan.output_mode)
+                          host_select=training and device_output_mode(plan) is not plan.output_mode, plan=plan)
         self._executors[key] = entry
         return entry
 
@@ -249,6 +254,10 @@ class IPUEngine(Engine):
             want = dtypes.get(k)
             outputs[k] = t.to(want) if want is not None and t.dtype != want else t
         loss = flat[len(keys)] if has_loss else None
+        if entry.plan.input_group_size > 1:  # one output per row fed: each input group's first replica's
+            scalars = meta["scalars"] or set()
+            outputs = {k: group_leaders_only(entry.plan, t, k in scalars) for k, t in outputs.items()}
+            loss = group_leaders_only(entry.plan, loss, False) if loss is not None else None
         return outputs, loss, compiled
 
     # --- training --------------------------------------------------------------------------------
@@ -294,8 +303,9 @@ class IPUEngine(Engine):
 
     def _with_loss_scale(self, batch: TensorBatch, lay: Any) -> TensorBatch:
         """``batch`` without ``loss_tokens``; under ``--loss-normalization token`` with a ``_loss_scale``
-        column instead: each row of micro-batch j holds t_j / T_u x (G x R), its micro-batch's share of its
-        update's tokens, times what the device's Mean reduction divides by."""
+        column instead: each row of micro-batch j holds t_j / T_u x (G x R / N), its micro-batch's share of its
+        update's tokens, times what the device's Mean reduction divides by (G x R, over the N replicas of
+        each input group that run micro-batch j)."""
         tokens = batch.get(LOSS_TOKENS)
         if tokens is None:
             return batch
@@ -307,7 +317,7 @@ class IPUEngine(Engine):
         weights = lay.token_weights(per, update_totals(lay, per))
         scale = torch.empty(lay.rows, dtype=torch.float32)
         for j, (s, e) in enumerate(zip(lay.starts, lay.stops)):
-            scale[s:e] = weights[j] * self.plan.gradient_accumulation * self.plan.replication_factor
+            scale[s:e] = weights[j] * self.plan.gradient_accumulation * self.plan.input_groups
         batch[LOSS_SCALE] = scale
         return batch
 
@@ -352,9 +362,7 @@ class IPUEngine(Engine):
         """Micro batch 1 with b x D device iterations: the eval call's rows, one per micro-batch, so a
         remainder of fewer rows than a micro-batch runs in one call without mixing in padding rows."""
         p = self.eval_plan
-        return ExecutionPlan(micro_batch=1, device_iterations=p.micro_batch * p.device_iterations,
-                             replication_factor=p.replication_factor, gradient_accumulation=1,
-                             output_mode=p.output_mode, reduction=p.reduction, training=False, drop_last=False)
+        return dataclasses.replace(p, micro_batch=1, device_iterations=p.micro_batch * p.device_iterations)
 
     def _eval_call(self, plan: ExecutionPlan, batch: TensorBatch, n: int, start: int,
                    stop: int) -> tuple[dict[str, torch.Tensor], float | None, bool, int]:

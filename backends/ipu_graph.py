@@ -37,6 +37,9 @@ def plan_options(poptorch: Any, plan: ExecutionPlan, seed: int | None = None,
     opts = poptorch.Options()
     opts.deviceIterations(plan.device_iterations)
     opts.replicationFactor(plan.replication_factor)
+    if plan.input_group_size > 1:
+        opts.inputReplicaGrouping(plan.input_group_size, getattr(poptorch.CommGroupType,
+                                                                 plan.input_group_type.capitalize()))
     if plan.training:
         opts.Training.gradientAccumulation(plan.gradient_accumulation)
         opts.Training.accumulationAndReplicationReductionType(
@@ -61,6 +64,24 @@ def plan_options(poptorch: Any, plan: ExecutionPlan, seed: int | None = None,
     return opts
 
 
+def group_leaders_only(plan: ExecutionPlan, t: torch.Tensor, scalar: bool) -> torch.Tensor:
+    """One device output with input replica grouping, cut to the outputs of each input group's first replica.
+
+    The device returns every replica's outputs (a group's N replicas computed the same rows), R replicas
+    innermost but one (``[..., R, k, ...]`` on dim0, as each device output mode joins them); the result has
+    R / N of them, one per row the host fed. ``scalar``: the model's output was 0-dim, so a single value left
+    is 0-dim again (the multiplier-1 rule).
+    """
+    if plan.input_group_size == 1:
+        return t
+    r, mode = plan.replication_factor, device_output_mode(plan)
+    outer = {OutputMode.ALL: plan.iterations, OutputMode.EVERY_N: plan.iterations // plan.output_return_period
+             }.get(mode, 1)  # Final and Sum: one per replica
+    leaders = torch.tensor(plan.group_leaders)
+    v = t.reshape(outer, r, -1, *t.shape[1:]).index_select(1, leaders).reshape(-1, *t.shape[1:])
+    return v.reshape(()) if scalar and v.numel() == 1 else v
+
+
 # --- the dict <-> positional adapter --------------------------------------------------------------------
 
 def input_names(keys: tuple[str, ...]) -> tuple[str, ...]:
@@ -80,8 +101,8 @@ class InputsAdapter(torch.nn.Module):
 
     The inputs are the batch's tensors in the order of ``keys``; ``forward`` has one named parameter per
     key (so PopTorch's input errors name them). The output keys, whether a loss is returned and the
-    dtypes the model produced are recorded on the first call in ``meta``, a dict shared with the
-    (shallow) copies poptorch makes of this module.
+    dtypes the model produced (and which outputs are 0-dim) are recorded on the first call in ``meta``, a dict
+    shared with the (shallow) copies poptorch makes of this module.
     """
 
     def __init__(self, model: torch.nn.Module, keys: tuple[str, ...], training: bool,
@@ -91,7 +112,7 @@ class InputsAdapter(torch.nn.Module):
         self.keys = tuple(keys)
         self.graph_training = training
         self.mark_loss = mark_loss
-        self.meta: dict[str, Any] = {"out_keys": None, "has_loss": None, "dtypes": None}
+        self.meta: dict[str, Any] = {"out_keys": None, "has_loss": None, "dtypes": None, "scalars": None}
 
     def forward(self, *tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
         inputs = dict(zip(self.keys, tensors))
@@ -111,7 +132,8 @@ class InputsAdapter(torch.nn.Module):
                                 "the mean loss over the micro-batch's rows")
         meta = self.meta
         if meta["out_keys"] is None:
-            meta.update(out_keys=keys, has_loss=has_loss, dtypes={k: out[k].dtype for k in keys})
+            meta.update(out_keys=keys, has_loss=has_loss, dtypes={k: out[k].dtype for k in keys},
+                        scalars={k for k in keys if out[k].dim() == 0})
         elif meta["out_keys"] != keys or meta["has_loss"] != has_loss:
             raise PlanError(f"the model returned outputs {list(keys) + (['loss'] if has_loss else [])} but "
                             f"{list(meta['out_keys']) + (['loss'] if meta['has_loss'] else [])} when its graph "
@@ -142,4 +164,5 @@ def make_adapter(model: torch.nn.Module, keys: tuple[str, ...], training: bool,
     return cls(model, keys, training, mark_loss)
 
 
-__all__ = ["LOSS_SCALE", "InputsAdapter", "device_output_mode", "input_names", "make_adapter", "plan_options"]
+__all__ = ["LOSS_SCALE", "InputsAdapter", "device_output_mode", "group_leaders_only", "input_names", "make_adapter",
+           "plan_options"]
