@@ -420,7 +420,8 @@ def _plain(value: Any, where: str) -> Any:
 RESUME_OPTS = ("task", "datatype", "seed", "batchsize", "device_iterations", "replication_factor",
                "gradient_accumulation", "numthreads", "reduction", "loss_normalization", "drop_last",
                "dynamic_batching",
-               "dataloader_mode", "num_workers", "context_length", "include_labels", "optimizer")
+               "dataloader_mode", "num_workers", "context_length", "include_labels", "optimizer",
+               "ipu_input_replica_grouping", "ipu_input_replica_grouping_type")
 
 
 def resume_mismatches(checkpoint: Checkpoint, opts: Any, keys: Sequence[str] = RESUME_OPTS) -> list[str]:

@@ -105,6 +105,10 @@ class Replicas:
         if self.inputs not in ("shard", "full"):
             raise PlanError(f"inputs={self.inputs!r}: expected 'shard' (each process gets its replica's "
                             "rows) or 'full' (each process gets the whole combined batch)")
+        if plan.input_group_size > 1:
+            raise PlanError(f"input replica grouping (--ipu-input-replica-grouping {plan.input_group_size}) is an "
+                            "IPU placement: run the plan on --device ipu, or give the cpu/cuda engine the plan "
+                            "without it (its R / N groups as the replication factor)")
         if self.world_size > 1 and plan.replication_factor != self.world_size:
             raise PlanError(f"--replication-factor {plan.replication_factor} but {self.world_size} processes "
                             f"are running (one per replica): start {plan.replication_factor} "

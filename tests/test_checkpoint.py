@@ -416,6 +416,16 @@ def test_check_resumable_names_the_options():
         ck.check_resumable(checkpoint, Opts(batchsize=8))
 
 
+def test_a_resume_keeps_the_input_replica_grouping():
+    """Groups change the rows a step holds (b x D x R/N x G), so a resume must keep them."""
+    model, _ = _model_and_optimizer()
+    saved = Opts(device="ipu", replication_factor=4, ipu_input_replica_grouping=2)
+    checkpoint = ck.Checkpoint(path="x.ckpt", model_state=model.state_dict(), opts=saved.to_dict())
+    ck.check_resumable(checkpoint, saved)
+    with pytest.raises(CheckpointError, match=r"--ipu-input-replica-grouping 4 \(checkpoint: 2\)"):
+        ck.check_resumable(checkpoint, saved.replace(ipu_input_replica_grouping=4))
+
+
 # --- when to save -------------------------------------------------------------------------------------
 def test_periodic_saver():
     now = [100.0]

@@ -265,3 +265,14 @@ def test_memnn_with_grouped_replicas_trains_like_half_the_replicas(monkeypatch, 
     valid = {k: v for k, v in reports["grouped"]["valid"].items() if k != "time_s"}
     assert valid["exs"] == 1000  # babi:1 valid, each example once
     assert valid == pytest.approx({k: reports["ref"]["valid"][k] for k in valid}, abs=1e-5)
+
+
+def test_the_engine_loop_refuses_a_grouped_plan():
+    """Given through the API (the CLI refuses it earlier), a grouped plan is an IPU placement that the one engine
+    loop of cpu and cuda does not run: it would train R / N replicas, right for mean and not for sum."""
+    from accelbatch.backends.cpu import PlanEngine
+
+    plan = ExecutionPlan(micro_batch=2, replication_factor=4, input_group_size=2)
+    model = torch.nn.Linear(3, 2)
+    with pytest.raises(PlanError, match="input replica grouping .* is an IPU placement"):
+        PlanEngine(model, torch.optim.SGD(model.parameters(), lr=0.1), plan)
