@@ -15,7 +15,10 @@ Behaviour reproduced from PopTorch (python/options.py, python/_options_impl.py):
   ``opts.Training.accumulation_and_replication_reduction_type``, ``opts.Distributed.numProcesses``.
 - Settings the emulator records without effect (a CPU has one memory): ``opts.TensorLocations``
   (:mod:`.tensor_locations`) and ``setAvailableMemoryProportion`` (read back as
-  ``opts.available_memory_proportion``, ``{ipu_index: proportion}``).
+  ``opts.available_memory_proportion``, ``{ipu_index: proportion}``); ``maxRepeatLogs``, ``syncPattern``,
+  ``disableModuleNamescope`` and ``_Popart.setPatterns``, which change nothing the emulator computes.
+- ``Training.setAutomaticLossScaling`` (:mod:`.auto_loss_scale`), ``anchorTensor`` (:mod:`.anchors`) and
+  ``loadFromFile`` (:mod:`._options_config`) behave as in PopTorch.
 """
 
 from __future__ import annotations
