@@ -153,3 +153,32 @@ def test_float32_inputs_to_a_half_model_are_computed_in_float32():
     out = model(torch.ones(3, 4))
     assert out.dtype == torch.float32
     assert torch.equal(out, ref)
+
+
+def test_float32_inputs_to_a_half_model_train_with_float16_gradients():
+    model = SumLoss().half()
+    training, optimizer = _training(model, loss_scaling=1.0, d=2, anchor_mode=poptorch.OutputMode.All)
+    training(torch.ones(2, 3))  # float32 input: the linear layer runs in float32, its gradients come back float16
+    assert training.getAnchoredTensor("ls").tolist() == [1.0, 2.0]
+    assert model.lin.weight.dtype == torch.float16
+
+
+class HalfCounter(torch.nn.Module):
+    """A float16 buffer updated in place from float32 data keeps its type (in-place operations are not cast)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.register_buffer("seen", torch.zeros(2, dtype=torch.float16))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.seen.add_(x.sum(0))
+        self.seen += 1.0
+        return self.seen * x
+
+
+def test_in_place_updates_of_float16_state_keep_their_type():
+    module = HalfCounter()
+    model = poptorch.inferenceModel(module)
+    out = model(torch.full((1, 2), 0.5))
+    assert module.seen.dtype == torch.float16 and module.seen.tolist() == [1.5, 1.5]
+    assert out.dtype == torch.float32 and out.tolist() == [[0.75, 0.75]]
