@@ -5,26 +5,28 @@ The device keeps a loss-scale *update factor*, 1.0 at first. Each weight update:
 - the backward pass starts from ``loss * loss_scaling * factor`` (PopART's ``finalLossScale``) and the update
   divides the gradients by the same number, so the factor only changes how float16 gradients round, clip
   or overflow;
-- the float16 gradients are sorted by absolute value into two bins at one edge,
-  ``binEdgeLocation * 65504`` (65504 is float16's largest value; ``binEdgeLocation`` defaults to 0.125):
-  ``lower`` counts the elements below the edge, ``upper`` those at or above it (infinities included, NaN in
-  neither). The counts are summed over the tracked gradients, the micro-batches of the step (gradient
-  accumulation) and the replicas;
+- the float16 gradients are sorted by absolute value into two bins at one edge, ``binEdgeLocation * 65504``
+  (65504 is float16's largest value; ``binEdgeLocation`` defaults to 0.125): ``lower`` counts the elements
+  below the edge, ``upper`` those at or above it (infinities included, NaN in neither). The tracked
+  gradients are those of the float16 parameters and of the float16 outputs of the forward pass's
+  operations other than views (PopART's default, ``AllNonViewChangingGradientTensors``); the counts are
+  summed over them, the micro-batches of the step (gradient accumulation) and the replicas;
 - then the factor halves when ``upper > t / (1 - t) * lower`` (t = ``thresholdUpperCountProportion``,
   default 1e-7: in effect, when any element reaches the edge) and doubles otherwise, for the next step.
 
 With ``updatePeriod`` = M > 1 the counting and the update happen on steps 0, M, 2M, ... only. The three
 settings are read from ``opts._Popart.set("automaticLossScalingSettings.<name>", value)``, checked as
-PopART checks them. The tracked gradients are those of the float16 parameters (PopART also tracks float16
-activation gradients; float32 gradients never count); a training model without one is refused with
-PopART's error. The factor is ``state_dict()["ipu_state"]["lossScaleUpdateFactor"]`` of a
-``poptorch.optim`` optimizer and ``finalLossScale`` can be anchored (:mod:`.anchors`).
+PopART checks them. float32 gradients never count. A training model without any float16 gradient is
+refused with PopART's error, which PopART raises when it compiles and the emulator after the first
+micro-batch's backward pass (before any update) when the model has no float16 parameter. The factor is
+``state_dict()["ipu_state"]["lossScaleUpdateFactor"]`` of a ``poptorch.optim`` optimizer and
+``finalLossScale`` can be anchored (:mod:`.anchors`).
 """
 
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
@@ -56,6 +58,7 @@ class AutoLossScale:
         self._step = 0
         self._lower = 0
         self._upper = 0
+        self._must_find = False
 
     def check(self, params: list[torch.nn.Parameter]) -> None:
         """At compile time: the settings' ranges, and at least one float16 gradient to track."""
@@ -66,8 +69,8 @@ class AutoLossScale:
         if self.update_period < 1:
             raise popart_error("[AutomaticLossScale transform] automaticLossScalingSettings.updatePeriod must be "
                                f"at least 1, got {self.update_period}")
-        if not any(p.dtype == torch.float16 and p.requires_grad for p in params):
-            raise popart_error(NO_FP16_ERR)
+        # without float16 parameters the first backward pass must meet a float16 activation gradient
+        self._must_find = not any(p.dtype == torch.float16 and p.requires_grad for p in params)
 
     def loss_scale(self, loss_scaling: float) -> float:
         """The loss scale of this step (PopART's ``finalLossScale``)."""
@@ -76,15 +79,32 @@ class AutoLossScale:
     def _counting(self) -> bool:
         return self.enabled and self._step % self.update_period == 0
 
+    def _count(self, grad: torch.Tensor) -> None:
+        magnitude = grad.detach().abs()
+        self._lower += int((magnitude < self.bin_edge).sum())
+        self._upper += int((magnitude >= self.bin_edge).sum())
+
+    @property
+    def activation_hook(self) -> Callable[[torch.Tensor], None] | None:
+        """Registered on the float16 outputs of the forward pass's operations (see :mod:`._mixed_precision`):
+        counts their gradients as the backward pass computes them."""
+        return self._count_activation if self.enabled else None
+
+    def _count_activation(self, grad: torch.Tensor) -> None:
+        if self._counting():
+            self._count(grad)
+
     def observe(self, params: list[torch.nn.Parameter]) -> None:
-        """Count a micro-batch's fresh float16 gradients into the two bins."""
+        """After a micro-batch's backward pass: count the fresh float16 parameter gradients."""
         if not self._counting():
             return
         for p in params:
             if p.dtype == torch.float16 and p.grad is not None:
-                magnitude = p.grad.detach().abs()
-                self._lower += int((magnitude < self.bin_edge).sum())
-                self._upper += int((magnitude >= self.bin_edge).sum())
+                self._count(p.grad)
+        if self._must_find:
+            if self._lower + self._upper == 0:
+                raise popart_error(NO_FP16_ERR)
+            self._must_find = False
 
     def end_step(self) -> None:
         """After the weight update: halve or double the factor (on counting steps), for the next step."""

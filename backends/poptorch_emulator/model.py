@@ -414,9 +414,9 @@ class PoplarExecutor(PerfCounterMethods):
         """One micro-batch; the first of a compilation is traced, and its placement checked (IPUs acquired
         unless ConnectionType.Never, pipeline depth) before anything is updated."""
         if self._placement is not None:
-            with promoting(self._half_state):
+            with promoting(self._half_state, self._als.activation_hook):
                 return self._model(*micro.args, **micro.kwargs)
-        with execution_strategy.tracing(self._options) as trace, promoting(self._half_state):
+        with execution_strategy.tracing(self._options) as trace, promoting(self._half_state, self._als.activation_hook):
             out = self._model(*micro.args, **micro.kwargs)
         execution_strategy.check_placement(trace.placement, self._options, self._training)
         self._placement = trace.placement

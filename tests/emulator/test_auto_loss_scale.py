@@ -182,3 +182,27 @@ def test_in_place_updates_of_float16_state_keep_their_type():
     out = model(torch.full((1, 2), 0.5))
     assert module.seen.dtype == torch.float16 and module.seen.tolist() == [1.5, 1.5]
     assert out.dtype == torch.float32 and out.tolist() == [[0.75, 0.75]]
+
+
+class HalfActivations(torch.nn.Module):
+    """float32 weights, float16 activations: h = half(W x + b), loss = sum(1000 h), so dloss/dh = 1000."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = torch.nn.Linear(2, 2)
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        h = self.lin(x).half()
+        z = h * 1000.0
+        return z, poptorch.identity_loss(z, reduction="sum")
+
+
+def test_float16_activation_gradients_are_tracked_too():
+    # loss scale 16: dloss/dz = 16 (below the edge), dloss/dh = 16000 (above): the factor halves; the float32
+    # weight gradients do not count
+    training, optimizer = _training(HalfActivations(), loss_scaling=16.0)
+    training(torch.ones(1, 2))
+    assert _factor(optimizer) == 0.5
+    training, optimizer = _training(HalfActivations(), loss_scaling=4.0)  # 4000 < 8188: doubles
+    training(torch.ones(1, 2))
+    assert _factor(optimizer) == 2.0
