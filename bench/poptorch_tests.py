@@ -59,7 +59,7 @@ PLUGIN_SOURCE = "import poptorch  # noqa: F401\n"
 
 NEEDS_BATCH_TYPES = "needs custom batch types"
 NEEDS_SDK_TORCH = "needs the SDK's torch 2.0.1 (run the script with .ci/sdk_stack's .venv-sdk python)"
-NEEDS_FEATURES = "needs PopTorch features the emulator leaves out (pipelining, PopART IR / profiles / anchors)"
+NEEDS_FEATURES = "needs PopTorch features the emulator leaves out (pipelining, PopART profiles / proto files)"
 NEEDS_INTERNALS = "needs PopTorch internals (private attributes, poptorch_core functions, log output)"
 REAL_DEFECT = "real defect"
 
@@ -68,10 +68,11 @@ CATEGORY_RULES: tuple[tuple[str, str], ...] = (
     (NEEDS_BATCH_TYPES, r"registerCustomArgParser|ICustomArgParser|CustomArgParser"),
     # torch.utils.data.Sampler.__init__ took a data_source argument until torch 2.2
     (NEEDS_SDK_TORCH, r"object\.__init__\(\) takes exactly one argument"),
+    # PopTorch's C++ option validator, the PopART IR, and its DEBUG log (what the options file set)
+    (NEEDS_INTERNALS, r"_validateOptions|_debugGetPopartIR|test_set_options_from_file|test_override_options_from_file"),
     (NEEDS_FEATURES, r"\b(Block|BeginBlock|Stage|AutoStage|ShardedExecution|PipelinedExecution|SerialPhasedExecution"
                      r"|ParallelPhasedExecution|setExecutionStrategy|_execution_strategy)\b"),
-    (NEEDS_FEATURES, r"anchorTensor|getAnchoredTensor|setAutomaticLossScaling|_debugGetPopartIR|setPatterns"
-                     r"|disableModuleNamescope|test_export_proto_file|test_profile_report"),
+    (NEEDS_FEATURES, r"test_export_proto_file|test_profile_report"),
     (NEEDS_INTERNALS, r"poptorch\._logging|poptorch\._impl|_validateOptions|propagateInputShapes"
                       r"|has no attribute '_worker'|PID could not be captured"),
     (NEEDS_INTERNALS, r"test_popart_partials|test_running_statistics"),  # they read PopTorch's TRACE log

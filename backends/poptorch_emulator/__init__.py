@@ -31,6 +31,7 @@ from .enums import (
     OutputMode,
     ReductionType,
     SharingStrategy,
+    SyncPattern,
 )
 from .execution_strategy import (
     ParallelPhasedExecution,
@@ -42,7 +43,7 @@ from .execution_strategy import (
 )
 from .model import PoplarExecutor, inferenceModel, trainingModel
 from .ops import identity_loss, isRunningOnIpu
-from .options import Options
+from .options import ConfigFileError, Options
 from .poptorch_core import Error, RecoverableError, UnrecoverableError
 from .tensor_locations import TensorLocationSettings
 
@@ -61,11 +62,12 @@ def setLogLevel(level: str | int) -> None:
 
 __all__ = [
     "AsynchronousDataAccessor", "AutoStage", "BeginBlock", "Block", "BlockFunction",
-    "CommGroupType", "ConnectionType", "DataLoader", "DataLoaderMode", "Error", "ICustomArgParser",
+    "CommGroupType", "ConfigFileError", "ConnectionType", "DataLoader", "DataLoaderMode", "Error", "ICustomArgParser",
     "IS_EMULATOR", "Liveness", "ParallelPhasedExecution", "Phase", "PipelinedExecution", "SerialPhasedExecution",
     "ShardedExecution", "Stage", "module_repr", "removeBlocks",
     "MeanReductionStrategy", "Options", "OutputMode", "PoplarExecutor", "RecoverableError", "ReductionType",
-    "SharingStrategy", "TensorLocationSettings", "UnrecoverableError", "enums", "identity_loss", "inferenceModel",
+    "SharingStrategy", "SyncPattern", "TensorLocationSettings", "UnrecoverableError", "enums", "identity_loss",
+    "inferenceModel",
     "ipuHardwareIsAvailable", "isRunningOnIpu", "optim", "poptorch_core", "registerCustomArgParser", "setLogLevel",
     "trainingModel",
 ]

@@ -27,6 +27,20 @@ import torch
 
 from .options import Options
 
+# Set on a user's module while a trainingModel wraps it (PopTorch swaps the module's class instead).
+_WRAPPED_MARK = "_poptorch_emulator_wrapped"
+
+
+def is_wrapped(model: torch.nn.Module) -> bool:
+    return bool(model.__dict__.get(_WRAPPED_MARK, False))
+
+
+def set_wrapped(model: torch.nn.Module, wrapped: bool) -> None:
+    if wrapped:
+        model.__dict__[_WRAPPED_MARK] = True
+    else:
+        model.__dict__.pop(_WRAPPED_MARK, None)
+
 
 def loss_scaling(optimizer: torch.optim.Optimizer | None) -> float:
     """The optimizer's ``loss_scaling`` (PopTorch reads it from any optimizer; 1.0 when absent)."""

@@ -85,6 +85,15 @@ class ConnectionType(enum.IntEnum):
     Never = 2
 
 
+class SyncPattern(enum.IntEnum):
+    """How IPUs synchronise with the host: ``Full`` (all together), ``SinglePipeline`` (each IPU with the
+    host alone) or ``ReplicaAndLadder`` (groups alternate host IO and compute). Recorded by the emulator."""
+
+    Full = 0
+    SinglePipeline = 1
+    ReplicaAndLadder = 2
+
+
 class AutoStage(enum.IntEnum):
     """How a pipeline given no explicit stages numbers its blocks' stages: ``SameAsIpu`` (stage = the block's
     ``ipu_id``, the default) or ``AutoIncrement`` (each new block its own next stage)."""
@@ -112,4 +121,5 @@ __all__ = [
     "OutputMode",
     "ReductionType",
     "SharingStrategy",
+    "SyncPattern",
 ]

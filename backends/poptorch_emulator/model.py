@@ -41,6 +41,10 @@ import torch
 
 from . import _device, _outputs, _structure, blocks, execution_strategy, optim
 from ._inputs import ArgBinder, Batching, BoundInputs, CompiledInputs
+from ._mixed_precision import has_half_state, promoting
+from ._optim_state import to_device, to_host
+from .anchors import AnchorMemory
+from .auto_loss_scale import AutoLossScale
 from .enums import CommGroupType, ConnectionType, OutputMode, ReductionType
 from .ops import _running_on_device, final_loss, finding_losses
 from .options import Options, adopt_optimizer_accum_type
@@ -52,19 +56,6 @@ logger = logging.getLogger("poptorch_emulator")
 NO_EXECUTABLE_ERR = "Model has not been compiled or has been destroyed."
 ALREADY_WRAPPED_ERR = ("Model has already been wrapped in 'poptorch.trainingModel'. Call model.destroy() "
                        "on the model to unwrap before wrapping again.")
-# Set on a user's module while a trainingModel wraps it (PopTorch swaps the module's class instead).
-_WRAPPED_MARK = "_poptorch_emulator_wrapped"
-
-
-def _is_wrapped(model: torch.nn.Module) -> bool:
-    return bool(model.__dict__.get(_WRAPPED_MARK, False))
-
-
-def _set_wrapped(model: torch.nn.Module, wrapped: bool) -> None:
-    if wrapped:
-        model.__dict__[_WRAPPED_MARK] = True
-    else:
-        model.__dict__.pop(_WRAPPED_MARK, None)
 
 
 class PoplarExecutor(PerfCounterMethods):
@@ -111,6 +102,8 @@ class PoplarExecutor(PerfCounterMethods):
         self._optimizer_hparams: list[dict[str, Any]] = []
         self._loss_scaling = 1.0
         self._half = _device.HalfUpdates()
+        self._als = AutoLossScale(options._Popart.options, training)
+        self._anchors = AnchorMemory(options)
         self._synthetic: torch.Generator | None = None
         self._loaded_from_cache = False
         self._device_state: defaultdict[torch.Tensor, dict[str, Any]] = defaultdict(dict)  # "on the IPU"
@@ -118,7 +111,7 @@ class PoplarExecutor(PerfCounterMethods):
             self.setOptimizer(optimizer)
         self._options._freeze()
         if training:
-            _set_wrapped(self._user_model, True)
+            _device.set_wrapped(self._user_model, True)
 
     # -- attributes ---------------------------------------------------------------------------------
     def __getattr__(self, attr: str) -> Any:
@@ -200,10 +193,14 @@ class PoplarExecutor(PerfCounterMethods):
                               batching.device_iterations)
         for tensor in inputs.tensors():
             batching.check_batch_dim(tensor)
+        self._als.check(self._params() if self._training else [])
+        self._anchors.check(self._training, self._als.enabled, [n for n, _ in self._model.named_parameters()],
+                            batching.device_iterations)
         if any(t.requires_grad for t in inputs.tensors()):
             logger.warning("Input tensor has requires_grad=True set. This tensor will be detached because "
                            "backward pass via inputs is not supported.")
         self._compiled = CompiledInputs(inputs)
+        self._half_state = has_half_state(self._model)  # PopTorch's mixed-precision casts
         key = _device.cache_key(self._user_model, self._training, self._compiled.shapes(), self._options)
         self._loaded_from_cache = bool(_device.cache_lookup(self._options, key))
         if self._loaded_from_cache:
@@ -249,7 +246,11 @@ class PoplarExecutor(PerfCounterMethods):
         self._is_attached = False
         self._device_state = defaultdict(dict)
         if self._training:
-            _set_wrapped(self._user_model, False)
+            _device.set_wrapped(self._user_model, False)
+
+    def getAnchoredTensor(self, short_name: str) -> torch.Tensor:
+        """The last run's value of an anchored tensor (see :mod:`.anchors`)."""
+        return self._anchors.get(short_name)
 
     # -- weights and optimizer ------------------------------------------------------------------------
     # Host and device share one copy of the weights, so the copies only check the state PopTorch checks.
@@ -301,10 +302,7 @@ class PoplarExecutor(PerfCounterMethods):
         if not self.isCompiled():
             raise py_error(NO_EXECUTABLE_ERR)
         assert not opt.ipu_state_is_dirty, "Both host and ipu states cannot be dirty at the same time."
-        names = {p: name for name, p in self._user_model.named_parameters()}
-        ipu_state = {names[p]: {k: (v.detach().clone() if isinstance(v, torch.Tensor) else v)
-                                for k, v in st.items()}
-                     for p, st in self._device_state.items() if st and p in names}
+        ipu_state = to_host(self._device_state, self._user_model, self._als)
         opt.set_state_dict({"ipu_state": ipu_state, "ipu_param": copy.deepcopy(self._optimizer_hparams),
                             **torch.optim.Optimizer.state_dict(opt)})
         opt.ipu_state_is_dirty = False
@@ -315,14 +313,7 @@ class PoplarExecutor(PerfCounterMethods):
             return
         assert not opt.host_state_is_dirty, "Both host and ipu states cannot be dirty at the same time."
         if opt.has_state():
-            params = dict(self._user_model.named_parameters())
-            state: defaultdict[torch.Tensor, dict[str, Any]] = defaultdict(dict)
-            for name, st in opt.get_state_dict()["ipu_state"].items():
-                if name not in params:
-                    raise py_error(f"Optimizer state for unknown parameter {name!r}: it was read from another model")
-                state[params[name]] = {k: (v.detach().clone().to(params[name].device)
-                                           if isinstance(v, torch.Tensor) else v) for k, v in st.items()}
-            self._device_state = state
+            self._device_state = to_device(opt.get_state_dict()["ipu_state"], self._user_model, self._als)
         opt.ipu_state_is_dirty = False
 
     def _on_device_attach(self) -> None:
@@ -380,6 +371,7 @@ class PoplarExecutor(PerfCounterMethods):
         with _running_on_device(), self._perf_counters.recording(self._options, self.batching):
             if self._training:
                 per_micro, structure = self._run_training(inputs)
+                self._anchors.end_call()
                 if isinstance(self._optimizer, optim.Optimizer):
                     self._optimizer.host_state_is_dirty = True  # the device stepped: the host copy is stale
             else:
@@ -422,8 +414,9 @@ class PoplarExecutor(PerfCounterMethods):
         """One micro-batch; the first of a compilation is traced, and its placement checked (IPUs acquired
         unless ConnectionType.Never, pipeline depth) before anything is updated."""
         if self._placement is not None:
-            return self._model(*micro.args, **micro.kwargs)
-        with execution_strategy.tracing(self._options) as trace:
+            with promoting(self._half_state, self._als.activation_hook):
+                return self._model(*micro.args, **micro.kwargs)
+        with execution_strategy.tracing(self._options) as trace, promoting(self._half_state, self._als.activation_hook):
             out = self._model(*micro.args, **micro.kwargs)
         execution_strategy.check_placement(trace.placement, self._options, self._training)
         self._placement = trace.placement
@@ -442,10 +435,12 @@ class PoplarExecutor(PerfCounterMethods):
                 loss = final_loss(marked)
                 if self._loss_output is None:
                     self._loss_output = next((i for i, t in enumerate(_structure.flatten(out)) if t is loss), None)
-            if self._loss_scaling != 1.0:  # the update divides it out again (_end_of_iteration)
-                loss.backward(torch.full_like(loss, self._loss_scaling))
+            loss_scale = self._als.loss_scale(self._loss_scaling)
+            if loss_scale != 1.0:  # the update divides it out again (_end_of_iteration)
+                loss.backward(torch.full_like(loss, loss_scale))
             else:
                 loss.backward(torch.ones_like(loss) if loss.dim() else None)
+            self._als.observe(self._params())
             self._half.accumulate(self._params())
 
         return self._run(inputs, backward, find_losses=self._loss_output is None)
@@ -464,7 +459,8 @@ class PoplarExecutor(PerfCounterMethods):
         b = self.batching
         reduction = self._options.Training.accumulation_and_replication_reduction_type
         scale = 1.0 / (b.gradient_accumulation * b.replication_factor) if reduction == ReductionType.Mean else 1.0
-        scale /= self._loss_scaling
+        loss_scale = self._als.loss_scale(self._loss_scaling)
+        scale /= loss_scale
         if scale != 1.0:
             for p in self._params():
                 if p.grad is not None:
@@ -472,6 +468,8 @@ class PoplarExecutor(PerfCounterMethods):
             self._half.scale_(scale)
         self._half.step(self._params(), self._optimizer, self._optimizer_step)
         self._zero_grad()
+        self._anchors.record_step(loss_scale, dict(self._model.named_parameters()))
+        self._als.end_step()
 
 
 def trainingModel(model: torch.nn.Module | PoplarExecutor, options: Options | None = None,
@@ -479,7 +477,7 @@ def trainingModel(model: torch.nn.Module | PoplarExecutor, options: Options | No
     """Wrap ``model`` for training; its forward returns ``(output..., loss)`` or ``loss``."""
     if isinstance(model, PoplarExecutor):
         model = model._user_model
-    if _is_wrapped(model):
+    if _device.is_wrapped(model):
         raise RuntimeError(ALREADY_WRAPPED_ERR)
     return PoplarExecutor(copy.copy(model), options, training=True, optimizer=optimizer, user_model=model)
 

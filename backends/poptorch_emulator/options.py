@@ -15,7 +15,10 @@ Behaviour reproduced from PopTorch (python/options.py, python/_options_impl.py):
   ``opts.Training.accumulation_and_replication_reduction_type``, ``opts.Distributed.numProcesses``.
 - Settings the emulator records without effect (a CPU has one memory): ``opts.TensorLocations``
   (:mod:`.tensor_locations`) and ``setAvailableMemoryProportion`` (read back as
-  ``opts.available_memory_proportion``, ``{ipu_index: proportion}``).
+  ``opts.available_memory_proportion``, ``{ipu_index: proportion}``); ``maxRepeatLogs``, ``syncPattern``,
+  ``disableModuleNamescope`` and ``_Popart.setPatterns``, which change nothing the emulator computes.
+- ``Training.setAutomaticLossScaling`` (:mod:`.auto_loss_scale`), ``anchorTensor`` (:mod:`.anchors`) and
+  ``loadFromFile`` (:mod:`._options_config`) behave as in PopTorch.
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ from typing import Any
 import torch
 
 from . import enums
+from ._options_config import ConfigFileError, load_options_file
 from ._options_dict import FROZEN_MESSAGE, _OptionsDict
 from .execution_strategy import PipelinedExecution, _IExecutionStrategy
 from .tensor_locations import _TensorLocationOptions
@@ -61,6 +65,13 @@ class _PopartOptions:
     def setEngineOptions(self, engine_options: dict[str, str]) -> "_PopartOptions":
         return self.set("engineOptions", engine_options)
 
+    def setPatterns(self, patterns: dict[str, bool], level: int = 2) -> "_PopartOptions":
+        """PopART's graph patterns to enable or disable over a ``PatternsLevel`` (recorded only)."""
+        assert isinstance(level, int)
+        assert isinstance(patterns, dict)
+        self.set("patterns_level", level)
+        return self.set("patterns", patterns)
+
     def __deepcopy__(self, memo: dict[int, Any]) -> "_PopartOptions":
         new = _PopartOptions()
         memo[id(self)] = new
@@ -74,7 +85,8 @@ class _PopartOptions:
 class _TrainingOptions(_OptionsDict):
     """``opts.Training``: options that only apply to a ``trainingModel``."""
 
-    def __init__(self) -> None:
+    def __init__(self, popart: "_PopartOptions") -> None:
+        object.__setattr__(self, "_popart_options", popart)
         super().__init__(
             gradient_accumulation=1,
             accumulation_and_replication_reduction_type=enums.ReductionType.Mean,
@@ -100,6 +112,12 @@ class _TrainingOptions(_OptionsDict):
             self, mean_reduction_strategy: enums.MeanReductionStrategy) -> "_TrainingOptions":
         """When the Mean reduction divides; all strategies give the same float32 result here."""
         self.set(meanAccumulationAndReplicationReductionStrategy=mean_reduction_strategy)
+        return self
+
+    def setAutomaticLossScaling(self, enabled: bool) -> "_TrainingOptions":
+        """Let the device adjust the loss scale from float16 gradient statistics (see :mod:`.auto_loss_scale`)."""
+        self.checkIsFrozen()
+        self._popart_options.set("automaticLossScalingSettings.enabled", enabled)
         return self
 
 
@@ -194,9 +212,10 @@ class Options(_OptionsDict):
 
     def __init__(self) -> None:
         object.__setattr__(self, "_tensor_locations", _TensorLocationOptions())
-        object.__setattr__(self, "_training", _TrainingOptions())
-        object.__setattr__(self, "_distributed", _DistributedOptions())
         object.__setattr__(self, "_popart", _PopartOptions())
+        object.__setattr__(self, "_training", _TrainingOptions(self._popart))
+        object.__setattr__(self, "_distributed", _DistributedOptions())
+        object.__setattr__(self, "_module_namescope_enabled", True)
         object.__setattr__(self, "_precision", _PrecisionOptions(self._popart))
         object.__setattr__(self, "_execution_strategy", PipelinedExecution())
         super().__init__(
@@ -206,10 +225,14 @@ class Options(_OptionsDict):
             broadcast_buffers=True,
             device_iterations=1,
             log_dir=".",
+            max_repeat_logs=4,
             auto_round_num_ipus=False,
+            anchored_tensors={},
             output_mode=enums.OutputMode.Default.value,
             output_return_period=1,
             connection_type=enums.ConnectionType.Always.value,
+            sync_pattern=enums.SyncPattern.Full.value,
+            available_memory_proportion={},
         )
         path = os.environ.get("POPTORCH_CACHE_DIR", "")
         if path:
@@ -298,6 +321,21 @@ class Options(_OptionsDict):
     def defaultOutputMode(self) -> bool:
         return self.output_mode == enums.OutputMode.Default
 
+    def anchorTensor(self, short_name: str, long_name: str, output_mode: enums.OutputMode | None = None,
+                     output_return_period: int | None = 1) -> "Options":
+        """Return the tensor ``long_name`` (PopART's name) after each run, read back with
+        ``model.getAnchoredTensor(short_name)``; without an output mode it follows the model's outputs. The
+        emulator's tensors are listed in :mod:`.anchors`."""
+        self.checkIsFrozen()
+        if output_mode is not None and not isinstance(output_mode, enums.OutputMode):
+            raise AssertionError(f"output_mode must be a poptorch.OutputMode, not {output_mode!r}")
+        if output_mode != enums.OutputMode.EveryN:
+            output_return_period = 1
+        elif not (output_return_period and output_return_period > 0):
+            raise AssertionError("EveryN anchor must have output_return_period set to valid positive integer")
+        self.anchored_tensors[short_name] = [long_name, output_mode is None, output_mode, output_return_period]
+        return self
+
     # -- misc ---------------------------------------------------------------------------------------
     def randomSeed(self, random_seed: int) -> "Options":
         """Seed the device's random generator (and, as PopTorch does, torch's host generator)."""
@@ -368,6 +406,29 @@ class Options(_OptionsDict):
         self.set(log_dir=log_dir)
         return self
 
+    def maxRepeatLogs(self, max_lines: int | None) -> "Options":
+        """Lines of an often-repeated log message shown before the rest are suppressed (None: all); recorded."""
+        self.set(max_repeat_logs=(1 << 64) - 1 if max_lines is None else max_lines)
+        return self
+
+    def syncPattern(self, sync_pattern: enums.SyncPattern) -> "Options":
+        """How IPUs synchronise with the host (recorded: the emulator has one host thread)."""
+        if not isinstance(sync_pattern, enums.SyncPattern):
+            raise AssertionError(f"sync_pattern must be a poptorch.SyncPattern, not {sync_pattern!r}")
+        self.set(sync_pattern=sync_pattern.value)
+        return self
+
+    def disableModuleNamescope(self) -> "Options":
+        """Leave the module names out of the operators' names (recorded: the emulator names no operators)."""
+        self.checkIsFrozen()
+        object.__setattr__(self, "_module_namescope_enabled", False)
+        return self
+
+    def loadFromFile(self, filepath: str) -> "Options":
+        """Run the setter calls of a file, one a line without ``options.`` (see :mod:`._options_config`)."""
+        load_options_file(self, filepath)
+        return self
+
     def modelName(self, name: str) -> "Options":
         self.createOrSet(model_name=name)
         return self
@@ -408,4 +469,4 @@ def adopt_optimizer_accum_type(options: Options, optimizer: Any, compiled: bool)
                          "Running but the executable is already compiled.")
 
 
-__all__ = ["Options", "FROZEN_MESSAGE", "adopt_optimizer_accum_type"]
+__all__ = ["ConfigFileError", "Options", "FROZEN_MESSAGE", "adopt_optimizer_accum_type"]

@@ -9,6 +9,7 @@ detects in Python, with the text ``"'poptorch_py_error': <message>"`` and the at
 from __future__ import annotations
 
 PY_ERROR_TYPE = "poptorch_py_error"
+POPART_ERROR_TYPE = "popart_exception"
 
 
 class Error(RuntimeError):
@@ -27,10 +28,16 @@ class UnrecoverableError(Error):
     """An error after which the device must be reset (``poptorch.UnrecoverableError``)."""
 
 
-def py_error(message: str) -> Error:
-    """The exception PopTorch builds for an error found on the Python side."""
-    err = Error(f"'{PY_ERROR_TYPE}': {message}")
-    err.type = PY_ERROR_TYPE
+def py_error(message: str, error_type: str = PY_ERROR_TYPE) -> Error:
+    """The exception PopTorch builds for an error found on the Python side (or, with ``error_type``
+    ``"popart_exception"``, one PopART raised while compiling)."""
+    err = Error(f"'{error_type}': {message}")
+    err.type = error_type
     err.message = message
     err.location = ""
     return err
+
+
+def popart_error(message: str) -> Error:
+    """An error of PopART's (``type`` ``"popart_exception"``), as PopTorch passes it on."""
+    return py_error(message, POPART_ERROR_TYPE)
