@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import pytest
+import torch
+
 from accelbatch.agents import Agent
 from accelbatch.messages import Message
 from accelbatch.teachers import FixedTeacher
@@ -207,3 +210,16 @@ class ActOverridingTeacher(ListTeacher):
     def act(self):
         msg = super().act()
         return msg if msg.get("text") is None else Message({**msg, "text": f"acted:{msg['text']}"})
+
+
+def _cpu_half_matmul() -> bool:
+    """Whether this torch multiplies float16 matrices on the CPU (2.1 and later; the emulator's fp16 needs it)."""
+    try:
+        torch.ones(2, 2, dtype=torch.float16) @ torch.ones(2, 2, dtype=torch.float16)
+    except RuntimeError:
+        return False
+    return True
+
+
+needs_cpu_half = pytest.mark.skipif(not _cpu_half_matmul(), reason=f"torch {torch.__version__} has no float16 "
+                                    "matmul on the CPU, which the emulator's fp16 runs on (a real IPU does not)")

@@ -7,6 +7,7 @@ import torch
 import torch.nn.functional as F
 from accelbatch.backends import poptorch_emulator as poptorch
 from accelbatch.backends.ipu import IPUBackend
+from helpers import needs_cpu_half
 
 import accelbatch as ab
 from accelbatch.opts import Opts
@@ -14,18 +15,6 @@ from accelbatch.plan import ExecutionPlan, PlanError
 
 from .test_ipu import Classifier, data
 
-
-def _cpu_half_matmul() -> bool:
-    """Whether this torch multiplies float16 matrices on the CPU (2.1 and later; the emulator's fp16 needs it)."""
-    try:
-        torch.ones(2, 2, dtype=torch.float16) @ torch.ones(2, 2, dtype=torch.float16)
-    except RuntimeError:
-        return False
-    return True
-
-
-needs_cpu_half = pytest.mark.skipif(not _cpu_half_matmul(), reason=f"torch {torch.__version__} has no float16 "
-                                    "matmul on the CPU, which the emulator's fp16 runs on (a real IPU does not)")
 
 def run_memnn(tmp_path=None, steps: int = 8, **kw):
     opts = Opts(task="babi:1", model="memnn", batchsize=4, embedding_size=16, max_train_steps=steps, num_epochs=1,

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 from accelbatch.backends import poptorch_emulator as poptorch
+from helpers import needs_cpu_half
 
 EDGE = 65504 * 0.125  # PopART's default bin edge: 8188
 
@@ -38,6 +39,7 @@ def _factor(optimizer) -> float:
     return float(optimizer.state_dict()["ipu_state"]["lossScaleUpdateFactor"])
 
 
+@needs_cpu_half
 def test_small_gradients_double_the_factor_each_step_and_final_loss_scale_is_ls_times_factor():
     model = SumLoss().half()
     training, optimizer = _training(model, loss_scaling=4.0)
@@ -53,6 +55,7 @@ def test_small_gradients_double_the_factor_each_step_and_final_loss_scale_is_ls_
     assert _factor(optimizer) == 16.0
 
 
+@needs_cpu_half
 def test_a_gradient_at_the_edge_halves_the_factor():
     model = SumLoss().half()
     training, _ = _training(model, loss_scaling=16.0, d=4, anchor_mode=poptorch.OutputMode.All)
@@ -61,6 +64,7 @@ def test_a_gradient_at_the_edge_halves_the_factor():
     assert training.getAnchoredTensor("ls").tolist() == [16.0, 8.0, 16.0, 8.0]
 
 
+@needs_cpu_half
 def test_an_overflowing_gradient_counts_in_the_upper_bin():
     model = SumLoss().half()
     training, optimizer = _training(model, loss_scaling=2.0 ** 17)  # 2**17 > 65504: the gradients are inf
@@ -68,6 +72,7 @@ def test_an_overflowing_gradient_counts_in_the_upper_bin():
     assert _factor(optimizer) == 0.5
 
 
+@needs_cpu_half
 def test_counts_add_up_over_accumulated_micro_batches_and_the_factor_moves_once_per_update():
     model = SumLoss().half()
     training, _ = _training(model, loss_scaling=1.0, d=2, g=2, anchor_mode=poptorch.OutputMode.All)
@@ -81,6 +86,7 @@ def test_counts_add_up_over_accumulated_micro_batches_and_the_factor_moves_once_
     assert _factor(opt2) == 0.5
 
 
+@needs_cpu_half
 def test_update_period_and_threshold_settings():
     model = SumLoss().half()
     training, _ = _training(model, loss_scaling=1.0, d=5, anchor_mode=poptorch.OutputMode.All,
@@ -98,6 +104,7 @@ def test_update_period_and_threshold_settings():
     assert _factor(optimizer) == 2.0
 
 
+@needs_cpu_half
 def test_weights_match_a_host_reference_whatever_the_scale():
     lr = 2.0 ** -10
     model = SumLoss().half()
@@ -113,6 +120,7 @@ def test_weights_match_a_host_reference_whatever_the_scale():
     assert torch.equal(model.lin.bias.float(), b)
 
 
+@needs_cpu_half
 def test_a_loaded_factor_reaches_the_device():
     model = SumLoss().half()
     training, optimizer = _training(model, loss_scaling=2.0)
@@ -137,6 +145,7 @@ def test_a_model_without_float16_gradients_is_refused_with_poparts_error():
         training(torch.ones(1, 3).half())
 
 
+@needs_cpu_half
 def test_without_the_option_the_loss_scale_stays_and_no_factor_is_kept():
     model = SumLoss().half()
     optimizer = poptorch.optim.SGD(model.parameters(), lr=0.0, loss_scaling=4.0, use_combined_accum=False)
