@@ -25,9 +25,14 @@ def tokenize(text: str) -> list[str]:
     return text.lower().translate(_WORD).split()
 
 
+def word_id(word: str, modulus: int) -> int:
+    """A word's id: ``1 + crc32(word) % modulus`` (``modulus`` = vocab_size - 1; 0 is padding)."""
+    return 1 + zlib.crc32(word.encode()) % modulus
+
+
 def hash_tokens(tokens: Sequence[str], vocab_size: int) -> list[int]:
     """Stable feature hashing of words into [1, vocab_size) (0 is padding)."""
-    return [1 + zlib.crc32(t.encode()) % (vocab_size - 1) for t in tokens]
+    return [word_id(t, vocab_size - 1) for t in tokens]
 
 
 class _WordIds(dict):
@@ -39,7 +44,7 @@ class _WordIds(dict):
         self.limit = limit
 
     def __missing__(self, word: str) -> int:
-        found = 1 + zlib.crc32(word.encode()) % self.modulus
+        found = word_id(word, self.modulus)
         if len(self) < self.limit:
             self[word] = found
         return found
@@ -59,10 +64,6 @@ class HashDictionary:
         self._words = _WordIds(vocab_size, max_words)
         self._texts: dict[int, dict[str, tuple[int, ...]]] = {}  # keep (+last words, -first words) -> cache
 
-    def ids(self, tokens: Sequence[str]) -> list[int]:
-        """``hash_tokens(tokens, vocab_size)``."""
-        return list(map(self._words.__getitem__, tokens))
-
     def text_ids(self, text: str, keep_last: int = 0) -> list[int]:
         """Ids of ``tokenize(text)``, only its last ``keep_last`` words when ``keep_last > 0``; cached per
         text (a text met again, as in every epoch after the first, is not tokenized again)."""
@@ -80,13 +81,9 @@ class HashDictionary:
         found = self._cache(max(0, keep_last)).get(text)
         return len(found) if found is not None else len(self.text_ids(text, keep_last))
 
-    def short_text_ids(self, text: str, keep_first: int) -> list[int]:
-        """Ids of the first ``keep_first`` words of ``tokenize(text)`` (for texts that recur, such as label
-        candidates), cached per text."""
-        return self.short_texts_ids([text], keep_first)[0]
-
     def short_texts_ids(self, texts: Sequence[str], keep_first: int) -> list[list[int]]:
-        """:meth:`short_text_ids` of each of ``texts``."""
+        """Ids of the first ``keep_first`` words of ``tokenize(text)`` for each of ``texts`` (texts that recur,
+        such as label candidates), cached per text."""
         cache = self._cache(-1 - max(0, keep_first))
         get, out = cache.get, []
         for text in texts:

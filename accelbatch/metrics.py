@@ -216,20 +216,11 @@ class Metrics:
                     examples: int) -> None:
         """:meth:`add_rows` for reply messages and answers by id in ``table`` (-1: nothing to score): row
         ``i``'s prediction is ``replies[i].get("text")``."""
-        if table is not self._table:
-            self.score_pending()
-            self._table = table
-        pending = self._predictions
-        kept = len(pending)
-        try:  # the texts appended straight from the replies, dict.get mapped in C
-            pending.extend(map(dict.get, replies, repeat(TEXT, len(replies))))
+        try:  # each reply's text, dict.get mapped in C
+            texts = list(map(dict.get, replies, repeat(TEXT, len(replies))))
         except TypeError:  # a reply that is not a dict: read it the slow way
-            del pending[kept:]
-            pending.extend(r.get(TEXT) for r in replies)
-        self._ids.append(answer_ids)
-        self.exs += examples
-        if len(pending) >= PENDING_ROWS:
-            self.score_pending()
+            texts = [r.get(TEXT) for r in replies]
+        self._keep(texts, answer_ids, table, examples)
 
     def _keep(self, predictions: list[str | None], ids: Sequence[int], table: AnswerTable, examples: int) -> None:
         if table is not self._table:

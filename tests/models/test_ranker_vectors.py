@@ -101,15 +101,15 @@ def test_full_caches_still_give_the_same_ids():
     for _ in range(2):
         for text in texts:
             assert small.text_ids(text) == ref_ids(text)
-            assert small.short_text_ids(text, 2) == ref_ids(text)[:2]
+            assert small.short_texts_ids([text], 2)[0] == ref_ids(text)[:2]
     assert small.cached() == (3, 2)
 
 
 def test_cached_ids_are_copies():
     d = HashDictionary(VOCAB)
-    first = d.short_text_ids("a b", 8)
+    first = d.short_texts_ids(["a b"], 8)[0]
     first.append(99)
-    assert d.short_text_ids("a b", 8) == ref_ids("a b")
+    assert d.short_texts_ids(["a b"], 8)[0] == ref_ids("a b")
 
 
 def test_clones_share_the_dictionary_and_pickles_start_empty():
@@ -176,8 +176,8 @@ def test_text_caches_keep_truncations_apart_and_stay_in_bounds():
     for _ in range(2):
         assert d.text_ids(text, 2) == ref_ids(text)[-2:]
         assert d.text_ids(text) == d.text_ids(text, -1) == ref_ids(text)
-        assert d.short_text_ids(text, 2) == ref_ids(text)[:2]
-        assert d.short_text_ids(text, 0) == []
+        assert d.short_texts_ids([text], 2)[0] == ref_ids(text)[:2]
+        assert d.short_texts_ids([text], 0)[0] == []
     assert d.held_ids <= 12 and d.cached()[1] == 3
 
 
