@@ -157,15 +157,7 @@ def run(world: World, opts: Opts) -> dict[str, Any]:
             with StopSignals(announce=main, then="stopping the evaluation after this step") as stop:
                 report = {split: evaluate(world, log, split, backend, stop=stop)}
         report["device"] = backend.name
-        if backend.name == "ipu":
-            report["ipu"] = {"poptorch": backend.implementation, "compilations": backend.compilations}
-            report["ipu"].update(backend.latency or {})  # host-timed figures that vary from run to run
-            if backend.settings.cache_dir is not None:  # graphs loaded from --ipu-cache-dir, not compiled
-                report["ipu"]["cached"] = backend.cache_loads
-            pipeline = backend.settings.pipeline
-            if pipeline.stages > 1:  # --pipeline: the model's stages and the IPUs the run holds
-                report["ipu"].update(stages=pipeline.stages, strategy=pipeline.strategy,
-                                     ipus=pipeline.ipus_per_replica * opts.replication_factor)
+        report.update(backend.report_extras())
         if backend.world_size > 1:
             report["replicas"] = backend.world_size
         report = select_metrics(report, opts.metrics)

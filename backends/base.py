@@ -292,6 +292,10 @@ class Backend(ABC):
     def compile(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer | None, plan: Any) -> Engine:
         """Wrap model and optimizer into an engine running the given execution plan."""
 
+    def report_extras(self) -> dict[str, Any]:
+        """Entries this backend adds to the run's report (the IPU's compilations, for one); none here."""
+        return {}
+
     # --- collectives (every replica calls them in the same order) ------------------------------------
     def collective_device(self) -> torch.device:
         """Where the tensors of the collectives live: a device the process group's backend supports."""

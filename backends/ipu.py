@@ -94,6 +94,7 @@ class IPUBackend(Backend):
         self.seed: int | None = None
         self.engines: list[IPUEngine] = []
         self.settings = IPUSettings()
+        self.replicas = 1
 
     @classmethod
     def is_available(cls, opts: Any = None) -> tuple[bool, str]:
@@ -109,7 +110,7 @@ class IPUBackend(Backend):
             raise PlanError("--compile applies to --device cpu and cuda (torch.compile); poptorch compiles "
                             "every model for the IPU itself: leave it out")
         self.settings = IPUSettings.from_opts(opts)
-        replicas = int(getattr(opts, "replication_factor", 1) or 1)
+        replicas = self.replicas = int(getattr(opts, "replication_factor", 1) or 1)
         reserved = reserved_ipus(replicas)
         self.settings.pipeline.check_replicas(replicas)
         if reserved != replicas and self.settings.pipeline.stages == 1:
@@ -150,6 +151,20 @@ class IPUBackend(Backend):
     def cache_loads(self) -> int:
         """Graphs loaded from --ipu-cache-dir instead of compiled."""
         return sum(e.cache_loads for e in self.engines)
+
+    def report_extras(self) -> dict[str, Any]:
+        """The report's ``ipu`` entry: which poptorch ran, graphs compiled (and loaded from --ipu-cache-dir),
+        latency when the poptorch has getLatency (host-timed: it varies from run to run), --pipeline's
+        stages, strategy and the IPUs the run holds."""
+        out: dict[str, Any] = {"poptorch": self.implementation, "compilations": self.compilations}
+        out.update(self.latency or {})
+        if self.settings.cache_dir is not None:
+            out["cached"] = self.cache_loads
+        pipeline = self.settings.pipeline
+        if pipeline.stages > 1:
+            out.update(stages=pipeline.stages, strategy=pipeline.strategy,
+                       ipus=pipeline.ipus_per_replica * self.replicas)
+        return {"ipu": out}
 
     def compile(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer | None,
                 plan: ExecutionPlan | None = None, *, max_executors: int = 16) -> Engine:
