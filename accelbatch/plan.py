@@ -98,6 +98,7 @@ from accelbatch.layout import (
     compute_layout,
     rows_of,
 )
+from accelbatch.opts import INPUT_GROUP_TYPES
 
 if TYPE_CHECKING:
     from accelbatch.opts import Opts
@@ -111,7 +112,6 @@ _FLAGS = {
     "output_return_period": "--output-return-period",
     "input_group_size": "--ipu-input-replica-grouping",
 }
-INPUT_GROUP_TYPES = ("consecutive", "orthogonal")
 
 
 @dataclass(frozen=True)

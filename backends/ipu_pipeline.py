@@ -25,10 +25,9 @@ from typing import Any
 
 import torch
 
-from accelbatch.opts import parse_split_points
+from accelbatch.opts import IPU_STRATEGIES, parse_split_points
 from accelbatch.plan import ExecutionPlan, PlanError, reserved_ipus
 
-STRATEGIES = ("pipelined", "sharded", "phased")
 # set on a submodule the backend made a stage start at: (stage index) so a second compile keeps it
 _STAGE_MARK = "_accelbatch_pipeline_stage"
 
@@ -47,8 +46,8 @@ class PipelineSettings:
         except ValueError as exc:
             raise PlanError(f"--pipeline: {exc}") from None
         strategy = getattr(opts, "ipu_execution_strategy", None) or "pipelined"
-        if strategy not in STRATEGIES:
-            raise PlanError(f"--ipu-execution-strategy {strategy}: use one of {', '.join(STRATEGIES)}")
+        if strategy not in IPU_STRATEGIES:
+            raise PlanError(f"--ipu-execution-strategy {strategy}: use one of {', '.join(IPU_STRATEGIES)}")
         return cls(points, strategy)
 
     @property
@@ -118,4 +117,4 @@ class PipelineSettings:
         return poptorch.PipelinedExecution()
 
 
-__all__ = ["PipelineSettings", "STRATEGIES"]
+__all__ = ["PipelineSettings"]
