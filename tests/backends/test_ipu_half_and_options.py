@@ -238,7 +238,8 @@ def test_report_carries_round_trip_latency_from_get_latency():
     ipu = report["ipu"]
     assert 0 < ipu["latency_min_ms"] <= ipu["latency_mean_ms"] <= ipu["latency_max_ms"]
     rest = {k: v for k, v in ipu.items() if not k.startswith("latency_")}
-    assert rest == {"poptorch": "poptorch-emulator", "compilations": rest["compilations"]}
+    assert set(rest) == {"poptorch", "compilations"}  # nothing else in the report takes host times
+    assert rest["poptorch"] == "poptorch-emulator" and rest["compilations"] >= 1
 
 
 def test_latency_left_out_when_poptorch_has_no_get_latency():
