@@ -164,6 +164,16 @@ def score_counted(counts: dict[tuple[str, ...] | None, dict[str | None, int]]) -
 
 
 PENDING_ROWS = 16384  # rows add_rows/add_replies keep before scoring them (bounds memory; report() scores the rest)
+_VOCAB_LIMIT = 1 << 20  # distinct predictions numbered before the numbering starts again
+
+
+class _Numbering(dict):
+    """Predictions numbered in the order first seen: ``numbering[text]`` adds an unseen text (called per row
+    through ``map`` in C; only a new text runs Python). Kept across scorings: replies repeat across batches."""
+
+    def __missing__(self, text: str | None) -> int:
+        self[text] = number = len(self)
+        return number
 
 
 class AnswerTable:
@@ -203,6 +213,7 @@ class Metrics:
     _ids: list[Sequence[int]] = field(default_factory=list, repr=False, compare=False)
     _predictions: list[str | None] = field(default_factory=list, repr=False, compare=False)
     _table: AnswerTable | None = field(default=None, repr=False, compare=False)
+    _vocab: _Numbering = field(default_factory=_Numbering, repr=False, compare=False)
     _own: AnswerTable = field(default_factory=AnswerTable, repr=False, compare=False)
 
     def add_rows(self, predictions: Sequence[str | None], answers: Sequence[tuple[str, ...] | None],
@@ -236,19 +247,20 @@ class Metrics:
         """Score the rows kept: each distinct (answers, prediction) pair once, weighted by its rows."""
         if not self._predictions:
             return
-        words = list(dict.fromkeys(self._predictions))  # the distinct predictions, in C
-        vocab = {word: i for i, word in enumerate(words)}
+        vocab = self._vocab
         texts = np.fromiter(map(vocab.__getitem__, self._predictions), dtype=np.int64, count=len(self._predictions))
         ids = np.concatenate(self._ids).astype(np.int64, copy=False)
-        keys, counts = np.unique(ids * len(vocab) + texts, return_counts=True)
-        answers = self._table.answers  # type: ignore[union-attr]
+        keys, counts = np.unique(ids * _VOCAB_LIMIT + texts, return_counts=True)
+        answers, words = self._table.answers, list(vocab)  # type: ignore[union-attr]
         pairs: dict[tuple[str, ...] | None, dict[str | None, int]] = {}
         for key, n in zip(keys.tolist(), counts.tolist()):
-            answer, text = divmod(key, len(vocab))
+            answer, text = divmod(key, _VOCAB_LIMIT)
             if answer >= 0:
                 pairs.setdefault(answers[answer], {})[words[text]] = n
         self._ids.clear()
         self._predictions.clear()
+        if len(vocab) > _VOCAB_LIMIT - PENDING_ROWS:  # room for the next rows' predictions, all new at worst
+            vocab.clear()
         scored, correct, f1_sum = score_counted(pairs)
         self.scored += scored
         self.correct += correct

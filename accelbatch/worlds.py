@@ -16,10 +16,10 @@ conversations, the loader's step), taken between parleys.
 from __future__ import annotations
 
 import random
-import time
 from collections import deque
 from functools import partial
 from itertools import repeat
+from time import perf_counter
 from typing import Any, Sequence
 
 from accelbatch.agents import Agent
@@ -191,17 +191,17 @@ class BatchWorld(World):
     def parley(self) -> None:
         teacher = self._teacher
         if teacher is not None:  # the teachers' side for all rows at once (ParlAI's four steps per row)
-            start = time.perf_counter()
+            start = perf_counter()
             step = teacher.feed.step()
-            examples, answers, real = step[0], step[1], step[-1]
+            examples = step[0]
             # the step's examples sit far apart in memory (a shuffled order): one tight C loop over them has
             # their cache misses overlap, where the agent would meet them one by one between its own work
             _consume(map(dict.__contains__, examples, repeat(TEXT, len(examples))))
-            self.total_exs += real
+            self.total_exs += step[-1]
             if self._model_observes:  # else its clones would only store the example, which batch_act gets
                 examples = [agent.observe(example) for agent, example in zip(self._model_rows, examples)]
-            self.data_time_s += time.perf_counter() - start
-            teacher.score(self._model_replies(examples), answers, real, step[2] if len(step) > 3 else None)
+            self.data_time_s += perf_counter() - start
+            teacher.score(self._model_replies(examples), step[1], step[-1], step[2] if len(step) > 3 else None)
             return
         if self._parley_init:
             for w in self.worlds:
@@ -209,13 +209,13 @@ class BatchWorld(World):
         num_agents = len(self.world.get_agents())
         observations: list[list[Message | None]] = [[] for _ in range(num_agents)]
         for index in range(num_agents):
-            start = time.perf_counter() if index == 0 else 0.0
+            start = perf_counter() if index == 0 else 0.0
             acts = self.batch_act(index, observations[index])
             for other in range(num_agents):
                 if other != index:
                     observations[other] = self.batch_observe(other, acts, index)
             if index == 0:  # the teacher's acts and the model clones' observe (vectorize): data work
-                self.data_time_s += time.perf_counter() - start
+                self.data_time_s += perf_counter() - start
         if self.opts.display_examples:
             print(display_rows([w.get_acts() for w in self.worlds]))
 
