@@ -24,6 +24,7 @@ from typing import Any
 
 from accelbatch.agents import Agent, TorchAgent, resolve_agent_class
 from accelbatch.hogwild import HogwildWorld
+from accelbatch.host_memory import apply_host_allocator
 from accelbatch.loader_world import LoaderWorld
 from accelbatch.opts import OptionError, Opts
 from accelbatch.plan import ExecutionPlan
@@ -65,6 +66,7 @@ def setup_runtime(opts: Opts) -> Runtime:
         raise OptionError(f"--no-drop-last: --device {opts.device} runs graphs of static shapes, which cannot train "
                           "an epoch's partial last batch; train with --drop-last (the default), which drops it and "
                           "says so")
+    apply_host_allocator(opts.host_allocator)  # before any data worker or hogwild process starts: they inherit it
     backend = backend_class()
     backend.setup(opts)  # joins the replicas' group when launched as one of them; the topology says where
     return Runtime(backend, backend.topology, plan)

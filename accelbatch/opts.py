@@ -90,6 +90,10 @@ class Opts:
                              "included), or a comma-separated list such as accuracy,loss,bleu-4 (exs is always "
                              "shown)")
     numthreads: int = _opt(1, "-nt", "--numthreads", help="hogwild processes sharing one model (cpu)")
+    host_allocator: str = _opt("reuse", "--host-allocator", choices=("reuse", "system"),
+                               help="reuse: glibc keeps up to 256 MiB of freed host memory for the next step "
+                                    "instead of giving it back to the OS and faulting it in again (same results; "
+                                    "see accelbatch/host_memory.py); system: leave malloc as it is")
     learning_rate: float = _opt(0.01, "-lr", "--learning-rate", train_only=True, help="optimizer learning rate")
     optimizer: str = _opt("adam", "-opt", "--optimizer", choices=("sgd", "adam", "adamw"), train_only=True,
                           help="optimizer")
