@@ -80,6 +80,26 @@ def exact_match(prediction: str, answers: Sequence[str]) -> bool:
     return any(norm == normalize_answer(a) for a in answers)
 
 
+_UNIT_BITS = 1074  # every float is a whole number of 2**-1074
+
+
+def exact_units(value: float, times: int = 1) -> int:
+    """``value * times`` exactly, as a whole number of 2**-1074: sums of these are exact, so they do not depend
+    on the order or grouping of their terms (which scoring in chunks, when a report is asked, changes)."""
+    numerator, denominator = value.as_integer_ratio()
+    return (numerator * times) << (_UNIT_BITS + 1 - denominator.bit_length())
+
+
+def from_units(units: int) -> float:
+    """The float nearest a sum of :func:`exact_units` (integer division rounds correctly)."""
+    return units / (1 << _UNIT_BITS)
+
+
+def _units_of(rows: dict[float, int]) -> int:
+    """The exact sum of value x rows over ``rows`` (value -> rows): few distinct values, few big-int steps."""
+    return sum(exact_units(value, n) for value, n in rows.items())
+
+
 def score_batch(predictions: Sequence[str | None], answers: Sequence[Sequence[str]]) -> tuple[int, float, float]:
     """(examples, correct, f1 sum) for a batch of replies, in one pass.
 
@@ -89,17 +109,23 @@ def score_batch(predictions: Sequence[str | None], answers: Sequence[Sequence[st
 
     Each row's score equals ``exact_match`` and ``f1_score`` of that reply; a (prediction, answers) pair
     seen before is not normalised again (classification-like tasks repeat a few labels and predictions).
+    The f1 sum is the exact sum of the rows' F1, rounded once (``math.fsum``'s value).
     """
-    scored, correct, f1_sum = 0, 0, 0.0
-    score = _score_pair
+    correct, f1s = _score_rows(predictions, answers)
+    return len(f1s), correct, from_units(_units_of(Counter(f1s)))
+
+
+def _score_rows(predictions: Sequence[str | None], answers: Sequence[Sequence[str]]) -> tuple[int, list[float]]:
+    """(correct, each scored row's F1) of a batch of replies."""
+    correct, f1s = 0, []
+    score, keep = _score_pair, f1s.append
     for pred, golds in zip(predictions, answers):
         if pred is None or not golds:
             continue
-        scored += 1
         hit, f1 = score(pred, golds if type(golds) is tuple else tuple(golds))
         correct += hit
-        f1_sum += f1
-    return scored, correct, f1_sum
+        keep(f1)
+    return correct, f1s
 
 
 @lru_cache(maxsize=1 << 16)
@@ -145,10 +171,11 @@ def _f1_counts(pred: dict[str, int], pred_len: int, gold: dict[str, int], gold_l
     return 2 * precision * recall / (precision + recall)
 
 
-def score_counted(counts: dict[tuple[str, ...] | None, dict[str | None, int]]) -> tuple[int, int, float]:
-    """(scored, correct, f1 sum) of the rows counted in ``counts`` (answers -> prediction -> rows); rows
-    without a prediction or answers are not scored. Each distinct pair is scored once, weighted by its rows."""
-    scored, correct, f1_sum = 0, 0, 0.0
+def score_counted(counts: dict[tuple[str, ...] | None, dict[str | None, int]]) -> tuple[int, int, int]:
+    """(scored, correct, f1 sum in :func:`exact_units`) of the rows counted in ``counts`` (answers -> prediction
+    -> rows); rows without a prediction or answers are not scored. Each distinct pair is scored once, weighted
+    by its rows."""
+    scored, correct, f1_rows = 0, 0, {}
     score = _score_pair
     for golds, by_prediction in counts.items():
         if not golds:
@@ -159,8 +186,8 @@ def score_counted(counts: dict[tuple[str, ...] | None, dict[str | None, int]]) -
             hit, f1 = score(pred, golds)
             scored += count
             correct += hit * count
-            f1_sum += f1 * count
-    return scored, correct, f1_sum
+            f1_rows[f1] = f1_rows.get(f1, 0) + count
+    return scored, correct, _units_of(f1_rows)
 
 
 PENDING_ROWS = 16384  # rows add_rows/add_replies keep before scoring them (bounds memory; report() scores the rest)
@@ -198,22 +225,25 @@ class AnswerTable:
 
 @dataclass
 class Metrics:
-    """Sums and counts; ``report()`` turns them into ParlAI-named averages."""
+    """Sums and counts; ``report()`` turns them into ParlAI-named averages. The F1 and BLEU sums are exact
+    (:func:`exact_units`), so a report is the same whenever the rows were scored (reports asked on a timer)."""
 
     exs: int = 0
     scored: int = 0
     correct: float = 0.0
-    f1_sum: float = 0.0
+    f1_units: int = 0
     loss_sum: float = 0.0
     loss_count: int = 0
     extra: dict[str, float] = field(default_factory=dict)
     bleu: bool = False  # also score bleu-4 (ParlAI computes it when --metrics asks: all, or a list with it)
-    bleu_sum: float = 0.0
+    bleu_units: int = 0
     # rows kept to be scored: their answers' ids (chunks) in _table and their predictions, see score_pending
     _ids: list[Sequence[int]] = field(default_factory=list, repr=False, compare=False)
     _predictions: list[str | None] = field(default_factory=list, repr=False, compare=False)
     _table: AnswerTable | None = field(default=None, repr=False, compare=False)
     _vocab: _Numbering = field(default_factory=_Numbering, repr=False, compare=False)
+    _f1_rows: Counter = field(default_factory=Counter, repr=False, compare=False)  # add_batch's, not yet summed
+    _bleu_rows: Counter = field(default_factory=Counter, repr=False, compare=False)
     _own: AnswerTable = field(default_factory=AnswerTable, repr=False, compare=False)
 
     def add_rows(self, predictions: Sequence[str | None], answers: Sequence[tuple[str, ...] | None],
@@ -245,6 +275,11 @@ class Metrics:
 
     def score_pending(self) -> None:
         """Score the rows kept: each distinct (answers, prediction) pair once, weighted by its rows."""
+        if self._f1_rows or self._bleu_rows:
+            self.f1_units += _units_of(self._f1_rows)
+            self.bleu_units += _units_of(self._bleu_rows)
+            self._f1_rows.clear()
+            self._bleu_rows.clear()
         if not self._predictions:
             return
         vocab = self._vocab
@@ -261,23 +296,28 @@ class Metrics:
         self._predictions.clear()
         if len(vocab) > _VOCAB_LIMIT - PENDING_ROWS:  # room for the next rows' predictions, all new at worst
             vocab.clear()
-        scored, correct, f1_sum = score_counted(pairs)
+        scored, correct, f1_units = score_counted(pairs)
         self.scored += scored
         self.correct += correct
-        self.f1_sum += f1_sum
+        self.f1_units += f1_units
         if self.bleu:
-            self.bleu_sum += sum(bleu4(pred, golds) * n for golds, preds in pairs.items() if golds
-                                 for pred, n in preds.items() if pred is not None)
+            self.bleu_units += sum(exact_units(bleu4(pred, golds), n) for golds, preds in pairs.items() if golds
+                                   for pred, n in preds.items() if pred is not None)
+
+    @property
+    def f1_sum(self) -> float:
+        self.score_pending()
+        return from_units(self.f1_units)
 
     def add_batch(self, predictions: Sequence[str | None], answers: Sequence[Sequence[str]]) -> None:
         """Count ``len(predictions)`` examples and score those with a prediction and answers."""
-        scored, correct, f1_sum = score_batch(predictions, answers)
+        correct, f1s = _score_rows(predictions, answers)
         if self.bleu:
-            self.bleu_sum += sum(bleu4(p, a) for p, a in zip(predictions, answers) if p is not None and a)
+            self._bleu_rows.update([bleu4(p, a) for p, a in zip(predictions, answers) if p is not None and a])
         self.exs += len(predictions)
-        self.scored += scored
+        self.scored += len(f1s)
         self.correct += correct
-        self.f1_sum += f1_sum
+        self._f1_rows.update(f1s)  # counted in C; made exact when read (few distinct values)
 
     def add_loss(self, loss: float, count: int = 1) -> None:
         """Record a mean loss that stands for ``count`` updates/rows."""
@@ -292,27 +332,29 @@ class Metrics:
 
     def state(self) -> dict:
         self.score_pending()
-        return {"exs": self.exs, "scored": self.scored, "correct": self.correct, "f1_sum": self.f1_sum,
+        return {"exs": self.exs, "scored": self.scored, "correct": self.correct, "f1_units": self.f1_units,
                 "loss_sum": self.loss_sum, "loss_count": self.loss_count, "extra": dict(self.extra),
-                "bleu": self.bleu, "bleu_sum": self.bleu_sum}
+                "bleu": self.bleu, "bleu_units": self.bleu_units}
 
     def merge_state(self, state: dict) -> None:
         self.exs += state["exs"]
         self.scored += state["scored"]
         self.correct += state["correct"]
-        self.f1_sum += state["f1_sum"]
+        self.f1_units += state["f1_units"]
         self.loss_sum += state["loss_sum"]
         self.loss_count += state["loss_count"]
         self.bleu = self.bleu or bool(state.get("bleu", False))
-        self.bleu_sum += state.get("bleu_sum", 0.0)
+        self.bleu_units += state.get("bleu_units", 0)
         for k, v in state["extra"].items():
             self.extra[k] = self.extra.get(k, 0.0) + v
 
     def clear(self) -> None:
         self._ids.clear()
         self._predictions.clear()
-        self.exs = self.scored = self.loss_count = 0
-        self.correct = self.f1_sum = self.loss_sum = self.bleu_sum = 0.0
+        self._f1_rows.clear()
+        self._bleu_rows.clear()
+        self.exs = self.scored = self.loss_count = self.f1_units = self.bleu_units = 0
+        self.correct = self.loss_sum = 0.0
         self.extra = {}
 
     def report(self) -> dict[str, float]:
@@ -320,9 +362,9 @@ class Metrics:
         out: dict[str, float] = {"exs": self.exs}
         if self.scored:
             out["accuracy"] = self.correct / self.scored
-            out["f1"] = self.f1_sum / self.scored
+            out["f1"] = from_units(self.f1_units) / self.scored
             if self.bleu:
-                out["bleu-4"] = self.bleu_sum / self.scored
+                out["bleu-4"] = from_units(self.bleu_units) / self.scored
         if self.loss_count:
             out["loss"] = self.loss_sum / self.loss_count
         out.update(self.extra)

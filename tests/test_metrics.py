@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from accelbatch.metrics import Metrics, clear_score_memos, exact_match, f1_score, merge_reports, normalize_answer
+from accelbatch.metrics import Metrics, bleu4, clear_score_memos, exact_match, f1_score, merge_reports, normalize_answer
 
 WORDS = st.sampled_from(["the", "a", "cat", "Cat!", "sat", "sat", "on", "mat.", "an", "dog", ",", "red-hat", ""])
 TEXTS = st.lists(WORDS, max_size=6).map(" ".join)
@@ -65,10 +65,29 @@ def test_batch_scores_equal_the_reference_functions_exactly(preds, golds):
     m = Metrics()
     m.add_batch([p for p, _ in rows], [g for _, g in rows])
     correct = sum(exact_match(p, g) for p, g in rows)
-    f1_sum = 0.0
-    for p, g in rows:
-        f1_sum += f1_score(p, g)
+    f1_sum = math.fsum(f1_score(p, g) for p, g in rows)  # the exact sum, rounded once
     assert (m.scored, m.correct, m.f1_sum) == (len(rows), correct, f1_sum)
+
+
+WORDS = st.lists(st.sampled_from("bcdefghij"), min_size=1, max_size=7).map(" ".join)  # F1s such as 6/11
+
+
+@settings(max_examples=100, deadline=None)
+@given(rows=st.lists(st.tuples(WORDS, WORDS), min_size=2, max_size=60),
+       cuts=st.lists(st.integers(min_value=1, max_value=59), max_size=8))
+def test_a_report_does_not_depend_on_when_rows_were_scored(rows, cuts):
+    """Rows scored in one go, or in chunks with reports asked between them (a timer's logging), give the same
+    F1 and BLEU to the last bit, equal to the exactly rounded sums of the rows' scores."""
+    preds, golds = [p for p, _ in rows], [(g,) for _, g in rows]
+    whole, chunked = Metrics(bleu=True), Metrics(bleu=True)
+    whole.add_rows(preds, golds, len(rows))
+    bounds = [0, *sorted({c for c in cuts if c < len(rows)}), len(rows)]
+    for start, stop in zip(bounds[:-1], bounds[1:]):
+        chunked.add_rows(preds[start:stop], golds[start:stop], stop - start)
+        chunked.report()
+    assert chunked.report() == whole.report()
+    assert whole.report()["f1"] == math.fsum(f1_score(p, g) for p, g in zip(preds, golds)) / len(rows)
+    assert whole.report()["bleu-4"] == math.fsum(bleu4(p, g) for p, g in zip(preds, golds)) / len(rows)
 
 
 def _metrics(rows, seed):
