@@ -96,8 +96,11 @@ def _minor_faults(choice: str) -> int:
 def test_reuse_takes_a_steady_loop_to_no_page_fault():
     # glibc as it is gives the 48 MiB back and faults it in again, 4 KiB a fault (about 160,000 faults over
     # 20 steps) in most processes; in some, other memory above it on the heap keeps it: try a few
+    assert max(_minor_faults("reuse") for _ in range(2)) < 200
+    refaulted = 20 * (48 << 20) // 4096 // 2
     system = [_minor_faults("system")]
-    while system[-1] == 0 and len(system) < 6:
+    while system[-1] < refaulted and len(system) < 6:
         system.append(_minor_faults("system"))
-    assert system[-1] > 20 * (48 << 20) // 4096 // 2, system
-    assert [_minor_faults("reuse") for _ in range(2)] < [200, 200]
+    if system[-1] < refaulted:  # e.g. torch 2.0.1 on Python 3.8: its large blocks stay put under glibc's defaults
+        pytest.skip(f"this torch's allocations do not refault under glibc's defaults here ({system}): the "
+                    "loop shows nothing that reuse removes")
