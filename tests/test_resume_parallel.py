@@ -185,7 +185,7 @@ def test_hogwild_run_killed_and_resumed_continues_each_process_where_it_was(tmp_
     """-nt 2: for each process, the examples it trained on before the last checkpoint (its first
     ``total_exs`` records, the count the checkpoint holds for it) followed by those it trained on after
     --resume are exactly the start of that process's order: nothing skipped, nothing repeated."""
-    _dataset(tmp_path, 150)
+    _dataset(tmp_path, 500)  # training lasts over a second past the first checkpoint: the cut lands in it
     (tmp_path / "rec_agent.py").write_text(_RECORDING_AGENT)
     cut_rec, resume_rec = tmp_path / "rec-cut", tmp_path / "rec-resume"
     cut_rec.mkdir()
