@@ -191,7 +191,8 @@ def score_counted(counts: dict[tuple[str, ...] | None, dict[str | None, int]]) -
 
 
 PENDING_ROWS = 16384  # rows add_rows/add_replies keep before scoring them (bounds memory; report() scores the rest)
-_VOCAB_LIMIT = 1 << 20  # distinct predictions numbered before the numbering starts again
+_VOCAB_LIMIT = 1 << 20  # numbers a prediction may have (the key space of score_pending's counting)
+_VOCAB_KEEP = 4 * PENDING_ROWS  # predictions numbered before the numbering starts again (bounds its memory)
 
 
 class _Numbering(dict):
@@ -294,7 +295,7 @@ class Metrics:
                 pairs.setdefault(answers[answer], {})[words[text]] = n
         self._ids.clear()
         self._predictions.clear()
-        if len(vocab) > _VOCAB_LIMIT - PENDING_ROWS:  # room for the next rows' predictions, all new at worst
+        if len(vocab) > _VOCAB_KEEP:  # replies that never recur (a generator's) are not all kept
             vocab.clear()
         scored, correct, f1_units = score_counted(pairs)
         self.scored += scored
