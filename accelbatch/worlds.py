@@ -193,15 +193,15 @@ class BatchWorld(World):
         if teacher is not None:  # the teachers' side for all rows at once (ParlAI's four steps per row)
             start = perf_counter()
             step = teacher.feed.step()
-            examples = step[0]
+            examples, answers, real = step[0], step[1], step[-1]
             # the step's examples sit far apart in memory (a shuffled order): one tight C loop over them has
             # their cache misses overlap, where the agent would meet them one by one between its own work
             _consume(map(dict.__contains__, examples, repeat(TEXT, len(examples))))
-            self.total_exs += step[-1]
+            self.total_exs += real
             if self._model_observes:  # else its clones would only store the example, which batch_act gets
                 examples = [agent.observe(example) for agent, example in zip(self._model_rows, examples)]
             self.data_time_s += perf_counter() - start
-            teacher.score(self._model_replies(examples), step[1], step[-1], step[2] if len(step) > 3 else None)
+            teacher.score(self._model_replies(examples), answers, real, step[2] if len(step) > 3 else None)
             return
         if self._parley_init:
             for w in self.worlds:

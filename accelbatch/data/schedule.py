@@ -289,7 +289,6 @@ class RowFeed:
         self._base = 0
         self._ahead: list[int] | None = None  # per row, steps taken beyond base (None: all rows at base)
         self._columns: list[Any] = []
-        self._kinds: list[tuple[Any, bool]] = []
         self._real: list[int] = []  # per laid-out step: rows that are not padding
         self._start = 0  # the step of the first laid-out row; schedule.next_step == _start + len(_real)
 
@@ -317,7 +316,6 @@ class RowFeed:
                        for old, new in zip(self._columns, columns)]
             real = self._real[keep:] + real
         self._columns, self._real, self._start = columns, real, self._base
-        self._kinds = [(c, isinstance(c, list)) for c in columns]  # step's view of each column: slice or row
 
     def step(self) -> tuple[Any, ...]:
         """Every row's next example: one list per gathered column (padding rows hold the padding entry),
@@ -330,7 +328,8 @@ class RowFeed:
             offset = 0
         self._base += 1
         start = offset * self.rows
-        return (*[c[start:start + self.rows] if flat else c[offset] for c, flat in self._kinds], self._real[offset])
+        stop = start + self.rows
+        return (*[c[start:stop] if isinstance(c, list) else c[offset] for c in self._columns], self._real[offset])
 
     def take(self, row: int) -> tuple[Any, ...]:
         """Row ``row``'s next entry of each gathered column."""
@@ -362,7 +361,7 @@ class RowFeed:
         base = min(int(s) for s in row_steps)
         ahead = [int(s) - base for s in row_steps]
         self._base, self._ahead = base, (ahead if any(ahead) else None)
-        self._start, self._columns, self._kinds, self._real = base, [], [], []
+        self._start, self._columns, self._real = base, [], []
         self.schedule.seek(base)
 
     def rewind(self) -> None:
