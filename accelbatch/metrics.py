@@ -197,11 +197,21 @@ _VOCAB_KEEP = 4 * PENDING_ROWS  # predictions numbered before the numbering star
 
 class _Numbering(dict):
     """Predictions numbered in the order first seen: ``numbering[text]`` adds an unseen text (called per row
-    through ``map`` in C; only a new text runs Python). Kept across scorings: replies repeat across batches."""
+    through ``map`` in C; only a new text runs Python), ``texts[number]`` gives it back. Kept across
+    scorings: replies repeat across batches."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.texts: list[str | None] = []
 
     def __missing__(self, text: str | None) -> int:
-        self[text] = number = len(self)
+        self[text] = number = len(self.texts)
+        self.texts.append(text)
         return number
+
+    def clear(self) -> None:
+        super().clear()
+        self.texts.clear()
 
 
 class AnswerTable:
@@ -287,7 +297,7 @@ class Metrics:
         texts = np.fromiter(map(vocab.__getitem__, self._predictions), dtype=np.int64, count=len(self._predictions))
         ids = np.concatenate(self._ids).astype(np.int64, copy=False)
         keys, counts = np.unique(ids * _VOCAB_LIMIT + texts, return_counts=True)
-        answers, words = self._table.answers, list(vocab)  # type: ignore[union-attr]
+        answers, words = self._table.answers, vocab.texts  # type: ignore[union-attr]
         pairs: dict[tuple[str, ...] | None, dict[str | None, int]] = {}
         for key, n in zip(keys.tolist(), counts.tolist()):
             answer, text = divmod(key, _VOCAB_LIMIT)
