@@ -2,8 +2,10 @@
 
 :func:`tokenize` and :func:`hash_tokens` are the definition (lower case, punctuation to spaces, split; each word
 to ``1 + crc32(word) % (vocab_size - 1)``, 0 being padding). :class:`HashDictionary` gives the same ids
-faster: a word's id is computed the first time the word is met and read from a dict afterwards, and texts
-are kept whole (label candidates recur in every batch; every text recurs each epoch). Both caches are
+faster: an ASCII text is lower-cased, split and hashed as bytes with every step in C (``map`` over
+``zlib.crc32``: no Python code and no lookup per word), another text's words go through a word -> id
+cache, and texts are kept whole (label candidates recur in every batch; every text recurs each epoch). Both
+caches are
 bounded (``max_words`` words, ``max_ids`` ids held for texts): past the bound, new entries are computed every
 time and not stored, so an open vocabulary costs time, never unbounded memory. The ids never depend on the
 caches.
@@ -15,6 +17,8 @@ import zlib
 from typing import Sequence
 
 _WORD = str.maketrans({c: " " for c in ".,?!;:\"'()"})
+# the same on ASCII bytes, plus the separators str.split() takes as spaces and bytes.split() does not
+_ASCII_WORD = bytes.maketrans(b".,?!;:\"'()\x1c\x1d\x1e\x1f", b" " * 14)
 
 MAX_WORDS = 1 << 18  # cached word ids (~120 bytes each with the word: about 30 MB at the bound)
 MAX_IDS = 1 << 22  # ids held by the text caches (8 bytes each, plus the texts)
@@ -35,21 +39,6 @@ def hash_tokens(tokens: Sequence[str], vocab_size: int) -> list[int]:
     return [word_id(t, vocab_size - 1) for t in tokens]
 
 
-class _WordIds(dict):
-    """word -> id; a missing word's id is computed, and stored while fewer than ``limit`` are."""
-
-    def __init__(self, vocab_size: int, limit: int):
-        super().__init__()
-        self.modulus = vocab_size - 1
-        self.limit = limit
-
-    def __missing__(self, word: str) -> int:
-        found = word_id(word, self.modulus)
-        if len(self) < self.limit:
-            self[word] = found
-        return found
-
-
 class HashDictionary:
     """Word ids of :func:`hash_tokens` over :func:`tokenize`, with bounded caches (see the module docstring).
 
@@ -59,9 +48,10 @@ class HashDictionary:
         if vocab_size < 2:
             raise ValueError(f"vocab_size must be at least 2 (0 is padding), got {vocab_size}")
         self.vocab_size = vocab_size
+        self.max_words = max_words
         self.max_ids = max_ids
         self.held_ids = 0  # ids held by the text caches (a text counts its ids + 1)
-        self._words = _WordIds(vocab_size, max_words)
+        self._words: dict[str, int] = {}  # words of non-ASCII texts
         self._texts: dict[int, dict[str, tuple[int, ...]]] = {}  # keep (+last words, -first words) -> cache
 
     def text_ids(self, text: str, keep_last: int = 0) -> list[int]:
@@ -70,10 +60,10 @@ class HashDictionary:
         cache = self._cache(max(0, keep_last))
         found = cache.get(text)
         if found is None:
-            tokens = text.lower().translate(_WORD).split()
-            if 0 < keep_last < len(tokens):
-                tokens = tokens[-keep_last:]
-            found = self._store(cache, text, tokens)
+            found = self._ids(text)
+            if 0 < keep_last < len(found):
+                found = found[-keep_last:]
+            self._store(cache, text, found)
         return list(found)
 
     def text_length(self, text: str, keep_last: int = 0) -> int:
@@ -89,7 +79,8 @@ class HashDictionary:
         for text in texts:
             found = get(text)
             if found is None:
-                found = self._store(cache, text, text.lower().translate(_WORD).split()[:keep_first])
+                found = self._ids(text)[:keep_first]
+                self._store(cache, text, found)
             out.append(list(found))
         return out
 
@@ -99,11 +90,25 @@ class HashDictionary:
             cache = self._texts[key] = {}
         return cache
 
-    def _store(self, cache: dict[str, tuple[int, ...]], text: str, tokens: list[str]) -> tuple[int, ...]:
-        found = tuple(map(self._words.__getitem__, tokens))
-        if self.held_ids + len(found) < self.max_ids:
-            cache[text] = found
-            self.held_ids += len(found) + 1
+    def _ids(self, text: str) -> tuple[int, ...]:
+        """The id of each word of ``tokenize(text)``."""
+        if text.isascii():  # bytes.lower, translate and split give each word's UTF-8 bytes: what word_id hashes
+            words = text.encode().lower().translate(_ASCII_WORD).split()
+            return tuple(map((1).__add__, map((self.vocab_size - 1).__rmod__, map(zlib.crc32, words))))
+        return tuple(map(self._word_id, tokenize(text)))
+
+    def _store(self, cache: dict[str, tuple[int, ...]], text: str, ids: tuple[int, ...]) -> None:
+        if self.held_ids + len(ids) < self.max_ids:
+            cache[text] = ids
+            self.held_ids += len(ids) + 1
+
+    def _word_id(self, word: str) -> int:
+        """A word's id, stored while fewer than ``max_words`` are."""
+        found = self._words.get(word)
+        if found is None:
+            found = word_id(word, self.vocab_size - 1)
+            if len(self._words) < self.max_words:
+                self._words[word] = found
         return found
 
     def cached(self) -> tuple[int, int]:
@@ -113,5 +118,5 @@ class HashDictionary:
     def __getstate__(self) -> dict:
         """Pickled (to data workers, hogwild processes) without the caches: each process fills its own."""
         state = dict(self.__dict__)
-        state.update(_words=_WordIds(self.vocab_size, self._words.limit), _texts={}, held_ids=0)
+        state.update(_words={}, _texts={}, held_ids=0)
         return state

@@ -97,7 +97,7 @@ def test_dialogue_batches_equal_the_reference_twice(cls):
 
 def test_full_caches_still_give_the_same_ids():
     small = HashDictionary(VOCAB, max_words=3, max_ids=8)
-    texts = ["Alpha beta, gamma delta", "epsilon zeta", "eta theta iota", "alpha"]
+    texts = ["Älpha beta, gamma delta", "epsilon zeta", "éta theta iota", "alpha"]  # two through the word cache
     for _ in range(2):
         for text in texts:
             assert small.text_ids(text) == ref_ids(text)
@@ -223,3 +223,21 @@ def test_length_and_collate_pickled_together_share_one_dictionary():
     assert length.dictionary is vectorize.__self__.dictionary
     length(Message(text="p q r"))
     assert vectorize.__self__.dictionary.cached()[1] == 1
+
+
+_TEXT = st.lists(st.sampled_from(list("aZ Σσς\0\t\x1c\x1f\x85\xa0\n.,'İß") + ["ab", "ΣΑ", "x.y"]),
+                 max_size=12).map("".join)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(_TEXT, max_size=6), st.integers(0, 5))
+def test_texts_hashed_as_ascii_bytes_or_word_by_word_get_the_reference_ids(texts, keep_first):
+    """ASCII texts are split and hashed as bytes, others word by word: the same ids as the reference either way
+    (separators str.split() takes and bytes.split() does not, final sigmas, NULs), cached or not."""
+    d = HashDictionary(VOCAB, max_words=4)
+    d.short_texts_ids(texts[::2], keep_first)  # some cached first
+    want = [ref_ids(t)[:keep_first] for t in texts]
+    assert d.short_texts_ids(texts, keep_first) == want
+    assert d.short_texts_ids(tuple(texts), keep_first) == want
+    assert [d.text_ids(t) for t in texts] == [ref_ids(t) for t in texts]
+    assert [d.text_ids(t, 2) for t in texts] == [ref_ids(t)[-2:] if len(ref_ids(t)) > 2 else ref_ids(t) for t in texts]
