@@ -60,7 +60,7 @@ class HashDictionary:
         cache = self._cache(max(0, keep_last))
         found = cache.get(text)
         if found is None:
-            found = self._ids(text)
+            found = self._lines_ids(text) if "\n" in text else self._ids(text)
             if 0 < keep_last < len(found):
                 found = found[-keep_last:]
             self._store(cache, text, found)
@@ -96,6 +96,19 @@ class HashDictionary:
             words = text.encode().lower().translate(_ASCII_WORD).split()
             return tuple(map((1).__add__, map((self.vocab_size - 1).__rmod__, map(zlib.crc32, words))))
         return tuple(map(self._word_id, tokenize(text)))
+
+    def _lines_ids(self, text: str) -> tuple[int, ...]:
+        """``_ids`` of a text of several lines (a conversation's history, one turn a line): each line's ids
+        from the cache of whole texts, joined (no word spans a line break), so a turn already met is not
+        hashed again as the history grows."""
+        lines, out = self._cache(0), []
+        for line in text.split("\n"):
+            ids = lines.get(line)
+            if ids is None:
+                ids = self._ids(line)
+                self._store(lines, line, ids)
+            out += ids
+        return tuple(out)
 
     def _store(self, cache: dict[str, tuple[int, ...]], text: str, ids: tuple[int, ...]) -> None:
         if self.held_ids + len(ids) < self.max_ids:

@@ -241,3 +241,16 @@ def test_texts_hashed_as_ascii_bytes_or_word_by_word_get_the_reference_ids(texts
     assert d.short_texts_ids(tuple(texts), keep_first) == want
     assert [d.text_ids(t) for t in texts] == [ref_ids(t) for t in texts]
     assert [d.text_ids(t, 2) for t in texts] == [ref_ids(t)[-2:] if len(ref_ids(t)) > 2 else ref_ids(t) for t in texts]
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(_TEXT, min_size=1, max_size=6), st.integers(0, 8))
+def test_a_history_gets_the_ids_of_its_whole_text_line_by_line(turns, keep_last):
+    """A text of several lines takes each line's ids from the cache (the turns met before) and joins them:
+    the reference ids of the whole text, truncated to its last ``keep_last`` words."""
+    d = HashDictionary(VOCAB, max_ids=40)  # small: some lines and histories are not kept
+    for end in range(1, len(turns) + 1):  # the history as it grows, turn by turn
+        text = "\n".join(turns[:end])
+        want = ref_ids(text)
+        assert d.text_ids(text, keep_last) == (want[-keep_last:] if 0 < keep_last < len(want) else want)
+        assert d.text_ids(text) == want
