@@ -8,14 +8,17 @@ over 95% validation accuracy within a few epochs on a laptop CPU.
 
 from __future__ import annotations
 
+from array import array
 from typing import Any
 
 import torch
 from torch import nn
 from torch.nn import functional as F
 
-from accelbatch.agents import TorchAgent, hash_tokens, tokenize
+from accelbatch.agents import TorchAgent
+from accelbatch.dictionary import HashDictionary
 from accelbatch.messages import EVAL_LABELS, LABEL_CANDIDATES, LABELS, Message
+from accelbatch.models.bag import long_tensor
 
 VOCAB = 4096
 MAX_MEMORIES = 32
@@ -67,13 +70,23 @@ class MemNNAgent(TorchAgent):
     def build_model(self) -> nn.Module:
         return MemoryNetwork(VOCAB, self.opts.embedding_size, MAX_MEMORIES)
 
+    def __init__(self, opts: Any, shared: dict[str, Any] | None = None):
+        super().__init__(opts, shared)
+        # word ids of each line, candidate and question, cached per text and shared by the clones
+        found = shared.get("dictionary") if shared else None
+        self.dictionary: HashDictionary = found if found is not None else HashDictionary(VOCAB)
+
+    def share(self) -> dict[str, Any]:
+        shared = super().share()
+        shared["dictionary"] = self.dictionary
+        return shared
+
     def vectorize(self, obs: Message) -> Message:
         lines = obs.get("full_text", obs.get("text", "")).split("\n")
-        question, story = lines[-1], lines[:-1][-MAX_MEMORIES:]
-        obs["query_vec"] = hash_tokens(tokenize(question)[:MAX_WORDS], VOCAB)
-        obs["memory_vecs"] = [hash_tokens(tokenize(line)[:MAX_WORDS], VOCAB) for line in story]
+        vecs = self.dictionary.short_texts_ids(lines[-MAX_MEMORIES - 1:], MAX_WORDS)
+        obs["query_vec"], obs["memory_vecs"] = vecs[-1], vecs[:-1]  # the last line asks, the ones before remember
         cands = obs.get(LABEL_CANDIDATES) or []
-        obs["cand_vecs"] = [hash_tokens(tokenize(c)[:MAX_WORDS], VOCAB) for c in cands]
+        obs["cand_vecs"] = self.dictionary.short_texts_ids(cands, MAX_WORDS)
         targets = obs.get(LABELS) or obs.get(EVAL_LABELS) or []
         obs["label_index"] = next((i for i, c in enumerate(cands) if c in targets), -1)
         return obs
@@ -83,22 +96,17 @@ class MemNNAgent(TorchAgent):
         longest = max(1, max(len(o["memory_vecs"]) for o in observations))
         n_mem = min(MAX_MEMORIES, -(-longest // 8) * 8)  # a multiple of 8: few distinct shapes
         n_cand = max(1, max(len(o["cand_vecs"]) for o in observations))
-        memories = torch.zeros(rows, n_mem, MAX_WORDS, dtype=torch.long)
-        age = torch.zeros(rows, n_mem, dtype=torch.long)
-        query = torch.zeros(rows, MAX_WORDS, dtype=torch.long)
-        cands = torch.zeros(rows, n_cand, MAX_WORDS, dtype=torch.long)
-        cand_mask = torch.zeros(rows, n_cand, dtype=torch.long)
-        for r, obs in enumerate(observations):
-            mems = obs["memory_vecs"]
-            for m, vec in enumerate(mems):
-                memories[r, m, : len(vec)] = torch.tensor(vec)
-                age[r, m] = len(mems) - m
-            query[r, : len(obs["query_vec"])] = torch.tensor(obs["query_vec"])
-            for c, vec in enumerate(obs["cand_vecs"]):
-                cands[r, c, : len(vec)] = torch.tensor(vec)
-                cand_mask[r, c] = 1
-        batch = {"memories": memories, "memory_age": age, "query": query, "candidates": cands,
-                 "cand_mask": cand_mask}
+        ages = array("q")
+        for o in observations:
+            count = len(o["memory_vecs"])
+            ages.extend(range(count, 0, -1))  # 1 = the most recent line
+            ages.frombytes(bytes(8 * (n_mem - count)))
+        counts = torch.tensor([len(o["cand_vecs"]) for o in observations])
+        batch = {"memories": _padded([o["memory_vecs"] for o in observations], n_mem),
+                 "memory_age": long_tensor(ages, (rows, n_mem)),
+                 "query": _padded([[o["query_vec"]] for o in observations], 1).view(rows, MAX_WORDS),
+                 "candidates": _padded([o["cand_vecs"] for o in observations], n_cand),
+                 "cand_mask": (torch.arange(n_cand) < counts.unsqueeze(1)).long()}
         labels = [o["label_index"] for o in observations]
         if all(i >= 0 for i in labels):
             batch["label_index"] = torch.tensor(labels, dtype=torch.long)
@@ -111,3 +119,16 @@ class MemNNAgent(TorchAgent):
             cands = obs.get(LABEL_CANDIDATES) or []
             out.append({"text": cands[index] if index < len(cands) else ""})
         return out
+
+
+def _padded(groups: list[list[list[int]]], count: int) -> torch.Tensor:
+    """[len(groups), count, MAX_WORDS] LongTensor: each group's id rows right-padded with 0 to MAX_WORDS
+    words, each group to ``count`` rows (one copy from a flat array, no tensor made per row)."""
+    flat = array("q")
+    pads = [array("q", bytes(8 * (MAX_WORDS - k))) for k in range(MAX_WORDS + 1)]
+    for group in groups:
+        for ids in group:
+            flat.extend(ids)
+            flat.extend(pads[len(ids)])
+        flat.frombytes(bytes(8 * MAX_WORDS * (count - len(group))))
+    return long_tensor(flat, (len(groups), count, MAX_WORDS))
