@@ -21,6 +21,11 @@ repeated (``--repeats``) and the median of the per-round ratios printed with eve
     python bench/framework_overhead.py --quick
     python bench/framework_overhead.py --steps 200 --repeats 5
     python bench/framework_overhead.py --quick --interleave    # on a machine other processes load
+    python bench/framework_overhead.py --unique-texts 3000 --modes sync  # data whose texts never recur
+
+``--unique-texts N`` writes N episodes of 8 turns to a temporary JSONL file, every utterance and each turn's
+10 label candidates new random words (a vocabulary of 30,000), as in dialogue data read from a file; the
+synthetic dialogues task instead repeats its texts, which the word-id caches then serve.
 """
 
 from __future__ import annotations
@@ -32,8 +37,11 @@ os.environ.setdefault("MKL_NUM_THREADS", "1")
 
 import argparse  # noqa: E402
 import copy  # noqa: E402
+import json  # noqa: E402
+import random  # noqa: E402
 import statistics  # noqa: E402
 import sys  # noqa: E402
+import tempfile  # noqa: E402
 import time  # noqa: E402
 from typing import Any  # noqa: E402
 
@@ -136,6 +144,24 @@ def _plain_steps(model: torch.nn.Module, optimizer: Any, batches: list[dict[str,
         optimizer.step()
 
 
+def write_unique_dialogues(path: str, episodes: int, seed: int = 0) -> None:
+    """``episodes`` episodes of 8 turns as JSONL: each text, label and candidate made of random words."""
+    rng = random.Random(seed)
+    words = ["".join(rng.choice("abcdefghijklmnoprstu") for _ in range(rng.randint(2, 9))) for _ in range(30000)]
+
+    def utterance() -> str:
+        return " ".join(rng.choice(words) for _ in range(rng.randint(6, 22))) + rng.choice(".?!")
+
+    with open(path, "w") as out:
+        for _ in range(episodes):
+            for turn in range(8):
+                label = utterance()
+                candidates = [utterance() for _ in range(9)] + [label]
+                rng.shuffle(candidates)
+                out.write(json.dumps({"text": utterance(), "labels": [label], "label_candidates": candidates,
+                                      "episode_done": turn == 7}) + "\n")
+
+
 def main(argv: list[str] | None = None) -> dict[str, float]:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--steps", type=int, default=120, help="timed steps per round (bs 32)")
@@ -144,12 +170,20 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--task", default=None, help="any task instead of the synthetic dialogues")
     parser.add_argument("--episodes", type=int, default=None, help="training episodes of the dialogues task")
+    parser.add_argument("--unique-texts", type=int, default=None, metavar="N",
+                        help="train on N episodes of 8 turns whose texts never recur (a temporary JSONL file)")
     parser.add_argument("--quick", action="store_true", help="60 steps, 3 rounds, 2,000 episodes")
     parser.add_argument("--modes", default="sync,async", help="data modes to run, comma separated (sync, async)")
     parser.add_argument("--interleave", action="store_true",
                         help="sync: time the plain loop's step on each batch right after the world's, so that "
                              "load from other processes on the cores hits both sides alike")
     args = parser.parse_args(argv)
+    if args.unique_texts:
+        with tempfile.TemporaryDirectory() as tmp:
+            path = os.path.join(tmp, "unique.jsonl")
+            write_unique_dialogues(path, args.unique_texts, args.seed)
+            return main([*(argv if argv is not None else sys.argv[1:]), "--task", f"jsonl:{path}",
+                         "--unique-texts", "0"])
     if args.quick:
         args.steps, args.repeats, args.episodes = 60, 3, args.episodes or 2000
     torch.set_num_threads(1)

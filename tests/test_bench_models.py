@@ -297,6 +297,32 @@ def test_framework_overhead_bench_replays_the_batches_the_world_trained(model, i
     assert 0 < parts.get("engine", 1) + parts.get("batchify", 0) < framework_s or not interleave
 
 
+@pytest.mark.slow
+def test_framework_overhead_bench_on_texts_that_never_recur(tmp_path, capsys):
+    """--unique-texts: a JSONL of 8-turn episodes whose utterances and candidates are all new, trained on."""
+    import importlib.util
+    import json
+    import sys
+
+    sys.path.insert(0, "bench")
+    try:
+        spec = importlib.util.spec_from_file_location("framework_overhead", "bench/framework_overhead.py")
+        bench = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(bench)
+    finally:
+        sys.path.remove("bench")
+    path = tmp_path / "unique.jsonl"
+    bench.write_unique_dialogues(str(path), 6)
+    rows = [json.loads(line) for line in path.read_text().splitlines()]
+    texts = [r["text"] for r in rows] + [c for r in rows for c in r["label_candidates"]]
+    assert len(rows) == 48 and [r["episode_done"] for r in rows[:8]] == [False] * 7 + [True]
+    assert len(set(texts)) == len(texts) and all(r["labels"][0] in r["label_candidates"] for r in rows)
+    results = bench.main(["--unique-texts", "6", "--modes", "sync", "--steps", "2", "--warmup", "1",
+                          "--repeats", "1"])
+    assert set(results) == {"bag_sync", "conv_sync"} and all(r > 0 for r in results.values())
+    assert "weight diff 0.0e+00" in capsys.readouterr().out
+
+
 # --- data a ranker cannot learn from -----------------------------------------------------------------
 
 @pytest.mark.parametrize("model", ["bag", "conv", "memnn"])
