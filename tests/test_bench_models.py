@@ -271,14 +271,10 @@ def test_descendants_cpu_counts_children_and_grandchildren():
     assert below_me >= own + theirs - 0.05
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("model,interleave", [("bag", False), ("conv", False), ("bag", True)])
-def test_framework_overhead_bench_replays_the_batches_the_world_trained(model, interleave):
-    """bench/framework_overhead.py compares like with like only if its plain loop trains the same weights."""
-    import argparse
+def _framework_overhead_bench():
+    """bench/framework_overhead.py as a module (it imports bench/throughput.py as ``throughput``)."""
     import importlib.util
     import sys
-    import time
 
     sys.path.insert(0, "bench")
     try:
@@ -287,6 +283,17 @@ def test_framework_overhead_bench_replays_the_batches_the_world_trained(model, i
         spec.loader.exec_module(bench)
     finally:
         sys.path.remove("bench")
+    return bench
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("model,interleave", [("bag", False), ("conv", False), ("bag", True)])
+def test_framework_overhead_bench_replays_the_batches_the_world_trained(model, interleave):
+    """bench/framework_overhead.py compares like with like only if its plain loop trains the same weights."""
+    import argparse
+    import time
+
+    bench = _framework_overhead_bench()
     args = argparse.Namespace(task=None, episodes=200, seed=0)
     opts = bench.base_opts(args, model=bench.BAG if model == "bag" else bench.CONV, batchsize=8)
     parts: dict[str, float] = {}
@@ -300,17 +307,9 @@ def test_framework_overhead_bench_replays_the_batches_the_world_trained(model, i
 @pytest.mark.slow
 def test_framework_overhead_bench_on_texts_that_never_recur(tmp_path, capsys):
     """--unique-texts: a JSONL of 8-turn episodes whose utterances and candidates are all new, trained on."""
-    import importlib.util
     import json
-    import sys
 
-    sys.path.insert(0, "bench")
-    try:
-        spec = importlib.util.spec_from_file_location("framework_overhead", "bench/framework_overhead.py")
-        bench = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(bench)
-    finally:
-        sys.path.remove("bench")
+    bench = _framework_overhead_bench()
     path = tmp_path / "unique.jsonl"
     bench.write_unique_dialogues(str(path), 6)
     rows = [json.loads(line) for line in path.read_text().splitlines()]
