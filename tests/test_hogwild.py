@@ -183,7 +183,9 @@ def test_merged_report_sums_processes_like_one_metrics_object():
 @pytest.mark.slow
 @pytest.mark.timeout(150)
 def test_two_processes_train_babi_past_95_percent_like_one_process(tmp_path):
-    opts = Opts(task="babi:1", model="memnn", numthreads=2, batchsize=32, num_epochs=0.6,
+    # 0.8 epochs: the processes' updates overlap (each steps on weights the other is changing), the more so
+    # the less data work a step holds, so two processes need a little more data than one to pass 95%
+    opts = Opts(task="babi:1", model="memnn", numthreads=2, batchsize=32, num_epochs=0.8,
                 validation_every_n_epochs=-1, eval_splits="valid", progress=False, log_every_n_secs=0.5,
                 metrics_log=str(tmp_path / "log.jsonl"))
     world = create_world(opts, agent=MemNNAgent)
@@ -191,7 +193,7 @@ def test_two_processes_train_babi_past_95_percent_like_one_process(tmp_path):
     before = [p.detach().clone() for p in model.model.parameters()]
     report = run(world, opts)  # validation: a one-process world on the main process's agent (same model)
     assert world.closed and min(world.exs_per_process()) > 0
-    assert report["train"]["exs"] >= 3000 and world.num_examples() == 5000
+    assert report["train"]["exs"] >= 4000 and world.num_examples() == 5000
     # the main process never stepped: its weights moved only because the children wrote the shared storage
     assert any(not torch.equal(b, p) for b, p in zip(before, model.model.parameters()))
     train_logs = [json.loads(line) for line in (tmp_path / "log.jsonl").read_text().splitlines()]
