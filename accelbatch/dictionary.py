@@ -5,10 +5,9 @@ to ``1 + crc32(word) % (vocab_size - 1)``, 0 being padding). :class:`HashDiction
 faster: an ASCII text is lower-cased, split and hashed as bytes with every step in C (``map`` over
 ``zlib.crc32``: no Python code and no lookup per word), another text's words go through a word -> id
 cache, and texts are kept whole (label candidates recur in every batch; every text recurs each epoch). Both
-caches are
-bounded (``max_words`` words, ``max_ids`` ids held for texts): past the bound, new entries are computed every
-time and not stored, so an open vocabulary costs time, never unbounded memory. The ids never depend on the
-caches.
+caches are bounded (``max_words`` words, ``max_ids`` ids held for texts): past the bound, new entries are
+computed every time and not stored, so an open vocabulary costs time, never unbounded memory. The ids never
+depend on the caches.
 """
 
 from __future__ import annotations
@@ -21,7 +20,7 @@ _WORD = str.maketrans({c: " " for c in ".,?!;:\"'()"})
 _ASCII_WORD = bytes.maketrans(b".,?!;:\"'()\x1c\x1d\x1e\x1f", b" " * 14)
 
 MAX_WORDS = 1 << 18  # cached word ids (~120 bytes each with the word: about 30 MB at the bound)
-MAX_IDS = 1 << 22  # ids held by the text caches (8 bytes each, plus the texts)
+MAX_IDS = 1 << 22  # ids held by the text caches (about 13 bytes each with their tuples and entries: ~53 MB)
 
 
 def tokenize(text: str) -> list[str]:
@@ -53,6 +52,8 @@ class HashDictionary:
         self.held_ids = 0  # ids held by the text caches (a text counts its ids + 1)
         self._words: dict[str, int] = {}  # words of non-ASCII texts
         self._texts: dict[int, dict[str, tuple[int, ...]]] = {}  # keep (+last words, -first words) -> cache
+        # id - 1 -> id: the cached tuples share one int object per id (8 bytes a word held, not 36)
+        self._id_objects = list(range(1, vocab_size))
 
     def text_ids(self, text: str, keep_last: int = 0) -> list[int]:
         """Ids of ``tokenize(text)``, only its last ``keep_last`` words when ``keep_last > 0``; cached per
@@ -94,7 +95,7 @@ class HashDictionary:
         """The id of each word of ``tokenize(text)``."""
         if text.isascii():  # bytes.lower, translate and split give each word's UTF-8 bytes: what word_id hashes
             words = text.encode().lower().translate(_ASCII_WORD).split()
-            return tuple(map((1).__add__, map((self.vocab_size - 1).__rmod__, map(zlib.crc32, words))))
+            return tuple(map(self._id_objects.__getitem__, map((self.vocab_size - 1).__rmod__, map(zlib.crc32, words))))
         return tuple(map(self._word_id, tokenize(text)))
 
     def _lines_ids(self, text: str) -> tuple[int, ...]:
@@ -119,7 +120,7 @@ class HashDictionary:
         """A word's id, stored while fewer than ``max_words`` are."""
         found = self._words.get(word)
         if found is None:
-            found = word_id(word, self.vocab_size - 1)
+            found = self._id_objects[word_id(word, self.vocab_size - 1) - 1]
             if len(self._words) < self.max_words:
                 self._words[word] = found
         return found
