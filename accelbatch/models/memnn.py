@@ -67,9 +67,6 @@ class MemNNAgent(TorchAgent):
 
     required_fields = (LABEL_CANDIDATES,)  # the build refuses data without them (nothing to rank)
 
-    def build_model(self) -> nn.Module:
-        return MemoryNetwork(VOCAB, self.opts.embedding_size, MAX_MEMORIES)
-
     def __init__(self, opts: Any, shared: dict[str, Any] | None = None):
         super().__init__(opts, shared)
         # word ids of each line, candidate and question, cached per text and shared by the clones
@@ -80,6 +77,9 @@ class MemNNAgent(TorchAgent):
         shared = super().share()
         shared["dictionary"] = self.dictionary
         return shared
+
+    def build_model(self) -> nn.Module:
+        return MemoryNetwork(VOCAB, self.opts.embedding_size, MAX_MEMORIES)
 
     def vectorize(self, obs: Message) -> Message:
         lines = obs.get("full_text", obs.get("text", "")).split("\n")
