@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from accelbatch.agents import Agent, TorchAgent, resolve_agent_class
+from accelbatch.data.accessor import start_worker_server
 from accelbatch.hogwild import HogwildWorld
 from accelbatch.host_memory import apply_host_allocator
 from accelbatch.loader_world import LoaderWorld
@@ -235,6 +236,11 @@ def create_world(opts: Opts, agent: Agent | type[Agent] | None = None, rows: int
     options it was built with.
     """
     teacher, fitted = None, None
+    if runtime is None and opts.dataloader_mode != "sync" and opts.numthreads <= 1:
+        # the async accessor's process server imports torch while this process builds the agent; the
+        # allocator first, whose settings it inherits
+        apply_host_allocator(opts.host_allocator)
+        start_worker_server()
     if runtime is None and rows is None and getattr(getattr(agent, "slot", None), "runtime", None) is None:
         teacher = create_teacher(opts)
         opts, fitted = fit_batch_to_data(opts, teacher)

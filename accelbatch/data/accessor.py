@@ -54,6 +54,7 @@ import signal
 import sys
 import time
 from collections.abc import Callable, Iterator
+from multiprocessing import forkserver
 from multiprocessing.reduction import ForkingPickler
 from typing import Any
 
@@ -271,6 +272,13 @@ def _worker_main(index: int, conn: Any, source: Any, transform: Callable | None,
         _Worker(source, transform, conn, num_slots, load_indefinitely, miss_sleep_s).main(first_epoch)
     except (_Stop, BrokenPipeError):
         pass
+
+
+def start_worker_server() -> None:
+    """Start the forkserver the accessor's worker forks from, now: its imports (torch, this module) then
+    overlap the caller's own start-up instead of delaying the first batch."""
+    mp.get_context("forkserver").set_forkserver_preload(["accelbatch.data.accessor"])
+    forkserver.ensure_running()
 
 
 class AsyncDataAccessor:
