@@ -178,12 +178,17 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
                         help="sync: time the plain loop's step on each batch right after the world's, so that "
                              "load from other processes on the cores hits both sides alike")
     args = parser.parse_args(argv)
-    if args.unique_texts:
-        with tempfile.TemporaryDirectory() as tmp:
-            path = os.path.join(tmp, "unique.jsonl")
-            write_unique_dialogues(path, args.unique_texts, args.seed)
-            return main([*(argv if argv is not None else sys.argv[1:]), "--task", f"jsonl:{path}",
-                         "--unique-texts", "0"])
+    if not args.unique_texts:
+        return measure(args)
+    with tempfile.TemporaryDirectory() as tmp:  # the file lives while the worlds read it
+        path = os.path.join(tmp, "unique.jsonl")
+        write_unique_dialogues(path, args.unique_texts, args.seed)
+        args.task = f"jsonl:{path}"
+        return measure(args)
+
+
+def measure(args: argparse.Namespace) -> dict[str, float]:
+    """Every (agent, data mode) the arguments ask for: the ratios printed, and returned by name."""
     if args.quick:
         args.steps, args.repeats, args.episodes = 60, 3, args.episodes or 2000
     torch.set_num_threads(1)
