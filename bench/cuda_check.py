@@ -79,6 +79,7 @@ def _host_syncs(mixed_precision: str) -> Callable[[str], dict[str, Any]]:
                                     **(CPU_SIZES["syncs"] if device == "cpu" else {}))
         ok = s.counted == 1 and s.debug_mode <= 1
         return {"counted": s.counted, "sync_debug_warnings": s.debug_mode, "by_kind": s.by_kind,
+                "sync_debug_sites": s.debug_sites,
                 "failure": None if ok else f"host syncs per call with D=8 ({mixed_precision}): counted "
                                            f"{s.counted}, sync-debug {s.debug_mode} (want 1)"}
     return run

@@ -11,12 +11,14 @@ sizes; its timings mean nothing. Run alone: ``python bench/cuda_throughput.py``.
 from __future__ import annotations
 
 import copy
+import pathlib
 import statistics
 import sys
 import time
+import traceback
 import warnings
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -170,6 +172,14 @@ class SyncReport:
     counted: int             # by count_host_syncs (synchronize, item, tolist, .cpu() ... of device tensors)
     debug_mode: int          # by torch.cuda.set_sync_debug_mode("warn") warnings
     by_kind: dict[str, int]
+    debug_sites: list[str] = field(default_factory=list)  # where each sync-debug warning came from
+
+
+def _call_site(frames: int = 4) -> str:
+    """Where torch flagged a synchronising operation: the innermost frames of the stack that warned, outside
+    this file and the warnings machinery, innermost first."""
+    stack = [f for f in traceback.extract_stack() if not f.filename.endswith(("warnings.py", __file__))]
+    return " < ".join(f"{pathlib.Path(f.filename).name}:{f.lineno} {f.name}" for f in stack[::-1][:frames])
 
 
 def syncs_per_call(d: int = 8, b: int = 64, features: int = 64, hidden: int = 256,
@@ -193,15 +203,23 @@ def syncs_per_call(d: int = 8, b: int = 64, features: int = 64, hidden: int = 25
         return SyncReport(counted=syncs.total, debug_mode=0, by_kind=dict(syncs.by_kind))
     engine.train_step(batches[0])
     _sync(dev)
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
+    sites: list[str] = []
+
+    def record(message: Any, *_: Any, **__: Any) -> None:
+        if "synchroniz" in str(message).lower():
+            sites.append(_call_site())
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")          # torch's own warning that the debug mode is on is no sync
         torch.cuda.set_sync_debug_mode("warn")
         try:
+            warnings.simplefilter("always")
+            warnings.showwarning = record
             engine.train_step(batches[1])
         finally:
+            warnings.simplefilter("ignore")
             torch.cuda.set_sync_debug_mode("default")
-    flagged = [w for w in caught if "synchroniz" in str(w.message).lower()]
-    return SyncReport(counted=syncs.total, debug_mode=len(flagged), by_kind=dict(syncs.by_kind))
+    return SyncReport(counted=syncs.total, debug_mode=len(sites), by_kind=dict(syncs.by_kind), debug_sites=sites)
 
 
 # --- throughput against a naive loop ----------------------------------------------------------------------

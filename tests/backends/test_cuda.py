@@ -488,6 +488,7 @@ def gpu_check(name: str) -> dict:
 
 
 @pytest.mark.cuda
+@pytest.mark.multiprocess   # each check runs in a fresh process
 @needs_gpu
 @pytest.mark.timeout(600)
 @pytest.mark.parametrize("name", ["weights_D1_G1", "weights_D4_G2", "weights_bf16_D4_G2",
