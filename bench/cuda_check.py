@@ -32,6 +32,7 @@ from typing import Any
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 TESTS = ["tests/backends/test_cuda.py", "tests/backends/test_prefetch.py", "tests/backends/test_engine.py"]
+GPU_CHECK_TEST = "tests/backends/test_cuda.py::test_gpu_check"
 CPU_SIZES = {"syncs": {"b": 4, "features": 8, "hidden": 8},
              "prefetch": {"rows": 16, "features": 8, "hidden": 8, "steps": 3},
              "throughput": {"b": 8, "d": 2, "features": 8, "hidden": 8, "calls": 2}}
@@ -236,7 +237,9 @@ def main(argv: list[str] | None = None) -> int:
     if not args.no_tests:
         if not gpu:
             print("cuda_check: running the CPU-checkable tests; the GPU tests skip with their reason")
-        rc, summary = run_tests(args.pytest_args)
+        # test_gpu_check runs each check as a test: skipped here when this call runs the checks itself
+        checks_run_here = gpu and not args.no_bench
+        rc, summary = run_tests(args.pytest_args + (["--deselect", GPU_CHECK_TEST] if checks_run_here else []))
         result["tests"] = {"returncode": rc, "summary": summary}
         failures += [] if rc == 0 else [f"tests failed: {summary}"]
     names = args.only.split(",") if args.only else list(CHECKS)
