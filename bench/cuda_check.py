@@ -7,11 +7,12 @@
 
 Every check runs in a fresh process (accelerate keeps one state per process, so a cpu=True or bf16
 Accelerator made by one check must not decide the next one's): cuda-vs-cpu weights for (D, G) = (1, 1),
-(4, 2) and in bf16/fp16, host syncs per call with D=8 in fp32 and fp16 (the counter and torch.cuda.set_sync_debug_mode),
-step time with staged prefetch vs compute alone, examples/s vs a plain PyTorch loop, where the engine
-keeps weights and outputs, and ``accelbatch train`` on babi:1 (memnn, one epoch) on the CPU and the GPU, sync
-and async, from the same seed. Exits 1 when a test or a check's criterion fails. Without a GPU: says why, runs
-the CPU-checkable tests (the GPU ones skip with their reason) and exits 0 when they pass.
+(4, 2) and in bf16/fp16, host syncs per call with D=8 in fp32 and fp16 (the counter and
+torch.cuda.set_sync_debug_mode), step time with staged prefetch vs compute alone, examples/s vs a plain
+PyTorch loop, where the engine keeps weights and outputs, and ``accelbatch train`` (memnn on babi:1 for an
+epoch; the transformer generator on reverse for 100 steps, decoding on the device) on the CPU and the GPU,
+sync and async, from one seed. Exits 1 when a test or a check's criterion fails. Without a GPU: says why,
+runs the CPU-checkable tests (the GPU ones skip with their reason) and exits 0 when they pass.
 ``--check NAME --out PATH`` runs one check in this process and writes its figures (what the parent runs).
 """
 
@@ -122,42 +123,49 @@ def _placement(device: str) -> dict[str, Any]:
             "failure": None if ok else f"weights on {params}, outputs on {outputs} (want {dev.type}, cpu)"}
 
 
-TRAIN_CLI = ["-m", "accelbatch", "train", "-t", "babi:1", "-m", "memnn", "--seed", "3", "--no-progress"]
-
-
-def _train_cli(device: str) -> dict[str, Any]:
+def _train_cli(task_and_model: list[str], length: list[str], cpu_length: list[str]
+               ) -> Callable[[str], dict[str, Any]]:
     """``accelbatch train`` end to end with one seed: on the CPU, on ``device``, and on ``device`` with
-    ``--dataloader-mode async`` (a performance option: it must train exactly the same weights)."""
-    import torch
+    ``--dataloader-mode async`` (a performance option: it must train exactly the same weights). On the CPU
+    (a smoke run, every side the CPU) ``cpu_length`` keeps it short."""
+    def run(device: str) -> dict[str, Any]:
+        import torch
 
-    from accelbatch.checkpoint import load_checkpoint
+        from accelbatch.checkpoint import load_checkpoint
 
-    length = ["-ne", "1"] if device != "cpu" else ["-tstep", "30"]
-    runs = {"cpu": ["--device", "cpu"], "device": ["--device", device],
-            "device_async": ["--device", device, "--dataloader-mode", "async"]}
-    weights, reports = {}, {}
-    with tempfile.TemporaryDirectory(prefix="cuda-check-train-") as tmp:
-        for name, extra in runs.items():
-            model, report = os.path.join(tmp, f"{name}.pt"), os.path.join(tmp, f"{name}.json")
-            proc = subprocess.run([sys.executable, *TRAIN_CLI, *length, "-mf", model, "--report-json", report,
-                                   *extra], cwd=ROOT, text=True, capture_output=True, timeout=300, check=False)
-            if proc.returncode != 0:
-                return {"failure": f"accelbatch train {' '.join(extra)} exited with {proc.returncode}: "
-                                   f"{(proc.stdout + proc.stderr)[-1500:]}"}
-            weights[name] = load_checkpoint(model).model_state
-            reports[name] = json.loads(pathlib.Path(report).read_text())
-    diff = max(float((weights["cpu"][k].float() - v.float()).abs().max()) for k, v in weights["device"].items())
-    same_async = all(torch.equal(v, weights["device_async"][k]) for k, v in weights["device"].items())
-    valid = {name: r["valid"]["accuracy"] for name, r in reports.items()}
-    out = {"steps": reports["device"]["train"]["steps"], "weights_max_abs_diff_vs_cpu": diff,
-           "async_equals_sync": same_async, "valid_accuracy": valid,
-           "train_exs_per_s": {name: r["train"]["exs_per_s"] for name, r in reports.items()}, "failure": None}
-    if not same_async:
-        out["failure"] = f"--dataloader-mode async on {device} trained other weights than sync"
-    elif abs(valid["device"] - valid["cpu"]) > 0.01 or not diff <= 5e-2:
-        out["failure"] = (f"{device} vs cpu after {out['steps']} steps: valid accuracy {valid['device']} vs "
-                          f"{valid['cpu']} (limit 0.01 apart), weights {diff:.2e} apart (limit 5e-2)")
-    return out
+        common = ["-m", "accelbatch", "train", *task_and_model, "--seed", "3", "--no-progress",
+                  *(length if device != "cpu" else cpu_length), "--eval-splits", "valid"]
+        runs = {"cpu": ["--device", "cpu"], "device": ["--device", device],
+                "device_async": ["--device", device, "--dataloader-mode", "async"]}
+        weights, reports = {}, {}
+        with tempfile.TemporaryDirectory(prefix="cuda-check-train-") as tmp:
+            for name, extra in runs.items():
+                model, report = os.path.join(tmp, f"{name}.pt"), os.path.join(tmp, f"{name}.json")
+                proc = subprocess.run([sys.executable, *common, "-mf", model, "--report-json", report, *extra],
+                                      cwd=ROOT, text=True, capture_output=True, timeout=300, check=False)
+                if proc.returncode != 0:
+                    return {"failure": f"accelbatch train {' '.join(extra)} exited with {proc.returncode}: "
+                                       f"{(proc.stdout + proc.stderr)[-1500:]}"}
+                weights[name] = load_checkpoint(model).model_state
+                reports[name] = json.loads(pathlib.Path(report).read_text())
+        diff = max(float((weights["cpu"][k].float() - v.float()).abs().max()) for k, v in weights["device"].items())
+        same_async = all(torch.equal(v, weights["device_async"][k]) for k, v in weights["device"].items())
+        valid = {name: r["valid"] for name, r in reports.items()}
+        accuracy = {name: v["accuracy"] for name, v in valid.items()}
+        loss = {name: v["loss"] for name, v in valid.items()}
+        out = {"steps": reports["device"]["train"]["steps"], "weights_max_abs_diff_vs_cpu": diff,
+               "async_equals_sync": same_async, "valid_accuracy": accuracy, "valid_loss": loss,
+               "train_exs_per_s": {name: r["train"]["exs_per_s"] for name, r in reports.items()},
+               "failure": None}
+        if not same_async:
+            out["failure"] = f"--dataloader-mode async on {device} trained other weights than sync"
+        elif (abs(accuracy["device"] - accuracy["cpu"]) > 0.01 or not diff <= 5e-2
+              or not abs(loss["device"] - loss["cpu"]) <= 0.05 * abs(loss["cpu"])):
+            out["failure"] = (f"{device} vs cpu after {out['steps']} steps: valid accuracy {accuracy['device']} "
+                              f"vs {accuracy['cpu']} (limit 0.01 apart), valid loss {loss['device']:.4f} vs "
+                              f"{loss['cpu']:.4f} (limit 5% apart), weights {diff:.2e} apart (limit 5e-2)")
+        return out
+    return run
 
 
 CHECKS: dict[str, tuple[Callable[[str], dict[str, Any]], bool]] = {  # name -> (check, runs on the CPU too)
@@ -170,7 +178,9 @@ CHECKS: dict[str, tuple[Callable[[str], dict[str, Any]], bool]] = {  # name -> (
     "staged_prefetch": (_staged_prefetch, True),
     "throughput": (_throughput, True),
     "placement": (_placement, True),
-    "train_cli": (_train_cli, True),
+    "train_memnn": (_train_cli(["-t", "babi:1", "-m", "memnn"], ["-ne", "1"], ["-tstep", "30"]), True),
+    "train_generator": (_train_cli(["-t", "reverse", "-m", "transformer/generator", "-bs", "32"],
+                                   ["-tstep", "100"], ["-tstep", "6"]), True),
 }
 
 

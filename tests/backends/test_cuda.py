@@ -469,13 +469,13 @@ def test_cuda_check_runs_each_check_in_a_fresh_process(tmp_path):
     JSON."""
     out = tmp_path / "check.json"
     proc = subprocess.run([sys.executable, "bench/cuda_check.py", "--no-tests", "--device", "cpu", "--only",
-                           "weights_bf16_D4_G2,host_syncs_D8,train_cli", "--json", str(out)], cwd=ROOT,
+                           "weights_bf16_D4_G2,host_syncs_D8,train_memnn", "--json", str(out)], cwd=ROOT,
                           text=True, capture_output=True, timeout=280, check=False)
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
     figures = json.loads(out.read_text())["figures"]
     assert 0 < figures["weights_bf16_D4_G2"]["max_abs_diff"] <= 5e-2   # bf16 differs, a little
     assert figures["host_syncs_D8"]["counted"] == 1 and not figures["host_syncs_D8"]["failure"]
-    train = figures["train_cli"]   # on the CPU both sides are the CPU: the same seed trains the same weights
+    train = figures["train_memnn"]   # on the CPU both sides are the CPU: the same seed trains the same weights
     assert train["steps"] == 30 and train["weights_max_abs_diff_vs_cpu"] == 0.0 and train["async_equals_sync"]
     assert not train["failure"] and len(set(train["valid_accuracy"].values())) == 1
 
@@ -498,7 +498,7 @@ def gpu_check(name: str) -> dict:
 @pytest.mark.parametrize("name", ["weights_D1_G1", "weights_D4_G2", "weights_bf16_D4_G2",
                                   "weights_fp16_D4_G2", "placement", "staged_prefetch", "host_syncs_D8",
                                   "host_syncs_fp16_D8",
-                                  "throughput", "train_cli"])
+                                  "throughput", "train_memnn", "train_generator"])
 def test_gpu_check(name):
     gpu_check(name)
 
