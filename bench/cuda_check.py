@@ -32,7 +32,8 @@ from collections.abc import Callable
 from typing import Any
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
-TESTS = ["tests/backends/test_cuda.py", "tests/backends/test_prefetch.py", "tests/backends/test_engine.py"]
+TESTS = ["tests/backends/test_cuda.py", "tests/backends/test_prefetch.py", "tests/backends/test_engine.py",
+         "tests/test_examples_ipu.py::test_06_the_same_script_on_cuda_or_skipped_without_it"]
 GPU_CHECK_TEST = "tests/backends/test_cuda.py::test_gpu_check"
 CPU_SIZES = {"syncs": {"b": 4, "features": 8, "hidden": 8},
              "prefetch": {"rows": 16, "features": 8, "hidden": 8, "steps": 3},
