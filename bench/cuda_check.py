@@ -10,7 +10,7 @@ Accelerator made by one check must not decide the next one's): cuda-vs-cpu weigh
 (4, 2) and in bf16/fp16, host syncs per call with D=8 in fp32 and fp16 (the counter and
 torch.cuda.set_sync_debug_mode), step time with staged prefetch vs compute alone, examples/s vs a plain
 PyTorch loop, where the engine keeps weights and outputs, and ``accelbatch train`` (memnn on babi:1 for an
-epoch; the transformer generator on reverse for 100 steps, decoding on the device) on the CPU and the GPU,
+epoch; the transformer generator on reverse for 20 steps, decoding on the device) on the CPU and the GPU,
 sync and async, from one seed. Exits 1 when a test or a check's criterion fails. Without a GPU: says why,
 runs the CPU-checkable tests (the GPU ones skip with their reason) and exits 0 when they pass.
 ``--check NAME --out PATH`` runs one check in this process and writes its figures (what the parent runs).
@@ -181,7 +181,7 @@ CHECKS: dict[str, tuple[Callable[[str], dict[str, Any]], bool]] = {  # name -> (
     "placement": (_placement, True),
     "train_memnn": (_train_cli(["-t", "babi:1", "-m", "memnn"], ["-ne", "1"], ["-tstep", "30"]), True),
     "train_generator": (_train_cli(["-t", "reverse", "-m", "transformer/generator", "-bs", "32"],
-                                   ["-tstep", "100"], ["-tstep", "6"]), True),
+                                   ["-tstep", "20"], ["-tstep", "6"]), True),
 }
 
 
