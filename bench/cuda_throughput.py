@@ -300,7 +300,7 @@ def main() -> int:
           f"blocking copy {p.blocking_s * 1e3:.2f} ms ({p.blocking_ratio:.3f}x)")
     s = syncs_per_call()
     print(f"host syncs per call with D=8: counted {s.counted} {s.by_kind}, "
-          f"sync-debug warnings {s.debug_mode}")
+          f"sync-debug warnings {s.debug_mode}" + "".join(f"\n  at {site}" for site in s.debug_sites))
     t = measure_throughput()
     print(f"throughput: engine {t.engine_exs:,.0f} ex/s vs naive loop {t.naive_exs:,.0f} ex/s "
           f"= {t.ratio:.2f}x")
