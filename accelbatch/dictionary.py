@@ -13,7 +13,7 @@ depend on the caches.
 from __future__ import annotations
 
 import zlib
-from typing import Sequence
+from typing import Any, Sequence
 
 _WORD = str.maketrans({c: " " for c in ".,?!;:\"'()"})
 # the same on ASCII bytes, plus the separators str.split() takes as spaces and bytes.split() does not
@@ -134,3 +134,21 @@ class HashDictionary:
         state = dict(self.__dict__)
         state.update(_words={}, _texts={}, held_ids=0)
         return state
+
+
+class SharedDictionary:
+    """Mixin for an agent whose clones (the rows of a batch) look words up in one :class:`HashDictionary`,
+    so its caches fill once for all of them: ``self.dictionary`` of ``dictionary_size`` ids, made by the
+    first agent and handed to its clones by ``share()``. Put it before the agent class in the bases."""
+
+    dictionary_size = 8192
+
+    def __init__(self, opts: Any, shared: dict[str, Any] | None = None):
+        super().__init__(opts, shared)  # type: ignore[call-arg]
+        found = shared.get("dictionary") if shared else None
+        self.dictionary: HashDictionary = found if found is not None else HashDictionary(self.dictionary_size)
+
+    def share(self) -> dict[str, Any]:
+        shared = super().share()  # type: ignore[misc]
+        shared["dictionary"] = self.dictionary
+        return shared

@@ -26,7 +26,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from accelbatch.agents import TorchAgent, optimizer_kwargs
-from accelbatch.dictionary import HashDictionary, tokenize
+from accelbatch.dictionary import HashDictionary, SharedDictionary, tokenize
 from accelbatch.messages import EVAL_LABELS, LABEL_CANDIDATES, LABELS, TEXT, Message
 
 VOCAB = 8192
@@ -121,24 +121,17 @@ class TokenLength:
         return min(n, self.truncate) if self.truncate > 0 else n
 
 
-class RankerAgent(TorchAgent):
+class RankerAgent(SharedDictionary, TorchAgent):
     """Ranks label candidates; subclasses give ``build_model`` (forward(batch) -> scores and loss)."""
 
+    dictionary_size = VOCAB
     pad_multiple = 1  # text padded to a multiple of this (1: exactly the longest row)
     required_fields = (LABEL_CANDIDATES,)  # the build refuses data without them (nothing to rank, zero loss)
 
     def __init__(self, opts: Any, shared: dict[str, Any] | None = None):
         super().__init__(opts, shared)
-        # word ids with caches, shared by the clones (the rows of a batch)
-        found = shared.get("dictionary") if shared else None
-        self.dictionary: HashDictionary = found if found is not None else HashDictionary(VOCAB)
         # the loader sorts and buckets examples by this; it counts exactly the tokens of text_vec
         self.example_length = TokenLength(opts.text_truncate, self.dictionary)
-
-    def share(self) -> dict[str, Any]:
-        shared = super().share()
-        shared["dictionary"] = self.dictionary
-        return shared
 
     def build_optimizer(self, model: nn.Module) -> torch.optim.Optimizer | None:
         params = [p for p in model.parameters() if p.requires_grad]

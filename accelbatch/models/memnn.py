@@ -16,7 +16,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from accelbatch.agents import TorchAgent
-from accelbatch.dictionary import HashDictionary
+from accelbatch.dictionary import SharedDictionary
 from accelbatch.messages import EVAL_LABELS, LABEL_CANDIDATES, LABELS, Message
 from accelbatch.models.bag import long_tensor
 
@@ -62,21 +62,12 @@ class MemoryNetwork(nn.Module):
         return out
 
 
-class MemNNAgent(TorchAgent):
-    """``-m memnn``: ranks ``label_candidates`` with :class:`MemoryNetwork`."""
+class MemNNAgent(SharedDictionary, TorchAgent):
+    """``-m memnn``: ranks ``label_candidates`` with :class:`MemoryNetwork`; the word ids of each line,
+    question and candidate come from the dictionary its clones share."""
 
+    dictionary_size = VOCAB
     required_fields = (LABEL_CANDIDATES,)  # the build refuses data without them (nothing to rank)
-
-    def __init__(self, opts: Any, shared: dict[str, Any] | None = None):
-        super().__init__(opts, shared)
-        # word ids of each line, candidate and question, cached per text and shared by the clones
-        found = shared.get("dictionary") if shared else None
-        self.dictionary: HashDictionary = found if found is not None else HashDictionary(VOCAB)
-
-    def share(self) -> dict[str, Any]:
-        shared = super().share()
-        shared["dictionary"] = self.dictionary
-        return shared
 
     def build_model(self) -> nn.Module:
         return MemoryNetwork(VOCAB, self.opts.embedding_size, MAX_MEMORIES)
