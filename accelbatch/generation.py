@@ -52,7 +52,8 @@ class ByteVocab:
 def repeat_rows(state: Any, times: int) -> Any:
     """Each row of every tensor in ``state`` repeated ``times`` times in place (beam expansion)."""
     if isinstance(state, torch.Tensor):
-        return state.repeat_interleave(times, dim=0)
+        # expand + reshape rather than repeat_interleave, whose output size torch may read back from a GPU
+        return state.unsqueeze(1).expand(-1, times, *state.shape[1:]).reshape(-1, *state.shape[1:])
     if isinstance(state, (tuple, list)):
         return type(state)(repeat_rows(s, times) for s in state)
     if isinstance(state, dict):
@@ -112,8 +113,11 @@ class GeneratorModel(nn.Module):
         begin token always, the end token before ``min_length`` tokens, and (``block_ngram`` n > 0) a token that
         would repeat an n-gram of ``generated`` [N, t]. Shapes depend on t only, so this stays static."""
         steps = generated.shape[1]
-        banned = [PAD, BOS] + ([EOS] if steps < self.min_length else [])
-        scores = scores.index_fill(1, torch.tensor(banned, device=scores.device), NEG)
+        ids = torch.arange(scores.shape[1], device=scores.device)  # made on the device: no copy, no host wait
+        banned = (ids == PAD) | (ids == BOS)
+        if steps < self.min_length:
+            banned = banned | (ids == EOS)
+        scores = scores.masked_fill(banned, NEG)
         n = self.block_ngram
         if n < 1 or steps < n:
             return scores
@@ -157,8 +161,8 @@ class GeneratorModel(nn.Module):
             logp = F.log_softmax(self.core.decode(state, buf[:, : t + 1])[:, -1].float(), dim=-1)
             logp = self.constrain(logp, buf[:, 1: t + 1])
             vocab = logp.shape[-1]
-            finished = torch.full_like(logp[0], NEG)
-            finished[PAD] = 0.0
+            ids = torch.arange(vocab, device=device)   # no item assignment: that is a host wait on a GPU
+            finished = torch.full_like(logp[0], NEG).masked_fill(ids == PAD, 0.0)
             logp = torch.where(done.unsqueeze(1), finished.unsqueeze(0), logp)
             candidates = (scores.reshape(flat, 1) + logp).reshape(rows, beam * vocab)
             scores, index = candidates.topk(beam, dim=1)

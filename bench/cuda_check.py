@@ -33,7 +33,8 @@ from typing import Any
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 TESTS = ["tests/backends/test_cuda.py", "tests/backends/test_prefetch.py", "tests/backends/test_engine.py",
-         "tests/test_examples_ipu.py::test_06_the_same_script_on_cuda_or_skipped_without_it"]
+         "tests/test_examples_ipu.py::test_06_the_same_script_on_cuda_or_skipped_without_it",
+         "tests/test_generation.py::test_decoding_on_a_gpu_never_waits_for_the_host"]
 GPU_CHECK_TEST = "tests/backends/test_cuda.py::test_gpu_check"
 CPU_SIZES = {"syncs": {"b": 4, "features": 8, "hidden": 8},
              "prefetch": {"rows": 16, "features": 8, "hidden": 8, "steps": 3},

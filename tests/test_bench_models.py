@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import importlib.util
 import os
+import pathlib
 import random
 import signal
 
@@ -210,15 +212,17 @@ def test_f1_of_answers_empty_after_normalisation():
 
 # --- the benchmark script stays runnable (not timed: tiny sizes, one round) ---------------------------
 
-def _throughput_bench():
-    import importlib.util
-    import pathlib
+def _bench_module(name: str):
+    """bench/<name>.py loaded as a module (bench/ is no package)."""
+    path = pathlib.Path(__file__).resolve().parents[1] / "bench" / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(f"bench_{name}", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
-    path = pathlib.Path(__file__).resolve().parent.parent / "bench" / "throughput.py"
-    spec = importlib.util.spec_from_file_location("throughput_bench", path)
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
-    return bench
+
+def _throughput_bench():
+    return _bench_module("throughput")
 
 
 def test_bench_script_runs(capsys):
@@ -273,17 +277,13 @@ def test_descendants_cpu_counts_children_and_grandchildren():
 
 def _framework_overhead_bench():
     """bench/framework_overhead.py as a module (it imports bench/throughput.py as ``throughput``)."""
-    import importlib.util
     import sys
 
     sys.path.insert(0, "bench")
     try:
-        spec = importlib.util.spec_from_file_location("framework_overhead", "bench/framework_overhead.py")
-        bench = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(bench)
+        return _bench_module("framework_overhead")
     finally:
         sys.path.remove("bench")
-    return bench
 
 
 @pytest.mark.slow
@@ -364,3 +364,17 @@ def test_conv_trains_finite_at_its_recommended_rate(changes):
         assert torch.isfinite(torch.tensor(world.report()["loss"]))
     finally:
         world.shutdown()
+
+
+def test_train_profile_names_the_functions_a_training_run_spends_its_time_in(capsys):
+    profile = _bench_module("train_profile")
+    rc = profile.main(["--device", "cpu", "--top", "40", "--", "-t", "babi:1", "-m", "memnn", "-tstep", "4"])
+    out = capsys.readouterr().out
+    assert rc == 0 and "accelbatch train on cpu" in out and "under cProfile" in out
+    assert "run_backward" in out           # the model's backward passes, counted among the top functions
+
+
+def test_train_profile_counts_gpu_waits_only_on_a_gpu():
+    with pytest.raises(SystemExit) as exit_info:
+        _bench_module("train_profile").main(["--device", "cpu", "--syncs", "--", "-t", "babi:1"])
+    assert exit_info.value.code == 2

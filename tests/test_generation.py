@@ -374,3 +374,22 @@ def test_data_workers_and_dynamic_batching_change_nothing_but_speed():
         assert first[key] == pytest.approx(second[key], rel=1e-6), key
     for key in w0:
         torch.testing.assert_close(w0[key], w2[key], rtol=1e-6, atol=1e-7, msg=key)
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (none visible here)")
+@pytest.mark.parametrize("inference,beam", [("greedy", 1), ("beam", 3)])
+def test_decoding_on_a_gpu_never_waits_for_the_host(inference, beam):
+    """Every decoded token is computed from device tensors only: a host wait per token (a tensor made from a
+    Python list, torch checking whether a mask is causal) would serialise the GPU with the host."""
+    model = random_model(inference=inference, beam_size=beam, min_length=3, block_ngram=2).cuda()
+    batch = {k: v.cuda() for k, v in batch_of(["hello", "ab", "copy me please"]).items()}
+    with torch.no_grad():
+        model(batch)                                   # lazy CUDA and kernel set-up outside the check
+        torch.cuda.synchronize()
+        torch.cuda.set_sync_debug_mode("error")
+        try:
+            preds = model(batch)["preds"]
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+    assert preds.shape == (3, 12) and preds.device.type == "cuda"

@@ -155,7 +155,10 @@ class TransformerCore(nn.Module):
         memory, mask = state
         steps = prefix.shape[1]
         causal = torch.triu(torch.full((steps, steps), float("-inf"), device=prefix.device), diagonal=1)
-        hidden = self.decoder(self._embed(prefix), memory, tgt_mask=causal, memory_key_padding_mask=mask)
+        # tgt_is_causal says what the mask is: without it torch compares the mask with a causal one on every
+        # call, a host wait per decoded token on a GPU
+        hidden = self.decoder(self._embed(prefix), memory, tgt_mask=causal, tgt_is_causal=True,
+                              memory_key_padding_mask=mask)
         return self.out(hidden)
 
 
