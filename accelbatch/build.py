@@ -18,6 +18,7 @@ the batched front end alone does.
 
 from __future__ import annotations
 
+import os
 import sys
 from dataclasses import dataclass
 from typing import Any
@@ -127,6 +128,32 @@ def stages_batches(agent: Agent) -> bool:
     slot = getattr(agent, "slot", None)
     engine = getattr(slot, "engine", None)
     return collates_anywhere(agent) and engine is not None and bool(engine.stages)
+
+
+def usable_cores() -> int:
+    """The CPUs this process may run on (its affinity mask where the OS has one)."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+
+
+def data_processes_compete(opts: Opts) -> str | None:
+    """The line that says so when a cpu run's data processes (--num-workers, the async accessor's) can only
+    take cores from the model: torch's threads in this process already cover every usable core. Its
+    parallel regions then wait for a preempted thread, which costs more than building batches here saves."""
+    processes = opts.num_workers + (opts.dataloader_mode != "sync")
+    if opts.device != "cpu" or not processes:
+        return None
+    import torch
+
+    cores, threads = usable_cores(), torch.get_num_threads()
+    if cores > threads:
+        return None
+    asked = [(f"--num-workers {opts.num_workers}", "--num-workers 0")] if opts.num_workers else []
+    if processes > opts.num_workers:
+        asked.append((f"--dataloader-mode {opts.dataloader_mode}", "--dataloader-mode sync"))
+    return (f"accelbatch: {' '.join(a for a, _ in asked)}: torch runs {threads} threads on the {cores} cores "
+            "this process may use, so the data processes can only take cores from the model, which may slow "
+            f"training; {' '.join(b for _, b in asked)} builds the same batches in the main process (same "
+            f"results), or OMP_NUM_THREADS={max(1, cores - 1)} leaves them a core")
 
 
 def build_world(opts: Opts, model: Agent, shard: tuple[int, int] = (0, 1), rows: int | None = None,
@@ -262,6 +289,10 @@ def create_world(opts: Opts, agent: Agent | type[Agent] | None = None, rows: int
             if not collates_anywhere(model) else "the task's teacher overrides act() or observe()"
         print(f"accelbatch: --num-workers / --dataloader-mode: {who}, so its batches are built in the main "
               "process (same results)", file=sys.stderr)
+    if first and runtime.topology.rank == 0 and isinstance(world, LoaderWorld):
+        contention = data_processes_compete(opts)
+        if contention:
+            print(contention, file=sys.stderr)
     world.runtime = runtime
     if fitted and runtime.topology.rank == 0:  # said once the world is built: after any error in the options
         print(fitted, file=sys.stderr, flush=True)

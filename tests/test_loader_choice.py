@@ -85,3 +85,32 @@ def test_dynamic_batching_refuses_a_teacher_that_overrides_act():
     opts = Opts(task=TEACHER, datatype="train", batchsize=4, dynamic_batching="full")
     with pytest.raises(OptionError, match="ActOverridingTeacher, which overrides act"):
         create_world(opts, agent=TextsAgent)
+
+
+@pytest.mark.multiprocess   # async starts the accessor's process server
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("loader_options,remedy", [(dict(num_workers=2), "--num-workers 0 builds"),
+                                                   (dict(dataloader_mode="async"), "--dataloader-mode sync builds")],
+                         ids=["workers", "async"])
+def test_data_processes_that_can_only_take_the_models_cores_are_named(loader_options, remedy, capsys,
+                                                                       monkeypatch):
+    """On the CPU, torch's threads covering every usable core leave a data process only the model's cores:
+    one line says so (the world is built, nothing refused); with a core to spare nothing is said."""
+    import accelbatch.build as build
+
+    opts = Opts(task="babi:1", datatype="train", batchsize=4, **loader_options)
+    for cores, warned in ((torch.get_num_threads(), True), (torch.get_num_threads() + 1, False)):
+        monkeypatch.setattr(build, "usable_cores", lambda cores=cores: cores)
+        world = create_world(opts, agent=TextsAgent)
+        assert isinstance(world, LoaderWorld)
+        world.shutdown()
+        err = capsys.readouterr().err
+        assert (f"torch runs {torch.get_num_threads()} threads on the {cores} cores" in err) is warned
+        assert (remedy in err) is warned
+
+
+def test_data_processes_on_a_gpu_run_are_not_named():
+    import accelbatch.build as build
+
+    assert build.data_processes_compete(Opts(device="cuda", num_workers=2)) is None
+    assert build.data_processes_compete(Opts(device="cpu", num_workers=0)) is None
