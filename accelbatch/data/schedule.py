@@ -327,9 +327,10 @@ class RowFeed:
             self._extend()
             offset = 0
         self._base += 1
-        start = offset * self.rows
-        stop = start + self.rows
-        return (*[c[start:stop] if isinstance(c, list) else c[offset] for c in self._columns], self._real[offset])
+        rows = self.schedule.rows
+        start = offset * rows
+        stop = start + rows
+        return (*[c[start:stop] if c.__class__ is list else c[offset] for c in self._columns], self._real[offset])
 
     def take(self, row: int) -> tuple[Any, ...]:
         """Row ``row``'s next entry of each gathered column."""
