@@ -153,7 +153,7 @@ def data_processes_compete(opts: Opts) -> str | None:
     return (f"accelbatch: {' '.join(a for a, _ in asked)}: torch runs {threads} threads on the {cores} cores "
             "this process may use, so the data processes can only take cores from the model, which may slow "
             f"training; {' '.join(b for _, b in asked)} builds the same batches in the main process (same "
-            f"results), or OMP_NUM_THREADS={max(1, cores - 1)} leaves them a core")
+            "results)" + (f", or OMP_NUM_THREADS={cores - 1} leaves them a core" if cores > 1 else ""))
 
 
 def build_world(opts: Opts, model: Agent, shard: tuple[int, int] = (0, 1), rows: int | None = None,

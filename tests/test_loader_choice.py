@@ -114,3 +114,12 @@ def test_data_processes_on_a_gpu_run_are_not_named():
 
     assert build.data_processes_compete(Opts(device="cuda", num_workers=2)) is None
     assert build.data_processes_compete(Opts(device="cpu", num_workers=0)) is None
+
+
+def test_one_core_is_told_only_to_build_batches_in_the_main_process(monkeypatch):
+    import accelbatch.build as build
+
+    monkeypatch.setattr(build, "usable_cores", lambda: 1)
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 1)
+    line = build.data_processes_compete(Opts(device="cpu", num_workers=1))
+    assert "--num-workers 0 builds the same batches" in line and "OMP_NUM_THREADS" not in line
