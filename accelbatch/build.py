@@ -139,8 +139,8 @@ def data_processes_compete(opts: Opts) -> str | None:
     """The line that says so when a cpu run's data processes (--num-workers, the async accessor's) can only
     take cores from the model: torch's threads in this process already cover every usable core. Its
     parallel regions then wait for a preempted thread, which costs more than building batches here saves."""
-    processes = opts.num_workers + (opts.dataloader_mode != "sync")
-    if opts.device != "cpu" or not processes:
+    background = opts.dataloader_mode != "sync"  # the async accessor's process
+    if opts.device != "cpu" or not (opts.num_workers or background):
         return None
     import torch
 
@@ -148,7 +148,7 @@ def data_processes_compete(opts: Opts) -> str | None:
     if cores > threads:
         return None
     asked = [(f"--num-workers {opts.num_workers}", "--num-workers 0")] if opts.num_workers else []
-    if processes > opts.num_workers:
+    if background:
         asked.append((f"--dataloader-mode {opts.dataloader_mode}", "--dataloader-mode sync"))
     return (f"accelbatch: {' '.join(a for a, _ in asked)}: torch runs {threads} threads on the {cores} cores "
             "this process may use, so the data processes can only take cores from the model, which may slow "

@@ -156,13 +156,13 @@ class GeneratorModel(nn.Module):
         scores[:, 0] = 0.0  # one live hypothesis at first, so the beams do not start as copies
         positions = torch.arange(self.max_len + 1, device=device).unsqueeze(0)
         base = (torch.arange(rows, device=device) * beam).unsqueeze(1)
-        vocab = None
+        finished = None  # what a finished hypothesis extends with: padding at no cost, nothing else
         for t in range(self.max_len):
             logp = F.log_softmax(self.core.decode(state, buf[:, : t + 1])[:, -1].float(), dim=-1)
             logp = self.constrain(logp, buf[:, 1: t + 1])
             vocab = logp.shape[-1]
-            ids = torch.arange(vocab, device=device)   # no item assignment: that is a host wait on a GPU
-            finished = torch.full_like(logp[0], NEG).masked_fill(ids == PAD, 0.0)
+            if finished is None:  # a mask made on the device: an item assignment would be a host wait on a GPU
+                finished = torch.full_like(logp[0], NEG).masked_fill(torch.arange(vocab, device=device) == PAD, 0.0)
             logp = torch.where(done.unsqueeze(1), finished.unsqueeze(0), logp)
             candidates = (scores.reshape(flat, 1) + logp).reshape(rows, beam * vocab)
             scores, index = candidates.topk(beam, dim=1)

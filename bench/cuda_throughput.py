@@ -10,6 +10,7 @@ sizes; its timings mean nothing. Run alone: ``python bench/cuda_throughput.py``.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import pathlib
 import statistics
@@ -17,7 +18,7 @@ import sys
 import time
 import traceback
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -182,6 +183,28 @@ def _call_site(frames: int = 4) -> str:
     return " < ".join(f"{pathlib.Path(f.filename).name}:{f.lineno} {f.name}" for f in stack[::-1][:frames])
 
 
+@contextlib.contextmanager
+def sync_debug_sites(frames: int = 4) -> Iterator[list[str]]:
+    """torch.cuda.set_sync_debug_mode("warn") over the block; yields a list that gets the call site
+    (``frames`` innermost frames) of each host wait it flags. torch's own notice that the mode is on is none."""
+    sites: list[str] = []
+
+    def record(message: Any, *_: Any, **__: Any) -> None:
+        if "synchroniz" in str(message).lower():
+            sites.append(_call_site(frames))
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            warnings.simplefilter("always")
+            warnings.showwarning = record
+            yield sites
+        finally:
+            warnings.simplefilter("ignore")
+            torch.cuda.set_sync_debug_mode("default")
+
+
 def syncs_per_call(d: int = 8, b: int = 64, features: int = 64, hidden: int = 256,
                    device: str | None = None, mixed_precision: str = "no") -> SyncReport:
     """Host waits in one training call with D device iterations (after a warm-up call); with fp16 the loss
@@ -203,22 +226,8 @@ def syncs_per_call(d: int = 8, b: int = 64, features: int = 64, hidden: int = 25
         return SyncReport(counted=syncs.total, debug_mode=0, by_kind=dict(syncs.by_kind))
     engine.train_step(batches[0])
     _sync(dev)
-    sites: list[str] = []
-
-    def record(message: Any, *_: Any, **__: Any) -> None:
-        if "synchroniz" in str(message).lower():
-            sites.append(_call_site())
-
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")          # torch's own warning that the debug mode is on is no sync
-        torch.cuda.set_sync_debug_mode("warn")
-        try:
-            warnings.simplefilter("always")
-            warnings.showwarning = record
-            engine.train_step(batches[1])
-        finally:
-            warnings.simplefilter("ignore")
-            torch.cuda.set_sync_debug_mode("default")
+    with sync_debug_sites() as sites:
+        engine.train_step(batches[1])
     return SyncReport(counted=syncs.total, debug_mode=len(sites), by_kind=dict(syncs.by_kind), debug_sites=sites)
 
 

@@ -19,18 +19,9 @@ import pathlib
 import pstats
 import sys
 import time
-import traceback
-import warnings
-from typing import Any
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-
-
-def _site(frames: int = 5) -> str:
-    """The innermost frames of the stack that warned, outside the warnings machinery, innermost first."""
-    stack = [f for f in traceback.extract_stack() if not f.filename.endswith(("warnings.py", __file__))]
-    return " < ".join(f"{pathlib.Path(f.filename).name}:{f.lineno} {f.name}" for f in stack[::-1][:frames])
 
 
 def count_syncs(train_args: list[str]) -> tuple[int, collections.Counter[str]]:
@@ -40,24 +31,13 @@ def count_syncs(train_args: list[str]) -> tuple[int, collections.Counter[str]]:
 
     from accelbatch.cli import main as cli_main
 
-    sites: collections.Counter[str] = collections.Counter()
-
-    def record(message: Any, *_: Any, **__: Any) -> None:
-        if "synchroniz" in str(message).lower():
-            sites[_site()] += 1
+    sys.path.insert(0, str(ROOT / "bench"))
+    from cuda_throughput import sync_debug_sites
 
     torch.zeros(1, device="cuda")          # CUDA's lazy start is no wait of the run's
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")    # torch's notice that the mode is on is no wait either
-        torch.cuda.set_sync_debug_mode("warn")
-        warnings.simplefilter("always")
-        warnings.showwarning = record
-        try:
-            rc = cli_main(["train", *train_args])
-        finally:
-            warnings.simplefilter("ignore")
-            torch.cuda.set_sync_debug_mode("default")
-    return rc, sites
+    with sync_debug_sites(frames=5) as sites:
+        rc = cli_main(["train", *train_args])
+    return rc, collections.Counter(sites)
 
 
 def profile(train_args: list[str], top: int) -> tuple[int, float, str]:

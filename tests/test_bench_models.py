@@ -368,7 +368,7 @@ def test_conv_trains_finite_at_its_recommended_rate(changes):
 
 def test_train_profile_names_the_functions_a_training_run_spends_its_time_in(capsys):
     profile = _bench_module("train_profile")
-    rc = profile.main(["--device", "cpu", "--top", "40", "--", "-t", "babi:1", "-m", "memnn", "-tstep", "4"])
+    rc = profile.main(["--device", "cpu", "--top", "400", "--", "-t", "babi:1", "-m", "memnn", "-tstep", "4"])
     out = capsys.readouterr().out
     assert rc == 0 and "accelbatch train on cpu" in out and "under cProfile" in out
     assert "run_backward" in out           # the model's backward passes, counted among the top functions

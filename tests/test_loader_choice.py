@@ -109,7 +109,7 @@ def test_data_processes_that_can_only_take_the_models_cores_are_named(loader_opt
         assert (remedy in err) is warned
 
 
-def test_data_processes_on_a_gpu_run_are_not_named():
+def test_a_gpu_run_or_a_run_without_data_processes_is_told_nothing():
     import accelbatch.build as build
 
     assert build.data_processes_compete(Opts(device="cuda", num_workers=2)) is None
