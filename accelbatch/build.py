@@ -232,10 +232,11 @@ def _share_data(teacher: FixedTeacher, shard: tuple[int, int], serve: list[int] 
 
 
 def fit_batch_to_data(opts: Opts, teacher: Teacher | None) -> tuple[Opts, str | None]:
-    """``opts`` with ``--batchsize`` lowered so that a step has no more rows than the episodes can fill (each
+    """``opts`` with ``--batchsize`` lowered to the fewest rows that serve every episode in one step (each
     row serves whole episodes: more rows would only repeat them in training, or be padding in evaluation,
-    at the cost of a teacher and agent clone each), and the line that says so; ``(opts, None)`` when it fits,
-    with --dynamic-batching (its batches are cut from the data) or when the task's size is unknown."""
+    at the cost of a teacher and agent clone each; rows come in multiples of D x R x G), and the line that
+    says so; ``(opts, None)`` when -bs is already that small, with --dynamic-batching (its batches are cut
+    from the data) or when the task's size is unknown."""
     if opts.dynamic_batching != "none" or not isinstance(teacher, FixedTeacher):
         return opts, None
     plan = ExecutionPlan.from_opts(opts, training=is_training(opts.datatype))
@@ -244,6 +245,8 @@ def fit_batch_to_data(opts: Opts, teacher: Teacher | None) -> tuple[Opts, str | 
     if plan.combined_batch <= max(episodes, per_micro_row):
         return opts, None
     fitted = max(1, -(-episodes // per_micro_row))
+    if fitted >= opts.batchsize:
+        return opts, None
     whose = " per hogwild process" if opts.numthreads > 1 else ""
     note = (f"accelbatch: -bs {opts.batchsize}: a step of {plan.combined_batch} rows is more than the {episodes} "
             f"episodes of -t {opts.task} ({split_of(opts.datatype)}){whose} can fill; using -bs {fitted} "

@@ -130,19 +130,21 @@ class LoaderWorld(World):
 
     def state_dict(self) -> dict[str, Any]:
         held = int(self._ahead is not None)  # fetched early, not parleyed yet: served again after a restore
-        return {"total_exs": self.total_exs, "dropped_exs": self.dropped_exs,
-                "loader": self.loader.state_dict(held)}
+        return {"total_exs": self.total_exs, "loader": self.loader.state_dict(held)}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.loader.load_state_dict(state["loader"])
         self._iter, self._done, self._ahead = None, False, None
         self.total_exs = int(state["total_exs"])
-        self.dropped_exs = int(state.get("dropped_exs", 0))
 
     def report(self) -> dict[str, float]:
         rep = super().report()
-        if self.padded_tokens:
-            rep["pad_fraction"] = round(1 - self.real_tokens / self.padded_tokens, 4)
+        # padding, with dynamic batching (the strategy chosen): batch_tokens (padding included) is the
+        # count pad_fraction is weighted by when reports merge (replicas, log windows, a resumed run);
+        # like the teacher's metrics these counts start afresh after a restore
+        if self.padded_tokens and self.opts.dynamic_batching != "none":
+            rep["pad_fraction"] = 1 - self.real_tokens / self.padded_tokens
+            rep["batch_tokens"] = self.padded_tokens
         if self.dropped_exs:
             rep["dropped_exs"] = self.dropped_exs
         return rep

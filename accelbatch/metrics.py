@@ -410,6 +410,10 @@ def report_weights(report: dict[str, float]) -> dict[str, float | None]:
     exs = float(report.get("exs", 0))
     weights: dict[str, float | None] = {key: exs for key in report}
     weights["exs"] = None
+    if "dropped_exs" in report:  # each replica's own examples
+        weights["dropped_exs"] = None
+    if "batch_tokens" in report:  # dynamic batching's padding: a fraction of the tokens fed
+        weights.update(batch_tokens=None, pad_fraction=float(report["batch_tokens"]))
     tokens = report.get("tokens")
     if tokens is not None:
         weights.update(tokens=None, loss=tokens, token_acc=tokens)
@@ -445,7 +449,7 @@ def merge_reports(reports: Iterable[tuple[str, dict[str, float]]]) -> dict[str, 
 
 # Report keys that are averages over examples (every other key but "exs" is a count, e.g. skipped_updates);
 # a multitask report prefixes them with the task's name ("babi:1/accuracy").
-AVERAGED_METRICS = frozenset({"accuracy", "f1", "loss", "ppl", "token_acc", "tpb", "bleu-4"})
+AVERAGED_METRICS = frozenset({"accuracy", "f1", "loss", "ppl", "token_acc", "tpb", "bleu-4", "pad_fraction"})
 TOKEN_WEIGHTED = frozenset({"loss", "token_acc", "tpb"})  # weighted by tokens (tpb: batches) with token metrics
 
 
@@ -456,11 +460,12 @@ def _is_average(key: str) -> bool:
 def combine_reports(first: dict[str, float], second: dict[str, float], sign: int = 1) -> dict[str, float]:
     """The report of two runs of examples one after the other (``sign=-1``: of ``first``'s examples that
     are not in ``second``, for a cumulative ``first``): averages weighted as :func:`report_weights` says
-    (examples; tokens for token metrics), counts added, ppl from the combined loss."""
+    (examples; tokens for token metrics, tokens fed for pad_fraction), counts added, ppl from the combined
+    loss."""
     weights = report_weights(first), report_weights(second)
     out: dict[str, float] = {}
     for key in dict.fromkeys([*first, *second]):
-        a, b = first.get(key, 0.0), second.get(key, 0.0)
+        a, b = first.get(key, 0), second.get(key, 0)  # 0: a count stays an int
         if key == "ppl" or not isinstance(a, (int, float)) or not isinstance(b, (int, float)):
             continue
         if key in ("exs", "tokens") or not (_is_average(key) or key in TOKEN_WEIGHTED):

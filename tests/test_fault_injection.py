@@ -417,6 +417,19 @@ def test_training_with_a_batch_larger_than_the_split_takes_the_rows_the_data_fil
         ran.assert_clean()
 
 
+@pytest.mark.timeout(60)
+def test_a_batch_already_the_fewest_rows_that_serve_every_episode_is_kept_without_a_note(lab, tmp_path, capsys,
+                                                                                          monkeypatch):
+    """-bs 4 -ga 3 on 10 episodes: 12 rows, more than the episodes, but -bs 3 (9 rows) would leave one out
+    of the step, so -bs stays 4 and nothing is said."""
+    report = tmp_path / "r.json"
+    ran = in_process(lab, capsys, monkeypatch, "train", "-t", f"jsonl:{lab}/qa10.jsonl", "-m", "faulty:Fine",
+                     "-bs", "4", "-ga", "3", "-ne", "1", *QUICK, "--report-json", str(report))
+    assert "using -bs" not in ran.err and "can fill" not in ran.err, ran.err
+    assert _report(ran, report)["train"]["exs"] == 12
+    ran.assert_clean()
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_a_huge_batch_costs_no_more_memory_than_the_data(tmp_path):

@@ -172,11 +172,13 @@ def test_performance_options_never_change_weights_or_metrics(dialogue_dir, model
         report = run(world, opts)
         weights = [p.detach().clone() for p in world.get_model_agent().model.parameters()]
         results[name] = (weights, {k: v for k, v in report["train"].items() if k in ("exs", "accuracy", "loss")},
-                         {k: v for k, v in report["valid"].items() if k in ("exs", "accuracy", "f1", "loss")})
+                         {k: v for k, v in report["valid"].items() if k in ("exs", "accuracy", "f1", "loss")},
+                         {split: sorted(set(report[split]) - {"exs_per_s", "time_s"}) for split in ("train", "valid")})
     reference = results["clones"]
-    for name, (weights, train, valid) in results.items():
+    for name, (weights, train, valid, keys) in results.items():
         assert all(torch.equal(a, b) for a, b in zip(weights, reference[0])), name
         assert train == reference[1] and valid == reference[2], name
+        assert keys == reference[3], name  # the same figures reported, none only with workers
 
 
 class _Staging:
@@ -249,3 +251,33 @@ def test_a_streamed_file_trains_every_example_once_per_epoch(tmp_path, monkeypat
         trained = sorted(i for s in steps[epoch * 15:(epoch + 1) * 15] for i in s)
         assert trained == list(range(120)), epoch
     assert json.loads(report.read_text())["train"]["exs"] == 360
+
+
+@pytest.mark.timeout(180)
+def test_padding_and_left_out_examples_of_a_resumed_run_and_of_log_windows_add_up_to_one_run(dialogue_dir, tmp_path):
+    """Dynamic batching reports pad_fraction over batch_tokens (the tokens fed, padding included) and the
+    examples partial buckets left out: a run cut after 7 steps and resumed reports those of the run in one
+    go, and the run's log windows, weighted by their tokens, add up to its train row."""
+    from accelbatch.cli import main
+
+    common = ["train", "-t", f"jsonl:{dialogue_dir}", "-m", "bag", "-bs", "4", "--dynamic-batching", "buckets",
+              "--num-buckets", "3", "--text-truncate", "16", "-ne", "3", "-lr", "0.05", "-esz", "8", "--seed", "5",
+              "--no-progress", "-veps", "-1", "--eval-splits", ""]
+    log = tmp_path / "log.jsonl"
+    assert main([*common, "-ltim", "0.000001", "--metrics-log", str(log),
+                 "--report-json", str(tmp_path / "one.json")]) == 0
+    model = tmp_path / "m" / "model.pt"
+    assert main([*common, "-ltim", "1000", "-tstep", "7", "-mf", str(model), "--save-every-n-secs", "1000"]) == 0
+    assert main([*common, "-ltim", "1000", "-mf", str(model), "--resume",
+                 "--report-json", str(tmp_path / "two.json")]) == 0
+    one, two = (json.loads((tmp_path / f"{n}.json").read_text())["train"] for n in ("one", "two"))
+    assert one["dropped_exs"] > 0 and 0 < one["pad_fraction"] < 1
+    for key in ("exs", "dropped_exs", "batch_tokens"):
+        assert two[key] == one[key], key
+    assert two["pad_fraction"] == pytest.approx(one["pad_fraction"], abs=1e-12)
+    windows = [r for r in map(json.loads, log.read_text().splitlines()) if r["split"] == "train" and "exs_per_s" in r]
+    assert len(windows) > 3
+    assert sum(w.get("batch_tokens", 0) for w in windows) == one["batch_tokens"]
+    assert sum(w.get("dropped_exs", 0) for w in windows) == one["dropped_exs"]
+    weighted = sum(w["pad_fraction"] * w["batch_tokens"] for w in windows if w.get("batch_tokens"))
+    assert weighted / one["batch_tokens"] == pytest.approx(one["pad_fraction"], abs=1e-9)
