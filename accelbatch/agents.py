@@ -363,7 +363,10 @@ class TorchAgent(Agent):
             row_ids = result.rows[keep].tolist()
             if len(row_ids) < len(result.rows):
                 outputs = {k: v[keep] for k, v in outputs.items()}
-        produced = self.replies(outputs, [observations[j] for j in row_ids])
+        produced = list(self.replies(outputs, [observations[j] for j in row_ids]))
+        if len(produced) != len(row_ids):  # zip would score a subset of the rows, silently
+            raise ValueError(f"{type(self).__name__}.replies returned {len(produced)} replies for {len(row_ids)} "
+                             "rows of outputs: it must return one reply dict per row")
         return list(zip(row_ids, produced))
 
     def collate_fn(self) -> "AgentCollate":

@@ -28,6 +28,7 @@ from accelbatch.data.accessor import start_worker_server
 from accelbatch.hogwild import HogwildWorld
 from accelbatch.host_memory import apply_host_allocator
 from accelbatch.loader_world import LoaderWorld
+from accelbatch.main_guard import check_main_guard, refuse_script_rerun
 from accelbatch.opts import OptionError, Opts
 from accelbatch.plan import ExecutionPlan
 from accelbatch.teachers import (
@@ -254,17 +255,27 @@ def fit_batch_to_data(opts: Opts, teacher: Teacher | None) -> tuple[Opts, str | 
     return opts.replace(batchsize=fitted), note
 
 
-def create_world(opts: Opts, agent: Agent | type[Agent] | None = None, rows: int | None = None, *,
+def create_world(opts: Opts, agent: Agent | type[Agent] | str | None = None, rows: int | None = None, *,
                  runtime: Runtime | None = None) -> World:
     """The world for ``opts``, its model compiled for ``opts.device``: one task or several, batched when
     rows > 1, fed by the data loader with its options, HogwildWorld with ``--numthreads N`` > 1.
 
-    ``agent`` may be None (use ``opts.model``), an Agent class, or an agent instance whose model (and
-    engine) the new world shares, e.g. the training agent for a validation world. Under replication each
-    process's world holds its replica's share of the rows and of the data. The first world of a run (no
-    runtime yet) fits ``--batchsize`` to its data (:func:`fit_batch_to_data`); ``world.opts`` holds the
-    options it was built with.
+    ``agent`` may be None (use ``opts.model``), a model name as ``-m`` takes it, an Agent class, or an agent
+    instance whose model (and engine) the new world shares, e.g. the training agent for a validation world.
+    Under replication each process's world holds its replica's share of the rows and of the data. The first
+    world of a run (no runtime yet) fits ``--batchsize`` to its data (:func:`fit_batch_to_data`);
+    ``world.opts`` holds the options it was built with.
     """
+    refuse_script_rerun()  # a child process running this script's unguarded top-level code ends here
+    if isinstance(agent, str):  # a name as -m takes it: the run's opts say which model it is
+        opts, agent = opts.replace(model=agent), None
+    elif agent is not None and not isinstance(agent, (type, Agent)):
+        raise TypeError(f"create_world(agent=...) takes None (opts.model), a model name, an Agent class or an "
+                        f"agent instance, not {type(agent).__name__}")
+    if runtime is None and opts.numthreads > 1:
+        check_main_guard(f"-nt/--numthreads {opts.numthreads}")
+    elif runtime is None and opts.dataloader_mode != "sync":
+        check_main_guard(f"--dataloader-mode {opts.dataloader_mode}")
     teacher, fitted = None, None
     if runtime is None and opts.dataloader_mode != "sync" and opts.numthreads <= 1:
         # the async accessor's process server imports torch while this process builds the agent; the

@@ -18,7 +18,7 @@ from accelbatch.data.loader import LoadedBatch, make_loader
 from accelbatch.messages import Message
 from accelbatch.opts import OptionError, Opts
 from accelbatch.teachers import FixedTeacher, is_training, shuffles
-from accelbatch.worlds import World, display_rows
+from accelbatch.worlds import World, checked_batch_act, display_rows
 
 
 class LoaderWorld(World):
@@ -118,7 +118,7 @@ class LoaderWorld(World):
                 replies[row] = reply
             return replies
         if hasattr(agent, "batch_act") and getattr(agent, "use_batch_act", True):
-            return agent.batch_act(messages)
+            return checked_batch_act(agent, messages)
         out = []
         for msg in messages:
             agent.observe(msg)

@@ -64,8 +64,17 @@ def _pickled(obj: Any) -> bytes | None:
         return None
 
 
+# exit code of a child process that found itself running the parent's script (main_guard.refuse_script_rerun)
+SCRIPT_RAN_AGAIN = 86
+UNGUARDED_SCRIPT = ("the script that started it has no `if __name__ == \"__main__\":` guard: a child process "
+                    "imports the script to start (Python's spawn and forkserver start methods) and would run its "
+                    "top-level code (create_world, run) again; put that code under the guard")
+
+
 def describe_exit(exitcode: int | None) -> str:
     """How a process ended: "exited with code 3", "was killed by signal 9 (SIGKILL)"."""
+    if exitcode == SCRIPT_RAN_AGAIN:
+        return f"could not start: {UNGUARDED_SCRIPT}"
     if exitcode is None or exitcode >= 0:
         return "stopped answering (its pipe closed)" if exitcode is None else f"exited with code {exitcode}"
     name = signal.Signals(-exitcode).name if -exitcode in signal.valid_signals() else "?"
@@ -120,4 +129,5 @@ class FailureRecord:
         return error
 
 
-__all__ = ["FailureRecord", "ProcessDied", "ProcessFailure", "ProcessRaised", "ProcessTimeout", "describe_exit"]
+__all__ = ["SCRIPT_RAN_AGAIN", "FailureRecord", "ProcessDied", "ProcessFailure", "ProcessRaised", "ProcessTimeout",
+           "UNGUARDED_SCRIPT", "describe_exit"]

@@ -36,6 +36,7 @@ import torch
 import torch.multiprocessing as tmp
 
 from accelbatch.proc_errors import (
+    SCRIPT_RAN_AGAIN,
     FailureRecord,
     ProcessDied,
     ProcessFailure,
@@ -240,9 +241,13 @@ class Supervisor:
         try:
             with _starting(spec):
                 for index, (_, child_end) in enumerate(pipes):  # one at a time: a failed start leaks none
-                    started = tmp.start_processes(
-                        _child_main, nprocs=1, join=False, start_method=spec.start_method,
-                        args=(index, spec, target, child_end, stack_dir, tuple(args)))
+                    try:
+                        started = tmp.start_processes(
+                            _child_main, nprocs=1, join=False, start_method=spec.start_method,
+                            args=(index, spec, target, child_end, stack_dir, tuple(args)))
+                    except BrokenPipeError:  # it ended before it read its work: what it printed says why
+                        raise ProcessDied(f"{spec.role} {index} ended while starting (before it read its work; "
+                                          "its own output above says why)", role=spec.role, index=index) from None
                     self._children.processes += started.processes
                     self._children.errors += _torch_errors(started)
         except BaseException:
@@ -351,7 +356,8 @@ class Supervisor:
         if self.exitcodes[index] is None and not self._stopped:
             self._children.processes[index].join(1.0)
         code = self.exitcodes[index]
-        return ProcessDied(f"{label} {describe_exit(code)}{self.spec.died_hint}", role=self.spec.role,
+        hint = "" if code == SCRIPT_RAN_AGAIN else self.spec.died_hint
+        return ProcessDied(f"{label} {describe_exit(code)}{hint}", role=self.spec.role,
                            index=index, pid=pid, exitcode=code)
 
     def timeout_error(self, message: str, indices: Sequence[int] = ()) -> ProcessTimeout:

@@ -133,6 +133,16 @@ class DialogPartnerWorld(World):
             print(display(self.acts))
 
 
+def checked_batch_act(agent: Agent, observations: list[Message]) -> list[Message]:
+    """``agent.batch_act(observations)``, refused when it does not return one reply per observation (the
+    rows past the shortest would go unscored, silently)."""
+    replies = agent.batch_act(observations)  # type: ignore[attr-defined]
+    if len(replies) != len(observations):
+        raise ValueError(f"{type(agent).__name__}.batch_act returned {len(replies)} replies for "
+                         f"{len(observations)} observations: it must return one reply per observation")
+    return replies
+
+
 def display(acts: Sequence[Message | None]) -> str:
     lines = []
     for act in acts:
@@ -223,7 +233,7 @@ class BatchWorld(World):
         """The model's replies to one example per row: one batch_act, else each row's clone acts."""
         model = self.world.agents[-1]
         if self._model_batch_acts and getattr(model, "use_batch_act", True):
-            replies = model.batch_act(examples)
+            replies = checked_batch_act(model, examples)
             if self._model_self_observes:
                 for agent, reply in zip(self._model_rows, replies):
                     agent.self_observe(reply)
@@ -242,7 +252,7 @@ class BatchWorld(World):
         original = self.world.get_agents()[index]
         agents = self._row_agents(index)
         if observations and hasattr(original, "batch_act") and getattr(original, "use_batch_act", True):
-            acts = original.batch_act(observations)
+            acts = checked_batch_act(original, observations)
             if any(type(a).self_observe is not Agent.self_observe for a in agents):
                 for agent, act in zip(agents, acts):
                     agent.self_observe(act)

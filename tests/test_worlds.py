@@ -148,3 +148,36 @@ def test_multiworld_training_draws_from_every_task(write_jsonl):
         world.parley()
     rep = world.report()
     assert rep["babi:1/exs"] > 0 and rep[f"jsonl:{path}/exs"] > 0
+
+
+def test_a_reply_count_that_does_not_match_the_rows_is_refused_naming_the_method():
+    """One reply per row or none scored: a short list would leave rows unscored and the accuracy over an
+    unstated subset. Both the agent's batch_act (world of clones) and a TorchAgent's replies()."""
+    import pytest
+
+    class ShortBatchAct(RecordingAgent):
+        def batch_act(self, observations):
+            return [Message(id="rec", text="x")]
+
+    class ShortReplies(MemNNAgent):
+        def replies(self, outputs, observations):
+            return super().replies(outputs, observations)[:1]
+
+    opts = Opts(task="babi:1", datatype="valid", batchsize=4)
+    for agent, method in ((ShortBatchAct, "ShortBatchAct.batch_act"), (ShortReplies, "ShortReplies.replies")):
+        world = create_world(opts, agent=agent)
+        with pytest.raises(ValueError, match=rf"{method} returned 1 replies for 4 .*one reply"):
+            world.parley()
+        world.shutdown()
+
+
+def test_create_world_takes_a_model_name_and_refuses_what_is_no_agent():
+    import pytest
+
+    opts = Opts(task="babi:1", datatype="valid", batchsize=8)
+    world = create_world(opts, agent="repeat_label")
+    report = evaluate(world)
+    world.shutdown()
+    assert report["exs"] == 1000 and report["accuracy"] == 1.0  # every example once, answered with its label
+    with pytest.raises(TypeError, match="an Agent class or an agent instance, not int"):
+        create_world(opts, agent=3)
