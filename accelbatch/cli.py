@@ -120,6 +120,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         check_output_paths(opts)  # a path the run could not write fails now, not after the training
         from accelbatch.run import format_report
 
+        if args.verb in ("display-model", "interactive"):
+            check_model_file_exists(opts, f"{args.verb} answers with")
         if args.verb in ("display-data", "display-model", "interactive"):
             return _run_verb(args, opts)
         report = run_replicas(opts) if _spawns_replicas(opts) else train_or_eval(opts)
@@ -163,10 +165,18 @@ def eval_opts(args: argparse.Namespace) -> Opts:
                           "(evaluation never accumulates gradients, changes weights or saves): drop it")
     opts = Opts.from_namespace(args)
     opts = opts.replace(datatype=eval_datatype(opts.datatype))
-    if opts.model_file and not os.path.isfile(opts.model_file):
-        raise OptionError(f"-mf/--model-file {opts.model_file}: no such file; eval scores the model saved there "
-                          "(check the path, or train one with `accelbatch train -mf PATH`)")
+    check_model_file_exists(opts, "eval scores")
     return opts
+
+
+def check_model_file_exists(opts: Opts, what: str) -> None:
+    """A verb that reads the model saved at -mf (eval, display-model, interactive) and must not start a
+    fresh one when the path is wrong."""
+    path = opts.model_file
+    if path and not os.path.isfile(path):
+        problem = "a directory, not a model file" if os.path.isdir(path) else "no such file"
+        raise OptionError(f"-mf/--model-file {path}: {problem}; {what} the model saved there (check the path, "
+                          "or train one with `accelbatch train -mf PATH`)")
 
 
 def train_or_eval(opts: Opts) -> dict | None:

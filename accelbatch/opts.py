@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import math
 from dataclasses import dataclass, field
 from typing import Any, Iterator, Sequence
 
@@ -101,7 +102,8 @@ class Opts:
                                   help="start from the weights of this model file (a fresh optimizer); ignored "
                                        "when --model-file exists, which is continued instead")
     embedding_size: int = _opt(64, "-esz", "--embedding-size", help="embedding size of reference models")
-    text_truncate: int = _opt(256, "-tr", "--text-truncate", help="keep at most this many tokens of input text")
+    text_truncate: int = _opt(256, "-tr", "--text-truncate",
+                              help="keep at most this many tokens of input text (-1: all)")
     label_truncate: int = _opt(-1, "--label-truncate",
                                help="label truncation length (-1: as --text-truncate, ParlAI's default); with "
                                     "--text-truncate it sets the default --max-batch-tokens")
@@ -294,8 +296,16 @@ def validate(opts: Opts) -> None:
             raise OptionError(f"{_flag(name)}: must be at least 1, got {getattr(opts, name)}")
     if opts.num_workers < 0:
         raise OptionError(f"--num-workers: must be 0 or more, got {opts.num_workers}")
-    if opts.learning_rate <= 0:
-        raise OptionError(f"--learning-rate: must be positive, got {opts.learning_rate}")
+    if not opts.learning_rate > 0 or math.isinf(opts.learning_rate):  # NaN fails the first test
+        raise OptionError(f"-lr/--learning-rate: must be a positive number, got {opts.learning_rate}")
+    for name, minus_one in (("text_truncate", "all of the text"), ("label_truncate", "as --text-truncate"),
+                            ("max_batch_tokens", "ParlAI's budget")):
+        if getattr(opts, name) < 1 and getattr(opts, name) != -1:
+            raise OptionError(f"{_flag(name)}: must be at least 1, or -1 ({minus_one}), got {getattr(opts, name)}")
+    if opts.numthreads > 1 and opts.replication_factor > 1:
+        raise OptionError(f"-nt/--numthreads {opts.numthreads} with -rf/--replication-factor "
+                          f"{opts.replication_factor}: hogwild processes and replicas do not combine; choose one "
+                          "(-rf for synchronous data parallelism, -nt for hogwild)")
     if opts.context_length < 1 and opts.context_length != -1:
         raise OptionError(f"--context-length: must be -1 (all of the history) or at least 1, got "
                           f"{opts.context_length}")

@@ -34,7 +34,8 @@ def display_data(opts: Opts, num_examples: int, out: TextIO | None = None) -> in
     out = out or sys.stdout
     shown = 0
     for teacher in create_teachers(opts):
-        while shown < num_examples and not teacher.epoch_done():
+        last = shown + teacher.num_examples()  # once each: training data would go round again
+        while shown < min(num_examples, last) and not teacher.epoch_done():
             act = teacher.act()
             if act is None or act.get("text") is None and not act.get("labels") and not act.get("eval_labels"):
                 break  # padding: the pass is over
@@ -75,6 +76,8 @@ def interactive(opts: Opts, candidates: str | None = None, stdin: TextIO | None 
     new conversation, ``[EXIT]`` or the end of input stops. Returns the number of replies."""
     from accelbatch.build import create_world
 
+    if stdin is None and hasattr(sys.stdin, "reconfigure"):  # bytes that are not UTF-8 become U+FFFD
+        sys.stdin.reconfigure(errors="replace")
     stdin, out = stdin or sys.stdin, out or sys.stdout
     world = create_world(opts.replace(datatype="valid", batchsize=1, numthreads=1, num_workers=0,
                                       dataloader_mode="sync", dynamic_batching="none"))

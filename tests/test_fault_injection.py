@@ -418,6 +418,16 @@ def test_training_with_a_batch_larger_than_the_split_takes_the_rows_the_data_fil
 
 
 @pytest.mark.timeout(60)
+@pytest.mark.parametrize("task, said", [("babi:9", "choose one of babi:1, babi:2"),
+                                        ("reverse:0", "'reverse:N' with N >= 1"),
+                                        ("dialogues:x", "'dialogues:N' with N >= 1")])
+def test_a_generated_task_with_an_argument_it_cannot_take_is_one_line(lab, capsys, monkeypatch, task, said):
+    ran = in_process(lab, capsys, monkeypatch, "train", "-t", task, "-tstep", "1", *QUICK)
+    ran.assert_one_line_error(f"-t {task}", said)
+    ran.assert_clean()
+
+
+@pytest.mark.timeout(60)
 def test_a_batch_already_the_fewest_rows_that_serve_every_episode_is_kept_without_a_note(lab, tmp_path, capsys,
                                                                                           monkeypatch):
     """-bs 4 -ga 3 on 10 episodes: 12 rows, more than the episodes, but -bs 3 (9 rows) would leave one out

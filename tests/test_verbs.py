@@ -66,3 +66,25 @@ def test_a_count_below_one_is_one_line(verb, capsys):
     assert main([verb, "-t", "babi:1", "-n", "0"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "-n/--num-examples" in err
+
+
+def test_display_data_shows_training_data_once_however_many_are_asked(write_jsonl):
+    path = write_jsonl(_rows(3, 2))
+    assert display_data(Opts(task=f"jsonl:{path}", datatype="train"), 100, io.StringIO()) == 6  # not round again
+
+
+@pytest.mark.parametrize("verb", ["display-model", "interactive"])
+def test_a_model_file_that_is_not_there_is_refused_not_replaced_by_a_fresh_model(verb, tmp_path, capsys,
+                                                                                 monkeypatch):
+    monkeypatch.setattr("sys.stdin", io.StringIO("Where is Mary?\n"))
+    for path, problem in ((tmp_path / "missing.pt", "no such file"), (tmp_path, "a directory, not a model file")):
+        assert main([verb, "-t", "babi:1", "-mf", str(path), "--no-progress"]) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and f"-mf/--model-file {path}: {problem}" in err, err
+
+
+def test_interactive_reads_input_that_is_not_utf8(monkeypatch, capsys):
+    stdin = io.TextIOWrapper(io.BytesIO(b"\xff\xfe bad\nWhere is Mary?\n"), encoding="utf-8")
+    monkeypatch.setattr("sys.stdin", stdin)
+    assert main(["interactive", "-t", "babi:1", "--no-progress"]) == 0
+    assert capsys.readouterr().out.count("[MemNNAgent]: ") == 2  # the bad bytes read as U+FFFD

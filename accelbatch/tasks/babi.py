@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import random
 
+from accelbatch.agents import UnknownNameError
 from accelbatch.messages import Message
 from accelbatch.teachers import FixedTeacher, split_of
 
@@ -93,7 +94,7 @@ STORY_MAKERS = {"1": _story_single_fact, "2": _story_two_facts}
 def generate(task_id: str, split: str, num_stories: int | None = None) -> list[list[Message]]:
     """The episodes of one split of one generated task; the same every time."""
     if task_id not in STORY_MAKERS:
-        raise ValueError(f"babi:{task_id} is not generated here; choose one of "
+        raise UnknownNameError(f"-t babi:{task_id}: not generated here; choose one of "
                          f"{', '.join('babi:' + k for k in STORY_MAKERS)}")
     rng = random.Random(SPLIT_SEEDS[split] * 10 + int(task_id))
     count = SPLIT_SIZES[split] if num_stories is None else num_stories

@@ -23,6 +23,7 @@ from __future__ import annotations
 import numpy as np
 
 from accelbatch.messages import Message
+from accelbatch.opts import OptionError
 from accelbatch.teachers import FixedTeacher, split_of
 
 TRAIN_EPISODES = 10_000
@@ -145,7 +146,7 @@ def split_sizes(task: str) -> dict[str, int]:
         if n < 1:
             raise ValueError
     except ValueError:
-        raise ValueError(f"-t {task}: expected 'dialogues' or 'dialogues:N' with N >= 1 training "
+        raise OptionError(f"-t {task}: expected 'dialogues' or 'dialogues:N' with N >= 1 training "
                          "episodes") from None
     return {"train": n, "valid": max(1, 3 * n // 10), "test": max(1, 3 * n // 10)}
 

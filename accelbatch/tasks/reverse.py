@@ -12,6 +12,7 @@ from __future__ import annotations
 import numpy as np
 
 from accelbatch.messages import Message
+from accelbatch.opts import OptionError
 from accelbatch.teachers import FixedTeacher, split_of
 
 LETTERS = "abcdefgijklm"
@@ -43,7 +44,7 @@ def split_sizes(task: str) -> dict[str, int]:
         if n < 1:
             raise ValueError
     except ValueError:
-        raise ValueError(f"-t {task}: expected 'reverse' or 'reverse:N' with N >= 1 training examples") from None
+        raise OptionError(f"-t {task}: expected 'reverse' or 'reverse:N' with N >= 1 training examples") from None
     return {"train": n, "valid": max(1, n // 20), "test": max(1, n // 20)}
 
 
