@@ -73,9 +73,13 @@ def test_text_truncated_keeping_the_end():
     assert obs["text_vec"] == BagAgent(Opts()).vectorize(Message(text="c3 d4 e5 f6 g7"))["text_vec"]
 
 
-def test_label_missing_from_candidates_is_left_out_of_the_loss():
+def test_label_missing_from_candidates_is_refused_in_training_and_left_out_of_the_loss_in_evaluation():
+    from accelbatch.tasks.files import DataFileError
+
     agent = BagAgent(Opts(embedding_size=8))
-    obs = [agent.vectorize(Message(text="w", labels=["z"], label_candidates=["x", "y"]))]
+    with pytest.raises(DataFileError, match="label 'z' is not among its 2 label_candidates"):
+        agent.vectorize(Message(text="w", labels=["z"], label_candidates=["x", "y"]))
+    obs = [agent.vectorize(Message(text="w", eval_labels=["z"], label_candidates=["x", "y"]))]
     batch = agent.batchify(obs)
     assert batch["label_index"].tolist() == [-1]
     assert float(agent.model(batch)["loss"].detach()) == 0.0

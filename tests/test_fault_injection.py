@@ -311,7 +311,7 @@ def test_a_malformed_line_met_in_another_process_is_still_one_line(lab, tmp_path
     (["train", "--learning-rate", "x"], ["-lr/--learning-rate: invalid float value: 'x'"]),
     (["train", "-rf", "two"], ["-rf/--replication-factor: invalid int value: 'two'"]),
     (["train", "-bs", "0"], ["-bs/--batchsize: must be at least 1, got 0"]),
-    (["train", "--learning-rate", "-1"], ["--learning-rate: must be positive"]),
+    (["train", "--learning-rate", "-1"], ["-lr/--learning-rate: must be a positive number"]),
     (["train", "--replica-timeout-s", "0"], ["--replica-timeout-s: must be a positive number"]),
     (["train", "--device", "tpu"], ["--device: invalid choice: 'tpu'", "'cpu', 'cuda', 'ipu'"]),
     (["train", "-t", "nosuchtask"], ["unknown task 'nosuchtask'", "known tasks: babi:1"]),

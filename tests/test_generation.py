@@ -239,7 +239,7 @@ def test_generation_options_are_checked():
         ab.Opts(inference="sample")
     with pytest.raises(ab.opts.OptionError, match="--beam-block-ngram: must be -1 .* or at least 1, got 0"):
         TransformerGeneratorAgent(ab.Opts(beam_block_ngram=0, embedding_size=8))
-    with pytest.raises(ab.opts.OptionError, match="--label-truncate: must be -1 .* or at least 1, got 0"):
+    with pytest.raises(ab.opts.OptionError, match=r"--label-truncate: must be at least 1, or -1 .*, got 0"):
         TransformerGeneratorAgent(ab.Opts(label_truncate=0, embedding_size=8))
     default = TransformerGeneratorAgent(ab.Opts(embedding_size=8))  # -1: 32 label tokens kept, 33 steps
     assert default.model.max_len == 33

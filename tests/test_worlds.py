@@ -123,9 +123,9 @@ def test_clones_share_parameters_not_conversation_state():
 def test_history_carries_the_episode_and_resets_after_it():
     opts = Opts(task="babi:1")
     agent = MemNNAgent(opts)
-    first = agent.observe(Message(text="a", labels=["x"], episode_done=False))
-    second = agent.observe(Message(text="b", labels=["y"], episode_done=True))
-    third = agent.observe(Message(text="c", labels=["z"], episode_done=True))
+    first = agent.observe(Message(text="a", labels=["x"], label_candidates=["x"], episode_done=False))
+    second = agent.observe(Message(text="b", labels=["y"], label_candidates=["y"], episode_done=True))
+    third = agent.observe(Message(text="c", labels=["z"], label_candidates=["z"], episode_done=True))
     assert first["full_text"] == "a" and second["full_text"] == "a\nx\nb" and third["full_text"] == "c"
 
 

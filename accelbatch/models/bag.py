@@ -28,6 +28,7 @@ from torch.nn import functional as F
 from accelbatch.agents import TorchAgent, optimizer_kwargs
 from accelbatch.dictionary import HashDictionary, SharedDictionary, tokenize
 from accelbatch.messages import EVAL_LABELS, LABEL_CANDIDATES, LABELS, TEXT, Message
+from accelbatch.tasks.files import DataFileError
 
 VOCAB = 8192
 MAX_CANDIDATE_WORDS = 8
@@ -94,6 +95,17 @@ def pad_rows(rows: list[list[int]], multiple: int = 1) -> torch.Tensor:
     return long_tensor(flat, (len(rows), width))
 
 
+def unrankable(task: str, obs: Message, candidates: Any, label: str | None) -> DataFileError:
+    """The error for a training example whose label is not among its label_candidates: a ranker learns to
+    pick the label from them, so it cannot learn from it (ParlAI refuses such an example in training too;
+    evaluation scores it, as a miss)."""
+    what = f"label {label!r} is not among its {len(candidates)} label_candidates" if label is not None else \
+        "labels are empty"
+    return DataFileError(f"-t {task}: a training example's {what} (text {str(obs.get(TEXT))[:60]!r}); "
+                         "a ranking model learns to pick the label from the candidates: add the label to the "
+                         "example's label_candidates, or leave the example out")
+
+
 def _index(candidates: Any, target: str) -> int:
     """The first position of ``target`` among ``candidates`` (any sequence), -1 when absent."""
     try:
@@ -147,6 +159,8 @@ class RankerAgent(SharedDictionary, TorchAgent):
         obs["cand_vecs"] = words.short_texts_ids(cands, MAX_CANDIDATE_WORDS)
         targets = obs.get(LABELS) or obs.get(EVAL_LABELS)
         obs["label_index"] = _index(cands, targets[0]) if targets else -1
+        if obs["label_index"] < 0 and LABELS in obs:
+            raise unrankable(self.opts.task, obs, cands, targets[0] if targets else None)
         return obs
 
     def batchify(self, observations: list[Message]) -> dict[str, torch.Tensor]:

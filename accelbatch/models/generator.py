@@ -36,12 +36,7 @@ DEFAULT_LABEL_TOKENS = 32  # label tokens kept and generated when --label-trunca
 def label_tokens(opts: Any) -> int:
     """Label tokens a generator keeps and generates: --label-truncate, or 32 when it is -1. (ParlAI generates up
     to 256 and stops once every hypothesis ended; with static shapes every step costs, whether needed or not.)"""
-    if opts.label_truncate == -1:
-        return DEFAULT_LABEL_TOKENS
-    if opts.label_truncate < 1:
-        raise OptionError(f"--label-truncate: must be -1 (a generator keeps and generates {DEFAULT_LABEL_TOKENS} "
-                          f"tokens) or at least 1, got {opts.label_truncate}")
-    return opts.label_truncate
+    return DEFAULT_LABEL_TOKENS if opts.label_truncate == -1 else opts.label_truncate  # Opts refuses other < 1
 
 
 def pad_to(rows: list[list[int]], width: int) -> torch.Tensor:

@@ -18,7 +18,7 @@ from torch.nn import functional as F
 from accelbatch.agents import TorchAgent
 from accelbatch.dictionary import SharedDictionary
 from accelbatch.messages import EVAL_LABELS, LABEL_CANDIDATES, LABELS, Message
-from accelbatch.models.bag import long_tensor
+from accelbatch.models.bag import long_tensor, unrankable
 
 VOCAB = 4096
 MAX_MEMORIES = 32
@@ -58,7 +58,7 @@ class MemoryNetwork(nn.Module):
         scores = scores.masked_fill(batch["cand_mask"] == 0, torch.finfo(scores.dtype).min)
         out = {"scores": scores}
         if "label_index" in batch:
-            out["loss"] = F.cross_entropy(scores, batch["label_index"])
+            out["loss"] = F.cross_entropy(scores, batch["label_index"], ignore_index=-1)
         return out
 
 
@@ -80,6 +80,8 @@ class MemNNAgent(SharedDictionary, TorchAgent):
         obs["cand_vecs"] = self.dictionary.short_texts_ids(cands, MAX_WORDS)
         targets = obs.get(LABELS) or obs.get(EVAL_LABELS) or []
         obs["label_index"] = next((i for i, c in enumerate(cands) if c in targets), -1)
+        if obs["label_index"] < 0 and LABELS in obs:
+            raise unrankable(self.opts.task, obs, cands, targets[0] if targets else None)
         return obs
 
     def batchify(self, observations: list[Message]) -> dict[str, torch.Tensor]:
@@ -99,7 +101,7 @@ class MemNNAgent(SharedDictionary, TorchAgent):
                  "candidates": _padded([o["cand_vecs"] for o in observations], n_cand),
                  "cand_mask": (torch.arange(n_cand) < counts.unsqueeze(1)).long()}
         labels = [o["label_index"] for o in observations]
-        if all(i >= 0 for i in labels):
+        if any(i >= 0 for i in labels):  # -1: an evaluation example whose label no candidate holds
             batch["label_index"] = torch.tensor(labels, dtype=torch.long)
         return batch
 

@@ -47,7 +47,7 @@ def ref_batchify(vecs: list[dict]) -> dict[str, torch.Tensor]:
             cands[r, c, :len(vec)] = torch.tensor(vec, dtype=torch.long)
             mask[r, c] = 1
     batch = {"memories": memories, "memory_age": age, "query": query, "candidates": cands, "cand_mask": mask}
-    if all(v["label_index"] >= 0 for v in vecs):
+    if any(v["label_index"] >= 0 for v in vecs):
         batch["label_index"] = torch.tensor([v["label_index"] for v in vecs])
     return batch
 
@@ -96,7 +96,9 @@ _LONG = [{"text": f"line {i} has words " * (i % 3 + 1), "labels": [f"answer {i}"
 def test_any_rows_equal_the_reference(episodes):
     """Histories past MAX_MEMORIES lines, lines past MAX_WORDS words, rows without candidates or labels."""
     agent = MemNNAgent(Opts(embedding_size=8))
-    rows = [obs for episode in episodes for obs in _observed(episode)]
+    # as evaluation sees them (eval_labels): a training example whose label no candidate holds is refused
+    rows = [{("eval_labels" if k == "labels" else k): v for k, v in obs.items()}
+            for episode in episodes for obs in _observed(episode)]
     got = agent.batchify([agent.vectorize(Message(o)) for o in rows])
     assert_same(got, ref_batchify([ref_vectorize(o) for o in rows]))
 
@@ -106,3 +108,23 @@ def test_clones_share_the_dictionary_and_pickles_start_empty():
     agent.vectorize(Message(text="Mary went home.\nWhere is Mary?", label_candidates=["home"]))
     assert agent.clone().dictionary is agent.dictionary
     assert pickle.loads(pickle.dumps(agent.dictionary)).cached() == (0, 0)
+
+
+def test_a_training_example_whose_label_no_candidate_holds_is_refused_and_scored_as_a_miss_in_evaluation():
+    import pytest
+
+    from accelbatch.tasks.files import DataFileError
+
+    agent = MemNNAgent(Opts(embedding_size=8, task="jsonl:f.jsonl"))
+    for bad, said in (({"labels": ["7"], "label_candidates": ["0", "1"]}, "label '7' is not among its 2"),
+                      ({"labels": ["7"]}, "label '7' is not among its 0"), ({"labels": []}, "labels are empty")):
+        with pytest.raises(DataFileError, match=f"-t jsonl:f.jsonl: a training example's {said}"):
+            agent.vectorize(Message(text="x", **bad))
+    torch.manual_seed(0)
+    model = agent.build_model()
+    rows = [Message(text="a b", eval_labels=["1"], label_candidates=["0", "1"]),
+            Message(text="c", eval_labels=["7"], label_candidates=["0", "1"])]
+    both = agent.batchify([agent.vectorize(r) for r in rows])
+    assert both["label_index"].tolist() == [1, -1]  # the miss stays in the batch, out of the loss
+    alone = agent.batchify([agent.vectorize(rows[0])])
+    assert torch.allclose(model(both)["loss"], model(alone)["loss"])

@@ -20,8 +20,8 @@ TASKS = {"memnn": "babi:1", "bag": "dialogues:20", "conv": "dialogues:20", "tran
 
 def model_batch(name: str) -> tuple[torch.nn.Module, dict[str, torch.Tensor]]:
     """The model of ``-m name`` (seeded) and a batch of 6 examples of its task, the last one with its
-    scores masked: no candidates (bag, conv: left out of the loss), or a question without a story (no
-    memory to attend to) and two candidates only (memnn)."""
+    scores masked: no candidates (bag, conv: an evaluation example, left out of the loss), or a question
+    without a story (no memory to attend to) and two candidates only (memnn)."""
     torch.manual_seed(0)
     opts = Opts(task=TASKS[name], model=name, embedding_size=16)
     agent = resolve_agent_class(name)(opts)
@@ -33,7 +33,9 @@ def model_batch(name: str) -> tuple[torch.nn.Module, dict[str, torch.Tensor]]:
         other = next(c for c in last["label_candidates"] if c != label)
         examples[-1] = Message({**last, "text": last["text"].split("\n")[-1], "label_candidates": [other, label]})
     else:
-        examples[-1] = Message({**last, "label_candidates": []})
+        # an evaluation example (a training one without candidates is refused): its label index is -1
+        examples[-1] = Message({**{k: v for k, v in last.items() if k != "labels"}, "eval_labels": last["labels"],
+                                "label_candidates": []})
     observations = [agent.vectorize(m) for m in examples]
     return agent.model, agent.batchify(observations)
 
