@@ -18,6 +18,7 @@ from typing import Any, TextIO
 
 from accelbatch.agents import Agent, TorchAgent, learning_rates, set_learning_rates
 from accelbatch.build import Runtime, attach_runtime, create_world
+from accelbatch.checkpoint import checkpoint_dir
 from accelbatch.metrics import combine_reports, finish_merged, report_weights
 from accelbatch.opts import OptionError, Opts
 from accelbatch.run_control import PeriodicSaver, StopSignals, check_output_paths
@@ -277,7 +278,7 @@ def _train(world: World, opts: Opts, log: MetricsLog, runtime: Runtime, stop: St
         if stopping:
             if bar is not None:
                 bar.close()
-            where = f"checkpoint saved to {opts.model_file}; continue with --resume" if checkpoints else \
+            where = _saved_where(opts.model_file) if checkpoints else \
                 "nothing was saved (" + ("no --model-file)" if not opts.model_file else
                                          f"{type(model).__name__} is not a TorchAgent)")
             raise KeyboardInterrupt(f"{stop.name or 'a stop signal to another replica'}: {where}")
@@ -343,6 +344,14 @@ def _validate(world: World, opts: Opts, log: MetricsLog, state: TrainState, mode
 
 # what a split's report says about the run itself rather than the model: kept whatever --metrics lists
 RUN_FIELDS = ("exs", "steps", "epochs", "exs_per_s", "time_s", "stopped_by")
+
+
+def _saved_where(model_file: str) -> str:
+    """What a stopped run left: the checkpoint (PATH.ckpt) to resume, and what PATH itself holds."""
+    held = "the best validated weights so far" if os.path.isfile(model_file) else \
+        "not written yet: it is written at a validation or when training ends"
+    return (f"checkpoint saved to {checkpoint_dir(model_file)}; continue with --resume -mf {model_file} "
+            f"({model_file} itself: {held})")
 
 
 def select_metrics(report: dict[str, Any], metrics: str) -> dict[str, Any]:

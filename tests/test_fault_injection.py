@@ -601,7 +601,7 @@ def test_a_stop_signal_reaching_one_replica_stops_all_at_the_same_step(lab, tmp_
     begun = time.monotonic()
     ran = _two_replicas(lab, "ReplicaSignalled", "-mf", str(model), "--save-every-n-secs", "1000")
     assert ran.rc == 130, ran.err
-    assert f"checkpoint saved to {model}; continue with --resume" in ran.err.strip().splitlines()[-1], ran.err
+    assert f"checkpoint saved to {model}.ckpt; continue with --resume -mf {model}" in ran.err.strip().splitlines()[-1]
     assert "Traceback" not in ran.err and (tmp_path / "model.pt.ckpt" / "MANIFEST.json").exists()
     assert time.monotonic() - begun < 60
     ran.assert_clean()
@@ -632,7 +632,9 @@ def test_a_signal_saves_a_checkpoint_and_exits_130_leaving_nothing(lab, tmp_path
     ran = finish(*run)
     assert ran.rc == 130, ran.err
     last = ran.err.strip().splitlines()[-1]
-    assert last == f"accelbatch: interrupted: {how}: checkpoint saved to {model}; continue with --resume", ran.err
+    assert last == (f"accelbatch: interrupted: {how}: checkpoint saved to {model}.ckpt; continue with --resume -mf "
+                    f"{model} ({model} itself: not written yet: it is written at a validation or when training "
+                    "ends)"), ran.err  # no validation ran (-veps -1): the model file does not exist yet
     assert "Traceback" not in ran.err and manifest.exists()
     ran.assert_clean()
 
