@@ -417,11 +417,17 @@ def _plain(value: Any, where: str) -> Any:
 # --- resuming ---------------------------------------------------------------------------------------
 # options that change the data order, the rows per step or the weights' trajectory: a resume must
 # keep them, or the examples seen (and the weights) would not continue the interrupted run
+# what a data position depends on; not the performance options (--num-workers, --dataloader-mode, streaming),
+# whose front end the resume checks instead (state.position_kind)
 RESUME_OPTS = ("task", "datatype", "seed", "batchsize", "device_iterations", "replication_factor",
                "gradient_accumulation", "numthreads", "reduction", "loss_normalization", "drop_last",
-               "dynamic_batching",
-               "dataloader_mode", "num_workers", "context_length", "include_labels", "optimizer",
+               "dynamic_batching", "context_length", "include_labels", "optimizer",
                "ipu_input_replica_grouping", "ipu_input_replica_grouping_type")
+
+
+def _position_value(key: str, value: Any) -> Any:
+    """An option's value as the data position sees it: a split streamed from its file is the same split."""
+    return value.replace(":stream", "") if key == "datatype" and isinstance(value, str) else value
 
 
 def resume_mismatches(checkpoint: Checkpoint, opts: Any, keys: Sequence[str] = RESUME_OPTS) -> list[str]:
@@ -429,7 +435,8 @@ def resume_mismatches(checkpoint: Checkpoint, opts: Any, keys: Sequence[str] = R
     now = _opts_dict(opts)
     out = []
     for key in keys:
-        if key in checkpoint.opts and key in now and checkpoint.opts[key] != now[key]:
+        if key in checkpoint.opts and key in now and \
+                _position_value(key, checkpoint.opts[key]) != _position_value(key, now[key]):
             out.append(f"{_flag(key)} {now[key]!r} (checkpoint: {checkpoint.opts[key]!r})")
     return out
 

@@ -109,6 +109,24 @@ def _bytes_tensor(data: bytes) -> torch.Tensor:
 # --- collecting and restoring the parts ------------------------------------------------------------------
 
 
+FRONT_ENDS = {"loader": "the batched loader (--num-workers, --dataloader-mode, --dynamic-batching, a GPU's "
+                        "prefetch)", "clones": "the world of teacher and agent clones", "other": "another world"}
+FRONT_END_OPTS = ("device", "num_workers", "dataloader_mode", "dynamic_batching")
+
+
+def position_kind(state: Any) -> str:
+    """Which front end a world's position comes from: "loader" (a step count of the batched loader, the same
+    whatever its workers, mode or streaming), "clones" (each row's step and conversation), or "other"; a
+    hogwild world's is its processes'."""
+    if isinstance(state, Mapping) and "processes" in state and state["processes"]:
+        return position_kind(state["processes"][0])
+    if isinstance(state, Mapping) and "loader" in state:
+        return "loader"
+    if isinstance(state, Mapping) and ("agents" in state or "rows" in state or "worlds" in state):
+        return "clones"
+    return "other"
+
+
 def unsupported(state: Any) -> list[str]:
     """The reasons, found anywhere in a state, why a part cannot say where its data continues."""
     if isinstance(state, Mapping):
@@ -161,6 +179,12 @@ class Checkpointer:
         if len(states) != replicas:
             raise CheckpointError(f"--resume: {ckpt.path} has the data position of {len(states)} replicas, this "
                                   f"run has {replicas}; use the same --replication-factor")
+        then, now = position_kind(states[rank]), position_kind(world.state_dict())
+        if then != now:
+            saved = ", ".join(f"{k}={ckpt.opts[k]!r}" for k in FRONT_END_OPTS if k in ckpt.opts)
+            raise CheckpointError(f"--resume: {ckpt.path} holds the position of {FRONT_ENDS[then]}, and this run "
+                                  f"feeds the model through {FRONT_ENDS[now]}; resume with the options it was "
+                                  f"saved with ({saved})")
         reasons = unsupported(states[rank])
         if reasons:
             print(f"accelbatch: --resume: the data position of this world is not restored ({'; '.join(reasons)}): "
@@ -174,4 +198,5 @@ class Checkpointer:
         return {k: v for k, v in ckpt.state.items() if k != "data"}
 
 
-__all__ = ["Checkpointer", "capture_rng", "random_state", "restore_rng", "set_random_state", "unsupported"]
+__all__ = ["Checkpointer", "capture_rng", "position_kind", "random_state", "restore_rng", "set_random_state",
+           "unsupported"]

@@ -534,3 +534,36 @@ def test_stop_signals_stop_at_once_when_no_safe_point_comes_within_the_grace():
         stop.at_safe_point()
         time.sleep(0.6)  # a save that takes longer than the grace is not interrupted
         assert stop.name == "SIGINT"
+
+
+@pytest.mark.multiprocess
+@pytest.mark.timeout(300)
+def test_a_position_carries_over_to_other_performance_options_of_its_front_end_and_no_further(tmp_path, capsys):
+    """A loader position (steps of the schedule) resumes under other workers or dataloader mode, a clones
+    position under streaming, each to the weights of the run in one go; a position of one front end under
+    options that pick the other is refused in one line naming the options it was saved with."""
+    from helpers import write_qa_episodes
+
+    from accelbatch.cli import main
+
+    write_qa_episodes(tmp_path)
+    common = ["train", "-t", f"jsonl:{tmp_path}/data", "-m", "memnn", "-bs", "3", "-esz", "8", "--seed", "4",
+              "--no-progress", "-veps", "-1", "--eval-splits", "", "-ltim", "1000"]
+
+    def weights(path):
+        return torch.load(path, weights_only=True)["model"]
+
+    for name, before, after in (("loader", ["--num-workers", "1"], ["--dataloader-mode", "async"]),
+                                ("clones", [], ["-dt", "train:stream"])):
+        whole, cut = tmp_path / f"{name}-whole.pt", tmp_path / f"{name}-cut.pt"
+        assert main([*common, *before, "-tstep", "12", "-mf", str(whole)]) == 0
+        assert main([*common, *before, "-tstep", "5", "-mf", str(cut), "--save-every-n-secs", "1000"]) == 0
+        assert main([*common, *after, "-tstep", "12", "-mf", str(cut), "--resume"]) == 0
+        assert "not restored" not in capsys.readouterr().err
+        ref, got = weights(whole), weights(cut)
+        assert all(torch.equal(ref[k], got[k]) for k in ref), name
+    assert main([*common, "--num-workers", "1", "-tstep", "14", "-mf", str(tmp_path / "clones-cut.pt"),
+                 "--resume"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "holds the position of the world of teacher and agent clones" in err[0], err
+    assert "through the batched loader" in err[0] and "num_workers=0" in err[0], err
