@@ -54,6 +54,7 @@ def build_cli() -> argparse.ArgumentParser:
     add_report_arguments(verbs.add_parser("report", help="plot a run's loss and throughput to a PNG",
                                           allow_abbrev=False))
     verbs.add_parser("tasks", help="list the registered tasks and models", allow_abbrev=False)
+    parser.set_defaults(verb_parsers=verbs.choices)  # an unknown option is refused by its verb's parser
     return parser
 
 
@@ -97,7 +98,10 @@ def bad_input_message(exc: BaseException) -> str | None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_cli()
-    args = parser.parse_args(argv)
+    args, unknown = parser.parse_known_args(argv)
+    if unknown:  # named with the verb's own --help, as argparse names the verb's other errors
+        args.verb_parsers.get(args.verb, parser).error(f"unrecognized arguments: {' '.join(unknown)}")
+    del args.verb_parsers
     if args.verb == "report":
         from accelbatch.plots import report_command
 

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import Any, Iterable
+from collections.abc import Iterable, Mapping, Set
+from typing import Any
 
 TEXT = "text"
 LABELS = "labels"
@@ -80,7 +81,7 @@ def as_message(obj: Any, where: str = "message") -> Message:
 def _str_list(value: Any, key: str, where: str) -> list[str]:
     if isinstance(value, str):
         return [value]
-    if isinstance(value, Iterable):
+    if isinstance(value, Iterable) and not isinstance(value, (Mapping, Set)):  # keys or no order: not a list
         out = list(value)
         if all(isinstance(v, str) for v in out):
             return out

@@ -291,6 +291,9 @@ def _train(world: World, opts: Opts, log: MetricsLog, runtime: Runtime, stop: St
         bar.close()
     if opts.model_file and state.validations == 0 and main:
         _save(model, opts.model_file)
+    if opts.model_file and main and not isinstance(model, TorchAgent):
+        print(f"accelbatch: -mf/--model-file {opts.model_file}: {type(model).__name__} is not a TorchAgent and has "
+              "no model to save; nothing was written there", file=sys.stderr)
     backend.barrier()
     if opts.model_file and os.path.isfile(opts.model_file) and isinstance(model, TorchAgent):
         model.load(opts.model_file)  # evaluate the best model

@@ -30,6 +30,8 @@ def test_jsonl_lines_are_single_episodes_by_default(write_jsonl):
     ('{"text": "ok", "labels": ["a"]}\n{"text": "broken"\n', 2, "not valid JSON"),
     ('{"text": "ok", "labels": ["a"]}\n[1, 2]\n', 2, "expected an object"),
     ('{"text": "ok", "labels": 5}\n', 1, "'labels' must be a string or a list"),
+    ('{"text": "ok", "labels": ["a"]}\n{"text": "ok", "labels": {"yes": 1}}\n', 2,
+     "'labels' must be a string or a list"),
     ('{"id": "no text"}\n', 1, "no 'text' and no 'labels'"),
 ])
 def test_malformed_jsonl_names_file_and_line(tmp_path, content, bad_line, fragment):

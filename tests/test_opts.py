@@ -90,9 +90,12 @@ def test_abbreviated_option_names_are_refused(argv, capsys):
     with pytest.raises(SystemExit) as exc:
         build_parser().parse_args(argv)
     assert exc.value.code == 2
+    capsys.readouterr()
     with pytest.raises(SystemExit) as exc:
         main(["train", *argv])
-    assert exc.value.code == 2 and f"unrecognized arguments: {argv[0]}" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert exc.value.code == 2 and f"unrecognized arguments: {argv[0]}" in err
+    assert err.startswith("accelbatch train: error:") and "(see `accelbatch train --help`)" in err  # the verb's
 
 
 def test_parlai_names_of_the_new_options():

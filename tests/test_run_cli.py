@@ -369,3 +369,12 @@ def test_mixed_precision_on_the_cpu_changes_the_run(tmp_path):
     for mp, loss in losses.items():
         if mp != "no":
             assert loss != losses["no"] and loss == pytest.approx(losses["no"], rel=0.05), (mp, losses)
+
+
+def test_a_model_file_for_an_agent_without_a_model_says_nothing_was_written(tmp_path, capsys):
+    model = tmp_path / "rl.pt"
+    assert main(["train", "-m", "repeat_label", "-mf", str(model), "-tstep", "3", "--no-progress",
+                 "--eval-splits", "", "-veps", "-1"]) == 0
+    err = capsys.readouterr().err
+    assert f"-mf/--model-file {model}: RepeatLabelAgent is not a TorchAgent" in err and "nothing was written" in err
+    assert not model.exists()
