@@ -4,7 +4,9 @@
 duplex pipe to each; an entry wrapper sets each child up (:class:`ChildSpec`) and reports what ended it (an
 exception as a :class:`FailureRecord`, a KeyboardInterrupt's message, the return value). The parent sends,
 receives, waits, signals, dumps the children's Python stacks and stops them (a stop request, a grace period,
-SIGTERM, SIGKILL; also on garbage collection and at interpreter exit). A failure raises a
+SIGTERM, SIGKILL; also on garbage collection and at interpreter exit). Children start with SIGINT blocked
+(:func:`holding_sigint`): a terminal's Ctrl-C, which reaches the whole process group, cannot interrupt their
+start-up (a traceback each); the parent takes it once they are recorded, and stops them. A failure raises a
 :class:`ProcessFailure`: :class:`ProcessRaised`, :class:`ProcessDied` or :class:`ProcessTimeout`. Data
 workers of other pools report with ``FailureRecord.capture(exc)`` there and ``record.to_error(...)`` here.
 """
@@ -29,6 +31,7 @@ import threading
 import time
 import weakref
 from collections.abc import Callable, Iterator, Mapping, Sequence
+from multiprocessing import resource_tracker
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -46,7 +49,7 @@ from accelbatch.proc_errors import (
 )
 
 __all__ = ["INTERRUPTED", "STACK_SIGNAL", "Channel", "ChildSpec", "FailureRecord", "ProcessDied", "ProcessFailure",
-           "ProcessRaised", "ProcessTimeout", "Supervisor", "describe_exit"]
+           "ProcessRaised", "ProcessTimeout", "Supervisor", "describe_exit", "holding_sigint"]
 
 STACK_SIGNAL = signal.SIGUSR1  # a child started with ChildSpec.stack_dumps writes its Python stacks on it
 INTERRUPTED = 130              # exit code of a child that stopped on KeyboardInterrupt (its message was sent)
@@ -99,11 +102,17 @@ class _Report(NamedTuple):
 
 def _child_main(_: int, index: int, spec: ChildSpec, target: Callable[..., Any], conn: Any,
                 stack_dir: str | None, args: tuple) -> None:
-    """Every child's entry (under torch's own wrapper): set the process up, run ``target``, report, exit."""
+    """Every child's entry (under torch's own wrapper): set the process up, run ``target``, report, exit.
+
+    It started with SIGINT blocked (:func:`holding_sigint`): a Ctrl-C that came while it bootstrapped is
+    pending. One that ignores SIGINT drops it; another gets it as a KeyboardInterrupt once it runs ``target``
+    (reported as an interrupt, like any later one)."""
     if spec.own_process_group:
         os.setpgid(0, 0)
     if spec.ignore_sigint:
-        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        signal.signal(signal.SIGINT, signal.SIG_IGN)  # also discards a pending one
+    elif isinstance(signal.getsignal(signal.SIGINT), _HeldSigint):  # forked while the parent held SIGINT
+        signal.signal(signal.SIGINT, signal.getsignal(signal.SIGINT).previous)
     os.environ.update(spec.env)
     if spec.threads:
         torch.set_num_threads(spec.threads)
@@ -115,6 +124,7 @@ def _child_main(_: int, index: int, spec: ChildSpec, target: Callable[..., Any],
         print(f"{spec.role} {index} (pid {os.getpid()}):", file=stacks, flush=True)  # set up: may be asked
     code, report = 0, None
     try:
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})  # here: a pending one is an interrupt
         result = target(index, conn, *args) if spec.pipe else target(index, *args)
         report = None if result is None else _Report("result", pickle.dumps(result))
     except KeyboardInterrupt as exc:
@@ -195,23 +205,62 @@ def _torch_error_text(where: Any) -> str | None:
     return None
 
 
+class _HeldSigint:
+    """The SIGINT handler while :func:`holding_sigint`: it notes the signal (``previous`` gets it later)."""
+
+    def __init__(self, previous: Any) -> None:
+        self.previous, self.received = previous, False
+
+    def __call__(self, signum: int, frame: Any) -> None:
+        self.received = True
+
+
 @contextlib.contextmanager
-def _starting(spec: ChildSpec) -> Iterator[None]:
-    """The parent while children start: ``spec.env`` set; SIGINT ignored if they ignore it (a spawn child
-    inherits SIG_IGN, so Ctrl-C cannot hit its start-up)."""
-    saved = {key: os.environ.get(key) for key in spec.env}
-    os.environ.update(spec.env)
+def holding_sigint(start_method: str | None = None) -> Iterator[None]:
+    """While processes start: SIGINT is blocked in this thread and, in the main thread, a SIGINT that comes
+    meanwhile is held and delivered (to the handler there was) at the end.
+
+    What starts meanwhile inherits the blocked signal (a spawn child through exec, a forkserver and so every
+    process it forks), so a terminal's Ctrl-C, which reaches the whole foreground process group, cannot
+    interrupt a child while it bootstraps (imports torch, unpickles its work: tracebacks, a half-read
+    message); :func:`_child_main` decides what a pending one means once the child is set up. The parent is
+    not interrupted between starting a child and recording it either (that child would be leaked), nor
+    while it sends a child its work; the Ctrl-C is not lost: it is raised when the children are recorded.
+    (Where SIGINT is ignored it stays so, and the children inherit that.) ``start_method``: how they start
+    ("spawn" and "forkserver" need multiprocessing's resource tracker, started first)."""
     main = threading.current_thread() is threading.main_thread()
-    ignore = spec.ignore_sigint and main and spec.start_method == "spawn"
-    old = signal.signal(signal.SIGINT, signal.SIG_IGN) if ignore else None
+    previous = signal.getsignal(signal.SIGINT) if main else None
+    held = _HeldSigint(previous) if previous not in (None, signal.SIG_IGN) else None
+    if held is not None:
+        signal.signal(signal.SIGINT, held)
+    if start_method in ("spawn", "forkserver"):  # the tracker unblocks SIGINT after it starts: start it first
+        with contextlib.suppress(Exception):
+            resource_tracker.ensure_running()
+    was_blocked = signal.SIGINT in signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
     try:
         yield
+    finally:
+        if not was_blocked:
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})  # a pending one: to ``held`` now
+        if held is not None:
+            signal.signal(signal.SIGINT, previous)
+            if held.received:
+                signal.raise_signal(signal.SIGINT)  # as it would have been handled (KeyboardInterrupt, a flag)
+
+
+@contextlib.contextmanager
+def _starting(spec: ChildSpec) -> Iterator[None]:
+    """The parent while children start: ``spec.env`` set (spawn children inherit it), SIGINT held
+    (:func:`holding_sigint`)."""
+    saved = {key: os.environ.get(key) for key in spec.env}
+    os.environ.update(spec.env)
+    try:
+        with holding_sigint(spec.start_method):
+            yield
     finally:
         os.environ.update({key: value for key, value in saved.items() if value is not None})
         for key in (key for key, value in saved.items() if value is None):
             os.environ.pop(key, None)
-        if old is not None:
-            signal.signal(signal.SIGINT, old)
 
 
 class Supervisor:
@@ -275,8 +324,7 @@ class Supervisor:
             raise RuntimeError(f"the {self.spec.role} processes were stopped")
         try:
             (self._conns[index].send_bytes if raw else self._conns[index].send)(message)
-        except (OSError, ValueError):  # its end is closed
-            self.wait(0.5)
+        except (OSError, ValueError):  # its end is closed: it ended, or is ending
             raise self.error(index) from None
 
     def receive(self, timeout: float | None = None) -> tuple[int, Any] | None:
@@ -339,6 +387,22 @@ class Supervisor:
             self._poller.unregister(self._conns[i].fileno())
         return got
 
+    def _drain(self, index: int, timeout: float) -> None:
+        """Read everything child ``index`` sent up to the end of its pipe, as it has ended or is ending: at
+        once once it has exited, else waiting up to ``timeout`` s (a forked sibling may hold the pipe open)."""
+        deadline, proc = time.monotonic() + timeout, self._children.processes[index]
+        while index in self._open and not self._stopped:
+            exited = proc.exitcode is not None  # then everything it sent is in the pipe
+            left = 0.0 if exited else min(0.05, deadline - time.monotonic())
+            try:
+                ready = self._conns[index].poll(max(0.0, left))
+            except (OSError, ValueError):
+                return
+            if ready:
+                self._read(index, drain=True)
+            elif exited or time.monotonic() >= deadline:
+                return
+
     def failed(self) -> list[int]:
         """Children that raised, or ended with a non-zero code without a KeyboardInterrupt."""
         return [i for i, code in enumerate(self.exitcodes) if i in self.records
@@ -346,6 +410,8 @@ class Supervisor:
 
     def error(self, index: int) -> ProcessFailure:
         """The error for child ``index``'s failure: what it raised, else how it ended."""
+        if index not in self.records:
+            self._drain(index, 2.0)  # its report comes after what it sent before: read up to it
         pid, record = self.pids[index], self.records.get(index)
         label = self.spec.label.format(role=self.spec.role, index=index, pid=pid, n=self.nprocs)
         text = _torch_error_text(self._children.errors[index]) if record is None else None

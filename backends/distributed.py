@@ -19,8 +19,9 @@ What the CLI / run integration needs:
   for one that never comes (hung, deadlocked), ``ProcessTimeout`` names the stuck replica and shows
   its Python stack. SIGINT/SIGTERM to the parent are passed on once to each replica (which run in process
   groups of their own, so a terminal's Ctrl-C does not reach them twice): the run saves its checkpoint
-  and KeyboardInterrupt carries rank 0's message; a second signal ends them at once. No process outlives
-  the call.
+  and KeyboardInterrupt carries rank 0's message; a second signal ends them at once. A replica the signal
+  reaches while it starts (before its run takes signals: it joins the group first) stops with nothing to
+  say, and the others are ended at once ("SIGINT: the replicas stopped"). No process outlives the call.
   ``accelbatch train --device cpu --replication-factor 2`` is then: ``spawn_replicas(train_main, 2, opts)``
   where ``train_main(rank, opts)`` builds the world on its shard and calls ``run`` (the backend's
   ``setup`` sees the initialised group and compiles a :class:`ReplicatedEngine`).
@@ -157,10 +158,16 @@ def _replica_main(index: int, fn: Callable[..., Any], nprocs: int, port: int, in
     a terminal's Ctrl-C reaches the parent only, which asks each replica once to save and stop)."""
     os.environ.update({"RANK": str(index), "LOCAL_RANK": str(index), "WORLD_SIZE": str(nprocs),
                        "LOCAL_WORLD_SIZE": str(nprocs), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)})
-    if init_group:
-        dist.init_process_group(backend, init_method="env://", rank=index, world_size=nprocs,
-                                timeout=datetime.timedelta(seconds=group_timeout_s))
     try:
+        if init_group:
+            # a stop signal waits until the group is up: torch's store would print a C++ stack on it, and
+            # could not be interrupted anyway (it raises here, then the replicas leave together)
+            blocked = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+            try:
+                dist.init_process_group(backend, init_method="env://", rank=index, world_size=nprocs,
+                                        timeout=datetime.timedelta(seconds=group_timeout_s))
+            finally:
+                signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
         result = fn(index, *args)
     except KeyboardInterrupt:  # SIGINT/SIGTERM: the run saved a checkpoint (its message says so)
         if init_group and dist.is_initialized():  # they stop together: leave together (or gloo may abort one)
@@ -238,12 +245,15 @@ class _StopRequests:
 
 def _raise_if_interrupted(replicas: Supervisor, stop: _StopRequests) -> None:
     """KeyboardInterrupt with the first replica's message (e.g. where the checkpoint went) when the
-    replicas stopped on a signal (the parent's, passed on, or one sent to them directly)."""
+    replicas stopped on a signal (the parent's, passed on, or one sent to them directly). A replica
+    interrupted while it started (before its run could say anything) has none: the signal is named."""
     for index in range(replicas.nprocs):
-        if index in replicas.interrupts:
+        if replicas.interrupts.get(index):
             raise KeyboardInterrupt(replicas.interrupts[index])
     if stop.signals:
         raise KeyboardInterrupt(f"{signal.Signals(stop.signals[0]).name}: the replicas stopped")
+    if replicas.interrupts:
+        raise KeyboardInterrupt("")
 
 
 def _join(replicas: Supervisor, timeout_s: float | None, group_timeout_s: float, stop: _StopRequests,
@@ -264,6 +274,10 @@ def _join(replicas: Supervisor, timeout_s: float | None, group_timeout_s: float,
             if stop.forwarded and not replicas.records:  # died of the signal, or of a peer leaving
                 _raise_if_interrupted(replicas, stop)
             raise _failure(replicas, group_timeout_s, judge=not stop.forwarded)
+        if any(not said for said in replicas.interrupts.values()):
+            # one was interrupted before its run could take the signal (while it started: it says nothing);
+            # the others cannot go on without it (one may wait for it in init_process_group): they are ended
+            _raise_if_interrupted(replicas, stop)
         if done:
             return
         if time.monotonic() >= deadline:

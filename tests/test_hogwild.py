@@ -5,6 +5,7 @@ Agents used by child processes live at module level (children import this module
 
 from __future__ import annotations
 
+import atexit
 import gc
 import json
 import multiprocessing
@@ -23,6 +24,7 @@ from helpers import process_table
 
 from accelbatch.agents import Agent
 from accelbatch.build import create_world
+from accelbatch.cli import error_message
 from accelbatch.hogwild import HogwildError, merge_metric_states
 from accelbatch.messages import Message
 from accelbatch.metrics import Metrics
@@ -30,9 +32,12 @@ from accelbatch.models.memnn import MemNNAgent
 from accelbatch.opts import Opts
 from accelbatch.procs import ProcessDied, ProcessRaised
 from accelbatch.run import evaluate, run
+from accelbatch.tasks.files import DataFileError
 
 pytestmark = pytest.mark.multiprocess
 LOG_ENV = "ACCELBATCH_TEST_HOGWILD_LOG"
+FAILED_ENV = "ACCELBATCH_TEST_HOGWILD_FAILED"  # a file hogwild process 1 creates once its pipe is closed
+BAD_DATA = "data.jsonl:4: a training example's label '1' is not among its 0 label_candidates"
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
@@ -64,6 +69,28 @@ class CrashingAgent(LoggingAgent):
         if obs.get("text") == "boom":
             explode_here(obs["text"])
         return super().act()
+
+
+def _linger_at_exit(marker: str) -> None:
+    """An exit handler of the failing child: it runs after the child reported and closed its pipe; it says so,
+    then takes a while (as exit handlers may), so the parent meets a closed pipe of a child still there."""
+    with open(marker, "w"):
+        pass
+    time.sleep(3)
+
+
+class BadDataInChildAgent(Agent):
+    """Every parley takes 1 s; hogwild process 1 raises a usage error (bad data) in its second one."""
+
+    def act(self):
+        self.calls = getattr(self, "calls", 0) + 1
+        if multiprocessing.current_process().name == "hogwild-1" and self.calls == 2:
+            atexit.register(_linger_at_exit, os.environ[FAILED_ENV])
+            raise DataFileError(BAD_DATA)
+        time.sleep(1.0)
+        obs = self.observation or {}
+        labels = obs.get("labels") or obs.get("eval_labels")
+        return Message(id=self.id, text=labels[0]) if labels else Message(id=self.id)
 
 
 class FailsInChildAgent(Agent):
@@ -282,6 +309,33 @@ def test_a_crash_in_a_child_raises_in_the_parent_with_the_child_traceback(tmp_pa
     assert world.closed
     for pid in pids:
         assert not os.path.exists(f"/proc/{pid}") or "Z" in open(f"/proc/{pid}/stat").read().split()[2]
+
+
+@pytest.mark.timeout(90)
+def test_a_child_error_reaches_the_parent_after_the_messages_it_sent_before(tmp_path, monkeypatch):
+    """Process 1 answers a parley ("done"), raises in the next one, reports it and closes its pipe, but has
+    not exited yet when the main process next writes to it: the main process reads what the child sent up
+    to its report, and raises the child's own error (a data error, which the CLI prints as one line, exit
+    2), not "exited without reporting an error"."""
+    path = _jsonl(tmp_path / "data.jsonl", [[f"q{i}"] for i in range(20)])
+    failed = tmp_path / "failed"
+    monkeypatch.setenv(FAILED_ENV, str(failed))
+    opts = Opts(task=f"jsonl:{path}", datatype="train", numthreads=2, batchsize=1, progress=False)
+    world = create_world(opts, agent=BadDataInChildAgent)
+    for _ in range(4):  # two parleys to each process, none waited for: process 1's first answer stays unread
+        world.parley()
+    deadline = time.monotonic() + 60
+    while not failed.exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert failed.exists(), "hogwild process 1 did not fail"
+    with pytest.raises(ProcessRaised) as info:
+        world.report()  # a message to each process: process 1's end of the pipe is closed
+    err = info.value
+    assert (err.role, err.index, err.pid) == ("hogwild process", 1, world.pids[1])
+    assert err.error_types[0] == f"{DataFileError.__module__}.DataFileError" and err.error_message == BAD_DATA
+    assert isinstance(err.child_exception, DataFileError) and "in act" in err.child_traceback
+    assert error_message(err) == (2, BAD_DATA)
+    assert world.closed
 
 
 @pytest.mark.slow

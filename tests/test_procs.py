@@ -22,6 +22,7 @@ from accelbatch.procs import (
     ProcessRaised,
     ProcessTimeout,
     Supervisor,
+    holding_sigint,
 )
 
 FAST = ChildSpec(role="worker", start_method="forkserver", threads=1)
@@ -80,6 +81,11 @@ def stubborn(index: int, conn) -> None:
 def describes_itself(index: int, conn) -> None:
     conn.send((os.getpgid(0) == os.getpid(), signal.getsignal(signal.SIGINT) == signal.SIG_IGN,
                multiprocessing.current_process().name, os.environ.get("ACCELBATCH_TEST_VALUE")))
+    conn.recv()
+
+
+def answers_once(index: int, conn) -> None:
+    conn.send("ready")
     conn.recv()
 
 
@@ -246,3 +252,45 @@ def test_process_failure_is_a_runtime_error_with_defaults():
     error = ProcessFailure("plain")
     assert isinstance(error, RuntimeError) and (error.role, error.index, error.pid) == ("process", None, None)
     assert error.error_types == () and error.child_exception is None
+
+
+def test_a_ctrl_c_while_holding_sigint_is_raised_at_the_end_not_lost():
+    before = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        reached = False
+        with pytest.raises(KeyboardInterrupt):
+            with holding_sigint():
+                signal.raise_signal(signal.SIGINT)  # held: no KeyboardInterrupt between starting and recording
+                assert signal.SIGINT in signal.pthread_sigmask(signal.SIG_BLOCK, set())
+                reached = True
+        assert reached
+        assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+        assert signal.SIGINT not in signal.pthread_sigmask(signal.SIG_BLOCK, set())
+        with holding_sigint():  # nothing held: nothing raised
+            pass
+        signal.signal(signal.SIGINT, signal.SIG_IGN)  # ignored stays ignored (what starts inherits it)
+        with holding_sigint():
+            assert signal.getsignal(signal.SIGINT) == signal.SIG_IGN
+            signal.raise_signal(signal.SIGINT)
+        assert signal.getsignal(signal.SIGINT) == signal.SIG_IGN
+    finally:
+        signal.signal(signal.SIGINT, before)
+
+
+@pytest.mark.multiprocess
+@pytest.mark.timeout(90)
+def test_a_ctrl_c_while_spawned_children_start_is_an_interrupt_or_ignored_never_a_traceback(capfd):
+    """A terminal's Ctrl-C reaches children still importing torch (spawn): one that takes SIGINT reports an
+    interrupt once it is set up, one that ignores it goes on; neither prints a traceback."""
+    for ignore in (False, True):
+        spec = ChildSpec(role="worker", pipe=True, ignore_sigint=ignore, stop_request="stop")
+        with Supervisor(spec, answers_once, 1) as sup:
+            sup.signal(signal.SIGINT)  # it has only just started: seconds of imports are ahead of it
+            if ignore:
+                assert sup.receive(60) == (0, "ready")
+            else:
+                while not sup.wait(5):
+                    pass
+                assert sup.interrupts == {0: ""} and sup.exitcodes == [INTERRUPTED] and sup.failed() == []
+        assert_gone(sup.pids)
+    assert "Traceback" not in capfd.readouterr().err

@@ -61,7 +61,7 @@ from typing import Any
 import torch
 
 from accelbatch.data.rebatch import rebatch
-from accelbatch.procs import ChildSpec, FailureRecord, ProcessFailure, ProcessTimeout, Supervisor
+from accelbatch.procs import ChildSpec, FailureRecord, ProcessFailure, ProcessTimeout, Supervisor, holding_sigint
 
 __all__ = ["AsyncDataAccessor", "EmptySourceError", "pickle_batch"]
 
@@ -276,9 +276,12 @@ def _worker_main(index: int, conn: Any, source: Any, transform: Callable | None,
 
 def start_worker_server() -> None:
     """Start the forkserver the accessor's worker forks from, now: its imports (torch, this module) then
-    overlap the caller's own start-up instead of delaying the first batch."""
+    overlap the caller's own start-up instead of delaying the first batch. It starts with SIGINT blocked
+    (:func:`~accelbatch.procs.holding_sigint`), as do the processes it forks: a Ctrl-C meanwhile cannot
+    interrupt its imports (it ignores SIGINT once they are done)."""
     mp.get_context("forkserver").set_forkserver_preload(["accelbatch.data.accessor"])
-    forkserver.ensure_running()
+    with holding_sigint("forkserver"):
+        forkserver.ensure_running()
 
 
 class AsyncDataAccessor:
