@@ -415,10 +415,10 @@ def _plain(value: Any, where: str) -> Any:
 
 
 # --- resuming ---------------------------------------------------------------------------------------
-# options that change the data order, the rows per step or the weights' trajectory: a resume must
-# keep them, or the examples seen (and the weights) would not continue the interrupted run
-# what a data position depends on; not the performance options (--num-workers, --dataloader-mode, streaming),
-# whose front end the resume checks instead (state.position_kind)
+# options that change the data order, the rows per step or the weights' trajectory: a resume must keep
+# them, or the examples seen (and the weights) would not continue the interrupted run. Not the performance
+# options (--num-workers, --dataloader-mode, streaming): the resume checks their front end instead
+# (state.position_kind)
 RESUME_OPTS = ("task", "datatype", "seed", "batchsize", "device_iterations", "replication_factor",
                "gradient_accumulation", "numthreads", "reduction", "loss_normalization", "drop_last",
                "dynamic_batching", "context_length", "include_labels", "optimizer",

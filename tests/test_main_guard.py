@@ -64,3 +64,18 @@ def test_a_child_that_finds_itself_running_the_script_ends_with_a_code_the_paren
 
 def test_a_call_outside_a_script_s_top_level_is_never_refused():
     assert unguarded_line() is None  # pytest's own __main__ runs under its guard, or is not a script
+
+
+def test_the_line_found_is_the_top_level_line_outside_the_guard(tmp_path, monkeypatch):
+    """A script's code run as a main module: the call on its line 3 is found, the one under the guard not."""
+    import types
+
+    path = tmp_path / "script.py"
+    path.write_text("import sys\nfrom accelbatch.main_guard import unguarded_line\n"
+                    "top = unguarded_line(sys.modules['fake_main'])\n"
+                    "if __name__ == '__main__':\n    guarded = unguarded_line(sys.modules['fake_main'])\n")
+    module = types.ModuleType("__main__")
+    module.__file__, module.__spec__ = str(path), None
+    monkeypatch.setitem(sys.modules, "fake_main", module)
+    exec(compile(path.read_text(), str(path), "exec"), vars(module))
+    assert module.top == (str(path), 3) and module.guarded is None
