@@ -8,6 +8,10 @@
 
 from __future__ import annotations
 
+# numpy before torch: torch's C module imports numpy while it initialises and clears any error raised there,
+# a KeyboardInterrupt included, so a Ctrl-C landing in that import would be lost and the run would go on.
+import numpy  # noqa: F401
+
 from accelbatch.agents import Agent, TorchAgent
 from accelbatch.build import create_world
 from accelbatch.loader_world import LoaderWorld

@@ -128,3 +128,22 @@ def test_ctrl_c_while_the_processes_start_is_one_line_exit_130_leaving_nothing(t
     assert "Traceback" not in err and took < 30, (took, err)
     assert _left(tag) == set()
     assert shm_left(shm_before, sampler.pids | {proc.pid}, seen=sampler.shm) == set()
+
+
+@pytest.mark.timeout(60)
+def test_numpy_is_imported_before_torch_so_a_ctrl_c_in_it_is_not_swallowed():
+    """torch's C module imports numpy during its own start and clears whatever that import raised, so a SIGINT
+    landing there ran the training anyway. accelbatch imports numpy first, where a KeyboardInterrupt ends the
+    program as usual."""
+    code = ("import sys\n"
+            "started = []\n"
+            "class Recorder:\n"
+            "    def find_spec(self, name, path=None, target=None):\n"
+            "        if name in ('numpy', 'torch'):\n"
+            "            started.append(name)\n"
+            "sys.meta_path.insert(0, Recorder())\n"
+            "import accelbatch.cli\n"
+            "print(' '.join(started))\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, cwd=ROOT,
+                         env={**os.environ, "PYTHONPATH": ROOT}, check=True).stdout
+    assert out.split() == ["numpy", "torch"], out
