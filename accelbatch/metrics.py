@@ -449,6 +449,27 @@ def merge_reports(reports: Iterable[tuple[str, dict[str, float]]]) -> dict[str, 
 
 # Report keys that are averages over examples (every other key but "exs" is a count, e.g. skipped_updates);
 # a multitask report prefixes them with the task's name ("babi:1/accuracy").
+# every metric a report can hold when accelbatch's own teachers, agents and worlds make it (with RUN_FIELDS'
+# counts and times); multitask reports add "TASK/metric" for each task
+BUILTIN_METRICS = frozenset({"exs", "accuracy", "f1", "bleu-4", "loss", "ppl", "token_acc", "tpb", "tokens",
+                             "skipped_updates", "pad_fraction", "batch_tokens", "dropped_exs"})
+
+
+def unknown_metrics(names: Iterable[str], tasks: Sequence[str], also: Iterable[str] = ()) -> list[str]:
+    """The ``names`` no report of accelbatch's own pieces holds (``also``: more names that are known), a
+    multitask ``TASK/metric`` known when TASK is one of ``tasks`` and metric is known."""
+    known = BUILTIN_METRICS | set(also)
+    prefixes = tuple(f"{task}/" for task in tasks if len(tasks) > 1)
+
+    def is_known(name: str) -> bool:
+        if name in known:
+            return True
+        task = next((p for p in prefixes if name.startswith(p)), None)
+        return task is not None and name[len(task):] in known
+
+    return [name for name in names if not is_known(name)]
+
+
 AVERAGED_METRICS = frozenset({"accuracy", "f1", "loss", "ppl", "token_acc", "tpb", "bleu-4", "pad_fraction"})
 TOKEN_WEIGHTED = frozenset({"loss", "token_acc", "tpb"})  # weighted by tokens (tpb: batches) with token metrics
 

@@ -19,13 +19,13 @@ from typing import Any, TextIO
 from accelbatch.agents import Agent, TorchAgent, learning_rates, set_learning_rates
 from accelbatch.build import Runtime, attach_runtime, create_world
 from accelbatch.checkpoint import checkpoint_dir
-from accelbatch.metrics import combine_reports, finish_merged, report_weights
+from accelbatch.metrics import combine_reports, finish_merged, report_weights, unknown_metrics
 from accelbatch.opts import OptionError, Opts
 from accelbatch.run_control import PeriodicSaver, StopSignals, check_output_paths
 from accelbatch.state import Checkpointer
-from accelbatch.teachers import is_training, split_of
+from accelbatch.teachers import is_training, split_of, task_names
 from accelbatch.tensorboard_log import TensorBoardLog
-from accelbatch.worlds import World
+from accelbatch.worlds import MultiWorld, World
 
 
 @dataclass
@@ -138,6 +138,10 @@ def run(world: World, opts: Opts) -> dict[str, Any]:
         world.shutdown()
         raise OptionError(f"-ga/--gradient-accumulation {opts.gradient_accumulation}: gradient accumulation is a "
                           f"training option and -dt {opts.datatype} trains nothing; evaluate with -ga 1")
+    problem = metric_names_problem(world, opts)
+    if problem is not None:
+        world.shutdown()
+        raise OptionError(problem)
     check_output_paths(opts)
     if world.opts.batchsize < opts.batchsize:  # create_world fitted the batch to the data (and said so)
         opts = opts.replace(batchsize=world.opts.batchsize)
@@ -369,6 +373,34 @@ def select_metrics(report: dict[str, Any], metrics: str) -> dict[str, Any]:
         print(f"accelbatch: --metrics: no split reported {', '.join(missing)}", file=sys.stderr)
     return {name: {k: v for k, v in rep.items() if k in wanted or k in RUN_FIELDS} if name in splits else rep
             for name, rep in report.items()}
+
+
+def _agents(world: World) -> list[Agent]:
+    """Every agent of ``world``: through the worlds that wrap another, and each task of a multitask world."""
+    inner = getattr(world, "world", None)
+    if isinstance(inner, World):
+        return _agents(inner)
+    if isinstance(world, MultiWorld):
+        return [agent for w in world.worlds for agent in _agents(w)]
+    return list(world.get_agents())
+
+
+def metric_names_problem(world: World, opts: Opts) -> str | None:
+    """What is wrong with the metric names of ``-vmt`` (training) and ``--metrics``, found before the run
+    starts when accelbatch's own teachers and agents make every metric; None when nothing is, or when a
+    user's agent or teacher may report any name (``-vmt`` is then checked at the first validation)."""
+    if not all(type(agent).__module__.partition(".")[0] == "accelbatch" for agent in _agents(world)):
+        return None
+    tasks = task_names(opts)
+    if is_training(opts.datatype) and unknown_metrics([opts.validation_metric], tasks):
+        return (f"-vmt/--validation-metric {opts.validation_metric}: no report of this run has such a metric; "
+                f"choose one the valid report holds, such as accuracy, f1 or loss")
+    asked = [m.strip() for m in opts.metrics.split(",") if m.strip() and m.strip() not in ("default", "all")]
+    unknown = unknown_metrics(asked, tasks, also=RUN_FIELDS)
+    if unknown:
+        return (f"--metrics: no report of this run has {', '.join(unknown)}; name metrics such as "
+                f"accuracy,f1,loss, or give 'default' or 'all'")
+    return None
 
 
 def metric_mode(opts: Opts) -> str:

@@ -10,6 +10,7 @@ import torch
 from accelbatch.build import create_world
 from accelbatch.cli import main
 from accelbatch.models.memnn import MemNNAgent
+from accelbatch.models.utility import RepeatLabelAgent
 from accelbatch.opts import OptionError, Opts
 from accelbatch.run import run
 
@@ -244,16 +245,43 @@ def test_init_model_starts_from_its_weights_with_a_fresh_optimizer(tmp_path):
         MemNNAgent(opts.replace(model_file=None, init_model=str(tmp_path / "nope.pt")))
 
 
+class _OwnRepeatLabel(RepeatLabelAgent):
+    """A user's agent: it may report metrics of its own, so -vmt is checked against its first valid report."""
+
+
 def test_a_validation_metric_no_report_has_is_refused(write_jsonl, capsys):
     data = write_jsonl(_ranking_rows(16))
-    opts = Opts(task=f"jsonl:{data}", model="repeat_label", batchsize=4, num_epochs=3, validation_metric="nosuch",
+    opts = Opts(task=f"jsonl:{data}", model="repeat_label", batchsize=4, num_epochs=3, validation_metric="acuracy",
                 validation_patience=2, progress=False)
-    with pytest.raises(OptionError, match="-vmt/--validation-metric nosuch: .*choose one of exs, accuracy, f1"):
-        run(create_world(opts), opts)
+    world = create_world(opts)  # accelbatch's own agent and teacher: refused before the first step
+    with pytest.raises(OptionError, match="-vmt/--validation-metric acuracy: no report of this run has such"):
+        run(world, opts)
+    assert world.get_total_exs() == 0
     assert main(["train", "-t", f"jsonl:{data}", "-m", "repeat_label", "-bs", "4", "-vmt", "nosuch",
                  "--no-progress"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "accuracy" in err
+    own = create_world(opts.replace(validation_metric="nosuch"), agent=_OwnRepeatLabel(opts))
+    with pytest.raises(OptionError, match="-vmt/--validation-metric nosuch: .*choose one of exs, accuracy, f1"):
+        run(own, opts.replace(validation_metric="nosuch"))  # at the first validation, naming what it reported
+    assert own.get_total_exs() > 0
+
+
+def test_metric_names_nothing_reports_are_refused_before_the_run(write_jsonl, capsys):
+    """--metrics and -vmt against the names accelbatch's own pieces report: a typo is one line and exit 2
+    before any step; a multitask run's TASK/metric names and the run's counts are known."""
+    data = write_jsonl(_ranking_rows(16))
+    base = ["train", "-m", "repeat_label", "-bs", "4", "-tstep", "1", "--no-progress", "-veps", "-1",
+            "--eval-splits", ""]
+    assert main([*base, "-t", f"jsonl:{data}", "--metrics", "accuracy,f1-score"]) == 2
+    assert capsys.readouterr().err.strip() == ("accelbatch: error: --metrics: no report of this run has f1-score; "
+                                               "name metrics such as accuracy,f1,loss, or give 'default' or 'all'")
+    two = f"jsonl:{data},babi:1"
+    assert main([*base, "-t", two, "--metrics", f"jsonl:{data}/accuracy,babi:1/f1,exs_per_s",
+                 "-vmt", "babi:1/accuracy"]) == 0
+    assert "error" not in capsys.readouterr().err
+    assert main([*base, "-t", two, "-vmt", "babi:2/accuracy"]) == 2  # not one of the run's tasks
+    assert "-vmt/--validation-metric babi:2/accuracy" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("mode, metric, stops_after", [("min", "accuracy", 2), ("max", "accuracy", 4),
