@@ -4,28 +4,53 @@
     opts = ab.Opts(task="babi:1", model="memnn", device="cpu", batchsize=32)
     world = ab.create_world(opts)
     report = ab.run(world, opts)
+
+The names below are imported on first use, so that importing a part of the package (the command line's
+entry point, a data worker) does not import torch before it needs it.
 """
 
 from __future__ import annotations
 
-# numpy before torch: torch's C module imports numpy while it initialises and clears any error raised there,
-# a KeyboardInterrupt included, so a Ctrl-C landing in that import would be lost and the run would go on.
-import numpy  # noqa: F401
+import importlib
 
-from accelbatch.agents import Agent, TorchAgent
-from accelbatch.build import create_world
-from accelbatch.loader_world import LoaderWorld
-from accelbatch.messages import Message
-from accelbatch.metrics import Metrics
-from accelbatch.opts import Opts
-from accelbatch.run import evaluate, format_report, run
-from accelbatch.teachers import FixedTeacher, Teacher
-from accelbatch.worlds import BatchWorld, DialogPartnerWorld, MultiWorld, World
+TYPE_CHECKING = False  # typing.TYPE_CHECKING, without importing typing before the entry point runs
+if TYPE_CHECKING:
+    from typing import Any
+
+    from accelbatch.agents import Agent, TorchAgent
+    from accelbatch.build import create_world
+    from accelbatch.loader_world import LoaderWorld
+    from accelbatch.messages import Message
+    from accelbatch.metrics import Metrics
+    from accelbatch.opts import Opts
+    from accelbatch.run import evaluate, format_report, run
+    from accelbatch.teachers import FixedTeacher, Teacher
+    from accelbatch.worlds import BatchWorld, DialogPartnerWorld, MultiWorld, World
 
 __version__ = "0.1.0"
+
+_WHERE = {
+    "Agent": "agents", "TorchAgent": "agents", "create_world": "build", "LoaderWorld": "loader_world",
+    "Message": "messages", "Metrics": "metrics", "Opts": "opts", "evaluate": "run", "format_report": "run",
+    "run": "run", "FixedTeacher": "teachers", "Teacher": "teachers", "BatchWorld": "worlds",
+    "DialogPartnerWorld": "worlds", "MultiWorld": "worlds", "World": "worlds",
+}
 
 __all__ = [
     "Agent", "TorchAgent", "Message", "Metrics", "Opts", "run", "evaluate", "format_report",
     "FixedTeacher", "Teacher", "World", "DialogPartnerWorld", "BatchWorld", "LoaderWorld", "MultiWorld",
     "create_world",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    module = _WHERE.get(name)
+    if module is None:
+        raise AttributeError(f"module 'accelbatch' has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"accelbatch.{module}"), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), *__all__])
