@@ -309,11 +309,15 @@ class HogwildWorld(World):
         self._prefer = {rank for rank, finished in enumerate(done) if not finished}
         return not self._prefer
 
-    def state_dict(self) -> dict[str, Any]:
-        """Every process's world state, taken once all are idle: a ``drain`` round (each process answers after
-        the parleys queued before it), then each process's ``world.state_dict()``. Between parleys, from the
-        main process, as the run loop calls it."""
+    def finish_parleys(self) -> None:
+        """A ``drain`` round: each process answers after the parleys queued before it, so the shared model
+        holds every update released so far (validate and save it then, not while processes still write)."""
         self._broadcast("drain")
+
+    def state_dict(self) -> dict[str, Any]:
+        """Every process's world state, taken once all are idle (:meth:`finish_parleys`), then each process's
+        ``world.state_dict()``. Between parleys, from the main process, as the run loop calls it."""
+        self.finish_parleys()
         return {"total_exs": self.get_total_exs(), "numthreads": self.numthreads,
                 "processes": self._broadcast("state")}
 

@@ -238,6 +238,7 @@ def _train(world: World, opts: Opts, log: MetricsLog, runtime: Runtime, stop: St
     def validate() -> bool:
         """Evaluate on valid now (the world built once); True when training should stop."""
         nonlocal valid_world, last_validation
+        world.finish_parleys()  # the model validated (and saved when best) is the one its number describes
         last_validation = time.monotonic()
         valid_world = valid_world or create_world(_eval_opts(opts, "valid"), agent=model, runtime=runtime)
         return _validate(valid_world, opts, log, state, model, backend, position())
@@ -286,6 +287,7 @@ def _train(world: World, opts: Opts, log: MetricsLog, runtime: Runtime, stop: St
                 "nothing was saved (" + ("no --model-file)" if not opts.model_file else
                                          f"{type(model).__name__} is not a TorchAgent)")
             raise KeyboardInterrupt(f"{stop.name or 'a stop signal to another replica'}: {where}")
+    world.finish_parleys()  # what is saved and evaluated below holds every update trained
     if window_exs:
         log_window(time.monotonic())  # the examples since the last train record
     stop.at_safe_point()  # the final save is not cut short; the evaluations below stop at their next step

@@ -52,6 +52,10 @@ class World:
     def parley_init(self) -> None:
         """Called by BatchWorld before each batched parley."""
 
+    def finish_parleys(self) -> None:
+        """Return once every parley started so far has ended (its updates made): a world whose parleys run
+        elsewhere (hogwild processes) waits for them; one that parleys in the caller has nothing to wait for."""
+
     def get_agents(self) -> list[Agent]:
         return self.agents
 

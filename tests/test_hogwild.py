@@ -236,6 +236,21 @@ def test_two_processes_train_babi_past_95_percent_like_one_process(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(150)
+def test_the_model_file_holds_the_weights_its_best_validation_scored(tmp_path):
+    """Validation waits for the parleys in flight: the processes wrote the shared model while it was being
+    validated and saved, so -mf held weights other than those the best validation scored."""
+    opts = Opts(task="babi:1", model="memnn", numthreads=2, batchsize=32, num_epochs=1.0,
+                validation_every_n_epochs=0.25, validation_metric="loss", eval_splits="valid", progress=False,
+                model_file=str(tmp_path / "m.pt"), metrics_log=str(tmp_path / "log.jsonl"))
+    report = run(create_world(opts, agent=MemNNAgent), opts)  # the final valid row: the -mf model, reloaded
+    records = [json.loads(line) for line in (tmp_path / "log.jsonl").read_text().splitlines()]
+    validations = [r for r in records if r["split"] == "valid"][:-1]  # the last one: the final evaluation
+    assert len(validations) == 4
+    assert report["valid"]["loss"] == pytest.approx(min(r["loss"] for r in validations), rel=1e-6, abs=1e-9)
+
+
+@pytest.mark.slow
 @pytest.mark.timeout(90)
 def test_multitask_eval_serves_every_line_once_across_processes_with_batching(tmp_path, log_dir):
     episodes = [[f"e{e}-{i}" for i in range(1 + e % 3)] for e in range(500)] + [["t-0", "t-1"]]  # 1-3 turns
