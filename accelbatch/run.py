@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any, TextIO
 
 from accelbatch.agents import Agent, TorchAgent, learning_rates, set_learning_rates
+from accelbatch.best_valid import BestValid, forget_best, read_best, write_best
 from accelbatch.build import Runtime, attach_runtime, create_world
 from accelbatch.checkpoint import checkpoint_dir
 from accelbatch.metrics import combine_reports, finish_merged, report_weights, unknown_metrics
@@ -195,6 +196,8 @@ def _train(world: World, opts: Opts, log: MetricsLog, runtime: Runtime, stop: St
                   f"(the checkpoint's optimizer had {had})", file=sys.stderr)
     # the train row of the report: every example trained, before a resume (from the checkpoint) and since
     before_resume: dict[str, float] = {}
+    if resumed is None and opts.model_file and os.path.isfile(opts.model_file) and isinstance(model, TorchAgent):
+        state.best = _continued_best(opts, main)
     if resumed is not None:
         state.load_json(resumed["train"])
         next_validation = resumed.get("next_validation", next_validation)
@@ -297,6 +300,7 @@ def _train(world: World, opts: Opts, log: MetricsLog, runtime: Runtime, stop: St
         bar.close()
     if opts.model_file and state.validations == 0 and main:
         _save(model, opts.model_file)
+        forget_best(opts.model_file)
     if opts.model_file and main and not isinstance(model, TorchAgent):
         print(f"accelbatch: -mf/--model-file {opts.model_file}: {type(model).__name__} is not a TorchAgent and has "
               "no model to save; nothing was written there", file=sys.stderr)
@@ -342,6 +346,8 @@ def _validate(world: World, opts: Opts, log: MetricsLog, state: TrainState, mode
         state.best, state.stale = value, 0
         if opts.model_file and backend.is_main_process():
             _save(model, opts.model_file)
+            if isinstance(model, TorchAgent):
+                write_best(opts.model_file, BestValid(opts.validation_metric, metric_mode(opts), float(metric)))
     else:
         state.stale += 1
     if opts.validation_patience > 0 and state.stale >= opts.validation_patience:
@@ -403,6 +409,22 @@ def metric_names_problem(world: World, opts: Opts) -> str | None:
         return (f"--metrics: no report of this run has {', '.join(unknown)}; name metrics such as "
                 f"accuracy,f1,loss, or give 'default' or 'all'")
     return None
+
+
+def _continued_best(opts: Opts, main: bool) -> float:
+    """Training continues from the model in -mf: the score its validation had, which a validation of this
+    run must beat to replace it (-inf when it was chosen otherwise: on another metric, or not validated)."""
+    best = read_best(opts.model_file)
+    wanted = (opts.validation_metric, metric_mode(opts))
+    if best is not None and (best.metric, best.mode) == wanted:
+        if main:
+            print(f"accelbatch: -mf {opts.model_file} holds a model whose validation had {best.metric} "
+                  f"{best.value:.4g}; only a better one replaces it", file=sys.stderr)
+        return best.score()
+    if best is not None and main:
+        print(f"accelbatch: -mf {opts.model_file} holds a model chosen on {best.metric} ({best.mode}); this run "
+              f"chooses on {wanted[0]} ({wanted[1]}): its first validation replaces it", file=sys.stderr)
+    return -math.inf
 
 
 def metric_mode(opts: Opts) -> str:

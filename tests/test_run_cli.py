@@ -165,6 +165,33 @@ def _train_memnn(path: str, **changes) -> Opts:
     return opts
 
 
+def test_continuing_a_model_file_replaces_it_only_with_a_model_that_validates_better(tmp_path, capsys):
+    """As ParlAI's best_valid: the model in -mf keeps its validation score (PATH.trainstats), and a run that
+    continues from it saves only a model whose validation beats that score (here a rate of 0.5 makes the
+    later validations worse); a run that chooses on another metric starts its own record."""
+    path, log = tmp_path / "m.pt", tmp_path / "log.jsonl"
+    first = Opts(task="babi:1", model="memnn", batchsize=32, num_epochs=1, validation_every_n_epochs=0.5,
+                 model_file=str(path), eval_splits="valid", progress=False, embedding_size=16,
+                 learning_rate=0.05)
+    kept = run(create_world(first), first)["valid"]["accuracy"]
+    saved = path.read_bytes()
+    assert json.loads((tmp_path / "m.pt.trainstats").read_text()) == {"metric": "accuracy", "mode": "max",
+                                                                      "value": kept}
+    capsys.readouterr()
+    second = first.replace(learning_rate=0.5, metrics_log=str(log))
+    report = run(create_world(second), second)
+    assert f"holds a model whose validation had accuracy {kept:.4g}; only a better one" in capsys.readouterr().err
+    validated = [json.loads(line)["accuracy"] for line in log.read_text().splitlines() if '"valid"' in line][:-1]
+    assert len(validated) == 2
+    assert report["valid"]["accuracy"] == max([kept, *validated])  # the final row evaluates -mf
+    if max(validated) <= kept:
+        assert path.read_bytes() == saved
+    by_loss = second.replace(validation_metric="loss", metrics_log=None, num_epochs=0.5)
+    run(create_world(by_loss), by_loss)  # its one validation is the first of its record: saved
+    assert "chooses on loss (min): its first validation replaces it" in capsys.readouterr().err
+    assert json.loads((tmp_path / "m.pt.trainstats").read_text())["metric"] == "loss"
+
+
 def test_continuing_a_model_file_applies_a_new_learning_rate_and_says_so(tmp_path, capsys):
     path = str(tmp_path / "m.pt")
     opts = _train_memnn(path, learning_rate=0.01)

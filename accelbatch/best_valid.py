@@ -1,0 +1,54 @@
+"""The best validation of the model in ``-mf PATH``, kept next to it in ``PATH.trainstats`` (as ParlAI keeps
+its best_valid): a run that continues from PATH replaces the model only with one that validates better."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from dataclasses import asdict, dataclass
+
+
+@dataclass(frozen=True)
+class BestValid:
+    """The validation that chose the model: the metric's name and mode (max or min) and its value."""
+
+    metric: str
+    mode: str
+    value: float
+
+    def score(self) -> float:
+        """The value as the run compares it: larger is better."""
+        return -self.value if self.mode == "min" else self.value
+
+
+def stats_path(model_file: str) -> str:
+    return f"{model_file}.trainstats"
+
+
+def read_best(model_file: str) -> BestValid | None:
+    """The record kept with ``model_file``; None when there is none (or it cannot be read: a model saved
+    without validation, by hand, or by an older accelbatch)."""
+    try:
+        with open(stats_path(model_file), encoding="utf-8") as handle:
+            data = json.load(handle)
+        best = BestValid(str(data["metric"]), str(data["mode"]), float(data["value"]))
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    return best if best.mode in ("max", "min") and math.isfinite(best.value) else None
+
+
+def write_best(model_file: str, best: BestValid) -> None:
+    """Keep ``best`` with the model just saved to ``model_file`` (written whole, then renamed)."""
+    tmp = f"{stats_path(model_file)}.tmp"
+    with open(tmp, "w", encoding="utf-8") as handle:
+        json.dump(asdict(best), handle)
+    os.replace(tmp, stats_path(model_file))
+
+
+def forget_best(model_file: str) -> None:
+    """The model in ``model_file`` was saved without a validation: no record describes it."""
+    try:
+        os.remove(stats_path(model_file))
+    except FileNotFoundError:
+        pass
