@@ -23,7 +23,8 @@ if TYPE_CHECKING:
     from accelbatch.messages import Message
     from accelbatch.metrics import Metrics
     from accelbatch.opts import Opts
-    from accelbatch.run import evaluate, format_report, run
+    from accelbatch.report_table import format_report
+    from accelbatch.run import evaluate, run
     from accelbatch.teachers import FixedTeacher, Teacher
     from accelbatch.worlds import BatchWorld, DialogPartnerWorld, MultiWorld, World
 
@@ -31,7 +32,7 @@ __version__ = "0.1.0"
 
 _WHERE = {
     "Agent": "agents", "TorchAgent": "agents", "create_world": "build", "LoaderWorld": "loader_world",
-    "Message": "messages", "Metrics": "metrics", "Opts": "opts", "evaluate": "run", "format_report": "run",
+    "Message": "messages", "Metrics": "metrics", "Opts": "opts", "evaluate": "run", "format_report": "report_table",
     "run": "run", "FixedTeacher": "teachers", "Teacher": "teachers", "BatchWorld": "worlds",
     "DialogPartnerWorld": "worlds", "MultiWorld": "worlds", "World": "worlds",
 }

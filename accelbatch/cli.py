@@ -122,7 +122,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         from accelbatch.run_control import check_output_paths
 
         check_output_paths(opts)  # a path the run could not write fails now, not after the training
-        from accelbatch.run import format_report
+        from accelbatch.report_table import format_report
 
         if args.verb in ("display-model", "interactive"):
             check_model_file_exists(opts, f"{args.verb} answers with")
@@ -140,7 +140,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"accelbatch: interrupted{': ' + str(exc) if str(exc) else ''}", file=sys.stderr)
         return 130
     if report is not None:
-        print(format_report(report))
+        print(format_report(report, opts.metrics))
     return 0
 
 
@@ -151,10 +151,10 @@ def _run_verb(args: argparse.Namespace, opts: Opts) -> int:
     if args.verb == "display-data":
         verbs.display_data(opts, args.num_examples)
     elif args.verb == "display-model":
-        from accelbatch.run import format_report
+        from accelbatch.report_table import format_report
 
         report = verbs.display_model(opts, args.num_examples)
-        print(format_report({opts.datatype.split(":")[0]: report}))
+        print(format_report({opts.datatype.split(":")[0]: report}, opts.metrics))
     else:
         verbs.interactive(opts, args.candidates)
     return 0

@@ -22,6 +22,7 @@ from accelbatch.build import Runtime, attach_runtime, create_world
 from accelbatch.checkpoint import checkpoint_dir
 from accelbatch.metrics import combine_reports, finish_merged, report_weights, unknown_metrics
 from accelbatch.opts import OptionError, Opts
+from accelbatch.report_table import json_ready
 from accelbatch.run_control import PeriodicSaver, StopSignals, check_output_paths
 from accelbatch.state import Checkpointer
 from accelbatch.teachers import is_training, split_of, task_names
@@ -45,7 +46,7 @@ class MetricsLog:
         if self.handle is None:
             os.makedirs(os.path.dirname(os.path.abspath(self.path)), exist_ok=True)
             self.handle = open(self.path, "a", encoding="utf-8")
-        self.handle.write(json.dumps(record, sort_keys=True) + "\n")
+        self.handle.write(json.dumps(json_ready(record), sort_keys=True, allow_nan=False) + "\n")
         self.handle.flush()
 
     def close(self) -> None:
@@ -461,24 +462,5 @@ def _finish(report: dict[str, Any], opts: Opts) -> dict[str, Any]:
     if opts.report_json:
         os.makedirs(os.path.dirname(os.path.abspath(opts.report_json)), exist_ok=True)
         with open(opts.report_json, "w", encoding="utf-8") as handle:
-            json.dump(report, handle, indent=2, sort_keys=True)
+            json.dump(json_ready(report), handle, indent=2, sort_keys=True, allow_nan=False)
     return report
-
-
-def format_report(report: dict[str, Any]) -> str:
-    """The report as a plain table: one row per split, ParlAI's metric names as columns."""
-    splits = [(name, rep) for name, rep in report.items() if isinstance(rep, dict) and "exs" in rep]
-    columns = ["exs", "accuracy", "f1", "loss", "exs_per_s", "time_s"]
-    columns = [c for c in columns if any(c in rep for _, rep in splits)]
-    header = f"{'split':<8}" + "".join(f"{c:>12}" for c in columns)
-    lines = [header, "-" * len(header)]
-    for name, rep in splits:
-        cells = []
-        for c in columns:
-            value = rep.get(c, "")
-            cells.append(f"{value:>12.4f}" if isinstance(value, float) and c not in ("exs_per_s", "time_s")
-                         else f"{value:>12}")
-        lines.append(f"{name:<8}" + "".join(cells))
-    extras = [f"{k}: " + (", ".join(f"{a}={b}" for a, b in v.items()) if isinstance(v, dict) else str(v))
-              for k, v in report.items() if not (isinstance(v, dict) and "exs" in v)]
-    return "\n".join(lines + extras)

@@ -1,0 +1,61 @@
+"""How a report is written out: the table the command line prints, and JSON with no bare NaN."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+# the table's first columns, in this order, when a split has them; other metrics follow by name, then the
+# speed and time of the split
+LEADING = ("exs", "accuracy", "f1", "bleu-4", "loss", "ppl", "token_acc")
+TRAILING = ("exs_per_s", "time_s")
+NOT_COLUMNS = frozenset({"steps", "epochs", "stopped_by"})  # the run's own counts, said by --report-json
+COUNTS = frozenset({"tokens", "batch_tokens", "skipped_updates", "dropped_exs"})  # sums of whole numbers
+WIDTH = 12
+
+
+def _columns(splits: list[dict[str, Any]], metrics: str) -> list[str]:
+    """Every number some split holds; a multitask run's TASK/metric only when --metrics names it."""
+    named = {m.strip() for m in metrics.split(",")}
+    present = {key for rep in splits for key, value in rep.items()
+               if isinstance(value, (int, float)) and not isinstance(value, bool)
+               and key not in NOT_COLUMNS and ("/" not in key or key in named)}
+    middle = sorted(present - set(LEADING) - set(TRAILING))
+    return [c for c in LEADING if c in present] + middle + [c for c in TRAILING if c in present]
+
+
+def _cell(column: str, value: Any, width: int) -> str:
+    if isinstance(value, float) and column in COUNTS and value.is_integer():
+        text = str(int(value))
+    elif isinstance(value, float) and column not in TRAILING:
+        text = f"{value:.4f}" if math.isfinite(value) and abs(value) < 1e6 else f"{value:.4g}"
+    else:
+        text = str(value)
+    return f"{text:>{width}}"
+
+
+def format_report(report: dict[str, Any], metrics: str = "default") -> str:
+    """The report as a plain table: one row per split, ParlAI's metric names as columns (every metric the
+    splits report, --metrics naming a multitask run's TASK/metric ones), then the report's other fields."""
+    splits = [(name, rep) for name, rep in report.items() if isinstance(rep, dict) and "exs" in rep]
+    columns = _columns([rep for _, rep in splits], metrics)
+    widths = [max(WIDTH, len(c) + 2) for c in columns]
+    header = f"{'split':<8}" + "".join(f"{c:>{w}}" for c, w in zip(columns, widths))
+    lines = [header, "-" * len(header)]
+    for name, rep in splits:
+        lines.append(f"{name:<8}" + "".join(_cell(c, rep.get(c, ""), w) for c, w in zip(columns, widths)))
+    extras = [f"{k}: " + (", ".join(f"{a}={b}" for a, b in v.items()) if isinstance(v, dict) else str(v))
+              for k, v in report.items() if not (isinstance(v, dict) and "exs" in v)]
+    return "\n".join(lines + extras)
+
+
+def json_ready(value: Any) -> Any:
+    """``value`` with every float that is not finite (a NaN loss, an infinite ppl) as None: JSON has no NaN,
+    and a reader of strict JSON refuses a bare NaN."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {k: json_ready(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [json_ready(v) for v in value]
+    return value

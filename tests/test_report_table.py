@@ -1,0 +1,60 @@
+"""The report table and the report's JSON: every metric a split reports is a column, numbers of any size
+keep their columns, and no file holds a bare NaN."""
+
+from __future__ import annotations
+
+import json
+import math
+
+from accelbatch.build import create_world
+from accelbatch.opts import Opts
+from accelbatch.report_table import format_report
+from accelbatch.run import MetricsLog, run
+
+
+def _columns(table: str) -> list[list[str]]:
+    return [line.split() for line in table.splitlines() if line and not line.startswith("-")]
+
+
+def test_every_metric_a_split_reports_is_a_column_in_parlai_order():
+    report = {"train": {"exs": 40, "loss": 3.98, "ppl": 53.55, "token_acc": 0.095, "tokens": 263.0, "tpb": 52.6,
+                        "steps": 5, "epochs": 0.2, "stopped_by": "max_train_steps", "exs_per_s": 880.2,
+                        "time_s": 0.045},
+              "valid": {"exs": 10, "accuracy": 0.0, "f1": 0.25, "loss": 2.64, "ppl": 14.07, "time_s": 0.06,
+                        "babi:1/accuracy": 0.5},
+              "device": "cpu"}
+    rows = _columns(format_report(report))
+    assert rows[0] == ["split", "exs", "accuracy", "f1", "loss", "ppl", "token_acc", "tokens", "tpb", "exs_per_s",
+                       "time_s"]
+    assert rows[1] == ["train", "40", "3.9800", "53.5500", "0.0950", "263", "52.6000", "880.2", "0.045"]
+    assert rows[2] == ["valid", "10", "0.0000", "0.2500", "2.6400", "14.0700", "0.06"]
+    assert rows[3] == ["device:", "cpu"]
+    named = _columns(format_report(report, "accuracy,babi:1/accuracy"))  # a task's metric when --metrics names it
+    assert "babi:1/accuracy" in named[0] and named[2][-2] == "0.5000"
+
+
+def test_numbers_too_large_for_the_column_keep_the_table_aligned():
+    report = {"train": {"exs": 8, "loss": 1.9721113202e10, "accuracy": math.nan, "time_s": 0.5}}
+    header, _, row = format_report(report).splitlines()
+    assert len(row) == len(header)
+    assert row.split() == ["train", "8", "nan", "1.972e+10", "0.5"]
+
+
+def test_report_json_and_metrics_log_hold_no_bare_nan(tmp_path):
+    log = MetricsLog(str(tmp_path / "log.jsonl"))
+    log.write({"split": "train", "loss": math.nan, "ppl": math.inf, "exs": 3})
+    log.close()
+    assert json.loads((tmp_path / "log.jsonl").read_text(), parse_constant=_refuse) == {
+        "split": "train", "loss": None, "ppl": None, "exs": 3}
+    opts = Opts(task="babi:1", model="repeat_label", max_train_steps=2, eval_splits="", progress=False,
+                validation_every_n_epochs=-1, report_json=str(tmp_path / "report.json"))
+    report = run(create_world(opts), opts)
+    report["train"]["loss"] = math.nan  # what a run with --skip-nan may report
+    from accelbatch.run import _finish
+
+    _finish(report, opts)
+    assert json.loads((tmp_path / "report.json").read_text(), parse_constant=_refuse)["train"]["loss"] is None
+
+
+def _refuse(name: str) -> None:
+    raise AssertionError(f"bare {name} in a JSON file")
