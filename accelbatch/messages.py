@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable, Mapping, Set
 from typing import Any
 
@@ -76,6 +77,31 @@ def as_message(obj: Any, where: str = "message") -> Message:
     if EPISODE_DONE in msg:
         msg[EPISODE_DONE] = _bool(msg[EPISODE_DONE], where)
     return msg
+
+
+# a code point that only exists as half of a UTF-16 pair: JSON's "\ud83d" escape alone decodes to one, and
+# no such string can be encoded as UTF-8 (tokenizing, printing or saving it raises UnicodeEncodeError)
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def lone_surrogate(value: Any, field: str = "") -> tuple[str, int, str] | None:
+    """The first lone surrogate in ``value``'s strings, keys included (dicts, lists and tuples walked):
+    (where it is, e.g. ``'labels'[1]``, the character's index in that string, the character); None if none."""
+    if isinstance(value, str):
+        found = _SURROGATE.search(value)
+        return None if found is None else (field or "the value", found.start(), found.group())
+    if isinstance(value, dict):
+        for key, item in value.items():
+            inner = f"{field}[{key!r}]" if field else repr(key)
+            bad = lone_surrogate(key, f"the key {inner}") or lone_surrogate(item, inner)
+            if bad is not None:
+                return bad
+    elif isinstance(value, (list, tuple)):
+        for i, item in enumerate(value):
+            bad = lone_surrogate(item, f"{field}[{i}]")
+            if bad is not None:
+                return bad
+    return None
 
 
 def _str_list(value: Any, key: str, where: str) -> list[str]:

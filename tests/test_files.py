@@ -2,11 +2,11 @@ from __future__ import annotations
 
 import pytest
 
-from accelbatch.tasks.files import DataFileError, iter_episodes, load_episodes, parse_parlai_line
+from accelbatch.tasks.files import DataFileError, FileIndex, iter_episodes, load_episodes, parse_parlai_line
 
 
 def test_parlai_format_fields_lists_and_escapes():
-    msg = parse_parlai_line("text:hello\\tworld\tlabels:hi|hey\\|you\tepisode_done:True\n", "f.txt", 3)
+    msg = parse_parlai_line("text:hello\\tworld\tlabels:hi|hey__PIPE__you\tepisode_done:True\n", "f.txt", 3)
     assert msg["text"] == "hello\tworld"
     assert msg["labels"] == ["hi", "hey|you"]
     assert msg["episode_done"] is True
@@ -73,3 +73,141 @@ def test_a_parlai_line_with_eval_labels_has_its_answers(tmp_path):
     path = tmp_path / "valid.txt"
     path.write_text("text:a\teval_labels:b\tepisode_done:True\n")
     assert load_episodes(str(path))[0][0]["eval_labels"] == ["b"]
+
+
+# ParlAI's text format as ParlAI reads it (parlai/utils/misc.py str_to_msg): every real tab separates fields,
+# "|" separates list items, and in a value the two characters \t, \n and the word __PIPE__ stand for a tab, a
+# newline and "|"; a backslash is no escape of its own. The expected values below are written out by hand.
+
+def _msg_to_str(msg: dict) -> str:
+    """A ParlAI-format line as ParlAI's msg_to_str writes one (tab -> \\t, newline -> \\n, | -> __PIPE__)."""
+    def esc(value: str) -> str:
+        return value.replace("\t", "\\t").replace("\n", "\\n").replace("|", "__PIPE__")
+    fields = [f"{k}:{'|'.join(esc(v) for v in val) if isinstance(val, list) else esc(val)}"
+              for k, val in msg.items()]
+    return "\t".join(fields)
+
+
+def test_a_backslash_ending_a_parlai_value_does_not_hide_the_next_tab(tmp_path):
+    path = tmp_path / "win.txt"
+    path.write_bytes(b"labels:ok\ttext:dir C:\\\tepisode_done:True\nlabels:k\ttext:b\n"
+                     b"text:dir D:\\\tlabels:fine\n")
+    episodes = load_episodes(str(path))
+    assert [[(m["text"], m["labels"]) for m in ep] for ep in episodes] == [
+        [("dir C:\\", ["ok"])],  # episode_done:True is its own field: the episode ends here
+        [("b", ["k"]), ("dir D:\\", ["fine"])]]
+
+
+def test_parlai_escapes_are_read_as_parlai_reads_them(tmp_path):
+    path = tmp_path / "esc.txt"
+    path.write_bytes(b"text:a\\\\nb\tlabels:x__PIPE__y|z\n"
+                     b"text:tab\\there|pipe\\\\x\tlabels:a\\|b\tlabel_candidates:p__PIPE__q|r\\ts\tid:i__PIPE__d\n")
+    first, second = load_episodes(str(path))[0]
+    assert first["text"] == "a" + "\\" + "\n" + "b"  # \\n: a backslash, then the escape \n
+    assert first["labels"] == ["x|y", "z"]
+    assert second["text"] == "tab" + "\t" + "here|pipe" + "\\" * 2 + "x"
+    assert second["labels"] == ["a" + "\\", "b"]  # \| is no escape: a label ending in a backslash
+    assert second["label_candidates"] == ["p|q", "r\ts"]
+    assert second["id"] == "i|d"
+
+
+def test_what_parlais_writer_writes_reads_back_the_same(tmp_path):
+    messages = [{"text": "C:\\ and a\ttab | pipe\nnewline \\\\server", "labels": ["x|y", "ends in \\", "z"]},
+                {"text": "second", "labels": ["\\"], "label_candidates": ["\\", "a|b", "c\td"]}]
+    path = tmp_path / "written.txt"
+    path.write_text("".join(_msg_to_str(m) + "\n" for m in messages), encoding="utf-8")
+    read = [dict(m) for m in load_episodes(str(path))[0]]
+    assert read == [{**m, "episode_done": i == len(messages) - 1} for i, m in enumerate(messages)]
+
+
+def test_a_field_given_twice_on_a_parlai_line_is_an_error(tmp_path):
+    path = tmp_path / "twice.txt"
+    path.write_text("text:a\tlabels:b\ntext:c\tlabels:d\ttext:e\n")
+    with pytest.raises(DataFileError, match=f"{path}:2: field 3 gives text: a second time"):
+        load_episodes(str(path))
+
+
+@pytest.mark.parametrize("name, body", [
+    ("bom.txt", b"text:a\tlabels:b\tepisode_done:True\ntext:c\tlabels:d|e\n"),
+    ("bom.jsonl", b'{"text": "a", "labels": ["b"]}\n{"text": "c", "labels": ["d", "e"]}\n'),
+    ("bom_comment.txt", b"# a comment\ntext:a\tlabels:b\tepisode_done:True\ntext:c\tlabels:d|e\n"),
+], ids=["parlai", "jsonl", "parlai-comment"])
+def test_a_utf8_bom_starting_the_file_is_not_data(tmp_path, name, body):
+    path = tmp_path / name
+    path.write_bytes(b"\xef\xbb\xbf" + body)
+    episodes = [[dict(m) for m in ep] for ep in load_episodes(str(path))]
+    assert episodes == [[{"text": "a", "labels": ["b"], "episode_done": True}],
+                        [{"text": "c", "labels": ["d", "e"], "episode_done": True}]]
+
+
+@pytest.mark.parametrize("name, body", [("joined.txt", b"text:a\tlabels:b\n\xef\xbb\xbftext:c\tlabels:d\n"),
+                                        ("joined.jsonl", b'{"text": "a", "labels": ["b"]}\n'
+                                                         b'\xef\xbb\xbf{"text": "c", "labels": ["d"]}\n')],
+                         ids=["parlai", "jsonl"])
+def test_a_bom_after_the_first_line_is_named(tmp_path, name, body):
+    path = tmp_path / name
+    path.write_bytes(body)
+    with pytest.raises(DataFileError, match=f"{path}:2: the line starts with a byte-order mark"):
+        load_episodes(str(path))
+
+
+@pytest.mark.parametrize("last", [b"text:e\tlabels:f\r", b"text:e\tlabels:f\tepisode_done:True\r"],
+                         ids=["label", "episode_done"])
+def test_a_crlf_files_last_line_without_its_newline_keeps_no_carriage_return(tmp_path, last):
+    path = tmp_path / "crlf.txt"
+    path.write_bytes(b"text:a\tlabels:b\r\n" + last)
+    episodes = [[dict(m) for m in ep] for ep in load_episodes(str(path))]
+    assert episodes == [[{"text": "a", "labels": ["b"], "episode_done": False},
+                         {"text": "e", "labels": ["f"], "episode_done": True}]]
+
+
+# a JSON escape of half a UTF-16 pair (\ud83d: an emoji cut in two) decodes to a string no UTF-8 encoder takes
+@pytest.mark.parametrize("row, field", [
+    ('{"text": "cut \\ud83d", "labels": ["a"]}', "'text'"),
+    ('{"text": "t", "labels": ["a", "b\\udc00"]}', "'labels'[1]"),
+    ('{"text": "t", "eval_labels": ["\\ud83d!"]}', "'eval_labels'[0]"),
+    ('{"text": "t", "labels": ["a"], "label_candidates": ["a", "\\ud800"]}', "'label_candidates'[1]"),
+    ('{"text": "t", "labels": ["a"], "text_candidates": ["\\udfff"]}', "'text_candidates'[0]"),
+    ('{"text": "t", "labels": ["a"], "id": "sp\\ud83deaker"}', "'id'"),
+    ('{"text": "t", "labels": ["a"], "meta": {"notes": ["ok", "\\ud83d"]}}', "'meta'['notes'][1]"),
+    ('{"text": "t", "labels": ["a"], "\\ud83d": 1}', "the key '\\ud83d'"),
+], ids=["text", "labels", "eval_labels", "label_candidates", "text_candidates", "id", "nested", "key"])
+def test_a_lone_surrogate_in_a_jsonl_string_names_file_line_and_field(tmp_path, row, field):
+    path = tmp_path / "cut.jsonl"
+    path.write_text('{"text": "smile \\ud83d\\ude00", "labels": ["a"]}\n' + row + "\n", encoding="ascii")
+    with pytest.raises(DataFileError) as exc:
+        load_episodes(str(path))
+    message = str(exc.value)
+    assert message.startswith(f"{path}:2: {field} is not valid Unicode: a lone surrogate \\u")
+    assert "\n" not in message and "remove" in message
+    message.encode("utf-8")  # the message itself prints
+    path.write_text('{"text": "smile \\ud83d\\ude00", "labels": ["a"]}\n', encoding="ascii")
+    assert load_episodes(str(path))[0][0]["text"] == "smile \N{GRINNING FACE}"  # a whole pair is one character
+
+
+@pytest.mark.parametrize("verb", [["display-data"], ["eval"], ["train", "-ne", "1", "--no-progress"]],
+                         ids=["display-data", "eval", "train"])
+def test_a_lone_surrogate_ends_every_verb_in_one_line(tmp_path, capsys, verb):
+    from accelbatch.cli import main
+
+    path = tmp_path / "cut.jsonl"
+    path.write_text('{"text": "ok", "labels": ["a"]}\n{"text": "cut \\ud83d", "labels": ["a"]}\n', encoding="ascii")
+    rc = main([verb[0], "-t", f"jsonl:{path}", *verb[1:]])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 2
+    assert len(err) == 1 and f"{path}:2: 'text' is not valid Unicode" in err[0]
+
+
+def test_a_streamed_file_gives_the_examples_of_the_loaded_file(tmp_path):
+    """Streaming reads each episode again from its offset: the same fixed parsing, the same examples."""
+    path = tmp_path / "mixed.txt"
+    path.write_bytes(b"\xef\xbb\xbftext:dir C:\\\tlabels:x__PIPE__y|z\tepisode_done:True\r\n"
+                     b"text:a\\\\nb\tlabels:b\\\r\n"
+                     b"text:c\tlabels:d\tepisode_done:True\r")
+    expected = [[{"text": "dir C:\\", "labels": ["x|y", "z"], "episode_done": True}],
+                [{"text": "a\\\nb", "labels": ["b\\"], "episode_done": False},
+                 {"text": "c", "labels": ["d"], "episode_done": True}]]
+    index = FileIndex.build(str(path))
+    streamed = [[dict(m) for m in index.read(i)] for i in range(len(index.turns))]
+    assert streamed == expected
+    assert [[dict(m) for m in ep] for ep in load_episodes(str(path))] == expected

@@ -2,27 +2,37 @@
 
 Both formats hold one example per line; ``episode_done`` closes an episode. A malformed line raises
 :class:`DataFileError` naming the file and line; nothing is skipped silently (blank lines and, in the
-ParlAI format, lines starting with ``#`` are the only lines not read as examples).
+ParlAI format, lines starting with ``#`` are the only lines not read as examples). Files are UTF-8; a
+byte-order mark at the start of a file is not data (read as Python's ``utf-8-sig``), and a line ends in
+``\\r\\n``, ``\\n`` or, on the last line, a lone ``\\r``.
 
 JSONL: ``{"text": "...", "labels": ["..."], "episode_done": true}`` per line; a line without
 ``episode_done`` is an episode of its own.
-ParlAI: ``text:hello<TAB>labels:hi|hey<TAB>episode_done:True`` per line; ``|`` separates list items,
-``\\t``, ``\\n`` and ``\\|`` are escapes; a line without ``episode_done:True`` continues its episode.
+ParlAI: ``text:hello<TAB>labels:hi|hey<TAB>episode_done:True`` per line, read as ParlAI's ``str_to_msg``
+reads it: every tab separates fields, ``|`` separates the items of a list field (labels, eval_labels,
+label_candidates, text_candidates), and in each value the two characters ``\\t`` are a tab, ``\\n`` a
+newline and ``__PIPE__`` a ``|`` (what ParlAI's ``msg_to_str`` writes for them); nothing else is an
+escape (a backslash is itself). A line without ``episode_done:True`` continues its episode.
 """
 
 from __future__ import annotations
 
+import codecs
 import json
 import os
+import re
 from array import array
 from dataclasses import dataclass
 from typing import BinaryIO, Iterator
 
 import numpy as np
 
-from accelbatch.messages import EPISODE_DONE, Message, as_message
+from accelbatch.messages import EPISODE_DONE, Message, as_message, lone_surrogate
 
 LIST_KEYS = ("labels", "eval_labels", "label_candidates", "text_candidates")
+
+
+_SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
 
 
 class DataFileError(ValueError):
@@ -36,21 +46,34 @@ def parse_jsonl_line(line: str, path: str, lineno: int) -> Message:
     except json.JSONDecodeError as exc:
         raise DataFileError(f"{path}:{lineno}: not valid JSON ({exc.msg} at column {exc.colno}); "
                             "each line must be one JSON object") from None
+    # a line decoded from UTF-8 holds no surrogate: only a JSON escape \ud800-\udfff makes one, so only a line
+    # with such an escape has its strings searched (the search costs more than the parse)
+    if _SURROGATE_ESCAPE.search(line):
+        bad = lone_surrogate(obj)
+        if bad is not None:
+            field, index, char = bad
+            raise DataFileError(f"{path}:{lineno}: {field} is not valid Unicode: a lone surrogate \\u{ord(char):04x} "
+                                f"at character {index} (half of a UTF-16 pair, e.g. an emoji cut in two); write the "
+                                "whole character or remove the escape")
     return _checked(obj, path, lineno, episode_done_default=True)
 
 
 def parse_parlai_line(line: str, path: str, lineno: int) -> Message:
-    """One ParlAI text-format line -> Message; raises DataFileError naming path:lineno."""
+    """One ParlAI text-format line (with or without its line ending) -> Message; raises DataFileError
+    naming path:lineno."""
     obj: dict[str, object] = {}
-    for field_no, part in enumerate(_split_unescaped(line.rstrip("\n"), "\t"), start=1):
+    for field_no, part in enumerate(_strip_line_end(line).split("\t"), start=1):
         if not part:
             continue
         key, sep, value = part.partition(":")
         if not sep or not key:
             raise DataFileError(f"{path}:{lineno}: field {field_no} {part[:40]!r} is not 'key:value'; "
                                 "fields are tab-separated, e.g. text:hello<TAB>labels:hi")
+        if key in obj:  # a dict keeps one of the two: the other would be dropped silently
+            raise DataFileError(f"{path}:{lineno}: field {field_no} gives {key}: a second time; give each field "
+                                "once (a tab inside a value is written as the two characters \\t)")
         if key in LIST_KEYS:
-            obj[key] = [_unescape(v) for v in _split_unescaped(value, "|")]
+            obj[key] = [_unescape(v) for v in value.split("|")]
         elif key == EPISODE_DONE:
             if value not in ("True", "False", "true", "false"):
                 raise DataFileError(f"{path}:{lineno}: episode_done must be True or False, got {value!r}")
@@ -80,27 +103,21 @@ def _checked(obj: object, path: str, lineno: int, episode_done_default: bool) ->
     return msg
 
 
-def _split_unescaped(text: str, sep: str) -> list[str]:
-    parts, current, escaped = [], [], False
-    for ch in text:
-        if escaped:
-            current.append("\\" + ch)
-            escaped = False
-        elif ch == "\\":
-            escaped = True
-        elif ch == sep:
-            parts.append("".join(current))
-            current = []
-        else:
-            current.append(ch)
-    if escaped:
-        current.append("\\")
-    parts.append("".join(current))
-    return parts
+# ParlAI's escapes in a field's value (what msg_to_str writes for a tab, a newline and a pipe)
+_ESCAPES = {"\\t": "\t", "\\n": "\n", "__PIPE__": "|"}
+_ESCAPE = re.compile("|".join(re.escape(e) for e in _ESCAPES))
 
 
-def _unescape(text: str) -> str:
-    return text.replace("\\t", "\t").replace("\\n", "\n").replace("\\|", "|").replace("\\\\", "\\")
+def _unescape(value: str) -> str:
+    """A ParlAI-format value with its escapes replaced, in one left-to-right pass."""
+    return _ESCAPE.sub(lambda m: _ESCAPES[m.group()], value)
+
+
+def _strip_line_end(line: str) -> str:
+    """``line`` without its line ending: \\r\\n, \\n or \\r (a CRLF file's last line may lack the \\n)."""
+    if line.endswith("\r\n"):
+        return line[:-2]
+    return line[:-1] if line.endswith(("\n", "\r")) else line
 
 
 def file_format(path: str) -> str:
@@ -120,6 +137,11 @@ def _open(path: str) -> BinaryIO:
 
 def _parse(raw: bytes, path: str, lineno: int, fmt: str) -> Message | None:
     """The example on one raw line (None for a blank or comment line); errors name path:lineno."""
+    if lineno == 1 and raw.startswith(codecs.BOM_UTF8):  # marks the file as UTF-8: not data
+        raw = raw[len(codecs.BOM_UTF8):]
+    elif raw.startswith(codecs.BOM_UTF8):
+        raise DataFileError(f"{path}:{lineno}: the line starts with a byte-order mark (bytes EF BB BF), which only "
+                            "a file's first line may have (files joined together?); remove it")
     stripped = raw.strip()
     if not stripped or (fmt == "parlai" and stripped.startswith(b"#")):
         return None
@@ -128,7 +150,6 @@ def _parse(raw: bytes, path: str, lineno: int, fmt: str) -> Message | None:
     except UnicodeDecodeError as exc:
         raise DataFileError(f"{path}:{lineno}: not valid UTF-8 ({exc.reason} at byte {exc.start}); "
                             "save the file as UTF-8") from None
-    line = line[:-2] + "\n" if line.endswith("\r\n") else line
     return (parse_jsonl_line if fmt == "jsonl" else parse_parlai_line)(line, path, lineno)
 
 
