@@ -160,9 +160,10 @@ def compute_layout(plan: Any, n: int) -> CallLayout:
         kept = tuple(range(m))
     elif mode is OutputMode.FINAL:
         kept = tuple(range(m - r, m))
-    elif mode is OutputMode.EVERY_N:
-        period = plan.output_return_period
-        kept = tuple(k * r + rep for k in range(period - 1, m // r, period) for rep in range(r))
+    elif mode is OutputMode.EVERY_N:  # every micro-batch (G of them, each for every R) of iterations N-1, 2N-1..
+        period, per_iteration = plan.output_return_period, g * r
+        kept = tuple(j for it in range(period - 1, m // per_iteration, period)
+                     for j in range(it * per_iteration, (it + 1) * per_iteration))
     else:
         kept = tuple(range(m))
         sum_groups = tuple(tuple(range(rep, m, r)) for rep in range(r))

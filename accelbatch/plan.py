@@ -17,7 +17,8 @@ Training call, as in PopTorch:
   mode                  micro-batches returned, in this order                        dim0 multiplier
   ====================  ===========================================================  ==================
   ``ALL``               every one, order ``[D, G, R]`` (= the input row order)       ``D x G x R``
-  ``EVERY_N`` (N)       iterations ``N-1, 2N-1, ...`` of ``D x G``, each for every R ``D x G x R / N``
+  ``EVERY_N`` (N)       device iterations ``N-1, 2N-1, ...`` of ``D``: each with its  ``D x G x R / N``
+                        G micro-batches, for every R (PopART's anchor return period)
   ``FINAL``             the last iteration of each replica                           ``R``
   ``SUM``               per replica, the elementwise sum over its ``D x G``          ``R``
   ====================  ===========================================================  ==================
@@ -188,15 +189,14 @@ class ExecutionPlan:
                             f"{', '.join(INPUT_GROUP_TYPES)}")
         n = self.output_return_period
         if self.output_mode is OutputMode.EVERY_N:
-            per_call = self.device_iterations * self.gradient_accumulation
-            if per_call % n:
-                fits = [k for k in range(1, per_call + 1) if per_call % k == 0]
+            d = self.device_iterations
+            if d % n:
+                fits = [k for k in range(1, d + 1) if d % k == 0]
                 raise PlanError(
-                    f"--output-return-period {n}: --output-mode everyn returns the last iteration of each "
-                    f"period of N, but a call has --device-iterations({self.device_iterations}) x "
-                    f"--gradient-accumulation({self.gradient_accumulation}) = {per_call} iterations, "
-                    f"which is not a multiple of {n}; use a period dividing {per_call} "
-                    f"({', '.join(map(str, fits))}) or change --device-iterations")
+                    f"--output-return-period {n}: --output-mode everyn returns the last device iteration of "
+                    f"each period of N (with all its --gradient-accumulation micro-batches), as PopTorch does, "
+                    f"and a call has --device-iterations {d}, not a multiple of {n}; use a period dividing "
+                    f"{d} ({', '.join(map(str, fits))}) or change --device-iterations")
         elif n != 1:
             raise PlanError(f"--output-return-period {n} applies only to --output-mode everyn "
                             f"(the output mode is {self.output_mode.value}); drop it or use everyn")
@@ -391,8 +391,9 @@ class ExecutionPlan:
             v = v[-1]
         elif mode is OutputMode.SUM:
             v = v.sum(0)
-        else:
-            v = v[self.output_return_period - 1::self.output_return_period]
+        else:  # every micro-batch of device iterations N-1, 2N-1, ...
+            v = v.reshape(self.device_iterations, -1, *v.shape[1:])[self.output_return_period - 1::
+                                                                        self.output_return_period]
         return v.reshape(-1, *t.shape[1:])
 
 

@@ -61,7 +61,7 @@ from accelbatch.plan import LOSS_TOKENS, ExecutionPlan, LossNormalization, Outpu
 
 from .base import Engine, NonFiniteLoss, StepResult, TensorBatch
 from .engine import check_trainable
-from .ipu_graph import LOSS_SCALE, InputsAdapter, device_output_mode, group_leaders_only, make_adapter, plan_options
+from .ipu_graph import LOSS_SCALE, InputsAdapter, group_leaders_only, make_adapter, plan_options
 from .ipu_latency import LatencyStats
 from .ipu_optim import load_optimizer_state, to_poptorch_optimizer
 from .ipu_settings import IPUSettings
@@ -82,7 +82,6 @@ class _Executor:
     signature: Signature
     adapter: InputsAdapter
     executor: Any
-    host_select: bool
     plan: ExecutionPlan
     compilations: int = 0
     calls: int = 0
@@ -164,8 +163,7 @@ class IPUEngine(Engine):
             executor = self.poptorch.trainingModel(adapter, options=options, optimizer=self.optimizer)
         else:
             executor = self.poptorch.inferenceModel(adapter, options=options)
-        entry = _Executor(training=training, signature=sig, adapter=adapter, executor=executor,
-                          host_select=training and device_output_mode(plan) is not plan.output_mode, plan=plan)
+        entry = _Executor(training=training, signature=sig, adapter=adapter, executor=executor, plan=plan)
         self._executors[key] = entry
         return entry
 
@@ -281,9 +279,6 @@ class IPUEngine(Engine):
         if not self.model.training:
             self.model.train()
         outputs, loss, compiled = self._call(entry, batch)
-        if entry.host_select:
-            outputs = {k: plan.select_tensor(v) for k, v in outputs.items()}
-            loss = plan.select_tensor(loss) if loss is not None else None
         mode = plan.output_mode
         loss_value, counted = None, 0
         if loss is not None:
@@ -458,4 +453,4 @@ def _pad_rows(batch: Mapping[str, torch.Tensor], n: int, target: int) -> dict[st
     return out
 
 
-__all__ = ["IPUEngine", "InputsAdapter", "device_output_mode", "make_adapter", "plan_options", "signature_of"]
+__all__ = ["IPUEngine", "InputsAdapter", "make_adapter", "plan_options", "signature_of"]

@@ -20,13 +20,6 @@ LOSS_SCALE = "_loss_scale"
 
 # --- options -------------------------------------------------------------------------------------------
 
-def device_output_mode(plan: ExecutionPlan) -> OutputMode:
-    """The output mode the device runs: the plan's, except EveryN with G > 1 (All, selected on the host)."""
-    if plan.output_mode is OutputMode.EVERY_N and plan.gradient_accumulation > 1:
-        return OutputMode.ALL
-    return plan.output_mode
-
-
 def plan_options(poptorch: Any, plan: ExecutionPlan, seed: int | None = None,
                  settings: IPUSettings | None = None) -> Any:
     """``poptorch.Options`` for ``plan`` (a new, unfrozen object; one per model wrapper).
@@ -44,7 +37,7 @@ def plan_options(poptorch: Any, plan: ExecutionPlan, seed: int | None = None,
         opts.Training.gradientAccumulation(plan.gradient_accumulation)
         opts.Training.accumulationAndReplicationReductionType(
             poptorch.ReductionType.Sum if plan.reduction is Reduction.SUM else poptorch.ReductionType.Mean)
-    mode = device_output_mode(plan)
+    mode = plan.output_mode
     names = {OutputMode.ALL: "All", OutputMode.FINAL: "Final", OutputMode.SUM: "Sum", OutputMode.EVERY_N: "EveryN"}
     if mode is OutputMode.EVERY_N:
         opts.outputMode(poptorch.OutputMode.EveryN, plan.output_return_period)
@@ -74,7 +67,7 @@ def group_leaders_only(plan: ExecutionPlan, t: torch.Tensor, scalar: bool) -> to
     """
     if plan.input_group_size == 1:
         return t
-    r, mode = plan.replication_factor, device_output_mode(plan)
+    r, mode = plan.replication_factor, plan.output_mode
     outer = {OutputMode.ALL: plan.iterations, OutputMode.EVERY_N: plan.iterations // plan.output_return_period
              }.get(mode, 1)  # Final and Sum: one per replica
     leaders = torch.tensor(plan.group_leaders)
@@ -164,5 +157,5 @@ def make_adapter(model: torch.nn.Module, keys: tuple[str, ...], training: bool,
     return cls(model, keys, training, mark_loss)
 
 
-__all__ = ["LOSS_SCALE", "InputsAdapter", "device_output_mode", "group_leaders_only", "input_names", "make_adapter",
+__all__ = ["LOSS_SCALE", "InputsAdapter", "group_leaders_only", "input_names", "make_adapter",
            "plan_options"]

@@ -34,12 +34,12 @@ def test_defaults_resolve_per_mode():
 
 def test_combined_batch_and_from_opts():
     opts = Opts(batchsize=8, device_iterations=3, replication_factor=2, gradient_accumulation=4,
-                output_mode="everyn", output_return_period=6, reduction="sum", drop_last=False)
+                output_mode="everyn", output_return_period=3, reduction="sum", drop_last=False)
     plan = ExecutionPlan.from_opts(opts, training=True)
     assert (plan.micro_batch, plan.device_iterations, plan.replication_factor,
             plan.gradient_accumulation) == (8, 3, 2, 4)
     assert plan.combined_batch == 8 * 3 * 2 * 4
-    assert plan.output_mode is OutputMode.EVERY_N and plan.output_return_period == 6
+    assert plan.output_mode is OutputMode.EVERY_N and plan.output_return_period == 3
     assert plan.reduction is Reduction.SUM and plan.drop_last is False
     inf = ExecutionPlan.from_opts(opts, training=False)
     assert (inf.micro_batch, inf.device_iterations, inf.replication_factor, inf.gradient_accumulation) == (
@@ -100,10 +100,14 @@ def test_factors_must_be_positive(field, flag):
 def test_everyn_period_must_divide_iterations():
     with pytest.raises(PlanError) as err:
         ExecutionPlan(device_iterations=10, output_mode="everyn", output_return_period=3)
-    assert "--output-return-period 3" in str(err.value) and "= 10 iterations" in str(err.value)
+    assert "--output-return-period 3" in str(err.value) and "--device-iterations 10" in str(err.value)
     assert "1, 2, 5, 10" in str(err.value)
-    # D x G counts: D=5, G=2 -> 10 iterations, N=5 is fine
+    # the period counts device iterations, as PopTorch's: D=5 with G=2 takes N=5 and refuses N=2 and N=10
     ExecutionPlan(device_iterations=5, gradient_accumulation=2, output_mode="everyn", output_return_period=5)
+    for period in (2, 10):
+        with pytest.raises(PlanError, match=f"--output-return-period {period}: .*--device-iterations 5"):
+            ExecutionPlan(device_iterations=5, gradient_accumulation=2, output_mode="everyn",
+                          output_return_period=period)
 
 
 def test_return_period_only_with_everyn():
@@ -218,8 +222,8 @@ def test_selection_rows_with_replicas_and_accumulation():
     every = ExecutionPlan(micro_batch=b, device_iterations=d, replication_factor=r, gradient_accumulation=g,
                           output_mode="everyn", output_return_period=2)
     out, rows = every.select_outputs(per_micro)
-    iters = [k for k in range(d * g) if (k + 1) % 2 == 0]  # 1, 3, 5
-    expect = [combined_index(k // g, k % g, rep, i, g, r, b) for k in iters for rep in range(r) for i in range(b)]
+    # device iteration 1 (the last of the period of 2), with all G of its micro-batches
+    expect = [combined_index(1, k, rep, i, g, r, b) for k in range(g) for rep in range(r) for i in range(b)]
     assert rows.tolist() == expect and out["y"].shape[0] == r * b * d * g // 2
     summed = ExecutionPlan(micro_batch=b, device_iterations=d, replication_factor=r, gradient_accumulation=g,
                            output_mode="sum")

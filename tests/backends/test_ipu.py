@@ -153,9 +153,9 @@ OPTION_CASES = [
      (2, 2, 2, "Mean", "Final", 1)),
     (dict(micro_batch=1, device_iterations=6, output_mode="everyn", output_return_period=3),
      (6, 1, 1, "Mean", "EveryN", 3)),
-    # EveryN with G > 1: the device returns All, the host selects the plan's iterations
+    # EveryN with G > 1: the device returns every micro-batch of device iterations N-1, 2N-1, ...
     (dict(micro_batch=1, device_iterations=2, gradient_accumulation=2, output_mode="everyn",
-          output_return_period=2), (2, 1, 2, "Mean", "All", 1)),
+          output_return_period=2), (2, 1, 2, "Mean", "EveryN", 2)),
 ]
 
 
@@ -351,19 +351,20 @@ def test_eval_without_labels_returns_outputs_and_no_loss():
 
 
 def reference_selection(d, g, r, mode, period):
-    """(micro-batches j returned, in order) from DESIGN.md's table; j = (d*G + g)*R + r; None groups for Sum."""
+    """(micro-batches j returned, in order); j = (d*G + g)*R + r; None groups for Sum. EveryN returns every
+    micro-batch of device iterations N-1, 2N-1, ... (PopART: numOutFetchesPerRepl = D / N x G)."""
     its = d * g
     if mode == "all":
         return [j for j in range(its * r)]
     if mode == "final":
         return [(its - 1) * r + rep for rep in range(r)]
     if mode == "everyn":
-        return [it * r + rep for it in range(period - 1, its, period) for rep in range(r)]
+        return [(it * g + k) * r + rep for it in range(period - 1, d, period) for k in range(g) for rep in range(r)]
     return [[it * r + rep for it in range(its)] for rep in range(r)]
 
 
 MODE_CASES = [(2, 1, 2, "all", 1), (2, 2, 2, "final", 1), (4, 1, 2, "everyn", 2), (2, 2, 1, "everyn", 2),
-              (1, 3, 2, "everyn", 3), (2, 2, 2, "sum", 1)]
+              (3, 2, 2, "everyn", 3), (2, 2, 2, "sum", 1)]
 
 
 @pytest.mark.parametrize("d, g, r, mode, period", MODE_CASES)
