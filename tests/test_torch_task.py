@@ -10,7 +10,9 @@ import torch
 import torch_task
 
 from accelbatch.cli import main
-from accelbatch.opts import Opts
+from accelbatch.opts import OptionError, Opts
+from accelbatch.tasks import torch_data
+from accelbatch.tasks.torch_data import TorchDatasetTeacher
 
 TASK, MODEL = "torch:torch_task:make_dataset", "torch:torch_task:Classifier"
 LR = 0.5
@@ -120,3 +122,96 @@ def test_a_resumed_run_ends_with_the_weights_of_one_run(tmp_path):
     assert report["train"]["steps"] == 8
     for key in whole:
         assert torch.equal(whole[key], resumed[key]), key
+
+
+def _one_line_error(capsys, argv: list[str]) -> str:
+    """The run of ``argv`` ends with exit code 2 and one line on stderr: that line."""
+    rc = main(argv)
+    err = capsys.readouterr().err
+    assert rc == 2 and err.count("\n") == 1, err
+    return err
+
+
+@pytest.mark.parametrize("factory, says", [
+    ("make_failing", ["(valid): calling the dataset factory with 'valid' raised FileNotFoundError: "
+                      "data/valid.pt: no such file at torch_task.py:"]),
+    ("make_faulty", [f"(valid): item {torch_task.FAULTY_ITEM}: __getitem__ raised KeyError: "
+                     f"'row {torch_task.FAULTY_ITEM} missing from the index' at torch_task.py:"]),
+    ("make_overcounted", [f"(valid): item {torch_task.SIZES['valid']}: __getitem__ raised IndexError",
+                          f"__len__ (which gives {torch_task.SIZES['valid'] + 3})"]),
+], ids=str)
+def test_a_dataset_that_cannot_be_read_is_one_line_naming_the_split_and_item(capsys, factory, says):
+    err = _one_line_error(capsys, ["eval", "-t", f"torch:torch_task:{factory}", "-m", MODEL, "-bs", "4"])
+    assert err.startswith(f"accelbatch: error: -t torch:torch_task:{factory} (valid): ")
+    for text in says:
+        assert text in err
+
+
+@pytest.mark.parametrize("factory, cause", [("make_failing", FileNotFoundError), ("make_faulty", KeyError)])
+def test_the_users_exception_is_the_cause_of_the_usage_error(factory, cause):
+    with pytest.raises(OptionError) as caught:
+        TorchDatasetTeacher(Opts(task=f"torch:torch_task:{factory}", datatype="valid"))
+    assert type(caught.value.__cause__) is cause
+
+
+def test_a_split_the_factory_does_not_have_is_refused_naming_the_way_out(tmp_path, capsys):
+    """None for valid: one line naming the split and how to leave it out; leaving it out trains."""
+    task = "torch:torch_task:make_train_only"
+    err = _one_line_error(capsys, ["eval", "-t", task, "-m", MODEL, "-bs", "4"])
+    assert f"-t {task} (valid): the dataset factory returned None for 'valid'" in err
+    assert "--eval-splits" in err and "-veps -1" in err and "-dt" in err
+    report = tmp_path / "r.json"
+    assert main(["train", "-t", task, "-m", MODEL, "-bs", "4", "-tstep", "2", "--no-progress", "-veps", "-1",
+                 "--eval-splits", "", "--report-json", str(report)]) == 0
+    assert json.loads(report.read_text())["train"]["exs"] == 8
+
+
+def test_an_endless_iterable_is_refused_past_the_bound_in_one_line(monkeypatch, capsys):
+    """Reading stops at MAX_STREAMED_ITEMS (made small here) instead of filling the memory; a finite stream of
+    exactly that many items is read whole."""
+    monkeypatch.setattr(torch_data, "MAX_STREAMED_ITEMS", torch_task.SIZES["valid"], raising=False)
+    monkeypatch.setattr(torch_task.Endless, "safety", 1000)  # without a bound: the user's stream fails the test
+    err = _one_line_error(capsys, ["train", "-t", "torch:torch_task:make_endless", "-m", MODEL, "-tstep", "1",
+                                   "--no-progress"])
+    assert (f"-t torch:torch_task:make_endless (train): the iterable dataset yielded more than "
+            f"{torch_task.SIZES['valid']} items") in err and "map-style" in err
+    teacher = TorchDatasetTeacher(Opts(task="torch:torch_task:make_stream", datatype="valid"))
+    assert teacher.num_examples() == torch_task.SIZES["valid"]
+
+
+def test_a_regression_target_is_not_scored_as_a_class(tmp_path, capsys):
+    """Float targets: no accuracy or f1 in any split (they would read 0.0), the loss as the model's own."""
+    task, model = "torch:torch_task:make_regression", "torch:torch_task:Regressor"
+    model_file, report_file = tmp_path / "reg.pt", tmp_path / "reg.json"
+    common = ["train", "-t", task, "-m", model, "-opt", "sgd", "-lr", "0.05", "-bs", "4", "--no-progress",
+              "-mf", str(model_file)]
+    assert main([*common, "-tstep", "6", "-veps", "-1", "--report-json", str(report_file)]) == 0
+    report = json.loads(report_file.read_text())
+    regressor = torch_task.Regressor()
+    weights = torch.load(model_file, weights_only=True)["model"]
+    regressor.load_state_dict({k[len("module."):]: v for k, v in weights.items()})
+    for split in ("train", "valid", "test"):
+        assert "accuracy" not in report[split] and "f1" not in report[split], report[split]
+        assert "loss" in report[split]
+    for split in ("valid", "test"):
+        with torch.no_grad():
+            _, loss = regressor(*torch_task.regression_tensors(split))
+        assert report[split]["exs"] == torch_task.SIZES[split]
+        assert report[split]["loss"] == pytest.approx(float(loss), abs=1e-5)
+    # the replies are not class indices: display-model shows none
+    capsys.readouterr()
+    assert main(["display-model", "-t", task, "-m", model, "-mf", str(model_file), "-n", "3"]) == 0
+    replies = [line for line in capsys.readouterr().out.splitlines() if line.startswith("[TorchModelAgent]:")]
+    assert replies and all(line == "[TorchModelAgent]: " for line in replies), replies
+    # with no accuracy to validate on, the default -vmt is refused at the first validation, naming loss
+    err = _one_line_error(capsys, [*common[:-2], "-tstep", "20", "-veps", "0.5"])
+    assert "-vmt/--validation-metric accuracy" in err and "loss" in err
+
+
+def test_items_without_a_target_are_not_scored(tmp_path):
+    report_file = tmp_path / "r.json"
+    assert main(["eval", "-t", "torch:torch_task:make_inputs_only", "-m", MODEL, "-bs", "4",
+                 "--report-json", str(report_file)]) == 0
+    report = json.loads(report_file.read_text())["valid"]
+    assert report["exs"] == torch_task.SIZES["valid"]
+    assert not {"accuracy", "f1", "loss"} & set(report), report

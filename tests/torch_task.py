@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import itertools
+
 import torch
 import torch.nn.functional as F
-from torch.utils.data import IterableDataset, TensorDataset
+from torch.utils.data import Dataset, IterableDataset, TensorDataset
 
 SIZES = {"train": 37, "valid": 23, "test": 11}
 
@@ -68,3 +70,103 @@ def pad_collate(items: list) -> tuple:
 
 def broken_collate(items: list) -> tuple:
     raise ValueError("cannot batch these")
+
+
+# --- datasets a user gets wrong, and ones without a class target (tests of the errors and of the report) --
+
+
+def make_train_only(split: str) -> TensorDataset | None:
+    """A user who has no valid or test data: None for those splits."""
+    return make_dataset(split) if split == "train" else None
+
+
+def make_failing(split: str) -> TensorDataset:
+    """A factory whose valid and test files are missing."""
+    if split != "train":
+        raise FileNotFoundError(f"data/{split}.pt: no such file")
+    return make_dataset(split)
+
+
+FAULTY_ITEM = 7  # the item Faulty's __getitem__ cannot read
+
+
+class Faulty(Dataset):
+    """Map-style, reads every item but FAULTY_ITEM, whose __getitem__ raises the user's own KeyError."""
+
+    def __init__(self, split: str):
+        self.data = make_dataset(split)
+
+    def __len__(self) -> int:
+        return len(self.data)
+
+    def __getitem__(self, i: int):
+        if i == FAULTY_ITEM:
+            raise KeyError(f"row {i} missing from the index")
+        return self.data[i]
+
+
+class Overcounted(Faulty):
+    """__len__ counts 3 items more than there are: the first one past the end raises IndexError."""
+
+    def __len__(self) -> int:
+        return len(self.data) + 3
+
+    def __getitem__(self, i: int):
+        return self.data[i]
+
+
+def make_faulty(split: str) -> Faulty:
+    return Faulty(split)
+
+
+def make_overcounted(split: str) -> Overcounted:
+    return Overcounted(split)
+
+
+class Endless(IterableDataset):
+    """An iterable that never ends (a stream with no stop). ``safety``: a test's net, raising after that many
+    items so that a reader with no bound fails instead of filling the memory (None: truly endless)."""
+
+    safety: int | None = None
+
+    def __init__(self, split: str):
+        self.x, self.y = tensors(split)
+
+    def __iter__(self):
+        for n in itertools.count():
+            if self.safety is not None and n == self.safety:
+                raise RuntimeError(f"Endless: read {n} items; the reader has no bound")
+            yield self.x[n % len(self.x)], self.y[n % len(self.y)]
+
+
+def make_endless(split: str) -> Endless:
+    return Endless(split)
+
+
+def regression_tensors(split: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """The inputs of ``tensors`` and a float target (a linear function of them), one column."""
+    x, _ = tensors(split)
+    return x, x @ torch.tensor([[1.0], [-2.0], [0.5], [0.0]]) + 0.25
+
+
+def make_regression(split: str) -> TensorDataset:
+    return TensorDataset(*regression_tensors(split))
+
+
+def make_inputs_only(split: str) -> TensorDataset:
+    """Items without a target: one tensor each."""
+    return TensorDataset(tensors(split)[0])
+
+
+class Regressor(torch.nn.Module):
+    """One output per item and a mean squared error: no class scores."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(4, 1)
+
+    def forward(self, x, target=None):
+        out = self.lin(x)
+        if target is None:
+            return out
+        return out, F.mse_loss(out, target)

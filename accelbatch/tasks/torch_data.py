@@ -9,14 +9,23 @@ returns ``outputs``, as PopTorch's trainingModel/inferenceModel expect.
 
 Each item is one example (an episode of one turn) served by a :class:`~accelbatch.teachers.FixedTeacher`, so
 the plan (D, R, G, output modes), the loaders, exactly-once evaluation, exact resume and the report work as
-for any task. Items are read once when the split is set up and held in memory. A target that is a single
-integer is also the example's label (its decimal text); when the model's outputs are one row of class scores
-per item, the reply is the arg max, so the report has accuracy beside the loss.
+for any task. Items are read once when the split is set up and held in memory; an iterable dataset (no
+``len``) that yields more than :data:`MAX_STREAMED_ITEMS` (1,000,000: about 1.4 GB and 10 s for small items)
+is refused, as one that never ends would otherwise fill the memory. A target that is a single integer is also
+the example's label (its decimal text); when the model's outputs are one row of class scores per item, the
+reply is the arg max, so the report has accuracy beside the loss. An item without such a target (inputs only,
+or a regression's float target) has no label and is not scored: the report has its loss only.
+
+A factory that raises or returns None, and an item that cannot be read (``__getitem__`` or the iterator
+raises, or ``__len__`` counts more items than there are) or is not tensors, end the run with one line naming
+``-t``, the split, the item index and the user's exception (chained as the cause).
 """
 
 from __future__ import annotations
 
 import functools
+import os
+import traceback
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -30,7 +39,7 @@ from accelbatch.teachers import FixedTeacher, split_of
 
 PREFIX = "torch:"
 ITEM, INDEX = "item", "item_index"
-NO_LABEL = "-"  # the label of an item whose target is not one integer: nothing to score
+MAX_STREAMED_ITEMS = 1_000_000  # items an iterable dataset (which has no len) may give one split
 
 
 def load(path: str, flag: str, what: str) -> Any:
@@ -40,39 +49,113 @@ def load(path: str, flag: str, what: str) -> Any:
     return import_object(path[len(PREFIX):], what, [])
 
 
-def items_of(dataset: Any, task: str) -> list[tuple[torch.Tensor, ...]]:
-    """Every item of a map-style (``len`` and ``[i]``) or iterable dataset, each as a tuple of tensors."""
-    if isinstance(dataset, IterableDataset) or not (hasattr(dataset, "__len__") and hasattr(dataset, "__getitem__")):
-        raw = iter(dataset)
-    else:
-        raw = (dataset[i] for i in range(len(dataset)))
+def items_of(dataset: Any, task: str, split: str = "train") -> list[tuple[torch.Tensor, ...]]:
+    """Every item of a map-style (``len`` and ``[i]``) or iterable dataset, each as a tuple of tensors.
+
+    Bad data is an OptionError naming ``-t``, the split and the item index: an item that is not tensors, a
+    ``__getitem__`` or iterator that raises (its message kept, the exception chained), and an iterable that
+    yields more than :data:`MAX_STREAMED_ITEMS` items (it is held in memory, so it must end)."""
+    where = f"-t {task} ({split})"
+    iterable = isinstance(dataset, IterableDataset) or not (hasattr(dataset, "__len__")
+                                                             and hasattr(dataset, "__getitem__"))
+    if iterable and not (hasattr(dataset, "__iter__") or hasattr(dataset, "__getitem__")):
+        raise OptionError(f"{where}: the dataset factory returned {_a(dataset)}, not a torch Dataset; return a "
+                          f"map-style or iterable Dataset for {split!r}")
+    try:
+        size = None if iterable else len(dataset)
+        raw = iter(dataset) if iterable else (dataset[i] for i in range(size))
+    except Exception as exc:
+        raise OptionError(f"{where}: {'iter' if iterable else 'len'}(dataset) raised {_said(exc)}; fix the "
+                          "dataset") from exc
     items = []
-    for index, item in enumerate(raw):
+    while True:
+        index = len(items)
+        try:
+            item = next(raw, _END)
+        except Exception as exc:  # the user's __getitem__ or __iter__: named with the item it was reading
+            hint = (f"; does __len__ (which gives {size}) count more items than there are?"
+                    if isinstance(exc, IndexError) and size is not None else "; fix the dataset")
+            raise OptionError(f"{where}: item {index}: {'reading it' if iterable else '__getitem__'} raised "
+                              f"{_said(exc)}{hint}") from exc
+        if item is _END:
+            return items
+        if iterable and index == MAX_STREAMED_ITEMS:  # one item more than the bound: refused, not held
+            raise OptionError(f"{where}: the iterable dataset yielded more than {MAX_STREAMED_ITEMS:,} items "
+                              "without ending; items are read once per split and held in memory, so an iterable "
+                              "must end within that: give a finite one, or a map-style Dataset (len and [i]), "
+                              "which has no such bound")
         parts = tuple(item) if isinstance(item, (tuple, list)) else (item,)
         for p in parts:
             if not isinstance(p, (torch.Tensor, int, float)):
-                raise OptionError(f"-t {task}: item {index} holds a {type(p).__name__}; items must be tensors (or "
+                raise OptionError(f"{where}: item {index} holds a {type(p).__name__}; items must be tensors (or "
                                   "tuples of tensors, the target last)")
         items.append(tuple(torch.as_tensor(p) for p in parts))
-    return items
 
 
-def label_of(item: tuple[torch.Tensor, ...]) -> str:
+def label_of(item: tuple[torch.Tensor, ...]) -> str | None:
+    """The item's class label (its target's decimal text) when the target is one integer; None otherwise (no
+    target, or a float or multi-element one): such an item is not scored."""
     target = item[-1] if len(item) > 1 else None
     if target is not None and target.numel() == 1 and not target.is_floating_point():
         return str(int(target))
-    return NO_LABEL
+    return None
+
+
+def _replies_with_class(item: tuple[torch.Tensor, ...]) -> bool:
+    """True when an arg max of the model's class scores is a sensible reply: the target is one class index,
+    or there is no target (inputs only); a regression target gets no reply."""
+    return len(item) == 1 or label_of(item) is not None
 
 
 class TorchDatasetTeacher(FixedTeacher):
     """``-t torch:pkg.mod:make_dataset``: one example per item of the factory's dataset for the split."""
 
     def setup_data(self) -> list[list[Message]]:
-        factory = load(self.opts.task, "-t", "dataset factory")
+        task = self.opts.task
+        factory = load(task, "-t", "dataset factory")
         split = split_of(self.opts.datatype)
-        items = items_of(factory(split), self.opts.task)
-        return [[Message(text=f"{split} item {i}", labels=[label_of(item)], episode_done=True,
-                         **{ITEM: item, INDEX: i})] for i, item in enumerate(items)]
+        if not callable(factory):
+            raise OptionError(f"-t {task}: {_a(factory)}, not a dataset factory (a function or class called "
+                              "with the split)")
+        try:
+            dataset = factory(split)
+        except Exception as exc:
+            raise OptionError(f"-t {task} ({split}): calling the dataset factory with {split!r} raised "
+                              f"{_said(exc)}; fix the factory{_leave_out(split)}") from exc
+        if dataset is None:
+            raise OptionError(f"-t {task} ({split}): the dataset factory returned None for {split!r}; return a "
+                              f"Dataset for it{_leave_out(split)}")
+        items = items_of(dataset, task, split)
+        # labels: the class index as text, or none (an empty list): rows without a class target are not scored
+        return [[Message(text=f"{split} item {i}", labels=[] if (label := label_of(item)) is None else [label],
+                         episode_done=True, **{ITEM: item, INDEX: i})] for i, item in enumerate(items)]
+
+
+_END = object()  # the end of a dataset's items (next's default)
+
+
+def _a(obj: Any) -> str:
+    """``None``, or "a list" / "an int": what a user's code gave instead of what was expected."""
+    if obj is None:
+        return "None"
+    name = type(obj).__name__
+    return f"{'an' if name[:1].lower() in 'aeiou' else 'a'} {name}"
+
+
+def _said(exc: BaseException) -> str:
+    """A user's exception in one line: its type, the first line of its message and where it was raised."""
+    message = str(exc).splitlines()[0] if str(exc).strip() else ""
+    frames = traceback.extract_tb(exc.__traceback__)
+    at = f" at {os.path.basename(frames[-1].filename)}:{frames[-1].lineno}" if frames else ""
+    return f"{type(exc).__name__}{': ' + message if message else ''}{at}"
+
+
+def _leave_out(split: str) -> str:
+    """How not to read an evaluation split (train always reads the train split)."""
+    if split == "train":
+        return ""
+    no_validation = " and -veps -1" if split == "valid" else ""
+    return f", or leave {split!r} out (train: --eval-splits without it{no_validation}; eval: another -dt)"
 
 
 class ModuleAdapter(torch.nn.Module):
@@ -143,10 +226,14 @@ class TorchModelAgent(TorchAgent):
                               ) from None
 
     def replies(self, outputs: dict[str, torch.Tensor], observations: list[Message]) -> list[dict[str, Any]]:
+        """The arg max of each row's class scores (outputs of shape (rows, classes >= 2), float), for the rows
+        whose item has a class target or none; no reply otherwise (a regression's outputs are no class)."""
         out = outputs.get("out")
-        if out is None or out.dim() != 2 or not out.is_floating_point() or out.shape[0] != len(observations):
+        if (out is None or out.dim() != 2 or out.shape[1] < 2 or not out.is_floating_point()
+                or out.shape[0] != len(observations)):
             return [{} for _ in observations]
-        return [{"text": str(p)} for p in out.argmax(dim=1).tolist()]
+        return [{"text": str(p)} if _replies_with_class(obs[ITEM]) else {}
+                for p, obs in zip(out.argmax(dim=1).tolist(), observations)]
 
 
 @functools.lru_cache(maxsize=None)
