@@ -469,7 +469,8 @@ class Supervisor:
         try:
             self._finalizer()
         finally:
-            signal.signal(signal.SIGINT, old)
+            if old is not None:  # None while the interpreter exits (a loader left to its finalizer)
+                signal.signal(signal.SIGINT, old)
             if pending:
                 raise KeyboardInterrupt
 

@@ -8,8 +8,12 @@ from __future__ import annotations
 import gc
 import math
 import multiprocessing
+import os
 import re
+import subprocess
+import sys
 import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -361,3 +365,21 @@ def test_miss_sleep_time_delays_refilling_a_full_ring():
     assert seconds_for_7_batches(0.1) < 0.1  # measured 0.003 s
     with pytest.raises(ValueError, match="miss_sleep_time_in_ms must be a number >= 0"):
         poptorch.AsynchronousDataAccessor(IncrementDataset([1], 4), miss_sleep_time_in_ms=-1)
+
+
+def test_an_async_loader_left_open_when_the_script_ends_exits_quietly(tmp_path):
+    """A script that iterates an Async DataLoader and never terminates it (as PopTorch's examples do) ends
+    with the loader's finalizer while the interpreter exits: no 'Exception ignored' traceback, exit 0."""
+    script = tmp_path / "left_open.py"
+    script.write_text(
+        "import torch\n"
+        "from accelbatch.backends import poptorch_emulator as poptorch\n"
+        "data = torch.utils.data.TensorDataset(torch.arange(20.).unsqueeze(1), torch.arange(20))\n"
+        "if __name__ == '__main__':\n"
+        "    loader = poptorch.DataLoader(poptorch.Options(), data, batch_size=2,\n"
+        "                                 mode=poptorch.DataLoaderMode.Async)\n"
+        "    print(sum(1 for _ in loader))\n")
+    root = str(Path(__file__).resolve().parents[2])
+    ran = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=60,
+                         env={**os.environ, "PYTHONPATH": root})
+    assert (ran.returncode, ran.stdout, ran.stderr) == (0, "10\n", "")
