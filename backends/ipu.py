@@ -35,6 +35,8 @@ from .ipu_engine import IPUEngine, plan_options
 from .ipu_latency import combined
 from .ipu_settings import IPUSettings
 
+MAX_IPUS = 64  # IPUs one PopTorch process drives (more need distributed execution)
+
 log = logging.getLogger("accelbatch.ipu")
 
 EMULATOR_ENV = "ACCELBATCH_IPU_EMULATOR"
@@ -111,6 +113,12 @@ class IPUBackend(Backend):
                             "every model for the IPU itself: leave it out")
         self.settings = IPUSettings.from_opts(opts)
         replicas = self.replicas = int(getattr(opts, "replication_factor", 1) or 1)
+        per_replica = self.settings.pipeline.ipus_per_replica
+        if replicas * per_replica > MAX_IPUS:
+            fits = 1 << ((MAX_IPUS // per_replica).bit_length() - 1)
+            raise PlanError(f"-rf/--replication-factor {replicas}: {replicas} replicas x {per_replica} IPU(s) = "
+                            f"{replicas * per_replica} IPUs, and PopTorch drives at most {MAX_IPUS} from one process "
+                            f"(more need distributed execution, poprun); use -rf {fits} or fewer")
         reserved = reserved_ipus(replicas)
         self.settings.pipeline.check_replicas(replicas)
         if reserved != replicas and self.settings.pipeline.stages == 1:

@@ -593,3 +593,15 @@ def test_replication_factors_an_ipu_system_cannot_reserve_are_refused_at_setup(r
         return
     with pytest.raises(PlanError, match=rf"-rf/--replication-factor {replicas}: an IPU system reserves a power of 2"):
         backend.setup(Opts(ipu_emulator=True, replication_factor=replicas))
+
+
+@pytest.mark.parametrize("replicas, stages", [(96, 1), (128, 1), (192, 1), (64, 2)])
+def test_more_ipus_than_one_process_drives_are_refused_at_setup(replicas, stages):
+    """PopTorch compiles at most 64 IPUs in one process: -rf 128 passed the setup and failed at compile with
+    a message that did not name -rf, and the refusal of -rf 96 suggested 128."""
+    opts = Opts(device="ipu", ipu_emulator=True, replication_factor=replicas,
+                pipeline="memory_out" if stages > 1 else None)
+    with pytest.raises(PlanError, match=rf"^-rf/--replication-factor {replicas}: .* = {replicas * stages} IPUs, and "
+                                        rf"PopTorch drives at most 64 .*; use -rf {64 // stages} or fewer$"):
+        IPUBackend().setup(opts)
+    IPUBackend().setup(opts.replace(replication_factor=64 // stages))
