@@ -66,6 +66,9 @@ class Opts:
                              help="passes over the training data (-1: no limit)")
     max_train_steps: int = _opt(-1, "-tstep", "--max-train-steps", train_only=True,
                                 help="stop after this many world steps (-1: no limit)")
+    max_train_time: float = _opt(-1.0, "-ttim", "--max-train-time", train_only=True,
+                                 help="stop training after this many seconds (-1: no limit), then save and "
+                                      "evaluate as at the other limits (ParlAI's -ttim)")
     validation_every_n_epochs: float = _opt(1.0, "-veps", "--validation-every-n-epochs", train_only=True,
                                             help="validate after this many epochs (-1: only at the end)")
     validation_every_n_secs: float = _opt(-1.0, "-vtim", "--validation-every-n-secs", train_only=True,
@@ -312,7 +315,8 @@ def validate(opts: Opts) -> None:
     for name in ("data_timeout_s", "replica_timeout_s"):
         if getattr(opts, name) <= 0:
             raise OptionError(f"{_flag(name)}: must be a positive number of seconds, got {getattr(opts, name)}")
-    for name in ("num_epochs", "max_train_steps", "validation_max_exs"):
+    for name in ("num_epochs", "max_train_steps", "max_train_time", "validation_max_exs",
+                 "validation_every_n_epochs", "validation_every_n_secs"):
         value = getattr(opts, name)
         if value <= 0 and value != -1:
             raise OptionError(f"{_flag(name)}: must be positive, or -1 for no limit, got {value}")

@@ -278,9 +278,14 @@ def _train(world: World, opts: Opts, log: MetricsLog, runtime: Runtime, stop: St
         stop.at_safe_point()
         stopping = stop.requested is not None
         timed = 0 < opts.validation_every_n_secs <= time.monotonic() - last_validation
-        want_save, stopping, timed = backend.decide(saver.due() or stopping, stopping, timed)
+        out_of_time = 0 < opts.max_train_time <= state.elapsed()
+        want_save, stopping, timed, out_of_time = backend.decide(saver.due() or stopping, stopping, timed,
+                                                                 out_of_time)
         if timed and validate():
             stop_reason = "validation"
+            break
+        if out_of_time:
+            stop_reason = "max_train_time"
             break
         if want_save and checkpoints is not None:
             save()

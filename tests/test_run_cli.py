@@ -433,3 +433,20 @@ def test_a_model_file_for_an_agent_without_a_model_says_nothing_was_written(tmp_
     err = capsys.readouterr().err
     assert f"-mf/--model-file {model}: RepeatLabelAgent is not a TorchAgent" in err and "nothing was written" in err
     assert not model.exists()
+
+
+def test_max_train_time_stops_training_then_evaluates_as_the_other_limits(capsys):
+    """ParlAI's -ttim: the run stops at the first step past the time (here: the first one), then saves and
+    evaluates as at -ne or -tstep; 0 and negative times other than -1 are refused like -tstep's."""
+    opts = Opts(task="babi:1", model="repeat_label", max_train_time=1e-9, num_epochs=-1, progress=False,
+                validation_every_n_epochs=-1, eval_splits="valid")
+    report = run(create_world(opts), opts)
+    assert (report["train"]["stopped_by"], report["train"]["steps"]) == ("max_train_time", 1)
+    assert report["valid"]["exs"] == 1000
+    for bad in ("0", "-3"):
+        assert main(["train", "-ttim", bad, "--no-progress"]) == 2
+        assert f"-ttim/--max-train-time: must be positive, or -1 for no limit, got {float(bad)}" in \
+            capsys.readouterr().err
+    for bad in ("0", "-2"):
+        assert main(["train", "-veps", bad, "--no-progress"]) == 2
+        assert "-veps/--validation-every-n-epochs: must be positive, or -1" in capsys.readouterr().err
