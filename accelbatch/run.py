@@ -19,7 +19,7 @@ from typing import Any, TextIO
 from accelbatch.agents import Agent, TorchAgent, learning_rates, set_learning_rates
 from accelbatch.best_valid import BestValid, forget_best, read_best, write_best
 from accelbatch.build import Runtime, attach_runtime, create_world
-from accelbatch.checkpoint import checkpoint_dir
+from accelbatch.checkpoint import MANIFEST, checkpoint_dir
 from accelbatch.metrics import combine_reports, finish_merged, report_weights, unknown_metrics
 from accelbatch.opts import OptionError, Opts
 from accelbatch.report_table import json_ready
@@ -187,6 +187,10 @@ def _train(world: World, opts: Opts, log: MetricsLog, runtime: Runtime, stop: St
     next_validation = opts.validation_every_n_epochs * per_epoch if opts.validation_every_n_epochs > 0 else math.inf
     checkpoints = Checkpointer(opts, backend, runtime.plan) if opts.model_file and isinstance(model, TorchAgent) \
         else None
+    if checkpoints is not None and not opts.resume and main and \
+            os.path.isfile(os.path.join(checkpoint_dir(opts.model_file), MANIFEST)):
+        print(f"accelbatch: {checkpoint_dir(opts.model_file)} holds an earlier run's position; this run starts "
+              "afresh and its checkpoints replace it (--resume continues that run instead)", file=sys.stderr)
     optimizer = model.engine.host_optimizer() if checkpoints is not None and opts.resume else None
     fresh = learning_rates(optimizer) if optimizer is not None else []  # this run's -lr (and the agent's own)
     resumed = checkpoints.resume(world, model.engine) if checkpoints is not None and opts.resume else None

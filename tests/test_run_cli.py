@@ -450,3 +450,18 @@ def test_max_train_time_stops_training_then_evaluates_as_the_other_limits(capsys
     for bad in ("0", "-2"):
         assert main(["train", "-veps", bad, "--no-progress"]) == 2
         assert "-veps/--validation-every-n-epochs: must be positive, or -1" in capsys.readouterr().err
+
+
+def test_a_run_without_resume_says_it_starts_over_an_earlier_checkpoint(tmp_path, capsys):
+    """A checkpoint left by a stopped run is not resumed without --resume (as the README says); the run says
+    so, since its own checkpoints then replace that position."""
+    path = str(tmp_path / "m.pt")
+    opts = Opts(task="babi:1", model="memnn", max_train_steps=2, model_file=path, progress=False,
+                eval_splits="", validation_every_n_epochs=-1, embedding_size=16, save_every_n_secs=3600)
+    run(create_world(opts), opts)  # saves PATH.ckpt at the end (a resume goes on from there)
+    assert "holds an earlier run's position" not in capsys.readouterr().err
+    run(create_world(opts), opts)
+    assert (f"accelbatch: {path}.ckpt holds an earlier run's position; this run starts afresh and its checkpoints "
+            "replace it (--resume continues that run instead)") in capsys.readouterr().err
+    run(create_world(opts.replace(resume=True)), opts.replace(resume=True))
+    assert "holds an earlier run's position" not in capsys.readouterr().err
