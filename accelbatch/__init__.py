@@ -12,6 +12,8 @@ entry point, a data worker) does not import torch before it needs it.
 from __future__ import annotations
 
 import importlib
+import sys
+import types
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING, without importing typing before the entry point runs
 if TYPE_CHECKING:
@@ -55,3 +57,17 @@ def __getattr__(name: str) -> Any:
 
 def __dir__() -> list[str]:
     return sorted([*globals(), *__all__])
+
+
+class _Package(types.ModuleType):
+    """The package's module type: importing the module ``accelbatch.run`` sets the package's attribute
+    ``run`` to that module, where ``accelbatch.run`` is the function ``run(world, opts)``; the function keeps
+    the name (as it did when this file imported it eagerly, after the module)."""
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name in _WHERE and isinstance(value, types.ModuleType):
+            return
+        super().__setattr__(name, value)
+
+
+sys.modules[__name__].__class__ = _Package

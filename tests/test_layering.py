@@ -9,6 +9,10 @@ from __future__ import annotations
 
 import ast
 import pathlib
+import subprocess
+import sys
+
+import pytest
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 FACTORY_AND_CLI = {"accelbatch.build", "accelbatch.cli"}
@@ -86,3 +90,23 @@ def test_no_import_cycle_among_the_package_modules():
         if node not in state:
             visit(node)
     assert not cycles, "import cycles:\n" + "\n".join(" -> ".join(c) for c in cycles)
+
+
+@pytest.mark.multiprocess
+@pytest.mark.timeout(120)
+def test_the_package_loads_its_names_on_first_use_and_run_stays_the_function():
+    """``import accelbatch`` imports no torch (the command line's entry point runs first); ``ab.run`` is the
+    function whether or not the module ``accelbatch.run`` was imported before (its import names the module on
+    the package)."""
+    code = ("import sys\n"
+            "import accelbatch as ab\n"
+            "assert 'torch' not in sys.modules, 'torch imported by the package'\n"
+            "import accelbatch.run\n"
+            "from accelbatch.run import evaluate\n"
+            "assert ab.run.__module__ == 'accelbatch.run' and callable(ab.run), ab.run\n"
+            "from accelbatch import Opts, run, format_report\n"
+            "assert run is ab.run and Opts.__name__ == 'Opts' and callable(format_report)\n"
+            "assert set(ab.__all__) <= set(dir(ab))\n"
+            "print('ok')\n")
+    ran = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert ran.stdout == "ok\n", ran.stderr
