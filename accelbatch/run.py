@@ -215,6 +215,8 @@ def _train(world: World, opts: Opts, log: MetricsLog, runtime: Runtime, stop: St
     window_data = getattr(world, "data_time_s", 0.0)
     logged: dict[str, float] = {}  # the world's metrics (cumulative: never reset in training) at the last log
     valid_world: World | None = None
+    if next_validation < math.inf or opts.validation_every_n_secs > 0:  # bad valid data fails now, not an epoch on
+        valid_world = create_world(_eval_opts(opts, "valid"), agent=model, runtime=runtime)
     last_validation = time.monotonic()
     stop_reason = "num_epochs"
     # a checkpoint taken after the last step (the save at the end of training) leaves nothing to train

@@ -13,6 +13,7 @@ from accelbatch.models.memnn import MemNNAgent
 from accelbatch.models.utility import RepeatLabelAgent
 from accelbatch.opts import OptionError, Opts
 from accelbatch.run import run
+from accelbatch.tasks.files import DataFileError
 
 
 @pytest.mark.slow
@@ -465,3 +466,22 @@ def test_a_run_without_resume_says_it_starts_over_an_earlier_checkpoint(tmp_path
             "replace it (--resume continues that run instead)") in capsys.readouterr().err
     run(create_world(opts.replace(resume=True)), opts.replace(resume=True))
     assert "holds an earlier run's position" not in capsys.readouterr().err
+
+
+def test_a_missing_or_bad_valid_file_is_found_before_training(tmp_path):
+    """A folder task's valid file is read before the first step when the run validates: it was read at the
+    first validation, after an epoch of training, and the run then ended with nothing saved."""
+    folder = tmp_path / "data"
+    folder.mkdir()
+    (folder / "train.jsonl").write_text("".join(json.dumps({"text": f"q{i}", "labels": ["a"]}) + "\n"
+                                                for i in range(8)))
+    opts = Opts(task=f"jsonl:{folder}", model="repeat_label", batchsize=2, num_epochs=1, progress=False)
+    world = create_world(opts)
+    with pytest.raises(DataFileError, match="valid.jsonl"):
+        run(world, opts)
+    assert world.get_total_exs() == 0
+    (folder / "valid.jsonl").write_text('{"text": "q", "labels": ["a"]}\n{"text": "q"\n')
+    world = create_world(opts)
+    with pytest.raises(DataFileError, match="valid.jsonl:2"):
+        run(world, opts)
+    assert world.get_total_exs() == 0
