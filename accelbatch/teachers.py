@@ -293,6 +293,10 @@ def task_names(opts: Opts) -> list[str]:
     tasks = [t.strip() for t in opts.task.split(",") if t.strip()]
     if not tasks:
         raise UnknownNameError(f"-t/--task is empty; known tasks: {', '.join(TASK_HELP)}")
+    twice = sorted({t for t in tasks if tasks.count(t) > 1})
+    if twice:  # each task's metrics are reported under its name: a second one would overwrite the first's
+        raise UnknownNameError(f"-t/--task {opts.task}: names {', '.join(twice)} more than once; list each task "
+                               "once")
     return tasks
 
 

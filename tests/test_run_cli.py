@@ -485,3 +485,11 @@ def test_a_missing_or_bad_valid_file_is_found_before_training(tmp_path):
     with pytest.raises(DataFileError, match="valid.jsonl:2"):
         run(world, opts)
     assert world.get_total_exs() == 0
+
+
+def test_a_task_listed_twice_is_refused(capsys):
+    """Each task's metrics are reported under its name (TASK/accuracy): -t X,X reported X/exs 3 while exs was
+    6, the second task's numbers overwriting the first's."""
+    assert main(["train", "-t", "babi:1, babi:2,babi:1", "-tstep", "1", "--no-progress"]) == 2
+    assert capsys.readouterr().err == ("accelbatch: error: -t/--task babi:1, babi:2,babi:1: names babi:1 more than "
+                                       "once; list each task once\n")
