@@ -27,6 +27,11 @@ from accelbatch.opts import OptionError, Opts
 if TYPE_CHECKING:
     from accelbatch.data.loader import AgentCollate
 
+# optional per-row model outputs (see TorchAgent): each row's loss, and 1 for the rows the loss counts, 0 for the
+# others (no target among the row's candidates, padding rows); evaluation reports the mean over the counted rows
+ROW_LOSS = "row_loss"
+ROW_COUNTED = "row_counted"
+
 # name -> "module:Class"; anything else given to -m is read as "module:Class".
 AGENT_PATHS: dict[str, str] = {
     "memnn": "accelbatch.models.memnn:MemNNAgent",
@@ -196,7 +201,9 @@ class TorchAgent(Agent):
     """An agent with a torch model. Subclasses give the four methods below; the engine runs the step.
 
     - ``build_model()`` -> nn.Module whose ``forward(batch)`` returns a dict with ``loss`` (mean over
-      the rows) and per-row outputs;
+      the rows) and per-row outputs; a model whose loss leaves some rows out (rows without a target) also
+      returns each row's loss as :data:`ROW_LOSS` and 1/0 for the rows it counts as :data:`ROW_COUNTED`, so
+      evaluation reports the mean over exactly those rows, however they are batched;
     - ``vectorize(obs)`` -> the observation with whatever per-row features batchify needs;
     - ``batchify(observations)`` -> dict of tensors, dim 0 = rows;
     - ``replies(outputs, observations)`` -> one reply dict per row.
@@ -344,30 +351,43 @@ class TorchAgent(Agent):
         result = self.engine.train_step(batch) if training else self.engine.eval_step(batch)
         if result.extras.get("skipped_updates"):
             self.metrics.add("skipped_updates", result.extras["skipped_updates"])
-        if result.loss is not None and _leading(batch) == len(observations):
+        outputs, real = result.outputs, len(observations)
+        row_ids: list[int] | None = None  # the real rows the outputs are of (None: no per-row outputs)
+        if outputs:
+            if result.rows is None:
+                produced_rows = _leading(outputs)
+                if produced_rows >= real:  # fewer: outputs are not per row (Sum mode), nothing to reply with
+                    row_ids = list(range(real))
+                    if produced_rows > real:
+                        outputs = {k: v[:real] for k, v in outputs.items()}
+            else:
+                keep = result.rows < real
+                row_ids = result.rows[keep].tolist()
+                if len(row_ids) < len(result.rows):
+                    outputs = {k: v[keep] for k, v in outputs.items()}
+        if not training and row_ids is not None and ROW_LOSS in outputs:
+            # evaluation with per-row losses: the mean over the real rows the loss counts, whatever the batch
+            # size, micro-batches or padding rows (a mean of batch means would weigh a batch's rows by its size)
+            self._add_row_losses(outputs)
+        elif result.loss is not None and _leading(batch) == real:
             # weighted by rows: a per-example mean. A batch with padding rows (static shapes) mixes them
             # into the model's mean loss, so its loss is left out rather than reported wrong.
-            self.metrics.add_loss(result.loss, len(observations))
-        outputs, real = result.outputs, len(observations)
-        if not outputs:
+            self.metrics.add_loss(result.loss, real)
+        if row_ids is None:
             return []
-        if result.rows is None:
-            produced_rows = _leading(outputs)
-            if produced_rows < real:
-                return []  # outputs are not per row (Sum mode): nothing to reply with
-            row_ids = list(range(real))
-            if produced_rows > real:
-                outputs = {k: v[:real] for k, v in outputs.items()}
-        else:
-            keep = result.rows < real
-            row_ids = result.rows[keep].tolist()
-            if len(row_ids) < len(result.rows):
-                outputs = {k: v[keep] for k, v in outputs.items()}
         produced = list(self.replies(outputs, [observations[j] for j in row_ids]))
         if len(produced) != len(row_ids):  # zip would score a subset of the rows, silently
             raise ValueError(f"{type(self).__name__}.replies returned {len(produced)} replies for {len(row_ids)} "
                              "rows of outputs: it must return one reply dict per row")
         return list(zip(row_ids, produced))
+
+    def _add_row_losses(self, outputs: dict[str, torch.Tensor]) -> None:
+        """Add the losses of the rows ``outputs`` count (:data:`ROW_LOSS`, :data:`ROW_COUNTED`) to the report."""
+        counted = outputs[ROW_COUNTED].detach().reshape(-1) > 0
+        n = int(counted.sum())
+        if n:  # a batch none of whose rows is counted adds nothing (its mean would be 0 / 0)
+            total = outputs[ROW_LOSS].detach().reshape(-1).double()[counted].sum()
+            self.metrics.add_loss(float(total) / n, n)
 
     def collate_fn(self) -> "AgentCollate":
         """vectorize + batchify as a picklable callable for data workers (model, optimizer left behind)."""

@@ -21,8 +21,8 @@ import tempfile
 from typing import Any
 
 WORKLOADS = {
-    "bag": ["-m", "bag", "-lr", "0.5"],
-    "conv": ["-m", "conv", "-lr", "0.05"],
+    "bag": ["-m", "bag", "-opt", "sgd", "-lr", "0.5"],
+    "conv": ["-m", "conv", "-opt", "sgd", "-lr", "0.05"],
     "memnn": ["-t", "babi:1", "-m", "memnn"],
 }
 

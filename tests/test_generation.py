@@ -251,7 +251,10 @@ def test_truncation_keeps_the_end_of_the_text_and_the_start_of_the_label():
     obs = agent.vectorize(ab.Message(text="abcdefgh", labels=["uvwxyz"]))
     assert VOCAB.decode(obs["text_vec"]) == "efgh"
     assert obs["label_vec"] == VOCAB.encode("uvw") + [EOS]
-    assert agent.example_length(obs) == 4 + 4
+    # the planned length is the width batchify gives text_vec: the kept text rounded up to PAD_MULTIPLE
+    assert agent.example_length(obs) == 8
+    assert agent.example_length(agent.vectorize(ab.Message(text="abc", labels=["uvwxyz"]))) == 8
+    assert agent.example_length(agent.vectorize(ab.Message(text="", labels=["u"]))) == 8
 
 
 def _eval_report(opts: ab.Opts, agent=None) -> tuple[dict, object]:

@@ -46,15 +46,18 @@ def plan_buckets(lengths: Iterable[int], num_buckets: int = 8, batch_size: int =
 
     The padded lengths are the optimal partition of the sorted lengths into ``num_buckets`` intervals, each
     padded to its longest member (exact dynamic programming over the distinct lengths: no choice of
-    ``num_buckets`` lengths pads less, see :func:`bucket_padding_bound`). The longest bucket is ``max_len`` when
-    given (so a stream never meets a longer example), else the longest length. Rows vary with the length: with
-    a token budget at most ``max_tokens // len_k`` (so ``rows_k x len_k <= max_tokens`` unless one row alone is
-    longer), else ``batch_size``; a multiple of ``row_multiple``; evened out over the batches the bucket's
-    examples (``1 / shards`` of them per shard) need, so a bucket's last batch is not mostly padding rows.
+    ``num_buckets`` lengths pads less, see :func:`bucket_padding_bound`); a length below 1 counts as 1 (a static
+    width holds one position at least). The longest bucket is ``max_len`` when given (so a stream never meets a
+    longer example), else the longest length. Rows vary with the length: with a token budget at most
+    ``max_tokens // len_k`` (so ``rows_k x len_k <= max_tokens`` unless one row alone is longer), else
+    ``batch_size``; a multiple of ``row_multiple``; evened out over the batches the bucket's examples (``1 /
+    shards`` of them per shard) need, so a bucket's last batch is not mostly padding rows.
     """
     check_positive("num_buckets", num_buckets)
     check_positive("batch_size", batch_size)
-    values, counts = np.unique(np.asarray(list(lengths), dtype=np.int64), return_counts=True)
+    # a static length is at least 1: collates pad an empty text to one padding position (a tensor of width 0
+    # is no input a model can pool or attend over), so an example of length 0 is planned as one of length 1
+    values, counts = np.unique(np.maximum(np.asarray(list(lengths), dtype=np.int64), 1), return_counts=True)
     if values.size == 0:
         raise ValueError("plan_buckets: no lengths to plan from (the dataset is empty)")
     if max_len is not None:

@@ -1,19 +1,22 @@
-"""``-m bag``: a bag-of-words ranker (EmbeddingBag + Linear over the text), trained with SGD.
+"""``-m bag``: a bag-of-words ranker (EmbeddingBag + Linear over the text).
 
 A *ranker over label candidates*, not a classifier over a fixed label vocabulary: it scores each row's
 ``label_candidates`` by a dot product between the encoded text and each encoded candidate, and replies with
 the best one. So it needs no label vocabulary built from the data, works on any task whose examples carry
 candidates (``dialogues``, ``babi:1``), and every reply carries text the teacher scores (accuracy, F1).
-Training minimises cross entropy over the candidates (the row's first label is the target; a row whose
-label is not among its candidates is left out of the loss).
+Training minimises cross entropy over the candidates (the row's first label is the target). In evaluation a
+row whose label is not among its candidates is scored as a miss and left out of the loss, which is the mean
+over the other rows exactly, whatever the batch size (:func:`candidate_loss`).
 
 :class:`RankerAgent` holds what the bag and conv models share: hashed words (:data:`VOCAB` buckets, 0 is
 padding), the text truncated to ``--text-truncate`` tokens keeping the end (ParlAI's rule: the latest turn
 matters most), candidate tensors, replies. Subclasses give only the text encoder (``build_model``).
 
-Optimizer: plain SGD at ``--learning-rate`` (whatever ``--optimizer`` says), as the benchmark asks; SGD keeps
-no per-parameter state, which also suits hogwild processes sharing one model. Useful rates are larger than
-Adam's default: about 0.5 for ``bag``, 0.1 for ``conv``. Fused on --device cuda.
+Optimizer: ``--optimizer`` at ``--learning-rate``, as for every TorchAgent (fused on --device cuda). The
+defaults (Adam, 0.01) learn: 2 epochs of ``dialogues:4000`` reach valid accuracy 0.84 (bag) and 0.69 (conv),
+where SGD at 0.01 reached 0.24 and 0.13. With ``-opt sgd`` useful rates are larger: about 0.5 for ``bag``, 0.1
+for ``conv`` (conv diverged at 0.5 on ``babi:1``). On ``babi:1`` both stay near 0.40 whatever the optimizer
+and rate: a bag of words, or max-pooled 5-word windows, cannot tell which of a person's moves came last.
 """
 
 from __future__ import annotations
@@ -25,7 +28,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from accelbatch.agents import TorchAgent, optimizer_kwargs
+from accelbatch.agents import ROW_COUNTED, ROW_LOSS, TorchAgent
 from accelbatch.dictionary import HashDictionary, SharedDictionary, tokenize
 from accelbatch.messages import EVAL_LABELS, LABEL_CANDIDATES, LABELS, TEXT, Message
 from accelbatch.tasks.files import DataFileError
@@ -52,13 +55,25 @@ class CandidateScorer(nn.Module):
         scores = scores.masked_fill(batch["cand_mask"] == 0, torch.finfo(scores.dtype).min)
         out = {"scores": scores}
         if "label_index" in batch:
-            # rows without candidates (padding rows added by static-shape batching) are left out of the loss
-            target = batch["label_index"].masked_fill(batch["cand_mask"].sum(dim=1) == 0, -1)
-            if bool((target >= 0).any()):
-                out["loss"] = F.cross_entropy(scores, target, ignore_index=-1)
-            else:  # no row has its label among its candidates: nothing to learn from, a zero loss
-                out["loss"] = scores.sum() * 0.0
+            out.update(candidate_loss(scores, batch["label_index"], batch["cand_mask"]))
         return out
+
+
+def candidate_loss(scores: torch.Tensor, label_index: torch.Tensor, cand_mask: torch.Tensor) -> dict[str, torch.Tensor]:
+    """The rankers' loss over ``scores`` [rows, candidates]: ``loss``, the mean cross entropy over the scored rows,
+    and per row :data:`~accelbatch.agents.ROW_LOSS` (0 where not scored) and ``ROW_COUNTED`` (1 where scored),
+    from which evaluation reports the mean over every scored row exactly, however the rows are batched.
+
+    A row is scored when its label is among its candidates (``label_index`` >= 0) and it has candidates (padding
+    rows of static shapes have none, whatever their zero ``label_index``). A batch without scored rows has loss 0
+    and no gradient. Training rows are all scored (a label outside the candidates is refused): there ``loss`` is
+    the plain mean cross entropy."""
+    target = label_index.masked_fill(cand_mask.sum(dim=1) == 0, -1)
+    # reduction "none": rows left out are exactly 0 (a sum of the masked scores would be -inf, and x 0.0 NaN)
+    per_row = F.cross_entropy(scores, target, ignore_index=-1, reduction="none")
+    counted = (target >= 0).to(per_row.dtype)
+    # clamp: no scored row gives 0 / 1, on the device (no host read to test for it)
+    return {"loss": per_row.sum() / counted.sum().clamp_min(1.0), ROW_LOSS: per_row.detach(), ROW_COUNTED: counted}
 
 
 class BagOfWords(CandidateScorer):
@@ -145,12 +160,6 @@ class RankerAgent(SharedDictionary, TorchAgent):
         # the loader sorts and buckets examples by this; it counts exactly the tokens of text_vec
         self.example_length = TokenLength(opts.text_truncate, self.dictionary)
 
-    def build_optimizer(self, model: nn.Module) -> torch.optim.Optimizer | None:
-        params = [p for p in model.parameters() if p.requires_grad]
-        if not params:
-            return None
-        return torch.optim.SGD(params, lr=self.opts.learning_rate, **optimizer_kwargs(self.opts, torch.optim.SGD))
-
     def vectorize(self, obs: Message) -> Message:
         text = obs.get("full_text", obs.get(TEXT)) or ""
         words = self.dictionary
@@ -193,7 +202,7 @@ class RankerAgent(SharedDictionary, TorchAgent):
 
 
 class BagAgent(RankerAgent):
-    """``-m bag``: :class:`BagOfWords` ranker, SGD."""
+    """``-m bag``: :class:`BagOfWords` ranker."""
 
     def build_model(self) -> nn.Module:
         return BagOfWords(self.opts.embedding_size)

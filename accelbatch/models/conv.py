@@ -1,11 +1,12 @@
-"""``-m conv``: Embedding + Conv1d + max pooling + Linear, ranking label candidates (SGD).
+"""``-m conv``: Embedding + Conv1d + max pooling + Linear, ranking label candidates.
 
 The convolution runs over every position of the padded ``[rows, length]`` text, padding included, so
 padding costs real compute: this is the model that shows what dynamic batching saves. The pooling is masked
 (padding positions never win the max) and the padding embedding is zero, so a row's scores do not depend on
 how much padding its batch has: batching changes the speed, never the answers.
 
-Candidates, truncation, replies and the optimizer are :class:`~accelbatch.models.bag.RankerAgent`'s.
+Candidates, truncation, the loss, replies and the optimizer (``--optimizer``) are
+:class:`~accelbatch.models.bag.RankerAgent`'s.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ class ConvText(CandidateScorer):
     def __init__(self, dim: int, hidden: int = HIDDEN, kernel: int = KERNEL):
         super().__init__(dim)
         self.emb = nn.Embedding(VOCAB, dim, padding_idx=0)
-        # word vectors of norm ~1: the convolution's gradients stay O(1), so SGD at the rate the ranker's
+        # word vectors of norm ~1: the convolution's gradients stay O(1), so -opt sgd at the rate the ranker's
         # docstring recommends (~0.1) is stable even with few rows per batch (std 1 gave gradient norms ~15)
         nn.init.normal_(self.emb.weight, std=INIT_STD / dim ** 0.5)
         with torch.no_grad():
@@ -42,7 +43,7 @@ class ConvText(CandidateScorer):
 
 
 class ConvAgent(RankerAgent):
-    """``-m conv``: :class:`ConvText` ranker, SGD."""
+    """``-m conv``: :class:`ConvText` ranker."""
 
     def build_model(self) -> nn.Module:
         return ConvText(self.opts.embedding_size)

@@ -52,19 +52,21 @@ def rounded(length: int, multiple: int = PAD_MULTIPLE) -> int:
     return max(multiple, -(-length // multiple) * multiple)
 
 
-class TextLabelLength:
-    """Picklable length for dynamic batching and buckets: the tokens a row costs (text + label, truncated)."""
+class PaddedTextLength:
+    """Picklable length for dynamic batching and buckets: the width ``batchify`` gives a row's ``text_vec``, its
+    text bytes (truncated) rounded up to :data:`PAD_MULTIPLE`. A bucket's planned length is then at least the
+    width ``batchify`` makes for any of its batches, and at most the model's positions (``--text-truncate``
+    rounded up). Like the rankers' length it counts the padded text the model computes, not the label (the
+    token budget is spent on the text, see ``default_max_tokens``)."""
 
-    def __init__(self, text_truncate: int, label_truncate: int):
-        self.text_truncate, self.label_truncate = text_truncate, label_truncate
+    def __init__(self, text_truncate: int):
+        self.text_truncate = text_truncate
 
     def __call__(self, msg: Message) -> int:
         text = len((msg.get("full_text", msg.get(TEXT)) or "").encode("utf-8"))
         if self.text_truncate > 0:
             text = min(text, self.text_truncate)
-        targets = msg.get(LABELS) or msg.get(EVAL_LABELS)
-        label = min(len(targets[0].encode("utf-8")), self.label_truncate) + 1 if targets else 0
-        return text + label
+        return rounded(text)
 
 
 class GeneratorAgent(TorchAgent):
@@ -74,7 +76,8 @@ class GeneratorAgent(TorchAgent):
 
     def __init__(self, opts: Any, shared: dict[str, Any] | None = None):
         super().__init__(opts, shared)
-        self.example_length = TextLabelLength(opts.text_truncate, label_tokens(opts))
+        # the loader plans batches (and buckets' static text shapes) on the width batchify pads text_vec to
+        self.example_length = PaddedTextLength(opts.text_truncate)
 
     def build_core(self) -> nn.Module:
         raise NotImplementedError(f"{type(self).__name__} must implement build_core()")

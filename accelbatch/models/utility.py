@@ -6,8 +6,10 @@ import random
 from typing import Any
 
 from accelbatch.agents import Agent
-from accelbatch.messages import EVAL_LABELS, LABEL_CANDIDATES, LABELS, Message
+from accelbatch.messages import EVAL_LABELS, LABEL_CANDIDATES, LABELS, Message, is_padding
 from accelbatch.opts import Opts
+
+NO_CANDIDATES_REPLY = "I don't know."  # ParlAI's RandomCandidateAgent's reply to an example without candidates
 
 
 class RepeatLabelAgent(Agent):
@@ -25,18 +27,18 @@ class RepeatLabelAgent(Agent):
 
 
 class RandomCandidateAgent(Agent):
-    """Replies with a random label candidate (seeded per clone, so runs are repeatable)."""
+    """Replies with a random label candidate (seeded per clone, so runs are repeatable); without candidates
+    "I don't know.", as ParlAI's RandomCandidateAgent: never the labels, so its accuracy is chance level."""
 
     def __init__(self, opts: Opts, shared: dict[str, Any] | None = None):
         super().__init__(opts, shared)
         self.rng = random.Random(opts.seed)
 
     def act(self) -> Message:
-        obs = self.observation or {}
-        cands = obs.get(LABEL_CANDIDATES)
-        if not cands:
-            targets = obs.get(LABELS) or obs.get(EVAL_LABELS)
-            cands = list(targets) if targets else []
-        if not cands:
+        obs = self.observation
+        if is_padding(obs):  # no example in this row: nothing to answer
             return Message(id=self.id)
+        cands = obs.get(LABEL_CANDIDATES)  # type: ignore[union-attr]
+        if not cands:
+            return Message(id=self.id, text=NO_CANDIDATES_REPLY)
         return Message(id=self.id, text=self.rng.choice(list(cands)))
