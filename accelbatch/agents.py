@@ -97,6 +97,8 @@ class Agent:
     keys without which it learns nothing (the build refuses a task none of whose examples has one)."""
 
     required_fields: tuple[str, ...] = ()
+    # metrics the agent adds to a report besides the teacher's (None: unknown, as a user's agent may add any)
+    reported_metrics: frozenset[str] | None = None
 
     def __init__(self, opts: Opts, shared: dict[str, Any] | None = None):
         self.opts = opts
@@ -210,6 +212,7 @@ class TorchAgent(Agent):
     """
 
     use_batch_act = True
+    reported_metrics: frozenset[str] | None = frozenset({"loss", "skipped_updates"})
 
     def __init__(self, opts: Opts, shared: dict[str, Any] | None = None):
         super().__init__(opts, shared)

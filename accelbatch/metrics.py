@@ -449,16 +449,15 @@ def merge_reports(reports: Iterable[tuple[str, dict[str, float]]]) -> dict[str, 
 
 # Report keys that are averages over examples (every other key but "exs" is a count, e.g. skipped_updates);
 # a multitask report prefixes them with the task's name ("babi:1/accuracy").
-# every metric a report can hold when accelbatch's own teachers, agents and worlds make it (with RUN_FIELDS'
-# counts and times); multitask reports add "TASK/metric" for each task
-BUILTIN_METRICS = frozenset({"exs", "accuracy", "f1", "bleu-4", "loss", "ppl", "token_acc", "tpb", "tokens",
-                             "skipped_updates", "pad_fraction", "batch_tokens", "dropped_exs"})
+# what a teacher reports (bleu-4 when --metrics asks for it), and what dynamic batching adds
+TEACHER_METRICS = frozenset({"exs", "accuracy", "f1"})
+BATCHING_METRICS = frozenset({"pad_fraction", "batch_tokens", "dropped_exs"})
 
 
-def unknown_metrics(names: Iterable[str], tasks: Sequence[str], also: Iterable[str] = ()) -> list[str]:
-    """The ``names`` no report of accelbatch's own pieces holds (``also``: more names that are known), a
-    multitask ``TASK/metric`` known when TASK is one of ``tasks`` and metric is known."""
-    known = BUILTIN_METRICS | set(also)
+def unknown_metrics(names: Iterable[str], tasks: Sequence[str], known: Iterable[str]) -> list[str]:
+    """The ``names`` not in ``known``, a multitask ``TASK/metric`` known when TASK is one of ``tasks`` and
+    metric is known."""
+    known = set(known)
     prefixes = tuple(f"{task}/" for task in tasks if len(tasks) > 1)
 
     def is_known(name: str) -> bool:

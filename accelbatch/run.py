@@ -20,12 +20,20 @@ from accelbatch.agents import Agent, TorchAgent, learning_rates, set_learning_ra
 from accelbatch.best_valid import BestValid, forget_best, read_best, write_best
 from accelbatch.build import Runtime, attach_runtime, create_world
 from accelbatch.checkpoint import MANIFEST, checkpoint_dir
-from accelbatch.metrics import combine_reports, finish_merged, report_weights, unknown_metrics
+from accelbatch.metrics import (
+    BATCHING_METRICS,
+    TEACHER_METRICS,
+    combine_reports,
+    finish_merged,
+    report_weights,
+    unknown_metrics,
+    wants_bleu,
+)
 from accelbatch.opts import OptionError, Opts
 from accelbatch.report_table import json_ready
 from accelbatch.run_control import PeriodicSaver, StopSignals, check_output_paths
 from accelbatch.state import Checkpointer
-from accelbatch.teachers import is_training, split_of, task_names
+from accelbatch.teachers import Teacher, is_training, split_of, task_names
 from accelbatch.tensorboard_log import TensorBoardLog
 from accelbatch.worlds import MultiWorld, World
 
@@ -407,16 +415,26 @@ def _agents(world: World) -> list[Agent]:
 
 def metric_names_problem(world: World, opts: Opts) -> str | None:
     """What is wrong with the metric names of ``-vmt`` (training) and ``--metrics``, found before the run
-    starts when accelbatch's own teachers and agents make every metric; None when nothing is, or when a
-    user's agent or teacher may report any name (``-vmt`` is then checked at the first validation)."""
-    if not all(type(agent).__module__.partition(".")[0] == "accelbatch" for agent in _agents(world)):
+    starts when accelbatch's own teachers and agents make every metric (each agent says which it adds);
+    None when nothing is, or when a user's agent or teacher may report any name (``-vmt`` is then checked
+    at the first validation, against what it reported)."""
+    agents = _agents(world)
+    models = [agent for agent in agents if not isinstance(agent, Teacher)]
+    if not all(type(agent).__module__.partition(".")[0] == "accelbatch" for agent in agents) or \
+            any(agent.reported_metrics is None for agent in models):
         return None
+    known = set(TEACHER_METRICS | BATCHING_METRICS).union(*(agent.reported_metrics or () for agent in models))
+    if wants_bleu(opts.metrics):
+        known.add("bleu-4")
     tasks = task_names(opts)
-    if is_training(opts.datatype) and unknown_metrics([opts.validation_metric], tasks):
-        return (f"-vmt/--validation-metric {opts.validation_metric}: no report of this run has such a metric; "
-                f"choose one the valid report holds, such as accuracy, f1 or loss")
+    vmt = opts.validation_metric
+    if is_training(opts.datatype) and unknown_metrics([vmt], tasks, known):
+        hint = "; bleu-4 is scored with --metrics bleu-4 (or all)" if vmt.endswith("bleu-4") else ""
+        choose = ", ".join(m for m in ("accuracy", "f1", "loss", "ppl", "token_acc") if m in known)
+        return (f"-vmt/--validation-metric {vmt}: the valid report of {type(world.get_model_agent()).__name__} "
+                f"on this task has no such metric; choose one of {choose}{hint}")
     asked = [m.strip() for m in opts.metrics.split(",") if m.strip() and m.strip() not in ("default", "all")]
-    unknown = unknown_metrics(asked, tasks, also=RUN_FIELDS)
+    unknown = unknown_metrics(asked, tasks, known | {"bleu-4"} | set(RUN_FIELDS))
     if unknown:
         return (f"--metrics: no report of this run has {', '.join(unknown)}; name metrics such as "
                 f"accuracy,f1,loss, or give 'default' or 'all'")

@@ -282,7 +282,8 @@ def test_a_validation_metric_no_report_has_is_refused(write_jsonl, capsys):
     opts = Opts(task=f"jsonl:{data}", model="repeat_label", batchsize=4, num_epochs=3, validation_metric="acuracy",
                 validation_patience=2, progress=False)
     world = create_world(opts)  # accelbatch's own agent and teacher: refused before the first step
-    with pytest.raises(OptionError, match="-vmt/--validation-metric acuracy: no report of this run has such"):
+    with pytest.raises(OptionError, match="-vmt/--validation-metric acuracy: the valid report of RepeatLabelAgent "
+                                          "on this task has no such metric; choose one of accuracy, f1$"):
         run(world, opts)
     assert world.get_total_exs() == 0
     assert main(["train", "-t", f"jsonl:{data}", "-m", "repeat_label", "-bs", "4", "-vmt", "nosuch",
@@ -310,6 +311,16 @@ def test_metric_names_nothing_reports_are_refused_before_the_run(write_jsonl, ca
     assert "error" not in capsys.readouterr().err
     assert main([*base, "-t", two, "-vmt", "babi:2/accuracy"]) == 2  # not one of the run's tasks
     assert "-vmt/--validation-metric babi:2/accuracy" in capsys.readouterr().err
+    # a metric other models report: memnn has no token metrics; bleu-4 is scored when --metrics asks for it
+    memnn = ["train", "-m", "memnn", "-t", "babi:1", "-tstep", "1", "--no-progress", "-veps", "-1", "--eval-splits", ""]
+    assert main([*memnn, "-vmt", "token_acc"]) == 2
+    assert "choose one of accuracy, f1, loss\n" in capsys.readouterr().err
+    assert main([*memnn, "-vmt", "bleu-4"]) == 2
+    assert "bleu-4 is scored with --metrics bleu-4 (or all)" in capsys.readouterr().err
+    assert main([*memnn, "-vmt", "bleu-4", "--metrics", "all"]) == 0
+    generator = ["train", "-m", "transformer/generator", "-t", "reverse:20", "-tstep", "1", "--no-progress",
+                 "-veps", "-1", "--eval-splits", "", "-bs", "4"]
+    assert main([*generator, "-vmt", "token_acc", "--metrics", "ppl,token_acc"]) == 0
 
 
 @pytest.mark.parametrize("mode, metric, stops_after", [("min", "accuracy", 2), ("max", "accuracy", 4),

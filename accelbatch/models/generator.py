@@ -73,6 +73,7 @@ class GeneratorAgent(TorchAgent):
     """Base of generators: subclasses give ``build_core()`` (encode/decode, see :mod:`accelbatch.generation`)."""
 
     vocab = ByteVocab()
+    reported_metrics = frozenset({"loss", "skipped_updates", "ppl", "token_acc", "tpb", "tokens"})
 
     def __init__(self, opts: Any, shared: dict[str, Any] | None = None):
         super().__init__(opts, shared)

@@ -18,6 +18,8 @@ REPLY_TEXT = "i do not know the answer"
 class TrivialAgent(Agent):
     """Replies :data:`REPLY_TEXT` to every observation, in one ``batch_act`` for a whole batch."""
 
+    reported_metrics: frozenset[str] | None = frozenset()
+
     def act(self) -> Message:
         return self.batch_act([self.observation])[0]
 

@@ -18,6 +18,8 @@ class RepeatLabelAgent(Agent):
     Accuracy is 1.0 on any data with labels, so it checks that every example reaches the model once.
     """
 
+    reported_metrics: frozenset[str] | None = frozenset()
+
     def act(self) -> Message:
         obs = self.observation or {}
         targets = obs.get(LABELS) or obs.get(EVAL_LABELS)
@@ -29,6 +31,8 @@ class RepeatLabelAgent(Agent):
 class RandomCandidateAgent(Agent):
     """Replies with a random label candidate (seeded per clone, so runs are repeatable); without candidates
     "I don't know.", as ParlAI's RandomCandidateAgent: never the labels, so its accuracy is chance level."""
+
+    reported_metrics: frozenset[str] | None = frozenset()
 
     def __init__(self, opts: Opts, shared: dict[str, Any] | None = None):
         super().__init__(opts, shared)
