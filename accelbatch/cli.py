@@ -119,6 +119,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     try:
         opts = eval_opts(args) if args.verb == "eval" else Opts.from_namespace(args)
+        from accelbatch.model_opts import with_model_opts
+
+        opts, taken = with_model_opts(opts, sys.argv[1:] if argv is None else argv)  # -mf names its model
+        if taken:
+            print(taken, file=sys.stderr)
         from accelbatch.run_control import check_output_paths
 
         check_output_paths(opts)  # a path the run could not write fails now, not after the training

@@ -29,6 +29,7 @@ from accelbatch.metrics import (
     unknown_metrics,
     wants_bleu,
 )
+from accelbatch.model_opts import write_model_opts
 from accelbatch.opts import OptionError, Opts
 from accelbatch.report_table import json_ready
 from accelbatch.run_control import PeriodicSaver, StopSignals, check_output_paths
@@ -319,7 +320,7 @@ def _train(world: World, opts: Opts, log: MetricsLog, runtime: Runtime, stop: St
     if bar is not None:
         bar.close()
     if opts.model_file and state.validations == 0 and main:
-        _save(model, opts.model_file)
+        _save(model, opts)
         forget_best(opts.model_file)
     if opts.model_file and main and not isinstance(model, TorchAgent):
         print(f"accelbatch: -mf/--model-file {opts.model_file}: {type(model).__name__} is not a TorchAgent and has "
@@ -365,7 +366,7 @@ def _validate(world: World, opts: Opts, log: MetricsLog, state: TrainState, mode
     if value > state.best:
         state.best, state.stale = value, 0
         if opts.model_file and backend.is_main_process():
-            _save(model, opts.model_file)
+            _save(model, opts)
             if isinstance(model, TorchAgent):
                 write_best(opts.model_file, BestValid(opts.validation_metric, metric_mode(opts), float(metric)))
     else:
@@ -464,9 +465,11 @@ def metric_mode(opts: Opts) -> str:
     return "min" if opts.validation_metric in ("loss", "ppl", "mean_rank") else "max"
 
 
-def _save(model: Agent, path: str) -> None:
+def _save(model: Agent, opts: Opts) -> None:
+    """The model's weights to -mf, and beside them the options that make the model (PATH.opt)."""
     if isinstance(model, TorchAgent):
-        model.save(path)
+        model.save(opts.model_file)
+        write_model_opts(opts.model_file, opts)
 
 
 def _progress(opts: Opts, total: float) -> Any:

@@ -504,3 +504,21 @@ def test_a_task_listed_twice_is_refused(capsys):
     assert main(["train", "-t", "babi:1, babi:2,babi:1", "-tstep", "1", "--no-progress"]) == 2
     assert capsys.readouterr().err == ("accelbatch: error: -t/--task babi:1, babi:2,babi:1: names babi:1 more than "
                                        "once; list each task once\n")
+
+
+def test_a_model_file_names_its_model_so_eval_needs_only_mf(tmp_path, capsys):
+    """As ParlAI's MODEL.opt: PATH.opt keeps -m and -esz, so eval, display-model and interactive -mf PATH
+    need nothing else (it assumed -m memnn and refused a bag model's file); the command line still wins."""
+    path = str(tmp_path / "m.pt")
+    assert main(["train", "-m", "bag", "-esz", "16", "-tstep", "3", "-mf", path, "--no-progress",
+                 "--eval-splits", "", "-veps", "-1"]) == 0
+    assert json.loads((tmp_path / "m.pt.opt").read_text()) == {"model": "bag", "embedding_size": 16}
+    capsys.readouterr()
+    assert main(["eval", "-mf", path, "--no-progress"]) == 0
+    out = capsys.readouterr()
+    assert f"accelbatch: -mf {path} was trained with -m bag -esz 16 ({path}.opt); using them" in out.err
+    assert out.out.splitlines()[2].split()[:2] == ["valid", "1000"]
+    assert main(["eval", "-mf", path, "--model=bag", "-esz", "16", "--no-progress"]) == 0  # all given: no note
+    assert "was trained with" not in capsys.readouterr().err
+    assert main(["eval", "-mf", path, "-m", "memnn", "--no-progress"]) == 2  # given: it wins, and is refused
+    assert "its weights are not a MemNNAgent's" in capsys.readouterr().err

@@ -1,0 +1,62 @@
+"""The options that make the model in ``-mf PATH``, kept beside it in ``PATH.opt`` (as ParlAI's MODEL.opt):
+which agent, and its sizes. eval, display-model, interactive and a training that continues PATH take them
+from there, so ``-mf`` alone names the model; an option given on the command line still wins."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from typing import Any, Sequence
+
+from accelbatch.opts import Opts
+
+SHAPING = ("model", "embedding_size")  # the options a model file's weights depend on
+
+
+def opt_path(model_file: str) -> str:
+    return f"{model_file}.opt"
+
+
+def write_model_opts(model_file: str, opts: Opts) -> None:
+    """Keep ``opts``' shaping options beside the model just saved to ``model_file`` (written whole, renamed)."""
+    tmp = f"{opt_path(model_file)}.tmp"
+    with open(tmp, "w", encoding="utf-8") as handle:
+        json.dump({name: getattr(opts, name) for name in SHAPING}, handle)
+    os.replace(tmp, opt_path(model_file))
+
+
+def read_model_opts(model_file: str) -> dict[str, Any]:
+    """The shaping options kept with ``model_file`` (empty when there are none, or they cannot be read)."""
+    try:
+        with open(opt_path(model_file), encoding="utf-8") as handle:
+            saved = json.load(handle)
+    except (OSError, ValueError):
+        return {}
+    return {k: v for k, v in saved.items() if k in SHAPING} if isinstance(saved, dict) else {}
+
+
+def given_on_command_line(argv: Sequence[str]) -> set[str]:
+    """The option fields whose flags ``argv`` holds (abbreviations are refused, so a flag is written whole)."""
+    given = set()
+    for f in dataclasses.fields(Opts):
+        flags = f.metadata.get("flags", ())
+        if any(arg in flags or arg.split("=", 1)[0] in flags for arg in argv if arg.startswith("-")):
+            given.add(f.name)
+    return given
+
+
+def with_model_opts(opts: Opts, argv: Sequence[str]) -> tuple[Opts, str | None]:
+    """``opts`` with the saved options of its existing ``-mf`` that ``argv`` does not give, and a line saying
+    which were taken (None when none)."""
+    if not opts.model_file or not os.path.isfile(opts.model_file):
+        return opts, None
+    given = given_on_command_line(argv)
+    taken = {k: v for k, v in read_model_opts(opts.model_file).items()
+             if k not in given and getattr(opts, k) != v}
+    if not taken:
+        return opts, None
+    flags = {f.name: f.metadata["flags"][0] for f in dataclasses.fields(Opts)}
+    said = " ".join(f"{flags[k]} {v}" for k, v in taken.items())
+    return opts.replace(**taken), (f"accelbatch: -mf {opts.model_file} was trained with {said} "
+                                   f"({opt_path(opts.model_file)}); using them (give them to override)")
