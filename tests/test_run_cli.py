@@ -250,7 +250,7 @@ def test_unloadable_model_files_are_one_line_errors(tmp_path, capsys):
         err = capsys.readouterr().err
         assert err.count("\n") == 1 and f"--model-file {path}: cannot load" in err and fragment in err, err
     capsys.readouterr()
-    assert main(["eval", "-mf", good, "-m", "bag", "--no-progress"]) == 2
+    assert main(["eval", "-mf", good, "-m", "bag", "-esz", "16", "--no-progress"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "its weights are not a BagAgent's" in err
 
