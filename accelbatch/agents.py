@@ -11,7 +11,6 @@ backend's engine decides *where and how* the step runs, so agents are the same o
 from __future__ import annotations
 
 import copy
-import importlib
 import inspect
 import os
 from dataclasses import dataclass, field
@@ -32,64 +31,8 @@ if TYPE_CHECKING:
 ROW_LOSS = "row_loss"
 ROW_COUNTED = "row_counted"
 
-# name -> "module:Class"; anything else given to -m is read as "module:Class".
-AGENT_PATHS: dict[str, str] = {
-    "memnn": "accelbatch.models.memnn:MemNNAgent",
-    "bag": "accelbatch.models.bag:BagAgent",
-    "conv": "accelbatch.models.conv:ConvAgent",
-    "trivial": "accelbatch.models.trivial:TrivialAgent",
-    "repeat_label": "accelbatch.models.utility:RepeatLabelAgent",
-    "random_candidate": "accelbatch.models.utility:RandomCandidateAgent",
-    "transformer/generator": "accelbatch.models.generator:TransformerGeneratorAgent",
-}
-
-
 class ModelFileError(OptionError):
     """A model file (--model-file, --init-model) that cannot be loaded: the message names it and the problem."""
-
-
-class UnknownNameError(ValueError):
-    """A task, model or device name that is not registered; the message lists the known ones."""
-
-
-def import_path(path: str, kind: str, known: Sequence[str]) -> Any:
-    """The agent or teacher class (or factory) at ``module:Attr``; a clear error listing the registered names
-    when it cannot be found or is neither."""
-    found = import_object(path, kind, known)
-    if isinstance(found, type) and hasattr(found, "act") or not isinstance(found, type) and callable(found):
-        return found  # a class with act(), or a function that makes one
-    what = "a class without act()" if isinstance(found, type) else f"a {type(found).__name__}"
-    raise UnknownNameError(f"{kind} {path!r} is {what}, not a {kind}: give a class with observe()/act() (e.g. "
-                           f"a subclass of accelbatch's {'Agent' if kind == 'model' else 'Teacher'}) or a function "
-                           "returning one")
-
-
-def import_object(path: str, kind: str, known: Sequence[str]) -> Any:
-    """Import ``module:Attr`` (any object); a clear error listing the registered names when it cannot be found."""
-    module_name, sep, attr = path.partition(":")
-    if not sep or not module_name or not attr:
-        raise UnknownNameError(f"unknown {kind} {path!r}; known {kind}s: {', '.join(known)} "
-                               f"(or give a path as module:Class)")
-    try:
-        module = importlib.import_module(module_name)
-    except ModuleNotFoundError as exc:
-        if exc.name and module_name.startswith(exc.name):
-            raise UnknownNameError(f"{kind} {path!r}: no module named {exc.name!r}; known {kind}s: "
-                                   f"{', '.join(known)}") from None
-        raise
-    try:
-        return getattr(module, attr)
-    except AttributeError:
-        raise UnknownNameError(f"{kind} {path!r}: module {module_name!r} has no {attr!r}") from None
-
-
-TORCH_MODEL_AGENT = "accelbatch.tasks.torch_data:TorchModelAgent"  # -m torch:pkg.mod:Model
-
-
-def resolve_agent_class(name: str) -> type["Agent"]:
-    if name.startswith("torch:"):  # the user's nn.Module, PopTorch-style
-        return import_path(TORCH_MODEL_AGENT, "model", list(AGENT_PATHS))
-    return import_path(AGENT_PATHS.get(name, name), "model", list(AGENT_PATHS))
 
 
 class Agent:

@@ -23,12 +23,13 @@ import sys
 from dataclasses import dataclass
 from typing import Any
 
-from accelbatch.agents import Agent, TorchAgent, resolve_agent_class
+from accelbatch.agents import Agent, TorchAgent
 from accelbatch.data.accessor import start_worker_server
 from accelbatch.hogwild import HogwildWorld
 from accelbatch.host_memory import apply_host_allocator
 from accelbatch.loader_world import LoaderWorld
 from accelbatch.main_guard import check_main_guard, refuse_script_rerun
+from accelbatch.names import resolve_agent_class
 from accelbatch.opts import OptionError, Opts
 from accelbatch.plan import ExecutionPlan
 from accelbatch.teachers import (

@@ -9,8 +9,8 @@ import sys
 from collections.abc import Sequence
 from typing import NoReturn
 
-from accelbatch.agents import AGENT_PATHS, UnknownNameError
 from accelbatch.checkpoint import CheckpointError
+from accelbatch.names import AGENT_PATHS, UnknownNameError
 from accelbatch.opts import OptionError, Opts, add_arguments, train_only_flags
 from accelbatch.plan import PlanError
 from accelbatch.procs import ProcessFailure

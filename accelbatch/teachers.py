@@ -15,11 +15,12 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from accelbatch.agents import Agent, UnknownNameError, import_path
+from accelbatch.agents import Agent
 from accelbatch.data.datasets import ConcatStore, EpisodeStore, FileStore, Store
 from accelbatch.data.schedule import RowFeed, RowSchedule, make_order
 from accelbatch.messages import Message
 from accelbatch.metrics import Metrics, merge_reports, wants_bleu
+from accelbatch.names import UnknownNameError, import_path
 from accelbatch.opts import OptionError, Opts
 from accelbatch.tasks.files import DataFileError, FileIndex, load_episodes
 

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import accelbatch as ab
-from accelbatch.agents import resolve_agent_class
+from accelbatch.names import resolve_agent_class
 from accelbatch.run import run
 
 

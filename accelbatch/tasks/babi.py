@@ -14,8 +14,8 @@ from __future__ import annotations
 
 import random
 
-from accelbatch.agents import UnknownNameError
 from accelbatch.messages import Message
+from accelbatch.names import UnknownNameError
 from accelbatch.teachers import FixedTeacher, split_of
 
 ACTORS = ("Mary", "John", "Daniel", "Sandra")

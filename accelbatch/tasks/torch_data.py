@@ -32,8 +32,9 @@ from typing import Any
 import torch
 from torch.utils.data import IterableDataset, default_collate
 
-from accelbatch.agents import TorchAgent, import_object
+from accelbatch.agents import TorchAgent
 from accelbatch.messages import Message
+from accelbatch.names import import_object
 from accelbatch.opts import OptionError
 from accelbatch.teachers import FixedTeacher, split_of
 

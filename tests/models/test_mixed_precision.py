@@ -9,8 +9,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from accelbatch.agents import resolve_agent_class
 from accelbatch.messages import Message
+from accelbatch.names import resolve_agent_class
 from accelbatch.opts import Opts
 from accelbatch.teachers import create_teacher
 
@@ -41,7 +41,7 @@ def model_batch(name: str) -> tuple[torch.nn.Module, dict[str, torch.Tensor]]:
 
 
 def test_every_bundled_agent_with_a_model_is_covered():
-    from accelbatch.agents import AGENT_PATHS
+    from accelbatch.names import AGENT_PATHS
 
     with_model = {n for n in AGENT_PATHS if hasattr(resolve_agent_class(n), "build_model")}
     assert with_model == set(TORCH_MODELS)

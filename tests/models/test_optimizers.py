@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from accelbatch.agents import resolve_agent_class
+from accelbatch.names import resolve_agent_class
 from accelbatch.opts import Opts
 
 
