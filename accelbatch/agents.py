@@ -171,6 +171,9 @@ class TorchAgent(Agent):
             self.load_notes: list[str] = []  # what loading a model file changed, for the run to say once
             if opts.model_file and os.path.isfile(opts.model_file):
                 self.load(opts.model_file)
+                if opts.init_model:
+                    self.load_notes.append(f"--init-model {opts.init_model}: not used: -mf {opts.model_file} exists "
+                                           "and is continued (move it away to start from --init-model)")
             elif opts.init_model:
                 if not os.path.isfile(opts.init_model):
                     raise ModelFileError(f"--init-model {opts.init_model}: no such file")

@@ -269,6 +269,7 @@ def test_init_model_starts_from_its_weights_with_a_fresh_optimizer(tmp_path):
     continued = MemNNAgent(opts.replace(model_file=target, init_model=source))  # -mf exists: it wins
     saved = torch.load(target, map_location="cpu", weights_only=True)["model"]
     assert all(torch.equal(saved[k], v) for k, v in continued.model.state_dict().items())
+    assert f"--init-model {source}: not used: -mf {target} exists and is continued" in continued.load_notes[-1]
     with pytest.raises(OptionError, match="--init-model .*nope.pt: no such file"):
         MemNNAgent(opts.replace(model_file=None, init_model=str(tmp_path / "nope.pt")))
 
