@@ -165,6 +165,9 @@ class TorchAgent(Agent):
         if shared is None:
             torch.manual_seed(opts.seed)
             self.model = self.build_model()
+            if not isinstance(self.model, torch.nn.Module):
+                raise TypeError(f"{type(self).__name__}.build_model() returned {type(self.model).__name__}: it must "
+                                "return the torch.nn.Module to train (see examples/custom_agent.py)")
             self.optimizer = self.build_optimizer(self.model)
             self.slot = EngineSlot()
             self.metrics = Metrics()

@@ -29,7 +29,7 @@ from accelbatch.hogwild import HogwildWorld
 from accelbatch.host_memory import apply_host_allocator
 from accelbatch.loader_world import LoaderWorld
 from accelbatch.main_guard import check_main_guard, refuse_script_rerun
-from accelbatch.names import resolve_agent_class
+from accelbatch.names import AGENT_PATHS, resolve_agent_class
 from accelbatch.opts import OptionError, Opts
 from accelbatch.plan import ExecutionPlan
 from accelbatch.teachers import (
@@ -198,6 +198,10 @@ def check_required_fields(opts: Opts, model: Agent, teacher: Any, scan: int = 10
     """Refuse data the agent cannot learn from: an agent naming ``required_fields`` (e.g. rankers need
     ``label_candidates``) whose task has none of them in its first ``scan`` episodes (per task) would train
     on a zero loss and reply nothing."""
+    torch_tasks = [name for name in task_names(opts) if name.startswith("torch:")]
+    if torch_tasks and opts.model in AGENT_PATHS:  # a registered agent reads text messages, not tensors
+        raise OptionError(f"-t {torch_tasks[0]}: a torch Dataset task is trained by your model, -m "
+                          f"torch:pkg.mod:Model (an nn.Module, see the README), not by -m {opts.model}")
     fields = getattr(model, "required_fields", ())
     store = getattr(teacher, "store", None) if isinstance(teacher, FixedTeacher) else None
     if not fields or store is None:

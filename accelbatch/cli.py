@@ -131,6 +131,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         if args.verb in ("display-model", "interactive"):
             check_model_file_exists(opts, f"{args.verb} answers with")
+            if not opts.model_file and _is_torch_agent(opts.model):
+                print(f"accelbatch: no -mf/--model-file: {args.verb} answers with an untrained -m {opts.model} "
+                      "(give -mf PATH of a model trained with `accelbatch train -mf PATH`)", file=sys.stderr)
         if args.verb in ("display-data", "display-model", "interactive"):
             return _run_verb(args, opts)
         report = run_replicas(opts) if _spawns_replicas(opts) else train_or_eval(opts)
@@ -176,6 +179,18 @@ def eval_opts(args: argparse.Namespace) -> Opts:
     opts = opts.replace(datatype=eval_datatype(opts.datatype))
     check_model_file_exists(opts, "eval scores")
     return opts
+
+
+def _is_torch_agent(model: str) -> bool:
+    """Whether -m names a model with weights to train (not one such as repeat_label)."""
+    from accelbatch.agents import TorchAgent
+    from accelbatch.names import resolve_agent_class
+
+    try:
+        found = resolve_agent_class(model)
+    except UnknownNameError:
+        return False  # the build says what is wrong with the name
+    return isinstance(found, type) and issubclass(found, TorchAgent)
 
 
 def check_model_file_exists(opts: Opts, what: str) -> None:

@@ -4,6 +4,7 @@ the error that lists the known names."""
 from __future__ import annotations
 
 import importlib
+import os
 from typing import TYPE_CHECKING, Any, Sequence
 
 if TYPE_CHECKING:
@@ -47,8 +48,12 @@ def import_object(path: str, kind: str, known: Sequence[str]) -> Any:
         module = importlib.import_module(module_name)
     except ModuleNotFoundError as exc:
         if exc.name and module_name.startswith(exc.name):
-            raise UnknownNameError(f"{kind} {path!r}: no module named {exc.name!r}; known {kind}s: "
-                                   f"{', '.join(known)}") from None
+            top = exc.name.partition(".")[0]
+            here = os.path.isdir(top) or os.path.isfile(f"{top}.py")
+            where = (f" ({top} is in the current folder, which the accelbatch command does not search: run "
+                     "`PYTHONPATH=. accelbatch ...` or `python -m accelbatch ...`)") if here else ""
+            listed = f"; known {kind}s: {', '.join(known)}" if known else ""
+            raise UnknownNameError(f"{kind} {path!r}: no module named {exc.name!r}{where}{listed}") from None
         raise
     try:
         return getattr(module, attr)

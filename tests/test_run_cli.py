@@ -523,3 +523,27 @@ def test_a_model_file_names_its_model_so_eval_needs_only_mf(tmp_path, capsys):
     assert "was trained with" not in capsys.readouterr().err
     assert main(["eval", "-mf", path, "-m", "memnn", "--no-progress"]) == 2  # given: it wins, and is refused
     assert "its weights are not a MemNNAgent's" in capsys.readouterr().err
+
+
+def test_what_a_new_user_meets_following_the_readme(tmp_path, monkeypatch, capsys):
+    """A module in the current folder (not searched by the accelbatch command) is named with the way out; a
+    torch: task with a registered model says it needs -m torch:...; an agent whose build_model returns None
+    is told so; display-model without -mf says its model is untrained."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "mypkg").mkdir()
+    (tmp_path / "mypkg" / "__init__.py").write_text("")
+    monkeypatch.setattr(sys, "path", [p for p in sys.path if p not in ("", str(tmp_path))])
+    assert main(["train", "-t", "mypkg.tasks:MyTeacher", "-tstep", "1", "--no-progress"]) == 2
+    assert ("no module named 'mypkg' (mypkg is in the current folder, which the accelbatch command does not "
+            "search: run `PYTHONPATH=. accelbatch ...` or `python -m accelbatch ...`)") in capsys.readouterr().err
+    assert main(["train", "-t", "torch:torch_task:make_dataset", "-tstep", "1", "--no-progress"]) == 2
+    assert "a torch Dataset task is trained by your model, -m torch:pkg.mod:Model" in capsys.readouterr().err
+
+    class NoModel(MemNNAgent):
+        def build_model(self):
+            return None
+
+    with pytest.raises(TypeError, match=r"NoModel.build_model\(\) returned NoneType: it must return the torch"):
+        NoModel(Opts())
+    assert main(["display-model", "-n", "1"]) == 0
+    assert "no -mf/--model-file: display-model answers with an untrained -m memnn" in capsys.readouterr().err
