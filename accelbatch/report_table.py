@@ -1,9 +1,15 @@
-"""How a report is written out: the table the command line prints, and JSON with no bare NaN."""
+"""How a report is written out: the table the command line prints, the --metrics-log records, and JSON
+with no bare NaN."""
 
 from __future__ import annotations
 
+import json
 import math
-from typing import Any
+import os
+from dataclasses import dataclass
+from typing import Any, TextIO
+
+from accelbatch.tensorboard_log import TensorBoardLog
 
 # the table's first columns, in this order, when a split has them; other metrics follow by name, then the
 # speed and time of the split
@@ -59,3 +65,30 @@ def json_ready(value: Any) -> Any:
     if isinstance(value, (list, tuple)):
         return [json_ready(v) for v in value]
     return value
+
+
+@dataclass
+class MetricsLog:
+    """Appends one JSON object per line to --metrics-log (nothing when no path is given)."""
+
+    path: str | None
+    handle: TextIO | None = None
+    tensorboard: TensorBoardLog | None = None  # the same records as TensorBoard scalars (optional)
+
+    def write(self, record: dict[str, Any]) -> None:
+        if self.tensorboard is not None:
+            self.tensorboard.write(record)
+        if not self.path:
+            return
+        if self.handle is None:
+            os.makedirs(os.path.dirname(os.path.abspath(self.path)), exist_ok=True)
+            self.handle = open(self.path, "a", encoding="utf-8")
+        self.handle.write(json.dumps(json_ready(record), sort_keys=True, allow_nan=False) + "\n")
+        self.handle.flush()
+
+    def close(self) -> None:
+        if self.handle is not None:
+            self.handle.close()
+            self.handle = None
+        if self.tensorboard is not None:
+            self.tensorboard.close()

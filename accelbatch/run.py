@@ -14,56 +14,26 @@ import os
 import sys
 import time
 from dataclasses import dataclass, field
-from typing import Any, TextIO
+from typing import Any
 
 from accelbatch.agents import Agent, TorchAgent, learning_rates, set_learning_rates
 from accelbatch.best_valid import BestValid, forget_best, read_best, write_best
 from accelbatch.build import Runtime, attach_runtime, create_world
 from accelbatch.checkpoint import MANIFEST, checkpoint_dir
+from accelbatch.metric_names import metric_names_problem, select_metrics
 from accelbatch.metrics import (
-    BATCHING_METRICS,
-    TEACHER_METRICS,
     combine_reports,
     finish_merged,
     report_weights,
-    unknown_metrics,
-    wants_bleu,
 )
 from accelbatch.model_opts import write_model_opts
 from accelbatch.opts import OptionError, Opts
-from accelbatch.report_table import json_ready
+from accelbatch.report_table import MetricsLog, json_ready
 from accelbatch.run_control import PeriodicSaver, StopSignals, check_output_paths
 from accelbatch.state import Checkpointer
-from accelbatch.teachers import Teacher, is_training, split_of, task_names
+from accelbatch.teachers import is_training, split_of
 from accelbatch.tensorboard_log import TensorBoardLog
-from accelbatch.worlds import MultiWorld, World
-
-
-@dataclass
-class MetricsLog:
-    """Appends one JSON object per line to --metrics-log (nothing when no path is given)."""
-
-    path: str | None
-    handle: TextIO | None = None
-    tensorboard: TensorBoardLog | None = None  # the same records as TensorBoard scalars (optional)
-
-    def write(self, record: dict[str, Any]) -> None:
-        if self.tensorboard is not None:
-            self.tensorboard.write(record)
-        if not self.path:
-            return
-        if self.handle is None:
-            os.makedirs(os.path.dirname(os.path.abspath(self.path)), exist_ok=True)
-            self.handle = open(self.path, "a", encoding="utf-8")
-        self.handle.write(json.dumps(json_ready(record), sort_keys=True, allow_nan=False) + "\n")
-        self.handle.flush()
-
-    def close(self) -> None:
-        if self.handle is not None:
-            self.handle.close()
-            self.handle = None
-        if self.tensorboard is not None:
-            self.tensorboard.close()
+from accelbatch.worlds import World
 
 
 @dataclass
@@ -260,12 +230,45 @@ def _train(world: World, opts: Opts, log: MetricsLog, runtime: Runtime, stop: St
         world.finish_parleys()  # the model validated (and saved when best) is the one its number describes
         last_validation = time.monotonic()
         valid_world = valid_world or create_world(_eval_opts(opts, "valid"), agent=model, runtime=runtime)
-        return _validate(valid_world, opts, log, state, model, backend, position())
+        return _validate(valid_world, opts, log, state, model, backend, position(), stop)
 
     def save() -> None:
         checkpoints.save(world, model.engine, {"train": state.to_json(), "next_validation": next_validation,
                                                "train_metrics": trained()})
 
+    def stop_run(cut_short: str = "") -> None:
+        """A stop signal: save the checkpoint (a resume goes on from this step), say where, end the run."""
+        if checkpoints is not None:
+            save()
+        if window_exs:
+            log_window(time.monotonic())  # the log holds every example trained, as after a resume it will
+        if bar is not None:
+            bar.close()
+        where = _saved_where(opts.model_file) if checkpoints else \
+            "nothing was saved (" + ("no --model-file)" if not opts.model_file else
+                                     f"{type(model).__name__} is not a TorchAgent)")
+        raise KeyboardInterrupt(f"{stop.name or 'a stop signal to another replica'}: {cut_short}{where}")
+
+    def validation_stops(due: float | None = None) -> bool:
+        """Validate; True when training should stop. A stop signal during it ends the run (stop_run), the
+        checkpoint set to validate again at ``due`` (the -veps point this validation was for)."""
+        nonlocal next_validation
+        try:
+            return validate()
+        except KeyboardInterrupt:
+            if stop.requested is None:
+                raise
+            if due is not None:
+                next_validation = due
+            stop_run("the validation was cut short (a resume runs it again); ")
+            raise  # not reached: stop_run raises
+
+    if not finished and resumed is not None and state.exs >= next_validation:
+        # a stop cut this validation short when the checkpoint was taken: run it before the next step, as the
+        # run never stopped did
+        due, next_validation = next_validation, next_validation + opts.validation_every_n_epochs * per_epoch
+        if validation_stops(due):
+            stop_reason, finished = "validation", True
     while not finished:
         world.parley()
         state.steps += 1
@@ -281,8 +284,8 @@ def _train(world: World, opts: Opts, log: MetricsLog, runtime: Runtime, stop: St
             stop_reason = "max_train_steps"
             break
         if state.exs >= next_validation:
-            next_validation += opts.validation_every_n_epochs * per_epoch
-            if validate():
+            due, next_validation = next_validation, next_validation + opts.validation_every_n_epochs * per_epoch
+            if validation_stops(due):
                 stop_reason = "validation"
                 break
         if state.exs >= target_exs:
@@ -296,27 +299,22 @@ def _train(world: World, opts: Opts, log: MetricsLog, runtime: Runtime, stop: St
         out_of_time = 0 < opts.max_train_time <= state.elapsed()
         want_save, stopping, timed, out_of_time = backend.decide(saver.due() or stopping, stopping, timed,
                                                                  out_of_time)
-        if timed and validate():
+        if timed and validation_stops():
             stop_reason = "validation"
             break
         if out_of_time:
             stop_reason = "max_train_time"
             break
+        if stopping:
+            stop_run()
         if want_save and checkpoints is not None:
             save()
-        if stopping:
-            if bar is not None:
-                bar.close()
-            where = _saved_where(opts.model_file) if checkpoints else \
-                "nothing was saved (" + ("no --model-file)" if not opts.model_file else
-                                         f"{type(model).__name__} is not a TorchAgent)")
-            raise KeyboardInterrupt(f"{stop.name or 'a stop signal to another replica'}: {where}")
     world.finish_parleys()  # what is saved and evaluated below holds every update trained
     if window_exs:
         log_window(time.monotonic())  # the examples since the last train record
     stop.at_safe_point()  # the final save is not cut short; the evaluations below stop at their next step
-    if checkpoints is not None and opts.save_every_n_secs > 0:
-        save()  # a resume goes on from here
+    if checkpoints is not None:
+        save()  # training is done: a resume (after a stop in the evaluations below) only evaluates
     if bar is not None:
         bar.close()
     if opts.model_file and state.validations == 0 and main:
@@ -353,9 +351,10 @@ def _eval_opts(opts: Opts, split: str) -> Opts:
 
 
 def _validate(world: World, opts: Opts, log: MetricsLog, state: TrainState, model: Agent,
-              backend: Any, at: dict[str, Any] | None = None) -> bool:
-    """Evaluate on valid; save the best model (rank 0); True when training should stop."""
-    report = evaluate(world, log, "valid", backend, opts.validation_max_exs, at)
+              backend: Any, at: dict[str, Any] | None = None, stop: StopSignals | None = None) -> bool:
+    """Evaluate on valid; save the best model (rank 0); True when training should stop. A stop signal
+    (``stop``) ends the evaluation at its next step (KeyboardInterrupt)."""
+    report = evaluate(world, log, "valid", backend, opts.validation_max_exs, at, stop=stop)
     state.validations += 1
     metric = report.get(opts.validation_metric)
     if metric is None:
@@ -378,68 +377,12 @@ def _validate(world: World, opts: Opts, log: MetricsLog, state: TrainState, mode
     return metric <= opts.validation_cutoff if metric_mode(opts) == "min" else metric >= opts.validation_cutoff
 
 
-# what a split's report says about the run itself rather than the model: kept whatever --metrics lists
-RUN_FIELDS = ("exs", "steps", "epochs", "exs_per_s", "time_s", "stopped_by")
-
-
 def _saved_where(model_file: str) -> str:
     """What a stopped run left: the checkpoint (PATH.ckpt) to resume, and what PATH itself holds."""
     held = "the best validated weights so far" if os.path.isfile(model_file) else \
         "not written yet: it is written at a validation or when training ends"
     return (f"checkpoint saved to {checkpoint_dir(model_file)}; continue with --resume -mf {model_file} "
             f"({model_file} itself: {held})")
-
-
-def select_metrics(report: dict[str, Any], metrics: str) -> dict[str, Any]:
-    """The report with each split's metrics cut to the comma-separated ``metrics`` ('default' and 'all':
-    every one); a listed metric no split has is said once on stderr."""
-    wanted = {m.strip() for m in metrics.split(",") if m.strip()}
-    if wanted & {"default", "all"}:
-        return report
-    splits = {name: rep for name, rep in report.items() if isinstance(rep, dict) and "exs" in rep}
-    missing = sorted(wanted - {k for rep in splits.values() for k in rep})
-    if missing:
-        print(f"accelbatch: --metrics: no split reported {', '.join(missing)}", file=sys.stderr)
-    return {name: {k: v for k, v in rep.items() if k in wanted or k in RUN_FIELDS} if name in splits else rep
-            for name, rep in report.items()}
-
-
-def _agents(world: World) -> list[Agent]:
-    """Every agent of ``world``: through the worlds that wrap another, and each task of a multitask world."""
-    inner = getattr(world, "world", None)
-    if isinstance(inner, World):
-        return _agents(inner)
-    if isinstance(world, MultiWorld):
-        return [agent for w in world.worlds for agent in _agents(w)]
-    return list(world.get_agents())
-
-
-def metric_names_problem(world: World, opts: Opts) -> str | None:
-    """What is wrong with the metric names of ``-vmt`` (training) and ``--metrics``, found before the run
-    starts when accelbatch's own teachers and agents make every metric (each agent says which it adds);
-    None when nothing is, or when a user's agent or teacher may report any name (``-vmt`` is then checked
-    at the first validation, against what it reported)."""
-    agents = _agents(world)
-    models = [agent for agent in agents if not isinstance(agent, Teacher)]
-    if not all(type(agent).__module__.partition(".")[0] == "accelbatch" for agent in agents) or \
-            any(agent.reported_metrics is None for agent in models):
-        return None
-    known = set(TEACHER_METRICS | BATCHING_METRICS).union(*(agent.reported_metrics or () for agent in models))
-    if wants_bleu(opts.metrics):
-        known.add("bleu-4")
-    tasks = task_names(opts)
-    vmt = opts.validation_metric
-    if is_training(opts.datatype) and unknown_metrics([vmt], tasks, known):
-        hint = "; bleu-4 is scored with --metrics bleu-4 (or all)" if vmt.endswith("bleu-4") else ""
-        choose = ", ".join(m for m in ("accuracy", "f1", "loss", "ppl", "token_acc") if m in known)
-        return (f"-vmt/--validation-metric {vmt}: the valid report of {type(world.get_model_agent()).__name__} "
-                f"on this task has no such metric; choose one of {choose}{hint}")
-    asked = [m.strip() for m in opts.metrics.split(",") if m.strip() and m.strip() not in ("default", "all")]
-    unknown = unknown_metrics(asked, tasks, known | {"bleu-4"} | set(RUN_FIELDS))
-    if unknown:
-        return (f"--metrics: no report of this run has {', '.join(unknown)}; name metrics such as "
-                f"accuracy,f1,loss, or give 'default' or 'all'")
-    return None
 
 
 def _continued_best(opts: Opts, main: bool) -> float:

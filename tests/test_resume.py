@@ -85,3 +85,63 @@ def test_a_tampered_checkpoint_is_refused_with_a_clear_message(tmp_path, capsys)
                  "-mf", str(model), "--no-progress", "--eval-splits", "", "-veps", "-1"]) == 2
     err = capsys.readouterr().err
     assert "state.json" in err and "--resume" in err
+
+
+def _signalling_memnn(at: int) -> type:
+    """MemNNAgent whose ``at``-th batch_act over all its clones (inside the first validation) sends this
+    process a SIGINT, as a terminal's Ctrl-C would."""
+    from accelbatch.models.memnn import MemNNAgent
+
+    calls = [0]
+
+    class SignalsInItsFirstValidation(MemNNAgent):
+        def batch_act(self, observations):
+            calls[0] += 1
+            if calls[0] == at:
+                os.kill(os.getpid(), signal.SIGINT)
+            return super().batch_act(observations)
+
+    return SignalsInItsFirstValidation
+
+
+@pytest.mark.timeout(120)
+def test_a_stop_during_a_validation_saves_and_the_resume_validates_again(tmp_path):
+    """Ctrl-C while training validates: the validation stops at its next step, the run saves its checkpoint
+    and ends (it ran to the end before, or after 5 s stopped with nothing saved); --resume runs that
+    validation again and ends with the weights and report of a run never stopped."""
+    from accelbatch.build import create_world
+    from accelbatch.opts import Opts
+    from accelbatch.run import run
+
+    opts = Opts(task="babi:1", model="memnn", batchsize=32, num_epochs=1, validation_every_n_epochs=0.5,
+                model_file=str(tmp_path / "cut" / "m.pt"), eval_splits="valid", progress=False,
+                embedding_size=16, metrics_log=str(tmp_path / "cut.jsonl"))
+    whole = opts.replace(model_file=str(tmp_path / "whole" / "m.pt"), metrics_log=str(tmp_path / "whole.jsonl"))
+    reference = run(create_world(whole), whole)
+    world = create_world(opts, agent=_signalling_memnn(at=79 + 5))  # 79 steps reach 0.5 epochs
+    with pytest.raises(KeyboardInterrupt, match="SIGINT: the validation was cut short .* checkpoint saved"):
+        run(world, opts)
+    resumed = run(create_world(opts.replace(resume=True)), opts.replace(resume=True))
+    assert resumed["valid"] == {**reference["valid"], "time_s": resumed["valid"]["time_s"]}
+    saved = [torch.load(tmp_path / d / "m.pt", weights_only=True)["model"] for d in ("whole", "cut")]
+    assert all(torch.equal(saved[0][k], saved[1][k]) for k in saved[0])
+    records = [json.loads(line) for line in (tmp_path / "cut.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in records if r["split"] == "valid"] == [79, 157, 157]  # 0.5 again, 1.0, final
+
+
+@pytest.mark.timeout(120)
+def test_a_finished_run_leaves_a_checkpoint_whose_resume_only_evaluates(tmp_path):
+    """Training's end is always checkpointed (-stim -1: only at the end): a stop during the final evaluation,
+    or a later --resume, goes on from the end of training instead of retraining from an older position."""
+    from accelbatch.build import create_world
+    from accelbatch.opts import Opts
+    from accelbatch.run import run
+
+    opts = Opts(task="babi:1", model="memnn", batchsize=32, max_train_steps=20, model_file=str(tmp_path / "m.pt"),
+                eval_splits="valid", progress=False, embedding_size=16, validation_every_n_epochs=-1)
+    first = run(create_world(opts), opts)
+    weights = (tmp_path / "m.pt").read_bytes()
+    again = run(create_world(opts.replace(resume=True)), opts.replace(resume=True))
+    assert again["train"]["steps"] == first["train"]["steps"] == 20
+    assert again["valid"] == {**first["valid"], "time_s": again["valid"]["time_s"]}
+    assert (tmp_path / "m.pt").read_bytes() == weights

@@ -333,7 +333,7 @@ def test_validation_metric_mode_decides_what_improves(monkeypatch, mode, metric,
     run_module = importlib.import_module("accelbatch.run")
 
     values = iter([0.1, 0.2, 0.3, 0.4])
-    monkeypatch.setattr(run_module, "evaluate", lambda *args: {"exs": 4, metric: next(values)})
+    monkeypatch.setattr(run_module, "evaluate", lambda *args, **kwargs: {"exs": 4, metric: next(values)})
     opts = Opts(validation_metric=metric, validation_metric_mode=mode, validation_patience=1)
     state = run_module.TrainState()
     stopped = [run_module._validate(None, opts, None, state, None, None) for _ in range(4)]

@@ -1,0 +1,69 @@
+"""Metric names against a run: ``-vmt`` and ``--metrics`` checked before the run (when every metric comes from
+accelbatch's own pieces, each saying which it adds), and the report cut to what ``--metrics`` lists."""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+from accelbatch.agents import Agent
+from accelbatch.metrics import BATCHING_METRICS, TEACHER_METRICS, unknown_metrics, wants_bleu
+from accelbatch.opts import Opts
+from accelbatch.teachers import Teacher, is_training, task_names
+from accelbatch.worlds import MultiWorld, World
+
+# what a split's report says about the run itself rather than the model: kept whatever --metrics lists
+RUN_FIELDS = ("exs", "steps", "epochs", "exs_per_s", "time_s", "stopped_by")
+
+
+
+def select_metrics(report: dict[str, Any], metrics: str) -> dict[str, Any]:
+    """The report with each split's metrics cut to the comma-separated ``metrics`` ('default' and 'all':
+    every one); a listed metric no split has is said once on stderr."""
+    wanted = {m.strip() for m in metrics.split(",") if m.strip()}
+    if wanted & {"default", "all"}:
+        return report
+    splits = {name: rep for name, rep in report.items() if isinstance(rep, dict) and "exs" in rep}
+    missing = sorted(wanted - {k for rep in splits.values() for k in rep})
+    if missing:
+        print(f"accelbatch: --metrics: no split reported {', '.join(missing)}", file=sys.stderr)
+    return {name: {k: v for k, v in rep.items() if k in wanted or k in RUN_FIELDS} if name in splits else rep
+            for name, rep in report.items()}
+
+
+def _agents(world: World) -> list[Agent]:
+    """Every agent of ``world``: through the worlds that wrap another, and each task of a multitask world."""
+    inner = getattr(world, "world", None)
+    if isinstance(inner, World):
+        return _agents(inner)
+    if isinstance(world, MultiWorld):
+        return [agent for w in world.worlds for agent in _agents(w)]
+    return list(world.get_agents())
+
+
+def metric_names_problem(world: World, opts: Opts) -> str | None:
+    """What is wrong with the metric names of ``-vmt`` (training) and ``--metrics``, found before the run
+    starts when accelbatch's own teachers and agents make every metric (each agent says which it adds);
+    None when nothing is, or when a user's agent or teacher may report any name (``-vmt`` is then checked
+    at the first validation, against what it reported)."""
+    agents = _agents(world)
+    models = [agent for agent in agents if not isinstance(agent, Teacher)]
+    if not all(type(agent).__module__.partition(".")[0] == "accelbatch" for agent in agents) or \
+            any(agent.reported_metrics is None for agent in models):
+        return None
+    known = set(TEACHER_METRICS | BATCHING_METRICS).union(*(agent.reported_metrics or () for agent in models))
+    if wants_bleu(opts.metrics):
+        known.add("bleu-4")
+    tasks = task_names(opts)
+    vmt = opts.validation_metric
+    if is_training(opts.datatype) and unknown_metrics([vmt], tasks, known):
+        hint = "; bleu-4 is scored with --metrics bleu-4 (or all)" if vmt.endswith("bleu-4") else ""
+        choose = ", ".join(m for m in ("accuracy", "f1", "loss", "ppl", "token_acc") if m in known)
+        return (f"-vmt/--validation-metric {vmt}: the valid report of {type(world.get_model_agent()).__name__} "
+                f"on this task has no such metric; choose one of {choose}{hint}")
+    asked = [m.strip() for m in opts.metrics.split(",") if m.strip() and m.strip() not in ("default", "all")]
+    unknown = unknown_metrics(asked, tasks, known | {"bleu-4"} | set(RUN_FIELDS))
+    if unknown:
+        return (f"--metrics: no report of this run has {', '.join(unknown)}; name metrics such as "
+                f"accuracy,f1,loss, or give 'default' or 'all'")
+    return None
