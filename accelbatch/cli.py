@@ -131,7 +131,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         if args.verb in ("display-model", "interactive"):
             check_model_file_exists(opts, f"{args.verb} answers with")
-            if not opts.model_file and _is_torch_agent(opts.model):
+            if getattr(args, "num_examples", 1) >= 1 and not opts.model_file and _is_torch_agent(opts.model):
                 print(f"accelbatch: no -mf/--model-file: {args.verb} answers with an untrained -m {opts.model} "
                       "(give -mf PATH of a model trained with `accelbatch train -mf PATH`)", file=sys.stderr)
         if args.verb in ("display-data", "display-model", "interactive"):
