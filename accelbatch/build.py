@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from accelbatch.agents import Agent, TorchAgent
+from accelbatch.checkpoint import find_checkpoint
 from accelbatch.data.accessor import start_worker_server
 from accelbatch.hogwild import HogwildWorld
 from accelbatch.host_memory import apply_host_allocator
@@ -294,8 +295,11 @@ def create_world(opts: Opts, agent: Agent | type[Agent] | str | None = None, row
     first = runtime is None and getattr(getattr(model, "slot", None), "runtime", None) is None
     runtime = runtime or getattr(getattr(model, "slot", None), "runtime", None) or setup_runtime(opts)
     compile_agent(model, runtime)
-    if first and runtime.topology.rank == 0:
+    # a checkpoint to resume replaces what loading -mf did (and the resume says itself what it changes)
+    resuming = opts.resume and opts.model_file and find_checkpoint(opts.model_file) not in (None, opts.model_file)
+    if first and runtime.topology.rank == 0 and not resuming:
         for note in getattr(model, "load_notes", ()):
+
             print(f"accelbatch: {note}", file=sys.stderr)
     if opts.numthreads > 1:
         world: World = create_hogwild_world(opts, agent, rows, runtime=runtime, model=model, teacher=teacher)

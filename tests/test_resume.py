@@ -145,3 +145,18 @@ def test_a_finished_run_leaves_a_checkpoint_whose_resume_only_evaluates(tmp_path
     assert again["train"]["steps"] == first["train"]["steps"] == 20
     assert again["valid"] == {**first["valid"], "time_s": again["valid"]["time_s"]}
     assert (tmp_path / "m.pt").read_bytes() == weights
+
+
+def test_a_resume_says_a_changed_option_once(tmp_path, capsys):
+    """With a checkpoint to resume, what loading -mf changed is not said: the resume says it (a new -lr, once)
+    or refuses it (-opt) in one line, where two lines said it twice, or accepted then refused it."""
+    from accelbatch.cli import main
+
+    base = ["train", "-mf", str(tmp_path / "m.pt"), "-esz", "16", "--no-progress", "--eval-splits", "", "-veps", "-1"]
+    assert main([*base, "-tstep", "3"]) == 0
+    capsys.readouterr()
+    assert main([*base, "-tstep", "5", "--resume", "-lr", "0.02"]) == 0
+    said = [line for line in capsys.readouterr().err.splitlines() if "0.02" in line]
+    assert said == ["accelbatch: --resume: continuing with -lr 0.02 (the checkpoint's optimizer had 0.01)"]
+    assert main([*base, "-tstep", "7", "--resume", "-opt", "sgd"]) == 2
+    assert capsys.readouterr().err.startswith("accelbatch: error: --resume: ")
