@@ -110,12 +110,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.verb is None:
             parser.print_help()
             return 0
-        print("tasks:")
-        for name, text in list_tasks():
-            print(f"  {name:<14} {text}")
-        print("models:")
-        for name, path in AGENT_PATHS.items():
-            print(f"  {name:<14} {path}")
+        tasks, models = list(list_tasks()), list(AGENT_PATHS.items())
+        width = max(len(name) for name, _ in tasks + models)
+        for title, rows in (("tasks:", tasks), ("models:", models)):
+            print(title)
+            for name, text in rows:
+                print(f"  {name:<{width}}  {text}")
         return 0
     try:
         opts = eval_opts(args) if args.verb == "eval" else Opts.from_namespace(args)

@@ -7,7 +7,8 @@
 
 The bundled ``-m transformer/generator`` (a small encoder-decoder transformer over UTF-8 bytes) learns the
 bundled ``-t reverse`` task (reply with the text's word reversed): about 95% exact replies after 3 epochs of
-6,000 words, in well under a minute on the emulator. Nothing in the script is device-specific:
+6,000 words, in well under a minute on the emulator, with one torch thread (``OMP_NUM_THREADS=1``; 86% with
+two, whose float sums run in another order). Nothing in the script is device-specific:
 
 * training is teacher forcing on the token loss. With ``-ga 2`` (and ``-rf``), ``--loss-normalization token``
   makes each weight update the per-token mean over its micro-batches, as one big batch would give (their
