@@ -316,6 +316,7 @@ def _train(world: World, opts: Opts, log: MetricsLog, runtime: Runtime, stop: St
     if checkpoints is not None:
         save()  # training is done: a resume (after a stop in the evaluations below) only evaluates
     if bar is not None:
+        bar.total = max(bar.total or 0, bar.n)  # the last step's rows pass the target: the bar ends full
         bar.close()
     if opts.model_file and state.validations == 0 and main:
         _save(model, opts)
