@@ -74,6 +74,7 @@ class MetricsLog:
     path: str | None
     handle: TextIO | None = None
     tensorboard: TensorBoardLog | None = None  # the same records as TensorBoard scalars (optional)
+    progress: Any = None  # the training's progress bar, which shows them: closed with the log, also on an error
 
     def write(self, record: dict[str, Any]) -> None:
         if self.tensorboard is not None:
@@ -87,6 +88,9 @@ class MetricsLog:
         self.handle.flush()
 
     def close(self) -> None:
+        if self.progress is not None:  # before anything is printed after it: an error starts its own line
+            self.progress.close()
+            self.progress = None
         if self.handle is not None:
             self.handle.close()
             self.handle = None

@@ -187,7 +187,7 @@ def _train(world: World, opts: Opts, log: MetricsLog, runtime: Runtime, stop: St
         next_validation = resumed.get("next_validation", next_validation)
         before_resume = resumed.get("train_metrics", {})
     saver = PeriodicSaver(opts.save_every_n_secs)
-    bar = _progress(opts, target_exs) if main else None
+    bar = log.progress = _progress(opts, target_exs) if main else None
     if bar is not None and state.exs:
         bar.update(state.exs)
     last_log, window_exs, window_start = time.monotonic(), 0, time.monotonic()

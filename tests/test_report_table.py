@@ -58,3 +58,45 @@ def test_report_json_and_metrics_log_hold_no_bare_nan(tmp_path):
 
 def _refuse(name: str) -> None:
     raise AssertionError(f"bare {name} in a JSON file")
+
+
+def test_the_progress_bar_is_closed_when_training_fails(monkeypatch):
+    """The error line a failed run prints starts a line of its own: the bar was left open, and a killed
+    hogwild process's error landed on it, the bar printing again after it."""
+    import importlib
+
+    from accelbatch.models.trivial import TrivialAgent
+
+    run_module = importlib.import_module("accelbatch.run")  # the module (accelbatch.run is also the function)
+
+    class Bar:
+        n, total, closed = 0, None, 0
+
+        def update(self, n):
+            self.n += n
+
+        def set_postfix(self, *args, **kwargs):
+            pass
+
+        def close(self):
+            self.closed += 1
+
+    bar = Bar()
+    monkeypatch.setattr(run_module, "_progress", lambda opts, total: bar)
+
+    class Fails(TrivialAgent):
+        calls = 0
+
+        def batch_act(self, observations):
+            Fails.calls += 1
+            if Fails.calls == 3:
+                raise RuntimeError("the agent failed")
+            return super().batch_act(observations)
+
+    opts = Opts(task="babi:1", model="trivial", num_epochs=1, eval_splits="", validation_every_n_epochs=-1)
+    world = create_world(opts, agent=Fails)
+    try:
+        run(world, opts)
+    except RuntimeError:
+        pass
+    assert bar.n == 64 and bar.closed >= 1
