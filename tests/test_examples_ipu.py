@@ -36,6 +36,22 @@ def test_there_are_seven_tutorials_each_with_a_readme_section():
         assert f"`{name}`" in readme, name
 
 
+@pytest.mark.multiprocess
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("name, args, said", [
+    ("01_efficient_data_loading.py", ["--items", "100"], "--items 100 is fewer than one combined batch (128 = "),
+    ("01_efficient_data_loading.py", ["--device-iterations", "0"], "--device-iterations must be at least 1"),
+    ("02_device_iterations_and_output_modes.py", ["--period", "4", "--device-iterations", "6"],
+     "--period 4 must divide --device-iterations 6"),
+])
+def test_a_tutorial_refuses_arguments_it_cannot_run_in_one_line(name, args, said):
+    """Arguments a tutorial cannot run with end in argparse's one line before any work (they ended in a bare
+    StopIteration or in the emulator's traceback)."""
+    proc = subprocess.run([sys.executable, str(EXAMPLES / name), "--emulator", *args], cwd=ROOT,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and said in proc.stderr.splitlines()[-1] and "Traceback" not in proc.stderr
+
+
 @pytest.mark.slow
 @pytest.mark.multiprocess
 @pytest.mark.timeout(180)

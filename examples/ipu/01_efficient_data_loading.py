@@ -209,6 +209,14 @@ def main(argv=None) -> None:
     parser.add_argument("--pause-s", type=float, default=0.5, help="host work before reading (early_preload)")
     parser.add_argument("--emulator", action="store_true", help="use the CPU emulator even if poptorch exists")
     args = parser.parse_args(argv)
+    counts = ("batch_size", "device_iterations", "replication_factor", "gradient_accumulation", "items")
+    for name in counts:
+        if getattr(args, name) < 1:
+            parser.error(f"--{name.replace('_', '-')} must be at least 1")
+    combined = args.batch_size * args.device_iterations * args.replication_factor * args.gradient_accumulation
+    if args.items < combined:  # drop_last: not one combined batch to load
+        parser.error(f"--items {args.items} is fewer than one combined batch ({combined} = --batch-size x "
+                     "--device-iterations x --replication-factor x --gradient-accumulation)")
     poptorch = import_poptorch(args.emulator)
 
     dataset = SyntheticImages(args.items, args.features, args.classes, args.item_cost_ms)

@@ -51,8 +51,12 @@ def main(argv=None) -> None:
     parser.add_argument("--period", type=int, default=2, help="N of EveryN (must divide --device-iterations)")
     parser.add_argument("--emulator", action="store_true", help="use the CPU emulator even if poptorch exists")
     args = parser.parse_args(argv)
-    poptorch = import_poptorch(args.emulator)
     b, d, n = args.batch_size, args.device_iterations, args.period
+    if min(b, d, n) < 1:
+        parser.error("--batch-size, --device-iterations and --period must be at least 1")
+    if d % n:  # PopTorch refuses it: "the return period must be a factor of Options.deviceIterations"
+        parser.error(f"--period {n} must divide --device-iterations {d}")
+    poptorch = import_poptorch(args.emulator)
     torch.manual_seed(0)
     x, y = torch.randn(b * d, 3), torch.randn(b * d)
     model = Regressor()
