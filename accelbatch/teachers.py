@@ -116,7 +116,12 @@ class FixedTeacher(Teacher):
         self.row = 0  # the feed row this clone serves
         self._last: tuple[Any, ...] | None = None
         if shared is None:
-            self.store = self.build_store()
+            try:
+                self.store = self.build_store()
+            except DataFileError as exc:
+                if str(exc).startswith("a training example"):  # said of an example: name its task too
+                    raise DataFileError(f"-t {opts.task}: {exc}") from None
+                raise
             if self.store.table.num_episodes == 0:
                 raise DataFileError(f"task {opts.task!r} ({split_of(opts.datatype)}) has no examples")
             self.metrics = Metrics(bleu=wants_bleu(opts.metrics))

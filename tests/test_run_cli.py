@@ -550,3 +550,15 @@ def test_what_a_new_user_meets_following_the_readme(tmp_path, monkeypatch, capsy
         NoModel(Opts())
     assert main(["display-model", "-n", "1"]) == 0
     assert "no -mf/--model-file: display-model answers with an untrained -m memnn" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("datatype", ["train", "train:stream"])
+def test_a_training_example_with_eval_labels_only_is_refused(tmp_path, capsys, datatype):
+    """Such a row was trained on only when its batch also held labelled rows (not alone, -bs 1): ParlAI
+    refuses eval_labels in training data; evaluation reads them as before."""
+    data = tmp_path / "mixed.jsonl"
+    data.write_text('{"text": "q1", "labels": ["a"]}\n{"text": "q2", "eval_labels": ["b"]}\n')
+    assert main(["train", "-t", f"jsonl:{data}", "-dt", datatype, "-m", "repeat_label", "-tstep", "1",
+                 "--no-progress", "--eval-splits", "", "-veps", "-1"]) == 2
+    assert "a training example has eval_labels and no labels (text 'q2')" in capsys.readouterr().err
+    assert main(["eval", "-t", f"jsonl:{data}", "-m", "repeat_label", "--no-progress"]) == 0

@@ -26,7 +26,7 @@ from accelbatch.data.schedule import EpisodeTable
 from accelbatch.data.squash import histories
 from accelbatch.messages import EPISODE_DONE, EVAL_LABELS, ID, LABELS, FrozenMessage, Message
 from accelbatch.metrics import AnswerTable
-from accelbatch.tasks.files import FileIndex
+from accelbatch.tasks.files import DataFileError, FileIndex
 
 PADDING = FrozenMessage({EPISODE_DONE: True})
 
@@ -39,6 +39,11 @@ def prepare(turn: dict, speaker: str, training: bool, last: bool) -> FrozenMessa
     msg[EPISODE_DONE] = last or bool(msg.get(EPISODE_DONE))
     if not training and LABELS in msg:
         msg[EVAL_LABELS] = msg.pop(LABELS)
+    elif training and EVAL_LABELS in msg and LABELS not in msg:
+        # an agent would train on it only when a batch also holds labelled examples (as ParlAI, refused)
+        raise DataFileError(f"a training example has eval_labels and no labels (text "
+                            f"{str(msg.get('text'))[:60]!r}); training learns from labels: name them labels, or "
+                            "keep evaluation-only examples in the valid/test data")
     return FrozenMessage(msg)
 
 
