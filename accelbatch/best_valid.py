@@ -3,10 +3,11 @@ its best_valid): a run that continues from PATH replaces the model only with one
 
 from __future__ import annotations
 
-import json
 import math
 import os
 from dataclasses import asdict, dataclass
+
+from accelbatch.checkpoint import read_json_file, write_json_file
 
 
 @dataclass(frozen=True)
@@ -29,21 +30,17 @@ def stats_path(model_file: str) -> str:
 def read_best(model_file: str) -> BestValid | None:
     """The record kept with ``model_file``; None when there is none (or it cannot be read: a model saved
     without validation, by hand, or by an older accelbatch)."""
+    data = read_json_file(stats_path(model_file))
     try:
-        with open(stats_path(model_file), encoding="utf-8") as handle:
-            data = json.load(handle)
         best = BestValid(str(data["metric"]), str(data["mode"]), float(data["value"]))
-    except (OSError, ValueError, KeyError, TypeError):
+    except (ValueError, KeyError, TypeError):
         return None
     return best if best.mode in ("max", "min") and math.isfinite(best.value) else None
 
 
 def write_best(model_file: str, best: BestValid) -> None:
-    """Keep ``best`` with the model just saved to ``model_file`` (written whole, then renamed)."""
-    tmp = f"{stats_path(model_file)}.tmp"
-    with open(tmp, "w", encoding="utf-8") as handle:
-        json.dump(asdict(best), handle)
-    os.replace(tmp, stats_path(model_file))
+    """Keep ``best`` with the model just saved to ``model_file``."""
+    write_json_file(stats_path(model_file), asdict(best))
 
 
 def forget_best(model_file: str) -> None:

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from accelbatch.agents import Agent, TorchAgent
-from accelbatch.checkpoint import find_checkpoint
+from accelbatch.checkpoint import has_saved_position
 from accelbatch.data.accessor import start_worker_server
 from accelbatch.hogwild import HogwildWorld
 from accelbatch.host_memory import apply_host_allocator
@@ -296,7 +296,7 @@ def create_world(opts: Opts, agent: Agent | type[Agent] | str | None = None, row
     runtime = runtime or getattr(getattr(model, "slot", None), "runtime", None) or setup_runtime(opts)
     compile_agent(model, runtime)
     # a checkpoint to resume replaces what loading -mf did (and the resume says itself what it changes)
-    resuming = opts.resume and opts.model_file and find_checkpoint(opts.model_file) not in (None, opts.model_file)
+    resuming = opts.resume and opts.model_file and has_saved_position(opts.model_file)
     if first and runtime.topology.rank == 0 and not resuming:
         for note in getattr(model, "load_notes", ()):
 

@@ -282,6 +282,30 @@ def _read_manifest(manifest_path: str) -> dict[str, Any]:
 
 
 # --- writing helpers (module functions so tests can simulate a crash in any of them) ------------------
+def write_json_file(path: str, data: Any) -> None:
+    """Write ``data`` as JSON to ``path`` whole or not at all (a temporary file, synced, then renamed): the
+    small files kept beside a model file (PATH.opt, PATH.trainstats)."""
+    tmp = f"{path}.tmp-{os.getpid()}"
+    _write_bytes(tmp, json.dumps(data).encode("utf-8"))
+    os.replace(tmp, path)
+
+
+def read_json_file(path: str) -> Any:
+    """The JSON in ``path``; None when there is no such file or it is not JSON (written by hand, cut short)."""
+    try:
+        with open(path, encoding="utf-8") as handle:
+            return json.load(handle)
+    except (OSError, ValueError):
+        return None
+
+
+def has_saved_position(model_file: str) -> bool:
+    """Whether ``-mf model_file`` has a checkpoint with a run's position to resume (a ``PATH.ckpt`` directory),
+    not only the weights in PATH."""
+    found = find_checkpoint(model_file)
+    return found is not None and os.path.isdir(found)
+
+
 def _write_bytes(path: str, data: bytes) -> None:
     with open(path, "wb") as handle:
         handle.write(data)

@@ -5,10 +5,10 @@ from there, so ``-mf`` alone names the model; an option given on the command lin
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 from typing import Any, Sequence
 
+from accelbatch.checkpoint import read_json_file, write_json_file
 from accelbatch.opts import Opts
 
 SHAPING = ("model", "embedding_size")  # the options a model file's weights depend on
@@ -19,20 +19,13 @@ def opt_path(model_file: str) -> str:
 
 
 def write_model_opts(model_file: str, opts: Opts) -> None:
-    """Keep ``opts``' shaping options beside the model just saved to ``model_file`` (written whole, renamed)."""
-    tmp = f"{opt_path(model_file)}.tmp"
-    with open(tmp, "w", encoding="utf-8") as handle:
-        json.dump({name: getattr(opts, name) for name in SHAPING}, handle)
-    os.replace(tmp, opt_path(model_file))
+    """Keep ``opts``' shaping options beside the model just saved to ``model_file``."""
+    write_json_file(opt_path(model_file), {name: getattr(opts, name) for name in SHAPING})
 
 
 def read_model_opts(model_file: str) -> dict[str, Any]:
     """The shaping options kept with ``model_file`` (empty when there are none, or they cannot be read)."""
-    try:
-        with open(opt_path(model_file), encoding="utf-8") as handle:
-            saved = json.load(handle)
-    except (OSError, ValueError):
-        return {}
+    saved = read_json_file(opt_path(model_file))
     return {k: v for k, v in saved.items() if k in SHAPING} if isinstance(saved, dict) else {}
 
 

@@ -19,13 +19,9 @@ from typing import Any
 from accelbatch.agents import Agent, TorchAgent, learning_rates, set_learning_rates
 from accelbatch.best_valid import BestValid, forget_best, read_best, write_best
 from accelbatch.build import Runtime, attach_runtime, create_world
-from accelbatch.checkpoint import MANIFEST, checkpoint_dir
+from accelbatch.checkpoint import checkpoint_dir, has_saved_position
 from accelbatch.metric_names import metric_names_problem, select_metrics
-from accelbatch.metrics import (
-    combine_reports,
-    finish_merged,
-    report_weights,
-)
+from accelbatch.metrics import combine_reports, finish_merged, report_weights
 from accelbatch.model_opts import write_model_opts
 from accelbatch.opts import OptionError, Opts
 from accelbatch.report_table import MetricsLog, json_ready
@@ -166,8 +162,7 @@ def _train(world: World, opts: Opts, log: MetricsLog, runtime: Runtime, stop: St
     next_validation = opts.validation_every_n_epochs * per_epoch if opts.validation_every_n_epochs > 0 else math.inf
     checkpoints = Checkpointer(opts, backend, runtime.plan) if opts.model_file and isinstance(model, TorchAgent) \
         else None
-    if checkpoints is not None and not opts.resume and main and \
-            os.path.isfile(os.path.join(checkpoint_dir(opts.model_file), MANIFEST)):
+    if checkpoints is not None and not opts.resume and main and has_saved_position(opts.model_file):
         print(f"accelbatch: {checkpoint_dir(opts.model_file)} holds an earlier run's position; this run starts "
               "afresh and its checkpoints replace it (--resume continues that run instead)", file=sys.stderr)
     optimizer = model.engine.host_optimizer() if checkpoints is not None and opts.resume else None
@@ -242,8 +237,6 @@ def _train(world: World, opts: Opts, log: MetricsLog, runtime: Runtime, stop: St
             save()
         if window_exs:
             log_window(time.monotonic())  # the log holds every example trained, as after a resume it will
-        if bar is not None:
-            bar.close()
         where = _saved_where(opts.model_file) if checkpoints else \
             "nothing was saved (" + ("no --model-file)" if not opts.model_file else
                                      f"{type(model).__name__} is not a TorchAgent)")

@@ -89,9 +89,9 @@ def test_python_dash_m_lists_tasks():
     out = subprocess.run([sys.executable, "-m", "accelbatch", "tasks"], capture_output=True, text=True,
                          timeout=60, check=True).stdout
     assert "babi:1" in out and "repeat_label" in out
-    names = [line[:line.index(line.split()[1], len(line.split()[0]) + 2)] for line in out.splitlines()
-             if line.startswith("  ")]
-    assert len({len(n) for n in names}) == 1, names  # one column for every description, however long a name
+    rows = [line for line in out.splitlines() if line.startswith("  ")]
+    starts = {len(line) - len(line[line.index(" ", 2):].lstrip()) for line in rows}  # where each text begins
+    assert len(starts) == 1, rows  # one column for every description, however long a name
 
 
 def _ranking_rows(n: int) -> list[dict]:
