@@ -136,7 +136,8 @@ class GeneratorModel(nn.Module):
         done = torch.zeros(rows, dtype=torch.bool, device=device)
         positions = torch.arange(self.max_len + 1, device=device).unsqueeze(0)
         for t in range(self.max_len):
-            logits = self.constrain(self.core.decode(state, buf[:, : t + 1])[:, -1], buf[:, 1: t + 1])
+            # in float32: a float16 decoder (fp16 autocast) cannot hold NEG, and the argmax is the same
+            logits = self.constrain(self.core.decode(state, buf[:, : t + 1])[:, -1].float(), buf[:, 1: t + 1])
             token = logits.argmax(dim=-1).masked_fill(done, PAD)
             buf = torch.where(positions == t + 1, token.unsqueeze(1), buf)
             done = done | (token == EOS)

@@ -74,6 +74,23 @@ def test_a_decoder_that_copies_its_input_generates_the_input(inference, beam):
     assert decoded(model(batch_of(texts))["preds"]) == texts
 
 
+class HalfCopyCore(CopyCore):
+    """CopyCore's logits in float16, as a decoder under fp16 autocast returns them."""
+
+    def decode(self, text, prefix):
+        return super().decode(text, prefix).half()
+
+
+@pytest.mark.parametrize("inference,beam,block", [("greedy", 1, -1), ("greedy", 1, 2), ("beam", 3, 2)])
+def test_a_decoder_with_float16_logits_decodes_as_in_float32(inference, beam, block):
+    # fp16 cannot hold the "impossible" score of a banned token: decoding must not work in the logits' dtype
+    texts = ["hello", "ab", "copy me please"]
+    want = GeneratorModel(CopyCore(), max_len=20, inference=inference, beam_size=beam, block_ngram=block).eval()
+    half = GeneratorModel(HalfCopyCore(), max_len=20, inference=inference, beam_size=beam, block_ngram=block).eval()
+    batch = batch_of(texts)
+    assert torch.equal(half(batch)["preds"], want(batch)["preds"])
+
+
 def test_generation_stops_at_max_len_and_pads_after_the_end_token():
     model = GeneratorModel(CopyCore(), max_len=4).eval()
     preds = model(batch_of(["abcdefgh", "ab"]))["preds"]
