@@ -43,10 +43,35 @@ def test_there_are_seven_tutorials_each_with_a_readme_section():
     ("01_efficient_data_loading.py", ["--device-iterations", "0"], "--device-iterations must be at least 1"),
     ("02_device_iterations_and_output_modes.py", ["--period", "4", "--device-iterations", "6"],
      "--period 4 must divide --device-iterations 6"),
+    ("03_replication_and_gradient_accumulation.py", ["--batch-size", "0"], "--batch-size must be at least 1"),
+    ("03_replication_and_gradient_accumulation.py", ["--gradient-accumulation", "-1"],
+     "--gradient-accumulation must be at least 1"),
+    ("03_replication_and_gradient_accumulation.py", ["--calls", "0"], "--calls must be at least 1"),
+    # R replicas hold R IPUs; 3 is not a power of 2: 4 would be held, 1 idle
+    ("03_replication_and_gradient_accumulation.py", ["--replication-factor", "3"],
+     "--replication-factor 3: an IPU system reserves a power of 2 or a multiple of 64 IPUs, so 3 replicas would "
+     "hold 4 IPUs with 1 idle (PopTorch refuses it); use 2 or 4"),
+    ("03_replication_and_gradient_accumulation.py", ["--replication-factor", "128"],
+     "--replication-factor 128: 128 replicas need 128 IPUs, and PopTorch drives at most 64 from one process"),
+    ("04_rebatched_iterable_datasets.py", ["--workers", "0"], "--workers must be at least 1"),
+    ("04_rebatched_iterable_datasets.py", ["--batch-size", "0"], "--batch-size must be at least 1"),
+    ("04_rebatched_iterable_datasets.py", ["--items", "3", "--skip-async"],
+     "--items 3 is fewer than one batch (--batch-size 4): no mode has a batch to deliver"),
+    # ceil(10 / 7) = 2 items per worker, below a batch of 4: Async has nothing to deliver
+    ("04_rebatched_iterable_datasets.py", ["--items", "10"],
+     "--items 10 split among --workers 7 gives each worker at most 2 items, fewer than --batch-size 4"),
+    ("07_pipelining.py", ["--stages", "1"], "--stages 1: a pipeline needs at least 2 stages (one IPU each)"),
+    ("07_pipelining.py", ["--stages", "5"],
+     "--stages 5: an IPU system reserves a power of 2 or a multiple of 64 IPUs, so 5 stages would hold 8 IPUs "
+     "with 3 idle (PopTorch refuses it); use 4 or 8"),
+    ("07_pipelining.py", ["--stages", "128"], "--stages 128: 128 stages need 128 IPUs, and PopTorch drives at most 64"),
+    ("07_pipelining.py", ["--batch-size", "0"], "--batch-size must be at least 1"),
+    ("07_pipelining.py", ["--device-iterations", "0"], "--device-iterations must be at least 1"),
+    ("07_pipelining.py", ["--calls", "0"], "--calls must be at least 1"),
 ])
 def test_a_tutorial_refuses_arguments_it_cannot_run_in_one_line(name, args, said):
     """Arguments a tutorial cannot run with end in argparse's one line before any work (they ended in a bare
-    StopIteration or in the emulator's traceback)."""
+    StopIteration, an assertion, or the emulator's or torch's traceback)."""
     proc = subprocess.run([sys.executable, str(EXAMPLES / name), "--emulator", *args], cwd=ROOT,
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2 and said in proc.stderr.splitlines()[-1] and "Traceback" not in proc.stderr

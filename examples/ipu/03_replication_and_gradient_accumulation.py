@@ -26,9 +26,10 @@ import argparse
 import copy
 
 import torch
+from accelbatch.backends.ipu import MAX_IPUS
 from poptorch_or_emulator import import_poptorch  # examples/ipu/poptorch_or_emulator.py
 
-from accelbatch.plan import ExecutionPlan
+from accelbatch.plan import ExecutionPlan, reserved_ipus
 
 
 class L1Model(torch.nn.Module):
@@ -81,8 +82,19 @@ def main(argv=None) -> None:
     parser.add_argument("--calls", type=int, default=3, help="host calls (each D weight updates)")
     parser.add_argument("--emulator", action="store_true", help="use the CPU emulator even if poptorch exists")
     args = parser.parse_args(argv)
-    poptorch = import_poptorch(args.emulator)
+    for name in ("batch_size", "device_iterations", "replication_factor", "gradient_accumulation", "calls"):
+        if getattr(args, name) < 1:
+            parser.error(f"--{name.replace('_', '-')} must be at least 1")
     b, d, r, g = args.batch_size, args.device_iterations, args.replication_factor, args.gradient_accumulation
+    if r > MAX_IPUS:  # one IPU per replica
+        parser.error(f"--replication-factor {r}: {r} replicas need {r} IPUs, and PopTorch drives at most "
+                     f"{MAX_IPUS} from one process (more need distributed execution); use {MAX_IPUS} or fewer")
+    if reserved_ipus(r) != r:
+        below, held = 1 << (r.bit_length() - 1), reserved_ipus(r)
+        parser.error(f"--replication-factor {r}: an IPU system reserves a power of 2 or a multiple of 64 IPUs, so "
+                     f"{r} replicas would hold {held} IPUs with {held - r} idle (PopTorch refuses it); use "
+                     f"{below} or {held}")
+    poptorch = import_poptorch(args.emulator)
     plan = ExecutionPlan(micro_batch=b, device_iterations=d, replication_factor=r, gradient_accumulation=g)
     print(plan.describe())
     print(f"host layout of one call: [D={d}, G={g}, R={r}, b={b}]; each of the {d} updates uses G x R x b = "

@@ -78,8 +78,17 @@ def main(argv=None) -> None:
     parser.add_argument("--skip-async", action="store_true", help="only Sync and AsyncRebatched")
     parser.add_argument("--emulator", action="store_true", help="use the CPU emulator even if poptorch exists")
     args = parser.parse_args(argv)
-    poptorch = import_poptorch(args.emulator)
     n, w, b = args.items, args.workers, args.batch_size
+    for name in ("items", "workers", "batch_size"):
+        if getattr(args, name) < 1:
+            parser.error(f"--{name.replace('_', '-')} must be at least 1")
+    if n < b:  # drop_last: not one batch in any mode (the rebatching accessor fails to start on no batch)
+        parser.error(f"--items {n} is fewer than one batch (--batch-size {b}): no mode has a batch to deliver")
+    if not args.skip_async and expected_without_rebatching(n, w, b) == 0:
+        parser.error(f"--items {n} split among --workers {w} gives each worker at most {math.ceil(n / w)} items, "
+                     f"fewer than --batch-size {b}: every worker drops all its items and the Async mode has no "
+                     "batch to deliver; use fewer --workers, more --items, or --skip-async")
+    poptorch = import_poptorch(args.emulator)
     opts = poptorch.Options()  # deviceIterations etc. multiply the batch the same way in every mode
 
     def loader(mode, **kwargs):

@@ -90,12 +90,26 @@ def max_diff(a: torch.nn.Module, b: torch.nn.Module) -> float:
 
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--stages", type=int, default=2, help="IPUs to split the model over (2 or 4)")
+    parser.add_argument("--stages", type=int, default=2, help="IPUs to split the model over (a power of 2: 2 or 4)")
     parser.add_argument("--batch-size", type=int, default=2)
-    parser.add_argument("--device-iterations", type=int, default=2)
+    parser.add_argument("--device-iterations", type=int, default=2,
+                        help="raised to --stages when below it (an inference pipeline needs D >= S)")
     parser.add_argument("--calls", type=int, default=2, help="host calls (each D weight updates)")
     parser.add_argument("--emulator", action="store_true", help="use the CPU emulator even if poptorch exists")
     args = parser.parse_args(argv)
+    for name in ("batch_size", "device_iterations", "calls"):
+        if getattr(args, name) < 1:
+            parser.error(f"--{name.replace('_', '-')} must be at least 1")
+    s = args.stages
+    if s < 2:
+        parser.error(f"--stages {s}: a pipeline needs at least 2 stages (one IPU each); use 2 or 4")
+    if s > 64:
+        parser.error(f"--stages {s}: {s} stages need {s} IPUs, and PopTorch drives at most 64 from one process "
+                     "(more need distributed execution); use 64 or fewer (2 or 4 run in seconds)")
+    if s & (s - 1):  # a real IPU system reserves a power of 2 (or a multiple of 64) IPUs
+        below, held = 1 << (s.bit_length() - 1), 1 << s.bit_length()
+        parser.error(f"--stages {s}: an IPU system reserves a power of 2 or a multiple of 64 IPUs, so {s} stages "
+                     f"would hold {held} IPUs with {held - s} idle (PopTorch refuses it); use {below} or {held}")
     poptorch = import_poptorch(args.emulator)
     tolerance = 1e-6 if getattr(poptorch, "IS_EMULATOR", False) else 1e-3
     s, b, d = args.stages, args.batch_size, max(args.device_iterations, args.stages)
