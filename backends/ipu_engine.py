@@ -63,7 +63,7 @@ from .base import Engine, NonFiniteLoss, StepResult, TensorBatch
 from .engine import check_trainable
 from .ipu_graph import LOSS_SCALE, InputsAdapter, group_leaders_only, make_adapter, plan_options
 from .ipu_latency import LatencyStats
-from .ipu_optim import load_optimizer_state, to_poptorch_optimizer
+from .ipu_optim import dropped_state_notice, load_optimizer_state, to_poptorch_optimizer
 from .ipu_settings import IPUSettings
 
 log = logging.getLogger("accelbatch.ipu")
@@ -108,6 +108,8 @@ class IPUEngine(Engine):
         self._cache_loads = 0
         self.model = model
         self.optimizer = to_poptorch_optimizer(poptorch, optimizer)  # its state can come back from the device
+        # said when a training graph is first made: an evaluation uses no optimizer state
+        self._dropped_state = dropped_state_notice(optimizer) if self.optimizer is not optimizer else None
         self._bound: _Executor | None = None  # the executor whose state optimizer.state_dict() reads back
         self.plan = plan if plan is not None else ExecutionPlan()
         self.eval_plan = self.plan.for_inference()
@@ -160,6 +162,9 @@ class IPUEngine(Engine):
         adapter = make_adapter(self.model, keys, training, getattr(self.poptorch, "identity_loss", None))
         options = plan_options(self.poptorch, plan, self.seed, self.settings)
         if training:
+            if self._dropped_state:
+                log.warning(self._dropped_state)
+                self._dropped_state = None
             executor = self.poptorch.trainingModel(adapter, options=options, optimizer=self.optimizer)
         else:
             executor = self.poptorch.inferenceModel(adapter, options=options)

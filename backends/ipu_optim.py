@@ -47,11 +47,16 @@ def to_poptorch_optimizer(poptorch: Any, optimizer: torch.optim.Optimizer | None
     if "loss_scaling" in accepted and hasattr(optimizer, "loss_scaling"):  # --ipu-loss-scaling (fp16)
         defaults["loss_scaling"] = optimizer.loss_scaling
     groups = [dict(group) for group in optimizer.param_groups]  # every group keeps its own values (lr, betas...)
-    converted = cls(groups, **defaults)
-    if any(optimizer.state.values()):
-        log.warning("ipu: the %s state the host optimizer holds (torch's format) cannot be written to the IPU; "
-                    "the device starts it afresh", name)
-    return converted
+    return cls(groups, **defaults)
+
+
+def dropped_state_notice(optimizer: torch.optim.Optimizer | None) -> str | None:
+    """What :func:`to_poptorch_optimizer` leaves behind of ``optimizer``: the state a host optimizer holds (an
+    earlier run's Adam moments, say) in torch's format, which cannot be written to the IPU; None when none."""
+    if optimizer is None or not any(optimizer.state.values()):
+        return None
+    return (f"ipu: the {type(optimizer).__name__} state the host optimizer holds (torch's format) cannot be "
+            "written to the IPU; the device starts it afresh")
 
 
 def load_optimizer_state(poptorch: Any, optimizer: torch.optim.Optimizer, state: dict[str, Any]) -> None:
@@ -66,4 +71,4 @@ def load_optimizer_state(poptorch: Any, optimizer: torch.optim.Optimizer, state:
     optimizer.load_state_dict(state)
 
 
-__all__ = ["KINDS", "is_poptorch_optimizer", "load_optimizer_state", "to_poptorch_optimizer"]
+__all__ = ["KINDS", "dropped_state_notice", "is_poptorch_optimizer", "load_optimizer_state", "to_poptorch_optimizer"]

@@ -161,3 +161,19 @@ def test_continuing_from_an_ipu_model_file_keeps_its_adam_state(tmp_path, monkey
             assert all(int(st["step"]) == 8 for st in saved["ipu_state"].values())
     for key, w in ends["cpu"].items():
         assert torch.allclose(w, ends["ipu"][key], atol=1e-5, rtol=0), key
+
+
+def test_host_optimizer_state_left_behind_is_said_at_the_first_training_call_only(caplog):
+    """An evaluation uses no optimizer: a model file's torch-format Adam state is said to be dropped only when
+    the device first trains, once."""
+    model = fresh()
+    adam = torch.optim.Adam(model.parameters(), lr=0.05)
+    model(data(4))["loss"].backward()
+    adam.step()  # the state an earlier run's model file brings
+    with caplog.at_level("WARNING", logger="accelbatch.ipu"):
+        engine = emulated(model, adam, ExecutionPlan(micro_batch=4))
+        engine.eval_step(data(4))
+        assert "starts it afresh" not in caplog.text
+        engine.train_step(data(4))
+        engine.train_step(data(4))
+    assert caplog.text.count("the Adam state the host optimizer holds") == 1
