@@ -148,7 +148,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"accelbatch: interrupted{': ' + str(exc) if str(exc) else ''}", file=sys.stderr)
         return 130
     if report is not None:
-        print(format_report(report, opts.metrics))
+        print(format_report(report))
     return 0
 
 
@@ -162,7 +162,7 @@ def _run_verb(args: argparse.Namespace, opts: Opts) -> int:
         from accelbatch.report_table import format_report
 
         report = verbs.display_model(opts, args.num_examples)
-        print(format_report({opts.datatype.split(":")[0]: report}, opts.metrics))
+        print(format_report({opts.datatype.split(":")[0]: report}))
     else:
         verbs.interactive(opts, args.candidates)
     return 0

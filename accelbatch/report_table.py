@@ -20,12 +20,21 @@ COUNTS = frozenset({"tokens", "batch_tokens", "skipped_updates", "dropped_exs"})
 WIDTH = 12
 
 
-def _columns(splits: list[dict[str, Any]], metrics: str) -> list[str]:
-    """Every number some split holds; a multitask run's TASK/metric only when --metrics names it."""
-    named = {m.strip() for m in metrics.split(",")}
-    present = {key for rep in splits for key, value in rep.items()
-               if isinstance(value, (int, float)) and not isinstance(value, bool)
-               and key not in NOT_COLUMNS and ("/" not in key or key in named)}
+def _task_rows(rep: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
+    """A multitask split's rows of its tasks: ``TASK/metric`` keys as (TASK, {metric: value}), in report order
+    (a task's name may hold '/' itself, as a file path does; a metric's never does)."""
+    tasks: dict[str, dict[str, Any]] = {}
+    for key, value in rep.items():
+        if "/" in key:
+            task, metric = key.rsplit("/", 1)
+            tasks.setdefault(task, {})[metric] = value
+    return list(tasks.items())
+
+
+def _columns(rows: list[dict[str, Any]]) -> list[str]:
+    """Every number some row holds: ParlAI's metrics first, others by name, then the speed and time."""
+    present = {key for rep in rows for key, value in rep.items()
+               if isinstance(value, (int, float)) and not isinstance(value, bool) and key not in NOT_COLUMNS}
     middle = sorted(present - set(LEADING) - set(TRAILING))
     return [c for c in LEADING if c in present] + middle + [c for c in TRAILING if c in present]
 
@@ -40,16 +49,22 @@ def _cell(column: str, value: Any, width: int) -> str:
     return f"{text:>{width}}"
 
 
-def format_report(report: dict[str, Any], metrics: str = "default") -> str:
+def format_report(report: dict[str, Any]) -> str:
     """The report as a plain table: one row per split, ParlAI's metric names as columns (every metric the
-    splits report, --metrics naming a multitask run's TASK/metric ones), then the report's other fields."""
-    splits = [(name, rep) for name, rep in report.items() if isinstance(rep, dict) and "exs" in rep]
-    columns = _columns([rep for _, rep in splits], metrics)
+    splits report), under a multitask split one indented row per task (its ``TASK/metric`` keys, as ParlAI
+    prints them), then the report's other fields."""
+    rows: list[tuple[str, dict[str, Any]]] = []
+    for name, rep in report.items():
+        if isinstance(rep, dict) and "exs" in rep:
+            rows.append((name, {k: v for k, v in rep.items() if "/" not in k}))
+            rows.extend((f"  {task}", values) for task, values in _task_rows(rep))
+    columns = _columns([rep for _, rep in rows])
     widths = [max(WIDTH, len(c) + 2) for c in columns]
-    header = f"{'split':<8}" + "".join(f"{c:>{w}}" for c, w in zip(columns, widths))
+    first = max([8] + [len(name) + 2 for name, _ in rows])
+    header = f"{'split':<{first}}" + "".join(f"{c:>{w}}" for c, w in zip(columns, widths))
     lines = [header, "-" * len(header)]
-    for name, rep in splits:
-        lines.append(f"{name:<8}" + "".join(_cell(c, rep.get(c, ""), w) for c, w in zip(columns, widths)))
+    for name, rep in rows:
+        lines.append(f"{name:<{first}}" + "".join(_cell(c, rep.get(c, ""), w) for c, w in zip(columns, widths)))
     extras = [f"{k}: " + (", ".join(f"{a}={b}" for a, b in v.items()) if isinstance(v, dict) else str(v))
               for k, v in report.items() if not (isinstance(v, dict) and "exs" in v)]
     return "\n".join(lines + extras)

@@ -20,8 +20,7 @@ def test_every_metric_a_split_reports_is_a_column_in_parlai_order():
     report = {"train": {"exs": 40, "loss": 3.98, "ppl": 53.55, "token_acc": 0.095, "tokens": 263.0, "tpb": 52.6,
                         "steps": 5, "epochs": 0.2, "stopped_by": "max_train_steps", "exs_per_s": 880.2,
                         "time_s": 0.045},
-              "valid": {"exs": 10, "accuracy": 0.0, "f1": 0.25, "loss": 2.64, "ppl": 14.07, "time_s": 0.06,
-                        "babi:1/accuracy": 0.5},
+              "valid": {"exs": 10, "accuracy": 0.0, "f1": 0.25, "loss": 2.64, "ppl": 14.07, "time_s": 0.06},
               "device": "cpu"}
     rows = _columns(format_report(report))
     assert rows[0] == ["split", "exs", "accuracy", "f1", "loss", "ppl", "token_acc", "tokens", "tpb", "exs_per_s",
@@ -29,8 +28,20 @@ def test_every_metric_a_split_reports_is_a_column_in_parlai_order():
     assert rows[1] == ["train", "40", "3.9800", "53.5500", "0.0950", "263", "52.6000", "880.2", "0.045"]
     assert rows[2] == ["valid", "10", "0.0000", "0.2500", "2.6400", "14.0700", "0.06"]
     assert rows[3] == ["device:", "cpu"]
-    named = _columns(format_report(report, "accuracy,babi:1/accuracy"))  # a task's metric when --metrics names it
-    assert "babi:1/accuracy" in named[0] and named[2][-2] == "0.5000"
+
+def test_a_multitask_split_has_a_row_per_task_and_long_names_keep_the_columns():
+    report = {"valid": {"exs": 15, "accuracy": 0.75, "f1": 0.75, "jsonl:/tmp/a b/d1.jsonl/exs": 11,
+                        "jsonl:/tmp/a b/d1.jsonl/accuracy": 1.0, "jsonl:/tmp/a b/d1.jsonl/f1": 1.0,
+                        "parlai:p1.txt/exs": 4, "parlai:p1.txt/accuracy": 0.5, "parlai:p1.txt/f1": 0.5,
+                        "time_s": 0.1},
+              "train:evalmode": {"exs": 4, "accuracy": 0.25}}
+    lines = format_report(report).splitlines()
+    assert len({len(line) for line in lines}) == 1  # every row as wide as the header: columns aligned
+    starts = [line.index("accuracy") + len("accuracy") for line in lines[:1]]
+    assert [line[:starts[0]].split()[-1] for line in lines[2:]] == ["0.7500", "1.0000", "0.5000", "0.2500"]
+    assert [line[:30].strip() for line in lines[2:]] == ["valid", "jsonl:/tmp/a b/d1.jsonl", "parlai:p1.txt",
+                                                         "train:evalmode"]
+    assert lines[3].startswith("  jsonl:") and "11" in lines[3].split()
 
 
 def test_numbers_too_large_for_the_column_keep_the_table_aligned():
