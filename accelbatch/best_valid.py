@@ -7,7 +7,7 @@ import math
 import os
 from dataclasses import asdict, dataclass
 
-from accelbatch.checkpoint import read_json_file, write_json_file
+from accelbatch.checkpoint import read_json_file, unreadable_sidecar, write_json_file
 
 
 @dataclass(frozen=True)
@@ -28,14 +28,19 @@ def stats_path(model_file: str) -> str:
 
 
 def read_best(model_file: str) -> BestValid | None:
-    """The record kept with ``model_file``; None when there is none (or it cannot be read: a model saved
-    without validation, by hand, or by an older accelbatch)."""
-    data = read_json_file(stats_path(model_file))
+    """The record kept with ``model_file``; None when there is none (a model saved without validation). A
+    record that is not one is an error naming the file: ignoring it would let a worse model replace this one."""
+    path = stats_path(model_file)
+    data = read_json_file(path)
+    if data is None:
+        return None
     try:
         best = BestValid(str(data["metric"]), str(data["mode"]), float(data["value"]))
     except (ValueError, KeyError, TypeError):
-        return None
-    return best if best.mode in ("max", "min") and math.isfinite(best.value) else None
+        best = None
+    if best is None or best.mode not in ("max", "min") or not math.isfinite(best.value):
+        raise unreadable_sidecar(path, 'expected {"metric": NAME, "mode": "max" or "min", "value": NUMBER}')
+    return best
 
 
 def write_best(model_file: str, best: BestValid) -> None:

@@ -291,12 +291,22 @@ def write_json_file(path: str, data: Any) -> None:
 
 
 def read_json_file(path: str) -> Any:
-    """The JSON in ``path``; None when there is no such file or it is not JSON (written by hand, cut short)."""
+    """The JSON in ``path``, a file written beside a model file; None when there is no such file. One that
+    cannot be read (edited by hand, cut short) is a :class:`CheckpointError` naming it: going on without it
+    would silently drop what it keeps."""
     try:
         with open(path, encoding="utf-8") as handle:
             return json.load(handle)
-    except (OSError, ValueError):
+    except FileNotFoundError:
         return None
+    except (OSError, ValueError) as err:
+        raise unreadable_sidecar(path, str(err)) from None
+
+
+def unreadable_sidecar(path: str, why: str) -> CheckpointError:
+    """The error for a file kept beside a model file that holds something else than accelbatch wrote."""
+    return CheckpointError(f"{path}: cannot be read ({why}); accelbatch writes this file beside the model file: "
+                           "restore it, or delete it to go on without what it keeps")
 
 
 def has_saved_position(model_file: str) -> bool:
