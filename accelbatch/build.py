@@ -18,8 +18,10 @@ the batched front end alone does.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import sys
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -115,9 +117,15 @@ def uses_loader(opts: Opts, agent: Agent, teacher: Teacher | None = None) -> boo
         and (teacher is None or served_as_stored(teacher))
 
 
-def check_dynamic_batching(opts: Opts, teacher: Teacher | None) -> None:
-    """--dynamic-batching plans batches from the teacher's stored episodes: a teacher whose act()/observe()
-    change its messages cannot be planned that way."""
+def check_dynamic_batching(opts: Opts, teacher: Teacher | None, agent: Agent) -> None:
+    """--dynamic-batching plans batches from the teacher's stored episodes, collated by the agent's
+    vectorize()/batchify() (as ParlAI's, for TorchAgents): an agent without them, or one whose observe() keeps
+    state, and a teacher whose act()/observe() change its messages cannot be batched that way."""
+    if not collates_anywhere(agent):
+        why = "overrides observe()" if isinstance(agent, TorchAgent) else "is not a TorchAgent"
+        raise OptionError(f"--dynamic-batching {opts.dynamic_batching}: agent {type(agent).__name__} {why}; dynamic "
+                          "batches mix rows of different episodes, collated by a TorchAgent's vectorize() and "
+                          "batchify() without observe(): run it without --dynamic-batching")
     if not served_as_stored(teacher):
         what = "a task whose teacher is not a FixedTeacher" if not isinstance(teacher, FixedTeacher) else \
             f"teacher {type(teacher).__name__}, which overrides act() or observe()"
@@ -176,7 +184,7 @@ def build_world(opts: Opts, model: Agent, shard: tuple[int, int] = (0, 1), rows:
     # same schedule's steps and fetches one ahead, whose copy then overlaps the current step
     if uses_loader(opts, model, teacher) or (served_as_stored(teacher) and stages_batches(model)):
         if opts.dynamic_batching != "none":
-            check_dynamic_batching(opts, teacher)
+            check_dynamic_batching(opts, teacher, model)
         if serve is None or opts.dynamic_batching != "none":
             teacher.keep_shard(*shard)
             return LoaderWorld(opts, model, teacher, rows, shard, max(1, plan.factor // replicas))
@@ -261,8 +269,21 @@ def fit_batch_to_data(opts: Opts, teacher: Teacher | None) -> tuple[Opts, str | 
     return opts.replace(batchsize=fitted), note
 
 
-def create_world(opts: Opts, agent: Agent | type[Agent] | str | None = None, rows: int | None = None, *,
-                 runtime: Runtime | None = None) -> World:
+def as_opts(opts: Any, where: str) -> Opts:
+    """``opts`` as Opts: a mapping (a ParlAI-style opt dict) becomes ``Opts(**opts)``, its keys checked."""
+    if isinstance(opts, Opts):
+        return opts
+    if not isinstance(opts, Mapping):
+        raise TypeError(f"{where} takes accelbatch.Opts (or a dict of its fields), not {type(opts).__name__}")
+    unknown = sorted(set(opts) - {f.name for f in dataclasses.fields(Opts)})
+    if unknown:
+        raise OptionError(f"{where}: {unknown[0]!r} is not an option of accelbatch.Opts; give Opts' field names "
+                          "(e.g. 'task', 'batchsize'; `accelbatch train --help` lists them)")
+    return Opts(**opts)
+
+
+def create_world(opts: Opts | Mapping[str, Any], agent: Agent | type[Agent] | str | None = None,
+                 rows: int | None = None, *, runtime: Runtime | None = None) -> World:
     """The world for ``opts``, its model compiled for ``opts.device``: one task or several, batched when
     rows > 1, fed by the data loader with its options, HogwildWorld with ``--numthreads N`` > 1.
 
@@ -270,9 +291,10 @@ def create_world(opts: Opts, agent: Agent | type[Agent] | str | None = None, row
     instance whose model (and engine) the new world shares, e.g. the training agent for a validation world.
     Under replication each process's world holds its replica's share of the rows and of the data. The first
     world of a run (no runtime yet) fits ``--batchsize`` to its data (:func:`fit_batch_to_data`);
-    ``world.opts`` holds the options it was built with.
+    ``world.opts`` holds the options it was built with. ``opts`` may be a dict of Opts' fields.
     """
     refuse_script_rerun()  # a child process running this script's unguarded top-level code ends here
+    opts = as_opts(opts, "create_world(opts)")
     if isinstance(agent, str):  # a name as -m takes it: the run's opts say which model it is
         opts, agent = opts.replace(model=agent), None
     elif agent is not None and not isinstance(agent, (type, Agent)):
@@ -367,6 +389,6 @@ def attach_runtime(world: World, opts: Opts) -> Runtime:
     return world.runtime
 
 
-__all__ = ["Runtime", "attach_runtime", "build_hogwild_child", "build_world", "check_required_fields",
+__all__ = ["Runtime", "as_opts", "attach_runtime", "build_hogwild_child", "build_world", "check_required_fields",
            "collates_anywhere", "compile_agent", "create_hogwild_world", "create_world", "fit_batch_to_data",
            "make_agent", "setup_runtime", "uses_loader"]

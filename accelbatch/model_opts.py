@@ -9,7 +9,8 @@ import os
 from typing import Any, Sequence
 
 from accelbatch.checkpoint import read_json_file, write_json_file
-from accelbatch.opts import Opts
+from accelbatch.names import resolve_agent_class
+from accelbatch.opts import OptionError, Opts
 
 SHAPING = ("model", "embedding_size")  # the options a model file's weights depend on
 
@@ -18,9 +19,25 @@ def opt_path(model_file: str) -> str:
     return f"{model_file}.opt"
 
 
-def write_model_opts(model_file: str, opts: Opts) -> None:
-    """Keep ``opts``' shaping options beside the model just saved to ``model_file``."""
-    write_json_file(opt_path(model_file), {name: getattr(opts, name) for name in SHAPING})
+def agent_name(agent: Any, opts: Opts) -> str | None:
+    """What ``-m`` rebuilds ``agent`` from: ``opts.model`` when it names the agent's class, else the class's
+    ``module:Class`` when it can be imported, else None (a class of ``__main__`` or defined in a function)."""
+    cls = type(agent)
+    try:
+        if resolve_agent_class(opts.model) is cls:
+            return opts.model
+    except (OptionError, ImportError):
+        pass
+    if cls.__module__ == "__main__" or cls.__qualname__ != cls.__name__:
+        return None
+    return f"{cls.__module__}:{cls.__name__}"
+
+
+def write_model_opts(model_file: str, opts: Opts, model: str | None) -> None:
+    """Keep ``opts``' shaping options beside the model just saved to ``model_file``, with ``model`` the name
+    that rebuilds its agent (left out when None: nothing can import it)."""
+    saved = {name: getattr(opts, name) for name in SHAPING if name != "model"}
+    write_json_file(opt_path(model_file), saved if model is None else {"model": model, **saved})
 
 
 def read_model_opts(model_file: str) -> dict[str, Any]:

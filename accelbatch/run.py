@@ -18,11 +18,11 @@ from typing import Any
 
 from accelbatch.agents import Agent, TorchAgent, learning_rates, set_learning_rates
 from accelbatch.best_valid import BestValid, forget_best, read_best, write_best
-from accelbatch.build import Runtime, attach_runtime, create_world
+from accelbatch.build import Runtime, as_opts, attach_runtime, create_world
 from accelbatch.checkpoint import checkpoint_dir, has_saved_position
 from accelbatch.metric_names import metric_names_problem, select_metrics
 from accelbatch.metrics import combine_reports, finish_merged, report_weights
-from accelbatch.model_opts import write_model_opts
+from accelbatch.model_opts import agent_name, write_model_opts
 from accelbatch.opts import OptionError, Opts
 from accelbatch.report_table import MetricsLog, json_ready
 from accelbatch.run_control import PeriodicSaver, StopSignals, check_output_paths
@@ -110,7 +110,16 @@ def run(world: World, opts: Opts) -> dict[str, Any]:
     """Train (datatype train) or evaluate (valid/test) ``world`` on ``opts.device``; return the report.
 
     A world from :func:`accelbatch.create_world` already has its model compiled for the device; one built by
-    hand is compiled here. The backend is torn down at the end."""
+    hand is compiled here. The backend is torn down at the end. ``opts`` may be a dict of Opts' fields.
+
+    ``opts`` must name the world's task and datatype (the world serves its own data; its plan, -bs and the
+    rest, is the one it was built with). A world trains once: a second training run of it is refused; to
+    train its model further, build a new world on it, ``create_world(opts, agent=world.get_model_agent())``."""
+    opts = as_opts(opts, "run(world, opts)")
+    problem = _world_problem(world, opts)
+    if problem is not None:
+        world.shutdown()
+        raise OptionError(problem)
     if not is_training(opts.datatype) and opts.gradient_accumulation > 1:
         world.shutdown()
         raise OptionError(f"-ga/--gradient-accumulation {opts.gradient_accumulation}: gradient accumulation is a "
@@ -149,6 +158,23 @@ def run(world: World, opts: Opts) -> dict[str, Any]:
         world.shutdown()
         backend.teardown()
     return report
+
+
+def _world_problem(world: World, opts: Opts) -> str | None:
+    """Why ``run(world, opts)`` cannot run: ``opts`` names another task or datatype than the world serves (an
+    evaluation of a training world would never end), or it trains a world that has trained already."""
+    built = getattr(world, "opts", None) or {}  # Opts, or a world built by hand with a dict
+    for name, flag in (("task", "-t/--task"), ("datatype", "-dt/--datatype")):
+        own = built.get(name, getattr(opts, name))
+        if own != getattr(opts, name):
+            return (f"run(world, opts): {flag} {getattr(opts, name)!r}, but the world was built with {own!r}; "
+                    f"build the world with these opts (create_world(opts)), or run it with its own, "
+                    f"opts.replace({name}={own!r})")
+    if is_training(opts.datatype) and world.get_total_exs() > 0:
+        return (f"run(world, opts): this world has trained {world.get_total_exs()} examples already (an earlier "
+                "run() or parley()); a world trains once: to train its model further, build a new world on it, "
+                "create_world(opts, agent=world.get_model_agent())")
+    return None
 
 
 def _train(world: World, opts: Opts, log: MetricsLog, runtime: Runtime, stop: StopSignals) -> dict[str, Any]:
@@ -314,9 +340,9 @@ def _train(world: World, opts: Opts, log: MetricsLog, runtime: Runtime, stop: St
     if opts.model_file and state.validations == 0 and main:
         _save(model, opts)
         forget_best(opts.model_file)
-    if opts.model_file and main and not isinstance(model, TorchAgent):
+    if opts.model_file and main and not saves_itself(model):
         print(f"accelbatch: -mf/--model-file {opts.model_file}: {type(model).__name__} is not a TorchAgent and has "
-              "no model to save; nothing was written there", file=sys.stderr)
+              "no save(path); nothing was written there", file=sys.stderr)
     backend.barrier()
     if opts.model_file and os.path.isfile(opts.model_file) and isinstance(model, TorchAgent):
         model.load(opts.model_file)  # evaluate the best model
@@ -402,11 +428,17 @@ def metric_mode(opts: Opts) -> str:
     return "min" if opts.validation_metric in ("loss", "ppl", "mean_rank") else "max"
 
 
+def saves_itself(model: Agent) -> bool:
+    """Whether -mf can be written: a TorchAgent, or an agent whose class has its own save(path) (the base Agent
+    has none), which training calls as ParlAI's does."""
+    return isinstance(model, TorchAgent) or callable(getattr(type(model), "save", None))
+
+
 def _save(model: Agent, opts: Opts) -> None:
-    """The model's weights to -mf, and beside them the options that make the model (PATH.opt)."""
-    if isinstance(model, TorchAgent):
-        model.save(opts.model_file)
-        write_model_opts(opts.model_file, opts)
+    """The model to -mf (the agent's save), and beside it the options that make the model (PATH.opt)."""
+    if saves_itself(model):
+        model.save(opts.model_file)  # type: ignore[attr-defined]
+        write_model_opts(opts.model_file, opts, agent_name(model, opts))
 
 
 def _progress(opts: Opts, total: float) -> Any:
