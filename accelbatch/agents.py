@@ -157,6 +157,15 @@ class TorchAgent(Agent):
     use_batch_act = True
     reported_metrics: frozenset[str] | None = frozenset({"loss", "skipped_updates"})
 
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        """Refuse ParlAI's train_step/eval_step, which nothing here would call (the engine runs the step)."""
+        super().__init_subclass__(**kwargs)
+        for name in ("train_step", "eval_step"):
+            if hasattr(cls, name):
+                raise TypeError(f"{cls.__name__}.{name}: accelbatch's TorchAgent never calls ParlAI's train_step/"
+                                "eval_step; the engine runs the step: give build_model() (forward(batch) returns "
+                                "the loss), vectorize(), batchify() and replies() instead")
+
     def __init__(self, opts: Opts, shared: dict[str, Any] | None = None):
         super().__init__(opts, shared)
         self.history = History(opts.context_length, opts.include_labels)

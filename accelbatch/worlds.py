@@ -46,6 +46,16 @@ class World:
         """Examples parleyed since the world was made (padding rows excluded)."""
         return self.total_exs
 
+    def get_total_epochs(self) -> float:
+        """Epochs parleyed (ParlAI's): examples so far over the examples of one epoch. In a data-parallel run
+        each replica's world counts its own examples; the train report's ``epochs`` adds the replicas'."""
+        per_epoch = self.num_examples()
+        return self.get_total_exs() / per_epoch if per_epoch > 0 else 0.0
+
+    def display(self) -> str:
+        """The last parley's messages as text (ParlAI's display): the teacher's, then the model's reply."""
+        return display(self.get_acts())
+
     def parley(self) -> None:
         raise NotImplementedError
 
@@ -131,8 +141,12 @@ class DialogPartnerWorld(World):
         if not is_padding(self.acts[0]):
             self.total_exs += 1
         model.observe(self.acts[0])
-        self.acts[1] = model.act()
-        teacher.observe(self.acts[1])
+        self.acts[1] = reply = model.act()
+        try:
+            teacher.observe(reply)
+        except (AttributeError, TypeError):  # checked only on failure: free when the reply is a Message
+            refuse_non_messages(model, "act()", [reply])
+            raise
         if self.opts.display_examples:
             print(display(self.acts))
 
@@ -141,10 +155,30 @@ def checked_batch_act(agent: Agent, observations: list[Message]) -> list[Message
     """``agent.batch_act(observations)``, refused when it does not return one reply per observation (the
     rows past the shortest would go unscored, silently)."""
     replies = agent.batch_act(observations)  # type: ignore[attr-defined]
+    if type(replies) is not list:  # a list is what the world indexes; any other iterable of replies becomes one
+        if isinstance(replies, (dict, str)) or not hasattr(replies, "__iter__"):
+            raise TypeError(f"{type(agent).__name__}.batch_act() returned {_kind(replies)}: it must return "
+                            "a list (or iterable) of replies, one Message (a dict) per observation")
+        replies = list(replies)
     if len(replies) != len(observations):
         raise ValueError(f"{type(agent).__name__}.batch_act returned {len(replies)} replies for "
                          f"{len(observations)} observations: it must return one reply per observation")
     return replies
+
+
+def refuse_non_messages(agent: Agent, method: str, replies: Sequence[Any]) -> None:
+    """A TypeError naming ``agent``'s class and ``method`` when a reply is not a Message (a dict), which the
+    teacher would otherwise fail on deep in its scoring."""
+    for row, reply in enumerate(replies):
+        if not isinstance(reply, dict):
+            where = f" for row {row}" if method.startswith("batch_act") else ""
+            raise TypeError(f"{type(agent).__name__}.{method} returned {_kind(reply)}{where}: it must return "
+                            "a Message (a dict such as {'text': ...})"
+                            + (", one per observation" if where else ""))
+
+
+def _kind(value: Any) -> str:
+    return "None" if value is None else type(value).__name__
 
 
 def display(acts: Sequence[Message | None]) -> str:
@@ -198,6 +232,7 @@ class BatchWorld(World):
                  and type(teacher).act is FixedTeacher.act and type(teacher).observe is FixedTeacher.observe
                  and not self._parley_init and not opts.display_examples)
         self._teacher: FixedTeacher | None = teacher if plain else None  # type: ignore[assignment]
+        self._last_rows: tuple[Sequence[Message], Sequence[Message]] = ((), ())  # the last whole-batch parley's
 
     def get_agents(self) -> list[Agent]:
         return self.world.get_agents()
@@ -215,7 +250,15 @@ class BatchWorld(World):
             if self._model_observes:  # else its clones would only store the example, which batch_act gets
                 examples = [agent.observe(example) for agent, example in zip(self._model_rows, examples)]
             self.data_time_s += perf_counter() - start
-            teacher.score(self._model_replies(examples), answers, real, step[2] if len(step) > 3 else None)
+            replies = self._model_replies(examples)
+            self._last_rows = (step[0], replies)
+            try:
+                teacher.score(replies, answers, real, step[2] if len(step) > 3 else None)
+            except (AttributeError, TypeError):  # as in DialogPartnerWorld: replies checked only on failure
+                model = self.world.agents[-1]
+                uses_batch_act = self._model_batch_acts and getattr(model, "use_batch_act", True)
+                refuse_non_messages(model, "batch_act()" if uses_batch_act else "act()", replies)
+                raise
             return
         if self._parley_init:
             for w in self.worlds:
@@ -255,13 +298,16 @@ class BatchWorld(World):
     def batch_act(self, index: int, observations: list[Message | None]) -> list[Message]:
         original = self.world.get_agents()[index]
         agents = self._row_agents(index)
-        if observations and hasattr(original, "batch_act") and getattr(original, "use_batch_act", True):
+        batched = bool(observations) and hasattr(original, "batch_act") and getattr(original, "use_batch_act", True)
+        if batched:
             acts = checked_batch_act(original, observations)
             if any(type(a).self_observe is not Agent.self_observe for a in agents):
                 for agent, act in zip(agents, acts):
                     agent.self_observe(act)
         else:
             acts = [agent.act() for agent in agents]
+        if index:  # a model's replies (a teacher's None is a padding row)
+            refuse_non_messages(original, "batch_act()" if batched else "act()", acts)
         for w, act in zip(self.worlds, acts):
             w.get_acts()[index] = act
         return acts
@@ -271,6 +317,12 @@ class BatchWorld(World):
         if source == 0:
             self.total_exs += sum(1 for act in acts if not is_padding(act))
         return [agent.observe(act) for agent, act in zip(self._row_agents(index), acts)]
+
+    def display(self) -> str:
+        """The last parley's rows: each row's example, then the model's reply to it."""
+        if self._teacher is not None:
+            return display_rows(list(zip(*self._last_rows)))
+        return display_rows([w.get_acts() for w in self.worlds])
 
     def epoch_done(self) -> bool:
         if self._teacher is not None:
