@@ -39,7 +39,7 @@ from typing import Any
 import torch
 
 from accelbatch.agents import Agent
-from accelbatch.metrics import Metrics, merge_reports
+from accelbatch.metrics import Metrics, combine_reports, merge_reports
 from accelbatch.opts import OptionError, Opts
 from accelbatch.procs import ChildSpec, ProcessFailure, Supervisor
 from accelbatch.teachers import FixedTeacher, MultiTaskTeacher, Teacher, is_training
@@ -82,21 +82,15 @@ def metric_states(world: World) -> dict[str, Any]:
 
 
 def _merge(parts: Sequence[tuple[str, Any]]) -> dict[str, float]:
-    """One agent's metrics from every process: sums merged; reports (no Metrics) averaged by examples."""
+    """One agent's metrics from every process: sums merged; reports (no Metrics) merged as reports of their
+    own examples (counts summed, averages weighted: each process applies its own updates)."""
     if all(kind == "metrics" for kind, _ in parts):
         total = Metrics()
         for _, state in parts:
             total.merge_state(state)
         return total.report()
-    reports = [rep if kind == "report" else Metrics(**{k: v for k, v in rep.items() if k != "extra"},
-                                                     extra=rep["extra"]).report() for kind, rep in parts]
-    exs = sum(float(r.get("exs", 0)) for r in reports)
-    merged: dict[str, float] = {"exs": exs} if any("exs" in r for r in reports) else {}
-    for key in sorted({k for r in reports for k in r if k != "exs"}):
-        have = [r for r in reports if key in r]
-        weights = [float(r.get("exs", 1)) for r in have]
-        merged[key] = sum(w * r[key] for w, r in zip(weights, have)) / max(sum(weights), 1e-12)
-    return merged
+    return combine_reports(*(rep if kind == "report" else Metrics(**{k: v for k, v in rep.items() if k != "extra"},
+                                                                 extra=rep["extra"]).report() for kind, rep in parts))
 
 
 def merge_metric_states(states: Sequence[dict[str, Any]]) -> dict[str, float]:

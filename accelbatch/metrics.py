@@ -403,55 +403,69 @@ def token_report(out: dict[str, float]) -> dict[str, float]:
     return out
 
 
-def report_weights(report: dict[str, float]) -> dict[str, float | None]:
-    """How to merge ``report`` with other processes' exactly: key -> weight of its average (None: a count,
-    summed). Averages weigh by examples, token metrics by tokens (tpb by batches); ppl is exp of the merged loss
-    (see :func:`finish_merged`)."""
-    exs = float(report.get("exs", 0))
-    weights: dict[str, float | None] = {key: exs for key in report}
-    weights["exs"] = None
-    if "dropped_exs" in report:  # each replica's own examples
-        weights["dropped_exs"] = None
-    if "batch_tokens" in report:  # dynamic batching's padding: a fraction of the tokens fed
-        weights.update(batch_tokens=None, pad_fraction=float(report["batch_tokens"]))
-    tokens = report.get("tokens")
-    if tokens is not None:
-        weights.update(tokens=None, loss=tokens, token_acc=tokens)
+# Report keys that are averages (a multitask report also has them prefixed with the task's name,
+# "babi:1/accuracy"); every other key is a count: exs, tokens, batch_tokens, dropped_exs, Metrics.add's sums.
+AVERAGED_METRICS = frozenset({"accuracy", "f1", "loss", "ppl", "token_acc", "tpb", "bleu-4", "pad_fraction"})
+TOKEN_WEIGHTED = frozenset({"loss", "token_acc", "tpb"})  # weighted by tokens (tpb: batches) with token metrics
+# counts every replica holds alike (each applies, or skips, the same shared update): merged once, not summed
+SHARED_COUNTS = frozenset({"skipped_updates"})
+# what a teacher reports (bleu-4 when --metrics asks for it), and what dynamic batching adds
+TEACHER_METRICS = frozenset({"exs", "accuracy", "f1"})
+BATCHING_METRICS = frozenset({"pad_fraction", "batch_tokens", "dropped_exs"})
+
+
+def report_weights(report: dict[str, float], shared: frozenset[str] = SHARED_COUNTS) -> dict[str, float | None]:
+    """How to merge ``report`` exactly with reports of other examples (other replicas): key -> weight of its
+    average, or None for a count, summed. Averages weigh by examples (a task's ``TASK/`` average by the task's),
+    token metrics by tokens (tpb by batches), pad_fraction by tokens fed; a ``shared`` count (the same in every
+    replica's report) weighs 1, so that it is kept once; ppl is exp of the merged loss (:func:`finish_merged`)."""
+    weights = {key: _weight(report, key, shared) for key in report}
+    if "tokens" in report:
         weights.pop("ppl", None)
-        if report.get("tpb"):
-            weights["tpb"] = tokens / report["tpb"]
     return weights
 
 
+def _weight(report: dict[str, float], key: str, shared: frozenset[str]) -> float | None:
+    task, _, name = key.rpartition("/")
+    if name in shared or name not in AVERAGED_METRICS:
+        return 1.0 if name in shared else None
+    scope = f"{task}/" if task and f"{task}/exs" in report else ""
+    exs = float(report.get(scope + "exs", 1))  # a report that does not say counts as one example
+    if name == "pad_fraction":
+        return float(report.get(scope + "batch_tokens", exs))
+    tokens = report.get(scope + "tokens")
+    per_batch = report.get(scope + "tpb") if name == "tpb" else 1.0
+    return float(tokens) / per_batch if tokens is not None and name in TOKEN_WEIGHTED and per_batch else exs
+
+
 def finish_merged(merged: dict[str, float]) -> dict[str, float]:
-    """ppl of a merged report with token metrics: exp of its merged token loss."""
+    """What a merged report derives: ppl, exp of its merged token loss; a multitask report's averages, the mean of
+    its tasks' merged ones (as :func:`merge_reports` makes them)."""
+    tasks = [key[:-len("/exs")] for key in merged if key.endswith("/exs")]
+    for key in AVERAGED_METRICS & set(merged) if tasks else ():
+        values = [merged[f"{task}/{key}"] for task in tasks if f"{task}/{key}" in merged]
+        if values:
+            merged[key] = math.fsum(values) / len(values)
     if "tokens" in merged and "loss" in merged:
         merged["ppl"] = math.exp(merged["loss"]) if merged["loss"] < 700 else math.inf
     return merged
 
 
 def merge_reports(reports: Iterable[tuple[str, dict[str, float]]]) -> dict[str, float]:
-    """Macro-average of per-task reports (multitask), examples summed; each task's keys kept prefixed."""
-    merged: dict[str, float] = {}
-    totals: dict[str, list[float]] = {}
-    exs = 0
+    """Per-task reports (multitask) merged as ParlAI merges them: each task's keys kept prefixed with its name,
+    averages macro-averaged (the mean of the tasks'), counts (exs, Metrics.add's sums) summed."""
+    merged: dict[str, float] = {"exs": 0}
+    averages: dict[str, list[float]] = {}
     for name, rep in reports:
-        exs += int(rep.get("exs", 0))
         for key, value in rep.items():
             merged[f"{name}/{key}"] = value
-            if key != "exs":
-                totals.setdefault(key, []).append(value)
-    merged["exs"] = exs
-    for key, values in totals.items():
-        merged[key] = sum(values) / len(values)
+            if key in AVERAGED_METRICS:
+                averages.setdefault(key, []).append(value)
+            else:
+                merged[key] = merged.get(key, 0) + value
+    for key, values in averages.items():
+        merged[key] = math.fsum(values) / len(values)
     return merged
-
-
-# Report keys that are averages over examples (every other key but "exs" is a count, e.g. skipped_updates);
-# a multitask report prefixes them with the task's name ("babi:1/accuracy").
-# what a teacher reports (bleu-4 when --metrics asks for it), and what dynamic batching adds
-TEACHER_METRICS = frozenset({"exs", "accuracy", "f1"})
-BATCHING_METRICS = frozenset({"pad_fraction", "batch_tokens", "dropped_exs"})
 
 
 def unknown_metrics(names: Iterable[str], tasks: Sequence[str], known: Iterable[str]) -> list[str]:
@@ -469,29 +483,18 @@ def unknown_metrics(names: Iterable[str], tasks: Sequence[str], known: Iterable[
     return [name for name in names if not is_known(name)]
 
 
-AVERAGED_METRICS = frozenset({"accuracy", "f1", "loss", "ppl", "token_acc", "tpb", "bleu-4", "pad_fraction"})
-TOKEN_WEIGHTED = frozenset({"loss", "token_acc", "tpb"})  # weighted by tokens (tpb: batches) with token metrics
-
-
-def _is_average(key: str) -> bool:
-    return key.rsplit("/", 1)[-1] in AVERAGED_METRICS
-
-
-def combine_reports(first: dict[str, float], second: dict[str, float], sign: int = 1) -> dict[str, float]:
-    """The report of two runs of examples one after the other (``sign=-1``: of ``first``'s examples that
-    are not in ``second``, for a cumulative ``first``): averages weighted as :func:`report_weights` says
-    (examples; tokens for token metrics, tokens fed for pad_fraction), counts added, ppl from the combined
-    loss."""
-    weights = report_weights(first), report_weights(second)
-    out: dict[str, float] = {}
-    for key in dict.fromkeys([*first, *second]):
-        a, b = first.get(key, 0), second.get(key, 0)  # 0: a count stays an int
-        if key == "ppl" or not isinstance(a, (int, float)) or not isinstance(b, (int, float)):
-            continue
-        if key in ("exs", "tokens") or not (_is_average(key) or key in TOKEN_WEIGHTED):
-            out[key] = a + sign * b
-            continue
-        wa, wb = weights[0].get(key) or 0.0, weights[1].get(key) or 0.0  # 0 for a report without the key
-        if wa + sign * wb > 0:
-            out[key] = (a * wa + sign * b * wb) / (wa + sign * wb)
-    return finish_merged(out)
+def combine_reports(*reports: dict[str, float], sign: int = 1,
+                    shared: frozenset[str] = frozenset()) -> dict[str, float]:
+    """The report of the examples of all ``reports``, each of its own examples (runs one after the other,
+    processes; ``sign=-1``: of the first, cumulative, report's examples less the others'): counts summed, averages
+    weighted as :func:`report_weights` says, then :func:`finish_merged`. ``shared`` counts are alike in each."""
+    totals: dict[str, list] = {}
+    for index, rep in enumerate(reports):
+        for key, weight in report_weights(rep, shared).items():
+            if isinstance(rep[key], (int, float)):
+                times = sign if index else 1
+                total = totals.setdefault(key, [0, 0.0, weight is None])  # 0: a count stays an int
+                total[0] += times * (rep[key] if weight is None else rep[key] * weight)
+                total[1] += times * (weight or 0.0)
+    return finish_merged({key: total if count else total / weight
+                          for key, (total, weight, count) in totals.items() if count or weight > 0})

@@ -30,7 +30,10 @@ What the CLI / run integration needs:
   :meth:`CPUBackend.setup` calls it when ``--replication-factor`` > 1.
 * ``rank()``, ``world_size()``, ``is_main_process()`` (write the one checkpoint and the logs on rank 0),
   and each replica runs the rows ``ExecutionPlan.shard(batch, rank)`` gives it.
-* Metrics are summed across replicas by the backend (:meth:`accelbatch.backends.base.Backend.reduce_metrics`).
+* The replicas' reports merge into the report of all their examples (``accelbatch.run.reduce_report`` over
+  :meth:`accelbatch.backends.base.Backend.reduce_metrics`): counts summed (Metrics.add's too), averages
+  weighted as :func:`accelbatch.metrics.report_weights` says, a count of the shared updates (skipped_updates)
+  kept once.
 """
 
 from __future__ import annotations

@@ -55,6 +55,94 @@ def test_multitask_report_is_macro_average():
     assert rep["exs"] == 40 and rep["accuracy"] == 0.75 and rep["t2/accuracy"] == 0.5
 
 
+def test_multitask_report_sums_counts_as_parlai_does():
+    """ParlAI's aggregate_named_reports sums counts (SumMetric: exs and the like) over the tasks and
+    macro-averages averages; each task's own values stay under its prefix."""
+    rep = merge_reports([("t1", {"exs": 10, "accuracy": 1.0, "dropped_exs": 3, "rows_replied": 10.0}),
+                         ("t2", {"exs": 30, "accuracy": 0.5, "dropped_exs": 5, "rows_replied": 30.0})])
+    assert (rep["exs"], rep["dropped_exs"], rep["rows_replied"], rep["accuracy"]) == (40, 8, 40.0, 0.75)
+    assert (rep["t1/dropped_exs"], rep["t2/rows_replied"]) == (3, 30.0)
+
+
+class _Replicas:
+    """A backend of 2 replicas for accelbatch.run.reduce_report: ``reduce_metrics`` records this replica's
+    sums, or adds them to the other replica's recorded ones."""
+
+    world_size = 2
+
+    def __init__(self, other=None):
+        self.other, self.sent = other, None
+
+    def reduce_metrics(self, sums):
+        self.sent = dict(sums)
+        if self.other is None:
+            return self.sent
+        return {k: sums.get(k, 0.0) + self.other.get(k, 0.0) for k in {*sums, *self.other}}
+
+
+def _reduced(first, second):
+    from accelbatch.run import reduce_report
+
+    recorder = _Replicas()
+    reduce_report(second, recorder)
+    return reduce_report(first, _Replicas(recorder.sent))
+
+
+def test_replica_reports_merge_into_the_report_of_all_their_examples():
+    """By hand: counts (exs, Metrics.add's rows_replied, dropped_exs, batch_tokens, tokens) summed; averages
+    weighted by examples, token metrics by tokens (tpb by batches), pad_fraction by tokens fed; a multitask
+    report's per-task averages by the task's examples, its top-level averages the mean over the tasks; the
+    shared skipped_updates (every replica skips the same update) kept once."""
+    first = {"exs": 60, "rows_replied": 60.0, "skipped_updates": 1.0, "accuracy": 0.5, "bleu-4": 0.2,
+             "dropped_exs": 2, "batch_tokens": 40, "pad_fraction": 0.25,
+             "tokens": 30.0, "loss": 2.0, "ppl": math.exp(2.0), "token_acc": 0.5, "tpb": 15.0,
+             "t1/exs": 50, "t2/exs": 10, "t1/f1": 0.6, "t2/f1": 0.0, "f1": 0.3}
+    second = {"exs": 40, "rows_replied": 40.0, "skipped_updates": 1.0, "accuracy": 0.25, "bleu-4": 0.7,
+              "dropped_exs": 3, "batch_tokens": 20, "pad_fraction": 0.5,
+              "tokens": 10.0, "loss": 1.0, "ppl": math.exp(1.0), "token_acc": 0.1, "tpb": 10.0,
+              "t1/exs": 10, "t2/exs": 30, "t1/f1": 0.0, "t2/f1": 0.5, "f1": 0.25}
+    from accelbatch.metrics import SHARED_COUNTS, combine_reports
+
+    merged, gathered = _reduced(first, second), combine_reports(first, second, shared=SHARED_COUNTS)
+    expected = {"exs": 100, "rows_replied": 100.0, "skipped_updates": 1.0, "accuracy": 0.4, "bleu-4": 0.4,
+                "dropped_exs": 5, "batch_tokens": 60, "pad_fraction": 20 / 60,
+                "tokens": 40.0, "loss": 70 / 40, "ppl": math.exp(70 / 40), "token_acc": 16 / 40, "tpb": 40 / 3,
+                "t1/exs": 60, "t2/exs": 40, "t1/f1": 30 / 60, "t2/f1": 15 / 40, "f1": (30 / 60 + 15 / 40) / 2}
+    assert set(merged) == set(gathered) == set(expected)
+    for key, value in expected.items():
+        assert merged[key] == pytest.approx(value, rel=1e-12) == gathered[key], key
+
+
+def test_replica_reports_merge_as_the_metrics_of_all_their_examples():
+    """Two replicas' Metrics (scores, loss, token sums, a Metrics.add count) merged through their reports
+    equal one Metrics that saw every row (the single process's report)."""
+    first, second = _metrics(7, 1), _metrics(13, 2)
+    for m in (first, second):
+        m.extra.pop("skipped_updates")  # not a per-replica count (see the test above)
+        m.add("rows_replied", m.exs)
+    whole = Metrics()
+    whole.merge(first)
+    whole.merge(second)
+    merged = _reduced(first.report(), second.report())
+    assert set(merged) == set(whole.report()) and merged["rows_replied"] == 20.0
+    for key, value in whole.report().items():
+        assert merged[key] == pytest.approx(value, rel=1e-12), key
+
+
+def test_hogwild_reports_without_metrics_sum_counts():
+    """Hogwild processes of an agent that keeps no Metrics (a report only): their counts are summed, their
+    averages weighted by examples; each process skips its own updates, so skipped_updates is summed too."""
+    from accelbatch.hogwild import merge_metric_states
+
+    def state(exs, acc, rows, skipped):
+        report = {"exs": exs, "accuracy": acc, "rows_replied": rows, "skipped_updates": skipped}
+        return {"tasks": [(None, ("report", {"exs": exs}))], "model": ("report", report), "model_keeps_exs": True}
+
+    merged = merge_metric_states([state(30, 1.0, 30.0, 1), state(10, 0.0, 10.0, 2)])
+    assert (merged["exs"], merged["rows_replied"], merged["skipped_updates"]) == (40, 40.0, 3)
+    assert merged["accuracy"] == 0.75
+
+
 @settings(max_examples=200, deadline=None)
 @given(preds=st.lists(TEXTS, min_size=1, max_size=8), golds=st.lists(st.lists(TEXTS, min_size=1, max_size=3),
                                                                       min_size=1, max_size=8))

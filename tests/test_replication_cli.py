@@ -115,3 +115,34 @@ def test_two_torchrun_nodes_train_the_weights_of_one_process(tmp_path):
     nodes_w, one = _weights(tmp_path / "nodes.pt"), _weights(tmp_path / "one.pt")
     for key in one:
         torch.testing.assert_close(nodes_w[key], one[key], rtol=1e-5, atol=1e-6, msg=key)
+
+
+@pytest.mark.slow
+@pytest.mark.multiprocess
+@pytest.mark.timeout(300)
+def test_real_replicas_report_an_agents_own_count_and_the_shared_skips_as_one_process(tmp_path, write_jsonl):
+    """An agent's Metrics.add count (rows_replied: a sum) is the rows of every replica, as with -rf 1 and as
+    the replicas emulated in one process (ab.run) count it; skipped_updates (a poisoned row's update, skipped
+    by both replicas alike) is 1, not 2; the averages equal the emulated replicas'."""
+    import accelbatch as ab
+
+    rows = [{"text": "poison!" if i == 37 else "x" * (1 + i % 6), "labels": ["big" if i % 3 else "small"]}
+            for i in range(101)]
+    args = ["-t", f"jsonl:{write_jsonl(rows)}", "-m", "counting_agent:CountingLine", "-ne", "1", "-bs", "4",
+            "--skip-nan", "-opt", "sgd", "-lr", "0.01", "--no-progress"]
+    reports = {}
+    for rf in ("1", "2"):
+        path = tmp_path / f"rf{rf}.json"
+        assert main(["train", *args, "-rf", rf, "--report-json", str(path)]) == 0
+        reports[rf] = json.loads(path.read_text())
+    assert reports["2"]["replicas"] == 2
+    opts = ab.Opts.from_args([*args, "-rf", "2"])
+    emulated = ab.run(ab.create_world(opts), opts)
+    for split in ("train", "valid", "test"):
+        one, real, emu = reports["1"][split], reports["2"][split], emulated[split]
+        assert one["rows_replied"] == real["rows_replied"] == emu["rows_replied"] == one["exs"] == real["exs"], split
+        for key in ("exs", "accuracy", "f1", "loss"):
+            assert real[key] == pytest.approx(emu[key], rel=1e-6), (split, key)
+    assert reports["1"]["train"]["skipped_updates"] == reports["2"]["train"]["skipped_updates"] == 1
+    assert emulated["train"]["skipped_updates"] == 1
+    assert not multiprocessing.active_children()
