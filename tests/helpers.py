@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from accelbatch.agents import Agent
+from accelbatch.agents import Agent, TorchAgent
 from accelbatch.messages import Message
 from accelbatch.teachers import FixedTeacher
 
@@ -46,6 +46,39 @@ class RecordingAgent(Agent):
         obs = self.observation or {}
         labels = obs.get("labels") or obs.get("eval_labels")
         return Message(id="rec", text=labels[0]) if labels else Message(id="rec")
+
+
+class _Scale(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.w = torch.nn.Parameter(torch.ones(1))
+
+    def forward(self, batch):
+        scaled = self.w * batch["x"]
+        return {"loss": scaled.mean(), "scaled": scaled}  # per-row outputs: replies() gets every row
+
+
+class LabelEchoTorchAgent(TorchAgent):
+    """RecordingAgent as a TorchAgent with the base observe(), so that every front end (dynamic batching,
+    data workers) can batch it: replies with each row's label and records the texts it replied to, in order
+    (replies() runs in the main process, also with workers; shared by clones)."""
+
+    def __init__(self, opts, shared=None):
+        super().__init__(opts, shared)
+        self.seen = shared["seen"] if shared else []
+
+    def share(self):
+        return {**super().share(), "seen": self.seen}
+
+    def build_model(self):
+        return _Scale()
+
+    def batchify(self, observations):
+        return {"x": torch.ones(len(observations), 1)}
+
+    def replies(self, outputs, observations):
+        self.seen.extend(o.get("text") for o in observations)
+        return [{"text": (o.get("labels") or o.get("eval_labels") or [""])[0]} for o in observations]
 
 
 # multiprocessing's long-lived helpers (one per parent, shared by every pool/accessor): not leaks

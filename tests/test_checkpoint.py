@@ -12,7 +12,7 @@ import textwrap
 import numpy as np
 import pytest
 import torch
-from helpers import RecordingAgent, list_teacher
+from helpers import LabelEchoTorchAgent, RecordingAgent, list_teacher
 
 from accelbatch import checkpoint as ck
 from accelbatch import run_control
@@ -364,10 +364,10 @@ def test_the_loader_world_of_two_tasks_resumes_each_task(tmp_path, datatype, wor
                                             "episode_done": True}) + "\n" for i in range(count)))
         files.append(path)
     opts = Opts(task=",".join(f"jsonl:{f}" for f in files), datatype=datatype, batchsize=3, seed=0,
-                dynamic_batching="batchsort", num_workers=workers, model="repeat_label")
+                dynamic_batching="batchsort", num_workers=workers)
 
     def build():
-        agent = RecordingAgent(opts)
+        agent = LabelEchoTorchAgent(opts)
         return create_world(opts, agent=agent), agent
 
     steps, kill_at = 14, 6
@@ -383,7 +383,7 @@ def test_the_loader_world_of_two_tasks_resumes_each_task(tmp_path, datatype, wor
     resumed.load_state_dict(position)
     assert resumed.get_total_exs() == position["total_exs"]
     _run(resumed, steps - kill_at)
-    assert first_agent.seen + resumed_agent.seen == ref_agent.seen
+    assert first_agent.seen + resumed_agent.seen == ref_agent.seen and len(ref_agent.seen) == steps * 3
     assert resumed.get_total_exs() == reference.get_total_exs()
     assert reference.report()[f"jsonl:{files[1]}/exs"] == before + resumed.report()[f"jsonl:{files[1]}/exs"] > 0
     resumed.shutdown()

@@ -20,7 +20,7 @@ from collections import Counter
 
 import pytest
 import torch
-from helpers import process_table
+from helpers import LabelEchoTorchAgent, process_table
 
 from accelbatch.agents import Agent
 from accelbatch.build import create_world
@@ -55,6 +55,15 @@ class LoggingAgent(Agent):
         obs = self.observation or {}
         labels = obs.get("labels") or obs.get("eval_labels")
         return Message(id=self.id, text=labels[0]) if labels else Message(id=self.id)
+
+
+class LoggingTorchAgent(LabelEchoTorchAgent):
+    """LoggingAgent as a TorchAgent (which dynamic batching can batch): logs the texts it replies to."""
+
+    def replies(self, outputs, observations):
+        with open(os.path.join(os.environ[LOG_ENV], f"{os.getpid()}.txt"), "a", encoding="utf-8") as f:
+            f.writelines(o["text"] + "\n" for o in observations)
+        return super().replies(outputs, observations)
 
 
 def explode_here(text):
@@ -293,9 +302,9 @@ def test_multitask_eval_serves_every_line_once_across_processes_with_batching(tm
 def test_run_evaluates_a_loader_fed_task_exactly_once_in_three_processes(tmp_path, log_dir):
     """Dynamic batching feeds worlds from the data loader: each process takes its shard of the file."""
     path = _jsonl(tmp_path / "data.jsonl", [[f"line{i}" + " w" * (i % 13)] for i in range(1001)])
-    opts = Opts(task=f"jsonl:{path}", model="repeat_label", datatype="test", numthreads=3, batchsize=4,
-                dynamic_batching="batchsort", progress=False)
-    world = create_world(opts, agent=LoggingAgent)
+    opts = Opts(task=f"jsonl:{path}", datatype="test", numthreads=3, batchsize=4, dynamic_batching="batchsort",
+                progress=False)
+    world = create_world(opts, agent=LoggingTorchAgent)
     report = run(world, opts)
     assert report["test"]["exs"] == 1001 and report["test"]["accuracy"] == 1.0
     seen = _seen(log_dir)
