@@ -38,8 +38,8 @@ class TensorBoardLog:
         try:
             from torch.utils.tensorboard import SummaryWriter
         except ImportError:
-            notice(f"accelbatch: TensorBoard scalars are off (pip install tensorboard to write them to "
-                   f"{log_dir}); the JSONL metrics log is unaffected")
+            notice(f"accelbatch: --tensorboard-logdir {log_dir}: the tensorboard package is not installed, so no "
+                   "scalars are written there (pip install tensorboard); the run goes on")
             return
         self.writer = SummaryWriter(log_dir=log_dir, flush_secs=flush_secs)
 

@@ -135,6 +135,7 @@ def test_tensorboard_missing_is_a_noop_with_one_notice(tmp_path, monkeypatch):
         log.write(record)
     log.close()
     assert not log.enabled and len(notices) == 1 and "pip install tensorboard" in notices[0]
+    assert notices[0].startswith(f"accelbatch: --tensorboard-logdir {tmp_path / 'tb'}: the tensorboard package")
     assert not (tmp_path / "tb").exists()
     assert TensorBoardLog(None, notice=notices.append).enabled is False and len(notices) == 1
 
