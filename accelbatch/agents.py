@@ -419,7 +419,9 @@ class TorchAgent(Agent):
         if "ipu_state" in saved and self.slot.engine is None:
             self._device_optimizer_state = saved  # saved on an IPU: for the engine's optimizer (attach_engine)
         had = set_learning_rates(self.optimizer, fresh)
-        if had:
+        from accelbatch.teachers import is_training  # teachers are agents: imported where it is used
+
+        if had and is_training(self.opts.datatype):  # eval, display-model, interactive train nothing
             self.load_notes.append(f"{option} {path}: continuing with -lr {_rates(fresh)} (the file's optimizer "
                                    f"had {had})")
 

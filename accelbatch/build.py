@@ -283,7 +283,8 @@ def as_opts(opts: Any, where: str) -> Opts:
 
 
 def create_world(opts: Opts | Mapping[str, Any], agent: Agent | type[Agent] | str | None = None,
-                 rows: int | None = None, *, runtime: Runtime | None = None) -> World:
+                 rows: int | None = None, *, runtime: Runtime | None = None,
+                 teacher: Teacher | None = None) -> World:
     """The world for ``opts``, its model compiled for ``opts.device``: one task or several, batched when
     rows > 1, fed by the data loader with its options, HogwildWorld with ``--numthreads N`` > 1.
 
@@ -291,7 +292,8 @@ def create_world(opts: Opts | Mapping[str, Any], agent: Agent | type[Agent] | st
     instance whose model (and engine) the new world shares, e.g. the training agent for a validation world.
     Under replication each process's world holds its replica's share of the rows and of the data. The first
     world of a run (no runtime yet) fits ``--batchsize`` to its data (:func:`fit_batch_to_data`);
-    ``world.opts`` holds the options it was built with. ``opts`` may be a dict of Opts' fields.
+    ``world.opts`` holds the options it was built with. ``opts`` may be a dict of Opts' fields. ``teacher``:
+    one made for ``opts`` already (else it is made here).
     """
     refuse_script_rerun()  # a child process running this script's unguarded top-level code ends here
     opts = as_opts(opts, "create_world(opts)")
@@ -304,14 +306,14 @@ def create_world(opts: Opts | Mapping[str, Any], agent: Agent | type[Agent] | st
         check_main_guard(f"-nt/--numthreads {opts.numthreads}")
     elif runtime is None and opts.dataloader_mode != "sync":
         check_main_guard(f"--dataloader-mode {opts.dataloader_mode}")
-    teacher, fitted = None, None
+    fitted = None
     if runtime is None and opts.dataloader_mode != "sync" and opts.numthreads <= 1:
         # the async accessor's process server imports torch while this process builds the agent; the
         # allocator first, whose settings it inherits
         apply_host_allocator(opts.host_allocator)
         start_worker_server()
     if runtime is None and rows is None and getattr(getattr(agent, "slot", None), "runtime", None) is None:
-        teacher = create_teacher(opts)
+        teacher = teacher or create_teacher(opts)
         opts, fitted = fit_batch_to_data(opts, teacher)
     model = make_agent(opts, agent)
     first = runtime is None and getattr(getattr(model, "slot", None), "runtime", None) is None

@@ -1,6 +1,7 @@
 """The options that make the model in ``-mf PATH``, kept beside it in ``PATH.opt`` (as ParlAI's MODEL.opt):
-which agent, and its sizes. eval, display-model, interactive and a training that continues PATH take them
-from there, so ``-mf`` alone names the model; an option given on the command line still wins."""
+which agent, its sizes, and its learning rate. eval, display-model, interactive and a training that continues
+PATH take them from there (the learning rate only a training), so ``-mf`` alone names the model; a training
+from ``--init-model FILE`` takes FILE.opt's agent and sizes. An option given on the command line still wins."""
 
 from __future__ import annotations
 
@@ -8,11 +9,13 @@ import dataclasses
 import os
 from typing import Any, Sequence
 
-from accelbatch.checkpoint import read_json_file, write_json_file
+from accelbatch.checkpoint import has_saved_position, read_json_file, write_json_file
 from accelbatch.names import resolve_agent_class
 from accelbatch.opts import OptionError, Opts
+from accelbatch.teachers import is_training
 
 SHAPING = ("model", "embedding_size")  # the options a model file's weights depend on
+KEPT = SHAPING + ("learning_rate",)  # PATH.opt: a continued training keeps its learning rate too
 
 
 def opt_path(model_file: str) -> str:
@@ -36,14 +39,14 @@ def agent_name(agent: Any, opts: Opts) -> str | None:
 def write_model_opts(model_file: str, opts: Opts, model: str | None) -> None:
     """Keep ``opts``' shaping options beside the model just saved to ``model_file``, with ``model`` the name
     that rebuilds its agent (left out when None: nothing can import it)."""
-    saved = {name: getattr(opts, name) for name in SHAPING if name != "model"}
+    saved = {name: getattr(opts, name) for name in KEPT if name != "model"}
     write_json_file(opt_path(model_file), saved if model is None else {"model": model, **saved})
 
 
 def read_model_opts(model_file: str) -> dict[str, Any]:
-    """The shaping options kept with ``model_file`` (empty when there are none, or they cannot be read)."""
+    """The options kept with ``model_file`` (empty when there are none, or they cannot be read)."""
     saved = read_json_file(opt_path(model_file))
-    return {k: v for k, v in saved.items() if k in SHAPING} if isinstance(saved, dict) else {}
+    return {k: v for k, v in saved.items() if k in KEPT} if isinstance(saved, dict) else {}
 
 
 def given_on_command_line(argv: Sequence[str]) -> set[str]:
@@ -57,16 +60,22 @@ def given_on_command_line(argv: Sequence[str]) -> set[str]:
 
 
 def with_model_opts(opts: Opts, argv: Sequence[str]) -> tuple[Opts, str | None]:
-    """``opts`` with the saved options of its existing ``-mf`` that ``argv`` does not give, and a line saying
-    which were taken (None when none)."""
-    if not opts.model_file or not os.path.isfile(opts.model_file):
+    """``opts`` with the saved options that ``argv`` does not give of its existing ``-mf`` (the learning rate
+    only when ``opts`` trains, and not from a checkpoint, whose resume says what it changes), else the shaping
+    ones of its ``--init-model``, and a line saying which were taken (None when none)."""
+    if opts.model_file and os.path.isfile(opts.model_file):
+        continues = is_training(opts.datatype) and not (opts.resume and has_saved_position(opts.model_file))
+        source, flag, names = opts.model_file, "-mf", KEPT if continues else SHAPING
+    elif opts.init_model and os.path.isfile(opts.init_model):
+        source, flag, names = opts.init_model, "--init-model", SHAPING
+    else:
         return opts, None
     given = given_on_command_line(argv)
-    taken = {k: v for k, v in read_model_opts(opts.model_file).items()
-             if k not in given and getattr(opts, k) != v}
+    taken = {k: v for k, v in read_model_opts(source).items()
+             if k in names and k not in given and getattr(opts, k) != v}
     if not taken:
         return opts, None
     flags = {f.name: f.metadata["flags"][0] for f in dataclasses.fields(Opts)}
     said = " ".join(f"{flags[k]} {v}" for k, v in taken.items())
-    return opts.replace(**taken), (f"accelbatch: -mf {opts.model_file} was trained with {said} "
-                                   f"({opt_path(opts.model_file)}); using them (give them to override)")
+    return opts.replace(**taken), (f"accelbatch: {flag} {source} was trained with {said} ({opt_path(source)}); "
+                                   "using them (give them to override)")

@@ -88,7 +88,8 @@ class Opts:
     validation_cutoff: float = _opt(-1.0, "-vcut", "--validation-cutoff", train_only=True,
                                     help="stop training once the validation metric reaches this (-1: never)")
     eval_splits: str = _opt("valid,test", "--eval-splits", train_only=True,
-                            help="comma-separated splits evaluated at the end of training")
+                            help="comma-separated splits evaluated at the end of training (a train split: "
+                                 "each example once, in order, as train:evalmode)")
     metrics: str = _opt("default", "--metrics",
                         help="metrics the report shows: 'default' or 'all' (every metric, bleu-4 of the replies "
                              "included), or a comma-separated list such as accuracy,loss,bleu-4 (exs is always "
@@ -329,6 +330,10 @@ def validate(opts: Opts) -> None:
                           f"--device {opts.device} does not use DDP: leave it out")
     _validate_pipeline(opts)
     _validate_input_grouping(opts)
+    wrong = [s.strip() for s in opts.eval_splits.split(",") if s.strip() and s.strip() not in DATATYPES]
+    if wrong:
+        raise OptionError(f"--eval-splits: {wrong[0]!r} is not a split; give comma-separated ones of "
+                          f"{', '.join(DATATYPES)} (a train split is scored once, in order, as train:evalmode)")
     if not [m for m in opts.metrics.split(",") if m.strip()]:
         raise OptionError("--metrics: give 'default', 'all' or comma-separated metric names such as accuracy,loss")
 

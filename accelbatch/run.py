@@ -27,7 +27,8 @@ from accelbatch.opts import OptionError, Opts
 from accelbatch.report_table import MetricsLog, json_ready
 from accelbatch.run_control import PeriodicSaver, StopSignals, check_output_paths
 from accelbatch.state import Checkpointer
-from accelbatch.teachers import is_training, split_of
+from accelbatch.tasks.files import DataFileError
+from accelbatch.teachers import Teacher, create_teacher, eval_datatype, is_training, split_of
 from accelbatch.tensorboard_log import TensorBoardLog
 from accelbatch.worlds import World
 
@@ -64,6 +65,10 @@ def evaluate(world: World, log: MetricsLog | None = None, split: str = "valid",
     position: step, epoch; final) in the logged record.
 
     A stop signal (``stop``) ends it at the next step with KeyboardInterrupt saying how many examples it saw."""
+    datatype = (getattr(world, "opts", None) or {}).get("datatype", "valid")
+    if is_training(datatype):  # its epoch never ends: the train datatype repeats its data (and trains on it)
+        raise OptionError(f"evaluate(world): the world serves -dt {datatype}, which repeats its data and trains; "
+                          f"build it with datatype={eval_datatype(datatype)!r} to score the training data once")
     world.reset()
     world.reset_metrics()
     start = time.monotonic()
@@ -217,6 +222,7 @@ def _train(world: World, opts: Opts, log: MetricsLog, runtime: Runtime, stop: St
     valid_world: World | None = None
     if next_validation < math.inf or opts.validation_every_n_secs > 0:  # bad valid data fails now, not an epoch on
         valid_world = create_world(_eval_opts(opts, "valid"), agent=model, runtime=runtime)
+    teachers = _eval_teachers(opts, {"valid"} if valid_world is not None else set())  # their data fails now too
     last_validation = time.monotonic()
     stop_reason = "num_epochs"
     # a checkpoint taken after the last step (the save at the end of training) leaves nothing to train
@@ -352,8 +358,8 @@ def _train(world: World, opts: Opts, log: MetricsLog, runtime: Runtime, stop: St
                                         "epochs": round(state.exs / per_epoch, 4),
                                         "exs_per_s": round(state.exs / max(state.elapsed(), 1e-9), 1),
                                         "time_s": round(state.elapsed(), 3), "stopped_by": stop_reason}}
-    for split in [s.strip() for s in opts.eval_splits.split(",") if s.strip()]:
-        eval_world = create_world(_eval_opts(opts, split), agent=model, runtime=runtime)
+    for split, teacher in teachers.items():
+        eval_world = create_world(_eval_opts(opts, split), agent=model, runtime=runtime, teacher=teacher)
         try:
             report[split] = evaluate(eval_world, log, split, backend, at={**position(), "final": True},
                                      stop=stop)
@@ -366,8 +372,25 @@ def _train(world: World, opts: Opts, log: MetricsLog, runtime: Runtime, stop: St
 
 def _eval_opts(opts: Opts, split: str) -> Opts:
     """Options of an evaluation inside training: in this process even when training is hogwild (the
-    model is shared, so this sees the latest weights without starting processes)."""
-    return opts.replace(datatype=split, numthreads=1)
+    model is shared, so this sees the latest weights without starting processes); a train split in eval
+    mode (each example once, in order: the train datatype repeats its data and trains on it)."""
+    return opts.replace(datatype=eval_datatype(split), numthreads=1)
+
+
+def _eval_teachers(opts: Opts, checked: set[str]) -> dict[str, Teacher | None]:
+    """The teacher of each --eval-splits split, by its report name (a train split's eval-mode datatype), made
+    before training so that missing data fails before the first step, naming the option; None for the splits
+    in ``checked`` (a world built already read their data) and for mixed tasks (made when evaluated)."""
+    given = [s.strip() for s in opts.eval_splits.split(",") if s.strip()]
+    teachers: dict[str, Teacher | None] = {}
+    for split in dict.fromkeys(eval_datatype(s) for s in given):
+        try:
+            teachers[split] = None if split in checked else create_teacher(_eval_opts(opts, split))
+        except DataFileError as exc:
+            rest = ",".join(s for s in given if eval_datatype(s) != split) or "''"
+            raise DataFileError(f"--eval-splits {opts.eval_splits}: {split}: {exc}, or leave {split} out "
+                                f"(--eval-splits {rest})") from None
+    return teachers
 
 
 def _validate(world: World, opts: Opts, log: MetricsLog, state: TrainState, model: Agent,

@@ -516,7 +516,8 @@ def test_a_model_file_names_its_model_so_eval_needs_only_mf(tmp_path, capsys):
     path = str(tmp_path / "m.pt")
     assert main(["train", "-m", "bag", "-esz", "16", "-tstep", "3", "-mf", path, "--no-progress",
                  "--eval-splits", "", "-veps", "-1"]) == 0
-    assert json.loads((tmp_path / "m.pt.opt").read_text()) == {"model": "bag", "embedding_size": 16}
+    assert json.loads((tmp_path / "m.pt.opt").read_text()) == {"model": "bag", "embedding_size": 16,
+                                                                 "learning_rate": 0.01}
     capsys.readouterr()
     assert main(["eval", "-mf", path, "--no-progress"]) == 0
     out = capsys.readouterr()
