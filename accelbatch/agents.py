@@ -21,7 +21,7 @@ import torch
 from accelbatch.dictionary import hash_tokens, tokenize  # noqa: F401 - agents' public helpers
 from accelbatch.messages import EPISODE_DONE, EVAL_LABELS, LABELS, TEXT, Message, is_padding
 from accelbatch.metrics import Metrics
-from accelbatch.opts import OptionError, Opts
+from accelbatch.opts import OptionError, Opts, is_training
 
 if TYPE_CHECKING:
     from accelbatch.data.loader import AgentCollate
@@ -419,8 +419,6 @@ class TorchAgent(Agent):
         if "ipu_state" in saved and self.slot.engine is None:
             self._device_optimizer_state = saved  # saved on an IPU: for the engine's optimizer (attach_engine)
         had = set_learning_rates(self.optimizer, fresh)
-        from accelbatch.teachers import is_training  # teachers are agents: imported where it is used
-
         if had and is_training(self.opts.datatype):  # eval, display-model, interactive train nothing
             self.load_notes.append(f"{option} {path}: continuing with -lr {_rates(fresh)} (the file's optimizer "
                                    f"had {had})")

@@ -448,3 +448,20 @@ def add_arguments(parser: argparse.ArgumentParser, training: bool = True) -> Non
             group.add_argument(*[fl for fl in meta["flags"] if fl.startswith("--")], **kwargs)
         else:
             group.add_argument(*meta["flags"], **kwargs)
+
+
+def split_of(datatype: str) -> str:
+    """'train', 'valid' or 'test' from a datatype such as 'train:stream'."""
+    return datatype.split(":")[0]
+
+
+def is_training(datatype: str) -> bool:
+    return split_of(datatype) == "train" and "evalmode" not in datatype
+
+
+def eval_datatype(datatype: str) -> str:
+    """The datatype that evaluates ``datatype``'s split: a train datatype in eval mode (each example once,
+    in data order, nothing trained), valid and test as they are."""
+    if not is_training(datatype):
+        return datatype
+    return "train:evalmode:stream" if "stream" in datatype else "train:evalmode"

@@ -21,7 +21,7 @@ from accelbatch.data.schedule import RowFeed, RowSchedule, make_order
 from accelbatch.messages import Message
 from accelbatch.metrics import Metrics, merge_reports, wants_bleu
 from accelbatch.names import UnknownNameError, import_path
-from accelbatch.opts import OptionError, Opts
+from accelbatch.opts import OptionError, Opts, eval_datatype, is_training, split_of  # noqa: F401 (re-exported)
 from accelbatch.tasks.files import DataFileError, FileIndex, load_episodes
 
 # task name -> "module:Class"; a task string is "name" or "name:argument" (e.g. babi:1, jsonl:PATH).
@@ -43,23 +43,6 @@ TASK_HELP: dict[str, str] = {
     "torch:pkg.mod:make_dataset": "your torch Dataset: make_dataset(split) (use with -m torch:pkg.mod:Model)",
     "reverse": "generation: reply with the text's word reversed (reverse:N for N training examples)",
 }
-
-
-def split_of(datatype: str) -> str:
-    """'train', 'valid' or 'test' from a datatype such as 'train:stream'."""
-    return datatype.split(":")[0]
-
-
-def is_training(datatype: str) -> bool:
-    return split_of(datatype) == "train" and "evalmode" not in datatype
-
-
-def eval_datatype(datatype: str) -> str:
-    """The datatype that evaluates ``datatype``'s split: a train datatype in eval mode (each example once,
-    in data order, nothing trained), valid and test as they are."""
-    if not is_training(datatype):
-        return datatype
-    return "train:evalmode:stream" if "stream" in datatype else "train:evalmode"
 
 
 def shuffles(datatype: str) -> bool:
