@@ -44,31 +44,28 @@ class LoaderWorld(World):
         self._ahead: LoadedBatch | None = None  # fetched one parley early, its copy to the device started
         self.padded_tokens = 0
         self.real_tokens = 0
-        self.dropped_exs = 0  # training examples left out in partial static-shape batches (--drop-last)
+        self._last_rows: tuple[Sequence[Message], Sequence[Message]] = ((), ())
+        self.dropped_exs = 0  # training examples the batch plan left out (--drop-last), counted with their pass
 
     def clone(self) -> "World":
         raise TypeError("a LoaderWorld is not cloned: it batches through its loader")
 
     def parley(self) -> None:
         batch = self._next_batch()
-        while batch is not None and self.training and batch.num_real < batch.rows:
-            if self.opts.drop_last:
-                # a static-shape batch with padding rows (a bucket's partial tail): padding must not enter
-                # the loss, so with --drop-last it is left out like any partial training batch, and counted
-                self.dropped_exs += batch.num_real
-                batch = self._next_batch()
-            else:
-                batch = _real_rows_only(batch)
         if batch is None:
             return
+        if self.training and batch.num_real < batch.rows:  # --no-drop-last: padding rows stay out of the loss
+            batch = _real_rows_only(batch)
+        if self.training and batch.step[1] + 1 == self.loader.steps.steps_in(batch.step[0]):
+            self.dropped_exs += self.loader.steps.dropped(batch.step[0])  # its pass is over with this batch
         teacher, messages = self.agents[0], batch.messages
         ids = np.asarray(batch.ids, dtype=np.int64)
         tasks = self._tasks(ids) if self._tasks is not None else None
         replies = self._replies(messages, batch)
         teacher.score(replies, teacher.store.answer_ids(ids), len(messages), tasks)  # type: ignore[attr-defined]
+        self._last_rows = (messages, replies)
         if self.opts.display_examples:
-            model_id = getattr(self.agents[1], "id", type(self.agents[1]).__name__)
-            print(display_rows([(m, {"id": model_id, **r}) for m, r in zip(messages, replies)]))
+            print(self.display())
         self.total_exs += len(messages)
         self.real_tokens += sum(batch.lengths)
         self.padded_tokens += batch.rows * batch.padded_len
@@ -127,6 +124,28 @@ class LoaderWorld(World):
 
     def epoch_done(self) -> bool:
         return self._done
+
+    def display(self) -> str:
+        """The last parley's rows: each example, then the model's reply to it."""
+        model_id = getattr(self.agents[1], "id", type(self.agents[1]).__name__)
+        return display_rows([(m, {"id": model_id, **r}) for m, r in zip(*self._last_rows)])
+
+    def passes(self) -> float | None:
+        """Training on a batch plan: the passes over this shard's data parleyed (whole passes, then the share
+        of the current one's steps), a pass's dropped examples passed over with it; the same on every replica
+        (they step together). None where the examples trained measure it: rows run on into the next pass."""
+        if not self.training or self.loader.steps.plan is None:
+            return None
+        pass_, done = self.loader.position(int(self._ahead is not None))
+        return pass_ + done / max(1, self.loader.steps.steps_in(pass_))
+
+    def get_total_epochs(self) -> float:
+        """ParlAI's epochs parleyed: on a batch plan its passes, as this shard's share of the data (the replicas'
+        add up to the passes)."""
+        passes = self.passes()
+        if passes is None:
+            return super().get_total_epochs()
+        return passes * self.loader.steps.table.num_examples / max(1, self.num_examples())
 
     def state_dict(self) -> dict[str, Any]:
         held = int(self._ahead is not None)  # fetched early, not parleyed yet: served again after a restore

@@ -39,9 +39,9 @@ inference plan with ``G > 1`` is refused, as PopTorch's ``inferenceModel`` refus
 evaluation always needs every row's reply. An eval call may carry fewer rows than the combined batch (the
 last batch of an evaluation); it is cut into micro-batches of the eval micro batch, the last one shorter.
 
-Partial tail policy (``drop_last=False`` only; with ``drop_last=True``, the default, the world drops the
-tail and says so). A training call with ``n`` rows, ``n`` < combined batch, is the epoch's tail and runs as
-follows, identically on every backend:
+Partial tail policy (``drop_last=False`` only; with ``drop_last=True``, the default, the batch plan leaves
+the tail out and counts it, ``dropped_exs``, an epoch still being one pass over the data). A training call
+with ``n`` rows, ``n`` < combined batch, is the epoch's tail and runs as follows, identically on every backend:
 
 1. it is cut, in row order, into ``M = ceil(n / b)`` micro-batches of ``b`` rows (the plan's micro batch);
    only the last one may be shorter;

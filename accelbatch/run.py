@@ -225,14 +225,20 @@ def _train(world: World, opts: Opts, log: MetricsLog, runtime: Runtime, stop: St
     teachers = _eval_teachers(opts, {"valid"} if valid_world is not None else set())  # their data fails now too
     last_validation = time.monotonic()
     stop_reason = "num_epochs"
+
+    def passed() -> float:
+        """The examples of the training data passed over (all replicas): the passes of a batch plan (each
+        pass's dropped examples passed over with it), else the examples trained."""
+        passes = world.passes()
+        return state.exs if passes is None else passes * per_epoch
     # a checkpoint taken after the last step (the save at the end of training) leaves nothing to train
-    finished = resumed is not None and (state.exs >= target_exs or (
+    finished = resumed is not None and (passed() >= target_exs or (
         opts.max_train_steps > 0 and state.steps >= opts.max_train_steps))
     if finished and opts.max_train_steps > 0 and state.steps >= opts.max_train_steps:
         stop_reason = "max_train_steps"
 
     def position() -> dict[str, Any]:
-        return {"step": state.steps, "epoch": round(state.exs / per_epoch, 4)}
+        return {"step": state.steps, "epoch": round(passed() / per_epoch, 4)}
 
     def log_window(now: float) -> None:
         """One train record: the metrics of the examples since the last one."""
@@ -288,7 +294,7 @@ def _train(world: World, opts: Opts, log: MetricsLog, runtime: Runtime, stop: St
             stop_run("the validation was cut short (a resume runs it again); ")
             raise  # not reached: stop_run raises
 
-    if not finished and resumed is not None and state.exs >= next_validation:
+    if not finished and resumed is not None and passed() >= next_validation:
         # a stop cut this validation short when the checkpoint was taken: run it before the next step, as the
         # run never stopped did
         due, next_validation = next_validation, next_validation + opts.validation_every_n_epochs * per_epoch
@@ -308,12 +314,12 @@ def _train(world: World, opts: Opts, log: MetricsLog, runtime: Runtime, stop: St
         if opts.max_train_steps > 0 and state.steps >= opts.max_train_steps:
             stop_reason = "max_train_steps"
             break
-        if state.exs >= next_validation:
+        if passed() >= next_validation:
             due, next_validation = next_validation, next_validation + opts.validation_every_n_epochs * per_epoch
             if validation_stops(due):
                 stop_reason = "validation"
                 break
-        if state.exs >= target_exs:
+        if passed() >= target_exs:
             break
         # between world steps: every call's D updates (and their G-micro-batch windows) are complete. The
         # replicas decide together: one whose stop signal came a step later than another's must still stop
@@ -355,7 +361,7 @@ def _train(world: World, opts: Opts, log: MetricsLog, runtime: Runtime, stop: St
     train_report = trained()
     state.exs = world.get_total_exs() * replicas  # after the report: steps still in flight (hogwild) are done
     report: dict[str, Any] = {"train": {**train_report, "exs": state.exs, "steps": state.steps,
-                                        "epochs": round(state.exs / per_epoch, 4),
+                                        "epochs": round(passed() / per_epoch, 4),
                                         "exs_per_s": round(state.exs / max(state.elapsed(), 1e-9), 1),
                                         "time_s": round(state.elapsed(), 3), "stopped_by": stop_reason}}
     for split, teacher in teachers.items():

@@ -87,6 +87,11 @@ class World:
     def num_examples(self) -> int:
         return self.get_task_agent().num_examples()
 
+    def passes(self) -> float | None:
+        """Passes over the training data parleyed, where the examples trained do not measure them (a batch
+        plan that leaves examples out); None: get_total_exs() / num_examples() does."""
+        return None
+
     def num_episodes(self) -> int:
         return self.get_task_agent().num_episodes()
 

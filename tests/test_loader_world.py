@@ -7,6 +7,7 @@ import json
 
 import pytest
 import torch
+from helpers import LabelEchoTorchAgent
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -29,9 +30,8 @@ def qa_file(write_jsonl):
 
 @pytest.mark.parametrize("strategy", ["batchsort", "full", "buckets"])
 def test_every_strategy_evaluates_each_example_once(qa_file, strategy):
-    opts = Opts(task=f"jsonl:{qa_file}", model="repeat_label", datatype="valid", batchsize=8,
-                dynamic_batching=strategy, progress=False)
-    world = create_world(opts)
+    opts = Opts(task=f"jsonl:{qa_file}", datatype="valid", batchsize=8, dynamic_batching=strategy, progress=False)
+    world = create_world(opts, agent=LabelEchoTorchAgent(opts))
     assert isinstance(world, LoaderWorld)
     report = evaluate(world)
     world.shutdown()
@@ -95,9 +95,9 @@ def test_training_through_the_loader_learns():
 
 
 def test_multitask_through_the_loader(qa_file):
-    opts = Opts(task=f"babi:1,jsonl:{qa_file}", model="repeat_label", datatype="valid", batchsize=8,
-                dynamic_batching="batchsort", progress=False)
-    world = create_world(opts)
+    opts = Opts(task=f"babi:1,jsonl:{qa_file}", datatype="valid", batchsize=8, dynamic_batching="batchsort",
+                progress=False)
+    world = create_world(opts, agent=LabelEchoTorchAgent(opts))
     assert isinstance(world, LoaderWorld)
     report = evaluate(world)
     world.shutdown()
@@ -130,6 +130,65 @@ def test_bucket_training_leaves_padding_rows_out_of_the_loss():
     world.shutdown()
     assert report["dropped_exs"] > 0  # partial bucket batches were left out, and counted
     assert world.get_total_exs() + report["dropped_exs"] >= world.num_examples()
+
+
+@pytest.fixture
+def two_lengths_file(write_jsonl):
+    """43 examples of 3 tokens and 22 of 10 (the hand count of tests/data' bucket spill test): buckets
+    (2, 30-token budget) train 5 batches of 8 and 8 of 3 a pass and leave 1 out; batchsort (-bs 6) 10 of 6 and
+    leaves 5 out."""
+    return write_jsonl([{"text": " ".join(["w"] * n), "labels": ["a"], "label_candidates": ["a", "b"]}
+                        for n in [3] * 43 + [10] * 22])
+
+
+PASS_OPTS = dict(model="bag", batchsize=6, num_buckets=2, max_batch_tokens=30, progress=False, eval_splits="",
+                 validation_every_n_epochs=-1, embedding_size=8, seed=3)
+KEPT = {"buckets": (64, 1), "batchsort": (60, 5)}  # (examples trained, left out) per pass
+
+
+@pytest.mark.parametrize("strategy", ["buckets", "batchsort"])
+def test_a_plan_world_counts_passes_with_their_dropped_examples(two_lengths_file, strategy):
+    """passes() is whole passes once a pass's last kept batch is parleyed (its dropped examples passed over
+    with it, not after the next pass's first batch), and continues after a restore where it was."""
+    opts = Opts(task=f"jsonl:{two_lengths_file}", dynamic_batching=strategy, **PASS_OPTS)
+    world = create_world(opts)
+    attach_runtime(world, opts)
+    kept, dropped = KEPT[strategy]
+    steps = 0
+    while world.passes() < 1:
+        world.parley()
+        steps += 1
+        if steps == 3:
+            state, at = world.state_dict(), world.passes()
+    assert world.passes() == world.get_total_epochs() == 1.0
+    assert world.get_total_exs() == kept and world.report()["dropped_exs"] == dropped
+    assert kept + dropped == world.num_examples() == 65
+    while world.passes() < 2:
+        world.parley()
+    assert world.passes() == 2.0 and world.get_total_exs() == 2 * kept and world.report()["dropped_exs"] == 2 * dropped
+    world.load_state_dict(state)
+    assert world.passes() == at == 3 / steps
+    world.shutdown()
+
+
+@pytest.mark.parametrize("strategy", ["buckets", "batchsort"])
+@pytest.mark.parametrize("epochs", [1, 2])
+def test_num_epochs_counts_passes_over_the_data_not_examples_trained(two_lengths_file, strategy, epochs):
+    """ParlAI's -ne N: N passes over the training data. A plan that leaves examples out trains exactly the
+    kept examples of N passes: exs + dropped_exs is N x the file's examples, epochs N."""
+    opts = Opts(task=f"jsonl:{two_lengths_file}", dynamic_batching=strategy, num_epochs=epochs, **PASS_OPTS)
+    train = run(create_world(opts), opts)["train"]
+    kept, dropped = KEPT[strategy]
+    assert (train["exs"], train["dropped_exs"], train["epochs"]) == (epochs * kept, epochs * dropped, epochs)
+
+
+@pytest.mark.multiprocess
+@pytest.mark.timeout(180)
+def test_num_epochs_counts_passes_of_a_streamed_file_through_workers(two_lengths_file):
+    opts = Opts(task=f"jsonl:{two_lengths_file}", datatype="train:stream", num_workers=2,
+                dynamic_batching="buckets", num_epochs=1, **PASS_OPTS)
+    train = run(create_world(opts), opts)["train"]
+    assert (train["exs"], train["dropped_exs"], train["epochs"]) == (*KEPT["buckets"], 1)
 
 
 @pytest.fixture

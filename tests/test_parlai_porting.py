@@ -164,3 +164,20 @@ def test_a_torch_agent_without_parlai_steps_and_a_plain_agent_with_them_are_made
             return batch
 
     assert issubclass(Fine, TorchAgent) and Plain(Opts()).train_step(1) == 1
+
+
+def test_the_batched_front_end_displays_its_rows_and_replies(write_jsonl):
+    from helpers import LabelEchoTorchAgent
+
+    from accelbatch.loader_world import LoaderWorld
+
+    path = write_jsonl([{"text": f"q{i}", "labels": [f"a{i}"]} for i in range(3)])
+    opts = Opts(task=f"jsonl:{path}", datatype="valid", batchsize=2, dynamic_batching="batchsort", progress=False)
+    world = create_world(opts, agent=LabelEchoTorchAgent)
+    assert isinstance(world, LoaderWorld) and world.display() == ""
+    world.parley()
+    shown = world.display().splitlines()
+    agent_id = world.get_model_agent().id
+    assert shown == ["[FileTeacher]: q0  (labels: a0)", f"[{agent_id}]: a0",
+                     "[FileTeacher]: q1  (labels: a1)", f"[{agent_id}]: a1"]
+    world.shutdown()

@@ -17,11 +17,12 @@ bounded cache, so they serve map-style and streaming datasets alike:
 ``buckets``
     a few static shapes ``(rows, padded_len)`` planned from the data (:func:`plan_buckets`) for graph
     compilers (IPU, CUDA graphs): every batch has one of at most ``num_buckets`` shapes; an example goes to the
-    shortest bucket that holds it; a bucket's last, partial batch is completed with padding rows so no new
-    shape appears. Bucket lengths are chosen by dynamic programming to minimise the padding over the
+    shortest bucket that holds it and still takes examples this epoch (each takes whole batches, the few left
+    over spill to the next longer bucket); the longest bucket's last, partial batch is completed with padding
+    rows so no new shape appears. Bucket lengths are chosen by dynamic programming to minimise the padding over the
     length distribution (the least padding any ``num_buckets`` lengths allow: rows do not change the pad
     fraction). Rows vary with the length under the token budget (at most ``max_tokens // padded_len``), so
-    short examples share big batches and long ones small ones, evened out so a last batch is nearly full.
+    short examples share big batches and long ones small ones, evened out over a bucket's batches.
 
 Every strategy emits every pushed item exactly once (nothing is dropped here: dropping a partial training
 batch is the loader's decision). ``pad fraction`` = pad tokens / all tokens of the padded batches, padding
@@ -284,7 +285,8 @@ class TokenBatcher(Batcher[T]):
 class BucketBatcher(Batcher[T]):
     """``buckets``: every batch has one of a few static shapes (see :func:`plan_buckets`).
 
-    An example goes to the shortest bucket whose ``padded_len`` holds it; a bucket emits when it has ``rows``
+    An example goes to the shortest bucket whose ``padded_len`` holds it, or on to the next longer one once that
+    has taken its ``take`` examples of this batcher's run (an epoch); a bucket emits when it has ``rows``
     examples; at the end each non-empty bucket emits a partial batch completed with padding rows, so the shape
     set never grows. An example longer than the longest bucket is an error (plan with ``max_len``).
     """
@@ -295,6 +297,7 @@ class BucketBatcher(Batcher[T]):
         self.shapes = sorted(shapes)
         self._lens = [s.padded_len for s in self.shapes]
         self._queues: list[list[tuple[T, int]]] = [[] for _ in self.shapes]
+        self._taken = [0] * len(self.shapes)
 
     def _emit(self, k: int) -> Batch[T]:
         queue, shape = self._queues[k], self.shapes[k]
@@ -308,6 +311,9 @@ class BucketBatcher(Batcher[T]):
             raise ValueError(f"buckets: an example of length {length} is longer than the longest bucket "
                              f"({self._lens[-1]}); plan the buckets with max_len >= the longest example "
                              "(lengths are clipped at --text-truncate)")
+        while 0 <= self.shapes[k].take <= self._taken[k] and k + 1 < len(self.shapes):
+            k += 1  # this bucket's whole batches are taken: a longer bucket holds the example too
+        self._taken[k] += 1
         self._queues[k].append((item, length))
         return [self._emit(k)] if len(self._queues[k]) >= self.shapes[k].rows else []
 

@@ -17,26 +17,50 @@ def check_positive(name: str, value: int) -> None:
 
 @dataclass(frozen=True, order=True)
 class BucketShape:
-    """One static batch shape of the ``buckets`` strategy."""
+    """One static batch shape of the ``buckets`` strategy; ``take``: the examples an epoch puts in it before the
+    rest that fit it spill on to the next longer bucket (a multiple of ``rows``, so all its batches are full;
+    -1: no limit)."""
 
     padded_len: int
     rows: int
+    take: int = -1
 
     @property
     def shape(self) -> tuple[int, int]:
         return (self.rows, self.padded_len)
 
 
-def _bucket_rows(padded_len: int, count: int, batch_size: int, max_tokens: int | None, row_multiple: int) -> int:
+def _bucket_rows(padded_len: int, count: int, batch_size: int, max_tokens: int | None, row_multiple: int,
+                 up: bool = False) -> int:
     """Rows of one bucket: as many as the budget allows at this length (``batch_size`` without a budget), a
-    multiple of ``row_multiple``; then evened out over the batches its ``count`` examples need, so its last
-    batch is (nearly) full instead of mostly padding rows."""
+    multiple of ``row_multiple``; then evened out over the fewest batches its ``count`` examples need: rounded
+    down (whole batches, fewer than one example per batch left to spill on), or ``up`` (a last batch nearly
+    full, for the longest bucket, which has nowhere to spill)."""
     cap = max_tokens // max(padded_len, 1) if max_tokens and max_tokens > 0 else batch_size
     cap = max(row_multiple, cap // row_multiple * row_multiple)
     if count < 1:
         return cap
-    rows = -(-count // -(-count // cap))           # ceil(count / number of batches) <= cap
-    return -(-rows // row_multiple) * row_multiple  # cap is a multiple, so still <= cap
+    batches = -(-count // cap)
+    if up:
+        return -(-(-(-count // batches)) // row_multiple) * row_multiple  # cap is a multiple: still <= cap
+    return max(row_multiple, count // batches // row_multiple * row_multiple)
+
+
+def _shapes(ends: list[int], counts: list[int], batch_size: int, max_tokens: int | None,
+            row_multiple: int) -> list[BucketShape]:
+    """The shapes of buckets of these lengths (ascending) and example counts: each bucket takes the whole
+    batches its examples (and those spilled from the shorter one) fill; the few left over spill on to the next
+    longer bucket, which holds them, so an epoch of these counts ends on one partial batch at most, the longest
+    bucket's (dropped in training)."""
+    out, carry = [], 0
+    for i, (length, count) in enumerate(zip(ends, counts)):
+        here = count + carry
+        last = i == len(ends) - 1
+        rows = _bucket_rows(length, here, batch_size, max_tokens, row_multiple, up=last)
+        take = -1 if last else here // rows * rows
+        out.append(BucketShape(length, rows, take))
+        carry = here - take
+    return out
 
 
 def plan_buckets(lengths: Iterable[int], num_buckets: int = 8, batch_size: int = 32,
@@ -51,7 +75,8 @@ def plan_buckets(lengths: Iterable[int], num_buckets: int = 8, batch_size: int =
     longer example), else the longest length. Rows vary with the length: with a token budget at most
     ``max_tokens // len_k`` (so ``rows_k x len_k <= max_tokens`` unless one row alone is longer), else
     ``batch_size``; a multiple of ``row_multiple``; evened out over the batches the bucket's examples (``1 /
-    shards`` of them per shard) need, so a bucket's last batch is not mostly padding rows.
+    shards`` of them per shard) need. A bucket takes the whole batches they fill and spills the few left over to
+    the next longer one (``take``), so an epoch ends on one partial batch at most: the longest bucket's.
     """
     check_positive("num_buckets", num_buckets)
     check_positive("batch_size", batch_size)
@@ -93,8 +118,8 @@ def plan_buckets(lengths: Iterable[int], num_buckets: int = 8, batch_size: int =
         members.append(int(counts[start:j + 1].sum()))
         j, k = start - 1, k - 1
     check_positive("shards", shards)
-    return sorted(BucketShape(n, _bucket_rows(n, -(-count // shards), batch_size, max_tokens, row_multiple))
-                  for n, count in zip(ends, members))
+    return _shapes(ends[::-1], [-(-count // shards) for count in members[::-1]], batch_size, max_tokens,
+                   row_multiple)
 
 
 def bucket_padding_bound(lengths: Iterable[int], num_buckets: int) -> float:

@@ -94,9 +94,9 @@ class Loader:
             it.close()
 
     # data position ------------------------------------------------------------------------------
-    def state_dict(self, held: int = 0) -> dict[str, Any]:
-        """The position as the caller consumed it: ``{"pass", "steps", "digest"}`` (JSON data); ``held``: the
-        last batches received that the caller has not used yet (they are served again after a restore)."""
+    def position(self, held: int = 0) -> tuple[int, int]:
+        """(pass, steps of it) the caller has used, a finished pass as the next one's step 0; ``held``: the
+        last batches received that the caller has not used yet."""
         pass_, done = self._consumed
         done -= held
         while done < 0:
@@ -104,6 +104,12 @@ class Loader:
             done += self.steps.steps_in(pass_)
         if done >= self.steps.steps_in(pass_):
             pass_, done = pass_ + 1, 0
+        return pass_, done
+
+    def state_dict(self, held: int = 0) -> dict[str, Any]:
+        """The position as the caller consumed it: ``{"pass", "steps", "digest"}`` (JSON data); ``held``: the
+        last batches received that the caller has not used yet (they are served again after a restore)."""
+        pass_, done = self.position(held)
         return {"pass": pass_, "steps": done, "digest": self.steps.digest(pass_)}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:

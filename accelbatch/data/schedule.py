@@ -389,10 +389,11 @@ class RowFeed:
 class BatchPlan:
     """Dynamic batching: per epoch, this shard's examples in a seeded order cut into batches by a strategy.
 
-    Training drops the partial last batch of the fixed-row strategies with ``drop_last`` and, with several
-    replicas, cuts every replica to the same number of batches (synchronous steps); the examples left out
-    are counted. Evaluation keeps every example. Batches are made lazily, as they are read (a streamed file's
-    epoch is never held as batches), so knowing an epoch's count costs a pass of the batcher, done once.
+    Training with ``drop_last`` leaves out every partial batch (fewer rows than ``batch_size`` in the fixed-row
+    strategies, or completed with padding rows: a bucket's tail) and, with several replicas, cuts every replica
+    to the same number of batches (synchronous steps); the examples left out are counted with their epoch.
+    Evaluation keeps every example. Batches are made lazily, as they are read (a streamed file's epoch is never
+    held as batches), so knowing an epoch's count costs a pass of the batcher, done once.
     """
 
     def __init__(self, tables: Sequence[EpisodeTable], rank: int, lengths: np.ndarray, batching: BatchingConfig,
@@ -409,10 +410,10 @@ class BatchPlan:
         if self.shuffle:
             examples = examples[permutation(len(examples), self.seed, epoch, rank)]
             rng = random.Random(hash((self.seed, epoch, rank)))
-        drop = self.training and self.drop_last and self.batching.strategy in ("none", "batchsort")
-        size = self.batching.batch_size
+        drop = self.training and self.drop_last
+        full = self.batching.batch_size if self.batching.strategy in ("none", "batchsort") else 0
         for batch in self.batching.batcher(rng).run(_pairs(examples, self.lengths)):
-            if not drop or batch.num_real == size:
+            if not drop or batch.num_real >= max(full, batch.rows):
                 yield batch
 
     def count(self, epoch: int) -> tuple[int, int]:

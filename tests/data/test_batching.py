@@ -98,6 +98,23 @@ def test_plan_buckets_is_optimal_on_a_small_case():
     assert plan_buckets([3, 4], 2, max_len=20)[-1].padded_len == 20
 
 
+def test_buckets_take_whole_batches_and_spill_the_rest_to_a_longer_bucket():
+    """43 examples of length 3 and 22 of length 10, budget 30 tokens: the short bucket's cap is 10 rows, so its
+    43 need 5 batches: 5 x 8 rows taken, 3 spill into the long one (3 rows at most), whose 25 need 9 batches of
+    3 (rounded up: it spills nowhere), the last holding 1. An epoch drops 1 example (the old plan: rows 9 and 3,
+    partial batches of 7 and 1, 8 dropped)."""
+    lengths = [3] * 43 + [10] * 22
+    shapes = plan_buckets(lengths, num_buckets=2, batch_size=8, max_tokens=30)
+    assert shapes == [BucketShape(3, 8, 40), BucketShape(10, 3, -1)]
+    order = list(range(len(lengths)))
+    random.Random(0).shuffle(order)
+    batches = list(BucketBatcher(shapes).run((i, lengths[i]) for i in order))
+    assert [b.num_real for b in batches if b.shape == (8, 3)] == [8] * 5
+    assert sorted(b.num_real for b in batches if b.shape == (3, 10)) == [1] + [3] * 8
+    spilled = [i for b in batches if b.shape == (3, 10) for i in b.items if lengths[i] == 3]
+    assert sorted(spilled) == sorted([i for i in order if lengths[i] == 3][-3:])  # the last short ones to come
+
+
 def test_bucket_batcher_rejects_examples_longer_than_planned():
     batcher = BucketBatcher([BucketShape(8, 2)])
     with pytest.raises(ValueError, match="longer than the longest bucket"):
@@ -173,7 +190,9 @@ def test_default_budget_by_hand():
 def test_bucket_plan_property(lengths, num_buckets, batch_size, budget, row_multiple, seed):
     """Never more than --num-buckets shapes; every batch within the token budget (a single row multiple may
     exceed it when one example alone does); every example exactly once in an epoch; rows at most what the
-    budget allows at the bucket's length; a bucket's padding rows fewer than its batches x the row multiple."""
+    budget allows at the bucket's length; one batch with padding rows at most, the longest bucket's last (the
+    other buckets take whole batches and spill the rest on), its padding rows fewer than its batches x the row
+    multiple."""
     max_tokens = budget or default_max_tokens(batch_size, 40, -1, lengths)
     shapes = plan_buckets(lengths, num_buckets, batch_size, max_tokens, row_multiple)
     order = list(range(len(lengths)))
@@ -186,6 +205,7 @@ def test_bucket_plan_property(lengths, num_buckets, batch_size, budget, row_mult
         assert shape.rows <= max(row_multiple, max_tokens // shape.padded_len // row_multiple * row_multiple)
         mine = [b for b in batches if b.shape == shape.shape]
         assert sum(b.rows - b.num_real for b in mine) < max(1, len(mine)) * row_multiple
+        assert shape == shapes[-1] or all(b.num_real == b.rows for b in mine)
     for b in batches:
         assert b.padded_tokens <= max_tokens or b.rows == row_multiple
         assert all(n <= b.padded_len for n in b.lengths)

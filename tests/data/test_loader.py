@@ -180,6 +180,20 @@ def test_training_shuffles_each_epoch_and_only_dynamic_batches_drop_the_partial_
 
 
 @pytest.mark.timeout(60)
+def test_a_training_pass_of_buckets_leaves_out_its_partial_batch_and_counts_it(no_leaks):
+    """43 examples of 3 words and 22 of 10, 2 buckets under a 30-token budget (the hand count of
+    test_buckets_take_whole_batches_and_spill_the_rest_to_a_longer_bucket): a training pass is 5 batches of 8
+    and 8 of 3, every row real; the 1 example of the partial batch is left out by the plan, and counted."""
+    msgs = [Message({"text": " ".join(["w"] * n), "labels": ["a"], "episode_done": True}) for n in [3] * 43 + [10] * 22]
+    with make_loader(msgs, collate=COLLATE, training=True, batch_size=8, dynamic_batching="buckets", num_buckets=2,
+                     max_batch_tokens=30, seed=1) as loader:
+        assert len(loader) == 13 and loader.dropped == 1
+        for _ in range(2):  # every pass alike
+            batches = list(loader)
+            assert sorted((b.rows, b.num_real) for b in batches) == [(3, 3)] * 8 + [(8, 8)] * 5
+
+
+@pytest.mark.timeout(60)
 @pytest.mark.parametrize("strategy", STRATEGIES)
 def test_replicas_split_the_data_and_train_in_step(strategy, no_leaks):
     msgs = examples(101)
