@@ -25,14 +25,10 @@ the previous generation, which is untouched; a crash (or exception, or SIGKILL) 
 leaves the last good checkpoint readable, and after it the new one. Older generations and leftover staging
 directories are removed after a successful commit. One writer per checkpoint directory (rank 0).
 
-Integrity. The manifest holds the SHA-256 and size of each file; :func:`load_checkpoint` checks both
-before reading anything and refuses a truncated, changed or missing file with a
-:class:`CheckpointError` that names the file and says what to do. (The hashes catch damage and careless
-edits; they are not a signature: safety against a malicious file comes from ``weights_only`` and JSON.)
-
-JSON. ``state`` must hold JSON data only (dict with str keys, list, tuple, str, int, float, bool, None;
-NumPy scalars are converted); a value that is not is named in the error. Non-finite floats are written
-as Python's json writes them (``Infinity``, ``NaN``) and read back by it.
+Integrity. The manifest holds the SHA-256 and size of each file; :func:`load_checkpoint` checks both before
+reading anything and refuses a truncated, changed or missing file, naming it (the hashes catch damage, not
+malice: safety against a malicious file comes from ``weights_only`` and JSON). ``state`` holds JSON data only
+(NumPy scalars converted; another value is named in the error; non-finite floats as Python's json writes them).
 
 What goes in ``state`` and ``rng`` (each part's ``state_dict()``, every replica's RNG streams) is
 :mod:`accelbatch.state`'s business; this module only writes and reads it safely.
@@ -291,9 +287,8 @@ def write_json_file(path: str, data: Any) -> None:
 
 
 def read_json_file(path: str) -> Any:
-    """The JSON in ``path``, a file written beside a model file; None when there is no such file. One that
-    cannot be read (edited by hand, cut short) is a :class:`CheckpointError` naming it: going on without it
-    would silently drop what it keeps."""
+    """The JSON in ``path``, a file kept beside a model file; None when there is none. One that cannot be read
+    (edited by hand, cut short) is an error naming it: going on without it would drop what it keeps."""
     try:
         with open(path, encoding="utf-8") as handle:
             return json.load(handle)
@@ -304,7 +299,6 @@ def read_json_file(path: str) -> Any:
 
 
 def unreadable_sidecar(path: str, why: str) -> CheckpointError:
-    """The error for a file kept beside a model file that holds something else than accelbatch wrote."""
     return CheckpointError(f"{path}: cannot be read ({why}); accelbatch writes this file beside the model file: "
                            "restore it, or delete it to go on without what it keeps")
 
