@@ -30,8 +30,7 @@ reading anything and refuses a truncated, changed or missing file, naming it (th
 malice: safety against a malicious file comes from ``weights_only`` and JSON). ``state`` holds JSON data only
 (NumPy scalars converted; another value is named in the error; non-finite floats as Python's json writes them).
 
-What goes in ``state`` and ``rng`` (each part's ``state_dict()``, every replica's RNG streams) is
-:mod:`accelbatch.state`'s business; this module only writes and reads it safely.
+What ``state`` and ``rng`` hold (each part's state_dict(), the RNG streams) is :mod:`accelbatch.state`'s.
 """
 
 from __future__ import annotations
