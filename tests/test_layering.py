@@ -2,7 +2,8 @@
 
 - the core (accelbatch/, outside the factory ``build`` and the command line ``cli``) imports no backend and no
   torch.distributed: worlds, agents, teachers and the data side know no device;
-- no import cycle among the package's modules (``accelbatch.backends`` included).
+- no import cycle among the package's modules (``accelbatch.backends`` included);
+- no module over 500 lines.
 """
 
 from __future__ import annotations
@@ -110,3 +111,8 @@ def test_the_package_loads_its_names_on_first_use_and_run_stays_the_function():
             "print('ok')\n")
     ran = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=ROOT)
     assert ran.stdout == "ok\n", ran.stderr
+
+
+def test_no_module_of_the_product_is_over_500_lines():
+    long = {name: n for name, path in _modules().items() if (n := len(path.read_text().splitlines())) > 500}
+    assert not long, f"split these modules by job: {long}"
