@@ -119,6 +119,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     try:
         opts = eval_opts(args) if args.verb == "eval" else Opts.from_namespace(args)
+        if args.verb in ("display-model", "interactive"):  # they evaluate: a train split in eval mode
+            opts = opts.replace(datatype=eval_datatype(opts.datatype))
         from accelbatch.model_opts import with_model_opts
 
         opts, taken = with_model_opts(opts, sys.argv[1:] if argv is None else argv)  # -mf names its model

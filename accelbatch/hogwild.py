@@ -10,6 +10,8 @@ ParlAI's semantics, in processes (started with ``spawn`` under :class:`accelbatc
 * :meth:`HogwildWorld.parley` releases one process to do one parley and returns without waiting: the parley
   goes to the free process with the fewest parleys queued (at most ``depth`` each).
 * :meth:`get_total_exs` reads a shared counter (one int64 slot per process), with no synchronisation.
+  On a batch plan :meth:`passes` counts the passes of the parleys released (each process sends its place in
+  its shard's passes with each parley done; none is sent a parley past the pass of the last): -ne N is exact.
 * :meth:`report`, :meth:`reset_metrics` and :meth:`reset` reach every process: each has its own ordered pipe,
   so it handles each control message once, after the parleys queued before it; the main process waits for
   every answer. :meth:`report` merges the processes' metric sums.
@@ -30,9 +32,9 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import math
 import random
 import time
-import typing
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -47,7 +49,7 @@ from accelbatch.worlds import BatchWorld, MultiWorld, World
 
 __all__ = ["HogwildError", "HogwildWorld"]
 
-BuildChild = typing.Callable[[Opts, "type[Agent] | None", int, int, "int | None"], World]
+BuildChild = Callable[[Opts, "type[Agent] | None", int, int, "int | None"], World]
 _PARLEY = ("p",)
 _CHILDREN = ChildSpec(role="hogwild process", pipe=True, ignore_sigint=True, process_name="hogwild-{index}",
                       env={"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}, stack_dumps=True,
@@ -78,7 +80,8 @@ def metric_states(world: World) -> dict[str, Any]:
         else:
             tasks = [(None, _part(teacher))]
     model = base.get_model_agent()
-    return {"tasks": tasks, "model": _part(model), "model_keeps_exs": not hasattr(model, "slot")}
+    return {"tasks": tasks, "model": _part(model), "model_keeps_exs": not hasattr(model, "slot"),
+            "dropped_exs": getattr(base, "dropped_exs", 0)}
 
 
 def _merge(parts: Sequence[tuple[str, Any]]) -> dict[str, float]:
@@ -102,7 +105,18 @@ def merge_metric_states(states: Sequence[dict[str, Any]]) -> dict[str, float]:
     if not states[0]["model_keeps_exs"]:
         model.pop("exs", None)  # TorchAgent.report leaves examples to the teacher
     report.update(model)
-    return report
+    dropped = sum(s.get("dropped_exs", 0) for s in states)  # examples the processes' batch plans left out
+    return {**report, "dropped_exs": dropped} if dropped else report
+
+
+def plan_position(world: World) -> tuple[int, int, int, int] | None:
+    """Training on a batch plan: (pass, its steps parleyed, its steps, examples of the shard) of a process's
+    world (a LoaderWorld); None where the examples trained count its passes."""
+    passes = world.passes()
+    if passes is None:
+        return None
+    steps, pass_ = world.loader.steps, int(passes)  # type: ignore[attr-defined]
+    return pass_, round((passes - pass_) * steps.steps_in(pass_)), steps.steps_in(pass_), steps.table.num_examples
 
 
 # --- the child process -----------------------------------------------------------------------------------
@@ -146,7 +160,7 @@ def _child_main(rank: int, conn: Any, numthreads: int, opts: Opts, agent_cls: ty
         base = world.world if isinstance(world, BatchWorld) else world
         for i, multi in enumerate(w for w in [base, *getattr(world, "worlds", [])] if isinstance(w, MultiWorld)):
             multi.rng = random.Random(seed + i)
-        conn.send(("ready", 0))
+        conn.send(("ready", plan_position(world)))
         _serve(rank, world, counts, done, not is_training(opts.datatype), conn)
     except EOFError:
         pass  # the main process went away: nothing to report to
@@ -167,7 +181,7 @@ def _serve(rank: int, world: World, counts: torch.Tensor, done: torch.Tensor, ev
         "drain": lambda _: None,  # the parleys queued before this one are done: nothing else to do
         "state": lambda _: world.state_dict(),
         "restore": lambda state: (world.load_state_dict(state), counts.__setitem__(rank, world.get_total_exs()))
-        and None,
+        and plan_position(world),
     }
     while True:
         msg = conn.recv()
@@ -177,7 +191,7 @@ def _serve(rank: int, world: World, counts: torch.Tensor, done: torch.Tensor, ev
             counts[rank] = world.get_total_exs()
             if evaluating:
                 done[rank] = int(world.epoch_done())
-            conn.send(("d",))
+            conn.send(("d", plan_position(world)))
             continue
         if kind == "stop":
             return
@@ -223,6 +237,7 @@ class HogwildWorld(World):
         self._replies: list[tuple[int, Any] | None] = [None] * n
         self._prefer: set[int] = set()
         self._seq = 0
+        self._at: list[tuple[int, int, int, int] | None] = [None] * n  # plan_position of each process
         names: list[str] = []
         params: list[torch.Tensor] = []
         buffer_names: list[str] = []
@@ -243,7 +258,7 @@ class HogwildWorld(World):
             spec = dataclasses.replace(_CHILDREN, stop_grace_s=stop_grace)
             self._children = Supervisor(spec, _child_main, n, args=(
                 n, opts, agent_cls, rows, build_child, names, params, buffer_names, buffers, self._counts, self._done))
-            self._wait_all("ready", start_timeout)
+            self._at = self._wait_all("ready", start_timeout)
         except BaseException:
             self.shutdown()
             raise
@@ -252,7 +267,7 @@ class HogwildWorld(World):
     def parley(self) -> None:
         """Release one process to do one parley of its world; returns without waiting for it."""
         self._check_open()
-        self._poll()
+        self._pump(0)  # what the children have sent, without waiting
         rank = self._free_process()
         if rank is None:
             last = time.monotonic()
@@ -276,6 +291,18 @@ class HogwildWorld(World):
             return self._released_from + self._parleys * self._exs_per_parley
         return int(self._counts.sum())
 
+    def passes(self) -> float | None:
+        """On a batch plan: the passes of the parleys released (the processes', weighted by their shards)."""
+        released, shards = self._released(), [at[3] for at in self._at if at is not None]
+        return None if released is None else sum(n * p for n, p in zip(shards, released)) / max(1, sum(shards))
+
+    def _released(self) -> list[float] | None:
+        """On a batch plan: each process's passes over its shard with the parleys released to it."""
+        if not self._training or None in self._at:
+            return None
+        return [p + (done + out) / max(1, steps)
+                for (p, done, steps, _), out in zip(self._at, self._outstanding)]  # type: ignore[misc]
+
     def report(self) -> dict[str, float]:
         """Metrics of every process merged (sums), after the parleys released before this call."""
         return merge_metric_states(self._broadcast("report"))
@@ -297,7 +324,7 @@ class HogwildWorld(World):
         flags = self._done.tolist()  # each process's world.epoch_done() after its last parley: no waiting
         if not all(flags):
             self._prefer = {rank for rank, finished in enumerate(flags) if not finished}
-            self._poll()
+            self._pump(0)
             return False
         done = self._broadcast("epoch_done")  # all say done: confirm once, after the parleys in flight
         self._prefer = {rank for rank, finished in enumerate(done) if not finished}
@@ -323,7 +350,7 @@ class HogwildWorld(World):
             raise ValueError(f"the checkpoint has {len(processes)} hogwild processes, this run {self.numthreads}; "
                              "resume with the same --numthreads, or start afresh without --resume")
         try:
-            self._broadcast("restore", processes)
+            self._at = self._broadcast("restore", processes)
         except ProcessFailure as err:
             if isinstance(err.child_exception, ValueError):
                 raise err.child_exception from None
@@ -395,22 +422,19 @@ class HogwildWorld(World):
             raise HogwildError("this HogwildWorld has been shut down (or a process failed); build a new one")
 
     def _free_process(self) -> int | None:
-        pool = [r for r in self._prefer if self._outstanding[r] < self.depth] if self._prefer else []
-        if not pool:
-            pool = [r for r in range(self.numthreads) if self._outstanding[r] < self.depth]
-        if not pool:
-            return None
-        return min(pool, key=lambda r: (self._outstanding[r], r))
+        """The free process with the fewest parleys queued; on a batch plan none past the last one's pass."""
+        released = self._released()
+        ahead = math.floor(min(released)) + 1 if released else math.inf
+        free = [r for r in range(self.numthreads)
+                if self._outstanding[r] < self.depth and (released is None or released[r] < ahead)]
+        pool = [r for r in self._prefer if r in free] or free
+        return min(pool, key=lambda r: (self._outstanding[r], r)) if pool else None
 
     def _send(self, rank: int, msg: tuple) -> None:
         try:
             self._children.send(rank, msg)
         except ProcessFailure as err:
             self._fail(err)
-
-    def _poll(self) -> None:
-        """Handle whatever the children have sent, without waiting."""
-        self._pump(0)
 
     def _pump(self, timeout: float) -> bool:
         """Wait up to ``timeout`` for a message and handle it with any others that came; a child's failure
@@ -430,6 +454,7 @@ class HogwildWorld(World):
         kind = msg[0]
         if kind == "d":
             self._outstanding[rank] -= 1
+            self._at[rank] = msg[1]  # with the count above: what passes() adds up stays consistent
         elif kind in ("reply", "ready"):
             self._replies[rank] = (msg[1], msg[2]) if kind == "reply" else (-1, msg[1])
         else:

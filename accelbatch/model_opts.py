@@ -1,7 +1,9 @@
 """The options that make the model in ``-mf PATH``, kept beside it in ``PATH.opt`` (as ParlAI's MODEL.opt):
 which agent, its sizes, and its learning rate. eval, display-model, interactive and a training that continues
 PATH take them from there (the learning rate only a training), so ``-mf`` alone names the model; a training
-from ``--init-model FILE`` takes FILE.opt's agent and sizes. An option given on the command line still wins."""
+from ``--init-model FILE`` takes FILE.opt's agent and sizes; ``--resume`` continues with the interrupted run's
+learning rate and the options its resume compares, from its checkpoint. An option given on the command line
+still wins."""
 
 from __future__ import annotations
 
@@ -9,13 +11,24 @@ import dataclasses
 import os
 from typing import Any, Sequence
 
-from accelbatch.checkpoint import has_saved_position, read_json_file, write_json_file
+from accelbatch.checkpoint import (
+    MANIFEST,
+    RESUME_OPTS,
+    STATE,
+    CheckpointError,
+    checkpoint_dir,
+    find_checkpoint,
+    has_saved_position,
+    read_json_file,
+    write_json_file,
+)
 from accelbatch.names import resolve_agent_class
 from accelbatch.opts import OptionError, Opts
 from accelbatch.teachers import is_training
 
 SHAPING = ("model", "embedding_size")  # the options a model file's weights depend on
 KEPT = SHAPING + ("learning_rate",)  # PATH.opt: a continued training keeps its learning rate too
+RESUMED = ("learning_rate", *RESUME_OPTS)  # what --resume takes from the checkpoint's options
 
 
 def opt_path(model_file: str) -> str:
@@ -59,20 +72,39 @@ def given_on_command_line(argv: Sequence[str]) -> set[str]:
     return given
 
 
+def run_opts(model_file: str) -> dict[str, Any]:
+    """The options of the run whose checkpoint ``-mf model_file`` holds (empty when they cannot be read: the
+    resume itself then says what is wrong with the checkpoint)."""
+    found = find_checkpoint(model_file) or checkpoint_dir(model_file)
+    try:
+        gen = read_json_file(os.path.join(found, MANIFEST))["directory"]
+        saved = read_json_file(os.path.join(found, gen, STATE))["opts"]
+    except (CheckpointError, KeyError, TypeError):
+        return {}
+    return saved if isinstance(saved, dict) else {}
+
+
+def _untold(saved: dict[str, Any], names: Sequence[str], given: set[str], opts: Opts) -> dict[str, Any]:
+    """The options of ``saved`` among ``names`` that the command line does not give and ``opts`` lacks."""
+    return {k: v for k, v in saved.items() if k in names and k not in given and getattr(opts, k) != v}
+
+
 def with_model_opts(opts: Opts, argv: Sequence[str]) -> tuple[Opts, str | None]:
-    """``opts`` with the saved options that ``argv`` does not give of its existing ``-mf`` (the learning rate
-    only when ``opts`` trains, and not from a checkpoint, whose resume says what it changes), else the shaping
-    ones of its ``--init-model``, and a line saying which were taken (None when none)."""
-    if opts.model_file and os.path.isfile(opts.model_file):
-        continues = is_training(opts.datatype) and not (opts.resume and has_saved_position(opts.model_file))
-        source, flag, names = opts.model_file, "-mf", KEPT if continues else SHAPING
+    """``opts`` with the saved options that ``argv`` does not give: a ``--resume``'s from its checkpoint
+    (:data:`RESUMED`; unsaid: the run continues as it was, as ParlAI's resume does), then those of an existing
+    ``-mf`` (the learning rate only when ``opts`` trains and does not resume), else the shaping ones of its
+    ``--init-model``; and a line saying which of these were taken (None when none)."""
+    given, training, path = given_on_command_line(argv), is_training(opts.datatype), opts.model_file
+    resumes = bool(opts.resume and path and training and has_saved_position(path))
+    if resumes:
+        opts = opts.replace(**_untold(run_opts(path), RESUMED, given, opts))
+    if path and os.path.isfile(path):
+        source, flag, names = path, "-mf", KEPT if training and not resumes else SHAPING
     elif opts.init_model and os.path.isfile(opts.init_model):
         source, flag, names = opts.init_model, "--init-model", SHAPING
     else:
         return opts, None
-    given = given_on_command_line(argv)
-    taken = {k: v for k, v in read_model_opts(source).items()
-             if k in names and k not in given and getattr(opts, k) != v}
+    taken = _untold(read_model_opts(source), names, given, opts)
     if not taken:
         return opts, None
     flags = {f.name: f.metadata["flags"][0] for f in dataclasses.fields(Opts)}
