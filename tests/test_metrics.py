@@ -285,3 +285,13 @@ def test_add_replies_equals_add_batch_with_replies_that_are_not_dicts():
     want = Metrics()
     want.add_batch(["the garden", "hall way", None, "sky"], [list(g) for g in golds])
     assert m.report() == want.report() and m.report()["exs"] == 4
+
+
+def test_punctuation_separates_words_as_in_parlai():
+    """ParlAI's normalize_answer turns punctuation into spaces (it does not delete it): 'hello,world' is two
+    words, and "don't" is 'don t'."""
+    assert normalize_answer("Hello,world! The end.") == "hello world end"
+    assert f1_score("hello,world", ["hello world"]) == 1.0
+    assert exact_match("hello-world", ["hello world"])
+    assert f1_score("don't go", ["don t go"]) == 1.0
+    assert f1_score("a,b", ["ab"]) == 0.0  # 'a' is an article: 'b' against 'ab'
