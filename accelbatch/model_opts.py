@@ -26,7 +26,7 @@ from accelbatch.names import resolve_agent_class
 from accelbatch.opts import OptionError, Opts
 from accelbatch.teachers import is_training
 
-SHAPING = ("model", "embedding_size")  # the options a model file's weights depend on
+SHAPING = ("model", "embedding_size", "text_truncate", "label_truncate")  # what a model file's weights depend on
 KEPT = SHAPING + ("learning_rate",)  # PATH.opt: a continued training keeps its learning rate too
 RESUMED = ("learning_rate", *RESUME_OPTS)  # what --resume takes from the checkpoint's options
 

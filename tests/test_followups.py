@@ -116,3 +116,16 @@ def test_display_model_on_the_train_split_takes_no_learning_rate(data, tmp_path,
     out = capsys.readouterr()
     assert "was trained with" not in out.err and "-lr" not in out.err
     assert out.out.strip()
+
+
+def test_a_generator_trained_with_its_own_truncation_reopens_from_mf_alone(tmp_path, capsys):
+    """-tr and --label-truncate size the generator's position table: PATH.opt keeps them, so eval -mf alone
+    rebuilds the same shapes (it was refused: positions [64, 8] in the file, [256, 8] built)."""
+    model = str(tmp_path / "g.pt")
+    assert main(["train", "-m", "transformer/generator", "-t", "reverse:200", "-esz", "8", "-tr", "64",
+                 "--label-truncate", "12", "-tstep", "2", "--eval-splits", "", "-veps", "-1", "--no-progress",
+                 "-mf", model]) == 0
+    capsys.readouterr()
+    assert main(["eval", "-t", "reverse:200", "--skip-generation", "--no-progress", "-mf", model]) == 0
+    assert f"-mf {model} was trained with -m transformer/generator -esz 8 -tr 64 --label-truncate 12" in \
+        capsys.readouterr().err
