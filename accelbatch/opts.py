@@ -107,7 +107,8 @@ class Opts:
                                        "when --model-file exists, which is continued instead")
     embedding_size: int = _opt(64, "-esz", "--embedding-size", help="embedding size of reference models")
     text_truncate: int = _opt(256, "-tr", "--text-truncate",
-                              help="keep at most this many tokens of input text (-1: all)")
+                              help="keep at most this many tokens of input text, its end (-1: all; "
+                                   "generators: the last 1024)")
     label_truncate: int = _opt(-1, "--label-truncate",
                                help="label truncation length (-1: as --text-truncate, ParlAI's default); with "
                                     "--text-truncate it sets the default --max-batch-tokens")

@@ -413,3 +413,13 @@ def test_decoding_on_a_gpu_never_waits_for_the_host(inference, beam):
         finally:
             torch.cuda.set_sync_debug_mode("default")
     assert preds.shape == (3, 12) and preds.device.type == "cuda"
+
+
+def test_all_of_a_long_text_is_its_last_1024_bytes_the_positions_the_generator_has():
+    agent = TransformerGeneratorAgent(ab.Opts(embedding_size=8, text_truncate=-1, label_truncate=4))
+    text = "x " * 800 + "copy: a b"  # 1609 bytes: past the 1024 positions (it indexed past them)
+    obs = agent.vectorize(ab.Message(text=text, labels=["a b"]))
+    assert obs["text_vec"] == VOCAB.encode(text)[-1024:]
+    assert agent.example_length(obs) == 1024
+    out = agent.model.eval()(agent.batchify([obs]))
+    assert torch.isfinite(out["loss"]) and out["preds"].shape == (1, 5)

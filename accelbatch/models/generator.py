@@ -39,6 +39,15 @@ def label_tokens(opts: Any) -> int:
     return DEFAULT_LABEL_TOKENS if opts.label_truncate == -1 else opts.label_truncate  # Opts refuses other < 1
 
 
+ALL_TEXT_TOKENS = 1024  # text tokens a generator keeps with --text-truncate -1: the positions it has
+
+
+def text_tokens(opts: Any) -> int:
+    """Text tokens a generator keeps (the end of the text): --text-truncate, or with -1 the last 1024, as many
+    as its learned positions (a longer text would index past them)."""
+    return opts.text_truncate if opts.text_truncate > 0 else ALL_TEXT_TOKENS
+
+
 def pad_to(rows: list[list[int]], width: int) -> torch.Tensor:
     """Right-pad rows with PAD into a [len(rows), width] LongTensor."""
     out = torch.full((len(rows), width), PAD, dtype=torch.long)
@@ -78,7 +87,7 @@ class GeneratorAgent(TorchAgent):
     def __init__(self, opts: Any, shared: dict[str, Any] | None = None):
         super().__init__(opts, shared)
         # the loader plans batches (and buckets' static text shapes) on the width batchify pads text_vec to
-        self.example_length = PaddedTextLength(opts.text_truncate)
+        self.example_length = PaddedTextLength(text_tokens(opts))
 
     def build_core(self) -> nn.Module:
         raise NotImplementedError(f"{type(self).__name__} must implement build_core()")
@@ -94,9 +103,7 @@ class GeneratorAgent(TorchAgent):
 
     def vectorize(self, obs: Message) -> Message:
         text = self.vocab.encode(obs.get("full_text", obs.get(TEXT)) or "")
-        if self.opts.text_truncate > 0:
-            text = text[-self.opts.text_truncate:]
-        obs["text_vec"] = text
+        obs["text_vec"] = text[-text_tokens(self.opts):]
         targets = obs.get(LABELS) or obs.get(EVAL_LABELS)
         if targets:
             obs["label_vec"] = self.vocab.encode(targets[0])[: label_tokens(self.opts)] + [EOS]
@@ -166,5 +173,5 @@ class TransformerGeneratorAgent(GeneratorAgent):
 
     def build_core(self) -> nn.Module:
         o = self.opts
-        text = o.text_truncate if o.text_truncate > 0 else 1024
-        return TransformerCore(self.vocab.size, o.embedding_size, max(rounded(text), rounded(label_tokens(o) + 1)))
+        return TransformerCore(self.vocab.size, o.embedding_size,
+                               max(rounded(text_tokens(o)), rounded(label_tokens(o) + 1)))
