@@ -268,6 +268,8 @@ class TorchAgent(Agent):
 
     def act(self) -> Message:
         reply = self.batch_act([self.observation])[0]
+        if self._last_label is None:  # no label (a conversation, as interactive's): the reply is the next turn
+            self._last_label = reply.get(TEXT)
         self.self_observe(reply)
         return reply
 

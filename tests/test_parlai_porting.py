@@ -181,3 +181,30 @@ def test_the_batched_front_end_displays_its_rows_and_replies(write_jsonl):
     assert shown == ["[FileTeacher]: q0  (labels: a0)", f"[{agent_id}]: a0",
                      "[FileTeacher]: q1  (labels: a1)", f"[{agent_id}]: a1"]
     world.shutdown()
+
+
+def test_without_labels_the_models_own_reply_joins_the_history_as_parlai_self_observe_does():
+    """interactive (and any one-row act()) without labels: the next turn's history holds the model's reply,
+    the turn the model trained on with --include-labels; with a label, the label does."""
+    from helpers import LabelEchoTorchAgent
+
+    class Numbered(LabelEchoTorchAgent):
+        def replies(self, outputs, observations):
+            return [{"text": f"R{len(self.seen) + i}"} for i in range(len(observations))]
+
+        def vectorize(self, obs):
+            self.seen.append(obs["full_text"])
+            return obs
+
+    from accelbatch.build import compile_agent, setup_runtime
+
+    agent = Numbered(Opts())
+    compile_agent(agent, setup_runtime(agent.opts))
+    for text in ("hello", "how are you"):
+        agent.observe(Message(text=text, episode_done=False))
+        agent.act()
+    agent.observe(Message(text="and then", labels=["fine"], episode_done=False))
+    agent.act()
+    agent.observe(Message(text="bye", episode_done=True))
+    assert agent.seen == ["hello", "hello\nR1\nhow are you", "hello\nR1\nhow are you\nR2\nand then",
+                          "hello\nR1\nhow are you\nR2\nand then\nfine\nbye"]
