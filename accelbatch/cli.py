@@ -131,6 +131,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         check_output_paths(opts)  # a path the run could not write fails now, not after the training
         from accelbatch.report_table import format_report
 
+        if args.verb == "interactive" and opts.skip_generation:
+            raise OptionError("--skip-generation: interactive answers with generated replies; leave it out")
         if args.verb in ("display-model", "interactive"):
             check_model_file_exists(opts, f"{args.verb} answers with")
             if getattr(args, "num_examples", 1) >= 1 and not opts.model_file and _is_torch_agent(opts.model):

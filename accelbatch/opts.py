@@ -110,8 +110,9 @@ class Opts:
                               help="keep at most this many tokens of input text, its end (-1: all; "
                                    "generators: the last 1024)")
     label_truncate: int = _opt(-1, "--label-truncate",
-                               help="label truncation length (-1: as --text-truncate, ParlAI's default); with "
-                                    "--text-truncate it sets the default --max-batch-tokens")
+                               help="label truncation length (-1: as --text-truncate, ParlAI's default; "
+                                    "generators keep and generate 32); with --text-truncate it sets the default "
+                                    "--max-batch-tokens")
     inference: str = _opt("greedy", "--inference", choices=INFERENCE,
                           help="generators: decoding at evaluation, greedy or beam; it runs a fixed number of "
                                "steps, --label-truncate + 1 (32 + 1 when it is -1)")

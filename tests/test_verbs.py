@@ -88,3 +88,9 @@ def test_interactive_reads_input_that_is_not_utf8(monkeypatch, capsys):
     monkeypatch.setattr("sys.stdin", stdin)
     assert main(["interactive", "-t", "babi:1", "--no-progress"]) == 0
     assert capsys.readouterr().out.count("[MemNNAgent]: ") == 2  # the bad bytes read as U+FFFD
+
+
+def test_interactive_refuses_skip_generation_which_would_reply_nothing(capsys):
+    assert main(["interactive", "-m", "transformer/generator", "-t", "reverse:20", "--skip-generation"]) == 2
+    assert capsys.readouterr().err == ("accelbatch: error: --skip-generation: interactive answers with generated "
+                                       "replies; leave it out\n")
