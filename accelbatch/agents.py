@@ -209,6 +209,10 @@ class TorchAgent(Agent):
     def replies(self, outputs: dict[str, torch.Tensor], observations: list[Message]) -> list[dict[str, Any]]:
         raise NotImplementedError
 
+    def summed_metrics(self, outputs: dict[str, torch.Tensor]) -> None:
+        """Metrics from a call's outputs under --output-mode sum (summed over its micro-batches, so no row
+        replies); a subclass whose metrics are sums over rows adds them here."""
+
     def build_optimizer(self, model: torch.nn.Module) -> torch.optim.Optimizer | None:
         params = [p for p in model.parameters() if p.requires_grad]
         if not params:
@@ -319,10 +323,12 @@ class TorchAgent(Agent):
         if outputs:
             if result.rows is None:
                 produced_rows = _leading(outputs)
-                if produced_rows >= real:  # fewer: outputs are not per row (Sum mode), nothing to reply with
+                if produced_rows >= real:
                     row_ids = list(range(real))
                     if produced_rows > real:
                         outputs = {k: v[:real] for k, v in outputs.items()}
+                else:  # not per row (Sum mode: each output summed over micro-batches), nothing to reply with
+                    self.summed_metrics(outputs)
             else:
                 keep = result.rows < real
                 row_ids = result.rows[keep].tolist()

@@ -119,12 +119,16 @@ class GeneratorAgent(TorchAgent):
             batch[LOSS_TOKENS] = torch.tensor([len(t) for t in labels], dtype=torch.long)
         return batch
 
-    def replies(self, outputs: dict[str, torch.Tensor], observations: list[Message]) -> list[dict[str, Any]]:
+    def summed_metrics(self, outputs: dict[str, torch.Tensor]) -> None:
+        """Token sums of ``outputs``, per row or (--output-mode sum) summed over micro-batches: sums either way."""
         if "tokens" in outputs:
             self.metrics.add("token_nll", float(outputs["nll"].double().sum()))
             self.metrics.add("tokens", float(outputs["tokens"].sum()))
             self.metrics.add("token_correct", float(outputs["correct"].sum()))
             self.metrics.add("token_batches", 1)
+
+    def replies(self, outputs: dict[str, torch.Tensor], observations: list[Message]) -> list[dict[str, Any]]:
+        self.summed_metrics(outputs)
         if "preds" not in outputs:
             return [{} for _ in observations]
         return [{"text": self.vocab.decode(row)} for row in outputs["preds"].tolist()]
