@@ -8,7 +8,8 @@ the replies.
 from __future__ import annotations
 
 import time
-from typing import Any, Sequence
+from functools import partial
+from typing import Any, Callable, Sequence
 
 import numpy as np
 import torch
@@ -17,6 +18,7 @@ from accelbatch.agents import Agent, TorchAgent
 from accelbatch.data.loader import LoadedBatch, make_loader
 from accelbatch.messages import Message
 from accelbatch.opts import OptionError, Opts
+from accelbatch.plan import ExecutionPlan
 from accelbatch.teachers import FixedTeacher, is_training, shuffles
 from accelbatch.worlds import World, checked_batch_act, display_rows
 
@@ -34,9 +36,12 @@ class LoaderWorld(World):
         super().__init__(opts, [teacher, agent])
         self.training = is_training(opts.datatype)
         collate = agent.collate_fn() if isinstance(agent, TorchAgent) else None
+        cut = _replica_cut(opts, shard, rows) if self.training and serve is None else None
+        if cut is not None:  # this replica's rows of the combined batches every replica plans
+            rows, row_multiple = rows * shard[1], row_multiple * shard[1]
         self.loader = make_loader(teacher.store, opts, collate=collate, training=self.training, shard=shard,
                                   rows=rows, serve=serve, length_fn=getattr(agent, "example_length", None),
-                                  batch_size=rows if serve is None else len(serve),
+                                  batch_size=rows if serve is None else len(serve), cut=cut,
                                   row_multiple=row_multiple, shuffle=shuffles(opts.datatype))
         self._tasks = getattr(teacher.store, "task_of", None)
         self._iter: Any = None
@@ -179,6 +184,22 @@ class LoaderWorld(World):
             self._iter.close()
             self._iter = None
         self.loader.close()
+
+
+def _replica_cut(opts: Opts, shard: tuple[int, int], rows: int) -> Callable[[int], list[list[int]]] | None:
+    """With dynamic batching, each replica process's rows of an n-row combined call (``plan.shard``'s layout),
+    so that R processes train on the batches one process plans for the combined batch; None otherwise
+    (one process, or hogwild processes: each batches its share of the episodes)."""
+    plan = ExecutionPlan.from_opts(opts, training=True)
+    count = shard[1]
+    if (opts.dynamic_batching == "none" or count < 2 or rows * count != plan.combined_batch
+            or plan.replication_factor != count):
+        return None
+    return partial(_replica_rows, plan)
+
+
+def _replica_rows(plan: ExecutionPlan, rows: int) -> list[list[int]]:
+    return [plan.shard({"row": torch.arange(rows)}, r)["row"].tolist() for r in range(plan.replication_factor)]
 
 
 def _real_rows_only(batch: LoadedBatch) -> LoadedBatch:

@@ -2,13 +2,16 @@
 accessor.
 
 ``make_loader(data, config=None, *, collate=None, training=True, shard=(0, 1), rows=None, serve=None,
-length_fn=None, **changes)``: ``data`` is a :class:`~accelbatch.data.datasets.Store`, a list of episodes (lists
-of Messages), a list of single-turn Messages, or a path to a JSONL / ParlAI file (read on demand); ``config`` a
-:class:`LoaderConfig` or Opts (``changes`` override single fields); ``collate(observations) -> tensors`` runs
-where the batch is built (a data worker, the accessor process, or here), so it must be picklable (e.g.
-:class:`AgentCollate` of the agent's ``vectorize`` and ``batchify``); ``shard`` is this process's share of the
-episodes (index, count); ``rows`` the rows per step without dynamic batching (default ``batch_size``), of
-which ``serve`` (default all) are this process's: a replica collates its rows of the combined batch.
+length_fn=None, cut=None, **changes)``: ``data`` is a :class:`~accelbatch.data.datasets.Store`, a list of
+episodes (lists of Messages), a list of single-turn Messages, or a path to a JSONL / ParlAI file (read on
+demand); ``config`` a :class:`LoaderConfig` or Opts (``changes`` override single fields);
+``collate(observations) -> tensors`` runs where the batch is built (a data worker, the accessor process, or
+here), so it must be picklable (e.g. :class:`AgentCollate` of the agent's ``vectorize`` and ``batchify``);
+``shard`` is this process's share of the episodes (index, count); ``rows`` the rows per step without dynamic
+batching (default ``batch_size``), of which ``serve`` (default all) are this process's: a replica collates its
+rows of the combined batch. With dynamic batching, ``cut(n)`` (each replica's rows of an ``n``-row
+combined batch) has every replica plan the batches of all the data (``batch_size``: the combined batch) and run its
+rows of each.
 
 Each step is the schedule's (:mod:`accelbatch.data.schedule`): without dynamic batching the rows of a
 RowSchedule (whole episodes row by row: what a BatchWorld of teacher clones serves, so the same seed gives the
@@ -160,7 +163,7 @@ def as_store(data: Any, training: bool, speaker: str = "loader") -> Store:
 def make_loader(data: Any, config: LoaderConfig | Any | None = None, *, collate: Callable | None = None,
                 training: bool = True, shard: tuple[int, int] = (0, 1), rows: int | None = None,
                 serve: Sequence[int] | None = None, length_fn: Callable[[Message], int] | None = None,
-                **changes: Any) -> Loader:
+                cut: Callable[[int], Sequence[Sequence[int]]] | None = None, **changes: Any) -> Loader:
     """Build the loader for ``data`` (see the module docstring for every argument and what it yields)."""
     if config is None:
         config = LoaderConfig(**changes)
@@ -174,8 +177,8 @@ def make_loader(data: Any, config: LoaderConfig | Any | None = None, *, collate:
     batching, lengths, shapes = None, None, None
     if strategy != "none":
         lengths = store.lengths(length_fn, config.context_length, config.include_labels)
-        batching, shapes = batching_config(config, lengths[:-1], shard[1])
-    steps = PassSteps(store, config, training, shard, rows or config.batch_size, lengths, batching, serve)
+        batching, shapes = batching_config(config, lengths[:-1], 1 if cut else shard[1])
+    steps = PassSteps(store, config, training, shard, rows or config.batch_size, lengths, batching, serve, cut)
     workers = config.num_workers
     build = BuildStep(store, collate, config.context_length, config.include_labels, length_fn,
                        strategy == "buckets", config.static_rows, tuple(config.seq_keys), pack=workers > 0)

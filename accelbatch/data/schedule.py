@@ -391,16 +391,18 @@ class BatchPlan:
 
     Training with ``drop_last`` leaves out every partial batch (fewer rows than ``batch_size`` in the fixed-row
     strategies, or completed with padding rows: a bucket's tail) and, with several replicas, cuts every replica
-    to the same number of batches (synchronous steps); the examples left out are counted with their epoch.
+    to the same number of batches (synchronous steps); ``runs(rows)`` (training) may refuse a batch too (a
+    tail some replica process would get no row of); the examples left out are counted with their epoch.
     Evaluation keeps every example. Batches are made lazily, as they are read (a streamed file's epoch is never
     held as batches), so knowing an epoch's count costs a pass of the batcher, done once.
     """
 
     def __init__(self, tables: Sequence[EpisodeTable], rank: int, lengths: np.ndarray, batching: BatchingConfig,
-                 training: bool, shuffle: bool, seed: int, drop_last: bool):
+                 training: bool, shuffle: bool, seed: int, drop_last: bool,
+                 runs: Callable[[int], bool] | None = None):
         self.tables, self.rank, self.lengths = list(tables), rank, lengths
         self.batching, self.training, self.shuffle = batching, training, shuffle
-        self.seed, self.drop_last = seed, drop_last
+        self.seed, self.drop_last, self.runs = seed, drop_last, runs
         self._counts: dict[int, tuple[int, int]] = {}
 
     def _rank_batches(self, rank: int, epoch: int) -> Iterator[Batch[int]]:
@@ -413,7 +415,8 @@ class BatchPlan:
         drop = self.training and self.drop_last
         full = self.batching.batch_size if self.batching.strategy in ("none", "batchsort") else 0
         for batch in self.batching.batcher(rng).run(_pairs(examples, self.lengths)):
-            if not drop or batch.num_real >= max(full, batch.rows):
+            if (not drop or batch.num_real >= max(full, batch.rows)) and (
+                    self.runs is None or not self.training or self.runs(batch.num_real)):
                 yield batch
 
     def count(self, epoch: int) -> tuple[int, int]:

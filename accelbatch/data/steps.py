@@ -6,12 +6,13 @@ from __future__ import annotations
 import hashlib
 import math
 from dataclasses import dataclass
-from typing import Iterator, Sequence
+from functools import partial
+from typing import Callable, Iterator, Sequence
 
 import numpy as np
 from torch.utils.data import Sampler
 
-from accelbatch.data.batching import BatchingConfig, default_max_tokens, plan_buckets, token_cache_size
+from accelbatch.data.batching import Batch, BatchingConfig, default_max_tokens, plan_buckets, token_cache_size
 from accelbatch.data.config import LoaderConfig
 from accelbatch.data.datasets import Store
 from accelbatch.data.schedule import BatchPlan, RowSchedule, make_order
@@ -35,8 +36,10 @@ class PassSteps(Sampler):
     """This process's steps, pass by pass: the rows of a RowSchedule or the batches of a BatchPlan."""
 
     def __init__(self, store: Store, config: LoaderConfig, training: bool, shard: tuple[int, int], rows: int,
-                 lengths: np.ndarray | None, batching: BatchingConfig | None, serve: Sequence[int] | None = None):
+                 lengths: np.ndarray | None, batching: BatchingConfig | None, serve: Sequence[int] | None = None,
+                 cut: Callable[[int], Sequence[Sequence[int]]] | None = None):
         index, count = shard
+        self.shard, self.cut = shard, cut
         self.training, self.pad, self.static_rows = training, store.pad, config.static_rows
         self.table = store.table.shard(index, count)
         self.pass_, self.skip = 0, 0
@@ -47,16 +50,24 @@ class PassSteps(Sampler):
             self.plan, self.lengths = None, None
             self.per_pass = (math.ceil(self.table.num_examples / rows) if training else self.rows.steps)
         else:
-            tables = [store.table.shard(r, count) for r in range(count)]
-            self.plan = BatchPlan(tables, index, lengths, batching, training, training and config.shuffle,
-                                  config.seed, config.drop_last)
+            # with `cut` (every replica's rows of an n-row call) each replica plans the combined batches of all
+            # the data and runs its rows of each; a tail that leaves a replica no row is left out
+            tables = [store.table] if cut else [store.table.shard(r, count) for r in range(count)]
+            self.plan = BatchPlan(tables, 0 if cut else index, lengths, batching, training,
+                                  training and config.shuffle, config.seed, config.drop_last,
+                                  partial(_every_replica_runs, cut) if cut else None)
             self.rows, self.lengths, self.per_pass = None, lengths, 0
 
     def steps_in(self, pass_: int) -> int:
         return self.per_pass if self.plan is None else self.plan.count(pass_)[0]
 
     def dropped(self, pass_: int) -> int:
-        return 0 if self.plan is None else self.plan.count(pass_)[1]
+        """This process's share of the examples ``pass_`` leaves out (the replicas' add up to the plan's)."""
+        dropped = 0 if self.plan is None else self.plan.count(pass_)[1]
+        if self.cut is None:
+            return dropped
+        index, count = self.shard
+        return dropped // count + int(index < dropped % count)
 
     def begin_pass(self) -> None:
         """A new pass: called once per pass by the DataLoader (torch may iterate a sampler twice per pass)."""
@@ -71,9 +82,16 @@ class PassSteps(Sampler):
             self.begin_pass()
         pass_, first = self._current  # type: ignore[misc]
         if self.plan is not None:
-            return (Step(pass_, i, tuple(b.items), b.rows, b.padded_len)
-                    for i, b in enumerate(self.plan.batches(pass_, first), first))
+            return (self._plan_step(pass_, i, b) for i, b in enumerate(self.plan.batches(pass_, first), first))
         return self._row_steps(pass_, first)
+
+    def _plan_step(self, pass_: int, index: int, batch: Batch[int]) -> Step:
+        """A batch of the plan, or with ``cut`` this replica's rows of it (padding rows left out in training)."""
+        if self.cut is None:
+            return Step(pass_, index, tuple(batch.items), batch.rows, batch.padded_len)
+        rows = list(self.cut(batch.num_real if self.training else batch.rows)[self.shard[0]])
+        ids = tuple(batch.items[r] for r in rows if r < batch.num_real)
+        return Step(pass_, index, ids, len(rows), batch.padded_len)
 
     def _row_steps(self, pass_: int, first: int) -> Iterator[Step]:
         start = (pass_ * self.per_pass if self.training else 0) + first  # evaluation: each pass is the one pass
@@ -90,8 +108,13 @@ class PassSteps(Sampler):
     def digest(self, pass_: int) -> str:
         """What decides the steps (data, shard, rows or plan, order): a position of other ones is refused."""
         key = (f"{self.table.digest()}:{self.rows.layout_rows}:{self.rows.serve.tolist()}:{self.rows.order!r}"
-               if self.plan is None else self.plan.key())
+               if self.plan is None else self.plan.key() + (f":{self.shard}" if self.cut else ""))
         return hashlib.sha256(key.encode()).hexdigest()[:16]
+
+
+def _every_replica_runs(cut: Callable[[int], Sequence[Sequence[int]]], rows: int) -> bool:
+    """True when each replica gets a row of an ``rows``-row call (a replica cannot step on none)."""
+    return all(cut(rows))
 
 
 def batching_config(config: LoaderConfig, lengths: np.ndarray,
