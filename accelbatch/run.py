@@ -359,7 +359,9 @@ def _train(world: World, opts: Opts, log: MetricsLog, runtime: Runtime, stop: St
     if opts.model_file and os.path.isfile(opts.model_file) and isinstance(model, TorchAgent):
         model.load(opts.model_file)  # evaluate the best model
     train_report = trained()
-    state.exs = world.get_total_exs() * replicas  # after the report: steps still in flight (hogwild) are done
+    # after the report: steps still in flight (hogwild) are done; replicas' shares of a tail may differ
+    state.exs = int(backend.reduce_metrics({"exs": world.get_total_exs()})["exs"]) if replicas > 1 \
+        else world.get_total_exs()
     report: dict[str, Any] = {"train": {**train_report, "exs": state.exs, "steps": state.steps,
                                         "epochs": round(passed() / per_epoch, 4),
                                         "exs_per_s": round(state.exs / max(state.elapsed(), 1e-9), 1),
