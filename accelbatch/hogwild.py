@@ -110,13 +110,8 @@ def merge_metric_states(states: Sequence[dict[str, Any]]) -> dict[str, float]:
 
 
 def plan_position(world: World) -> tuple[int, int, int, int] | None:
-    """Training on a batch plan: (pass, its steps parleyed, its steps, examples of the shard) of a process's
-    world (a LoaderWorld); None where the examples trained count its passes."""
-    passes = world.passes()
-    if passes is None:
-        return None
-    steps, pass_ = world.loader.steps, int(passes)  # type: ignore[attr-defined]
-    return pass_, round((passes - pass_) * steps.steps_in(pass_)), steps.steps_in(pass_), steps.table.num_examples
+    """A process's place in its shard's passes on a batch plan (LoaderWorld.plan_position); None elsewhere."""
+    return getattr(world, "plan_position", lambda: None)()
 
 
 # --- the child process -----------------------------------------------------------------------------------
