@@ -155,7 +155,9 @@ class Opts:
     num_workers: int = _opt(0, "--num-workers", group="data", help="data worker processes")
     buffer_size: int = _opt(3, "--buffer-size", group="data", help="batches the async accessor keeps ready")
     drop_last: bool = _opt(True, "--drop-last", group="data",
-                           help="drop a partial final training batch (said in the log)", train_only=True)
+                           help="with --dynamic-batching: leave out each pass's partial last training batch "
+                                "(counted as dropped_exs); without it rows run on into the next pass, so no "
+                                "batch is partial", train_only=True)
     data_timeout_s: float = _opt(60.0, "--data-timeout-s", group="data",
                                  help="seconds to wait for one batch from the data workers before failing")
 
@@ -423,7 +425,18 @@ def build_parser(prog: str = "accelbatch") -> argparse.ArgumentParser:
 
 def train_only_flags() -> dict[str, str]:
     """Field name -> flags of the options only training reads."""
-    return {f.name: "/".join(f.metadata["flags"]) for f in dataclasses.fields(Opts) if f.metadata["train_only"]}
+    return {f.name: "/".join(_flags(f)) for f in dataclasses.fields(Opts) if f.metadata["train_only"]}
+
+
+def _flags(f: dataclasses.Field) -> list[str]:
+    """The flags of an option as the command line takes them: a switch's ``--no-`` form too."""
+    flags = list(f.metadata["flags"])
+    if _field_type(f) is bool:
+        flags += ["--no-" + fl[2:] for fl in flags if fl.startswith("--")]
+    return flags
+
+
+LOADED_MODEL_HELP = "the model to load (its PATH.opt gives the model's options); nothing is written to it"
 
 
 def add_arguments(parser: argparse.ArgumentParser, training: bool = True) -> None:
@@ -437,8 +450,9 @@ def add_arguments(parser: argparse.ArgumentParser, training: bool = True) -> Non
         group = groups.setdefault(meta["group"], parser.add_argument_group(titles[meta["group"]]))
         typ = _field_type(f)
         hidden = meta["train_only"] and not training
+        text = meta["help"] if training or f.name != "model_file" else LOADED_MODEL_HELP
         kwargs: dict[str, Any] = {"dest": f.name, "default": argparse.SUPPRESS if hidden else f.default,
-                                  "help": argparse.SUPPRESS if hidden else meta["help"]}
+                                  "help": argparse.SUPPRESS if hidden else text}
         if typ is bool:
             kwargs["action"] = getattr(argparse, "BooleanOptionalAction", _OnOff)
         else:
