@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any, Sequence
 
 import torch
 
+from accelbatch.checkpoint import read_json_file
 from accelbatch.dictionary import hash_tokens, tokenize  # noqa: F401 - agents' public helpers
 from accelbatch.messages import EPISODE_DONE, EVAL_LABELS, LABELS, TEXT, Message, is_padding
 from accelbatch.metrics import Metrics
@@ -272,10 +273,15 @@ class TorchAgent(Agent):
 
     def act(self) -> Message:
         reply = self.batch_act([self.observation])[0]
-        if self._last_label is None:  # no label (a conversation, as interactive's): the reply is the next turn
-            self._last_label = reply.get(TEXT)
         self.self_observe(reply)
         return reply
+
+    def self_observe(self, reply: Message) -> None:
+        """After an unlabelled turn (a conversation, as interactive's), this clone's own reply joins its history
+        as that turn's answer, as a label would (ParlAI's self_observe); worlds call it for batch_act's rows.
+        An override that keeps this calls ``super().self_observe(reply)``."""
+        if self._last_label is None and isinstance(reply, dict):  # (a reply that is not is refused by the world)
+            self._last_label = reply.get(TEXT)
 
     def reset(self) -> None:
         super().reset()
@@ -402,7 +408,14 @@ class TorchAgent(Agent):
         if not isinstance(weights, dict):
             raise ModelFileError(f"{option} {path}: cannot load: the file holds no model weights (not saved by "
                                  f"accelbatch); point {option} at another file")
-        _check_weights(weights, self.model.state_dict(), f"{option} {path}: cannot load", type(self).__name__)
+        try:
+            _check_weights(weights, self.model.state_dict(), f"{option} {path}: cannot load", type(self).__name__)
+        except ModelFileError as exc:
+            if not _opt_names_no_model(path):
+                raise
+            raise ModelFileError(f"{option} {path}: cannot load into {type(self).__name__}: {path}.opt names no "
+                                 "model (its agent's class could not be recorded); give -m module:Class of the "
+                                 "agent that saved it") from exc
         self.model.load_state_dict(weights)
         if optimizer and self.optimizer is not None and "optimizer" in state:
             self._load_optimizer(state, path, option)
@@ -466,6 +479,13 @@ def _check_weights(saved: dict[str, Any], wanted: dict[str, torch.Tensor], what:
             shape = list(got.shape) if isinstance(got, torch.Tensor) else type(got).__name__
             raise ModelFileError(f"{what}: {key} is {shape} in the file but {list(tensor.shape)} in this "
                                  f"{model}; load it with the options it was trained with (e.g. -esz)")
+
+
+def _opt_names_no_model(path: str) -> bool:
+    """Whether the options kept beside model file ``path`` (PATH.opt, see :mod:`accelbatch.model_opts`) exist
+    and name no ``-m`` model."""
+    saved = read_json_file(f"{path}.opt")
+    return isinstance(saved, dict) and "model" not in saved
 
 
 def _leading(outputs: dict[str, torch.Tensor]) -> int:

@@ -16,6 +16,7 @@ import torch
 
 from accelbatch.agents import Agent, TorchAgent
 from accelbatch.data.loader import LoadedBatch, make_loader
+from accelbatch.data.squash import awaits_reply, keeps_answers
 from accelbatch.messages import Message
 from accelbatch.opts import OptionError, Opts
 from accelbatch.plan import ExecutionPlan
@@ -51,6 +52,8 @@ class LoaderWorld(World):
         self.real_tokens = 0
         self._last_rows: tuple[Sequence[Message], Sequence[Message]] = ((), ())
         self.dropped_exs = 0  # training examples the batch plan left out (--drop-last), counted with their pass
+        # the agent's history would hold its replies to unlabelled turns: the loader's squashed texts cannot
+        self._checks_replies = keeps_answers(opts.context_length, opts.include_labels)
 
     def clone(self) -> "World":
         raise TypeError("a LoaderWorld is not cloned: it batches through its loader")
@@ -64,6 +67,8 @@ class LoaderWorld(World):
         if self.training and batch.step[1] + 1 == self.loader.steps.steps_in(batch.step[0]):
             self.dropped_exs += self.loader.steps.dropped(batch.step[0])  # its pass is over with this batch
         teacher, messages = self.agents[0], batch.messages
+        if self._checks_replies and any(map(awaits_reply, messages)):
+            raise OptionError(_replies_unknown(self.opts))
         ids = np.asarray(batch.ids, dtype=np.int64)
         tasks = self._tasks(ids) if self._tasks is not None else None
         replies = self._replies(messages, batch)
@@ -184,13 +189,27 @@ class LoaderWorld(World):
         if self._iter is not None:
             self._iter.close()
         self._iter, self._done, self._ahead = None, False, None
-        self.get_model_agent().reset()
+        self.padded_tokens = self.real_tokens = self.dropped_exs = 0
+        super().reset()
 
     def shutdown(self) -> None:
         if self._iter is not None:
             self._iter.close()
             self._iter = None
         self.loader.close()
+
+
+def _replies_unknown(opts: Opts) -> str:
+    """The line refusing a turn without a label that more turns of its episode follow (see ``awaits_reply``)."""
+    chosen = ([f"--num-workers {opts.num_workers}"] if opts.num_workers else []) \
+        + ([f"--dataloader-mode {opts.dataloader_mode}"] if opts.dataloader_mode != "sync" else []) \
+        + ([f"--dynamic-batching {opts.dynamic_batching}"] if opts.dynamic_batching != "none" else []) \
+        + ([f"-dt {opts.datatype}"] if ":stream" in opts.datatype else [])
+    why = " ".join(chosen) or f"the loader front end (which --device {opts.device} stages batches through)"
+    without = f"run without {'it' if len(chosen) == 1 else 'them'}, or " if chosen else "run "
+    return (f"-t {opts.task}: a turn without a label is followed by more turns of its episode, whose history holds "
+            f"the model's reply to it; {why} builds histories ahead of the model and cannot: {without}with "
+            "--context-length 1 or --no-include-labels")
 
 
 def _replica_cut(opts: Opts, shard: tuple[int, int], rows: int) -> Callable[[int], list[list[int]]] | None:

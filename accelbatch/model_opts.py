@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import sys
 from typing import Any, Sequence
 
 from accelbatch.checkpoint import (
@@ -51,9 +52,14 @@ def agent_name(agent: Any, opts: Opts) -> str | None:
 
 def write_model_opts(model_file: str, opts: Opts, model: str | None) -> None:
     """Keep ``opts``' shaping options beside the model just saved to ``model_file``, with ``model`` the name
-    that rebuilds its agent (left out when None: nothing can import it)."""
+    that rebuilds its agent (left out when None: nothing can import it, which the first save of a run says)."""
     saved = {name: getattr(opts, name) for name in KEPT if name != "model"}
-    write_json_file(opt_path(model_file), saved if model is None else {"model": model, **saved})
+    kept = saved if model is None else {"model": model, **saved}
+    if model is None and read_json_file(opt_path(model_file)) != kept:  # said at a run's first save only
+        print(f"accelbatch: -mf {model_file}: the agent's class (in __main__ or a function) cannot be recorded in "
+              f"{opt_path(model_file)}; load the model with -m module:Class naming an importable copy of it",
+              file=sys.stderr)
+    write_json_file(opt_path(model_file), kept)
 
 
 def read_model_opts(model_file: str) -> dict[str, Any]:

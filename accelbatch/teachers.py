@@ -16,7 +16,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from accelbatch.agents import Agent
-from accelbatch.data.datasets import ConcatStore, EpisodeStore, FileStore, Store
+from accelbatch.data.datasets import PADDING, ConcatStore, EpisodeStore, FileStore, Store, episodes_of
 from accelbatch.data.schedule import RowFeed, RowSchedule, make_order
 from accelbatch.messages import Message
 from accelbatch.metrics import Metrics, merge_reports, wants_bleu
@@ -56,6 +56,11 @@ class Teacher(Agent):
     def epoch_done(self) -> bool:
         return False
 
+    def reset(self) -> None:
+        """Start the data again with no metrics (ParlAI's)."""
+        super().reset()
+        self.reset_metrics()
+
     def state_dict(self) -> dict[str, Any]:
         """Where this teacher's data continues; a teacher of unknown position says so (FixedTeacher knows)."""
         return {"unsupported": f"{type(self).__name__} is not a FixedTeacher: its data position is unknown"}
@@ -82,20 +87,41 @@ class Serving:
     layout: tuple[int, tuple[int, ...]] | None = None  # a replica: (rows of the combined batch, its rows of them)
 
 
+class PassFeed(RowFeed):
+    """Training on ordered data (``train:ordered``): as in ParlAI the data does not cycle, so the epoch is
+    done after one pass (its last step padded); a step after that starts the next pass, which is how
+    ``run()`` trains ``-ne`` passes. A world driven by hand stops at ``epoch_done()`` (or calls ``reset()``)."""
+
+    def _next_pass(self) -> None:
+        if min(self.row_steps) >= (self.schedule.steps or 0):
+            self.rewind()
+
+    def step(self) -> tuple[Any, ...]:
+        self._next_pass()
+        return super().step()
+
+    def take(self, row: int) -> tuple[Any, ...]:
+        self._next_pass()
+        return super().take(row)
+
+
 class FixedTeacher(Teacher):
-    """Serves a fixed set of episodes; subclasses give ``setup_data() -> list[list[Message]]`` (or override
-    :meth:`build_store`).
+    """Serves a fixed set of episodes; subclasses give ``setup_data()``: a list of episodes (lists of message
+    dicts), or ParlAI's DialogTeacher form, yielding ``(message, new_episode)`` pairs (or override
+    :meth:`build_store`). A turn saying ``episode_done`` ends its episode.
 
     Training (datatype train) loops forever over shuffled episodes; evaluation (valid/test or train:evalmode)
-    serves each episode once, then only padding rows. In evaluation the ``labels`` become ``eval_labels`` so
-    the agent does not train on them. Examples are served read-only (``FrozenMessage``, one object per
-    example): an agent that changes what it observes copies it first.
+    serves each episode once, then only padding rows, and so does ``train:ordered`` (ParlAI: ordered data does
+    not cycle) until acted again after its epoch (:class:`PassFeed`). In evaluation the ``labels`` become
+    ``eval_labels`` so the agent does not train on them. Examples are served read-only (``FrozenMessage``, one
+    object per example): an agent that changes what it observes copies it first.
     """
 
     def __init__(self, opts: Opts, shared: dict[str, Any] | None = None):
         super().__init__(opts, shared)
         self.datatype = opts.datatype
         self.training = is_training(opts.datatype)
+        self.cycles = shuffles(opts.datatype)  # ParlAI's should_cycle: training, not ordered
         self.row = 0  # the feed row this clone serves
         self._last: tuple[Any, ...] | None = None
         if shared is None:
@@ -112,11 +138,12 @@ class FixedTeacher(Teacher):
         else:
             self.store, self.metrics, self.serving = shared["store"], shared["metrics"], shared["serving"]
 
-    def setup_data(self) -> list[list[Message]]:
+    def setup_data(self) -> Any:
+        """A list of episodes (lists of message dicts), or ParlAI's form: yield (message, new_episode) pairs."""
         raise NotImplementedError
 
     def build_store(self) -> Store:
-        return EpisodeStore(self.setup_data(), self.id, self.training)
+        return EpisodeStore(episodes_of(self.setup_data(), type(self).__name__), self.id, self.training)
 
     @property
     def episodes(self) -> list[list[Message]]:
@@ -159,9 +186,9 @@ class FixedTeacher(Teacher):
             table = self.store.table.shard(*serving.shard)
             order = make_order(table, shuffles(self.datatype), self.opts.seed)
             layout = serving.layout if serving.layout and len(serving.layout[1]) == serving.rows else None
-            schedule = RowSchedule(table, layout[0] if layout else serving.rows, order, loop=self.training,
+            schedule = RowSchedule(table, layout[0] if layout else serving.rows, order, loop=self.cycles,
                                    pad=self.store.pad, serve=layout[1] if layout else None)
-            serving.feed = RowFeed(schedule, self.store.gather)
+            serving.feed = (PassFeed if self.training and not self.cycles else RowFeed)(schedule, self.store.gather)
         return serving.feed
 
     def act(self) -> Message:
@@ -172,7 +199,7 @@ class FixedTeacher(Teacher):
     def observe(self, reply: Message) -> Message:
         """Score the reply to the last example (accuracy and F1 against its answers)."""
         last, self._last = self._last, None
-        if last is not None and last[1] >= 0:
+        if last is not None and last[0] is not PADDING:  # a turn without labels: counted in training only
             self.score([reply], last[1:2], 1, None if len(last) < 3 else last[2:3])
         return reply
 
@@ -180,13 +207,18 @@ class FixedTeacher(Teacher):
               tasks: Sequence[int] | None = None) -> None:
         """Count ``examples`` examples and score the replies against their answers, given by id in the store's
         answer table (-1: a padding row; an array or a sequence); ``tasks`` (multitask) says each row's task."""
-        self.metrics.add_replies(replies, answer_ids, self.store.answers, examples)
+        self.metrics.add_replies(replies, answer_ids, self.store.answers, self.counted(examples, answer_ids))
+
+    def counted(self, examples: int, answer_ids: Sequence[int]) -> int:
+        """The examples that count in the report's exs: in evaluation only turns with labels (ParlAI's: the
+        others have answer id -1, as padding); training counts every turn trained, as the train row does."""
+        return examples if self.training else int(np.count_nonzero(np.asarray(answer_ids) >= 0))
 
     def epoch_done(self) -> bool:
-        return not self.training and self.feed.done(self.row)
+        return not self.cycles and self.feed.done(self.row)
 
     def reset(self) -> None:
-        super().reset()
+        super().reset()  # the metrics too
         self.feed.rewind()
         self._last = None
 

@@ -112,6 +112,7 @@ class World:
         for agent in self.agents:
             agent.reset()
         self.acts = [None] * len(self.agents)
+        self.total_exs = 0  # ParlAI's World.reset: the counts (get_total_exs, epochs) start again
 
     def state_dict(self) -> dict[str, Any]:
         """The data position: the teacher's, the model agent's conversation, the examples count."""
@@ -156,30 +157,35 @@ class DialogPartnerWorld(World):
             print(display(self.acts))
 
 
+class ReplyError(TypeError, ValueError):
+    """An agent's act()/batch_act() broke its contract (a reply that is not a Message, or not one reply per
+    observation): the user's code to fix, told in one line."""
+
+
 def checked_batch_act(agent: Agent, observations: list[Message]) -> list[Message]:
     """``agent.batch_act(observations)``, refused when it does not return one reply per observation (the
     rows past the shortest would go unscored, silently)."""
     replies = agent.batch_act(observations)  # type: ignore[attr-defined]
     if type(replies) is not list:  # a list is what the world indexes; any other iterable of replies becomes one
         if isinstance(replies, (dict, str)) or not hasattr(replies, "__iter__"):
-            raise TypeError(f"{type(agent).__name__}.batch_act() returned {_kind(replies)}: it must return "
+            raise ReplyError(f"{type(agent).__name__}.batch_act() returned {_kind(replies)}: it must return "
                             "a list (or iterable) of replies, one Message (a dict) per observation")
         replies = list(replies)
     if len(replies) != len(observations):
-        raise ValueError(f"{type(agent).__name__}.batch_act returned {len(replies)} replies for "
+        raise ReplyError(f"{type(agent).__name__}.batch_act returned {len(replies)} replies for "
                          f"{len(observations)} observations: it must return one reply per observation")
     return replies
 
 
 def refuse_non_messages(agent: Agent, method: str, replies: Sequence[Any]) -> None:
-    """A TypeError naming ``agent``'s class and ``method`` when a reply is not a Message (a dict), which the
-    teacher would otherwise fail on deep in its scoring."""
+    """A :class:`ReplyError` naming ``agent``'s class and ``method`` when a reply is not a Message (a dict),
+    which the teacher would otherwise fail on deep in its scoring (that failure is left out of the chain)."""
     for row, reply in enumerate(replies):
         if not isinstance(reply, dict):
             where = f" for row {row}" if method.startswith("batch_act") else ""
-            raise TypeError(f"{type(agent).__name__}.{method} returned {_kind(reply)}{where}: it must return "
-                            "a Message (a dict such as {'text': ...})"
-                            + (", one per observation" if where else ""))
+            raise ReplyError(f"{type(agent).__name__}.{method} returned {_kind(reply)}{where}: it must return "
+                             "a Message (a dict such as {'text': ...})"
+                             + (", one per observation" if where else "")) from None
 
 
 def _kind(value: Any) -> str:
@@ -331,7 +337,7 @@ class BatchWorld(World):
 
     def epoch_done(self) -> bool:
         if self._teacher is not None:
-            return not self._teacher.training and self._teacher.feed.done()
+            return not self._teacher.cycles and self._teacher.feed.done()
         return all(w.epoch_done() for w in self.worlds)
 
     def num_examples(self) -> int:
@@ -350,6 +356,7 @@ class BatchWorld(World):
         for w in self.worlds:
             w.reset()
         self.world.reset()
+        self.total_exs = 0
 
     def state_dict(self) -> dict[str, Any]:
         """The teacher's feed once and each row's conversation; rows that act one by one (custom worlds,
@@ -446,6 +453,7 @@ class MultiWorld(World):
         for w in self.worlds:
             w.reset()
         self.current = 0
+        self.total_exs = 0
 
     def state_dict(self) -> dict[str, Any]:
         last = self.worlds[self.current].get_acts()[0]
@@ -467,4 +475,4 @@ class MultiWorld(World):
             w.shutdown()
 
 
-__all__ = ["BatchWorld", "DialogPartnerWorld", "MultiWorld", "World", "display"]
+__all__ = ["BatchWorld", "DialogPartnerWorld", "MultiWorld", "ReplyError", "World", "display"]

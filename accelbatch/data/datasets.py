@@ -17,6 +17,7 @@ Flat index ``pad`` (= the number of examples) is the padding message.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from functools import lru_cache
 from typing import Any, Callable, Sequence
 
@@ -51,6 +52,60 @@ def prepare_episode(episode: Sequence[dict], speaker: str, training: bool) -> li
     return [prepare(turn, speaker, training, i == len(episode) - 1) for i, turn in enumerate(episode)]
 
 
+def split_at_done(episode: Sequence[dict]) -> list[Sequence[dict]]:
+    """An episode cut after every turn that says ``episode_done`` (a new episode starts there, as an agent's
+    history does), so that every front end sees the same episodes."""
+    cuts = [i + 1 for i, turn in enumerate(episode[:-1]) if turn.get(EPISODE_DONE)]
+    return [episode[a:b] for a, b in zip([0, *cuts], [*cuts, len(episode)])]
+
+
+def _is_pair(item: Any) -> bool:
+    """A (message dict, new_episode bool) pair: ParlAI's DialogTeacher setup_data form."""
+    return isinstance(item, (tuple, list)) and len(item) == 2 and isinstance(item[0], dict) \
+        and isinstance(item[1], bool)
+
+
+def _parlai_message(msg: dict) -> dict:
+    """A DialogTeacher message with ParlAI's conveniences: ``label`` for ``labels``, a string for a list."""
+    msg = dict(msg)
+    if "label" in msg and LABELS not in msg:
+        msg[LABELS] = msg.pop("label")
+    if isinstance(msg.get(LABELS), str):
+        msg[LABELS] = [msg[LABELS]]
+    return msg
+
+
+def episodes_of(data: Any, owner: str) -> list[list[dict]]:
+    """``owner.setup_data()``'s result as episodes: a list of episodes (each a list of message dicts), or
+    ParlAI's DialogTeacher form, ``(message, new_episode)`` pairs (a new episode at each True). Anything else
+    is a one-line DataFileError naming ``owner`` and both forms."""
+    episodes: list[list[dict]] = []
+    pairs: bool | None = None
+    for i, item in enumerate(data if isinstance(data, Iterable) else [data]):
+        pair = _is_pair(item)
+        if pairs is None:
+            pairs = pair
+        if pair and pairs:
+            if item[1] or not episodes:
+                episodes.append([])
+            episodes[-1].append(_parlai_message(item[0]))
+        elif not pairs and isinstance(item, (list, tuple)) and all(isinstance(t, dict) for t in item):
+            episodes.append(list(item))
+        else:
+            raise DataFileError(f"{owner}.setup_data(): item {i} is {type(item).__name__} {str(item)[:60]}; give "
+                                "a list of episodes (each a list of message dicts) or yield ParlAI's (message "
+                                "dict, new_episode bool) pairs, one form throughout")
+    return episodes
+
+
+def answer_id(msg: dict, answers: AnswerTable) -> int:
+    """The id of ``msg``'s answers in ``answers``; -1 (as padding: not an example in the report) for a turn
+    with neither labels nor eval_labels, which ParlAI does not count (an empty list of labels is an example)."""
+    if msg.get(LABELS) is None and msg.get(EVAL_LABELS) is None:
+        return -1
+    return answers.id(tuple(msg.targets()))
+
+
 def object_array(items: Sequence[Any]) -> np.ndarray:
     """A 1-d object array holding ``items`` as they are (numpy would unpack tuples into another dimension)."""
     out = np.empty(len(items), dtype=object)
@@ -75,8 +130,8 @@ class Store:
         raise NotImplementedError
 
     def gather(self, block: np.ndarray) -> tuple[np.ndarray, ...]:
-        """(prepared examples as an object array, their answers' ids in :attr:`answers` (-1: padding)) for an
-        array of flat indices, both of its shape."""
+        """(prepared examples as an object array, their answers' ids in :attr:`answers` (-1: padding or a turn
+        without labels, see :func:`answer_id`)) for an array of flat indices, both of its shape."""
         raise NotImplementedError
 
     def answer_ids(self, indices: Sequence[int]) -> np.ndarray:
@@ -122,12 +177,12 @@ class EpisodeStore(Store):
 
     def __init__(self, episodes: Sequence[Sequence[dict]], speaker: str, training: bool):
         self.speaker, self.training = speaker, training
-        self.episodes = [prepare_episode(ep, speaker, training) for ep in episodes]
+        self.episodes = [prepare_episode(part, speaker, training) for ep in episodes for part in split_at_done(ep)]
         self.table = EpisodeTable.of_lengths([len(ep) for ep in self.episodes])
         flat = [turn for ep in self.episodes for turn in ep]
         self.examples = object_array(flat + [PADDING])
         self.answers = AnswerTable()
-        self.ids = np.array([self.answers.id(tuple(m.targets())) for m in flat] + [-1], dtype=np.int64)
+        self.ids = np.array([answer_id(m, self.answers) for m in flat] + [-1], dtype=np.int64)
 
     def episode(self, index: int) -> list[FrozenMessage]:
         return self.episodes[index]
@@ -165,7 +220,7 @@ class FileStore(Store):
         ids = np.full(flat.shape, -1, dtype=np.int64)
         picked = [self.episode(e)[t] for e, t in zip(episodes.tolist(), turns.tolist())]
         examples[real] = object_array(picked)
-        ids[real] = [self.answers.id(tuple(m.targets())) for m in picked]
+        ids[real] = [answer_id(m, self.answers) for m in picked]
         return examples.reshape(block.shape), ids.reshape(block.shape)
 
 
@@ -202,8 +257,10 @@ class ConcatStore(Store):
                 got = store.gather(block[mine] - self.offsets[task])
                 mapping = self._global[task]
                 mapping.extend(self.answers.id(a) for a in store.answers.answers[len(mapping):])
-                examples[mine], ids[mine] = got[0], np.asarray(mapping, dtype=np.int64)[got[1]]
+                ours = np.asarray(mapping + [-1], dtype=np.int64)  # -1 stays -1
+                examples[mine], ids[mine] = got[0], ours[got[1]]
         return examples, ids, tasks
 
 
-__all__ = ["ConcatStore", "EpisodeStore", "FileStore", "PADDING", "Store", "object_array", "prepare", "prepare_episode"]
+__all__ = ["ConcatStore", "EpisodeStore", "FileStore", "PADDING", "Store", "answer_id", "episodes_of", "object_array",
+           "prepare", "prepare_episode", "split_at_done"]

@@ -37,6 +37,18 @@ def check_context_length(context_length: int) -> None:
                          f"got {context_length!r}")
 
 
+def keeps_answers(context_length: int, include_labels: bool) -> bool:
+    """Whether a history with these settings holds the answer to the turn before the current one (its label,
+    or an agent's own reply to a turn without one)."""
+    return include_labels and context_length != 1
+
+
+def awaits_reply(turn: Message) -> bool:
+    """Whether ``turn`` has no label and more turns of its episode follow: an agent's history then holds the
+    model's reply to it, which squashing ahead of the model cannot know."""
+    return not turn.get(EPISODE_DONE) and not (turn.get(LABELS) or turn.get(EVAL_LABELS))
+
+
 def histories(episode: Sequence[Message], context_length: int = -1, include_labels: bool = True,
               delimiter: str = DELIMITER) -> list[str]:
     """The squashed text of each turn of ``episode``: the recent history ending with the turn's own text."""
