@@ -179,6 +179,7 @@ class IPUBackend(Backend):
         """An :class:`IPUEngine` for ``plan`` (weights shared with ``model``; cast to float16 in place with
         --mixed-precision fp16, see :mod:`~accelbatch.backends.ipu_settings`)."""
         poptorch = self._select()
+        self.settings.pipeline.check_names(model)  # a misspelt name first: the plan rules follow from the names
         self.settings.pipeline.check_plan(plan if plan is not None else ExecutionPlan())
         self.settings.pipeline.annotate(poptorch, model)
         self.settings.prepare(model, optimizer)

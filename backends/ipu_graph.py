@@ -30,6 +30,8 @@ def plan_options(poptorch: Any, plan: ExecutionPlan, seed: int | None = None,
     opts = poptorch.Options()
     opts.deviceIterations(plan.device_iterations)
     opts.replicationFactor(plan.replication_factor)
+    if plan.replication_factor > 1:  # PopTorch refuses in-place buffer updates (BatchNorm) unless replicas own theirs
+        opts.broadcastBuffers(False)
     if plan.input_group_size > 1:
         opts.inputReplicaGrouping(plan.input_group_size, getattr(poptorch.CommGroupType,
                                                                  plan.input_group_type.capitalize()))

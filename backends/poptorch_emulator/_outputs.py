@@ -35,6 +35,19 @@ def to_host_dtype(t: torch.Tensor) -> torch.Tensor:
     return t
 
 
+def _backward_error() -> None:
+    raise py_error("backward() cannot be called explicitly on outputs of a PopTorch model. If you're using a "
+                   "trainingModel, the backwards pass is performed automatically when invoking the model. If "
+                   "you're using an inferenceModel, you should use a trainingModel instead.")
+
+
+def forbid_backward(outputs: list[torch.Tensor]) -> None:
+    """As PopTorch: ``backward()`` on an output raises (the backward pass runs on the device)."""
+    for t in outputs:
+        if isinstance(t, torch.Tensor):
+            t.backward = _backward_error  # type: ignore[method-assign]
+
+
 def _join(parts: list[torch.Tensor]) -> torch.Tensor:
     if len(parts) == 1:
         return parts[0]

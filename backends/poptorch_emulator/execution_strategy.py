@@ -380,6 +380,16 @@ def is_pipelined(options: Any) -> bool:
     return getattr(options._execution_strategy, "mode", "") == "pipelined"
 
 
+def check_inference_accumulation(options: Any) -> None:
+    """An inference model accumulates no gradients: PopTorch refuses gradientAccumulation > 1."""
+    if options.Training.gradient_accumulation != 1:
+        raise py_error(
+            "You must set poptorch.Options().Training.gradientAccumulation to 1 or leave it as its "
+            "default value (1) when running a poptorch.inferenceModel()." + (
+                " Use poptorch.Options().deviceIterations to process a sufficient number of batches "
+                "each run for pipelined execution instead." if is_pipelined(options) else ""))
+
+
 @contextlib.contextmanager
 def dry_run(model: torch.nn.Module) -> Iterator[None]:
     """Run ``model`` for its trace alone: no gradient, the random generator and the buffers left as they were."""
@@ -393,4 +403,5 @@ def dry_run(model: torch.nn.Module) -> Iterator[None]:
 
 
 __all__ = ["ParallelPhasedExecution", "Phase", "PipelinedExecution", "Placement", "SerialPhasedExecution",
-           "ShardedExecution", "Stage", "check_ipus", "check_placement", "dry_run", "is_pipelined", "tracing"]
+           "ShardedExecution", "Stage", "check_inference_accumulation", "check_ipus", "check_placement", "dry_run",
+           "is_pipelined", "tracing"]

@@ -29,6 +29,7 @@ What is reproduced from PopTorch (python/__init__.py, python/_poplar_executor.py
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import datetime
 import logging
@@ -43,6 +44,7 @@ from . import _device, _outputs, _structure, blocks, execution_strategy, optim
 from ._inputs import ArgBinder, Batching, BoundInputs, CompiledInputs
 from ._mixed_precision import has_half_state, promoting
 from ._optim_state import to_device, to_host
+from ._replicas import ReplicaState, refusing_broadcast
 from .anchors import AnchorMemory
 from .auto_loss_scale import AutoLossScale
 from .enums import CommGroupType, ConnectionType, OutputMode, ReductionType
@@ -83,16 +85,11 @@ class PoplarExecutor(PerfCounterMethods):
         else:
             if options.defaultOutputMode():
                 options.outputMode(OutputMode.All)
-            if options.Training.gradient_accumulation != 1:
-                raise py_error(
-                    "You must set poptorch.Options().Training.gradientAccumulation to 1 or leave it as its "
-                    "default value (1) when running a poptorch.inferenceModel()." + (
-                        " Use poptorch.Options().deviceIterations to process a sufficient number of batches "
-                        "each run for pipelined execution instead."
-                        if execution_strategy.is_pipelined(options) else ""))
+            execution_strategy.check_inference_accumulation(options)
             if optimizer is not None:
                 raise AssertionError("Optimizer should be None for inference")
         self._options = options
+        self._replicas = ReplicaState(model, options, self._params if training else None)
         self._binder = ArgBinder(model)
         self._compiled: CompiledInputs | None = None
         self._compile_count = 0
@@ -178,6 +175,8 @@ class PoplarExecutor(PerfCounterMethods):
     def compilationTime(self) -> datetime.timedelta:
         if not self.isCompiled():
             raise py_error("Please compile the model before obtaining compilation time.")
+        if not self._options._show_compilation_progress_bar:
+            raise py_error("Please set showCompilationProgressBar option to obtain compilation time.")
         assert self._compilation_time is not None
         return self._compilation_time
 
@@ -200,6 +199,7 @@ class PoplarExecutor(PerfCounterMethods):
             logger.warning("Input tensor has requires_grad=True set. This tensor will be detached because "
                            "backward pass via inputs is not supported.")
         self._compiled = CompiledInputs(inputs)
+        self._replicas.reset()
         self._half_state = has_half_state(self._model)  # PopTorch's mixed-precision casts
         key = _device.cache_key(self._user_model, self._training, self._compiled.shapes(), self._options)
         self._loaded_from_cache = bool(_device.cache_lookup(self._options, key))
@@ -261,12 +261,16 @@ class PoplarExecutor(PerfCounterMethods):
     def copyWeightsToDevice(self) -> None:
         if not self.isCompiled():
             raise py_error(NO_EXECUTABLE_ERR)
+        self._replicas.reset()
 
     def copyWeightsToHostIfNeeded(self) -> bool:
         return False
 
     def load_state_dict(self, state_dict: dict[str, torch.Tensor], strict: bool = True) -> Any:
-        return self._user_model.load_state_dict(state_dict, strict)
+        out = self._user_model.load_state_dict(state_dict, strict)
+        if self.isAttachedToDevice():
+            self.copyWeightsToDevice()
+        return out
 
     def setOptimizer(self, optimizer: torch.optim.Optimizer) -> None:
         """Use ``optimizer`` with its current hyper-parameters (call again after changing them); a poptorch
@@ -376,11 +380,12 @@ class PoplarExecutor(PerfCounterMethods):
                     self._optimizer.host_state_is_dirty = True  # the device stepped: the host copy is stale
             else:
                 with torch.no_grad():
-                    per_micro, structure = self._run(inputs, lambda _out: None)
+                    per_micro, structure = self._run(inputs, lambda _out, _marked: None)
         flat = _outputs.select(per_micro, OutputMode(self._options.output_mode),
                                self._options.output_return_period)
         if structure is None:
             return None
+        _outputs.forbid_backward(flat)
         return _structure.rebuild(structure, iter(flat))
 
     def _run(self, inputs: BoundInputs, on_output, find_losses: bool = False) -> tuple[_outputs.MicroOutputs, Any]:
@@ -395,15 +400,13 @@ class PoplarExecutor(PerfCounterMethods):
                 per_r = []
                 for r in range(b.replication_factor):
                     micro = self._perf_counters.load(inputs, lambda t, d=d, g=g, r=r: b.micro_batch(t, d, g, r))
-                    if find_losses:
-                        with finding_losses() as marked:
+                    with self._replicas.replica(r):
+                        with finding_losses() if find_losses else contextlib.nullcontext() as marked:
                             out = self._forward(micro)
                         on_output(out, marked)
-                    else:
-                        out = self._forward(micro)
-                        on_output(out)
-                    structure = out
-                    per_r.append(self._perf_counters.store(_structure.flatten(out), _outputs.to_host_dtype))
+                        structure = out
+                        flat = self._replicas.host_copies(_structure.flatten(out))
+                        per_r.append(self._perf_counters.store(flat, _outputs.to_host_dtype))
                 per_g.append(per_r)
             per_micro.append(per_g)
             if self._training:
@@ -417,7 +420,8 @@ class PoplarExecutor(PerfCounterMethods):
             with promoting(self._half_state, self._als.activation_hook):
                 return self._model(*micro.args, **micro.kwargs)
         with execution_strategy.tracing(self._options) as trace, promoting(self._half_state, self._als.activation_hook):
-            out = self._model(*micro.args, **micro.kwargs)
+            with refusing_broadcast(self._model, self._options):
+                out = self._model(*micro.args, **micro.kwargs)
         execution_strategy.check_placement(trace.placement, self._options, self._training)
         self._placement = trace.placement
         return out
@@ -450,12 +454,14 @@ class PoplarExecutor(PerfCounterMethods):
         return [p for group in self._optimizer.param_groups for p in group["params"]]
 
     def _zero_grad(self) -> None:
+        self._replicas.clear_grads()
         for p in self._params():
             p.grad = None
         self._half.clear()
 
     def _end_of_iteration(self) -> None:
         """Reduce the accumulated gradients over G micro-batches x R replicas and update the weights."""
+        self._replicas.reduce_grads()
         b = self.batching
         reduction = self._options.Training.accumulation_and_replication_reduction_type
         scale = 1.0 / (b.gradient_accumulation * b.replication_factor) if reduction == ReductionType.Mean else 1.0

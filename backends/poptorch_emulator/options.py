@@ -216,6 +216,7 @@ class Options(_OptionsDict):
         object.__setattr__(self, "_training", _TrainingOptions(self._popart))
         object.__setattr__(self, "_distributed", _DistributedOptions())
         object.__setattr__(self, "_module_namescope_enabled", True)
+        object.__setattr__(self, "_show_compilation_progress_bar", True)
         object.__setattr__(self, "_precision", _PrecisionOptions(self._popart))
         object.__setattr__(self, "_execution_strategy", PipelinedExecution())
         super().__init__(
@@ -422,6 +423,11 @@ class Options(_OptionsDict):
         """Leave the module names out of the operators' names (recorded: the emulator names no operators)."""
         self.checkIsFrozen()
         object.__setattr__(self, "_module_namescope_enabled", False)
+        return self
+
+    def showCompilationProgressBar(self, show: bool = True) -> "Options":
+        """Show a progress bar while compiling (the default); ``compilationTime()`` needs it."""
+        self._show_compilation_progress_bar = show
         return self
 
     def loadFromFile(self, filepath: str) -> "Options":
