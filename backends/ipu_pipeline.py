@@ -85,16 +85,21 @@ class PipelineSettings:
                 f"(evaluation runs with the plan's D), got {plan.device_iterations} "
                 "(or use --ipu-execution-strategy sharded)")
 
-    def annotate(self, poptorch: Any, model: torch.nn.Module) -> None:
-        """``BeginBlock`` at each split point of ``model`` (kept when already there); PlanError naming an
-        unknown submodule."""
+    def check_names(self, model: torch.nn.Module) -> list[torch.nn.Module]:
+        """The submodules of ``model`` at the split points; PlanError naming the first unknown one. Run it
+        before :meth:`check_plan`: a misspelt name is the error to report, not the stage count it implies."""
         modules = dict(model.named_modules())
-        for k, name in enumerate(self.split_points, start=1):
-            sub = modules.get(name)
-            if sub is None or name == "":
+        for name in self.split_points:
+            if name not in modules or name == "":
                 children = ", ".join(n for n, _ in model.named_children()) or "none"
                 raise PlanError(f"--pipeline: the model ({type(model).__name__}) has no submodule {name!r}; its "
                                 f"top-level submodules are: {children} (dotted paths reach deeper ones)")
+        return [modules[name] for name in self.split_points]
+
+    def annotate(self, poptorch: Any, model: torch.nn.Module) -> None:
+        """``BeginBlock`` at each split point of ``model`` (kept when already there); every name is checked
+        (:meth:`check_names`) before any is marked."""
+        for k, (name, sub) in enumerate(zip(self.split_points, self.check_names(model)), start=1):
             mark = sub.__dict__.get(_STAGE_MARK)
             if mark == k:
                 continue

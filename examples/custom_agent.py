@@ -37,6 +37,9 @@ class BagOfWordsRanker(nn.Module):
     def forward(self, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         query = self.text(batch["text_vec"])                       # [rows, dim]
         scores = torch.einsum("rd,rcd->rc", query, self.cand(batch["cand_ids"]))
+        # rows have different numbers of candidates: pad_2d's id 0 columns must win neither argmax nor loss
+        # (the lowest finite score, not -inf, keeps an all-padding row's loss finite)
+        scores = scores.masked_fill(batch["cand_ids"] == 0, torch.finfo(scores.dtype).min)
         out = {"scores": scores}
         if "label_index" in batch:
             out["loss"] = F.cross_entropy(scores, batch["label_index"])  # mean over the rows

@@ -240,7 +240,10 @@ def main(argv=None) -> None:
     px, py = next(iter(plain))
     print(f"   torch DataLoader batch:    x{list(px.shape)}  (the micro batch only)")
     if combined != args.batch_size:
-        probe = poptorch.inferenceModel(Classifier(args.features, args.hidden, args.classes), opts.clone())
+        # a training model, as the one above: an inference model refuses these options once G > 1
+        probe_model = Classifier(args.features, args.hidden, args.classes)
+        probe = poptorch.trainingModel(probe_model, opts.clone(),
+                                       optimizer=torch.optim.SGD(probe_model.parameters(), lr=0.01))
         try:
             probe(px, py)
         except Exception as exc:  # noqa: BLE001 - show PopTorch's own message
@@ -250,6 +253,8 @@ def main(argv=None) -> None:
             print(f"   feeding it to the model works, but as {split} micro-batches of "
                   f"{args.batch_size // split} rows: the micro batch silently became {args.batch_size // split}, "
                   f"not {args.batch_size}")
+        finally:
+            probe.destroy()
 
     # --- 2 and 3. modes and the bottleneck --------------------------------------------------------
     max_batches = max(2, min(args.max_batches, len(loader)))
