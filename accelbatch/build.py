@@ -28,6 +28,8 @@ from typing import Any
 from accelbatch.agents import Agent, TorchAgent
 from accelbatch.checkpoint import has_saved_position
 from accelbatch.data.accessor import start_worker_server
+from accelbatch.data.datasets import EpisodeStore
+from accelbatch.data.squash import awaits_reply, keeps_answers
 from accelbatch.hogwild import HogwildWorld
 from accelbatch.host_memory import apply_host_allocator
 from accelbatch.loader_world import LoaderWorld
@@ -117,6 +119,15 @@ def uses_loader(opts: Opts, agent: Agent, teacher: Teacher | None = None) -> boo
         and (teacher is None or served_as_stored(teacher))
 
 
+def awaits_replies(opts: Opts, teacher: Teacher | None) -> bool:
+    """Whether a stored episode (read into memory, not streamed) has a turn without a label that more turns
+    follow, while histories keep answers: its next turns' histories hold the model's reply to it."""
+    store = getattr(teacher, "store", None)
+    if not isinstance(store, EpisodeStore) or not keeps_answers(opts.context_length, opts.include_labels):
+        return False
+    return any(map(awaits_reply, store.examples[:-1]))
+
+
 def check_dynamic_batching(opts: Opts, teacher: Teacher | None, agent: Agent) -> None:
     """--dynamic-batching plans batches from the teacher's stored episodes, collated by the agent's
     vectorize()/batchify() (as ParlAI's, for TorchAgents): an agent without them, or one whose observe() keeps
@@ -181,8 +192,10 @@ def build_world(opts: Opts, model: Agent, shard: tuple[int, int] = (0, 1), rows:
     teacher = teacher or create_teacher(opts)
     check_required_fields(opts, model, teacher)
     # an engine that stages batches (CUDA) gets the loader front end even without workers: it builds the
-    # same schedule's steps and fetches one ahead, whose copy then overlaps the current step
-    if uses_loader(opts, model, teacher) or (served_as_stored(teacher) and stages_batches(model)):
+    # same schedule's steps and fetches one ahead, whose copy then overlaps the current step (not for stored
+    # episodes whose histories hold the model's replies, which the loader cannot squash ahead)
+    staged = served_as_stored(teacher) and stages_batches(model) and not awaits_replies(opts, teacher)
+    if uses_loader(opts, model, teacher) or staged:
         if opts.dynamic_batching != "none":
             check_dynamic_batching(opts, teacher, model)
         if serve is None or opts.dynamic_batching != "none":

@@ -167,3 +167,30 @@ def test_refusal_names_the_option_that_chose_the_loader(change, named):
     from accelbatch.loader_world import _replies_unknown
 
     assert named in _replies_unknown(ab.Opts(task="t", **change))
+
+
+class _Staging:
+    """An engine that copies batches to a device ahead of their step (CUDA's): the loader front end's case."""
+
+    stages = True
+
+    def __init__(self, engine):
+        self.engine = engine
+
+    def __getattr__(self, name):
+        return getattr(self.engine, name)
+
+
+@pytest.mark.parametrize("labelled, kind", [(False, BatchWorld), (True, LoaderWorld)])
+def test_a_staging_engine_keeps_clones_for_episodes_whose_histories_hold_replies(episodes_file, write_jsonl,
+                                                                               labelled, kind):
+    """The loader front end a staging engine gets by itself would refuse unlabelled turns: such data keeps the
+    clones (nothing asked for the loader); labelled data still gets the loader."""
+    from accelbatch.build import build_world
+
+    path = write_jsonl([{"text": f"q{t}", "labels": [f"a{t}"], "episode_done": t == 2} for t in range(3)]) \
+        if labelled else episodes_file
+    opts = ab.Opts(task=f"jsonl:{path}", datatype="valid", batchsize=2)
+    agent = ab.create_world(opts, agent=Recorder).get_model_agent()
+    agent.slot.engine = _Staging(agent.engine)
+    assert type(build_world(opts, agent)) is kind
