@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import math
 import os
+import sys
 from dataclasses import asdict, dataclass
 
 from accelbatch.checkpoint import read_json_file, unreadable_sidecar, write_json_file
+from accelbatch.opts import Opts
 
 
 @dataclass(frozen=True)
@@ -54,3 +56,26 @@ def forget_best(model_file: str) -> None:
         os.remove(stats_path(model_file))
     except FileNotFoundError:
         pass
+
+
+def metric_mode(opts: Opts) -> str:
+    """'max' or 'min': -vmm, else min for the metrics that fall as a model learns (ParlAI's defaults)."""
+    if opts.validation_metric_mode:
+        return opts.validation_metric_mode
+    return "min" if opts.validation_metric in ("loss", "ppl", "mean_rank") else "max"
+
+
+def continued_best(opts: Opts, main: bool) -> float:
+    """Training continues from the model in -mf: the score its validation had, which this run's model must beat
+    to replace it (-inf when it was chosen otherwise: on another metric, or not validated); said by ``main``."""
+    best = read_best(opts.model_file)
+    wanted = (opts.validation_metric, metric_mode(opts))
+    if best is not None and (best.metric, best.mode) == wanted:
+        if main:
+            print(f"accelbatch: -mf {opts.model_file} holds a model whose validation had {best.metric} "
+                  f"{best.value:.4g}; only a better one replaces it", file=sys.stderr)
+        return best.score()
+    if best is not None and main:
+        print(f"accelbatch: -mf {opts.model_file} holds a model chosen on {best.metric} ({best.mode}); this run "
+              f"chooses on {wanted[0]} ({wanted[1]}): its first validation replaces it", file=sys.stderr)
+    return -math.inf

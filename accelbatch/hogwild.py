@@ -41,7 +41,8 @@ from typing import Any
 import torch
 
 from accelbatch.agents import Agent
-from accelbatch.metrics import Metrics, combine_reports, merge_reports
+from accelbatch.loader_world import LoaderWorld
+from accelbatch.metrics import BATCHING_METRICS, Metrics, combine_reports, merge_reports
 from accelbatch.opts import OptionError, Opts
 from accelbatch.procs import ChildSpec, ProcessFailure, Supervisor
 from accelbatch.teachers import FixedTeacher, MultiTaskTeacher, Teacher, is_training
@@ -80,8 +81,11 @@ def metric_states(world: World) -> dict[str, Any]:
         else:
             tasks = [(None, _part(teacher))]
     model = base.get_model_agent()
+    # the batch plan's counts (examples left out; with dynamic batching the padding and the tokens fed)
+    batching = {k: v for k, v in base.report().items() if k in BATCHING_METRICS} \
+        if isinstance(base, LoaderWorld) else {}
     return {"tasks": tasks, "model": _part(model), "model_keeps_exs": not hasattr(model, "slot"),
-            "dropped_exs": getattr(base, "dropped_exs", 0)}
+            "batching": batching}
 
 
 def _merge(parts: Sequence[tuple[str, Any]]) -> dict[str, float]:
@@ -105,8 +109,9 @@ def merge_metric_states(states: Sequence[dict[str, Any]]) -> dict[str, float]:
     if not states[0]["model_keeps_exs"]:
         model.pop("exs", None)  # TorchAgent.report leaves examples to the teacher
     report.update(model)
-    dropped = sum(s.get("dropped_exs", 0) for s in states)  # examples the processes' batch plans left out
-    return {**report, "dropped_exs": dropped} if dropped else report
+    # counts summed, pad_fraction weighted by each process's batch_tokens
+    report.update(combine_reports(*(s.get("batching", {}) for s in states)))
+    return report
 
 
 def plan_position(world: World) -> tuple[int, int, int, int] | None:

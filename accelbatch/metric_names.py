@@ -51,12 +51,16 @@ def metric_names_problem(world: World, opts: Opts) -> str | None:
     if not all(type(agent).__module__.partition(".")[0] == "accelbatch" for agent in agents) or \
             any(agent.reported_metrics is None for agent in models):
         return None
-    known = set(TEACHER_METRICS | BATCHING_METRICS).union(*(agent.reported_metrics or () for agent in models))
+    # a teacher's reported_metrics: what it scores (None: TEACHER_METRICS, as accelbatch's teachers score)
+    known = set(BATCHING_METRICS).union(*(TEACHER_METRICS if agent.reported_metrics is None
+                                          else agent.reported_metrics for agent in agents))
     if wants_bleu(opts.metrics):
         known.add("bleu-4")
     tasks = task_names(opts)
     vmt = opts.validation_metric
-    if is_training(opts.datatype) and unknown_metrics([vmt], tasks, known):
+    validates = opts.validation_every_n_epochs > 0 or opts.validation_every_n_secs > 0
+    # without a validation only a name no task could score is refused (the default accuracy of a regression is not)
+    if is_training(opts.datatype) and unknown_metrics([vmt], tasks, known if validates else known | TEACHER_METRICS):
         hint = "; bleu-4 is scored with --metrics bleu-4 (or all)" if vmt.endswith("bleu-4") else ""
         choose = ", ".join(m for m in ("accuracy", "f1", "loss", "ppl", "token_acc") if m in known)
         return (f"-vmt/--validation-metric {vmt}: the valid report of {type(world.get_model_agent()).__name__} "

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from accelbatch.agents import Agent, TorchAgent, learning_rates, set_learning_rates
-from accelbatch.best_valid import BestValid, forget_best, read_best, write_best
+from accelbatch.best_valid import BestValid, continued_best, forget_best, metric_mode, write_best
 from accelbatch.build import Runtime, as_opts, attach_runtime, create_world
 from accelbatch.checkpoint import checkpoint_dir, has_saved_position
 from accelbatch.metric_names import metric_names_problem, select_metrics
@@ -42,6 +42,7 @@ class TrainState:
     validations: int = 0
     best: float = -math.inf
     stale: int = 0
+    last_valid: float = math.nan  # the -vmt value of the latest validation
     started: float = field(default_factory=time.monotonic)
 
     def elapsed(self) -> float:
@@ -207,7 +208,7 @@ def _train(world: World, opts: Opts, log: MetricsLog, runtime: Runtime, stop: St
     # the train row of the report: every example trained, before a resume (from the checkpoint) and since
     before_resume: dict[str, float] = {}
     if resumed is None and opts.model_file and os.path.isfile(opts.model_file) and isinstance(model, TorchAgent):
-        state.best = _continued_best(opts, main)
+        state.best = continued_best(opts, main)
     if resumed is not None:
         state.load_json(resumed["train"])
         next_validation = resumed.get("next_validation", next_validation)
@@ -349,7 +350,13 @@ def _train(world: World, opts: Opts, log: MetricsLog, runtime: Runtime, stop: St
     if bar is not None:
         bar.total = max(bar.total or 0, bar.n)  # the last step's rows pass the target: the bar ends full
         bar.close()
-    if opts.model_file and state.validations == 0 and main:
+    if opts.model_file and state.validations == 0 and state.best > -math.inf:
+        validation_stops()  # -mf holds a validated model: this run's replaces it only when it validates better
+        if state.stale and main:
+            held = -state.best if metric_mode(opts) == "min" else state.best
+            print(f"accelbatch: -mf {opts.model_file} kept: this run's model validated {opts.validation_metric} "
+                  f"{state.last_valid:.4g}, not better than the file's {held:.4g}", file=sys.stderr)
+    elif opts.model_file and state.validations == 0 and main:
         _save(model, opts)
         forget_best(opts.model_file)
     if opts.model_file and main and not saves_itself(model):
@@ -412,6 +419,7 @@ def _validate(world: World, opts: Opts, log: MetricsLog, state: TrainState, mode
         known = ", ".join(k for k, v in report.items() if isinstance(v, (int, float)) and k != "time_s")
         raise OptionError(f"-vmt/--validation-metric {opts.validation_metric}: the valid report has no such "
                           f"metric; choose one of {known}")
+    state.last_valid = metric
     value = -metric if metric_mode(opts) == "min" else metric
     if value > state.best:
         state.best, state.stale = value, 0
@@ -434,29 +442,6 @@ def _saved_where(model_file: str) -> str:
         "not written yet: it is written at a validation or when training ends"
     return (f"checkpoint saved to {checkpoint_dir(model_file)}; continue with --resume -mf {model_file} "
             f"({model_file} itself: {held})")
-
-
-def _continued_best(opts: Opts, main: bool) -> float:
-    """Training continues from the model in -mf: the score its validation had, which a validation of this
-    run must beat to replace it (-inf when it was chosen otherwise: on another metric, or not validated)."""
-    best = read_best(opts.model_file)
-    wanted = (opts.validation_metric, metric_mode(opts))
-    if best is not None and (best.metric, best.mode) == wanted:
-        if main:
-            print(f"accelbatch: -mf {opts.model_file} holds a model whose validation had {best.metric} "
-                  f"{best.value:.4g}; only a better one replaces it", file=sys.stderr)
-        return best.score()
-    if best is not None and main:
-        print(f"accelbatch: -mf {opts.model_file} holds a model chosen on {best.metric} ({best.mode}); this run "
-              f"chooses on {wanted[0]} ({wanted[1]}): its first validation replaces it", file=sys.stderr)
-    return -math.inf
-
-
-def metric_mode(opts: Opts) -> str:
-    """'max' or 'min': -vmm, else min for the metrics that fall as a model learns (ParlAI's defaults)."""
-    if opts.validation_metric_mode:
-        return opts.validation_metric_mode
-    return "min" if opts.validation_metric in ("loss", "ppl", "mean_rank") else "max"
 
 
 def saves_itself(model: Agent) -> bool:

@@ -111,6 +111,12 @@ def _replies_with_class(item: tuple[torch.Tensor, ...]) -> bool:
 class TorchDatasetTeacher(FixedTeacher):
     """``-t torch:pkg.mod:make_dataset``: one example per item of the factory's dataset for the split."""
 
+    @property
+    def reported_metrics(self) -> frozenset[str]:  # type: ignore[override]
+        """accuracy and f1 only when some item has a class target: items without one are not scored."""
+        scored = any(turn.targets() for episode in self.episodes for turn in episode)
+        return frozenset({"exs", "accuracy", "f1"} if scored else {"exs"})
+
     def setup_data(self) -> list[list[Message]]:
         task = self.opts.task
         factory = load(task, "-t", "dataset factory")
