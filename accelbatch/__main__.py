@@ -29,7 +29,16 @@ def _import_command() -> Callable[[Sequence[str] | None], int] | None:
     return None if noted else run_command
 
 
+def take_sigint() -> None:
+    """Give SIGINT its usual meaning (KeyboardInterrupt) where it was inherited ignored (a background job of a
+    non-interactive shell: ``accelbatch ... &`` in a script): the run takes it anyway, so it must be taken from
+    the start, not lost in the set-up between the import and the run; children then start with it too."""
+    if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    take_sigint()
     try:
         run_command = _import_command()
         if run_command is None:

@@ -60,8 +60,9 @@ def build_cli() -> argparse.ArgumentParser:
 
 def _usage_errors() -> tuple[type[BaseException], ...]:
     from accelbatch.backends.base import BackendUnavailable
+    from accelbatch.worlds import ReplyError  # the user's agent broke act()'s contract
 
-    return USAGE_ERRORS + (BackendUnavailable, PlanError)
+    return USAGE_ERRORS + (BackendUnavailable, PlanError, ReplyError)
 
 
 def error_message(exc: BaseException) -> tuple[int, str] | None:

@@ -208,3 +208,14 @@ def test_without_labels_the_models_own_reply_joins_the_history_as_parlai_self_ob
     agent.observe(Message(text="bye", episode_done=True))
     assert agent.seen == ["hello", "hello\nR1\nhow are you", "hello\nR1\nhow are you\nR2\nand then",
                           "hello\nR1\nhow are you\nR2\nand then\nfine\nbye"]
+
+
+@pytest.mark.parametrize("agent", ["NoneAct", "ReturnsOneDict"])
+def test_the_cli_refuses_a_reply_that_is_not_a_message_in_one_line(capsys, agent):
+    """The user's agent broke act()'s contract: exit 2 and the one line naming it, no traceback."""
+    from accelbatch.cli import main
+
+    assert main(["eval", "-t", "test_parlai_porting:Teacher", "-m", f"test_parlai_porting:{agent}",
+                 "-bs", "2", "--no-progress"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"accelbatch: error: {agent}.") and err.count("\n") == 1, err

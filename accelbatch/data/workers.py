@@ -7,6 +7,7 @@ import gc
 import os
 import pickle
 import signal
+import threading
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator, Sequence
 
@@ -18,7 +19,7 @@ from accelbatch.data.datasets import Store
 from accelbatch.data.rebatch import tree_map
 from accelbatch.data.steps import Step
 from accelbatch.messages import Message
-from accelbatch.procs import FailureRecord, ProcessDied, ProcessTimeout
+from accelbatch.procs import FailureRecord, ProcessDied, ProcessTimeout, describe_exit
 
 __all__ = ["AgentCollate", "BuildStep", "LoadedBatch", "PassLoader", "identity", "init_data_worker", "pad_to_shape",
            "unpacked"]
@@ -138,21 +139,62 @@ class _Failed:
     pid: int
 
 
+class _WorkerDeaths:
+    """torch's SIGCHLD handler, which raises a bare RuntimeError wherever the main thread is when a data worker
+    dies (a kill, out of memory), wrapped to raise :class:`ProcessDied` naming the worker and its signal."""
+
+    def __init__(self, torch_handler: Callable[[int, Any], None], workers: Sequence[Any]):
+        self.torch_handler, self.workers = torch_handler, workers
+
+    @classmethod
+    def install(cls, batches: Any) -> "_WorkerDeaths | None":
+        """Wrap the SIGCHLD handler for the workers of ``batches`` (torch's multi-process iterator, which set
+        the handler); None without workers, or outside the main thread (handlers are set there only)."""
+        workers = getattr(batches, "_workers", None)
+        current = signal.getsignal(signal.SIGCHLD)
+        if not workers or threading.current_thread() is not threading.main_thread():
+            return None
+        deaths = cls(current.torch_handler if isinstance(current, cls) else current, workers)
+        if callable(deaths.torch_handler):
+            signal.signal(signal.SIGCHLD, deaths)
+        return deaths
+
+    def died(self) -> ProcessDied | None:
+        """A worker that ended with a non-zero code, named; None while all are fine."""
+        for index, worker in enumerate(self.workers):
+            code = worker.exitcode
+            if code:
+                return ProcessDied(f"a data worker (--num-workers: worker {index}, pid {worker.pid}) "
+                                   f"{describe_exit(code)} (killed from outside, out of memory, or a crash in "
+                                   "native code?); the workers were stopped", role="data worker", index=index,
+                                   pid=worker.pid, exitcode=code)
+        return None
+
+    def __call__(self, signum: int, frame: Any) -> None:
+        try:
+            self.torch_handler(signum, frame)
+        except RuntimeError:
+            failure = self.died()
+            if failure is None:
+                raise
+            raise failure from None
+
+
 def _named_failures(batches: Iterator[Any], timeout_s: float) -> Iterator[Any]:
     """torch's DataLoader iterator, its workers' failures raised as the process family: a worker's exception
     (sent as :class:`_Failed`) with its own types and traceback, a dead or silent worker named."""
+    deaths = _WorkerDeaths.install(batches)
     try:
         for item in batches:
             yield item
-    except RuntimeError as exc:  # torch reports a worker's death or silence as a RuntimeError with this text
-        text = str(exc)
-        if text.startswith("DataLoader timed out after"):
+    except RuntimeError as exc:  # torch reports a worker's death or silence as a RuntimeError
+        failure = deaths.died() if deaths is not None else None
+        if failure is not None:
+            raise failure from None
+        if str(exc).startswith("DataLoader timed out after"):
             raise ProcessTimeout(f"no batch from the data workers (--num-workers) within --data-timeout-s="
                                  f"{timeout_s:g} s: a worker hangs, or one batch takes longer than that (raise it "
                                  "if so); the workers were stopped", role="data worker") from None
-        if text.startswith("DataLoader worker (pid"):
-            raise ProcessDied(f"{text.rstrip('. ')} (--num-workers: killed from outside, out of memory, or a crash "
-                              "in native code?); the workers were stopped", role="data worker") from None
         raise
 
 
