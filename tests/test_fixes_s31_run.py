@@ -128,8 +128,6 @@ def test_a_hogwild_train_row_has_the_padding_of_every_process(tmp_path):
 @pytest.mark.slow
 @pytest.mark.multiprocess
 @pytest.mark.timeout(200)
-@pytest.mark.xfail(strict=True, reason="needs each hogwild process to plan its buckets on its own shard, without "
-                                       "the replicas' common batch count (data/loader.py, data/steps.py)")
 def test_each_hogwild_process_spills_its_own_bucket_leftovers(tmp_path):
     """Process 0 serves the even episodes (14 of 2 words, 10 of 3), process 1 the odd ones (10 and 14); with a
     budget of 12 tokens the 2-word bucket has up to 6 rows, the 3-word one 4. Each planning its own shard:

@@ -29,6 +29,7 @@ import os
 from dataclasses import replace
 from typing import Any, Callable, Iterator, Sequence
 
+import numpy as np
 from torch.utils.data import DataLoader
 
 from accelbatch.data.accessor import AsyncDataAccessor
@@ -177,7 +178,11 @@ def make_loader(data: Any, config: LoaderConfig | Any | None = None, *, collate:
     batching, lengths, shapes = None, None, None
     if strategy != "none":
         lengths = store.lengths(length_fn, config.context_length, config.include_labels)
-        batching, shapes = batching_config(config, lengths[:-1], 1 if cut else shard[1])
+        planned = lengths[:-1]
+        if not cut and shard[1] > 1:  # a hogwild process: its buckets fit its own share of the episodes
+            own = store.table.shard(*shard)
+            planned = lengths[own.flat(np.arange(own.num_episodes))]
+        batching, shapes = batching_config(config, planned, 1)
     steps = PassSteps(store, config, training, shard, rows or config.batch_size, lengths, batching, serve, cut)
     workers = config.num_workers
     build = BuildStep(store, collate, config.context_length, config.include_labels, length_fn,

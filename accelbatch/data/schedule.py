@@ -387,31 +387,30 @@ class RowFeed:
 
 
 class BatchPlan:
-    """Dynamic batching: per epoch, this shard's examples in a seeded order cut into batches by a strategy.
+    """Dynamic batching: per epoch, one shard's examples in a seeded order cut into batches by a strategy.
 
     Training with ``drop_last`` leaves out every partial batch (fewer rows than ``batch_size`` in the fixed-row
-    strategies, or completed with padding rows: a bucket's tail) and, with several replicas, cuts every replica
-    to the same number of batches (synchronous steps); ``runs(rows)`` (training) may refuse a batch too (a
-    tail some replica process would get no row of); the examples left out are counted with their epoch.
-    Evaluation keeps every example. Batches are made lazily, as they are read (a streamed file's epoch is never
-    held as batches), so knowing an epoch's count costs a pass of the batcher, done once.
+    strategies, or completed with padding rows: a bucket's tail); ``runs(rows)`` (training) may refuse a batch
+    too (a tail some replica process would get no row of); the examples left out are counted with their epoch.
+    ``rank`` seeds the shard's order (hogwild processes each plan their own share of the episodes). Evaluation
+    keeps every example. Batches are made lazily, as they are read (a streamed file's epoch is never held as
+    batches), so knowing an epoch's count costs a pass of the batcher, done once.
     """
 
-    def __init__(self, tables: Sequence[EpisodeTable], rank: int, lengths: np.ndarray, batching: BatchingConfig,
+    def __init__(self, table: EpisodeTable, rank: int, lengths: np.ndarray, batching: BatchingConfig,
                  training: bool, shuffle: bool, seed: int, drop_last: bool,
                  runs: Callable[[int], bool] | None = None):
-        self.tables, self.rank, self.lengths = list(tables), rank, lengths
+        self.table, self.rank, self.lengths = table, rank, lengths
         self.batching, self.training, self.shuffle = batching, training, shuffle
         self.seed, self.drop_last, self.runs = seed, drop_last, runs
         self._counts: dict[int, tuple[int, int]] = {}
 
-    def _rank_batches(self, rank: int, epoch: int) -> Iterator[Batch[int]]:
-        table = self.tables[rank]
-        examples = table.flat(np.arange(table.num_episodes))
+    def _batches(self, epoch: int) -> Iterator[Batch[int]]:
+        examples = self.table.flat(np.arange(self.table.num_episodes))
         rng = None
         if self.shuffle:
-            examples = examples[permutation(len(examples), self.seed, epoch, rank)]
-            rng = random.Random(hash((self.seed, epoch, rank)))
+            examples = examples[permutation(len(examples), self.seed, epoch, self.rank)]
+            rng = random.Random(hash((self.seed, epoch, self.rank)))
         drop = self.training and self.drop_last
         full = self.batching.batch_size if self.batching.strategy in ("none", "batchsort") else 0
         for batch in self.batching.batcher(rng).run(_pairs(examples, self.lengths)):
@@ -420,27 +419,22 @@ class BatchPlan:
                 yield batch
 
     def count(self, epoch: int) -> tuple[int, int]:
-        """(this rank's batches, the examples it leaves out) in ``epoch``."""
+        """(the batches, the examples left out) in ``epoch``."""
         got = self._counts.get(epoch)
         if got is None:
             batches = real = 0
-            for batch in self._rank_batches(self.rank, epoch):
+            for batch in self._batches(epoch):
                 batches, real = batches + 1, real + batch.num_real
-            if self.training and len(self.tables) > 1:  # synchronous replicas: the fewest batches of any rank
-                common = min([batches] + [sum(1 for _ in self._rank_batches(r, epoch))
-                                          for r in range(len(self.tables)) if r != self.rank])
-                real -= sum(b.num_real for b in islice(self._rank_batches(self.rank, epoch), common, None))
-                batches = common
-            got = self._counts[epoch] = (batches, self.tables[self.rank].num_examples - real)
+            got = self._counts[epoch] = (batches, self.table.num_examples - real)
         return got
 
     def batches(self, epoch: int, start: int = 0) -> Iterator[Batch[int]]:
-        """This rank's batches of ``epoch`` from batch ``start`` on (the ones before it made, not kept)."""
-        return islice(self._rank_batches(self.rank, epoch), start, self.count(epoch)[0])
+        """The batches of ``epoch`` from batch ``start`` on (the ones before it made, not kept)."""
+        return islice(self._batches(epoch), start, self.count(epoch)[0])
 
     def key(self) -> str:
         """What decides every epoch's batches (the data, the shard, the strategy and the seed)."""
-        return (f"{self.tables[self.rank].digest()}:{self.rank}/{len(self.tables)}:{self.batching}:{self.seed}:"
+        return (f"{self.table.digest()}:{self.rank}/1:{self.batching}:{self.seed}:"
                 f"{self.shuffle}:{self.training and self.drop_last}")
 
 

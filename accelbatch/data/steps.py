@@ -51,9 +51,9 @@ class PassSteps(Sampler):
             self.per_pass = (math.ceil(self.table.num_examples / rows) if training else self.rows.steps)
         else:
             # with `cut` (every replica's rows of an n-row call) each replica plans the combined batches of all
-            # the data and runs its rows of each; a tail that leaves a replica no row is left out
-            tables = [store.table] if cut else [store.table.shard(r, count) for r in range(count)]
-            self.plan = BatchPlan(tables, 0 if cut else index, lengths, batching, training,
+            # the data and runs its rows of each; a tail that leaves a replica no row is left out. Without it
+            # (hogwild processes, which step on their own) each plans its own share of the episodes
+            self.plan = BatchPlan(store.table if cut else self.table, 0 if cut else index, lengths, batching, training,
                                   training and config.shuffle, config.seed, config.drop_last,
                                   partial(_every_replica_runs, cut) if cut else None)
             self.rows, self.lengths, self.per_pass = None, lengths, 0
