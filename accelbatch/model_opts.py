@@ -21,6 +21,7 @@ from accelbatch.checkpoint import (
     find_checkpoint,
     has_saved_position,
     read_json_file,
+    unreadable_sidecar,
     write_json_file,
 )
 from accelbatch.names import resolve_agent_class
@@ -63,9 +64,12 @@ def write_model_opts(model_file: str, opts: Opts, model: str | None) -> None:
 
 
 def read_model_opts(model_file: str) -> dict[str, Any]:
-    """The options kept with ``model_file`` (empty when there are none, or they cannot be read)."""
+    """The options kept with ``model_file`` (empty when there are none; an error naming the file when it holds
+    something else than the JSON object accelbatch writes)."""
     saved = read_json_file(opt_path(model_file))
-    return {k: v for k, v in saved.items() if k in KEPT} if isinstance(saved, dict) else {}
+    if saved is not None and not isinstance(saved, dict):
+        raise unreadable_sidecar(opt_path(model_file), f"a JSON {type(saved).__name__}, not an object of options")
+    return {k: v for k, v in saved.items() if k in KEPT} if saved is not None else {}
 
 
 def given_on_command_line(argv: Sequence[str]) -> set[str]:

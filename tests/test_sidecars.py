@@ -28,7 +28,7 @@ def test_an_unreadable_file_beside_the_model_file_is_named_and_nothing_runs(tmp_
     opt, stats = tmp_path / "m.pt.opt", tmp_path / "m.pt.trainstats"
     assert opt.exists() and stats.exists()
     good_opt, weights = opt.read_text(), model.read_bytes()
-    for path, text in ((opt, "{bad"), (opt, ""), (stats, "{oops"), (stats, '{"metric": "accuracy"}')):
+    for path, text in ((opt, "{bad"), (opt, ""), (opt, "[1, 2]"), (stats, "{oops"), (stats, '{"metric": "accuracy"}')):
         opt.write_text(good_opt)
         path.write_text(text)
         verb = ["eval", "-t", "babi:1"] if path == opt else ["train", "-t", "babi:1", "-tstep", "3"]
