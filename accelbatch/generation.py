@@ -8,7 +8,7 @@ A *core* is any ``nn.Module`` with two methods:
 
 :class:`GeneratorModel` wraps a core into the model a :class:`~accelbatch.agents.TorchAgent` compiles:
 ``forward(batch)`` returns the teacher-forced token loss (mean over the micro-batch's target tokens) and
-per-row sums (``nll``, ``tokens``, ``correct``) the agent turns into ParlAI's loss / ppl / token_acc / tpb;
+per-row sums (``nll``, ``tokens``, ``correct``) the agent turns into ParlAI's loss / ppl / token_acc / ltpb;
 in eval mode it also generates ``preds [rows, max_len]`` (never padding or the begin token; ParlAI's
 ``--beam-min-length`` and ``--beam-block-ngram`` apply to greedy and beam alike, so beam size 1 is greedy).
 Decoding is a Python loop of exactly ``max_len`` steps over tensors whose shapes depend only on the step

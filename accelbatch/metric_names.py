@@ -16,7 +16,6 @@ from accelbatch.worlds import MultiWorld, World
 RUN_FIELDS = ("exs", "steps", "epochs", "exs_per_s", "time_s", "stopped_by")
 
 
-
 def select_metrics(report: dict[str, Any], metrics: str) -> dict[str, Any]:
     """The report with each split's metrics cut to the comma-separated ``metrics`` ('default' and 'all':
     every one); a listed metric no split has is said once on stderr."""
@@ -27,8 +26,9 @@ def select_metrics(report: dict[str, Any], metrics: str) -> dict[str, Any]:
     missing = sorted(wanted - {k for rep in splits.values() for k in rep})
     if missing:
         print(f"accelbatch: --metrics: no split reported {', '.join(missing)}", file=sys.stderr)
-    return {name: {k: v for k, v in rep.items() if k in wanted or k in RUN_FIELDS} if name in splits else rep
-            for name, rep in report.items()}
+    keep = wanted | set(RUN_FIELDS)  # a multitask report's TASK/metric too: each task's row
+    return {name: {k: v for k, v in rep.items() if k in keep or k.rpartition("/")[2] in keep}
+            if name in splits else rep for name, rep in report.items()}
 
 
 def _agents(world: World) -> list[Agent]:

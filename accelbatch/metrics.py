@@ -21,6 +21,16 @@ from typing import Iterable, Sequence
 import numpy as np
 
 from accelbatch.messages import TEXT
+from accelbatch.report_merge import (  # noqa: F401
+    AVERAGED_METRICS,
+    SCORED,
+    SHARED_COUNTS,
+    TOKEN_WEIGHTED,
+    combine_reports,
+    finish_merged,
+    merge_reports,
+    report_weights,
+)
 
 _ARTICLES = re.compile(r"\b(a|an|the)\b")
 _PUNCT = str.maketrans(string.punctuation, " " * len(string.punctuation))  # as ParlAI: a space
@@ -120,7 +130,7 @@ def _score_rows(predictions: Sequence[str | None], answers: Sequence[Sequence[st
     correct, f1s = 0, []
     score, keep = _score_pair, f1s.append
     for pred, golds in zip(predictions, answers):
-        if pred is None or not golds:
+        if pred is None or golds is None:  # no reply text, or no answers: not scored
             continue
         hit, f1 = score(pred, golds if type(golds) is tuple else tuple(golds))
         correct += hit
@@ -137,7 +147,7 @@ def _score_pair(pred: str, golds: tuple[str, ...]) -> tuple[bool, float]:
     hit = any(pred_norm == norm for norm, _, _ in forms)
     if hit and pred_norm:
         return True, 1.0
-    return hit, max(_f1_counts(pred_counts, pred_len, counts, length) for _, counts, length in forms)
+    return hit, max((_f1_counts(pred_counts, pred_len, counts, length) for _, counts, length in forms), default=0.0)
 
 
 @lru_cache(maxsize=1 << 16)
@@ -173,12 +183,13 @@ def _f1_counts(pred: dict[str, int], pred_len: int, gold: dict[str, int], gold_l
 
 def score_counted(counts: dict[tuple[str, ...] | None, dict[str | None, int]]) -> tuple[int, int, int]:
     """(scored, correct, f1 sum in :func:`exact_units`) of the rows counted in ``counts`` (answers -> prediction
-    -> rows); rows without a prediction or answers are not scored. Each distinct pair is scored once, weighted
+    -> rows); rows without a prediction or answers (None) are not scored, rows with an empty list of answers are
+    misses. Each distinct pair is scored once, weighted
     by its rows."""
     scored, correct, f1_rows = 0, 0, {}
     score = _score_pair
     for golds, by_prediction in counts.items():
-        if not golds:
+        if golds is None:
             continue
         for pred, count in by_prediction.items():
             if pred is None:
@@ -246,7 +257,9 @@ class Metrics:
     loss_sum: float = 0.0
     loss_count: int = 0
     extra: dict[str, float] = field(default_factory=dict)
-    bleu: bool = False  # also score bleu-4 (ParlAI computes it when --metrics asks: all, or a list with it)
+    # also score bleu-4: asked by --metrics bleu-4 or all; accelbatch's default leaves it out (its cost per
+    # example), unlike ParlAI's, whose default metrics include it
+    bleu: bool = False
     bleu_units: int = 0
     # rows kept to be scored: their answers' ids (chunks) in _table and their predictions, see score_pending
     _ids: list[Sequence[int]] = field(default_factory=list, repr=False, compare=False)
@@ -259,8 +272,8 @@ class Metrics:
 
     def add_rows(self, predictions: Sequence[str | None], answers: Sequence[tuple[str, ...] | None],
                  examples: int) -> None:
-        """Count ``examples`` examples and keep the rows to be scored (a row whose answers are None or empty,
-        or whose prediction is None, is not scored). ``answers`` are tuples. Scored within
+        """Count ``examples`` examples and keep the rows to be scored (a row whose answers or prediction is
+        None is not scored; empty answers are a miss). ``answers`` are tuples. Scored within
         :data:`PENDING_ROWS` rows, and before anything reads the sums."""
         self._keep(list(predictions), self._own.ids(answers), self._own, examples)
 
@@ -312,7 +325,7 @@ class Metrics:
         self.correct += correct
         self.f1_units += f1_units
         if self.bleu:
-            self.bleu_units += sum(exact_units(bleu4(pred, golds), n) for golds, preds in pairs.items() if golds
+            self.bleu_units += sum(exact_units(bleu4(pred, golds), n) for golds, preds in pairs.items()
                                    for pred, n in preds.items() if pred is not None)
 
     @property
@@ -324,7 +337,8 @@ class Metrics:
         """Count ``len(predictions)`` examples and score those with a prediction and answers."""
         correct, f1s = _score_rows(predictions, answers)
         if self.bleu:
-            self._bleu_rows.update([bleu4(p, a) for p, a in zip(predictions, answers) if p is not None and a])
+            self._bleu_rows.update([bleu4(p, a) for p, a in zip(predictions, answers)
+                                    if p is not None and a is not None])
         self.exs += len(predictions)
         self.scored += len(f1s)
         self.correct += correct
@@ -376,6 +390,8 @@ class Metrics:
             out["f1"] = from_units(self.f1_units) / self.scored
             if self.bleu:
                 out["bleu-4"] = from_units(self.bleu_units) / self.scored
+            if self.scored < self.exs:  # the averages' own count, so that reports merge exactly (report_merge)
+                out[SCORED] = self.scored
         if self.loss_count:
             out["loss"] = self.loss_sum / self.loss_count
         out.update(self.extra)
@@ -389,7 +405,8 @@ TOKEN_SUMS = ("token_nll", "token_correct", "token_batches")
 
 def token_report(out: dict[str, float]) -> dict[str, float]:
     """Replace the token sums in ``out`` by loss (token-weighted mean NLL, over the row-weighted loss), ppl =
-    exp(loss), token_acc (targets predicted exactly under teacher forcing) and tpb (target tokens per batch)."""
+    exp(loss), token_acc (targets predicted exactly under teacher forcing) and ltpb (target tokens per batch,
+    ParlAI's ltpb; its tpb also counts the context's tokens)."""
     if "token_nll" not in out:
         return out
     nll, correct, batches = (out.pop(key) for key in TOKEN_SUMS)
@@ -399,73 +416,13 @@ def token_report(out: dict[str, float]) -> dict[str, float]:
         out["ppl"] = math.exp(out["loss"]) if out["loss"] < 700 else math.inf
         out["token_acc"] = correct / tokens
     if batches:
-        out["tpb"] = tokens / batches
+        out["ltpb"] = tokens / batches
     return out
 
 
-# Report keys that are averages (a multitask report also has them prefixed with the task's name,
-# "babi:1/accuracy"); every other key is a count: exs, tokens, batch_tokens, dropped_exs, Metrics.add's sums.
-AVERAGED_METRICS = frozenset({"accuracy", "f1", "loss", "ppl", "token_acc", "tpb", "bleu-4", "pad_fraction"})
-TOKEN_WEIGHTED = frozenset({"loss", "token_acc", "tpb"})  # weighted by tokens (tpb: batches) with token metrics
-# counts every replica holds alike (each applies, or skips, the same shared update): merged once, not summed
-SHARED_COUNTS = frozenset({"skipped_updates"})
 # what a teacher reports (bleu-4 when --metrics asks for it), and what dynamic batching adds
 TEACHER_METRICS = frozenset({"exs", "accuracy", "f1"})
 BATCHING_METRICS = frozenset({"pad_fraction", "batch_tokens", "dropped_exs"})
-
-
-def report_weights(report: dict[str, float], shared: frozenset[str] = SHARED_COUNTS) -> dict[str, float | None]:
-    """How to merge ``report`` exactly with reports of other examples (other replicas): key -> weight of its
-    average, or None for a count, summed. Averages weigh by examples (a task's ``TASK/`` average by the task's),
-    token metrics by tokens (tpb by batches), pad_fraction by tokens fed; a ``shared`` count (the same in every
-    replica's report) weighs 1, so that it is kept once; ppl is exp of the merged loss (:func:`finish_merged`)."""
-    weights = {key: _weight(report, key, shared) for key in report}
-    if "tokens" in report:
-        weights.pop("ppl", None)
-    return weights
-
-
-def _weight(report: dict[str, float], key: str, shared: frozenset[str]) -> float | None:
-    task, _, name = key.rpartition("/")
-    if name in shared or name not in AVERAGED_METRICS:
-        return 1.0 if name in shared else None
-    scope = f"{task}/" if task and f"{task}/exs" in report else ""
-    exs = float(report.get(scope + "exs", 1))  # a report that does not say counts as one example
-    if name == "pad_fraction":
-        return float(report.get(scope + "batch_tokens", exs))
-    tokens = report.get(scope + "tokens")
-    per_batch = report.get(scope + "tpb") if name == "tpb" else 1.0
-    return float(tokens) / per_batch if tokens is not None and name in TOKEN_WEIGHTED and per_batch else exs
-
-
-def finish_merged(merged: dict[str, float]) -> dict[str, float]:
-    """What a merged report derives: ppl, exp of its merged token loss; a multitask report's averages, the mean of
-    its tasks' merged ones (as :func:`merge_reports` makes them)."""
-    tasks = [key[:-len("/exs")] for key in merged if key.endswith("/exs")]
-    for key in AVERAGED_METRICS & set(merged) if tasks else ():
-        values = [merged[f"{task}/{key}"] for task in tasks if f"{task}/{key}" in merged]
-        if values:
-            merged[key] = math.fsum(values) / len(values)
-    if "tokens" in merged and "loss" in merged:
-        merged["ppl"] = math.exp(merged["loss"]) if merged["loss"] < 700 else math.inf
-    return merged
-
-
-def merge_reports(reports: Iterable[tuple[str, dict[str, float]]]) -> dict[str, float]:
-    """Per-task reports (multitask) merged as ParlAI merges them: each task's keys kept prefixed with its name,
-    averages macro-averaged (the mean of the tasks'), counts (exs, Metrics.add's sums) summed."""
-    merged: dict[str, float] = {"exs": 0}
-    averages: dict[str, list[float]] = {}
-    for name, rep in reports:
-        for key, value in rep.items():
-            merged[f"{name}/{key}"] = value
-            if key in AVERAGED_METRICS:
-                averages.setdefault(key, []).append(value)
-            else:
-                merged[key] = merged.get(key, 0) + value
-    for key, values in averages.items():
-        merged[key] = math.fsum(values) / len(values)
-    return merged
 
 
 def unknown_metrics(names: Iterable[str], tasks: Sequence[str], known: Iterable[str]) -> list[str]:
@@ -481,20 +438,3 @@ def unknown_metrics(names: Iterable[str], tasks: Sequence[str], known: Iterable[
         return task is not None and name[len(task):] in known
 
     return [name for name in names if not is_known(name)]
-
-
-def combine_reports(*reports: dict[str, float], sign: int = 1,
-                    shared: frozenset[str] = frozenset()) -> dict[str, float]:
-    """The report of the examples of all ``reports``, each of its own examples (runs one after the other,
-    processes; ``sign=-1``: of the first, cumulative, report's examples less the others'): counts summed, averages
-    weighted as :func:`report_weights` says, then :func:`finish_merged`. ``shared`` counts are alike in each."""
-    totals: dict[str, list] = {}
-    for index, rep in enumerate(reports):
-        for key, weight in report_weights(rep, shared).items():
-            if isinstance(rep[key], (int, float)):
-                times = sign if index else 1
-                total = totals.setdefault(key, [0, 0.0, weight is None])  # 0: a count stays an int
-                total[0] += times * (rep[key] if weight is None else rep[key] * weight)
-                total[1] += times * (weight or 0.0)
-    return finish_merged({key: total if count else total / weight
-                          for key, (total, weight, count) in totals.items() if count or weight > 0})

@@ -21,9 +21,10 @@ from accelbatch.best_valid import BestValid, continued_best, forget_best, metric
 from accelbatch.build import Runtime, as_opts, attach_runtime, create_world
 from accelbatch.checkpoint import checkpoint_dir, has_saved_position
 from accelbatch.metric_names import metric_names_problem, select_metrics
-from accelbatch.metrics import combine_reports, finish_merged, report_weights
+from accelbatch.metrics import combine_reports
 from accelbatch.model_opts import agent_name, write_model_opts
 from accelbatch.opts import OptionError, Opts
+from accelbatch.report_merge import from_sums, to_sums
 from accelbatch.report_table import MetricsLog, json_ready
 from accelbatch.run_control import PeriodicSaver, StopSignals, check_output_paths
 from accelbatch.state import Checkpointer
@@ -91,25 +92,11 @@ def evaluate(world: World, log: MetricsLog | None = None, split: str = "valid",
 
 
 def reduce_report(report: dict[str, float], backend: Any) -> dict[str, float]:
-    """Merge one replica's report with the others' (averages weighted by examples); identity alone."""
+    """Merge one replica's report with the others' (each average weighted by what it averages over, counts
+    summed, see :mod:`accelbatch.report_merge`); identity alone."""
     if backend is None or backend.world_size == 1:
         return report
-    weights = report_weights(report)
-    sums: dict[str, float] = {"exs": float(report.get("exs", 0))}
-    for key, value in report.items():
-        if key != "exs" and isinstance(value, (int, float)) and key in weights:
-            weight = weights[key]
-            sums[key] = value if weight is None else value * weight
-            sums[f"{key}/present"] = 1.0 if weight is None else weight
-    keys = sorted(sums)
-    total = backend.reduce_metrics({k: sums[k] for k in keys})
-    merged: dict[str, float] = {"exs": int(total["exs"])}
-    for key in keys:
-        if key == "exs" or key.endswith("/present") or not total[f"{key}/present"]:
-            continue
-        summed = weights[key] is None
-        merged[key] = float(total[key]) if summed else float(total[key]) / float(total[f"{key}/present"])
-    return finish_merged(merged)
+    return from_sums(backend.reduce_metrics(to_sums(report)))
 
 
 def run(world: World, opts: Opts) -> dict[str, Any]:

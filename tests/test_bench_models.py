@@ -185,7 +185,7 @@ _TEXT = st.one_of(st.lists(_WORD, max_size=6).map(" ".join), st.text(max_size=10
 
 def _reference(preds, golds):
     """One reply at a time with the public per-reply functions (what score_batch must equal)."""
-    rows = [(p, g) for p, g in zip(preds, golds) if p is not None and g]
+    rows = [(p, g) for p, g in zip(preds, golds) if p is not None and g is not None]
     return len(rows), sum(exact_match(p, g) for p, g in rows), sum(f1_score(p, g) for p, g in rows)
 
 

@@ -220,7 +220,7 @@ def test_token_metrics_equal_a_hand_computation_and_merge_exactly_across_replica
     nll, tokens, correct = _hand_token_metrics(table, parts[0] + parts[1])
     assert 0 < correct < tokens
     want = {"loss": nll / tokens, "ppl": math.exp(nll / tokens), "token_acc": correct / tokens,
-            "tpb": tokens / 2, "tokens": tokens}
+            "ltpb": tokens / 2, "tokens": tokens}
     got = total.report()
     assert {k: got[k] for k in want} == pytest.approx(want, rel=1e-5)
 
@@ -289,7 +289,7 @@ def test_skip_generation_evaluates_the_token_loss_without_replies():
     loss_only, _ = _eval_report(ab.Opts(**common, skip_generation=True))
     assert "accuracy" in full and "accuracy" not in loss_only and "f1" not in loss_only
     assert loss_only["exs"] == full["exs"] == 10
-    for key in ("loss", "ppl", "token_acc", "tokens", "tpb"):
+    for key in ("loss", "ppl", "token_acc", "tokens", "ltpb"):
         assert loss_only[key] == pytest.approx(full[key], rel=1e-6), key
 
 
@@ -390,7 +390,7 @@ def test_data_workers_and_dynamic_batching_change_nothing_but_speed():
         results.append((report["valid"], world.get_model_agent().model.state_dict()))
     (first, w0), (second, w2) = results
     assert first["exs"] == second["exs"] == 16
-    for key in ("tokens", "loss", "ppl", "token_acc", "tpb", "accuracy"):
+    for key in ("tokens", "loss", "ppl", "token_acc", "ltpb", "accuracy"):
         assert first[key] == pytest.approx(second[key], rel=1e-6), key
     for key in w0:
         torch.testing.assert_close(w0[key], w2[key], rtol=1e-6, atol=1e-7, msg=key)

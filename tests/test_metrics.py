@@ -90,23 +90,23 @@ def _reduced(first, second):
 
 def test_replica_reports_merge_into_the_report_of_all_their_examples():
     """By hand: counts (exs, Metrics.add's rows_replied, dropped_exs, batch_tokens, tokens) summed; averages
-    weighted by examples, token metrics by tokens (tpb by batches), pad_fraction by tokens fed; a multitask
+    weighted by examples, token metrics by tokens (ltpb by batches), pad_fraction by tokens fed; a multitask
     report's per-task averages by the task's examples, its top-level averages the mean over the tasks; the
     shared skipped_updates (every replica skips the same update) kept once."""
     first = {"exs": 60, "rows_replied": 60.0, "skipped_updates": 1.0, "accuracy": 0.5, "bleu-4": 0.2,
              "dropped_exs": 2, "batch_tokens": 40, "pad_fraction": 0.25,
-             "tokens": 30.0, "loss": 2.0, "ppl": math.exp(2.0), "token_acc": 0.5, "tpb": 15.0,
+             "tokens": 30.0, "loss": 2.0, "ppl": math.exp(2.0), "token_acc": 0.5, "ltpb": 15.0,
              "t1/exs": 50, "t2/exs": 10, "t1/f1": 0.6, "t2/f1": 0.0, "f1": 0.3}
     second = {"exs": 40, "rows_replied": 40.0, "skipped_updates": 1.0, "accuracy": 0.25, "bleu-4": 0.7,
               "dropped_exs": 3, "batch_tokens": 20, "pad_fraction": 0.5,
-              "tokens": 10.0, "loss": 1.0, "ppl": math.exp(1.0), "token_acc": 0.1, "tpb": 10.0,
+              "tokens": 10.0, "loss": 1.0, "ppl": math.exp(1.0), "token_acc": 0.1, "ltpb": 10.0,
               "t1/exs": 10, "t2/exs": 30, "t1/f1": 0.0, "t2/f1": 0.5, "f1": 0.25}
     from accelbatch.metrics import SHARED_COUNTS, combine_reports
 
     merged, gathered = _reduced(first, second), combine_reports(first, second, shared=SHARED_COUNTS)
     expected = {"exs": 100, "rows_replied": 100.0, "skipped_updates": 1.0, "accuracy": 0.4, "bleu-4": 0.4,
                 "dropped_exs": 5, "batch_tokens": 60, "pad_fraction": 20 / 60,
-                "tokens": 40.0, "loss": 70 / 40, "ppl": math.exp(70 / 40), "token_acc": 16 / 40, "tpb": 40 / 3,
+                "tokens": 40.0, "loss": 70 / 40, "ppl": math.exp(70 / 40), "token_acc": 16 / 40, "ltpb": 40 / 3,
                 "t1/exs": 60, "t2/exs": 40, "t1/f1": 30 / 60, "t2/f1": 15 / 40, "f1": (30 / 60 + 15 / 40) / 2}
     assert set(merged) == set(gathered) == set(expected)
     for key, value in expected.items():

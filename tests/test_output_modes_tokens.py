@@ -10,7 +10,7 @@ import torch
 
 import accelbatch as ab
 
-KEYS = ("loss", "ppl", "token_acc", "tokens", "tpb", "exs")
+KEYS = ("loss", "ppl", "token_acc", "tokens", "ltpb", "exs")
 
 
 def _train(mode: str, device: str) -> tuple[dict, dict[str, torch.Tensor]]:

@@ -17,15 +17,15 @@ def _columns(table: str) -> list[list[str]]:
 
 
 def test_every_metric_a_split_reports_is_a_column_in_parlai_order():
-    report = {"train": {"exs": 40, "loss": 3.98, "ppl": 53.55, "token_acc": 0.095, "tokens": 263.0, "tpb": 52.6,
+    report = {"train": {"exs": 40, "loss": 3.98, "ppl": 53.55, "token_acc": 0.095, "tokens": 263.0, "ltpb": 52.6,
                         "steps": 5, "epochs": 0.2, "stopped_by": "max_train_steps", "exs_per_s": 880.2,
                         "time_s": 0.045},
               "valid": {"exs": 10, "accuracy": 0.0, "f1": 0.25, "loss": 2.64, "ppl": 14.07, "time_s": 0.06},
               "device": "cpu"}
     rows = _columns(format_report(report))
-    assert rows[0] == ["split", "exs", "accuracy", "f1", "loss", "ppl", "token_acc", "tokens", "tpb", "exs_per_s",
+    assert rows[0] == ["split", "exs", "accuracy", "f1", "loss", "ppl", "token_acc", "ltpb", "tokens", "exs_per_s",
                        "time_s"]
-    assert rows[1] == ["train", "40", "3.9800", "53.5500", "0.0950", "263", "52.6000", "880.2", "0.045"]
+    assert rows[1] == ["train", "40", "3.9800", "53.5500", "0.0950", "52.6000", "263", "880.2", "0.045"]
     assert rows[2] == ["valid", "10", "0.0000", "0.2500", "2.6400", "14.0700", "0.06"]
     assert rows[3] == ["device:", "cpu"]
 

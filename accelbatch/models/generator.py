@@ -8,7 +8,7 @@ generation runs that many steps + 1 (the end token included). Training minimises
 forcing); evaluation also generates (``--inference greedy|beam``, ``--beam-size``, ``--beam-min-length``,
 ``--beam-block-ngram``) unless ``--skip-generation``.
 
-Metrics (ParlAI's names): ``loss`` (mean NLL per target token), ``ppl`` = exp(loss), ``token_acc``, ``tpb``
+Metrics (ParlAI's names): ``loss`` (mean NLL per target token), ``ppl`` = exp(loss), ``token_acc``, ``ltpb``
 (target tokens per batch) and ``tokens``; they are sums in :class:`~accelbatch.metrics.Metrics`, so clones,
 hogwild processes and replicas merge exactly. They count the rows the plan's output mode returns: every row
 in evaluation, and in training all rows unless D x G > 1 with the default output mode Final (then the last
@@ -82,7 +82,7 @@ class GeneratorAgent(TorchAgent):
     """Base of generators: subclasses give ``build_core()`` (encode/decode, see :mod:`accelbatch.generation`)."""
 
     vocab = ByteVocab()
-    reported_metrics = frozenset({"loss", "skipped_updates", "ppl", "token_acc", "tpb", "tokens"})
+    reported_metrics = frozenset({"loss", "skipped_updates", "ppl", "token_acc", "ltpb", "tokens"})
 
     def __init__(self, opts: Any, shared: dict[str, Any] | None = None):
         super().__init__(opts, shared)
@@ -119,16 +119,19 @@ class GeneratorAgent(TorchAgent):
             batch[LOSS_TOKENS] = torch.tensor([len(t) for t in labels], dtype=torch.long)
         return batch
 
-    def summed_metrics(self, outputs: dict[str, torch.Tensor]) -> None:
-        """Token sums of ``outputs``, per row or (--output-mode sum) summed over micro-batches: sums either way."""
+    def summed_metrics(self, outputs: dict[str, torch.Tensor], batches: int | None = None) -> None:
+        """Token sums of ``outputs``, per row or (--output-mode sum) summed over micro-batches: sums either way.
+        ``batches``: the micro-batches (of -bs rows) they are of; None: a call's, -di x -gas (sum mode, full)."""
         if "tokens" in outputs:
             self.metrics.add("token_nll", float(outputs["nll"].double().sum()))
             self.metrics.add("tokens", float(outputs["tokens"].sum()))
             self.metrics.add("token_correct", float(outputs["correct"].sum()))
-            self.metrics.add("token_batches", 1)
+            o = self.opts
+            self.metrics.add("token_batches", o.device_iterations * o.gradient_accumulation if batches is None
+                             else batches)
 
     def replies(self, outputs: dict[str, torch.Tensor], observations: list[Message]) -> list[dict[str, Any]]:
-        self.summed_metrics(outputs)
+        self.summed_metrics(outputs, -(-len(observations) // max(1, self.opts.batchsize)))  # ltpb: not per call
         if "preds" not in outputs:
             return [{} for _ in observations]
         return [{"text": self.vocab.decode(row)} for row in outputs["preds"].tolist()]

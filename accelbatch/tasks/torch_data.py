@@ -103,9 +103,9 @@ def label_of(item: tuple[torch.Tensor, ...]) -> str | None:
 
 
 def _replies_with_class(item: tuple[torch.Tensor, ...]) -> bool:
-    """True when an arg max of the model's class scores is a sensible reply: the target is one class index,
-    or there is no target (inputs only); a regression target gets no reply."""
-    return len(item) == 1 or label_of(item) is not None
+    """True when an arg max of the model's class scores is a sensible reply: the target is one class index; an
+    item without one (a regression target, or inputs only) gets no reply text, so it is counted, not scored."""
+    return label_of(item) is not None
 
 
 class TorchDatasetTeacher(FixedTeacher):
@@ -133,7 +133,8 @@ class TorchDatasetTeacher(FixedTeacher):
             raise OptionError(f"-t {task} ({split}): the dataset factory returned None for {split!r}; return a "
                               f"Dataset for it{_leave_out(split)}")
         items = items_of(dataset, task, split)
-        # labels: the class index as text, or none (an empty list): rows without a class target are not scored
+        # labels: the class index as text, or an empty list for an item without a class target (its reply has
+        # no text, so it is counted in exs and not scored)
         return [[Message(text=f"{split} item {i}", labels=[] if (label := label_of(item)) is None else [label],
                          episode_done=True, **{ITEM: item, INDEX: i})] for i, item in enumerate(items)]
 
