@@ -11,6 +11,7 @@ SHA-256 manifest, ``weights_only`` loading); :meth:`Checkpointer.resume` puts a 
 from __future__ import annotations
 
 import base64
+import os
 import random
 import sys
 from typing import Any, Mapping
@@ -21,6 +22,7 @@ import torch
 from accelbatch.checkpoint import (
     CheckpointError,
     check_resumable,
+    checkpoint_dir,
     find_checkpoint,
     first_line,
     load_checkpoint,
@@ -163,6 +165,9 @@ class Checkpointer:
         streams; returns the checkpoint's other state (counters), or None when there is nothing to resume."""
         path = self.opts.model_file
         if find_checkpoint(path) is None:
+            folder = checkpoint_dir(path)
+            if os.path.isdir(folder) and any(name.startswith("gen-") for name in os.listdir(folder)):
+                load_checkpoint(path)  # saves without a manifest: refused naming the folder, never overwritten
             if self.backend.is_main_process():
                 print(f"accelbatch: --resume: no checkpoint at {path}; starting afresh", file=sys.stderr)
             return None

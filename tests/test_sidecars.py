@@ -38,3 +38,25 @@ def test_an_unreadable_file_beside_the_model_file_is_named_and_nothing_runs(tmp_
         assert "Traceback" not in got.stderr, got.stderr
         assert lines[-1].startswith(f"accelbatch: error: {path}: cannot be read"), lines[-1]
         assert "train " not in got.stdout and model.read_bytes() == weights
+
+
+@pytest.mark.parametrize("saves", [True, False])
+def test_resume_refuses_saves_without_a_manifest_and_keeps_them(tmp_path, capsys, saves):
+    """A checkpoint folder whose manifest is gone but whose saves are there is refused naming it (going on
+    afresh would overwrite what may be all that is left of a run); a folder with no save starts afresh."""
+    from accelbatch.cli import main
+
+    model = tmp_path / "m.pt"
+    folder = tmp_path / "m.pt.ckpt"
+    folder.mkdir()
+    if saves:
+        (folder / "gen-000001").mkdir()
+        (folder / "gen-000001" / "state.json").write_text("{}")
+    rc = main(["train", "-t", "babi:1", "-m", "bag", "-esz", "8", "-tstep", "2", "-mf", str(model), "--resume",
+               "--eval-splits", "", "-veps", "-1", "--no-progress"])
+    err = capsys.readouterr().err
+    if saves:
+        assert rc == 2 and f"{folder}: has no MANIFEST.json" in err, err
+        assert (folder / "gen-000001" / "state.json").read_text() == "{}" and not model.exists()
+    else:
+        assert rc == 0 and "starting afresh" in err, err
