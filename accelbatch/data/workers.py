@@ -60,10 +60,15 @@ class AgentCollate:
 
 
 def init_data_worker(worker_id: int) -> None:
-    """Set up a data worker: Ctrl-C is the run's (it saves, then stops the workers); what the worker inherited
-    (the store among it) lives as long as it does, so it is frozen out of the collector's reach: otherwise
-    every full collection walks it and, in a forked worker, copies each page it touches."""
+    """Set up a data worker: Ctrl-C and SIGTERM are the run's (it saves, then stops the workers), so the worker
+    ignores SIGINT and leaves the process group, which a terminal, ``timeout`` or a job scheduler signals as a
+    whole (SIGTERM sent to it alone still ends it, as torch's shutdown of a hung worker does; if the run dies,
+    torch's watchdog ends it); what the worker inherited (the store among it) lives as long as it does, so it
+    is frozen out of the collector's reach: otherwise every full collection walks it and, in a forked worker,
+    copies each page it touches."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    if hasattr(os, "setpgid"):
+        os.setpgid(0, 0)
     torch.set_num_threads(1)
     gc.freeze()
 
