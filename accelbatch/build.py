@@ -28,11 +28,9 @@ from typing import Any
 from accelbatch.agents import Agent, TorchAgent
 from accelbatch.checkpoint import has_saved_position
 from accelbatch.data.accessor import start_worker_server
-from accelbatch.data.datasets import EpisodeStore
-from accelbatch.data.squash import awaits_reply, keeps_answers
 from accelbatch.hogwild import HogwildWorld
 from accelbatch.host_memory import apply_host_allocator
-from accelbatch.loader_world import LoaderWorld
+from accelbatch.loader_world import LoaderWorld, awaits_replies
 from accelbatch.main_guard import check_main_guard, refuse_script_rerun
 from accelbatch.names import AGENT_PATHS, resolve_agent_class
 from accelbatch.opts import OptionError, Opts
@@ -117,15 +115,6 @@ def uses_loader(opts: Opts, agent: Agent, teacher: Teacher | None = None) -> boo
         return True
     return (opts.num_workers > 0 or opts.dataloader_mode != "sync") and collates_anywhere(agent) \
         and (teacher is None or served_as_stored(teacher))
-
-
-def awaits_replies(opts: Opts, teacher: Teacher | None) -> bool:
-    """Whether a stored episode (read into memory, not streamed) has a turn without a label that more turns
-    follow, while histories keep answers: its next turns' histories hold the model's reply to it."""
-    store = getattr(teacher, "store", None)
-    if not isinstance(store, EpisodeStore) or not keeps_answers(opts.context_length, opts.include_labels):
-        return False
-    return any(map(awaits_reply, store.examples[:-1]))
 
 
 def check_dynamic_batching(opts: Opts, teacher: Teacher | None, agent: Agent) -> None:

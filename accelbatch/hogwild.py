@@ -42,7 +42,7 @@ import torch
 
 from accelbatch.agents import Agent
 from accelbatch.loader_world import LoaderWorld
-from accelbatch.metrics import BATCHING_METRICS, Metrics, combine_reports, merge_reports
+from accelbatch.metrics import Metrics, combine_reports, merge_reports
 from accelbatch.opts import OptionError, Opts
 from accelbatch.procs import ChildSpec, ProcessFailure, Supervisor
 from accelbatch.teachers import FixedTeacher, MultiTaskTeacher, Teacher, is_training
@@ -82,8 +82,7 @@ def metric_states(world: World) -> dict[str, Any]:
             tasks = [(None, _part(teacher))]
     model = base.get_model_agent()
     # the batch plan's counts (examples left out; with dynamic batching the padding and the tokens fed)
-    batching = {k: v for k, v in base.report().items() if k in BATCHING_METRICS} \
-        if isinstance(base, LoaderWorld) else {}
+    batching = base.batching_report() if isinstance(base, LoaderWorld) else {}
     return {"tasks": tasks, "model": _part(model), "model_keeps_exs": not hasattr(model, "slot"),
             "batching": batching}
 

@@ -15,6 +15,7 @@ import numpy as np
 import torch
 
 from accelbatch.agents import Agent, TorchAgent
+from accelbatch.data.datasets import EpisodeStore
 from accelbatch.data.loader import LoadedBatch, make_loader
 from accelbatch.data.squash import awaits_reply, keeps_answers
 from accelbatch.messages import Message
@@ -52,8 +53,12 @@ class LoaderWorld(World):
         self.real_tokens = 0
         self._last_rows: tuple[Sequence[Message], Sequence[Message]] = ((), ())
         self.dropped_exs = 0  # training examples the batch plan left out (--drop-last), counted with their pass
-        # the agent's history would hold its replies to unlabelled turns: the loader's squashed texts cannot
-        self._checks_replies = keeps_answers(opts.context_length, opts.include_labels)
+        # the agent's history would hold its replies to unlabelled turns, which the loader's squashed texts
+        # cannot: episodes held in memory are checked once, now; a streamed file's batch by batch
+        if awaits_replies(opts, teacher):
+            raise OptionError(_replies_unknown(opts))
+        self._checks_replies = keeps_answers(opts.context_length, opts.include_labels) and \
+            not isinstance(teacher.store, EpisodeStore)
 
     def clone(self) -> "World":
         raise TypeError("a LoaderWorld is not cloned: it batches through its loader")
@@ -174,10 +179,13 @@ class LoaderWorld(World):
         self.total_exs = int(state["total_exs"])
 
     def report(self) -> dict[str, float]:
-        rep = super().report()
-        # padding, with dynamic batching (the strategy chosen): batch_tokens (padding included) is the
-        # count pad_fraction is weighted by when reports merge (replicas, log windows, a resumed run);
-        # like the teacher's metrics these counts start afresh after a restore
+        return {**super().report(), **self.batching_report()}
+
+    def batching_report(self) -> dict[str, float]:
+        """The batch plan's figures: with dynamic batching pad_fraction and batch_tokens (padding included: the
+        count pad_fraction is weighted by when reports merge), and the examples left out; like the teacher's
+        metrics these counts start afresh after a restore."""
+        rep: dict[str, float] = {}
         if self.padded_tokens and self.opts.dynamic_batching != "none":
             rep["pad_fraction"] = 1 - self.real_tokens / self.padded_tokens
             rep["batch_tokens"] = self.padded_tokens
@@ -197,6 +205,15 @@ class LoaderWorld(World):
             self._iter.close()
             self._iter = None
         self.loader.close()
+
+
+def awaits_replies(opts: Opts, teacher: Any) -> bool:
+    """Whether episodes held in memory have a turn without a label that more turns follow, while histories keep
+    answers: its next turns' histories hold the model's reply to it (a streamed file is not read through)."""
+    store = getattr(teacher, "store", None)
+    if not isinstance(store, EpisodeStore) or not keeps_answers(opts.context_length, opts.include_labels):
+        return False
+    return any(map(awaits_reply, store.examples[:-1]))
 
 
 def _replies_unknown(opts: Opts) -> str:
