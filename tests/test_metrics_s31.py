@@ -105,7 +105,7 @@ def test_generator_ltpb_counts_micro_batches_of_bs_rows_not_calls():
         outputs = {"nll": torch.ones(rows), "tokens": torch.full((rows,), 2.0), "correct": torch.ones(rows)}
         agent.replies(outputs, [{}] * rows)
     report = agent.metrics.report()
-    assert report["tokens"] == 20 and report.get("ltpb", report.get("tpb")) == 5.0  # 20 tokens / 4 (was / 2)
+    assert report["tokens"] == 20 and report["ltpb"] == 5.0  # 20 tokens / 4 (was / 2)
     assert "tpb" not in report  # ParlAI's tpb counts the context's tokens too
 
 

@@ -5,10 +5,8 @@ DialogTeacher-style setup_data of (message, new_episode) pairs builds the episod
 from __future__ import annotations
 
 import pytest
-import torch
-from helpers import RecordingAgent, list_teacher
+from helpers import LabelEchoTorchAgent, RecordingAgent, list_teacher
 
-from accelbatch.agents import TorchAgent
 from accelbatch.build import create_world
 from accelbatch.cli import main
 from accelbatch.loader_world import LoaderWorld
@@ -125,30 +123,12 @@ class MidDoneTeacher(FixedTeacher):
                  {"text": "q2", "labels": ["a2"]}]]
 
 
-class _Ones(torch.nn.Module):
-    def forward(self, batch):
-        return {"x": batch["x"]}
-
-
-class HistoryAgent(TorchAgent):
-    """Records the history (full_text) of every example it replies to."""
-
-    def __init__(self, opts, shared=None):
-        super().__init__(opts, shared)
-        self.histories = shared["histories"] if shared else []
-
-    def share(self):
-        return {**super().share(), "histories": self.histories}
-
-    def build_model(self):
-        return _Ones()
-
-    def batchify(self, observations):
-        return {"x": torch.ones(len(observations), 1)}
+class HistoryAgent(LabelEchoTorchAgent):
+    """Records the history (full_text) of every example it replies to, in ``seen``."""
 
     def replies(self, outputs, observations):  # in the main process, also with data workers
-        self.histories.extend(o["full_text"] for o in observations)
-        return [{"text": "r"} for _ in observations]
+        self.seen.extend(o["full_text"] for o in observations)
+        return [{} for _ in observations]
 
 
 def test_mid_episode_done_splits_the_episode_for_the_agent_and_the_data_workers():
@@ -160,7 +140,7 @@ def test_mid_episode_done_splits_the_episode_for_the_agent_and_the_data_workers(
     assert [o["full_text"] for o in store.observations([0, 1, 2], -1, True)] == expected  # what workers vectorize
     world = create_world(opts, agent=HistoryAgent, teacher=teacher)
     _hand_loop(world)
-    assert world.get_model_agent().histories == expected  # the agent's own history
+    assert world.get_model_agent().seen == expected  # the agent's own history
 
 
 @pytest.mark.multiprocess
@@ -171,7 +151,7 @@ def test_mid_episode_done_histories_from_a_data_worker():
     assert isinstance(world, LoaderWorld)
     try:
         _hand_loop(world)
-        assert world.get_model_agent().histories == ["q0", "q1", "q1\na1\nq2"]
+        assert world.get_model_agent().seen == ["q0", "q1", "q1\na1\nq2"]
     finally:
         world.shutdown()
 
