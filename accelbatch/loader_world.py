@@ -48,6 +48,7 @@ class LoaderWorld(World):
         self._tasks = getattr(teacher.store, "task_of", None)
         self._iter: Any = None
         self._done = False
+        self._ordered_pass_over = False  # train:ordered: the last parley ended a pass (epoch_done, as ParlAI)
         self._ahead: LoadedBatch | None = None  # fetched one parley early, its copy to the device started
         self.padded_tokens = 0
         self.real_tokens = 0
@@ -69,8 +70,10 @@ class LoaderWorld(World):
             return
         if self.training and batch.num_real < batch.rows:  # --no-drop-last: padding rows stay out of the loss
             batch = _real_rows_only(batch)
-        if self.training and batch.step[1] + 1 == self.loader.steps.steps_in(batch.step[0]):
-            self.dropped_exs += self.loader.steps.dropped(batch.step[0])  # its pass is over with this batch
+        pass_over = self.training and batch.step[1] + 1 == self.loader.steps.steps_in(batch.step[0])
+        if pass_over:
+            self.dropped_exs += self.loader.steps.dropped(batch.step[0])
+        self._ordered_pass_over = pass_over and not self.loader.config.shuffle
         teacher, messages = self.agents[0], batch.messages
         if self._checks_replies and any(map(awaits_reply, messages)):
             raise OptionError(_replies_unknown(self.opts))
@@ -138,7 +141,9 @@ class LoaderWorld(World):
         return out
 
     def epoch_done(self) -> bool:
-        return self._done
+        """Evaluation: its one pass is over; ``train:ordered`` (no cycling): the last parley ended a pass, and
+        the next one starts the next pass (how ``run()`` trains ``-ne`` passes)."""
+        return self._done or self._ordered_pass_over
 
     def display(self) -> str:
         """The last parley's rows: each example, then the model's reply to it."""
@@ -175,7 +180,7 @@ class LoaderWorld(World):
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.loader.load_state_dict(state["loader"])
-        self._iter, self._done, self._ahead = None, False, None
+        self._iter, self._done, self._ahead, self._ordered_pass_over = None, False, None, False
         self.total_exs = int(state["total_exs"])
 
     def report(self) -> dict[str, float]:
@@ -196,7 +201,7 @@ class LoaderWorld(World):
     def reset(self) -> None:
         if self._iter is not None:
             self._iter.close()
-        self._iter, self._done, self._ahead = None, False, None
+        self._iter, self._done, self._ahead, self._ordered_pass_over = None, False, None, False
         self.padded_tokens = self.real_tokens = self.dropped_exs = 0
         super().reset()
 

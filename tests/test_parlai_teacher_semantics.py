@@ -62,6 +62,56 @@ def test_ordered_training_run_trains_the_epochs_asked():
     assert sorted(world.get_model_agent().seen) == sorted(DATA_ORDER * 2)
 
 
+@pytest.mark.parametrize("front_end, steps, exs", [
+    ({"dynamic_batching": "batchsort", "drop_last": False}, 4, 13),
+    ({"dynamic_batching": "batchsort"}, 3, 12),  # a pass drops its short batch by default
+    pytest.param({"dataloader_mode": "async"}, 5, 13, marks=[pytest.mark.multiprocess, pytest.mark.timeout(120)]),
+], ids=["dynamic-batching", "dropping-the-tail", "async"])
+def test_ordered_training_on_the_loader_ends_its_epoch_after_one_pass(front_end, steps, exs):
+    """The batched front end too: a hand loop stops after one pass, and the parley after that starts the next.
+    13 examples, bs 4: batchsort cuts 4 batches (the last of 1 row, dropped by default); the clones' rows
+    deal episodes 0,4 / 1,5 / 2,6 / 3 (3, 5, 4 and 1 turns): 5 steps, as a BatchWorld takes."""
+    opts = Opts(datatype="train:ordered", batchsize=4, **front_end)
+    world = create_world(opts, agent=LabelEchoTorchAgent, teacher=list_teacher(LENGTHS)(opts))
+    try:
+        assert isinstance(world, LoaderWorld)
+        assert _hand_loop(world) == steps and world.epoch_done()
+        assert world.get_total_exs() == exs and len(world.get_model_agent().seen) == exs
+        assert exs < 13 or sorted(world.get_model_agent().seen) == sorted(DATA_ORDER)
+        world.parley()
+        assert not world.epoch_done() and len(world.get_model_agent().seen) > 13
+    finally:
+        world.shutdown()
+
+
+@pytest.mark.multiprocess
+@pytest.mark.timeout(120)
+def test_ordered_training_serves_the_same_rows_with_or_without_the_loader():
+    """A performance option changes no result: two ordered passes through the async loader serve the rows,
+    step by step, that the clones serve (a pass padded at its end, not running on into the next)."""
+    seen = []
+    for changes in ({}, {"dataloader_mode": "async"}):
+        opts = Opts(datatype="train:ordered", batchsize=4, **changes)
+        world = create_world(opts, agent=LabelEchoTorchAgent, teacher=list_teacher(LENGTHS)(opts))
+        try:
+            for _ in range(2):
+                _hand_loop(world)
+                world.parley()
+            seen.append(world.get_model_agent().seen)
+        finally:
+            world.shutdown()
+    assert seen[0] == seen[1] and len(seen[0]) == 2 * 13 + 4  # two passes and the first step of a third
+
+
+def test_ordered_training_run_on_the_loader_trains_the_epochs_asked():
+    opts = Opts(datatype="train:ordered", batchsize=4, num_epochs=2, progress=False, eval_splits="",
+                validation_every_n_epochs=-1, dynamic_batching="batchsort", drop_last=False)
+    world = create_world(opts, agent=LabelEchoTorchAgent, teacher=list_teacher(LENGTHS)(opts))
+    train = run(world, opts)["train"]
+    assert (train["exs"], train["steps"]) == (26, 8)
+    assert sorted(world.get_model_agent().seen) == sorted(DATA_ORDER * 2)
+
+
 # --- 2. reset() clears the teacher's metrics ------------------------------------------------------------
 def test_teacher_reset_clears_its_metrics():
     opts = Opts(datatype="valid")

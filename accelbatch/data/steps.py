@@ -45,10 +45,13 @@ class PassSteps(Sampler):
         self.pass_, self.skip = 0, 0
         self._current: tuple[int, int] | None = None  # (pass, first index) of the pass under way
         if batching is None:
-            order = make_order(self.table, training and config.shuffle, config.seed)
-            self.rows = RowSchedule(self.table, rows, order, loop=training, pad=store.pad, serve=serve)
+            # shuffled training data cycles: a row's episodes run on into the next pass; ordered data (ParlAI's
+            # train:ordered) does not, its pass ends padded as an evaluation's does
+            loop = training and config.shuffle
+            order = make_order(self.table, loop, config.seed)
+            self.rows = RowSchedule(self.table, rows, order, loop=loop, pad=store.pad, serve=serve)
             self.plan, self.lengths = None, None
-            self.per_pass = (math.ceil(self.table.num_examples / rows) if training else self.rows.steps)
+            self.per_pass = math.ceil(self.table.num_examples / rows) if loop else self.rows.steps
         else:
             # with `cut` (every replica's rows of an n-row call) each replica plans the combined batches of all
             # the data and runs its rows of each; a tail that leaves a replica no row is left out. Without it
@@ -94,7 +97,7 @@ class PassSteps(Sampler):
         return Step(pass_, index, ids, len(rows), batch.padded_len)
 
     def _row_steps(self, pass_: int, first: int) -> Iterator[Step]:
-        start = (pass_ * self.per_pass if self.training else 0) + first  # evaluation: each pass is the one pass
+        start = (pass_ * self.per_pass if self.rows.loop else 0) + first  # not cycling: each pass is the one pass
         if self.rows.next_step != start:
             self.rows.seek(start)
         index = first
