@@ -38,6 +38,7 @@ from typing import Any, NamedTuple
 import torch
 import torch.multiprocessing as tmp
 
+from accelbatch.orphans import end_with_parent, parent_for
 from accelbatch.proc_errors import (
     SCRIPT_RAN_AGAIN,
     FailureRecord,
@@ -101,12 +102,13 @@ class _Report(NamedTuple):
 
 
 def _child_main(_: int, index: int, spec: ChildSpec, target: Callable[..., Any], conn: Any,
-                stack_dir: str | None, args: tuple) -> None:
+                stack_dir: str | None, parent_pid: int | None, args: tuple) -> None:
     """Every child's entry (under torch's own wrapper): set the process up, run ``target``, report, exit.
 
     It started with SIGINT blocked (:func:`holding_sigint`): a Ctrl-C that came while it bootstrapped is
     pending. One that ignores SIGINT drops it; another gets it as a KeyboardInterrupt once it runs ``target``
     (reported as an interrupt, like any later one)."""
+    end_with_parent(parent_pid)
     if spec.own_process_group:
         os.setpgid(0, 0)
     if spec.ignore_sigint:
@@ -288,12 +290,13 @@ class Supervisor:
         self._children = _Children(spec, self._conns, stack_dir)
         self._finalizer = weakref.finalize(self, _end, self._children)
         try:
+            parent = parent_for(spec.start_method)
             with _starting(spec):
                 for index, (_, child_end) in enumerate(pipes):  # one at a time: a failed start leaks none
                     try:
                         started = tmp.start_processes(
                             _child_main, nprocs=1, join=False, start_method=spec.start_method,
-                            args=(index, spec, target, child_end, stack_dir, tuple(args)))
+                            args=(index, spec, target, child_end, stack_dir, parent, tuple(args)))
                     except BrokenPipeError:  # it ended before it read its work: what it printed says why
                         raise ProcessDied(f"{spec.role} {index} ended while starting (before it read its work; "
                                           "its own output above says why)", role=spec.role, index=index) from None

@@ -4,6 +4,7 @@ a planned shape, and torch's DataLoader around it with its workers' failures nam
 from __future__ import annotations
 
 import gc
+import multiprocessing
 import os
 import pickle
 import signal
@@ -19,6 +20,7 @@ from accelbatch.data.datasets import Store
 from accelbatch.data.rebatch import tree_map
 from accelbatch.data.steps import Step
 from accelbatch.messages import Message
+from accelbatch.orphans import end_with_parent
 from accelbatch.procs import FailureRecord, ProcessDied, ProcessTimeout, describe_exit
 
 __all__ = ["AgentCollate", "BuildStep", "LoadedBatch", "PassLoader", "identity", "init_data_worker", "pad_to_shape",
@@ -62,15 +64,28 @@ class AgentCollate:
 def init_data_worker(worker_id: int) -> None:
     """Set up a data worker: Ctrl-C and SIGTERM are the run's (it saves, then stops the workers), so the worker
     ignores SIGINT and leaves the process group, which a terminal, ``timeout`` or a job scheduler signals as a
-    whole (SIGTERM sent to it alone still ends it, as torch's shutdown of a hung worker does; if the run dies,
-    torch's watchdog ends it); what the worker inherited (the store among it) lives as long as it does, so it
-    is frozen out of the collector's reach: otherwise every full collection walks it and, in a forked worker,
-    copies each page it touches."""
+    whole (SIGTERM sent to it alone still ends it, as torch's shutdown of a hung worker does); if the process
+    that forked it dies, the kernel ends it (:func:`~accelbatch.orphans.end_with_parent`); what the worker
+    inherited (the store among it) lives as long as it does, so it is frozen out of the collector's reach:
+    otherwise every full collection walks it and, in a forked worker, copies each page it touches."""
+    end_with_parent(_data_worker_parent())
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     if hasattr(os, "setpgid"):
         os.setpgid(0, 0)
     torch.set_num_threads(1)
     gc.freeze()
+
+
+def _data_worker_parent() -> int | None:
+    """In a data worker, what :func:`~accelbatch.orphans.end_with_parent` takes: the loader's process when it
+    forked the worker from its main thread (the forking thread keeps its name in the child), 0 for a
+    forkserver's child, None otherwise."""
+    method = multiprocessing.get_start_method()
+    parent = multiprocessing.parent_process()
+    if method == "forkserver":
+        return 0
+    forked_by_main = method == "fork" and threading.current_thread().name == "MainThread"
+    return parent.pid if forked_by_main and parent is not None else None
 
 
 def pad_to_shape(tensors: Any, num_real: int, rows: int, padded_len: int | None = None,

@@ -1,0 +1,59 @@
+"""A run killed by SIGKILL (the OOM killer, ``kill -9``, a scheduler's hard limit) leaves no child behind:
+the kernel ends its data workers, hogwild processes, async accessor and replicas with it, within a second or
+two. Without that a data worker lived on for torch's 5-second parent check, or for ever when it was blocked
+writing a batch to a pipe nobody read, and hogwild processes trained on to their end."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+from helpers import TAG_ENV, tagged_pids, wait_for_first_checkpoint
+
+pytestmark = pytest.mark.multiprocess
+ROOT = str(Path(__file__).resolve().parent.parent)
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("args", [
+    ["--num-workers", "2"],
+    ["--dataloader-mode", "async", "--num-workers", "1"],
+    ["-nt", "2"],
+    ["-rf", "2", "--device", "cpu"],
+], ids=["workers", "async-accessor", "hogwild", "replicas"])
+def test_a_run_killed_by_sigkill_leaves_no_child(tmp_path: Path, args: list[str]) -> None:
+    rows = [{"text": f"hello {i}", "labels": [f"a{i % 3}"], "label_candidates": ["a0", "a1", "a2"],
+             "episode_done": True} for i in range(400)]
+    (tmp_path / "d.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+    tag = uuid.uuid4().hex
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([ROOT, os.environ.get("PYTHONPATH", "")]),
+           "OMP_NUM_THREADS": "1", TAG_ENV: tag}
+    proc = subprocess.Popen([sys.executable, "-m", "accelbatch", "train", "--no-progress", "-m", "bag", "-bs", "4",
+                             "-t", f"jsonl:{tmp_path / 'd.jsonl'}", "-ne", "1000", "-vtim", "1000000",
+                             "-mf", str(tmp_path / "m.pt"), "--save-every-n-secs", "0.5", *args],
+                            cwd=str(tmp_path), env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                            start_new_session=True)
+    try:
+        wait_for_first_checkpoint(proc, tmp_path / "m.pt", max_delay_s=0.5)  # its children are at work
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(timeout=30)
+        gone_by = time.monotonic() + 3.0  # torch's own check of a worker's parent runs every 5 s
+        while tagged_pids(tag) and time.monotonic() < gone_by:
+            time.sleep(0.05)
+        left = tagged_pids(tag)
+    finally:
+        for pid in tagged_pids(tag) | ({proc.pid} if proc.poll() is None else set()):
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except OSError:
+                pass
+        proc.wait(timeout=30)
+    assert not left, f"processes {sorted(left)} outlived the killed run by 3 s"
+
