@@ -42,6 +42,20 @@ def test_malformed_jsonl_names_file_and_line(tmp_path, content, bad_line, fragme
     assert f"{path}:{bad_line}:" in str(exc.value)
 
 
+@pytest.mark.parametrize("ending", ["\n", "\r\n", ""], ids=["lf", "crlf", "last-line"])
+def test_a_bad_json_line_names_the_column_in_that_line(tmp_path, ending):
+    """'{"text": "hello", "labels": ["a"]' lacks its closing brace: the parser expects it at column 34, one past
+    the line's 33 characters, whatever ends the line (it used to say column 1 of the next line)."""
+    path = tmp_path / "bad.jsonl"
+    path.write_bytes(('{"text": "ok", "labels": ["a"]}\n{"text": "hello", "labels": ["a"]' + ending).encode())
+    with pytest.raises(DataFileError) as exc:
+        load_episodes(str(path), "jsonl")
+    assert f"{path}:2: not valid JSON (Expecting ',' delimiter at column 34)" in str(exc.value)
+    path.write_text('{"text": "ok" "labels": ["a"]}\n')  # a missing comma inside the line: where it is
+    with pytest.raises(DataFileError, match=r":1: not valid JSON \(Expecting ',' delimiter at column 15\)"):
+        load_episodes(str(path), "jsonl")
+
+
 def test_malformed_parlai_line_names_file_and_line(tmp_path):
     path = tmp_path / "bad.txt"
     path.write_text("text:fine\tlabels:ok\tepisode_done:True\ntext:x\tnocolon\n")

@@ -44,7 +44,9 @@ def parse_jsonl_line(line: str, path: str, lineno: int) -> Message:
     try:
         obj = json.loads(line)
     except json.JSONDecodeError as exc:
-        raise DataFileError(f"{path}:{lineno}: not valid JSON ({exc.msg} at column {exc.colno}); "
+        # past the line's first line break is its end (the parser counts the break as a line of its own)
+        column = exc.colno if exc.lineno == 1 else len(_strip_line_end(line)) + 1
+        raise DataFileError(f"{path}:{lineno}: not valid JSON ({exc.msg} at column {column}); "
                             "each line must be one JSON object") from None
     # a line decoded from UTF-8 holds no surrogate: only a JSON escape \ud800-\udfff makes one, so only a line
     # with such an escape has its strings searched (the search costs more than the parse)
