@@ -215,3 +215,32 @@ def test_items_without_a_target_are_not_scored(tmp_path):
     report = json.loads(report_file.read_text())["valid"]
     assert report["exs"] == torch_task.SIZES["valid"]
     assert not {"accuracy", "f1", "loss"} & set(report), report
+
+
+def test_a_model_trained_without_targets_returns_its_loss_with_the_outputs(tmp_path):
+    """Items of one tensor and forward(x) -> (outputs, loss), PopTorch's unsupervised form: it trains as a plain
+    loop over the same batches does, and evaluation reports its loss."""
+    model_file, report_file = tmp_path / "ae.pt", tmp_path / "ae.json"
+    assert main(["train", "-t", "torch:torch_task:make_inputs_only", "-m", "torch:torch_task:AutoEncoder",
+                 "-dt", "train:ordered", "-opt", "sgd", "-lr", "0.1", "-bs", "4", "-tstep", "9", "-veps", "-1",
+                 "-vmt", "loss", "--no-progress", "-mf", str(model_file), "--report-json", str(report_file)]) == 0
+    torch.manual_seed(Opts().seed)
+    model = torch_task.AutoEncoder()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    x = torch_task.make_inputs_only("train").tensors[0]
+    for start in range(0, 36, 4):
+        optimizer.zero_grad()
+        model(x[start:start + 4])[1].backward()
+        optimizer.step()
+    weights = torch.load(model_file, weights_only=True)["model"]
+    for key, value in model.state_dict().items():
+        torch.testing.assert_close(weights["module." + key], value, rtol=0, atol=1e-6)
+    with torch.no_grad():
+        valid_loss = float(model(torch_task.make_inputs_only("valid").tensors[0])[1])
+    assert json.loads(report_file.read_text())["valid"]["loss"] == pytest.approx(valid_loss, abs=1e-5)
+
+
+def test_training_without_targets_on_outputs_alone_is_one_line(capsys):
+    err = _one_line_error(capsys, ["train", "-t", "torch:torch_task:make_inputs_only", "-m", MODEL, "-bs", "4",
+                                   "-vmt", "loss", "-tstep", "2", "--no-progress"])
+    assert "have no target" in err and "(outputs, loss)" in err

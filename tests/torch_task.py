@@ -170,3 +170,15 @@ class Regressor(torch.nn.Module):
         if target is None:
             return out
         return out, F.mse_loss(out, target)
+
+
+class AutoEncoder(torch.nn.Module):
+    """Trained without targets, as PopTorch's trainingModel takes it: forward(x) -> (outputs, loss)."""
+
+    def __init__(self):
+        super().__init__()
+        self.linear = torch.nn.Linear(4, 4)
+
+    def forward(self, x):
+        out = self.linear(x)
+        return out, F.mse_loss(out, x)

@@ -168,7 +168,8 @@ def _leave_out(split: str) -> str:
 
 class ModuleAdapter(torch.nn.Module):
     """dict in, dict out around a PopTorch-style module: ``{"input00", ..., "target"}`` ->
-    ``{"out", "loss"}`` (the loss when the batch has targets)."""
+    ``{"out", "loss"}``. Without a target the module's ``forward(*inputs)`` gives the outputs, or, as a
+    PopTorch model trained without labels (an autoencoder) does, ``(outputs, loss)``: a 0-dim loss."""
 
     def __init__(self, module: torch.nn.Module):
         super().__init__()
@@ -177,7 +178,16 @@ class ModuleAdapter(torch.nn.Module):
     def forward(self, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         inputs = [batch[k] for k in sorted(batch) if k.startswith("input")]
         if "target" not in batch:
-            return {"out": self.module(*inputs)}
+            result = self.module(*inputs)
+            if isinstance(result, (tuple, list)) and len(result) == 2 and isinstance(result[1], torch.Tensor) \
+                    and result[1].dim() == 0:
+                return {"out": result[0], "loss": result[1]}
+            if self.training:
+                raise OptionError(f"-m {type(self.module).__name__}: the items have no target (one part each), "
+                                  f"and forward(*inputs) returned {type(result).__name__}, not (outputs, loss) "
+                                  "with a 0-dim loss: to train without targets return the loss with the outputs; "
+                                  "to train on targets make them each item's last part")
+            return {"out": result}
         result = self.module(*inputs, batch["target"])
         if not (isinstance(result, (tuple, list)) and len(result) == 2):
             raise OptionError(f"-m {type(self.module).__name__}: forward(*inputs, target) must return "
