@@ -26,7 +26,7 @@ from accelbatch.model_opts import agent_name, write_model_opts
 from accelbatch.opts import OptionError, Opts
 from accelbatch.report_merge import from_sums, to_sums
 from accelbatch.report_table import MetricsLog, json_ready
-from accelbatch.run_control import PeriodicSaver, StopSignals, check_output_paths
+from accelbatch.run_control import ModelFileLock, PeriodicSaver, StopSignals, check_output_paths
 from accelbatch.state import Checkpointer
 from accelbatch.tasks.files import DataFileError
 from accelbatch.teachers import Teacher, create_teacher, eval_datatype, is_training, split_of
@@ -130,8 +130,10 @@ def run(world: World, opts: Opts) -> dict[str, Any]:
     tb_dir = opts.tensorboard_logdir
     log = MetricsLog(opts.metrics_log if main else None,
                      tensorboard=TensorBoardLog(tb_dir) if main and tb_dir else None)
+    lock: ModelFileLock | None = None
     try:
         if is_training(opts.datatype):
+            lock = ModelFileLock(opts.model_file) if main and opts.model_file else None
             then = "saving a checkpoint after this step, then stopping" if opts.model_file else \
                 "stopping after this step; nothing is saved (no --model-file)"
             with StopSignals(announce=main, then=then) as stop:
@@ -150,6 +152,8 @@ def run(world: World, opts: Opts) -> dict[str, Any]:
         log.close()
         world.shutdown()
         backend.teardown()
+        if lock is not None:
+            lock.release()
     return report
 
 

@@ -1,5 +1,6 @@
 """When a run saves and stops: :class:`PeriodicSaver` (``--save-every-n-secs``) and :class:`StopSignals`
-(SIGINT/SIGTERM become a flag the run loop checks between world steps, with a deadline)."""
+(SIGINT/SIGTERM become a flag the run loop checks between world steps, with a deadline); what it may write:
+:func:`check_output_paths`, and :class:`ModelFileLock` (one training run at a time per ``-mf``)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import sys
 import tempfile
 import threading
 import time
+from contextlib import suppress
 from typing import Any, Callable, Sequence
 
 STOP_GRACE_S = 5.0  # seconds from a stop signal to the next safe point, past which the run stops at once
@@ -141,3 +143,40 @@ def check_output_paths(opts: Any) -> None:
         except OSError as exc:
             raise OptionError(f"{flag}: cannot write {path} ({exc.strerror}: {exc.filename or folder}); give a "
                               "path in a folder you can write") from None
+
+
+class ModelFileLock:
+    """A training run's hold on ``-mf PATH``: an exclusive lock on ``PATH.lock`` (flock, released by the
+    kernel however the run ends), so that a second run writing the same model file is refused in one line
+    before it trains, not left to delete the first one's checkpoint staging mid-save. Where flock is not
+    available it holds nothing."""
+
+    def __init__(self, model_file: str):
+        from accelbatch.opts import OptionError
+
+        self.path, self._handle = model_file + ".lock", None
+        try:
+            import fcntl
+        except ImportError:  # not a POSIX system
+            return
+        handle = open(self.path, "a+")  # noqa: SIM115 - held for the run's life
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            handle.seek(0)
+            holder = handle.read().strip() or "another process"
+            handle.close()
+            raise OptionError(f"-mf/--model-file {model_file}: another training run ({holder}) is writing it "
+                              f"now ({self.path} is locked); wait for it, or give another -mf") from None
+        handle.seek(0)
+        handle.truncate()
+        handle.write(f"pid {os.getpid()}")
+        handle.flush()
+        self._handle = handle
+
+    def release(self) -> None:
+        if self._handle is not None:
+            with suppress(OSError):
+                os.unlink(self.path)
+            self._handle.close()
+            self._handle = None
