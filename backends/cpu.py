@@ -2,8 +2,9 @@
 
 Both engines are the one loop of :mod:`accelbatch.backends.engine` with CPU hooks:
 
-* :class:`PlanEngine` (one process): with R > 1 the replicas are simulated in this process (their
-  micro-batches join the update's accumulation), which gives the same weights as R processes.
+* :class:`PlanEngine` (one process): with R > 1 the replicas are simulated in this process, each adding
+  up its own micro-batches' gradients, then the replicas' added in replica order, as R processes'
+  all-reduce (and the IPU emulator) add them: the same weights, to the bit.
   Micro-batches are views of the combined batch (no copy). ``--mixed-precision bf16|fp16`` runs the
   forward under CPU autocast (outputs come back in fp32); fp16 also scales the loss
   (:class:`~accelbatch.backends.scaler.LossScaler`, GradScaler's policy, shared with the CUDA engine: an

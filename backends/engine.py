@@ -138,10 +138,13 @@ class LayoutEngine(Engine):
         kept_losses: dict[int, torch.Tensor] = {}
         losses, flags, halt, reads = [], [], None, 0
         spans = [(s[0][0], s[-1][1]) if s else None for s in updates]
+        sim = _ReplicaGrads(self.optimizer) if self.world_size == 1 and self.plan.replication_factor > 1 else None
         for u, (steps, (offset, chunk)) in enumerate(zip(updates, self._feed(batch, spans))):
             hooks.zero_grad()
             local = torch.zeros((), dtype=torch.float32, device=self.device)
             for i, (start, stop, weight, j) in enumerate(steps):
+                if sim is not None:
+                    sim.switch(lay.replica[j])
                 with hooks.no_sync(i == len(steps) - 1, bare):
                     out = hooks.forward(model_inputs(slice_rows(chunk, start - offset, stop - offset)), bare)
                     loss = loss_of(out)
@@ -150,6 +153,8 @@ class LayoutEngine(Engine):
                 if j in keep:
                     kept[j] = _detached(out)
                     kept_losses[j] = loss.detach().float()
+            if sim is not None:
+                sim.reduce()
             total = hooks.reduce(local, bare).float()
             bad = ~torch.isfinite(total)
             if hooks.host_check():
@@ -353,6 +358,40 @@ class LayoutEngine(Engine):
     def _read(self, values: torch.Tensor | None, outputs: Any) -> tuple[Any, Any]:
         self.host_syncs += 1
         return self.hooks.to_host((values, outputs))
+
+
+class _ReplicaGrads:
+    """R replicas simulated in one process: each accumulates its own micro-batches' gradients, and the
+    update's gradient is their sum in replica order, as R processes' all-reduce (and the IPU emulator) add
+    them; one ``.grad`` for all would add the same terms in another order (other float roundings)."""
+
+    def __init__(self, optimizer: torch.optim.Optimizer) -> None:
+        self.params = [p for g in optimizer.param_groups for p in g["params"]]
+        self.grads: dict[int, list[torch.Tensor | None]] = {}
+        self.current: int | None = None
+
+    def switch(self, replica: int) -> None:
+        """Put ``replica``'s gradients in ``.grad``, keeping those of the replica that ran before."""
+        if replica == self.current:
+            return
+        if self.current is not None:
+            self.grads[self.current] = [p.grad for p in self.params]
+        for i, p in enumerate(self.params):
+            p.grad = self.grads[replica][i] if replica in self.grads else None
+        self.current = replica
+
+    def reduce(self) -> None:
+        """The replicas' gradients, added in replica order, into ``.grad``; ready for the next update."""
+        if self.current is not None:
+            self.grads[self.current] = [p.grad for p in self.params]
+        for i, p in enumerate(self.params):
+            total = None
+            for r in sorted(self.grads):
+                g = self.grads[r][i]
+                total = g if total is None else total if g is None else total + g
+            p.grad = total
+        self.grads.clear()
+        self.current = None
 
 
 def _nan_text(value: float, update: int, updates: int, after: int) -> str:

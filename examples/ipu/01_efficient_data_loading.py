@@ -7,7 +7,8 @@ What it shows:
 1. The *combined batch*: one call of a PopTorch model consumes batch_size x deviceIterations x
    replicationFactor x gradientAccumulation rows. ``poptorch.DataLoader`` builds exactly that;
    ``torch.utils.data.DataLoader(batch_size=b)`` gives b rows, which the model refuses ("Invalid batch
-   dimension") once D, R or G > 1, or which silently changes the micro batch if you enlarge it by hand.
+   dimension") once D, R or G > 1 unless b is a multiple of D x R x G (then it runs D x R x G micro-batches
+   of b / (D x R x G) rows): either way enlarging it by hand changes the micro batch.
 2. Loader modes: ``Sync`` (in this process, or ``num_workers`` torch workers) and ``Async`` (an
    ``AsynchronousDataAccessor`` fills a ring buffer in a background process while the device computes).
 3. Finding the bottleneck: time the loader alone (no model), the model alone (one batch reused, and with

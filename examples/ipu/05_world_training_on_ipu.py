@@ -31,6 +31,7 @@ import shlex
 import sys
 
 import accelbatch as ab
+from accelbatch.cli import error_message
 from accelbatch.opts import Opts, build_parser
 
 DEFAULTS = dict(task="babi:1", model="memnn", device="ipu", optimizer="sgd", learning_rate=0.5, batchsize=8,
@@ -92,6 +93,18 @@ def cli_args(opts: Opts) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Run the tutorial; an option, plan or data error ends in one line and exit 2, as `accelbatch train`."""
+    try:
+        return run(argv)
+    except Exception as exc:
+        known = error_message(exc)
+        if known is None:
+            raise  # a bug: its traceback is what helps
+        print(f"05_world_training_on_ipu.py: error: {known[1]}", file=sys.stderr)
+        return known[0]
+
+
+def run(argv: list[str] | None) -> int:
     opts, compare, via_cli, tolerance = parse(sys.argv[1:] if argv is None else argv)
     opts = ensure_ipu(opts)
     if via_cli:

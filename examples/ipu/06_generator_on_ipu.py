@@ -32,6 +32,7 @@ import sys
 import torch
 
 import accelbatch as ab
+from accelbatch.cli import error_message
 from accelbatch.opts import Opts, build_parser
 
 DEFAULTS = dict(task="reverse:6000", model="transformer/generator", device="ipu", embedding_size=32,
@@ -84,6 +85,18 @@ def generate(agent, words: list[str]) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Run the tutorial; an option, plan or data error ends in one line and exit 2, as `accelbatch train`."""
+    try:
+        return run(argv)
+    except Exception as exc:
+        known = error_message(exc)
+        if known is None:
+            raise  # a bug: its traceback is what helps
+        print(f"06_generator_on_ipu.py: error: {known[1]}", file=sys.stderr)
+        return known[0]
+
+
+def run(argv: list[str] | None) -> int:
     opts, compare, words = parse(sys.argv[1:] if argv is None else argv)
     opts = ensure_device(opts)
     if opts is None:
