@@ -212,7 +212,9 @@ class CPUBackend(Backend):
         options = EngineOptions.from_opts(opts)
         check_mixed_precision_on_cpu(options.mixed_precision)
         self.options = options
-        if getattr(opts, "replication_factor", 1) > 1 and not distributed.is_initialized():
+        launched = distributed.env_info()  # torchrun's processes join their group whatever -rf says: a count
+        many = launched is not None and launched.world_size > 1  # that disagrees is refused, not run N times
+        if (getattr(opts, "replication_factor", 1) > 1 or many) and not distributed.is_initialized():
             timeout_s = float(getattr(opts, "replica_timeout_s", distributed.DEFAULT_GROUP_TIMEOUT_S))
             if distributed.init_from_env(timeout_s=timeout_s) is not None:
                 self._owns_group = True

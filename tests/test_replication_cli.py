@@ -120,6 +120,32 @@ def test_two_torchrun_nodes_train_the_weights_of_one_process(tmp_path):
 @pytest.mark.slow
 @pytest.mark.multiprocess
 @pytest.mark.timeout(300)
+def test_torchrun_processes_without_their_replication_factor_are_refused(tmp_path):
+    """torchrun --nproc-per-node 2 with -rf left at 1 ran two whole trainings writing the same -mf; now each
+    process says, in one line, that -rf disagrees with the processes running."""
+    import os
+    import subprocess
+    import sys
+
+    from accelbatch.backends.distributed import find_free_port
+
+    torchrun = os.path.join(os.path.dirname(sys.executable), "torchrun")
+    if not os.path.exists(torchrun):
+        pytest.skip("torchrun is not installed next to this python")
+    done = subprocess.run([torchrun, "--nproc-per-node", "2", "--master-port", str(find_free_port()), "-m",
+                           "accelbatch", "train", "-t", "babi:1", "-m", "memnn", "-tstep", "4", "--no-progress",
+                           "--device", "cpu", "-mf", str(tmp_path / "m.pt")],
+                          capture_output=True, text=True, timeout=240, env=dict(os.environ, OMP_NUM_THREADS="1"))
+    assert done.returncode != 0
+    said = [line for line in done.stderr.splitlines() if "accelbatch: error:" in line]
+    assert len(said) == 2 and all("--replication-factor 1 but 2 processes are running" in line for line in said), \
+        done.stderr[-3000:]
+    assert not (tmp_path / "m.pt").exists()
+
+
+@pytest.mark.slow
+@pytest.mark.multiprocess
+@pytest.mark.timeout(300)
 def test_real_replicas_report_an_agents_own_count_and_the_shared_skips_as_one_process(tmp_path, write_jsonl):
     """An agent's Metrics.add count (rows_replied: a sum) is the rows of every replica, as with -rf 1 and as
     the replicas emulated in one process (ab.run) count it; skipped_updates (a poisoned row's update, skipped
