@@ -69,10 +69,11 @@ def setup_runtime(opts: Opts) -> Runtime:
 
     plan = ExecutionPlan.from_opts(opts, training=True)  # a bad plan fails before any process or device work
     backend_class = get_backend(opts.device, opts)
-    if not opts.drop_last and is_training(opts.datatype) and not backend_class.runs_partial_tails:
+    if (not opts.drop_last and opts.dynamic_batching != "none" and is_training(opts.datatype)
+            and not backend_class.runs_partial_tails):  # without dynamic batching no training batch is partial
         raise OptionError(f"--no-drop-last: --device {opts.device} runs graphs of static shapes, which cannot train "
-                          "an epoch's partial last batch; train with --drop-last (the default), which drops it and "
-                          "says so")
+                          f"a pass's partial batches of --dynamic-batching {opts.dynamic_batching}; train with "
+                          "--drop-last (the default), which drops them and says so")
     apply_host_allocator(opts.host_allocator)  # before any data worker or hogwild process starts: they inherit it
     backend = backend_class()
     backend.setup(opts)  # joins the replicas' group when launched as one of them; the topology says where

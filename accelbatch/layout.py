@@ -134,8 +134,8 @@ def compute_layout(plan: Any, n: int) -> CallLayout:
     if not plan.training:
         b = plan.micro_batch if n <= plan.combined_batch else n // (d * r)
         partial = False
-    elif plan.is_tail(n):
-        b, partial = plan.micro_batch, True
+    elif plan.is_tail(n):  # b rows a micro-batch, more when the tail exceeds the combined batch (M <= D x R x G)
+        b, partial = max(plan.micro_batch, _ceil_div(n, plan.factor)), True
     else:
         b, partial = n // plan.factor, False
     m = _ceil_div(n, b)

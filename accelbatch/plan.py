@@ -30,9 +30,9 @@ Training call, as in PopTorch:
 
 * A call whose row count is a multiple of ``D x R x G`` other than the combined batch is accepted, as
   PopTorch does: its micro batch is ``rows / (D x R x G)`` (dynamic batching changes ``b``, never ``D``,
-  ``R`` or ``G``). Any other row count fails :meth:`ExecutionPlan.validate_batch` with PopTorch's
-  "Invalid batch dimension" text, unless the plan has ``drop_last=False`` and the call has fewer rows than
-  the combined batch: that is an epoch tail (below), whatever its divisibility.
+  ``R`` or ``G``), with ``drop_last`` or without. Any other row count fails
+  :meth:`ExecutionPlan.validate_batch` with PopTorch's "Invalid batch dimension" text, unless the plan has
+  ``drop_last=False``: then it is an epoch tail (below).
 
 Inference (:meth:`ExecutionPlan.for_inference`): the same world rows, micro batch ``b x G``, ``G = 1`` (an
 inference plan with ``G > 1`` is refused, as PopTorch's ``inferenceModel`` refuses it), output ``ALL``:
@@ -41,18 +41,20 @@ last batch of an evaluation); it is cut into micro-batches of the eval micro bat
 
 Partial tail policy (``drop_last=False`` only; with ``drop_last=True``, the default, the batch plan leaves
 the tail out and counts it, ``dropped_exs``, an epoch still being one pass over the data). A training call
-with ``n`` rows, ``n`` < combined batch, is the epoch's tail and runs as follows, identically on every backend:
+with ``n`` rows, ``n`` not a multiple of ``F = D x R x G``, is a tail (a pass's partial batch) and runs as
+follows, identically on every backend:
 
-1. it is cut, in row order, into ``M = ceil(n / b)`` micro-batches of ``b`` rows (the plan's micro batch);
-   only the last one may be shorter;
+1. it is cut, in row order, into ``M = ceil(n / b')`` micro-batches of ``b' = max(b, ceil(n / F))`` rows
+   (the plan's micro batch, unless the tail has more rows than the combined batch: then ``M <= F``); only
+   the last one may be shorter;
 2. micro-batch ``j`` goes where it would go in a full call: weight update ``j // (G x R)`` and replica
    ``j % R`` (so replica shards stay contiguous in row order, filled replica-fastest, and a replica
    may have fewer micro-batches than another, or none, in the last update);
-3. there are ``ceil(M / (G x R))`` weight updates (fewer than ``D``; the last accumulation window may be
+3. there are ``ceil(M / (G x R))`` weight updates (at most ``D``; the last accumulation window may be
    partial); each averages over the rows actually present: with ``Reduction.MEAN`` micro-batch ``j``'s
    loss is weighted ``n_j / N_u`` (``n_j`` its rows, ``N_u`` the rows of its update), so the update's
    gradient is exactly the gradient of the mean per-row loss over those rows (for a mean-loss model);
-   with ``Reduction.SUM`` the weight is ``n_j / b``, so a full micro-batch counts 1 and a short one in
+   with ``Reduction.SUM`` the weight is ``n_j / b'``, so a full micro-batch counts 1 and a short one in
    proportion to its rows;
 4. the call returns every row's outputs (as ``ALL``), since the mode's shapes do not apply to a tail.
 
@@ -283,9 +285,6 @@ class ExecutionPlan:
         d, r, g = self.device_iterations, self.replication_factor, self.gradient_accumulation
         k = self.input_group_size
         grouped = f" / --ipu-input-replica-grouping({k})" if k > 1 else ""
-        tail = ("" if self.drop_last else
-                f" (with --no-drop-last a call of fewer than {self.combined_batch} rows is an epoch tail and "
-                "is cut into micro-batches by the partial-tail policy; more rows must still be a multiple)")
         raise PlanError(
             f"Invalid batch dimension: In the input {what}, the batch dimension ({n}) must be a multiple of "
             f"Options.deviceIterations({d}) * (Options.replicationFactor({r}) / "
@@ -295,19 +294,19 @@ class ExecutionPlan:
             f"In accelbatch the rows per call ('{name}') are the combined batch --batchsize({self.micro_batch}) "
             f"x --device-iterations({d}) x --replication-factor({r}){grouped} x --gradient-accumulation({g}) = "
             f"{self.combined_batch}: give the engine batches of that size (or any multiple of {self.factor}), "
-            f"or change --batchsize, --device-iterations, --replication-factor or --gradient-accumulation"
-            f"{tail}.")
+            f"or change --batchsize, --device-iterations, --replication-factor or --gradient-accumulation.")
 
     def is_tail(self, rows: int) -> bool:
-        """True when a call of ``rows`` rows is run by the partial-tail policy."""
-        return not self.drop_last and 0 < rows < self.combined_batch
+        """True when a call of ``rows`` rows is run by the partial-tail policy: ``drop_last=False`` and rows
+        not a multiple of D x R x G (a multiple runs as a full call with micro batch rows / (D x R x G))."""
+        return not self.drop_last and rows > 0 and rows % self.factor != 0
 
     # --- layout ------------------------------------------------------------------------------
     def layout(self, rows: int, name: str = "input") -> CallLayout:
         """The layout of a call with ``rows`` rows (cached per row count); PlanError when invalid.
 
         Training plans: a multiple of D x R x G runs with micro batch rows / (D x R x G); a tail
-        (``drop_last=False``, fewer rows than the combined batch) runs by the partial-tail policy.
+        (``drop_last=False``, any other row count) runs by the partial-tail policy.
         Inference plans: up to the combined batch, cut into micro-batches of the micro batch (last shorter);
         more rows must be a multiple of D x R (micro batch rows / (D x R)). Outputs are always ALL.
         """

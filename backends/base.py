@@ -252,7 +252,7 @@ class Backend(ABC):
     """Sets up a device, compiles models into engines, runs collectives across replicas, tears down."""
 
     name: ClassVar[str]
-    # whether a training call of fewer rows than the combined batch (--no-drop-last's epoch tail) can run
+    # whether a training call whose rows are not a multiple of D x R x G (--no-drop-last's tail) can run
     runs_partial_tails: ClassVar[bool] = True
     topology: Topology = Topology()     # replaced by setup(); immutable, so the shared default is safe
     options: EngineOptions = EngineOptions()

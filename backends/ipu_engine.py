@@ -274,8 +274,8 @@ class IPUEngine(Engine):
         lay = plan.layout(n)
         if lay.partial:
             raise PlanError(
-                f"a training call of {n} rows is a partial tail (fewer than the combined batch of "
-                f"{plan.combined_batch}); an IPU graph has static shapes and cannot run it: train with "
+                f"a training call of {n} rows is a partial tail (not a multiple of D x R x G = "
+                f"{plan.factor}); an IPU graph has static shapes and cannot run it: train with "
                 "--drop-last (the default), which drops the tail and says so")
         batch = self._with_loss_scale(batch, lay)
         entry = self._executor_for(True, batch)

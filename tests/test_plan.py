@@ -286,9 +286,12 @@ def test_tail_policy_example():
     summed = ExecutionPlan(micro_batch=4, device_iterations=2, gradient_accumulation=3, drop_last=False,
                            reduction="sum").layout(17)
     assert summed.weight == pytest.approx([1, 1, 1, 1, 0.25])
-    # with drop_last=False any call shorter than the combined batch is a tail, divisible or not
+    # a multiple of D x R x G (6) is no tail, drop_last or not: D updates of micro batch 18 / 6 = 3
     lay = plan.layout(18)
-    assert lay.partial and lay.micro_batch == 4 and lay.updates == ((0, 1, 2), (3, 4))
+    assert not lay.partial and lay.micro_batch == 3 and lay.updates == ((0, 1, 2), (3, 4, 5))
+    # more rows than the combined batch (24), not a multiple of 6: micro-batches of ceil(25 / 6) = 5 rows
+    lay = plan.layout(25)
+    assert lay.partial and [lay.micro_rows(j) for j in range(5)] == [5, 5, 5, 5, 5] and lay.num_updates == 2
 
 
 @settings(max_examples=80, deadline=None)
@@ -296,12 +299,15 @@ def test_tail_policy_example():
 def test_tail_policy_properties(b, d, r, g, data, red):
     plan = ExecutionPlan(micro_batch=b, device_iterations=d, replication_factor=r, gradient_accumulation=g,
                          drop_last=False, reduction=red)
-    if plan.combined_batch == 1:
-        return
-    n = data.draw(st.integers(1, plan.combined_batch - 1), label="rows")
+    f = plan.factor
+    n = data.draw(st.integers(1, 2 * plan.combined_batch + f), label="rows")
     lay = plan.layout(n)
+    if n % f == 0:  # a multiple of D x R x G is a full call with micro batch n / f
+        assert not lay.partial and lay.micro_batch == n // f and lay.num_updates == d
+        return
+    b = max(b, math.ceil(n / f))  # b rows a micro-batch, more only when n exceeds the combined batch
     m = math.ceil(n / b)
-    assert lay.partial and lay.num_micro_batches == m
+    assert lay.partial and lay.num_micro_batches == m <= f
     assert lay.starts == tuple(range(0, n, b)) and lay.stops[-1] == n
     assert all(lay.micro_rows(j) == b for j in range(m - 1))
     assert lay.num_updates == math.ceil(m / (g * r)) <= d

@@ -371,13 +371,15 @@ def test_no_drop_last_on_ipu_is_refused_before_any_work(monkeypatch, capsys):
         raise AssertionError("a world was built")
 
     monkeypatch.setattr(build, "build_world", no_world)
-    opts = Opts(device="ipu", ipu_emulator=True, drop_last=False, progress=False)
+    opts = Opts(device="ipu", ipu_emulator=True, drop_last=False, dynamic_batching="batchsort", progress=False)
     with pytest.raises(OptionError, match="--no-drop-last: --device ipu runs graphs of static shapes"):
         create_world(opts)
-    assert main(["train", "--device", "ipu", "--ipu-emulator", "--no-drop-last", "--no-progress"]) == 2
+    assert main(["train", "--device", "ipu", "--ipu-emulator", "--no-drop-last", "--dynamic-batching", "batchsort",
+                 "--no-progress"]) == 2
     assert capsys.readouterr().err.count("\n") == 1
     monkeypatch.undo()
-    evaluation = opts.replace(datatype="valid", model="repeat_label")  # evaluation has no tail to train
+    # evaluation has no tail to train
+    evaluation = opts.replace(datatype="valid", model="repeat_label", dynamic_batching="none")
     assert run(create_world(evaluation), evaluation)["valid"]["exs"] == 1000
 
 
