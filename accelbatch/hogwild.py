@@ -5,13 +5,15 @@ ParlAI's semantics, in processes (started with ``spawn`` under :class:`accelbatc
 * The main process's model agent (built and compiled by the factory) has its parameters and buffers moved to
   shared memory. Each child builds its own world with the ``build_child`` the factory hands in (its own
   agent of the same class, its own engine on the CPU, its share of the episodes: process ``rank`` of ``N``
-  serves episodes ``rank, rank + N, ...``) and points its model's parameters and buffers at the shared
-  tensors. Updates land in the one shared storage without locks (hogwild).
+  serves episodes ``rank, rank + N, ...``; in training pass by pass, :mod:`accelbatch.hogwild_passes`) and
+  points its model's parameters and buffers at the shared tensors. Updates land in the one shared storage
+  without locks (hogwild).
 * :meth:`HogwildWorld.parley` releases one process to do one parley and returns without waiting: the parley
   goes to the free process with the fewest parleys queued (at most ``depth`` each).
-* :meth:`get_total_exs` reads a shared counter (one int64 slot per process), with no synchronisation.
-  On a batch plan :meth:`passes` counts the passes of the parleys released (each process sends its place in
-  its shard's passes with each parley done; none is sent a parley past the pass of the last): -ne N is exact.
+* :meth:`get_total_exs` reads a shared counter (one int64 slot per process: the rows trained), with no
+  synchronisation. In training :meth:`passes` counts the passes of the parleys released (each process sends
+  its place in its shard's passes with each parley done; none is sent a parley past the pass of the last):
+  -ne N is exact, each process training its shard once per pass.
 * :meth:`report`, :meth:`reset_metrics` and :meth:`reset` reach every process: each has its own ordered pipe,
   so it handles each control message once, after the parleys queued before it; the main process waits for
   every answer. :meth:`report` merges the processes' metric sums.
@@ -41,6 +43,7 @@ from typing import Any
 import torch
 
 from accelbatch.agents import Agent
+from accelbatch.hogwild_passes import serve_passes
 from accelbatch.loader_world import LoaderWorld
 from accelbatch.metrics import Metrics, combine_reports, merge_reports
 from accelbatch.opts import OptionError, Opts
@@ -113,11 +116,6 @@ def merge_metric_states(states: Sequence[dict[str, Any]]) -> dict[str, float]:
     return report
 
 
-def plan_position(world: World) -> tuple[int, int, int, int] | None:
-    """A process's place in its shard's passes on a batch plan (LoaderWorld.plan_position); None elsewhere."""
-    return getattr(world, "plan_position", lambda: None)()
-
-
 # --- the child process -----------------------------------------------------------------------------------
 def _alias_model(agent: Agent, names: Sequence[str], params: Sequence[torch.Tensor],
                  buffer_names: Sequence[str], buffers: Sequence[torch.Tensor]) -> None:
@@ -154,13 +152,14 @@ def _child_main(rank: int, conn: Any, numthreads: int, opts: Opts, agent_cls: ty
     try:
         world = build_child(opts.replace(numthreads=1), agent_cls, rank, numthreads, rows)
         _alias_model(world.get_model_agent(), names, params, buffer_names, buffers)
+        where = serve_passes(world)
         seed = opts.seed * 1_000_003 + 7919 * (rank + 1)
         torch.manual_seed(seed)
         base = world.world if isinstance(world, BatchWorld) else world
         for i, multi in enumerate(w for w in [base, *getattr(world, "worlds", [])] if isinstance(w, MultiWorld)):
             multi.rng = random.Random(seed + i)
-        conn.send(("ready", plan_position(world)))
-        _serve(rank, world, counts, done, not is_training(opts.datatype), conn)
+        conn.send(("ready", where()))
+        _serve(rank, world, where, counts, done, not is_training(opts.datatype), conn)
     except EOFError:
         pass  # the main process went away: nothing to report to
     finally:
@@ -169,9 +168,10 @@ def _child_main(rank: int, conn: Any, numthreads: int, opts: Opts, agent_cls: ty
                 world.shutdown()
 
 
-def _serve(rank: int, world: World, counts: torch.Tensor, done: torch.Tensor, evaluating: bool,
-           conn: Any) -> None:
-    """Answer the main process's messages in order until told to stop (or its pipe closes)."""
+def _serve(rank: int, world: World, where: Callable[[], Any], counts: torch.Tensor, done: torch.Tensor,
+           evaluating: bool, conn: Any) -> None:
+    """Answer the main process's messages in order until told to stop (or its pipe closes); ``where``: the
+    process's place in its shard's passes (None: unknown)."""
     controls: dict[str, Callable[[Any], Any]] = {
         "report": lambda _: metric_states(world),
         "reset_metrics": lambda _: world.reset_metrics(),
@@ -180,7 +180,7 @@ def _serve(rank: int, world: World, counts: torch.Tensor, done: torch.Tensor, ev
         "drain": lambda _: None,  # the parleys queued before this one are done: nothing else to do
         "state": lambda _: world.state_dict(),
         "restore": lambda state: (world.load_state_dict(state), counts.__setitem__(rank, world.get_total_exs()))
-        and plan_position(world),
+        and where(),
     }
     while True:
         msg = conn.recv()
@@ -190,7 +190,7 @@ def _serve(rank: int, world: World, counts: torch.Tensor, done: torch.Tensor, ev
             counts[rank] = world.get_total_exs()
             if evaluating:
                 done[rank] = int(world.epoch_done())
-            conn.send(("d", plan_position(world)))
+            conn.send(("d", where()))
             continue
         if kind == "stop":
             return
@@ -225,9 +225,9 @@ class HogwildWorld(World):
                              "is not one: evaluate with --numthreads 1")
         self.numthreads, self.depth, self.timeout = n, depth, timeout
         self._training = is_training(opts.datatype)
-        # training with a fixed number of rows per parley: a released parley's examples count at once, so the
-        # run loop stops releasing at its target rather than after the parleys in flight (which would train
-        # examples past it)
+        # training with a fixed number of rows per parley where the processes' passes are unknown: a released
+        # parley's examples count at once, so the run loop stops releasing at its target rather than after the
+        # parleys in flight (which would train examples past it)
         self._exs_per_parley = exs_per_parley if self._training else None
         self._released_from = 0  # parleys released before a restore, counted in the restored total
         self._closed = False
@@ -284,9 +284,9 @@ class HogwildWorld(World):
 
     def get_total_exs(self) -> int:
         """Examples parleyed by all processes so far (a shared counter; no waiting); in training with a fixed
-        number of rows per parley, those of every parley released (the ones in flight will have trained them
-        when anything reads their results)."""
-        if self._exs_per_parley is not None:
+        number of rows per parley and no passes known, those of every parley released (the ones in flight will
+        have trained them when anything reads their results)."""
+        if self._exs_per_parley is not None and None in self._at:
             return self._released_from + self._parleys * self._exs_per_parley
         return int(self._counts.sum())
 

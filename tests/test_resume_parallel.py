@@ -28,6 +28,7 @@ from helpers import descendants, wait_for_first_checkpoint, write_qa_episodes
 from accelbatch.agents import Agent
 from accelbatch.build import create_world
 from accelbatch.checkpoint import load_checkpoint
+from accelbatch.hogwild_passes import shard_passes
 from accelbatch.messages import Message
 from accelbatch.opts import Opts
 from accelbatch.state import unsupported
@@ -171,10 +172,11 @@ def _process_stream(root, process, processes=2, rows=3, steps=2000):
     teacher = create_teacher(Opts(task=f"jsonl:{root}/data", datatype="train", batchsize=rows, seed=0))
     teacher.keep_shard(process, processes)
     teacher.serve_rows(rows)
+    shard_passes(teacher)  # a hogwild process's feed: its shard pass by pass
     out = []
     for _ in range(steps):
         examples, *_ = teacher.feed.step()
-        out += [m["text"] for m in examples]
+        out += [m["text"] for m in examples if "text" in m]  # not the padding rows that end a pass
     return out
 
 

@@ -1,0 +1,103 @@
+"""What a hogwild process trains on without a batch plan: its shard of the episodes, pass after pass.
+
+A training feed's rows run on into the next epoch where their part of this one ends (no row idles), which
+over a whole run is fair but leaves no point where a process has trained its shard exactly once. In a
+hogwild process :class:`ShardPasses` serves the shard in whole passes instead: pass ``p`` in the order's
+epoch ``p`` (a fresh seeded permutation, or data order with ``:ordered``), its last step padded (padding rows
+are not trained nor counted). Its :meth:`~ShardPasses.position` is what a batch plan's ``plan_position``
+gives, so the main process holds a process that ended its pass until the others have (``-ne N`` exact) and
+counts the rows trained.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import numpy as np
+
+from accelbatch.data.schedule import EpisodeTable, Gather, Order, RowSchedule, make_order
+from accelbatch.loader_world import LoaderWorld
+from accelbatch.teachers import FixedTeacher, PassFeed, shuffles
+from accelbatch.worlds import BatchWorld, MultiWorld, World
+
+__all__ = ["ShardPasses", "serve_passes", "shard_passes"]
+
+
+@dataclass(frozen=True)
+class _PassOrder:
+    """``order``'s epoch ``first`` as the one epoch of a schedule that does not loop."""
+
+    order: Order
+    first: int
+
+    def __call__(self, epoch: int) -> np.ndarray:
+        return self.order(self.first + epoch)
+
+    def __repr__(self) -> str:
+        return repr(self.order)  # a position's key; the pass is kept beside it
+
+
+class ShardPasses(PassFeed):
+    """A shard's episodes in ``rows`` rows, one pass at a time (see the module docstring)."""
+
+    def __init__(self, table: EpisodeTable, rows: int, order: Order, pad: int, gather: Gather):
+        self._layout = (table, rows, order, pad)
+        self.pass_no = 0
+        super().__init__(self._schedule(0), gather)
+
+    def _schedule(self, pass_no: int) -> RowSchedule:
+        table, rows, order, pad = self._layout
+        return RowSchedule(table, rows, _PassOrder(order, pass_no), loop=False, pad=pad)
+
+    def _begin_pass(self, pass_no: int) -> None:
+        if pass_no != self.pass_no:
+            self.pass_no, self.schedule = pass_no, self._schedule(pass_no)
+        self.seek([0] * self.rows)
+
+    def _next_pass(self) -> None:
+        if min(self.row_steps) >= (self.schedule.steps or 0):
+            self._begin_pass(self.pass_no + 1)
+
+    def rewind(self) -> None:
+        if self.pass_no:
+            self._begin_pass(0)
+        else:
+            super().rewind()
+
+    def position(self) -> tuple[int, int, int, int]:
+        """(pass, its steps served, its steps, the shard's examples), as ``plan_position``: a pass served is
+        the next one's step 0 (whose steps may differ: episodes of several turns)."""
+        self._next_pass()
+        return self.pass_no, min(self.row_steps), self.schedule.steps or 0, self.schedule.table.num_examples
+
+    def state_dict(self) -> dict[str, Any]:
+        return {**super().state_dict(), "pass": self.pass_no}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self._begin_pass(int(state.get("pass", 0)))
+        super().load_state_dict(state)
+
+
+Position = Callable[[], "tuple[int, int, int, int] | None"]
+
+
+def serve_passes(world: World) -> Position:
+    """Training: have the FixedTeacher of a hogwild process's world (its rows teacher clones) serve its shard
+    in passes. Returns where the process is in its shard's passes: the feed's position, a LoaderWorld's
+    ``plan_position`` (a batch plan's), or None (not known: several worlds, teachers of other kinds)."""
+    base = world.world if isinstance(world, BatchWorld) else world
+    teacher = None if isinstance(base, (LoaderWorld, MultiWorld)) else base.get_task_agent()
+    if not isinstance(teacher, FixedTeacher) or not teacher.training or teacher.serving.layout:
+        return getattr(world, "plan_position", lambda: None)
+    return shard_passes(teacher).position
+
+
+def shard_passes(teacher: FixedTeacher) -> ShardPasses:
+    """Have a training ``teacher`` (its rows and shard set, not a replica's layout) and its clones serve its
+    shard in passes; the feed."""
+    serving, store = teacher.serving, teacher.store
+    table = store.table.shard(*serving.shard)
+    order = make_order(table, shuffles(teacher.datatype), teacher.opts.seed)
+    serving.feed = ShardPasses(table, serving.rows, order, store.pad, store.gather)
+    return serving.feed
