@@ -3,15 +3,19 @@ accelbatch's own pieces, each saying which it adds), and the report cut to what 
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 from typing import Any
 
 from accelbatch.agents import Agent
 from accelbatch.metrics import BATCHING_METRICS, TEACHER_METRICS, unknown_metrics, wants_bleu
+from accelbatch.models.generator import GeneratorAgent
 from accelbatch.opts import Opts
 from accelbatch.teachers import Teacher, is_training, task_names
 from accelbatch.worlds import MultiWorld, World
 
+TEXT_METRICS = frozenset({"accuracy", "f1", "bleu-4"})  # scored on reply text: none without generation
+VMT_DEFAULT = next(f.default for f in dataclasses.fields(Opts) if f.name == "validation_metric")
 # what a split's report says about the run itself rather than the model: kept whatever --metrics lists
 RUN_FIELDS = ("exs", "steps", "epochs", "exs_per_s", "time_s", "stopped_by")
 
@@ -41,6 +45,21 @@ def _agents(world: World) -> list[Agent]:
     return list(world.get_agents())
 
 
+def _vmt_problem(world: World, opts: Opts, known: set[str], mute: bool) -> str:
+    """The line refusing ``-vmt`` (a name the valid report of this run will not have), with what to give."""
+    vmt = opts.validation_metric
+    choose = ", ".join(m for m in ("accuracy", "f1", "loss", "ppl", "token_acc") if m in known)
+    name = type(world.get_model_agent()).__name__
+    if mute and vmt.rpartition("/")[2] in TEXT_METRICS:
+        default = " (the default)" if vmt == VMT_DEFAULT else ""
+        return (f"-vmt/--validation-metric {vmt}{default}: with --skip-generation {name} generates no text, so "
+                f"the valid report has no accuracy, f1 or bleu-4; give -vmt loss (or one of {choose}), or "
+                "leave --skip-generation out")
+    hint = "; bleu-4 is scored with --metrics bleu-4 (or all)" if vmt.endswith("bleu-4") else ""
+    return (f"-vmt/--validation-metric {vmt}: the valid report of {name} on this task has no such "
+            f"metric; choose one of {choose}{hint}")
+
+
 def metric_names_problem(world: World, opts: Opts) -> str | None:
     """What is wrong with the metric names of ``-vmt`` (training) and ``--metrics``, found before the run
     starts when accelbatch's own teachers and agents make every metric (each agent says which it adds);
@@ -59,12 +78,13 @@ def metric_names_problem(world: World, opts: Opts) -> str | None:
     tasks = task_names(opts)
     vmt = opts.validation_metric
     validates = opts.validation_every_n_epochs > 0 or opts.validation_every_n_secs > 0
+    # a generator that skips generation replies no text: nothing scores accuracy, f1 or bleu-4
+    mute = opts.skip_generation and any(isinstance(agent, GeneratorAgent) for agent in models)
+    valid_known = known - TEXT_METRICS if mute else known
     # without a validation only a name no task could score is refused (the default accuracy of a regression is not)
-    if is_training(opts.datatype) and unknown_metrics([vmt], tasks, known if validates else known | TEACHER_METRICS):
-        hint = "; bleu-4 is scored with --metrics bleu-4 (or all)" if vmt.endswith("bleu-4") else ""
-        choose = ", ".join(m for m in ("accuracy", "f1", "loss", "ppl", "token_acc") if m in known)
-        return (f"-vmt/--validation-metric {vmt}: the valid report of {type(world.get_model_agent()).__name__} "
-                f"on this task has no such metric; choose one of {choose}{hint}")
+    if is_training(opts.datatype) and \
+            unknown_metrics([vmt], tasks, valid_known if validates else known | TEACHER_METRICS):
+        return _vmt_problem(world, opts, valid_known, mute)
     asked = [m.strip() for m in opts.metrics.split(",") if m.strip() and m.strip() not in ("default", "all")]
     unknown = unknown_metrics(asked, tasks, known | {"bleu-4"} | set(RUN_FIELDS))
     if unknown:

@@ -260,14 +260,15 @@ def test_generation_options_are_checked():
         TransformerGeneratorAgent(ab.Opts(label_truncate=0, embedding_size=8))
     default = TransformerGeneratorAgent(ab.Opts(embedding_size=8))  # -1: 32 label tokens kept, 33 steps
     assert default.model.max_len == 33
-    assert len(default.vectorize(ab.Message(text="q", labels=["x" * 40]))["label_vec"]) == 33
+    assert len(default.vectorize(ab.Message(text="q", labels=["x" * 40]))["label_vec"]) == 32  # cut: no end
 
 
 def test_truncation_keeps_the_end_of_the_text_and_the_start_of_the_label():
     agent = TransformerGeneratorAgent(ab.Opts(embedding_size=8, text_truncate=4, label_truncate=3))
     obs = agent.vectorize(ab.Message(text="abcdefgh", labels=["uvwxyz"]))
     assert VOCAB.decode(obs["text_vec"]) == "efgh"
-    assert obs["label_vec"] == VOCAB.encode("uvw") + [EOS]
+    assert obs["label_vec"] == VOCAB.encode("uvw")  # the end token, then the cut (ParlAI's): none left
+    assert agent.vectorize(ab.Message(text="a", labels=["uv"]))["label_vec"] == VOCAB.encode("uv") + [EOS]
     # the planned length is the width batchify gives text_vec: the kept text rounded up to PAD_MULTIPLE
     assert agent.example_length(obs) == 8
     assert agent.example_length(agent.vectorize(ab.Message(text="abc", labels=["uvwxyz"]))) == 8
@@ -315,8 +316,8 @@ def test_batches_carry_each_rows_label_tokens_for_token_normalisation():
     rows = [agent.vectorize(ab.Message(text=t, labels=[label])) for t, label in
             (("abc", "cba"), ("ab", "ba"), ("abcdefg", "gfedcba"))]
     batch = agent.batchify(rows)
-    # a label's bytes up to --label-truncate, plus the end token: the targets its row's loss averages over
-    assert batch[LOSS_TOKENS].tolist() == [4, 3, 5] == (batch["label_vec"] != 0).sum(1).tolist()
+    # a label's bytes and end token, cut to --label-truncate: the targets its row's loss averages over
+    assert batch[LOSS_TOKENS].tolist() == [4, 3, 4] == (batch["label_vec"] != 0).sum(1).tolist()
     assert LOSS_TOKENS not in agent.batchify([agent.vectorize(ab.Message(text="abc"))])
 
 

@@ -3,13 +3,14 @@
 
 Tokens are UTF-8 bytes (:class:`~accelbatch.generation.ByteVocab`), so no dictionary is built and any task's
 text round-trips. ``--text-truncate`` keeps the last tokens of the text (the latest turn matters most, as in
-ParlAI), ``--label-truncate`` the first tokens of the label (32 when it is -1, :func:`label_tokens`);
-generation runs that many steps + 1 (the end token included). Training minimises the token loss (teacher
-forcing); evaluation also generates (``--inference greedy|beam``, ``--beam-size``, ``--beam-min-length``,
-``--beam-block-ngram``) unless ``--skip-generation``.
+ParlAI), ``--label-truncate`` the first tokens of the label and its end token (32 when it is -1,
+:func:`label_tokens`; a label cut there has no end token, as in ParlAI); generation runs that many steps + 1.
+Training minimises the token loss (teacher forcing); evaluation also generates (``--inference greedy|beam``,
+``--beam-size``, ``--beam-min-length``, ``--beam-block-ngram``) unless ``--skip-generation``.
 
 Metrics (ParlAI's names): ``loss`` (mean NLL per target token), ``ppl`` = exp(loss), ``token_acc``, ``ltpb``
-(target tokens per batch) and ``tokens``; they are sums in :class:`~accelbatch.metrics.Metrics`, so clones,
+(target tokens per micro-batch the engine ran: -bs rows in training without dynamic batching, -bs x -gas in
+evaluation) and ``tokens``; they are sums in :class:`~accelbatch.metrics.Metrics`, so clones,
 hogwild processes and replicas merge exactly. They count the rows the plan's output mode returns: every row
 in evaluation, and in training all rows unless D x G > 1 with the default output mode Final (then the last
 micro-batch of each call).
@@ -23,9 +24,10 @@ from typing import Any
 import torch
 from torch import nn
 
-from accelbatch.agents import TorchAgent
+from accelbatch.agents import ModelFileError, TorchAgent
 from accelbatch.generation import EOS, PAD, ByteVocab, GeneratorModel
 from accelbatch.messages import EVAL_LABELS, LABELS, TEXT, Message
+from accelbatch.model_opts import read_model_opts
 from accelbatch.opts import OptionError
 from accelbatch.plan import LOSS_TOKENS
 
@@ -88,6 +90,8 @@ class GeneratorAgent(TorchAgent):
         super().__init__(opts, shared)
         # the loader plans batches (and buckets' static text shapes) on the width batchify pads text_vec to
         self.example_length = PaddedTextLength(text_tokens(opts))
+        # (rows, rows a micro-batch) of the latest engine call, for ltpb; until one: a full call of -bs batches
+        self._call = (opts.batchsize * opts.device_iterations * opts.gradient_accumulation, opts.batchsize)
 
     def build_core(self) -> nn.Module:
         raise NotImplementedError(f"{type(self).__name__} must implement build_core()")
@@ -106,7 +110,8 @@ class GeneratorAgent(TorchAgent):
         obs["text_vec"] = text[-text_tokens(self.opts):]
         targets = obs.get(LABELS) or obs.get(EVAL_LABELS)
         if targets:
-            obs["label_vec"] = self.vocab.encode(targets[0])[: label_tokens(self.opts)] + [EOS]
+            # the end token first, then the cut (as ParlAI): a cut label has none, the model learns no stop there
+            obs["label_vec"] = (self.vocab.encode(targets[0]) + [EOS])[: label_tokens(self.opts)]
         return obs
 
     def batchify(self, observations: list[Message]) -> dict[str, torch.Tensor]:
@@ -119,19 +124,36 @@ class GeneratorAgent(TorchAgent):
             batch[LOSS_TOKENS] = torch.tensor([len(t) for t in labels], dtype=torch.long)
         return batch
 
+    def step(self, observations: Any, batch: dict[str, torch.Tensor]) -> list[tuple[int, dict]]:
+        """:meth:`TorchAgent.step`, noting first the rows of the micro-batches the engine cuts the call into."""
+        rows = batch["text_vec"].shape[0]
+        self._call = (rows, self._micro_batch(rows, any(LABELS in obs for obs in observations)))
+        return super().step(observations, batch)
+
+    def _micro_batch(self, rows: int, training: bool) -> int:
+        """Rows a micro-batch of a call of ``rows`` rows (the last may be shorter), from the engine's plan:
+        dynamic batching changes it call to call, and evaluation runs -bs x -gas. -bs without a plan."""
+        engine = self.engine
+        plan = getattr(engine, "plan" if training else "eval_plan", None)
+        if plan is None:
+            return self.opts.batchsize
+        # R processes are each given their shard of a training call (evaluation is each process's own)
+        shards = getattr(engine, "world_size", 1) if training and getattr(engine, "inputs", "") == "shard" else 1
+        return plan.layout(rows * shards).micro_batch
+
     def summed_metrics(self, outputs: dict[str, torch.Tensor], batches: int | None = None) -> None:
         """Token sums of ``outputs``, per row or (--output-mode sum) summed over micro-batches: sums either way.
-        ``batches``: the micro-batches (of -bs rows) they are of; None: a call's, -di x -gas (sum mode, full)."""
+        ``batches``: the micro-batches they are of (ltpb); None: every one of the call (sum mode)."""
         if "tokens" in outputs:
             self.metrics.add("token_nll", float(outputs["nll"].double().sum()))
             self.metrics.add("tokens", float(outputs["tokens"].sum()))
             self.metrics.add("token_correct", float(outputs["correct"].sum()))
-            o = self.opts
-            self.metrics.add("token_batches", o.device_iterations * o.gradient_accumulation if batches is None
-                             else batches)
+            rows, micro = self._call
+            self.metrics.add("token_batches", -(-rows // micro) if batches is None else batches)
 
     def replies(self, outputs: dict[str, torch.Tensor], observations: list[Message]) -> list[dict[str, Any]]:
-        self.summed_metrics(outputs, -(-len(observations) // max(1, self.opts.batchsize)))  # ltpb: not per call
+        # the returned rows are whole micro-batches of the call's (the last one of a call may be shorter)
+        self.summed_metrics(outputs, -(-len(observations) // self._call[1]))
         if "preds" not in outputs:
             return [{} for _ in observations]
         return [{"text": self.vocab.decode(row)} for row in outputs["preds"].tolist()]
@@ -177,6 +199,22 @@ class TransformerCore(nn.Module):
 
 class TransformerGeneratorAgent(GeneratorAgent):
     """``-m transformer/generator``: :class:`TransformerCore` with ``--embedding-size`` wide layers."""
+
+    def load(self, path: str, option: str = "--model-file", optimizer: bool = True) -> None:
+        """:meth:`TorchAgent.load`; a position table of another size names the options that size it."""
+        try:
+            super().load(path, option, optimizer)
+        except ModelFileError as exc:
+            head, hint, _ = str(exc).partition("; load it with")
+            if not hint or "core.positions.weight is" not in head:
+                raise
+            saved = read_model_opts(path)
+            trained = f"-tr {saved['text_truncate']} --label-truncate {saved['label_truncate']}" \
+                if {"text_truncate", "label_truncate"} <= set(saved) else None
+            said = f"it was trained with {trained} ({path}.opt): give those or leave them out" if trained else \
+                "load it with the ones it was trained with"
+            raise ModelFileError(f"{head}; its rows are the text and label tokens it keeps (-tr/--text-truncate, "
+                                 f"--label-truncate): {said}") from None
 
     def build_core(self) -> nn.Module:
         o = self.opts
