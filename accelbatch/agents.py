@@ -43,6 +43,8 @@ class Agent:
     required_fields: tuple[str, ...] = ()
     # metrics the agent adds to a report besides the teacher's (None: unknown, as a user's agent may add any)
     reported_metrics: frozenset[str] | None = None
+    # False: its replies carry no text, so nothing scores accuracy, f1 or bleu-4 (a generator that skips generation)
+    replies_text: bool = True
 
     def __init__(self, opts: Opts, shared: dict[str, Any] | None = None):
         self.opts = opts

@@ -9,7 +9,6 @@ from typing import Any
 
 from accelbatch.agents import Agent
 from accelbatch.metrics import BATCHING_METRICS, TEACHER_METRICS, unknown_metrics, wants_bleu
-from accelbatch.models.generator import GeneratorAgent
 from accelbatch.opts import Opts
 from accelbatch.teachers import Teacher, is_training, task_names
 from accelbatch.worlds import MultiWorld, World
@@ -78,8 +77,7 @@ def metric_names_problem(world: World, opts: Opts) -> str | None:
     tasks = task_names(opts)
     vmt = opts.validation_metric
     validates = opts.validation_every_n_epochs > 0 or opts.validation_every_n_secs > 0
-    # a generator that skips generation replies no text: nothing scores accuracy, f1 or bleu-4
-    mute = opts.skip_generation and any(isinstance(agent, GeneratorAgent) for agent in models)
+    mute = not all(agent.replies_text for agent in models)  # nothing scores accuracy, f1 or bleu-4
     valid_known = known - TEXT_METRICS if mute else known
     # without a validation only a name no task could score is refused (the default accuracy of a regression is not)
     if is_training(opts.datatype) and \

@@ -92,6 +92,7 @@ class GeneratorAgent(TorchAgent):
         self.example_length = PaddedTextLength(text_tokens(opts))
         # (rows, rows a micro-batch) of the latest engine call, for ltpb; until one: a full call of -bs batches
         self._call = (opts.batchsize * opts.device_iterations * opts.gradient_accumulation, opts.batchsize)
+        self.replies_text = not opts.skip_generation
 
     def build_core(self) -> nn.Module:
         raise NotImplementedError(f"{type(self).__name__} must implement build_core()")
