@@ -96,8 +96,11 @@ def _minor_faults(choice: str) -> int:
 def test_reuse_takes_a_steady_loop_to_no_page_fault():
     # glibc as it is gives the 48 MiB back and faults it in again, 4 KiB a fault (about 160,000 faults over
     # 20 steps) in most processes; in some, other memory above it on the heap keeps it: try a few
-    assert max(_minor_faults("reuse") for _ in range(2)) < 200
     refaulted = 20 * (48 << 20) // 4096 // 2
+    # The kernel can add faults of its own to any process (NUMA balancing unmaps pages to see who touches
+    # them; a loaded CI host showed 8,192 once): every run stays far below a refault, and one shows none
+    reuse = [_minor_faults("reuse") for _ in range(3)]
+    assert max(reuse) < refaulted // 10 and min(reuse) < 200, reuse
     system = [_minor_faults("system")]
     while system[-1] < refaulted and len(system) < 6:
         system.append(_minor_faults("system"))
