@@ -11,31 +11,14 @@ counts the rows trained.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any, Callable
 
-import numpy as np
-
-from accelbatch.data.schedule import EpisodeTable, Gather, Order, RowSchedule, make_order
+from accelbatch.data.schedule import EpisodeTable, Gather, Order, PassOrder, RowSchedule, make_order
 from accelbatch.loader_world import LoaderWorld
 from accelbatch.teachers import FixedTeacher, PassFeed, shuffles
 from accelbatch.worlds import BatchWorld, MultiWorld, World
 
 __all__ = ["ShardPasses", "serve_passes", "shard_passes"]
-
-
-@dataclass(frozen=True)
-class _PassOrder:
-    """``order``'s epoch ``first`` as the one epoch of a schedule that does not loop."""
-
-    order: Order
-    first: int
-
-    def __call__(self, epoch: int) -> np.ndarray:
-        return self.order(self.first + epoch)
-
-    def __repr__(self) -> str:
-        return repr(self.order)  # a position's key; the pass is kept beside it
 
 
 class ShardPasses(PassFeed):
@@ -48,7 +31,7 @@ class ShardPasses(PassFeed):
 
     def _schedule(self, pass_no: int) -> RowSchedule:
         table, rows, order, pad = self._layout
-        return RowSchedule(table, rows, _PassOrder(order, pass_no), loop=False, pad=pad)
+        return RowSchedule(table, rows, PassOrder(order, pass_no), loop=False, pad=pad)
 
     def _begin_pass(self, pass_no: int) -> None:
         if pass_no != self.pass_no:

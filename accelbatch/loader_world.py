@@ -151,19 +151,20 @@ class LoaderWorld(World):
         return display_rows([(m, {"id": model_id, **r}) for m, r in zip(*self._last_rows)])
 
     def passes(self) -> float | None:
-        """Training on a batch plan: the passes over this shard's data parleyed (whole passes, then the share
-        of the current one's steps), a pass's dropped examples passed over with it; the same on every replica
-        (they step together). None where the examples trained measure it: rows run on into the next pass."""
+        """Training on a batch plan or in whole passes: the passes over this shard's data parleyed (whole
+        passes, then the share of the current one's steps), a pass's dropped examples passed over with it; the
+        same on every replica (they step together). None where the examples trained measure it: rows run on
+        into the next pass."""
         at = self.plan_position()
         return None if at is None else at[0] + at[1] / max(1, at[2])
 
     def plan_position(self) -> tuple[int, int, int, int] | None:
-        """Training on a batch plan: (pass, its steps parleyed, its steps, examples of this shard); None
-        otherwise (see :meth:`passes`)."""
-        if not self.training or self.loader.steps.plan is None:
+        """Training on a batch plan, or a hogwild process's share served in whole passes: (pass, its steps
+        parleyed, its steps, examples of this shard); None otherwise (see :meth:`passes`)."""
+        steps = self.loader.steps
+        if not self.training or (steps.plan is None and not steps.own_share):
             return None
         pass_, done = self.loader.position(int(self._ahead is not None))
-        steps = self.loader.steps
         return pass_, done, steps.steps_in(pass_), steps.table.num_examples
 
     def get_total_epochs(self) -> float:

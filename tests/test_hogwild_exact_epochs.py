@@ -100,6 +100,24 @@ def test_each_pass_trains_the_shard_once_in_an_order_of_the_seed(tmp_path, monke
     assert _ranked(again, 3) == shards
 
 
+@pytest.mark.multiprocess
+@pytest.mark.slow
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("loading", [("--num-workers", "2"), ("--dataloader-mode", "async")])
+def test_batches_built_by_data_workers_train_the_same_passes(tmp_path, monkeypatch, loading):
+    """Hogwild with its batches built in data workers or by the async accessor: 50 examples, -nt 2 -bs 4 -ne 2
+    shuffled: each process trains its shard once per pass, the same sequences as the main process builds."""
+    args = ("-nt", "2", "-bs", "4", "-ne", "2", "--seed", "5")
+    plain, _ = _train(tmp_path, monkeypatch, 50, *args)
+    loaded, train = _train(tmp_path, monkeypatch, 50, *args, *loading)
+    shards = _ranked(loaded, 2)
+    for rank, seen in enumerate(shards):
+        shard = list(range(rank, 50, 2))
+        assert sorted(seen[:len(shard)]) == sorted(seen[len(shard):]) == shard
+    assert shards == _ranked(plain, 2)
+    assert train["exs"] == 100 and train["epochs"] == 2.0
+
+
 def test_shard_passes_serve_each_pass_in_its_epoch_order_and_restore_the_pass():
     """ShardPasses by hand: 5 one-turn episodes, 2 rows: 3 steps a pass (the last with 1 real row), pass p in
     ShuffledOrder's epoch p; a position taken in pass 1 restores to pass 1."""

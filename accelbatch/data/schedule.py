@@ -114,6 +114,20 @@ class ShuffledOrder:
         return permutation(self.size, self.seed, epoch)
 
 
+@dataclass(frozen=True)
+class PassOrder:
+    """``order``'s epoch ``first`` as the one epoch of a schedule that does not loop (a pass of several)."""
+
+    order: Order
+    first: int
+
+    def __call__(self, epoch: int) -> np.ndarray:
+        return self.order(self.first + epoch)
+
+    def __repr__(self) -> str:
+        return repr(self.order)  # a position's key; the pass is kept beside it
+
+
 def make_order(table: EpisodeTable, shuffle: bool, seed: int) -> Order:
     """The episode order of each epoch: data order, a seeded permutation, or for several tasks in training
     ParlAI's multitask rule (each new episode from a task drawn uniformly, :class:`MixedOrder`)."""
@@ -445,4 +459,5 @@ def _pairs(examples: np.ndarray, lengths: np.ndarray, chunk: int = 8192) -> Iter
         yield from zip(part.tolist(), lengths[part].tolist())
 
 
-__all__ = ["BatchPlan", "EpisodeTable", "MixedOrder", "RowFeed", "RowSchedule", "make_order", "permutation"]
+__all__ = ["BatchPlan", "EpisodeTable", "MixedOrder", "PassOrder", "RowFeed", "RowSchedule", "make_order",
+           "permutation"]

@@ -15,7 +15,7 @@ from torch.utils.data import Sampler
 from accelbatch.data.batching import Batch, BatchingConfig, default_max_tokens, plan_buckets, token_cache_size
 from accelbatch.data.config import LoaderConfig
 from accelbatch.data.datasets import Store
-from accelbatch.data.schedule import BatchPlan, RowSchedule, make_order
+from accelbatch.data.schedule import BatchPlan, PassOrder, RowSchedule, make_order
 
 __all__ = ["PassSteps", "Step", "batching_config"]
 
@@ -41,17 +41,22 @@ class PassSteps(Sampler):
         index, count = shard
         self.shard, self.cut = shard, cut
         self.training, self.pad, self.static_rows = training, store.pad, config.static_rows
+        self.shuffle = config.shuffle
         self.table = store.table.shard(index, count)
         self.pass_, self.skip = 0, 0
         self._current: tuple[int, int] | None = None  # (pass, first index) of the pass under way
+        # a hogwild process's share of the episodes (it steps on its own: no replica's rows, no cut of them)
+        self.own_share = training and shard[1] > 1 and serve is None and cut is None
         if batching is None:
-            # shuffled training data cycles: a row's episodes run on into the next pass; ordered data (ParlAI's
-            # train:ordered) does not, its pass ends padded as an evaluation's does
-            loop = training and config.shuffle
-            order = make_order(self.table, loop, config.seed)
-            self.rows = RowSchedule(self.table, rows, order, loop=loop, pad=store.pad, serve=serve)
+            # shuffled training data cycles: a row's episodes run on into the next pass. Ordered data (ParlAI's
+            # train:ordered) does not, its pass ends padded as an evaluation's does; nor does a hogwild
+            # process's share, each pass in its epoch's order, so that it trains every example once a pass
+            loop = training and config.shuffle and not self.own_share
+            self._order = make_order(self.table, training and config.shuffle, config.seed)
+            self._layout = (rows, store.pad, serve)
+            self.rows = self._schedule(0)
             self.plan, self.lengths = None, None
-            self.per_pass = math.ceil(self.table.num_examples / rows) if loop else self.rows.steps
+            self.per_pass = math.ceil(self.table.num_examples / rows) if loop else 0
         else:
             # with `cut` (every replica's rows of an n-row call) each replica plans the combined batches of all
             # the data and runs its rows of each; a tail that leaves a replica no row is left out. Without it
@@ -61,8 +66,23 @@ class PassSteps(Sampler):
                                   partial(_every_replica_runs, cut) if cut else None)
             self.rows, self.lengths, self.per_pass = None, lengths, 0
 
+    def _schedule(self, pass_: int) -> RowSchedule:
+        """The rows' schedule: one for every pass when it loops, else pass ``pass_``'s own (its steps are its
+        longest row's turns, which vary with the pass's order)."""
+        rows, pad, serve = self._layout
+        loop = self.training and self.shuffle and not self.own_share
+        order = self._order if loop else PassOrder(self._order, pass_)
+        return RowSchedule(self.table, rows, order, loop=loop, pad=pad, serve=serve)
+
+    def _pass_rows(self, pass_: int) -> RowSchedule:
+        if not self.rows.loop and self.rows.order.first != pass_:  # type: ignore[attr-defined]
+            self.rows = self._schedule(pass_)
+        return self.rows
+
     def steps_in(self, pass_: int) -> int:
-        return self.per_pass if self.plan is None else self.plan.count(pass_)[0]
+        if self.plan is not None:
+            return self.plan.count(pass_)[0]
+        return self.per_pass if self.rows.loop else self._pass_rows(pass_).steps or 0
 
     def dropped(self, pass_: int) -> int:
         """This process's share of the examples ``pass_`` leaves out (the replicas' add up to the plan's)."""
@@ -97,15 +117,17 @@ class PassSteps(Sampler):
         return Step(pass_, index, ids, len(rows), batch.padded_len)
 
     def _row_steps(self, pass_: int, first: int) -> Iterator[Step]:
-        start = (pass_ * self.per_pass if self.rows.loop else 0) + first  # not cycling: each pass is the one pass
-        if self.rows.next_step != start:
-            self.rows.seek(start)
+        steps = self.steps_in(pass_)
+        rows = self.rows if self.rows.loop else self._pass_rows(pass_)
+        start = (pass_ * steps if rows.loop else 0) + first  # not cycling: each pass is its schedule's one pass
+        if rows.next_step != start:
+            rows.seek(start)
         index = first
-        while index < self.per_pass:
-            block = self.rows.block(min(self.per_pass - index, max(16, 65536 // self.rows.rows)))
+        while index < steps:
+            block = rows.block(min(steps - index, max(16, 65536 // rows.rows)))
             for row in block.tolist():
                 ids = tuple(i for i in row if i != self.pad)
-                yield Step(pass_, index, ids, self.rows.rows if self.static_rows else len(ids), 0)
+                yield Step(pass_, index, ids, rows.rows if self.static_rows else len(ids), 0)
                 index += 1
 
     def digest(self, pass_: int) -> str:
