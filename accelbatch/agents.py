@@ -68,9 +68,22 @@ class Agent:
         shared = self.share()
         return shared["class"](shared["opts"], shared)
 
+    @property
+    def opt(self) -> Opts:
+        """ParlAI's name for :attr:`opts` (ported code reads ``self.opt['...']``)."""
+        return self.opts
+
+    @opt.setter
+    def opt(self, value: Opts) -> None:
+        self.opts = value
+
     def fork(self) -> "Agent":
-        """A clone for another world (e.g. validation): same model, its own metrics."""
-        return self.clone()
+        """A clone for another world (e.g. validation): same model, its own metrics (a fresh one in place of
+        metrics its ``share()`` hands on, as ParlAI agents share theirs with their clones)."""
+        shared = self.share()
+        if "metrics" in shared:
+            shared = {**shared, "metrics": type(shared["metrics"])()}
+        return shared["class"](shared["opts"], shared)
 
     def reset(self) -> None:
         self.observation = None
@@ -229,11 +242,6 @@ class TorchAgent(Agent):
         shared = super().share()
         shared.update(model=self.model, optimizer=self.optimizer, slot=self.slot, metrics=self.metrics)
         return shared
-
-    def fork(self) -> "TorchAgent":
-        shared = self.share()
-        shared["metrics"] = Metrics()
-        return shared["class"](shared["opts"], shared)
 
     # --- engine ----------------------------------------------------------------------------------
     @property

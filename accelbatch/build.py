@@ -305,6 +305,10 @@ def create_world(opts: Opts | Mapping[str, Any], agent: Agent | type[Agent] | st
     elif agent is not None and not isinstance(agent, (type, Agent)):
         raise TypeError(f"create_world(agent=...) takes None (opts.model), a model name, an Agent class or an "
                         f"agent instance, not {type(agent).__name__}")
+    elif isinstance(agent, type) and not issubclass(agent, Agent):
+        raise TypeError(f"create_world(agent={agent.__name__}): derive {agent.__name__} from accelbatch.Agent "
+                        "(class ... (ab.Agent)); it gives what worlds call besides observe and act (self_observe, "
+                        "share, reset, report, reset_metrics, shutdown), and your methods override its own")
     if runtime is None and opts.numthreads > 1:
         check_main_guard(f"-nt/--numthreads {opts.numthreads}")
     elif runtime is None and opts.dataloader_mode != "sync":

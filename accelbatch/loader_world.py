@@ -22,7 +22,7 @@ from accelbatch.messages import Message
 from accelbatch.opts import OptionError, Opts
 from accelbatch.plan import ExecutionPlan
 from accelbatch.teachers import FixedTeacher, is_training, shuffles
-from accelbatch.worlds import World, checked_batch_act, display_rows
+from accelbatch.worlds import World, checked_batch_act, display_rows, refuse_non_messages
 
 
 class LoaderWorld(World):
@@ -131,13 +131,17 @@ class LoaderWorld(World):
             replies: list[dict] = [{} for _ in messages]
             for row, reply in agent.step(messages, batch.tensors):
                 replies[row] = reply
+            refuse_non_messages(agent, "replies()", replies)
             return replies
         if hasattr(agent, "batch_act") and getattr(agent, "use_batch_act", True):
-            return checked_batch_act(agent, messages)
+            replies = checked_batch_act(agent, messages)
+            refuse_non_messages(agent, "batch_act()", replies)
+            return replies
         out = []
         for msg in messages:
             agent.observe(msg)
             out.append(agent.act())
+        refuse_non_messages(agent, "act()", out)
         return out
 
     def epoch_done(self) -> bool:

@@ -67,6 +67,9 @@ def evaluate(world: World, log: MetricsLog | None = None, split: str = "valid",
     position: step, epoch; final) in the logged record.
 
     A stop signal (``stop``) ends it at the next step with KeyboardInterrupt saying how many examples it saw."""
+    if log is not None and not callable(getattr(log, "write", None)):
+        raise TypeError(f"evaluate(world, log=...): log is a MetricsLog or None, not {type(log).__name__}; the "
+                        "world evaluates with the opts it was built with: evaluate(world)")
     datatype = (getattr(world, "opts", None) or {}).get("datatype", "valid")
     if is_training(datatype):  # its epoch never ends: the train datatype repeats its data (and trains on it)
         raise OptionError(f"evaluate(world): the world serves -dt {datatype}, which repeats its data and trains; "

@@ -100,9 +100,7 @@ class World:
         return dict(self.get_task_agent().report())
 
     def report(self) -> dict[str, float]:
-        rep = self.task_report()
-        rep.update(self.get_model_agent().report())
-        return rep
+        return with_model_report(self.task_report(), self.get_model_agent())
 
     def reset_metrics(self) -> None:
         for agent in self.agents:
@@ -148,11 +146,8 @@ class DialogPartnerWorld(World):
             self.total_exs += 1
         model.observe(self.acts[0])
         self.acts[1] = reply = model.act()
-        try:
-            teacher.observe(reply)
-        except (AttributeError, TypeError):  # checked only on failure: free when the reply is a Message
-            refuse_non_messages(model, "act()", [reply])
-            raise
+        refuse_non_messages(model, "act()", [reply])
+        teacher.observe(reply)
         if self.opts.display_examples:
             print(display(self.acts))
 
@@ -177,15 +172,29 @@ def checked_batch_act(agent: Agent, observations: list[Message]) -> list[Message
     return replies
 
 
+def with_model_report(task_report: dict[str, float], model: Agent) -> dict[str, float]:
+    """The teacher's report with the model agent's metrics added; ``exs`` stays the teacher's count of the
+    examples served (an agent's own Metrics counts none unless it adds them)."""
+    rep = dict(task_report)
+    rep.update((name, value) for name, value in model.report().items() if name != "exs" or "exs" not in rep)
+    return rep
+
+
 def refuse_non_messages(agent: Agent, method: str, replies: Sequence[Any]) -> None:
-    """A :class:`ReplyError` naming ``agent``'s class and ``method`` when a reply is not a Message (a dict),
-    which the teacher would otherwise fail on deep in its scoring (that failure is left out of the chain)."""
+    """A :class:`ReplyError` naming ``agent``'s class and ``method`` when a reply is not a Message (a dict) or
+    its ``text`` is not a str, which the teacher would otherwise fail on deep in its scoring (that failure is
+    left out of the chain)."""
     for row, reply in enumerate(replies):
+        where = f" for row {row}" if method.startswith("batch_act") else ""
         if not isinstance(reply, dict):
-            where = f" for row {row}" if method.startswith("batch_act") else ""
             raise ReplyError(f"{type(agent).__name__}.{method} returned {_kind(reply)}{where}: it must return "
                              "a Message (a dict such as {'text': ...})"
                              + (", one per observation" if where else "")) from None
+        text = reply.get("text")
+        if text is not None and not isinstance(text, str):
+            raise ReplyError(f"{type(agent).__name__}.{method} returned a reply{where} whose 'text' is "
+                             f"{_kind(text)} {text!r:.60}: a reply's text is a str (leave it out to say "
+                             "nothing)") from None
 
 
 def _kind(value: Any) -> str:
@@ -263,13 +272,7 @@ class BatchWorld(World):
             self.data_time_s += perf_counter() - start
             replies = self._model_replies(examples)
             self._last_rows = (step[0], replies)
-            try:
-                teacher.score(replies, answers, real, step[2] if len(step) > 3 else None)
-            except (AttributeError, TypeError):  # as in DialogPartnerWorld: replies checked only on failure
-                model = self.world.agents[-1]
-                uses_batch_act = self._model_batch_acts and getattr(model, "use_batch_act", True)
-                refuse_non_messages(model, "batch_act()" if uses_batch_act else "act()", replies)
-                raise
+            teacher.score(replies, answers, real, step[2] if len(step) > 3 else None)
             return
         if self._parley_init:
             for w in self.worlds:
@@ -292,6 +295,7 @@ class BatchWorld(World):
         model = self.world.agents[-1]
         if self._model_batch_acts and getattr(model, "use_batch_act", True):
             replies = checked_batch_act(model, examples)
+            refuse_non_messages(model, "batch_act()", replies)
             if self._model_self_observes:
                 for agent, reply in zip(self._model_rows, replies):
                     agent.self_observe(reply)
@@ -301,6 +305,7 @@ class BatchWorld(World):
             if not self._model_observes:
                 agent.observe(example)
             out.append(agent.act())
+        refuse_non_messages(model, "act()", out)
         return out
 
     def _row_agents(self, index: int) -> list[Agent]:
@@ -442,8 +447,7 @@ class MultiWorld(World):
 
     def report(self) -> dict[str, float]:
         merged = merge_reports((name, w.task_report()) for name, w in zip(self.names, self.worlds))
-        merged.update(self.worlds[0].get_model_agent().report())
-        return merged
+        return with_model_report(merged, self.worlds[0].get_model_agent())
 
     def reset_metrics(self) -> None:
         for w in self.worlds:

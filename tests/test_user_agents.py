@@ -1,0 +1,139 @@
+"""Agents a ParlAI user writes: an agent that keeps its own Metrics (and shares them with its clones, as ParlAI
+agents do) reports beside the teacher's counts and keeps its own metrics per world; a reply whose text is not a
+str, a class not derived from Agent and ``evaluate(world, opts)`` are refused in one line before any work."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+from helpers import list_teacher
+
+import accelbatch as ab
+from accelbatch.build import create_world
+from accelbatch.opts import Opts
+from accelbatch.run import evaluate, run
+from accelbatch.worlds import DialogPartnerWorld, ReplyError
+
+EXAMPLES = 6
+Teacher = list_teacher([2, 1, 3])  # 6 examples, labels L{e}-{i}
+
+
+class CountingAgent(ab.Agent):
+    """Answers with the label and counts its replies in its own Metrics, shared with its clones."""
+
+    def __init__(self, opts, shared=None):
+        super().__init__(opts, shared)
+        self.metrics = shared["metrics"] if shared else ab.Metrics()
+
+    def share(self):
+        return {**super().share(), "metrics": self.metrics}
+
+    def act(self):
+        self.metrics.add("replies", 1)
+        labels = (self.observation or {}).get("labels") or (self.observation or {}).get("eval_labels")
+        return {"id": "counter", "text": labels[0] if labels else ""}
+
+    def report(self):
+        return self.metrics.report()
+
+    def reset_metrics(self):
+        self.metrics.clear()
+
+
+def _qa(write_jsonl) -> str:
+    return "jsonl:" + write_jsonl([{"text": f"q{i}", "labels": [f"a{i}"]} for i in range(EXAMPLES)])
+
+
+@pytest.mark.parametrize("rows", [1, 2])
+def test_an_agents_own_metrics_add_to_the_teachers_counts(rows):
+    opts = Opts(batchsize=rows, datatype="valid")
+    world = DialogPartnerWorld(opts, [Teacher(opts), CountingAgent(opts)])
+    if rows > 1:
+        world = ab.BatchWorld(opts, world, rows)
+    while not world.epoch_done():
+        world.parley()
+    report = world.report()
+    assert report["exs"] == EXAMPLES and report["accuracy"] == 1.0
+    # the agent's own count is its own: with 2 rows it also answered the padding of the row whose episodes
+    # ended first (episodes of 2 and 3 turns in one row, 1 in the other: 5 steps, 10 acts)
+    assert report["replies"] == (EXAMPLES if rows == 1 else 10)
+
+
+def test_validation_keeps_the_training_agents_metrics(write_jsonl):
+    """3 epochs of 6 examples, validated after each: the train row counts the 18 replies trained; each valid
+    row its own 6 (the validation world's agent is a fork with its own metrics)."""
+    opts = Opts(task=_qa(write_jsonl), batchsize=1, num_epochs=3, validation_every_n_epochs=1,
+                eval_splits="valid", progress=False)
+    report = run(create_world(opts, agent=CountingAgent), opts)
+    assert report["train"]["exs"] == 3 * EXAMPLES and report["train"]["replies"] == 3 * EXAMPLES
+    assert report["train"]["accuracy"] == 1.0
+    assert report["valid"]["exs"] == EXAMPLES and report["valid"]["replies"] == EXAMPLES
+
+
+class NumberReply(ab.Agent):
+    def act(self):
+        return {"text": 5}
+
+
+class ListTexts(ab.Agent):
+    def batch_act(self, observations):
+        return [{"text": ["a"]} for _ in observations]
+
+
+@pytest.mark.parametrize("agent_cls, rows, said", [
+    (NumberReply, 1, "NumberReply.act() returned a reply whose 'text' is int 5: a reply's text is a str"),
+    (ListTexts, 2, "ListTexts.batch_act() returned a reply for row 0 whose 'text' is list ['a']"),
+])
+def test_a_reply_text_that_is_not_a_str_is_refused_at_once(agent_cls, rows, said):
+    opts = Opts(batchsize=rows, datatype="valid")
+    world = DialogPartnerWorld(opts, [Teacher(opts), agent_cls(opts)])
+    if rows > 1:
+        world = ab.BatchWorld(opts, world, rows)
+    with pytest.raises(ReplyError, match=re.escape(said)):
+        world.parley()
+
+
+class Duck:
+    """A ParlAI-style agent not derived from Agent."""
+
+    def __init__(self, opt, shared=None):
+        self.opt = opt
+
+    def observe(self, observation):
+        self.observation = observation
+
+    def act(self):
+        return {"text": "quack"}
+
+
+def test_a_class_not_derived_from_agent_is_refused_naming_it(write_jsonl):
+    opts = Opts(task=_qa(write_jsonl), batchsize=2, datatype="valid")
+    with pytest.raises(TypeError, match=r"create_world\(agent=Duck\): derive Duck from accelbatch.Agent"):
+        create_world(opts, agent=Duck)
+
+
+def test_opt_is_parlais_name_for_opts():
+    opts = Opts(batchsize=3)
+
+    class Ported(ab.Agent):
+        def __init__(self, opt, shared=None):
+            super().__init__(opt, shared)
+            self.rows = self.opt["batchsize"]  # ParlAI's base agent keeps its options as self.opt
+
+    class SetsItsOwn(ab.Agent):
+        def __init__(self, opt, shared=None):
+            super().__init__(opt, shared)
+            self.opt = opt  # as some ParlAI agents do again
+
+    assert Ported(opts).rows == 3 and Ported(opts).opt is opts
+    assert SetsItsOwn(opts).opts is SetsItsOwn(opts).opt is opts
+
+
+def test_evaluate_given_opts_for_its_log_is_refused_before_evaluating(write_jsonl):
+    opts = Opts(task=_qa(write_jsonl), batchsize=2, datatype="valid", model="repeat_label")
+    world = create_world(opts)
+    with pytest.raises(TypeError, match="evaluate.world, log=....: log is a MetricsLog or None, not Opts"):
+        evaluate(world, opts)
+    assert world.get_total_exs() == 0
+    assert evaluate(world)["exs"] == EXAMPLES
