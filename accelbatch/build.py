@@ -90,10 +90,20 @@ def compile_agent(agent: Agent, runtime: Runtime) -> None:
 def make_agent(opts: Opts, agent: Agent | type[Agent] | None) -> Agent:
     """The model agent: built from -m, from a class, or a fork of an existing agent (same model)."""
     if agent is None:
-        return resolve_agent_class(opts.model)(opts)
+        found = resolve_agent_class(opts.model)
+        if not (isinstance(found, type) and issubclass(found, Agent)):
+            raise OptionError(_not_an_agent(f"-m {opts.model}", found))
+        return found(opts)
     if isinstance(agent, type):
         return agent(opts)
     return agent.fork()
+
+
+def _not_an_agent(where: str, found: Any) -> str:
+    name = getattr(found, "__name__", type(found).__name__)
+    return (f"{where}: {name} is not an accelbatch Agent; derive it from accelbatch.Agent (class {name}(ab.Agent)), "
+            "which gives what worlds call besides observe and act (self_observe, share, clone, reset, report, "
+            "reset_metrics, shutdown); your own methods override its")
 
 
 def collates_anywhere(agent: Agent) -> bool:
@@ -306,9 +316,7 @@ def create_world(opts: Opts | Mapping[str, Any], agent: Agent | type[Agent] | st
         raise TypeError(f"create_world(agent=...) takes None (opts.model), a model name, an Agent class or an "
                         f"agent instance, not {type(agent).__name__}")
     elif isinstance(agent, type) and not issubclass(agent, Agent):
-        raise TypeError(f"create_world(agent={agent.__name__}): derive {agent.__name__} from accelbatch.Agent "
-                        "(class ... (ab.Agent)); it gives what worlds call besides observe and act (self_observe, "
-                        "share, reset, report, reset_metrics, shutdown), and your methods override its own")
+        raise TypeError(_not_an_agent(f"create_world(agent={agent.__name__})", agent))
     if runtime is None and opts.numthreads > 1:
         check_main_guard(f"-nt/--numthreads {opts.numthreads}")
     elif runtime is None and opts.dataloader_mode != "sync":

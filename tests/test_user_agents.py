@@ -11,7 +11,7 @@ from helpers import list_teacher
 
 import accelbatch as ab
 from accelbatch.build import create_world
-from accelbatch.opts import Opts
+from accelbatch.opts import OptionError, Opts
 from accelbatch.run import evaluate, run
 from accelbatch.worlds import DialogPartnerWorld, ReplyError
 
@@ -109,8 +109,10 @@ class Duck:
 
 def test_a_class_not_derived_from_agent_is_refused_naming_it(write_jsonl):
     opts = Opts(task=_qa(write_jsonl), batchsize=2, datatype="valid")
-    with pytest.raises(TypeError, match=r"create_world\(agent=Duck\): derive Duck from accelbatch.Agent"):
+    with pytest.raises(TypeError, match=r"create_world\(agent=Duck\): Duck is not an accelbatch Agent; derive"):
         create_world(opts, agent=Duck)
+    with pytest.raises(OptionError, match=r"-m test_user_agents:Duck: Duck is not an accelbatch Agent; derive"):
+        create_world(opts.replace(model="test_user_agents:Duck"))
 
 
 def test_opt_is_parlais_name_for_opts():
