@@ -260,14 +260,14 @@ def _train(world: World, opts: Opts, log: MetricsLog, runtime: Runtime, stop: St
         valid_world = valid_world or create_world(_eval_opts(opts, "valid"), agent=model, runtime=runtime)
         return _validate(valid_world, opts, log, state, model, backend, position(), stop)
 
-    def save() -> None:
+    def save(validation_cut: bool = False) -> None:
         checkpoints.save(world, model.engine, {"train": state.to_json(), "next_validation": next_validation,
-                                               "train_metrics": trained()})
+                                               "train_metrics": trained(), "validation_cut": validation_cut})
 
     def stop_run(cut_short: str = "") -> None:
         """A stop signal: save the checkpoint (a resume goes on from this step), say where, end the run."""
         if checkpoints is not None:
-            save()
+            save(validation_cut=bool(cut_short))
         if window_exs:
             log_window(time.monotonic())  # the log holds every example trained, as after a resume it will
         where = _saved_where(opts.model_file) if checkpoints else \
@@ -289,9 +289,9 @@ def _train(world: World, opts: Opts, log: MetricsLog, runtime: Runtime, stop: St
             stop_run("the validation was cut short (a resume runs it again); ")
             raise  # not reached: stop_run raises
 
-    if not finished and resumed is not None and passed() >= next_validation:
-        # a stop cut this validation short when the checkpoint was taken: run it before the next step, as the
-        # run never stopped did
+    if resumed is not None and passed() >= next_validation and (not finished or resumed.get("validation_cut")):
+        # a stop cut this validation short when the checkpoint was taken: run it before the next step (or, at
+        # the end of training, before the final evaluation), as the run never stopped did
         due, next_validation = next_validation, next_validation + opts.validation_every_n_epochs * per_epoch
         if validation_stops(due):
             stop_reason, finished = "validation", True

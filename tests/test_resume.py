@@ -87,28 +87,33 @@ def test_a_tampered_checkpoint_is_refused_with_a_clear_message(tmp_path, capsys)
     assert "state.json" in err and "--resume" in err
 
 
-def _signalling_memnn(at: int) -> type:
-    """MemNNAgent whose ``at``-th batch_act over all its clones (inside the first validation) sends this
-    process a SIGINT, as a terminal's Ctrl-C would."""
+def _signalling_memnn(validation: int) -> type:
+    """MemNNAgent that sends this process a SIGINT, as a terminal's Ctrl-C would, at the 5th batch of its
+    ``validation``-th validation (batches without training labels after training ones begin one)."""
     from accelbatch.models.memnn import MemNNAgent
 
-    calls = [0]
+    seen = {"validations": 0, "batches": 0, "training": True}
 
-    class SignalsInItsFirstValidation(MemNNAgent):
+    class SignalsInAValidation(MemNNAgent):
         def batch_act(self, observations):
-            calls[0] += 1
-            if calls[0] == at:
+            training = any("labels" in obs for obs in observations)
+            if seen["training"] and not training:
+                seen["validations"], seen["batches"] = seen["validations"] + 1, 0
+            seen["training"] = training
+            seen["batches"] += not training
+            if seen["validations"] == validation and seen["batches"] == 5:
                 os.kill(os.getpid(), signal.SIGINT)
             return super().batch_act(observations)
 
-    return SignalsInItsFirstValidation
+    return SignalsInAValidation
 
 
-@pytest.mark.timeout(120)
-def test_a_stop_during_a_validation_saves_and_the_resume_validates_again(tmp_path):
-    """Ctrl-C while training validates: the validation stops at its next step, the run saves its checkpoint
-    and ends (it ran to the end before, or after 5 s stopped with nothing saved); --resume runs that
-    validation again and ends with the weights and report of a run never stopped."""
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("validation", [1, 2], ids=["mid-training", "at-the-end-of-training"])
+def test_a_stop_during_a_validation_saves_and_the_resume_validates_again(tmp_path, validation):
+    """Ctrl-C while training validates (at 0.5 epochs, or at 1.0, the last step's): the validation stops at
+    its next step, the run saves its checkpoint and ends; --resume runs that validation again (and then
+    trains on, or ends) with the weights and report of a run never stopped."""
     from accelbatch.build import create_world
     from accelbatch.opts import Opts
     from accelbatch.run import run
@@ -118,7 +123,7 @@ def test_a_stop_during_a_validation_saves_and_the_resume_validates_again(tmp_pat
                 embedding_size=16, metrics_log=str(tmp_path / "cut.jsonl"))
     whole = opts.replace(model_file=str(tmp_path / "whole" / "m.pt"), metrics_log=str(tmp_path / "whole.jsonl"))
     reference = run(create_world(whole), whole)
-    world = create_world(opts, agent=_signalling_memnn(at=79 + 5))  # 79 steps reach 0.5 epochs
+    world = create_world(opts, agent=_signalling_memnn(validation))
     with pytest.raises(KeyboardInterrupt, match="SIGINT: the validation was cut short .* checkpoint saved"):
         run(world, opts)
     resumed = run(create_world(opts.replace(resume=True)), opts.replace(resume=True))
@@ -126,7 +131,7 @@ def test_a_stop_during_a_validation_saves_and_the_resume_validates_again(tmp_pat
     saved = [torch.load(tmp_path / d / "m.pt", weights_only=True)["model"] for d in ("whole", "cut")]
     assert all(torch.equal(saved[0][k], saved[1][k]) for k in saved[0])
     records = [json.loads(line) for line in (tmp_path / "cut.jsonl").read_text().splitlines()]
-    assert [r["step"] for r in records if r["split"] == "valid"] == [79, 157, 157]  # 0.5 again, 1.0, final
+    assert [r["step"] for r in records if r["split"] == "valid"] == [79, 157, 157]  # 0.5, 1.0, final
 
 
 @pytest.mark.timeout(120)
