@@ -68,14 +68,8 @@ class Agent:
         shared = self.share()
         return shared["class"](shared["opts"], shared)
 
-    @property
-    def opt(self) -> Opts:
-        """ParlAI's name for :attr:`opts` (ported code reads ``self.opt['...']``)."""
-        return self.opts
-
-    @opt.setter
-    def opt(self, value: Opts) -> None:
-        self.opts = value
+    # ParlAI's name for opts: ported code reads (and sets) self.opt
+    opt = property(lambda self: self.opts, lambda self, value: setattr(self, "opts", value))
 
     def fork(self) -> "Agent":
         """A clone for another world (e.g. validation): same model, its own metrics (a fresh one in place of
