@@ -19,13 +19,14 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from functools import lru_cache
+from itertools import repeat
 from typing import Any, Callable, Sequence
 
 import numpy as np
 
 from accelbatch.data.schedule import EpisodeTable
 from accelbatch.data.squash import histories
-from accelbatch.messages import EPISODE_DONE, EVAL_LABELS, ID, LABELS, FrozenMessage, Message
+from accelbatch.messages import EPISODE_DONE, EVAL_LABELS, ID, LABEL_CANDIDATES, LABELS, TEXT, FrozenMessage, Message
 from accelbatch.metrics import AnswerTable
 from accelbatch.tasks.files import DataFileError, FileIndex
 
@@ -65,20 +66,48 @@ def _is_pair(item: Any) -> bool:
         and isinstance(item[1], bool)
 
 
+# the fields a turn gives as answers: a str or a list/tuple of str (ParlAI reads a str as a one-element tuple)
+ANSWER_FIELDS = (LABELS, EVAL_LABELS, LABEL_CANDIDATES)
+
+
+def _short(value: Any) -> str:
+    """``value``'s repr, cut to fit an error line."""
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
 def _parlai_message(msg: dict) -> dict:
-    """A DialogTeacher message with ParlAI's conveniences: ``label`` for ``labels``, a string for a list."""
-    msg = dict(msg)
+    """A setup_data turn with ParlAI's conveniences, ``label`` for ``labels`` and a str for a one-element list
+    (a copy where it changes; the teacher's own dict is left as it is), its fields' types checked: a wrong one
+    is a DataFileError saying what to give (:func:`episodes_of` says where). O(fields and answers) per turn."""
+    out = msg
     if "label" in msg and LABELS not in msg:
-        msg[LABELS] = msg.pop("label")
-    if isinstance(msg.get(LABELS), str):
-        msg[LABELS] = [msg[LABELS]]
-    return msg
+        out = dict(msg)
+        out[LABELS] = out.pop("label")
+    text = out.get(TEXT)
+    if text is not None and not isinstance(text, str):
+        raise DataFileError(f"'text' is {type(text).__name__} {_short(text)}; give a str, e.g. 'text': "
+                            f"{str(text)[:40]!r}")
+    for key in ANSWER_FIELDS:
+        value = out.get(key)
+        if value is None:
+            continue
+        if isinstance(value, str):
+            out = dict(out) if out is msg else out
+            out[key] = [value]
+        elif not isinstance(value, (list, tuple)) or not all(map(isinstance, value, repeat(str))):
+            bad = value if not isinstance(value, (list, tuple)) else next(v for v in value if not isinstance(v, str))
+            given = "label" if key == LABELS and "label" in msg and LABELS not in msg else key  # as the teacher wrote
+            raise DataFileError(f"{given!r} is {_short(value)} (holding {type(bad).__name__}); give a str or a list "
+                                f"of str, e.g. {given!r}: ['yes']")
+    return out
 
 
 def episodes_of(data: Any, owner: str) -> list[list[dict]]:
     """``owner.setup_data()``'s result as episodes: a list of episodes (each a list of message dicts), or
-    ParlAI's DialogTeacher form, ``(message, new_episode)`` pairs (a new episode at each True). Anything else
-    is a one-line DataFileError naming ``owner`` and both forms."""
+    ParlAI's DialogTeacher form, ``(message, new_episode)`` pairs (a new episode at each True). Both forms take
+    ParlAI's conveniences and have each turn's fields checked (:func:`_parlai_message`). Anything else is a
+    one-line DataFileError naming ``owner``, the item (episode and turn) and what to give."""
     episodes: list[list[dict]] = []
     pairs: bool | None = None
     for i, item in enumerate(data if isinstance(data, Iterable) else [data]):
@@ -88,9 +117,19 @@ def episodes_of(data: Any, owner: str) -> list[list[dict]]:
         if pair and pairs:
             if item[1] or not episodes:
                 episodes.append([])
-            episodes[-1].append(_parlai_message(item[0]))
+            try:
+                episodes[-1].append(_parlai_message(item[0]))
+            except DataFileError as exc:
+                raise DataFileError(f"{owner}.setup_data(): item {i} (episode {len(episodes) - 1}, turn "
+                                    f"{len(episodes[-1])}): {exc}") from None
         elif not pairs and isinstance(item, (list, tuple)) and all(isinstance(t, dict) for t in item):
-            episodes.append(list(item))
+            episode: list[dict] = []
+            try:
+                for turn in item:
+                    episode.append(_parlai_message(turn))
+            except DataFileError as exc:
+                raise DataFileError(f"{owner}.setup_data(): episode {i}, turn {len(episode)}: {exc}") from None
+            episodes.append(episode)
         else:
             raise DataFileError(f"{owner}.setup_data(): item {i} is {type(item).__name__} {str(item)[:60]}; give "
                                 "a list of episodes (each a list of message dicts) or yield ParlAI's (message "

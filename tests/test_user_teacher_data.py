@@ -1,0 +1,125 @@
+"""A user's own FixedTeacher (``import accelbatch as ab``): both setup_data forms, a list of episodes and ParlAI's
+(message, new_episode) pairs, take ParlAI's conveniences (a str label, ``label`` for ``labels``) and refuse a
+field of the wrong type in one line at load, naming the teacher, the episode and turn, and the field."""
+
+from __future__ import annotations
+
+import pytest
+
+import accelbatch as ab
+from accelbatch.cli import main
+from accelbatch.tasks.files import DataFileError
+
+# the right answer to each question, written by hand: the agent answers from this, never from the labels
+ANSWERS = {"is it": "yes", "is not": "no", "maybe": "perhaps"}
+
+
+class Answerer(ab.Agent):
+    """Answers each question right (from ANSWERS) and records the labels it is shown."""
+
+    def __init__(self, opts, shared=None):
+        super().__init__(opts, shared)
+        self.shown = shared["shown"] if shared else []
+
+    def share(self):
+        return {**super().share(), "shown": self.shown}
+
+    def act(self):
+        obs = self.observation or {}
+        if "text" not in obs:
+            return ab.Message(id="answerer")
+        self.shown.append(obs.get("labels", obs.get("eval_labels")))
+        return ab.Message(id="answerer", text=ANSWERS[obs["text"]])
+
+
+def teacher_of(episodes: list[list[dict]], pairs: bool) -> type[ab.FixedTeacher]:
+    """A FixedTeacher serving ``episodes`` as a list of episodes, or as ParlAI's (message, new_episode) pairs."""
+
+    class T(ab.FixedTeacher):
+        def setup_data(self):
+            if not pairs:
+                return episodes
+            return ((turn, t == 0) for episode in episodes for t, turn in enumerate(episode))
+
+    return T
+
+
+def evaluate(episodes: list[list[dict]], pairs: bool, datatype: str = "valid") -> tuple[dict, list]:
+    opts = ab.Opts(datatype=datatype, batchsize=2)
+    world = ab.create_world(opts, agent=Answerer, teacher=teacher_of(episodes, pairs)(opts))
+    return ab.evaluate(world), world.get_model_agent().shown
+
+
+# 2 episodes: a context turn then a question; one question. 3 questions (labelled turns) by hand count.
+def episodes_with(key: str, as_str: bool) -> list[list[dict]]:
+    def q(text: str) -> dict:
+        return {"text": text, key: ANSWERS[text] if as_str else [ANSWERS[text]]}
+    return [[{"text": "maybe"}, q("is it")], [q("is not")], [q("maybe")]]
+
+
+@pytest.mark.parametrize("pairs", [False, True], ids=["episodes", "pairs"])
+@pytest.mark.parametrize("key, as_str", [("labels", True), ("label", True), ("label", False), ("eval_labels", True)])
+def test_parlai_labels_score_the_same_in_both_forms(pairs, key, as_str):
+    """Every question answered right: accuracy 1.0 over the 3 labelled turns, the labels shown as lists."""
+    report, shown = evaluate(episodes_with(key, as_str), pairs)
+    assert report["exs"] == 3 and report["accuracy"] == 1.0 and report["f1"] == 1.0
+    assert sorted(s for s in shown if s is not None) == [["no"], ["perhaps"], ["yes"]]
+
+
+@pytest.mark.parametrize("pairs", [False, True], ids=["episodes", "pairs"])
+def test_training_sees_a_str_label_as_a_one_element_list(pairs):
+    opts = ab.Opts(datatype="train:ordered", batchsize=1)
+    world = ab.create_world(opts, agent=Answerer, teacher=teacher_of(episodes_with("label", True), pairs)(opts))
+    for _ in range(4):  # the 4 turns of one pass
+        world.parley()
+    assert sorted(s for s in world.get_model_agent().shown if s is not None) == [["no"], ["perhaps"], ["yes"]]
+
+
+def test_the_teachers_own_dicts_are_left_as_they_are():
+    episodes = episodes_with("label", True)
+    before = [[dict(turn) for turn in episode] for episode in episodes]
+    evaluate(episodes, pairs=False)
+    assert episodes == before
+
+
+# a wrong field in the second turn of the first episode, or the one turn of the second
+BAD = [
+    (0, 1, "labels", {"text": "q", "labels": [3]}),
+    (1, 0, "labels", {"text": "q", "labels": 3}),
+    (1, 0, "text", {"text": 3, "labels": ["a"]}),
+    (0, 1, "eval_labels", {"text": "q", "eval_labels": ["a", None]}),
+    (1, 0, "label_candidates", {"text": "q", "labels": ["a"], "label_candidates": {"a", "b"}}),
+    (0, 1, "label", {"text": "q", "label": [b"a"]}),
+]
+
+
+def bad_episodes(episode: int, turn: int, msg: dict) -> list[list[dict]]:
+    episodes = [[{"text": "is it", "labels": ["yes"]}, {"text": "is not", "labels": ["no"]}],
+                [{"text": "maybe", "labels": ["perhaps"]}]]
+    episodes[episode][turn] = msg
+    return episodes
+
+
+@pytest.mark.parametrize("pairs", [False, True], ids=["episodes", "pairs"])
+@pytest.mark.parametrize("episode, turn, field, msg", BAD)
+def test_a_field_of_the_wrong_type_is_refused_at_load(pairs, episode, turn, field, msg):
+    teacher = teacher_of(bad_episodes(episode, turn, msg), pairs)
+    with pytest.raises(DataFileError) as err:
+        teacher(ab.Opts(datatype="valid"))
+    text = str(err.value)
+    item = 2 * episode + turn  # the pair's index in the flat stream
+    where = f"item {item} (episode {episode}, turn {turn})" if pairs else f"episode {episode}, turn {turn}"
+    assert "\n" not in text and text.startswith(f"T.setup_data(): {where}: '{field}' is ")
+    assert "give a str" in text
+
+
+class IntLabelTeacher(ab.FixedTeacher):
+    def setup_data(self):
+        return [[{"text": "is it", "labels": ["yes"]}], [{"text": "is not", "labels": [3]}]]
+
+
+def test_the_command_line_says_it_in_one_line(capsys):
+    assert main(["eval", "-t", "test_user_teacher_data:IntLabelTeacher", "-m", "repeat_label", "--no-progress"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1
+    assert "IntLabelTeacher.setup_data(): episode 1, turn 0: 'labels' is [3] (holding int)" in err
