@@ -18,25 +18,26 @@ Layout. ``save_checkpoint(PATH, ...)`` writes the directory ``PATH.ckpt`` (``PAT
 ``-mf PATH`` keeps working for evaluation, and a plain model file written by ``TorchAgent.save`` loads
 with :func:`load_checkpoint` too (``Checkpoint.legacy`` is then True and only the weights are known).
 
-Atomicity. A save stages both files in ``PATH.ckpt/.tmp-*``, fsyncs them, renames the staging directory
-to a new ``gen-N`` (a fresh name, so nothing is overwritten) and then *commits* by replacing
-``MANIFEST.json`` with ``os.replace`` (atomic on POSIX and Windows). Until that replace the manifest names
-the previous generation, which is untouched; a crash (or exception, or SIGKILL) at any point before it
-leaves the last good checkpoint readable, and after it the new one. Older generations and leftover staging
-directories are removed after a successful commit. One writer per checkpoint directory (rank 0).
+Atomicity. A save stages both files in ``PATH.ckpt/.tmp-*``, fsyncs them, renames the staging directory to a
+new ``gen-N`` (a fresh name, so nothing is overwritten) and then *commits* by replacing ``MANIFEST.json`` with
+``os.replace`` (atomic on POSIX and Windows). Until then the manifest names the previous generation, untouched:
+a crash (or exception, or SIGKILL) before it leaves the last good checkpoint readable, after it the new one. A
+save the OS refuses (a full disk) is one CheckpointError, its files removed; older generations and other
+leftovers go after a successful commit. One writer per checkpoint directory (rank 0).
 
 Integrity. The manifest holds the SHA-256 and size of each file; :func:`load_checkpoint` checks both before
 reading anything and refuses a truncated, changed or missing file, naming it (the hashes catch damage, not
 malice: safety against a malicious file comes from ``weights_only`` and JSON). ``state`` holds JSON data only
 (NumPy scalars converted; another value is named in the error; non-finite floats as Python's json writes them).
-
 What ``state`` and ``rng`` hold (each part's state_dict(), the RNG streams) is :mod:`accelbatch.state`'s.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import enum
+import errno
 import hashlib
 import json
 import os
@@ -59,7 +60,7 @@ _GEN = re.compile(r"^gen-(\d+)$")
 
 __all__ = [
     "Checkpoint", "CheckpointError", "checkpoint_dir", "check_resumable", "find_checkpoint", "load_checkpoint",
-    "plan_from_dict", "plan_to_dict", "save_checkpoint", "resume_mismatches", "RESUME_OPTS",
+    "plan_from_dict", "plan_to_dict", "save_checkpoint", "resume_mismatches", "RESUME_OPTS", "SHAPING",
 ]
 
 
@@ -85,9 +86,7 @@ def find_checkpoint(path: str | os.PathLike) -> str | None:
     for candidate in (path, checkpoint_dir(path)):
         if os.path.isfile(os.path.join(candidate, MANIFEST)):
             return candidate
-    if os.path.isfile(path):
-        return path
-    return None
+    return path if os.path.isfile(path) else None
 
 
 # --- the checkpoint --------------------------------------------------------------------------------------
@@ -115,12 +114,8 @@ class Checkpoint:
     def engine_state(self) -> dict[str, Any]:
         """``{"model": ..., "optimizer": ..., "scaler": ...}`` as ``Engine.load_state_dict`` and
         ``TorchAgent.save`` use (the optional parts only when saved)."""
-        out: dict[str, Any] = {"model": self.model_state}
-        if self.optimizer_state is not None:
-            out["optimizer"] = self.optimizer_state
-        if self.scaler_state:
-            out["scaler"] = self.scaler_state
-        return out
+        out = {"model": self.model_state, "optimizer": self.optimizer_state, "scaler": self.scaler_state or None}
+        return {key: value for key, value in out.items() if value is not None}
 
     def load_into(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer | None = None) -> None:
         """Load the weights (and the optimizer state when both exist) in place; clear error on mismatch."""
@@ -132,7 +127,7 @@ class Checkpoint:
             raise CheckpointError(
                 f"{self.path}: the checkpoint does not fit this model ({type(exc).__name__}: "
                 f"{first_line(exc)}); use the -m/--model and model options it was trained with "
-                f"(saved opts: {_model_opts(self.opts)}), or start afresh without --resume") from None
+                f"(saved opts: {model_opts_said(self.opts)}), or start afresh without --resume") from None
 
 
 def save_checkpoint(path: str | os.PathLike, *, model: torch.nn.Module | Mapping[str, Any],
@@ -140,21 +135,15 @@ def save_checkpoint(path: str | os.PathLike, *, model: torch.nn.Module | Mapping
                     opts: Any = None, plan: Any = None, state: Mapping[str, Any] | None = None,
                     rng: Mapping[str, Any] | Sequence[Mapping[str, Any]] | None = None,
                     scaler: Mapping[str, Any] | None = None) -> str:
-    """Write a checkpoint atomically to ``checkpoint_dir(path)``; return that directory.
-
-    ``model``/``optimizer``: modules or their state dicts. ``opts``: an :class:`Opts`, a dict or None.
-    ``plan``: an :class:`ExecutionPlan`, a dict or None. ``state``: JSON data (see the module docstring).
-    ``rng``: RNG states as JSON data (:func:`accelbatch.state.capture_rng`, or one per replica), or None.
-    ``scaler``: the fp16 loss scaler's ``state_dict()`` (numbers only), or None.
-    """
+    """Write a checkpoint atomically to ``checkpoint_dir(path)``; return that directory. ``model``/``optimizer``:
+    modules or their state dicts. ``opts``: an :class:`Opts`, a dict or None. ``plan``: an :class:`ExecutionPlan`,
+    a dict or None. ``state``: JSON data (see the module docstring). ``rng``: RNG states as JSON data
+    (:func:`accelbatch.state.capture_rng`, or one per replica), or None. ``scaler``: the fp16 loss scaler's
+    ``state_dict()`` (numbers only), or None. The OS's refusal (a full disk) is a one-line CheckpointError."""
     ckdir = checkpoint_dir(path)
     # everything that can fail on bad input fails here, before anything is written
-    document = {
-        "opts": _opts_dict(opts),
-        "plan": plan_to_dict(plan),
-        "state": _plain(dict(state or {}), "state"),
-        "rng": None if rng is None else _plain(rng, "rng"),
-    }
+    document = {"opts": _opts_dict(opts), "plan": plan_to_dict(plan), "state": _plain(dict(state or {}), "state"),
+                "rng": None if rng is None else _plain(rng, "rng")}
     state_bytes = json.dumps(document, sort_keys=True, indent=1).encode("utf-8")
     tensors = {"model": _state_dict(model), "optimizer": _state_dict(optimizer)}
     if scaler:
@@ -165,20 +154,23 @@ def save_checkpoint(path: str | os.PathLike, *, model: torch.nn.Module | Mapping
                               "--model-file")
     os.makedirs(ckdir, exist_ok=True)
     generation = _next_generation(ckdir)
-    staging = tempfile.mkdtemp(prefix=".tmp-", dir=ckdir)
-    _write_torch(os.path.join(staging, TENSORS), tensors)
-    _write_bytes(os.path.join(staging, STATE), state_bytes)
-    files = {name: {"sha256": _sha256(os.path.join(staging, name)),
-                    "bytes": os.path.getsize(os.path.join(staging, name))} for name in (TENSORS, STATE)}
-    _fsync_dir(staging)
     gen_name = f"gen-{generation:06d}"
-    os.rename(staging, os.path.join(ckdir, gen_name))
-    _fsync_dir(ckdir)
-    manifest = {"format": FORMAT, "version": VERSION, "generation": generation, "directory": gen_name,
-                "files": files, "created_unix": round(time.time(), 3), "torch": torch.__version__}
-    tmp_manifest = os.path.join(ckdir, f".tmp-{MANIFEST}-{os.getpid()}")
-    _write_bytes(tmp_manifest, json.dumps(manifest, sort_keys=True, indent=1).encode("utf-8"))
-    os.replace(tmp_manifest, os.path.join(ckdir, MANIFEST))  # the commit
+    staging, tmp_manifest = "", os.path.join(ckdir, f".tmp-{MANIFEST}-{os.getpid()}")
+    try:
+        staging = tempfile.mkdtemp(prefix=".tmp-", dir=ckdir)
+        _write_torch(os.path.join(staging, TENSORS), tensors)
+        _write_bytes(os.path.join(staging, STATE), state_bytes)
+        files = {name: {"sha256": _sha256(os.path.join(staging, name)),
+                        "bytes": os.path.getsize(os.path.join(staging, name))} for name in (TENSORS, STATE)}
+        _fsync_dir(staging)
+        os.rename(staging, os.path.join(ckdir, gen_name))
+        _fsync_dir(ckdir)
+        manifest = {"format": FORMAT, "version": VERSION, "generation": generation, "directory": gen_name,
+                    "files": files, "created_unix": round(time.time(), 3), "torch": torch.__version__}
+        _write_bytes(tmp_manifest, json.dumps(manifest, sort_keys=True, indent=1).encode("utf-8"))
+        os.replace(tmp_manifest, os.path.join(ckdir, MANIFEST))  # the commit
+    except (OSError, RuntimeError) as exc:  # all uncommitted: the manifest names the last good generation
+        raise write_error(ckdir, exc, staging, os.path.join(ckdir, gen_name), tmp_manifest)
     _fsync_dir(ckdir)
     _remove_stale(ckdir, keep=gen_name)
     return ckdir
@@ -281,8 +273,11 @@ def write_json_file(path: str, data: Any) -> None:
     """Write ``data`` as JSON to ``path`` whole or not at all (a temporary file, synced, then renamed): the
     small files kept beside a model file (PATH.opt, PATH.trainstats)."""
     tmp = f"{path}.tmp-{os.getpid()}"
-    _write_bytes(tmp, json.dumps(data).encode("utf-8"))
-    os.replace(tmp, path)
+    try:
+        _write_bytes(tmp, json.dumps(data).encode("utf-8"))
+        os.replace(tmp, path)
+    except OSError as exc:
+        raise write_error(path, exc, tmp)
 
 
 def read_json_file(path: str) -> Any:
@@ -295,6 +290,22 @@ def read_json_file(path: str) -> Any:
         return None
     except (OSError, ValueError) as err:
         raise unreadable_sidecar(path, str(err)) from None
+
+
+def write_error(path: str, exc: BaseException, *uncommitted: str) -> BaseException:
+    """For the OS's refusal to write ``path`` (an OSError with an errno, or torch's zip writer's RuntimeError
+    raised while handling one): a one-line CheckpointError naming it, once this write's files ``uncommitted``
+    are removed. Else ``exc`` itself, its files left as a crash leaves them (the next save removes them)."""
+    err = exc if isinstance(exc, OSError) else exc.__context__
+    if not isinstance(err, OSError) or err.errno is None:
+        return exc
+    for left in uncommitted:
+        _remove(left)
+    error = CheckpointError(f"{path}: no space left on the device to write it; free space, or choose another "
+                            "-mf/--model-file" if err.errno in (errno.ENOSPC, errno.EDQUOT) else
+                            f"{path}: cannot be written ({err.strerror}); choose another -mf/--model-file")
+    error.__suppress_context__ = True  # one line: the message names the condition
+    return error
 
 
 def unreadable_sidecar(path: str, why: str) -> CheckpointError:
@@ -333,12 +344,9 @@ def _fsync_dir(path: str) -> None:
         fd = os.open(path, os.O_RDONLY)
     except OSError:  # e.g. Windows cannot open a directory; its renames are durable enough
         return
-    try:
+    with contextlib.suppress(OSError):
         os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
+    os.close(fd)
 
 
 def _sha256(path: str) -> str:
@@ -369,15 +377,17 @@ def _remove_stale(ckdir: str, keep: str) -> None:
     """Remove older generations and staging leftovers of crashed saves (only names this module makes)."""
     for name in os.listdir(ckdir):
         full = os.path.join(ckdir, name)
-        if name == keep or not (_GEN.match(name) or name.startswith(".tmp-")):
-            continue
-        if os.path.isdir(full):
-            shutil.rmtree(full, ignore_errors=True)
-        else:
-            try:
-                os.remove(full)
-            except OSError:
-                pass
+        if name != keep and (_GEN.match(name) or name.startswith(".tmp-")):
+            _remove(full)
+
+
+def _remove(path: str) -> None:
+    """Remove a file or a directory tree, if there (what cannot be removed stays)."""
+    if os.path.isdir(path):
+        shutil.rmtree(path, ignore_errors=True)
+    elif path:
+        with contextlib.suppress(OSError):
+            os.remove(path)
 
 
 def _state_dict(obj: Any) -> Any:
@@ -442,14 +452,15 @@ def _plain(value: Any, where: str) -> Any:
 
 
 # --- resuming ---------------------------------------------------------------------------------------
-# options that change the data order, the rows per step or the weights' trajectory: a resume must keep
-# them, or the examples seen (and the weights) would not continue the interrupted run. Not the performance
-# options (--num-workers, --dataloader-mode, streaming): the resume checks their front end instead
+SHAPING = ("model", "embedding_size", "text_truncate", "label_truncate")  # what a model's weights depend on
+# the model's options, and those that change the data order, the rows per step or the weights' trajectory: a
+# resume must keep them, or the weights (and examples seen) would not continue the interrupted run. Not the
+# performance options (--num-workers, --dataloader-mode, streaming): the resume checks their front end instead
 # (state.position_kind)
-RESUME_OPTS = ("task", "datatype", "seed", "batchsize", "device_iterations", "replication_factor",
-               "gradient_accumulation", "numthreads", "reduction", "loss_normalization", "drop_last",
-               "dynamic_batching", "context_length", "include_labels", "optimizer",
-               "ipu_input_replica_grouping", "ipu_input_replica_grouping_type")
+RESUME_OPTS = SHAPING + ("task", "datatype", "seed", "batchsize", "device_iterations", "replication_factor",
+                         "gradient_accumulation", "numthreads", "reduction", "loss_normalization", "drop_last",
+                         "dynamic_batching", "context_length", "include_labels", "optimizer",
+                         "ipu_input_replica_grouping", "ipu_input_replica_grouping_type")
 
 
 def _position_value(key: str, value: Any) -> Any:
@@ -459,40 +470,29 @@ def _position_value(key: str, value: Any) -> Any:
 
 def resume_mismatches(checkpoint: Checkpoint, opts: Any, keys: Sequence[str] = RESUME_OPTS) -> list[str]:
     """``--flag now (checkpoint: then)`` for each option in ``keys`` that differs from the checkpoint's."""
-    now = _opts_dict(opts)
-    out = []
-    for key in keys:
-        if key in checkpoint.opts and key in now and \
-                _position_value(key, checkpoint.opts[key]) != _position_value(key, now[key]):
-            out.append(f"{_flag(key)} {now[key]!r} (checkpoint: {checkpoint.opts[key]!r})")
-    return out
+    now, then = _opts_dict(opts), checkpoint.opts
+    return [f"{_flag(key)} {now[key]!r} (checkpoint: {then[key]!r})" for key in keys
+            if key in then and key in now and _position_value(key, then[key]) != _position_value(key, now[key])]
 
 
 def check_resumable(checkpoint: Checkpoint, opts: Any, keys: Sequence[str] = RESUME_OPTS) -> None:
     """Refuse (CheckpointError) to resume with options that would not continue the checkpointed run."""
     diffs = resume_mismatches(checkpoint, opts, keys)
     if diffs:
-        raise CheckpointError(f"--resume: {checkpoint.path} was saved with other options: "
-                              f"{'; '.join(diffs)}. "
+        raise CheckpointError(f"--resume: {checkpoint.path} was saved with other options: {'; '.join(diffs)}. "
                               "Resume with the checkpoint's values, or start afresh without --resume")
 
 
 def _flag(name: str) -> str:
-    try:
-        from accelbatch.opts import Opts
+    from accelbatch.opts import Opts
 
-        for f in dataclasses.fields(Opts):
-            if f.name == name:
-                return "/".join(f.metadata["flags"])
-    except Exception:  # noqa: BLE001 - only for the message
-        pass
-    return "--" + name.replace("_", "-")
+    flags = next((f.metadata["flags"] for f in dataclasses.fields(Opts) if f.name == name), None)
+    return "/".join(flags) if flags else "--" + name.replace("_", "-")
 
 
-def _model_opts(opts: Mapping[str, Any]) -> str:
-    keys = ("model", "embedding_size")
-    found = [f"{k}={opts[k]!r}" for k in keys if k in opts]
-    return ", ".join(found) or "none recorded"
+def model_opts_said(opts: Mapping[str, Any]) -> str:
+    """The checkpoint's model options ``opts`` as text for a message."""
+    return ", ".join(f"{k}={opts[k]!r}" for k in SHAPING if k in opts) or "none recorded"
 
 
 def first_line(exc: BaseException) -> str:

@@ -2,8 +2,8 @@
 which agent, its sizes, and its learning rate. eval, display-model, interactive and a training that continues
 PATH take them from there (the learning rate only a training), so ``-mf`` alone names the model; a training
 from ``--init-model FILE`` takes FILE.opt's agent and sizes; ``--resume`` continues with the interrupted run's
-learning rate and the options its resume compares, from its checkpoint. An option given on the command line
-still wins."""
+learning rate and the options its resume compares (the model's among them), from its checkpoint. An option
+given on the command line still wins, but a resume refuses a model option other than its checkpoint's."""
 
 from __future__ import annotations
 
@@ -15,8 +15,11 @@ from typing import Any, Sequence
 from accelbatch.checkpoint import (
     MANIFEST,
     RESUME_OPTS,
+    SHAPING,
     STATE,
+    Checkpoint,
     CheckpointError,
+    check_resumable,
     checkpoint_dir,
     find_checkpoint,
     has_saved_position,
@@ -28,9 +31,8 @@ from accelbatch.names import resolve_agent_class
 from accelbatch.opts import OptionError, Opts
 from accelbatch.teachers import is_training
 
-SHAPING = ("model", "embedding_size", "text_truncate", "label_truncate")  # what a model file's weights depend on
 KEPT = SHAPING + ("learning_rate",)  # PATH.opt: a continued training keeps its learning rate too
-RESUMED = ("learning_rate", *RESUME_OPTS)  # what --resume takes from the checkpoint's options
+RESUMED = ("learning_rate", *RESUME_OPTS)  # what --resume takes from the checkpoint's options (SHAPING's too)
 
 
 def opt_path(model_file: str) -> str:
@@ -49,6 +51,35 @@ def agent_name(agent: Any, opts: Opts) -> str | None:
     if cls.__module__ == "__main__" or cls.__qualname__ != cls.__name__:
         return None
     return f"{cls.__module__}:{cls.__name__}"
+
+
+def recorded_model(agent: Any, opts: Opts) -> str:
+    """-m as a checkpoint records it: :func:`agent_name` of the agent trained, else ``opts.model``."""
+    try:
+        return agent_name(agent, opts) or opts.model
+    except ValueError:  # opts.model names nothing (the agent was given as a class): only for the record
+        return opts.model
+
+
+def same_model(name: str, saved: Any) -> bool:
+    """Whether -m ``name`` builds the agent that a checkpoint's -m ``saved`` names: the same text, or two names of
+    one class (``torch:`` names only by their text: each builds the one TorchModelAgent class)."""
+    if name == saved:
+        return True
+    if not isinstance(saved, str) or name.startswith("torch:") or saved.startswith("torch:"):
+        return False
+    try:
+        return resolve_agent_class(name) is resolve_agent_class(saved)
+    except (ValueError, ImportError):
+        return False
+
+
+def check_resumed_opts(checkpoint: Checkpoint, opts: Opts, model: str,
+                       keys: Sequence[str] = RESUME_OPTS) -> None:
+    """Refuse (a one-line CheckpointError) to resume ``checkpoint`` with options ``keys`` other than its own;
+    ``model`` names the agent trained now, which matches the checkpoint's -m when it names the same class."""
+    saved = checkpoint.opts.get("model")
+    check_resumable(checkpoint, opts.replace(model=saved if same_model(model, saved) else model), keys)
 
 
 def write_model_opts(model_file: str, opts: Opts, model: str | None) -> None:
@@ -101,15 +132,19 @@ def _untold(saved: dict[str, Any], names: Sequence[str], given: set[str], opts: 
 
 def with_model_opts(opts: Opts, argv: Sequence[str]) -> tuple[Opts, str | None]:
     """``opts`` with the saved options that ``argv`` does not give: a ``--resume``'s from its checkpoint
-    (:data:`RESUMED`; unsaid: the run continues as it was, as ParlAI's resume does), then those of an existing
-    ``-mf`` (the learning rate only when ``opts`` trains and does not resume), else the shaping ones of its
-    ``--init-model``; and a line saying which of these were taken (None when none)."""
+    (:data:`RESUMED`, unsaid: the run continues as it was, as ParlAI's resume does; a model option given
+    otherwise is refused in one line), else those of an existing ``-mf`` (the learning rate only when ``opts``
+    trains), else the shaping ones of its ``--init-model``; and a line saying which of these were taken (None
+    when none). A bad value in the file they come from is an OptionError naming that file."""
     given, training, path = given_on_command_line(argv), is_training(opts.datatype), opts.model_file
-    resumes = bool(opts.resume and path and training and has_saved_position(path))
-    if resumes:
-        opts = opts.replace(**_untold(run_opts(path), RESUMED, given, opts))
+    if opts.resume and path and training and has_saved_position(path):  # the checkpoint's options win
+        saved, found = run_opts(path), find_checkpoint(path)
+        opts = _taking(opts, _untold(saved, RESUMED, given, opts), f"{found}: the checkpoint's options",
+                       "start afresh without --resume")
+        check_resumed_opts(Checkpoint(path=found, model_state={}, opts=saved), opts, opts.model, SHAPING)
+        return opts, None  # said by the resume (-lr) or not at all: the run goes on as it was
     if path and os.path.isfile(path):
-        source, flag, names = path, "-mf", KEPT if training and not resumes else SHAPING
+        source, flag, names = path, "-mf", KEPT if training else SHAPING
     elif opts.init_model and os.path.isfile(opts.init_model):
         source, flag, names = opts.init_model, "--init-model", SHAPING
     else:
@@ -119,5 +154,14 @@ def with_model_opts(opts: Opts, argv: Sequence[str]) -> tuple[Opts, str | None]:
         return opts, None
     flags = {f.name: f.metadata["flags"][0] for f in dataclasses.fields(Opts)}
     said = " ".join(f"{flags[k]} {v}" for k, v in taken.items())
-    return opts.replace(**taken), (f"accelbatch: {flag} {source} was trained with {said} ({opt_path(source)}); "
-                                   "using them (give them to override)")
+    return _taking(opts, taken, opt_path(source), "fix or delete that file"), (
+        f"accelbatch: {flag} {source} was trained with {said} ({opt_path(source)}); using them (give them to "
+        "override)")
+
+
+def _taking(opts: Opts, taken: dict[str, Any], where: str, what_to_do: str) -> Opts:
+    """``opts`` with the saved options ``taken`` from ``where``; a bad value there is that file's fault."""
+    try:
+        return opts.replace(**taken)
+    except OptionError as exc:
+        raise OptionError(f"{where}: {exc}; {what_to_do}") from None

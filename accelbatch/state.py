@@ -19,15 +19,16 @@ from typing import Any, Mapping
 import numpy as np
 import torch
 
+from accelbatch.agents import _check_weights  # the -mf load's one-line check of weight names and shapes
 from accelbatch.checkpoint import (
     CheckpointError,
-    check_resumable,
     checkpoint_dir,
     find_checkpoint,
     first_line,
     load_checkpoint,
     save_checkpoint,
 )
+from accelbatch.model_opts import check_resumed_opts, recorded_model
 
 # --- RNG streams as JSON data ----------------------------------------------------------------------------
 
@@ -155,8 +156,9 @@ class Checkpointer:
         rngs = self.backend.all_gather_object(capture_rng())
         if self.backend.is_main_process():
             tensors = engine.state_dict()
+            opts = self.opts.replace(model=_model_trained(world, self.opts))  # as a resume must build it
             save_checkpoint(self.opts.model_file, model=tensors["model"], optimizer=tensors.get("optimizer"),
-                            opts=self.opts, plan=self.plan, rng=rngs, state={**extra, "data": states},
+                            opts=opts, plan=self.plan, rng=rngs, state={**extra, "data": states},
                             scaler=tensors.get("scaler"))
         self.backend.barrier()
 
@@ -172,13 +174,16 @@ class Checkpointer:
                 print(f"accelbatch: --resume: no checkpoint at {path}; starting afresh", file=sys.stderr)
             return None
         ckpt = load_checkpoint(path)
+        # other options (a model's among them) refused before any weight is loaded, and weights of another shape
+        check_resumed_opts(ckpt, self.opts, _model_trained(world, self.opts))
+        _check_weights(ckpt.model_state, engine.model.state_dict(), f"--resume: {ckpt.path}: cannot load",
+                       type(engine.model).__name__)
         engine.load_state_dict(ckpt.engine_state())  # after compile: the engine moves it to its device
         if ckpt.legacy:
             if self.backend.is_main_process():
                 print(f"accelbatch: --resume: {ckpt.path} holds weights only; the data starts from the beginning",
                       file=sys.stderr)
             return None
-        check_resumable(ckpt, self.opts)
         states = ckpt.data or []
         replicas, rank = self.backend.world_size, self.backend.rank
         if len(states) != replicas:
@@ -201,6 +206,12 @@ class Checkpointer:
                 raise CheckpointError(f"--resume: {ckpt.path}: {first_line(exc)}") from None
         restore_rng(ckpt, rank=rank)
         return {k: v for k, v in ckpt.state.items() if k != "data"}
+
+
+def _model_trained(world: Any, opts: Any) -> str:
+    """-m naming the agent that ``world`` trains (``opts.model`` for a world without one)."""
+    agent = world.get_model_agent() if hasattr(world, "get_model_agent") else None
+    return opts.model if agent is None else recorded_model(agent, opts)
 
 
 __all__ = ["Checkpointer", "capture_rng", "position_kind", "random_state", "restore_rng", "set_random_state",

@@ -1,0 +1,183 @@
+"""--resume of a run stopped before its first model file: the checkpoint's model options (-m, -esz, -tr,
+--label-truncate) are taken when not given and refused in one line when given otherwise; a save that finds
+the disk full ends in one line and leaves no staging files; a bad value in PATH.opt names PATH.opt."""
+
+from __future__ import annotations
+
+import errno
+import io
+import json
+import os
+import shutil
+import signal
+
+import pytest
+import torch
+
+from accelbatch.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
+from accelbatch.cli import main
+
+ESZ, STEPS, CUT_AT = 16, 6, 3  # the stopped run's -esz (the default is 64), its steps, the batch of its Ctrl-C
+QUIET = ["--no-progress", "--eval-splits", "", "-veps", "-1"]
+
+
+def _opts(model_file):
+    from accelbatch.opts import Opts
+
+    return Opts(task="babi:1", model="bag", embedding_size=ESZ, batchsize=4, max_train_steps=STEPS,
+                validation_every_n_epochs=-1, eval_splits="", progress=False, model_file=str(model_file))
+
+
+def _signalling_bag() -> type:
+    """BagAgent that sends this process a SIGINT, as a terminal's Ctrl-C would, at its CUT_AT-th batch."""
+    from accelbatch.models.bag import BagAgent
+
+    seen = {"batches": 0}
+
+    class SignalsWhileTraining(BagAgent):
+        def batch_act(self, observations):
+            seen["batches"] += 1
+            if seen["batches"] == CUT_AT:
+                os.kill(os.getpid(), signal.SIGINT)
+            return super().batch_act(observations)
+
+    return SignalsWhileTraining
+
+
+@pytest.fixture(scope="module")
+def stopped(tmp_path_factory):
+    """A run of -m bag -esz 16 stopped by Ctrl-C before any validation: PATH.ckpt is saved, PATH is not."""
+    from accelbatch.build import create_world
+    from accelbatch.run import run
+
+    model_file = tmp_path_factory.mktemp("stopped") / "m.pt"
+    with pytest.raises(KeyboardInterrupt, match="checkpoint saved"):
+        run(create_world(_opts(model_file), agent=_signalling_bag()), _opts(model_file))
+    assert not model_file.exists() and (model_file.parent / "m.pt.ckpt").is_dir()
+    return model_file
+
+
+def _copy(stopped, tmp_path):
+    shutil.copytree(f"{stopped}.ckpt", tmp_path / "m.pt.ckpt")
+    return tmp_path / "m.pt"
+
+
+@pytest.mark.timeout(180)
+def test_the_printed_resume_command_continues_with_the_checkpoints_model(stopped, tmp_path, capsys):
+    """`train -mf PATH --resume` (what the interrupt prints) takes -t, -m and -esz from the checkpoint and ends
+    with the weights of the same run never stopped."""
+    from accelbatch.build import create_world
+    from accelbatch.run import run
+
+    model_file = _copy(stopped, tmp_path)
+    assert main(["train", "-mf", str(model_file), "--resume", "-tstep", str(STEPS), *QUIET]) == 0, \
+        capsys.readouterr().err
+    whole = _opts(tmp_path / "whole" / "m.pt")
+    run(create_world(whole), whole)
+    ref, got = (torch.load(p, weights_only=True)["model"] for p in (whole.model_file, model_file))
+    assert ref.keys() == got.keys()
+    assert all(torch.equal(ref[k], got[k]) for k in ref)
+    # with PATH written too, a different -esz is still named with the checkpoint's value
+    capsys.readouterr()
+    assert main(["train", "-mf", str(model_file), "--resume", "-esz", "32", *QUIET]) == 2
+    err = capsys.readouterr().err.splitlines()
+    assert len(err) == 1 and f"-esz/--embedding-size 32 (checkpoint: {ESZ})" in err[0], err
+
+
+@pytest.mark.parametrize("given, named", [
+    (["-esz", "32"], f"-esz/--embedding-size 32 (checkpoint: {ESZ})"),
+    (["-m", "memnn"], "-m/--model 'memnn' (checkpoint: 'bag')"),
+    (["-tr", "5"], "-tr/--text-truncate 5 (checkpoint: 256)"),
+    (["--label-truncate", "7"], "--label-truncate 7 (checkpoint: -1)"),
+], ids=["esz", "model", "text-truncate", "label-truncate"])
+def test_a_different_model_option_is_refused_in_one_line(stopped, tmp_path, capsys, given, named):
+    model_file = _copy(stopped, tmp_path)
+    assert main(["train", "-mf", str(model_file), "--resume", *given, *QUIET]) == 2
+    err = capsys.readouterr().err.splitlines()
+    assert len(err) == 1 and err[0].startswith("accelbatch: error: --resume: ") and named in err[0], err
+
+
+def test_the_api_resume_refuses_another_model_before_loading_its_weights(stopped, tmp_path):
+    """run(world, opts) with --resume and another -esz: a CheckpointError naming it, not torch's size mismatch."""
+    from accelbatch.build import create_world
+    from accelbatch.run import run
+
+    opts = _opts(_copy(stopped, tmp_path)).replace(resume=True, embedding_size=32)
+    with pytest.raises(CheckpointError, match=rf"-esz/--embedding-size 32 \(checkpoint: {ESZ}\)"):
+        run(create_world(opts), opts)
+
+
+def test_weights_of_another_shape_are_refused_in_one_line(stopped, tmp_path):
+    """The same options but an agent that builds other weights (a class given to create_world): the -mf load's
+    one-line check of names and shapes, not torch's many-line load_state_dict error."""
+    from accelbatch.agents import ModelFileError
+    from accelbatch.build import create_world
+    from accelbatch.models.memnn import MemNNAgent
+    from accelbatch.run import run
+
+    class OtherWeights(MemNNAgent):
+        pass
+
+    opts = _opts(_copy(stopped, tmp_path)).replace(resume=True)
+    with pytest.raises(ModelFileError, match=r"^--resume: .*m\.pt\.ckpt: cannot load: its weights are not a "
+                                             r"MemoryNetwork's") as caught:
+        run(create_world(opts, agent=OtherWeights), opts)
+    assert "\n" not in str(caught.value)
+
+
+class _FullDisk(io.RawIOBase):
+    """A file whose writes fail with ENOSPC after its first 100 bytes, as on a disk that fills up."""
+
+    def __init__(self, handle):
+        self.handle, self.written = handle, 0
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, data) -> int:
+        if self.written > 100:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        self.written += len(data)
+        return self.handle.write(data)
+
+
+def _full_disk(monkeypatch):
+    """torch.save into an open file (a checkpoint's tensors.pt) meets a full disk: torch's own zip writer then
+    raises its RuntimeError ("unexpected pos") while the OSError is handled; a save to a path (the model file)
+    works."""
+    real = torch.save
+
+    def save(obj, f, *args, **kwargs):
+        return real(obj, f if isinstance(f, (str, os.PathLike)) else _FullDisk(f), *args, **kwargs)
+
+    monkeypatch.setattr(torch, "save", save)
+
+
+def test_a_full_disk_during_a_save_is_one_error_and_leaves_the_last_checkpoint(tmp_path, monkeypatch):
+    model = torch.nn.Linear(2, 2)
+    ckdir = save_checkpoint(tmp_path / "m.pt", model=model)
+    _full_disk(monkeypatch)
+    with pytest.raises(CheckpointError) as caught:
+        save_checkpoint(tmp_path / "m.pt", model=model)
+    message = str(caught.value)
+    assert "\n" not in message and str(tmp_path / "m.pt") in message and "no space left" in message
+    assert sorted(os.listdir(ckdir)) == ["MANIFEST.json", "gen-000001"]  # no .tmp-* staging left
+    assert load_checkpoint(tmp_path / "m.pt").generation == 1
+
+
+def test_a_full_disk_during_a_training_save_exits_2_in_one_line(tmp_path, monkeypatch, capsys):
+    _full_disk(monkeypatch)
+    model_file = tmp_path / "m.pt"
+    assert main(["train", "-m", "bag", "-esz", "8", "-tstep", "2", "-mf", str(model_file), *QUIET]) == 2
+    err = capsys.readouterr().err.splitlines()
+    assert len(err) == 1 and "no space left" in err[0] and str(model_file) in err[0], err
+    assert not [n for n in os.listdir(f"{model_file}.ckpt") if n.startswith(".tmp-")]
+
+
+def test_a_bad_value_in_the_opt_file_names_that_file(tmp_path, capsys):
+    model_file = tmp_path / "m.pt"
+    model_file.write_bytes(b"weights")  # never read: the options are refused first
+    (tmp_path / "m.pt.opt").write_text(json.dumps({"embedding_size": "big"}))
+    assert main(["eval", "-mf", str(model_file)]) == 2
+    err = capsys.readouterr().err.splitlines()
+    assert len(err) == 1 and f"{model_file}.opt: -esz/--embedding-size: expected an integer, got 'big'" in err[0]
