@@ -32,7 +32,11 @@ from accelbatch.opts import OptionError, Opts
 from accelbatch.teachers import is_training
 
 KEPT = SHAPING + ("learning_rate",)  # PATH.opt: a continued training keeps its learning rate too
-RESUMED = ("learning_rate", *RESUME_OPTS)  # what --resume takes from the checkpoint's options (SHAPING's too)
+# the run's limits, validation and logs: a resume goes on to the same end unless the command line says otherwise
+RUN_COURSE = ("num_epochs", "max_train_steps", "max_train_time", "validation_every_n_epochs",
+              "validation_every_n_secs", "validation_patience", "validation_metric", "validation_metric_mode",
+              "validation_max_exs", "validation_cutoff", "eval_splits", "save_every_n_secs", "metrics_log")
+RESUMED = ("learning_rate", *RESUME_OPTS, *RUN_COURSE)  # what --resume takes from the checkpoint's options
 
 
 def opt_path(model_file: str) -> str:

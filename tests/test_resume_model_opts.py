@@ -64,14 +64,16 @@ def _copy(stopped, tmp_path):
 
 @pytest.mark.timeout(180)
 def test_the_printed_resume_command_continues_with_the_checkpoints_model(stopped, tmp_path, capsys):
-    """`train -mf PATH --resume` (what the interrupt prints) takes -t, -m and -esz from the checkpoint and ends
-    with the weights of the same run never stopped."""
+    """`train -mf PATH --resume` (what the interrupt prints) takes -t, -m, -esz and the run's limit (-tstep)
+    from the checkpoint and ends with the weights of the same run never stopped."""
     from accelbatch.build import create_world
     from accelbatch.run import run
 
     model_file = _copy(stopped, tmp_path)
-    assert main(["train", "-mf", str(model_file), "--resume", "-tstep", str(STEPS), *QUIET]) == 0, \
+    report = tmp_path / "report.json"
+    assert main(["train", "-mf", str(model_file), "--resume", "--report-json", str(report), *QUIET]) == 0, \
         capsys.readouterr().err
+    assert json.loads(report.read_text())["train"]["steps"] == STEPS
     whole = _opts(tmp_path / "whole" / "m.pt")
     run(create_world(whole), whole)
     ref, got = (torch.load(p, weights_only=True)["model"] for p in (whole.model_file, model_file))
