@@ -11,7 +11,7 @@ from typing import NoReturn
 
 from accelbatch.checkpoint import CheckpointError
 from accelbatch.names import AGENT_PATHS, UnknownNameError
-from accelbatch.opts import OptionError, Opts, add_arguments, train_only_flags
+from accelbatch.opts import OptionError, Opts, add_arguments, is_training, train_only_flags
 from accelbatch.plan import PlanError
 from accelbatch.procs import ProcessFailure
 from accelbatch.tasks.files import DataFileError
@@ -120,6 +120,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     try:
         opts = eval_opts(args) if args.verb == "eval" else Opts.from_namespace(args)
+        if args.verb == "train" and not is_training(opts.datatype):
+            raise OptionError(f"-dt/--datatype {opts.datatype}: train trains on a training datatype (train, "
+                              "train:ordered, train:stream); to evaluate, use accelbatch eval -dt "
+                              f"{opts.datatype}")
         if args.verb in ("display-model", "interactive"):  # they evaluate: a train split in eval mode
             opts = opts.replace(datatype=eval_datatype(opts.datatype))
         from accelbatch.model_opts import with_model_opts

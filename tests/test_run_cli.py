@@ -566,3 +566,13 @@ def test_a_training_example_with_eval_labels_only_is_refused(tmp_path, capsys, d
                  "--no-progress", "--eval-splits", "", "-veps", "-1"]) == 2
     assert "a training example has eval_labels and no labels (text 'q2')" in capsys.readouterr().err
     assert main(["eval", "-t", f"jsonl:{data}", "-m", "repeat_label", "--no-progress"]) == 0
+
+
+@pytest.mark.parametrize("datatype", ["valid", "test", "train:evalmode"])
+def test_train_with_an_evaluation_datatype_is_refused_in_one_line(tmp_path, capsys, datatype):
+    """train -dt valid evaluated instead, exit 0, and wrote no -mf: its -ne, -lr and -mf went unheeded."""
+    model_file = tmp_path / "m.pt"
+    assert main(["train", "-dt", datatype, "-ne", "3", "-mf", str(model_file), "--no-progress"]) == 2
+    err = capsys.readouterr().err.splitlines()
+    assert len(err) == 1 and f"-dt/--datatype {datatype}: train trains on a training datatype" in err[0], err
+    assert f"accelbatch eval -dt {datatype}" in err[0] and not model_file.exists()
