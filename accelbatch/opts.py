@@ -327,7 +327,9 @@ def validate(opts: Opts) -> None:
                  "validation_every_n_epochs", "validation_every_n_secs"):
         value = getattr(opts, name)
         if value <= 0 and value != -1:
-            raise OptionError(f"{_flag(name)}: must be positive, or -1 for no limit, got {value}")
+            meaning = {"validation_every_n_epochs": "only at the end", "validation_every_n_secs": "never"}
+            raise OptionError(f"{_flag(name)}: must be positive, or -1 for {meaning.get(name, 'no limit')}, "
+                              f"got {value}")
     for name, given in (("resume", opts.resume), ("save_every_n_secs", opts.save_every_n_secs > 0)):
         if given and not opts.model_file:
             raise OptionError(f"{_flag(name)}: checkpoints live next to --model-file PATH (PATH.ckpt); give "
