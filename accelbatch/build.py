@@ -191,6 +191,7 @@ def build_world(opts: Opts, model: Agent, shard: tuple[int, int] = (0, 1), rows:
         else None
     teacher = teacher or create_teacher(opts)
     check_required_fields(opts, model, teacher)
+    check_collate(opts, model)
     # an engine that stages batches (CUDA) gets the loader front end even without workers: it builds the
     # same schedule's steps and fetches one ahead, whose copy then overlaps the current step (not for stored
     # episodes whose histories hold the model's replies, which the loader cannot squash ahead)
@@ -237,6 +238,19 @@ def check_required_fields(opts: Opts, model: Agent, teacher: Any, scan: int = 10
                     f"-m {opts.model}: no example of -t {name} ({opts.datatype}) has '{field}' (read the first "
                     f"{episodes} episodes); {type(model).__name__} needs it and learns nothing without it: add "
                     f"'{field}' to the examples or choose a model that does not need it")
+
+
+def check_collate(opts: Opts, model: Agent) -> None:
+    """--collate batches a torch Dataset's items for -m torch:...'s model; any other model builds its own
+    batches, so the option is refused rather than ignored."""
+    if not opts.collate:
+        return
+    from accelbatch.tasks.torch_data import TorchModelAgent  # torch's Dataset path: imported only when asked
+
+    if not isinstance(model, TorchModelAgent):
+        raise OptionError(f"--collate {opts.collate}: only -m torch:pkg.mod:Model batches with a collate function "
+                          f"(a -t torch:... Dataset's items); -m {opts.model} builds its own batches: leave "
+                          "--collate out")
 
 
 def replica_rows(plan: ExecutionPlan, rank: int, replicas: int) -> list[int]:
@@ -406,6 +420,6 @@ def attach_runtime(world: World, opts: Opts) -> Runtime:
     return world.runtime
 
 
-__all__ = ["Runtime", "as_opts", "attach_runtime", "build_hogwild_child", "build_world", "check_required_fields",
-           "collates_anywhere", "compile_agent", "create_hogwild_world", "create_world", "fit_batch_to_data",
-           "make_agent", "setup_runtime", "uses_loader"]
+__all__ = ["Runtime", "as_opts", "attach_runtime", "build_hogwild_child", "build_world", "check_collate",
+           "check_required_fields", "collates_anywhere", "compile_agent", "create_hogwild_world", "create_world",
+           "fit_batch_to_data", "make_agent", "setup_runtime", "uses_loader"]

@@ -5,12 +5,16 @@ from __future__ import annotations
 
 import argparse
 import sys
-from typing import TextIO
+from typing import TYPE_CHECKING, TextIO
 
 from accelbatch.messages import Message
 from accelbatch.opts import OptionError, Opts
 from accelbatch.teachers import create_teachers
 from accelbatch.worlds import display
+
+if TYPE_CHECKING:
+    from accelbatch.agents import Agent
+    from accelbatch.build import Runtime
 
 EPISODE_END = "- - - - - - - - - - - - - - - - - - - - -"
 RESET, EXIT = "[DONE]", "[EXIT]"
@@ -74,18 +78,17 @@ def interactive(opts: Opts, candidates: str | None = None, stdin: TextIO | None 
                 out: TextIO | None = None) -> int:
     """Read messages (a prompt when stdin is a terminal), print the model's reply to each. ``[DONE]`` starts a
     new conversation, ``[EXIT]`` or the end of input stops. Returns the number of replies."""
-    from accelbatch.build import create_world
-
     if stdin is None and hasattr(sys.stdin, "reconfigure"):  # bytes that are not UTF-8 become U+FFFD
         sys.stdin.reconfigure(errors="replace")
     stdin, out = stdin or sys.stdin, out or sys.stdout
-    world = create_world(opts.replace(datatype="valid", batchsize=1, numthreads=1, num_workers=0,
-                                      dataloader_mode="sync", dynamic_batching="none"))
-    agent = world.get_model_agent()
-    fixed = _candidates(opts, candidates)
+    given = _given_candidates(candidates)  # a bad --candidates fails before the model loads
+    opts = opts.replace(datatype="valid", batchsize=1, numthreads=1, num_workers=0, dataloader_mode="sync",
+                        dynamic_batching="none")
+    agent, runtime = _model_agent(opts)
     prompt = stdin.isatty()
     replies = 0
     try:
+        fixed = given if given is not None else _task_candidates(opts, agent)
         while True:
             if prompt:
                 print("Enter Your Message: ", end="", file=out, flush=True)
@@ -105,15 +108,40 @@ def interactive(opts: Opts, candidates: str | None = None, stdin: TextIO | None 
             print(f"[{reply.get('id', type(agent).__name__)}]: {reply.get('text', '')}", file=out, flush=True)
             replies += 1
     finally:
-        world.shutdown()
+        agent.shutdown()
+        runtime.backend.teardown()
     return replies
 
 
-def _candidates(opts: Opts, given: str | None) -> list[str]:
-    """``--candidates`` split on '|', else the label candidates of the task's first 1000 examples, in order."""
-    if given is not None:
-        return [c.strip() for c in given.split("|") if c.strip()]
+def _model_agent(opts: Opts) -> tuple[Agent, Runtime]:
+    """The model agent alone, compiled for --device (its runtime with it): interactive talks to it directly,
+    so no world is built and -t is read only for its candidates (and only when --candidates is not given)."""
+    from accelbatch.build import compile_agent, make_agent, setup_runtime
+
+    agent = make_agent(opts, None)
+    runtime = setup_runtime(opts)
+    compile_agent(agent, runtime)
+    for note in getattr(agent, "load_notes", ()):
+        print(f"accelbatch: {note}", file=sys.stderr)
+    return agent, runtime
+
+
+def _given_candidates(given: str | None) -> list[str] | None:
+    """``--candidates`` split on '|' (None when not given); one that names no candidate is refused."""
+    if given is None:
+        return None
+    found = [c.strip() for c in given.split("|") if c.strip()]
+    if not found:
+        raise OptionError(f"--candidates {given!r}: names no candidate; give the replies to choose from, "
+                          "separated by '|' (e.g. --candidates 'kitchen|garden'), or leave it out to use -t's")
+    return found
+
+
+def _task_candidates(opts: Opts, agent: Agent) -> list[str]:
+    """The label candidates of the task's first 1000 examples, in order; a model that ranks them (it requires
+    ``label_candidates``) is refused a task that has none, as it would reply nothing."""
     seen: dict[str, None] = {}
+    read = 0
     for teacher in create_teachers(opts.replace(datatype="valid")):
         for _ in range(1000):
             if teacher.epoch_done():
@@ -121,6 +149,11 @@ def _candidates(opts: Opts, given: str | None) -> list[str]:
             act = teacher.act()
             teacher.observe(Message())
             seen.update(dict.fromkeys(act.get("label_candidates") or ()))
+            read += 1
+    if not seen and "label_candidates" in getattr(agent, "required_fields", ()):
+        raise OptionError(f"-m {opts.model}: none of the {read} examples read of -t {opts.task} (valid) has "
+                          f"'label_candidates', and {type(agent).__name__} replies with one of them: give "
+                          "--candidates 'reply one|reply two|...'")
     return list(seen)
 
 

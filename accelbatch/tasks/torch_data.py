@@ -215,7 +215,7 @@ class TorchModelAgent(TorchAgent):
     def batchify(self, observations: list[Message]) -> dict[str, torch.Tensor]:
         items = [obs[ITEM] for obs in observations]
         if self.opts.collate:
-            return _as_batch(self._user_collate(items, observations), self.opts.collate)
+            return _as_batch(self._user_collate(items, observations), f"--collate {self.opts.collate}")
         if any(len(item) != len(items[0]) for item in items):
             odd = next(o for o, item in zip(observations, items) if len(item) != len(items[0]))
             raise OptionError(f"-t {self.opts.task}: item {odd[INDEX]} has {len(odd[ITEM])} parts, item "
@@ -264,12 +264,16 @@ def _collate_function(path: str) -> Callable[[list[Any]], Any]:
 
 
 def _as_batch(columns: Any, made_by: str) -> dict[str, torch.Tensor]:
-    """The model's inputs and target from a collated batch: a tensor (inputs only) or a sequence of tensors,
-    the target last when there are two or more."""
-    columns = [columns] if isinstance(columns, torch.Tensor) else list(columns)
+    """The model's inputs and target from a collated batch: a tensor (inputs only) or a tuple or list of
+    tensors, the target last when there are two or more. Anything else (a dict, a number, None) is refused
+    naming ``made_by`` and the type it returned: a dict is not read as its keys."""
+    if isinstance(columns, torch.Tensor):
+        columns = [columns]
+    must = "it must return a tensor or a tuple of tensors (the target last)"
+    if not isinstance(columns, (tuple, list)):
+        raise OptionError(f"{made_by} returned {_a(columns)}; {must}")
     if not columns or not all(isinstance(c, torch.Tensor) for c in columns):
-        raise OptionError(f"{made_by} must return a tensor or a tuple of tensors (the target last), got "
-                          f"{[type(c).__name__ for c in columns]}")
+        raise OptionError(f"{made_by} returned {_a(columns)} of {[type(c).__name__ for c in columns]}; {must}")
     *inputs, target = columns if len(columns) > 1 else (*columns, None)
     batch = {f"input{i:02d}": x for i, x in enumerate(inputs)}
     if target is not None:

@@ -1,0 +1,81 @@
+"""interactive's --candidates (the task's candidates needed only without it; one naming none refused) and
+--collate (what it returns checked in one line; refused for a model that builds its own batches)."""
+
+from __future__ import annotations
+
+import io
+
+import pytest
+import torch
+
+from accelbatch.cli import main
+
+ROWS = [{"text": "Mary went to the kitchen. Where is Mary?", "labels": ["kitchen"], "episode_done": True},
+        {"text": "John went to the garden. Where is John?", "labels": ["garden"], "episode_done": True}]
+TORCH_RUN = ["train", "-t", "torch:torch_task:make_dataset", "-m", "torch:torch_task:Classifier", "-bs", "4",
+             "-tstep", "1", "--no-progress", "--eval-splits", "", "-veps", "-1"]
+
+
+def int_collate(items: list) -> int:
+    """A user's collate that returns a number, not tensors."""
+    return 5
+
+
+def dict_collate(items: list) -> dict:
+    """A user's collate that returns a dict of tensors (the model takes a tensor or a tuple of them)."""
+    xs, ys = zip(*items)
+    return {"x": torch.stack(xs), "y": torch.stack(ys)}
+
+
+def _errors(err: str) -> list[str]:
+    """The error lines of stderr (an untrained model's note may come before them)."""
+    return [line for line in err.splitlines() if line.startswith("accelbatch: error: ")]
+
+
+def _interactive(monkeypatch, lines: list[str], *args: str) -> int:
+    monkeypatch.setattr("sys.stdin", io.StringIO("".join(f"{line}\n" for line in lines)))
+    return main(["interactive", "--no-progress", *args])
+
+
+@pytest.mark.parametrize("model", ["memnn", "bag"])
+def test_interactive_candidates_given_need_none_in_the_task(model, write_jsonl, monkeypatch, capsys):
+    """The task has no label_candidates: --candidates is what the ranker chooses from, one reply a line."""
+    task = f"jsonl:{write_jsonl(ROWS)}"
+    questions = ["Where is Mary?", "Where is John?", "Where is the milk?"]
+    assert _interactive(monkeypatch, questions, "-m", model, "-t", task, "--candidates", "kitchen | garden") == 0
+    replies = [line.split("]: ", 1)[1] for line in capsys.readouterr().out.splitlines() if "]: " in line]
+    assert len(replies) == len(questions) and set(replies) <= {"kitchen", "garden"}, replies
+
+
+def test_interactive_without_candidates_on_a_task_without_them_says_to_give_them(write_jsonl, monkeypatch,
+                                                                                   capsys):
+    task = f"jsonl:{write_jsonl(ROWS)}"
+    assert _interactive(monkeypatch, ["Where is Mary?"], "-m", "bag", "-t", task) == 2
+    (error,) = _errors(capsys.readouterr().err)
+    assert f"none of the {len(ROWS)} examples read of -t {task}" in error and "give --candidates" in error, error
+
+
+@pytest.mark.parametrize("given", ["", "|", " | "])
+def test_interactive_candidates_naming_none_is_one_line(given, monkeypatch, capsys):
+    assert _interactive(monkeypatch, ["Where is Mary?"], "-m", "bag", "-t", "babi:1", "--candidates", given) == 2
+    captured = capsys.readouterr()
+    assert captured.out == "", captured.out  # no blank reply
+    (error,) = _errors(captured.err)
+    assert f"--candidates {given!r}: names no candidate" in error, error
+
+
+@pytest.mark.parametrize("collate, returned", [("int_collate", "an int"), ("dict_collate", "a dict")])
+def test_a_collate_returning_no_tensors_is_one_line_naming_what_it_returned(collate, returned, capsys):
+    path = f"test_interactive_and_collate:{collate}"
+    assert main([*TORCH_RUN, "--collate", path]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1, err
+    assert f"--collate {path} returned {returned}; it must return a tensor or a tuple of tensors" in err, err
+
+
+def test_collate_for_a_model_that_builds_its_own_batches_is_refused(capsys):
+    assert main(["train", "-t", "babi:1", "-m", "memnn", "--collate", "zzz.nothing:fn", "-tstep", "1",
+                 "--no-progress", "-veps", "-1", "--eval-splits", ""]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "--collate zzz.nothing:fn: only -m torch:pkg.mod:Model" in err \
+        and "leave --collate out" in err, err
