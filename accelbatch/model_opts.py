@@ -32,10 +32,12 @@ from accelbatch.opts import OptionError, Opts
 from accelbatch.teachers import is_training
 
 KEPT = SHAPING + ("learning_rate",)  # PATH.opt: a continued training keeps its learning rate too
-# the run's limits, validation and logs: a resume goes on to the same end unless the command line says otherwise
-RUN_COURSE = ("num_epochs", "max_train_steps", "max_train_time", "validation_every_n_epochs",
-              "validation_every_n_secs", "validation_patience", "validation_metric", "validation_metric_mode",
-              "validation_max_exs", "validation_cutoff", "eval_splits", "save_every_n_secs", "metrics_log")
+# the run's limits, validation and logs: a resume goes on to the same end unless the command line says
+# otherwise; the limits go together: one given (e.g. a larger -ne) sets the end, the others keep their defaults
+LIMITS = ("num_epochs", "max_train_steps", "max_train_time")
+RUN_COURSE = (*LIMITS, "validation_every_n_epochs", "validation_every_n_secs", "validation_patience",
+              "validation_metric", "validation_metric_mode", "validation_max_exs", "validation_cutoff",
+              "eval_splits", "save_every_n_secs", "metrics_log")
 RESUMED = ("learning_rate", *RESUME_OPTS, *RUN_COURSE)  # what --resume takes from the checkpoint's options
 
 
@@ -143,7 +145,8 @@ def with_model_opts(opts: Opts, argv: Sequence[str]) -> tuple[Opts, str | None]:
     given, training, path = given_on_command_line(argv), is_training(opts.datatype), opts.model_file
     if opts.resume and path and training and has_saved_position(path):  # the checkpoint's options win
         saved, found = run_opts(path), find_checkpoint(path)
-        opts = _taking(opts, _untold(saved, RESUMED, given, opts), f"{found}: the checkpoint's options",
+        taken = RESUMED if given.isdisjoint(LIMITS) else tuple(k for k in RESUMED if k not in LIMITS)
+        opts = _taking(opts, _untold(saved, taken, given, opts), f"{found}: the checkpoint's options",
                        "start afresh without --resume")
         check_resumed_opts(Checkpoint(path=found, model_state={}, opts=saved), opts, opts.model, SHAPING)
         return opts, None  # said by the resume (-lr) or not at all: the run goes on as it was

@@ -183,3 +183,13 @@ def test_a_bad_value_in_the_opt_file_names_that_file(tmp_path, capsys):
     assert main(["eval", "-mf", str(model_file)]) == 2
     err = capsys.readouterr().err.splitlines()
     assert len(err) == 1 and f"{model_file}.opt: -esz/--embedding-size: expected an integer, got 'big'" in err[0]
+
+
+def test_a_limit_given_to_the_resume_sets_the_end_alone(stopped, tmp_path):
+    """The stopped run's limit was -tstep 6; a resume given -ne (another limit) ends at -ne alone: the
+    checkpoint's -tstep is not taken with it (it would end the run before the -ne asked for)."""
+    model_file = _copy(stopped, tmp_path)
+    report = tmp_path / "report.json"
+    assert main(["train", "-mf", str(model_file), "--resume", "-ne", "0.01", "--report-json", str(report),
+                 *QUIET]) == 0
+    assert json.loads(report.read_text())["train"]["steps"] > STEPS  # 0.01 epochs of babi:1 at -bs 4: 13 steps
