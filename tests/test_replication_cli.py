@@ -137,9 +137,10 @@ def test_torchrun_processes_without_their_replication_factor_are_refused(tmp_pat
                            "--device", "cpu", "-mf", str(tmp_path / "m.pt")],
                           capture_output=True, text=True, timeout=240, env=dict(os.environ, OMP_NUM_THREADS="1"))
     assert done.returncode != 0
-    said = [line for line in done.stderr.splitlines() if "accelbatch: error:" in line]
-    assert len(said) == 2 and all("--replication-factor 1 but 2 processes are running" in line for line in said), \
-        done.stderr[-3000:]
+    # each process says it (two writes to one pipe may share a line; torchrun may end the second first)
+    said = done.stderr.count("accelbatch: error: ")
+    refused = done.stderr.count("accelbatch: error: --replication-factor 1 but 2 processes are running")
+    assert 1 <= said == refused <= 2, done.stderr[-3000:]
     assert not (tmp_path / "m.pt").exists()
 
 
