@@ -161,10 +161,15 @@ class _Failed:
 
 class _WorkerDeaths:
     """torch's SIGCHLD handler, which raises a bare RuntimeError wherever the main thread is when a data worker
-    dies (a kill, out of memory), wrapped to raise :class:`ProcessDied` naming the worker and its signal."""
+    dies (a kill, out of memory), wrapped to raise :class:`ProcessDied` naming the worker and its signal.
+
+    The raise can be lost: ``threading.Condition.notify`` drops a RuntimeError raised inside it (CPython
+    gh-92530), and torch's queue puts notify; the worker, reaped by then, would be noticed only when the next
+    get times out. So the death is also kept in ``failure``, which the iterator checks after each batch."""
 
     def __init__(self, torch_handler: Callable[[int, Any], None], workers: Sequence[Any]):
         self.torch_handler, self.workers = torch_handler, workers
+        self.failure: ProcessDied | None = None
 
     @classmethod
     def install(cls, batches: Any) -> "_WorkerDeaths | None":
@@ -194,10 +199,10 @@ class _WorkerDeaths:
         try:
             self.torch_handler(signum, frame)
         except RuntimeError:
-            failure = self.died()
-            if failure is None:
+            self.failure = self.died()
+            if self.failure is None:
                 raise
-            raise failure from None
+            raise self.failure from None
 
 
 def _named_failures(batches: Iterator[Any], timeout_s: float) -> Iterator[Any]:
@@ -205,10 +210,16 @@ def _named_failures(batches: Iterator[Any], timeout_s: float) -> Iterator[Any]:
     (sent as :class:`_Failed`) with its own types and traceback, a dead or silent worker named."""
     deaths = _WorkerDeaths.install(batches)
     try:
-        for item in batches:
+        while True:
+            if deaths is not None and deaths.failure is not None:  # raised in the handler and lost on the way
+                raise deaths.failure from None
+            try:
+                item = next(batches)
+            except StopIteration:
+                return
             yield item
     except RuntimeError as exc:  # torch reports a worker's death or silence as a RuntimeError
-        failure = deaths.died() if deaths is not None else None
+        failure = (deaths.failure or deaths.died()) if deaths is not None else None
         if failure is not None:
             raise failure from None
         if str(exc).startswith("DataLoader timed out after"):
