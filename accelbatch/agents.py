@@ -413,7 +413,7 @@ class TorchAgent(Agent):
             raise ModelFileError(f"{option} {path}: cannot load: the file holds no model weights (not saved by "
                                  f"accelbatch); point {option} at another file")
         try:
-            _check_weights(weights, self.model.state_dict(), f"{option} {path}: cannot load", type(self).__name__)
+            check_weights(weights, self.model.state_dict(), f"{option} {path}: cannot load", type(self).__name__)
         except ModelFileError as exc:
             if not _opt_names_no_model(path):
                 raise
@@ -468,7 +468,7 @@ def _rates(rates: list[float]) -> str:
     return ", ".join(f"{v:g}" for v in sorted(set(rates)))
 
 
-def _check_weights(saved: dict[str, Any], wanted: dict[str, torch.Tensor], what: str, model: str) -> None:
+def check_weights(saved: dict[str, Any], wanted: dict[str, torch.Tensor], what: str, model: str) -> None:
     """A one-line ModelFileError when ``saved`` are not weights of the model ``wanted`` describes."""
     missing = [k for k in wanted if k not in saved]
     unexpected = [k for k in saved if k not in wanted]

@@ -19,7 +19,7 @@ from typing import Any, Mapping
 import numpy as np
 import torch
 
-from accelbatch.agents import _check_weights  # the -mf load's one-line check of weight names and shapes
+from accelbatch.agents import check_weights
 from accelbatch.checkpoint import (
     CheckpointError,
     checkpoint_dir,
@@ -176,7 +176,7 @@ class Checkpointer:
         ckpt = load_checkpoint(path)
         # other options (a model's among them) refused before any weight is loaded, and weights of another shape
         check_resumed_opts(ckpt, self.opts, _model_trained(world, self.opts))
-        _check_weights(ckpt.model_state, engine.model.state_dict(), f"--resume: {ckpt.path}: cannot load",
+        check_weights(ckpt.model_state, engine.model.state_dict(), f"--resume: {ckpt.path}: cannot load",
                        type(engine.model).__name__)
         engine.load_state_dict(ckpt.engine_state())  # after compile: the engine moves it to its device
         if ckpt.legacy:

@@ -41,7 +41,6 @@ class PassSteps(Sampler):
         index, count = shard
         self.shard, self.cut = shard, cut
         self.training, self.pad, self.static_rows = training, store.pad, config.static_rows
-        self.shuffle = config.shuffle
         self.table = store.table.shard(index, count)
         self.pass_, self.skip = 0, 0
         self._current: tuple[int, int] | None = None  # (pass, first index) of the pass under way
@@ -51,12 +50,12 @@ class PassSteps(Sampler):
             # shuffled training data cycles: a row's episodes run on into the next pass. Ordered data (ParlAI's
             # train:ordered) does not, its pass ends padded as an evaluation's does; nor does a hogwild
             # process's share, each pass in its epoch's order, so that it trains every example once a pass
-            loop = training and config.shuffle and not self.own_share
+            self.loop = training and config.shuffle and not self.own_share
             self._order = make_order(self.table, training and config.shuffle, config.seed)
             self._layout = (rows, store.pad, serve)
             self.rows = self._schedule(0)
             self.plan, self.lengths = None, None
-            self.per_pass = math.ceil(self.table.num_examples / rows) if loop else 0
+            self.per_pass = math.ceil(self.table.num_examples / rows) if self.loop else 0
         else:
             # with `cut` (every replica's rows of an n-row call) each replica plans the combined batches of all
             # the data and runs its rows of each; a tail that leaves a replica no row is left out. Without it
@@ -70,9 +69,8 @@ class PassSteps(Sampler):
         """The rows' schedule: one for every pass when it loops, else pass ``pass_``'s own (its steps are its
         longest row's turns, which vary with the pass's order)."""
         rows, pad, serve = self._layout
-        loop = self.training and self.shuffle and not self.own_share
-        order = self._order if loop else PassOrder(self._order, pass_)
-        return RowSchedule(self.table, rows, order, loop=loop, pad=pad, serve=serve)
+        order = self._order if self.loop else PassOrder(self._order, pass_)
+        return RowSchedule(self.table, rows, order, loop=self.loop, pad=pad, serve=serve)
 
     def _pass_rows(self, pass_: int) -> RowSchedule:
         if not self.rows.loop and self.rows.order.first != pass_:  # type: ignore[attr-defined]
