@@ -185,16 +185,18 @@ def refuse_non_messages(agent: Agent, method: str, replies: Sequence[Any]) -> No
     its ``text`` is not a str, which the teacher would otherwise fail on deep in its scoring (that failure is
     left out of the chain)."""
     for row, reply in enumerate(replies):
+        if isinstance(reply, dict):
+            text = reply.get("text")
+            if text is None or isinstance(text, str):
+                continue  # the message is built only for a bad reply: this runs on every reply
         where = f" for row {row}" if method.startswith("batch_act") else ""
         if not isinstance(reply, dict):
             raise ReplyError(f"{type(agent).__name__}.{method} returned {_kind(reply)}{where}: it must return "
                              "a Message (a dict such as {'text': ...})"
                              + (", one per observation" if where else "")) from None
-        text = reply.get("text")
-        if text is not None and not isinstance(text, str):
-            raise ReplyError(f"{type(agent).__name__}.{method} returned a reply{where} whose 'text' is "
-                             f"{_kind(text)} {text!r:.60}: a reply's text is a str (leave it out to say "
-                             "nothing)") from None
+        raise ReplyError(f"{type(agent).__name__}.{method} returned a reply{where} whose 'text' is "
+                         f"{_kind(text)} {text!r:.60}: a reply's text is a str (leave it out to say "
+                         "nothing)") from None
 
 
 def _kind(value: Any) -> str:
