@@ -13,6 +13,7 @@ import math
 import os
 import sys
 import time
+from contextlib import ExitStack
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -134,13 +135,14 @@ def run(world: World, opts: Opts) -> dict[str, Any]:
     log = MetricsLog(opts.metrics_log if main else None,
                      tensorboard=TensorBoardLog(tb_dir) if main and tb_dir else None)
     lock: ModelFileLock | None = None
+    worlds_made = ExitStack()  # the worlds a training run builds (validation): shut down however it ends
     try:
         if is_training(opts.datatype):
             lock = ModelFileLock(opts.model_file) if main and opts.model_file else None
             then = "saving a checkpoint after this step, then stopping" if opts.model_file else \
                 "stopping after this step; nothing is saved (no --model-file)"
             with StopSignals(announce=main, then=then) as stop:
-                report = _train(world, opts, log, runtime, stop)
+                report = _train(world, opts, log, runtime, stop, worlds_made)
         else:
             split = split_of(opts.datatype)
             with StopSignals(announce=main, then="stopping the evaluation after this step") as stop:
@@ -152,6 +154,7 @@ def run(world: World, opts: Opts) -> dict[str, Any]:
         report = select_metrics(report, opts.metrics)
         report = _finish(report, opts if main else opts.replace(report_json=None))
     finally:
+        worlds_made.close()
         log.close()
         world.shutdown()
         backend.teardown()
@@ -177,7 +180,8 @@ def _world_problem(world: World, opts: Opts) -> str | None:
     return None
 
 
-def _train(world: World, opts: Opts, log: MetricsLog, runtime: Runtime, stop: StopSignals) -> dict[str, Any]:
+def _train(world: World, opts: Opts, log: MetricsLog, runtime: Runtime, stop: StopSignals,
+           worlds_made: ExitStack) -> dict[str, Any]:
     backend = runtime.backend
     state = TrainState()
     model = world.get_model_agent()
@@ -214,9 +218,14 @@ def _train(world: World, opts: Opts, log: MetricsLog, runtime: Runtime, stop: St
     last_log, window_exs, window_start = time.monotonic(), 0, time.monotonic()
     window_data = getattr(world, "data_time_s", 0.0)
     logged: dict[str, float] = {}  # the world's metrics (cumulative: never reset in training) at the last log
+    def valid_world_made() -> World:
+        made = create_world(_eval_opts(opts, "valid"), agent=model, runtime=runtime)
+        worlds_made.callback(made.shutdown)
+        return made
+
     valid_world: World | None = None
     if next_validation < math.inf or opts.validation_every_n_secs > 0:  # bad valid data fails now, not an epoch on
-        valid_world = create_world(_eval_opts(opts, "valid"), agent=model, runtime=runtime)
+        valid_world = valid_world_made()
     teachers = _eval_teachers(opts, {"valid"} if valid_world is not None else set())  # their data fails now too
     last_validation = time.monotonic()
     stop_reason = "num_epochs"
@@ -257,7 +266,7 @@ def _train(world: World, opts: Opts, log: MetricsLog, runtime: Runtime, stop: St
         nonlocal valid_world, last_validation
         world.finish_parleys()  # the model validated (and saved when best) is the one its number describes
         last_validation = time.monotonic()
-        valid_world = valid_world or create_world(_eval_opts(opts, "valid"), agent=model, runtime=runtime)
+        valid_world = valid_world or valid_world_made()
         return _validate(valid_world, opts, log, state, model, backend, position(), stop)
 
     def save(validation_cut: bool = False) -> None:
@@ -374,8 +383,6 @@ def _train(world: World, opts: Opts, log: MetricsLog, runtime: Runtime, stop: St
                                      stop=stop)
         finally:
             eval_world.shutdown()
-    if valid_world is not None:
-        valid_world.shutdown()
     return report
 
 
