@@ -25,7 +25,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from accelbatch.agents import Agent, TorchAgent
+from accelbatch.agents import Agent, TorchAgent, learning_rates, set_learning_rates
 from accelbatch.checkpoint import has_saved_position
 from accelbatch.data.accessor import start_worker_server
 from accelbatch.hogwild import HogwildWorld
@@ -96,7 +96,30 @@ def make_agent(opts: Opts, agent: Agent | type[Agent] | None) -> Agent:
         return found(opts)
     if isinstance(agent, type):
         return agent(opts)
-    return agent.fork()
+    forked = agent.fork()
+    if is_training(opts.datatype) and isinstance(forked, TorchAgent):
+        _continue_training(forked, opts)
+    return forked
+
+
+def _continue_training(agent: TorchAgent, opts: Opts) -> None:
+    """A training world on an agent built already trains with this world's -lr: its shared optimizer's rates
+    are scaled by the ratio (said in one line). Another -opt is refused: the engine holds the optimizer."""
+    built = agent.opts
+    if opts.optimizer != built.optimizer:
+        raise OptionError(f"create_world(opts, agent=...): -opt/--optimizer {opts.optimizer}, but the agent's "
+                          f"optimizer is {built.optimizer}, compiled into its engine; save the model (-mf PATH) and "
+                          f"continue from the file with -opt {opts.optimizer} (a fresh optimizer), or keep "
+                          f"-opt {built.optimizer}")
+    if opts.learning_rate == built.learning_rate:
+        return
+    optimizer = agent.engine.host_optimizer() if agent.slot.engine is not None else agent.optimizer
+    scale = opts.learning_rate / built.learning_rate
+    had = set_learning_rates(optimizer, [lr * scale for lr in learning_rates(optimizer)])
+    agent.opts = built.replace(learning_rate=opts.learning_rate)
+    if had:
+        print(f"accelbatch: continuing with -lr {opts.learning_rate:g} (the agent's optimizer had {had})",
+              file=sys.stderr)
 
 
 def _not_an_agent(where: str, found: Any) -> str:
@@ -320,7 +343,8 @@ def create_world(opts: Opts | Mapping[str, Any], agent: Agent | type[Agent] | st
     Under replication each process's world holds its replica's share of the rows and of the data. The first
     world of a run (no runtime yet) fits ``--batchsize`` to its data (:func:`fit_batch_to_data`);
     ``world.opts`` holds the options it was built with. ``opts`` may be a dict of Opts' fields. ``teacher``:
-    one made for ``opts`` already (else it is made here).
+    one made for ``opts`` already (else it is made here). Building a model seeds torch's global generator with
+    ``opts.seed``: the same seed builds and trains the same weights.
     """
     refuse_script_rerun()  # a child process running this script's unguarded top-level code ends here
     opts = as_opts(opts, "create_world(opts)")

@@ -109,9 +109,10 @@ def run(world: World, opts: Opts) -> dict[str, Any]:
     A world from :func:`accelbatch.create_world` already has its model compiled for the device; one built by
     hand is compiled here. The backend is torn down at the end. ``opts`` may be a dict of Opts' fields.
 
-    ``opts`` must name the world's task and datatype (the world serves its own data; its plan, -bs and the
-    rest, is the one it was built with). A world trains once: a second training run of it is refused; to
-    train its model further, build a new world on it, ``create_world(opts, agent=world.get_model_agent())``."""
+    ``opts`` must name the world's task, datatype, -lr and -opt (the world serves its own data and trains its
+    own optimizer; its plan, -bs and the rest, is the one it was built with). A world trains once: a second
+    training run of it is refused; to train its model further, build a new world on it,
+    ``create_world(opts, agent=world.get_model_agent())``."""
     opts = as_opts(opts, "run(world, opts)")
     problem = _world_problem(world, opts)
     if problem is not None:
@@ -165,7 +166,8 @@ def run(world: World, opts: Opts) -> dict[str, Any]:
 
 def _world_problem(world: World, opts: Opts) -> str | None:
     """Why ``run(world, opts)`` cannot run: ``opts`` names another task or datatype than the world serves (an
-    evaluation of a training world would never end), or it trains a world that has trained already."""
+    evaluation of a training world would never end), trains with another -lr or -opt than the world's
+    optimizer has, or trains a world that has trained already."""
     built = getattr(world, "opts", None) or {}  # Opts, or a world built by hand with a dict
     for name, flag in (("task", "-t/--task"), ("datatype", "-dt/--datatype")):
         own = built.get(name, getattr(opts, name))
@@ -173,6 +175,12 @@ def _world_problem(world: World, opts: Opts) -> str | None:
             return (f"run(world, opts): {flag} {getattr(opts, name)!r}, but the world was built with {own!r}; "
                     f"build the world with these opts (create_world(opts)), or run it with its own, "
                     f"opts.replace({name}={own!r})")
+    for name, flag in (("learning_rate", "-lr/--learning-rate"), ("optimizer", "-opt/--optimizer")):
+        own = built.get(name, getattr(opts, name))
+        if is_training(opts.datatype) and own != getattr(opts, name):
+            return (f"run(world, opts): {flag} {getattr(opts, name)!r}, but the world's optimizer was built with "
+                    f"{own!r}; build the world with these opts, create_world(opts) (or create_world(opts, "
+                    "agent=world.get_model_agent()) to go on training its model)")
     if is_training(opts.datatype) and world.get_total_exs() > 0:
         return (f"run(world, opts): this world has trained {world.get_total_exs()} examples already (an earlier "
                 "run() or parley()); a world trains once: to train its model further, build a new world on it, "
