@@ -356,9 +356,9 @@ def create_world(opts: Opts | Mapping[str, Any], agent: Agent | type[Agent] | st
     elif isinstance(agent, type) and not issubclass(agent, Agent):
         raise TypeError(_not_an_agent(f"create_world(agent={agent.__name__})", agent))
     if runtime is None and opts.numthreads > 1:
-        check_main_guard(f"-nt/--numthreads {opts.numthreads}")
+        check_main_guard(f"-nt/--numthreads {opts.numthreads}", _sent_agent(opts, agent, teacher))
     elif runtime is None and opts.dataloader_mode != "sync":
-        check_main_guard(f"--dataloader-mode {opts.dataloader_mode}")
+        check_main_guard(f"--dataloader-mode {opts.dataloader_mode}", _sent_agent(opts, agent, teacher))
     fitted = None
     if runtime is None and opts.dataloader_mode != "sync" and opts.numthreads <= 1:
         # the async accessor's process server imports torch while this process builds the agent; the
@@ -397,6 +397,17 @@ def create_world(opts: Opts | Mapping[str, Any], agent: Agent | type[Agent] | st
     if fitted and runtime.topology.rank == 0:  # said once the world is built: after any error in the options
         print(fitted, file=sys.stderr, flush=True)
     return world
+
+
+def _sent_agent(opts: Opts, agent: Agent | type[Agent] | None, teacher: Teacher | None) -> list[Any]:
+    """The agent (an instance, a class, or -m's path) whose class child processes import: each hogwild
+    process builds its own; the async data process batches with a copy of one whose batches the loader builds."""
+    given = opts.model if agent is None else agent
+    if opts.numthreads > 1:
+        return [given]
+    cls = given if isinstance(given, type) else type(given) if isinstance(given, Agent) else None
+    loaded = cls is None or (issubclass(cls, TorchAgent) and cls.observe is TorchAgent.observe)
+    return [given] if loaded and (teacher is None or served_as_stored(teacher)) else []
 
 
 def create_hogwild_world(opts: Opts, agent: Agent | type[Agent] | None = None, rows: int | None = None, *,
