@@ -54,7 +54,9 @@ def _vmt_problem(world: World, opts: Opts, known: set[str], mute: bool) -> str:
         return (f"-vmt/--validation-metric {vmt}{default}: with --skip-generation {name} generates no text, so "
                 f"the valid report has no accuracy, f1 or bleu-4; give -vmt loss (or one of {choose}), or "
                 "leave --skip-generation out")
-    hint = "; bleu-4 is scored with --metrics bleu-4 (or all)" if vmt.endswith("bleu-4") else ""
+    hint = "; bleu-4 is scored with --metrics bleu-4 (or all)" if vmt.endswith("bleu-4") else \
+        "; a task's row (TASK/name) has what its teacher scores (exs, accuracy, f1), the model's own metrics " \
+        "(such as loss) only the whole report's" if "/" in vmt else ""
     return (f"-vmt/--validation-metric {vmt}: the valid report of {name} on this task has no such "
             f"metric; choose one of {choose}{hint}")
 
@@ -72,8 +74,11 @@ def metric_names_problem(world: World, opts: Opts) -> str | None:
     # a teacher's reported_metrics: what it scores (None: TEACHER_METRICS, as accelbatch's teachers score)
     known = set(BATCHING_METRICS).union(*(TEACHER_METRICS if agent.reported_metrics is None
                                           else agent.reported_metrics for agent in agents))
+    teachers = set().union(*(TEACHER_METRICS if agent.reported_metrics is None else agent.reported_metrics
+                             for agent in agents if isinstance(agent, Teacher)))  # a task's own row
     if wants_bleu(opts.metrics):
         known.add("bleu-4")
+        teachers.add("bleu-4")
     tasks = task_names(opts)
     vmt = opts.validation_metric
     validates = opts.validation_every_n_epochs > 0 or opts.validation_every_n_secs > 0
@@ -81,10 +86,12 @@ def metric_names_problem(world: World, opts: Opts) -> str | None:
     valid_known = known - TEXT_METRICS if mute else known
     # without a validation only a name no task could score is refused (the default accuracy of a regression is not)
     if is_training(opts.datatype) and \
-            unknown_metrics([vmt], tasks, valid_known if validates else known | TEACHER_METRICS):
+            unknown_metrics([vmt], tasks, valid_known if validates else known | TEACHER_METRICS,
+                            (teachers - TEXT_METRICS if mute else teachers) if validates else
+                            teachers | TEACHER_METRICS):
         return _vmt_problem(world, opts, valid_known, mute)
     asked = [m.strip() for m in opts.metrics.split(",") if m.strip() and m.strip() not in ("default", "all")]
-    unknown = unknown_metrics(asked, tasks, known | {"bleu-4"} | set(RUN_FIELDS))
+    unknown = unknown_metrics(asked, tasks, known | {"bleu-4"} | set(RUN_FIELDS), teachers | {"bleu-4"})
     if unknown:
         return (f"--metrics: no report of this run has {', '.join(unknown)}; name metrics such as "
                 f"accuracy,f1,loss, or give 'default' or 'all'")

@@ -425,16 +425,17 @@ TEACHER_METRICS = frozenset({"exs", "accuracy", "f1"})
 BATCHING_METRICS = frozenset({"pad_fraction", "batch_tokens", "dropped_exs"})
 
 
-def unknown_metrics(names: Iterable[str], tasks: Sequence[str], known: Iterable[str]) -> list[str]:
-    """The ``names`` not in ``known``, a multitask ``TASK/metric`` known when TASK is one of ``tasks`` and
-    metric is known."""
-    known = set(known)
+def unknown_metrics(names: Iterable[str], tasks: Sequence[str], known: Iterable[str],
+                    per_task: Iterable[str]) -> list[str]:
+    """The ``names`` not in ``known``; a multitask ``TASK/metric`` is known when TASK is one of ``tasks`` and
+    metric is in ``per_task`` (what a task's teacher scores: the model's own metrics cover all tasks)."""
+    known, per_task = set(known), set(per_task)
     prefixes = tuple(f"{task}/" for task in tasks if len(tasks) > 1)
 
     def is_known(name: str) -> bool:
         if name in known:
             return True
         task = next((p for p in prefixes if name.startswith(p)), None)
-        return task is not None and name[len(task):] in known
+        return task is not None and name[len(task):] in per_task
 
     return [name for name in names if not is_known(name)]
