@@ -214,8 +214,10 @@ def display(acts: Sequence[Message | None]) -> str:
 
 
 def display_rows(rows: Sequence[Sequence[Message | None]]) -> str:
-    """Each row's acts (teacher's, then the model's), the rows of one batched step one after the other."""
-    return "\n".join(text for text in map(display, rows) if text)
+    """Each row's acts (teacher's, then the model's), the rows of one batched step one after the other; a
+    padding row (no example: past the end of the data) shows nothing."""
+    shown = (display(row) for row in rows if row and not is_padding(row[0]))
+    return "\n".join(text for text in shown if text)
 
 
 def _fixed_teachers(world: World) -> list[FixedTeacher]:
