@@ -6,6 +6,8 @@ from __future__ import annotations
 import copy
 from typing import Any
 
+from ._options_names import missing_option
+
 FROZEN_MESSAGE = "Can't modify frozen Options"
 
 
@@ -66,6 +68,13 @@ class _OptionsDict:
         self.checkIsFrozen()
         self._values.pop(option, None)
 
+    def update(self, other: dict[str, Any]) -> dict[str, Any]:
+        """Add these options to ``other`` (which must not hold any of them) and return it."""
+        assert not set(self._values.keys()).intersection(other), \
+            "Can't merge dictionaries, they have some keys in common"
+        other.update(self._values)
+        return other
+
     def toDict(self) -> dict[str, Any]:
         return dict(self._values)
 
@@ -73,7 +82,8 @@ class _OptionsDict:
         # Only called when normal lookup fails: public names are option values.
         values = self.__dict__.get("_values")
         if values is None or option.startswith("_") or option not in values:
-            raise AttributeError(f"Invalid attribute {option}.")
+            # PopTorch's text for a misspelling; a PopTorch 3.3 name not emulated here is said to be one
+            raise missing_option(type(self).__name__, option)
         return values[option]
 
     def __setattr__(self, option: str, value: Any) -> None:

@@ -9,6 +9,9 @@ python/_dataloader.py):
   ``poptorch.Error("AsynchronousDataAccessor worker thread failed to start (Check above for details)")``.
   With ``early_preload=False`` (the default) the worker then waits for the first ``iter()`` (or ``next()``)
   before reading further; with ``True`` it fills the ring at once.
+- The first batch must be a tensor, a dict of tensors, a registered custom type or a flat tuple / list of
+  tensors (checked before rebatching, :mod:`._flat_batches`); anything else fails to start as above, from
+  PopTorch's ``AssertionError("Tensor at index 1 is not a torch tensor (...) ...")``.
 - ``iter()`` starts a pass; the pass begun by the constructor is the first one. Leaving a pass early and
   iterating again starts from the first item. The accessor is its own iterator (``next(accessor)``).
 - Batches are views of shared memory, valid until the next batch: clone what you keep.
@@ -35,10 +38,12 @@ from collections.abc import Iterator
 from typing import Any
 
 from accelbatch.data.accessor import AsyncDataAccessor
+from accelbatch.data.rebatch import rebatch
 from accelbatch.procs import ProcessDied, ProcessFailure, ProcessTimeout
 
 from . import custom_args
 from ._custom_rebatch import rebatch_custom
+from ._flat_batches import FirstBatchCheck
 from .enums import SharingStrategy
 from .poptorch_core import py_error
 
@@ -77,14 +82,16 @@ class AsynchronousDataAccessor:
         # the loading process's source does not hold on to the loader that owns this accessor.
         source = copy.copy(dataset) if is_loader else dataset
         drop_last = bool(getattr(dataset, "rebatched_drop_last", True))
-        rebatching: dict[str, Any] = {"rebatch_size": rebatched_size, "rebatch_drop_last": drop_last}
-        if rebatched_size is not None and custom_args.registered_parsers():  # custom types: see _custom_rebatch
-            rebatching = {"transform": functools.partial(rebatch_custom, batch_size=rebatched_size,
-                                                         drop_last=drop_last,
-                                                         parsers=custom_args.registered_parsers())}
+        parsers = custom_args.registered_parsers()
+        then: Any = None
+        if rebatched_size is not None:  # custom types: see _custom_rebatch
+            then = (functools.partial(rebatch_custom, batch_size=rebatched_size, drop_last=drop_last,
+                                      parsers=parsers) if parsers else
+                    functools.partial(rebatch, batch_size=rebatched_size, drop_last=drop_last))
+        # PopTorch's worker refuses a first batch that is not a flat container of tensors (see _flat_batches)
         self._inner = AsyncDataAccessor(
             source, buffer_size=buffer_size, early_preload=early_preload, load_indefinitely=load_indefinitely,
-            miss_sleep_s=miss_sleep_time_in_ms / 1000.0, **rebatching)
+            miss_sleep_s=miss_sleep_time_in_ms / 1000.0, transform=FirstBatchCheck(parsers, then))
         # Read the first batch now, as PopTorch's worker does while it starts.
         try:
             first_pass = self._inner.start_pass(hold_after=None if early_preload else 1)

@@ -16,7 +16,9 @@ Behaviour reproduced from PopTorch (python/options.py, python/_options_impl.py):
 - Settings the emulator records without effect (a CPU has one memory): ``opts.TensorLocations``
   (:mod:`.tensor_locations`) and ``setAvailableMemoryProportion`` (read back as
   ``opts.available_memory_proportion``, ``{ipu_index: proportion}``); ``maxRepeatLogs``, ``syncPattern``,
-  ``disableModuleNamescope`` and ``_Popart.setPatterns``, which change nothing the emulator computes.
+  ``disableModuleNamescope`` and ``_Popart.setPatterns``, which change nothing the emulator computes; the
+  other such setters of PopTorch 3.3 are in :mod:`._options_recorded`. A name PopTorch 3.3 has but the
+  emulator lacks is said to be one (:mod:`._options_names`); a misspelled one gets PopTorch's error.
 - ``Training.setAutomaticLossScaling`` (:mod:`.auto_loss_scale`), ``anchorTensor`` (:mod:`.anchors`) and
   ``loadFromFile`` (:mod:`._options_config`) behave as in PopTorch.
 """
@@ -34,6 +36,13 @@ import torch
 from . import enums
 from ._options_config import ConfigFileError, load_options_file
 from ._options_dict import FROZEN_MESSAGE, _OptionsDict
+from ._options_recorded import (
+    DEFAULT_SOURCE_LOCATION_EXCLUDES,
+    OptionsRecorded,
+    PrecisionRecorded,
+    TrainingRecorded,
+    _JitOptions,
+)
 from .execution_strategy import PipelinedExecution, _IExecutionStrategy
 from .tensor_locations import _TensorLocationOptions
 
@@ -82,7 +91,7 @@ class _PopartOptions:
         return "_PopartOptions(" + ", ".join(f"{k}={v!r}" for k, v in self.options.items()) + ")"
 
 
-class _TrainingOptions(_OptionsDict):
+class _TrainingOptions(_OptionsDict, TrainingRecorded):
     """``opts.Training``: options that only apply to a ``trainingModel``."""
 
     def __init__(self, popart: "_PopartOptions") -> None:
@@ -121,7 +130,7 @@ class _TrainingOptions(_OptionsDict):
         return self
 
 
-class _PrecisionOptions(_OptionsDict):
+class _PrecisionOptions(_OptionsDict, PrecisionRecorded):
     """``opts.Precision``: half-precision settings.
 
     As in PopTorch, the partials type, stochastic rounding and floating-point exceptions are backend
@@ -203,7 +212,7 @@ class _DistributedOptions(_OptionsDict):
         return self.num_distributed_processes
 
 
-class Options(_OptionsDict):
+class Options(_OptionsDict, OptionsRecorded):
     """How a model is compiled and run; pass it to the model wrappers and to ``poptorch.DataLoader``.
 
     >>> opts = Options().deviceIterations(4).replicationFactor(2)
@@ -219,6 +228,9 @@ class Options(_OptionsDict):
         object.__setattr__(self, "_show_compilation_progress_bar", True)
         object.__setattr__(self, "_precision", _PrecisionOptions(self._popart))
         object.__setattr__(self, "_execution_strategy", PipelinedExecution())
+        object.__setattr__(self, "_jit", _JitOptions())
+        object.__setattr__(self, "_relax_optimizer_checks", False)
+        object.__setattr__(self, "_source_location_excludes", list(DEFAULT_SOURCE_LOCATION_EXCLUDES))
         super().__init__(
             replication_factor=1,
             input_group_size=1,
