@@ -24,7 +24,9 @@ ParlAI's semantics, in processes (started with ``spawn`` under :class:`accelbatc
   before it) and gathers each process's ``world.state_dict()``; :meth:`load_state_dict` puts a freshly built
   HogwildWorld back there, so ``--resume`` serves the rest of the interrupted epoch exactly once. The weights
   are the shared model's (hogwild itself is not deterministic).
-* A child's exception is :class:`~accelbatch.procs.ProcessRaised` with its traceback, a child that dies
+* A child's exception is raised with its own type (its traceback as a note, the
+  :class:`~accelbatch.procs.ProcessRaised` naming the process as its cause; that ProcessRaised itself when the
+  exception does not unpickle here, or is a KeyboardInterrupt), a child that dies
   :class:`~accelbatch.procs.ProcessDied`, one that stops answering :class:`~accelbatch.procs.ProcessTimeout`
   (with its Python stack); then all are stopped. :meth:`shutdown` stops them (idempotent; also on garbage
   collection and at exit). Children ignore SIGINT: on Ctrl-C the main process stops them.
@@ -47,7 +49,7 @@ from accelbatch.hogwild_passes import serve_passes
 from accelbatch.loader_world import LoaderWorld
 from accelbatch.metrics import Metrics, combine_reports, merge_reports
 from accelbatch.opts import OptionError, Opts
-from accelbatch.procs import ChildSpec, ProcessFailure, Supervisor
+from accelbatch.procs import ChildSpec, ProcessFailure, Supervisor, raised_as
 from accelbatch.teachers import FixedTeacher, MultiTaskTeacher, Teacher, is_training
 from accelbatch.worlds import BatchWorld, MultiWorld, World
 
@@ -348,12 +350,7 @@ class HogwildWorld(World):
         if len(processes) != self.numthreads:
             raise ValueError(f"the checkpoint has {len(processes)} hogwild processes, this run {self.numthreads}; "
                              "resume with the same --numthreads, or start afresh without --resume")
-        try:
-            self._at = self._broadcast("restore", processes)
-        except ProcessFailure as err:
-            if isinstance(err.child_exception, ValueError):
-                raise err.child_exception from None
-            raise
+        self._at = self._broadcast("restore", processes)  # a child's ValueError (a bad state) as itself
         self._released_from, self._parleys = int(self._counts.sum()), 0
 
     def num_examples(self) -> int:
@@ -464,9 +461,10 @@ class HogwildWorld(World):
         return self._children.timeout_error(message + "; all hogwild processes were stopped", ranks)
 
     def _fail(self, err: Exception) -> None:
-        """Stop every process, then raise ``err`` (a child's failure keeps the child's exception as cause)."""
+        """Stop every process, then raise ``err``; a child's failure as the exception it raised, its own type
+        (:func:`~accelbatch.procs.raised_as`), as the same code raises it in one process."""
         self.shutdown()
-        raise err
+        raise raised_as(err) if isinstance(err, ProcessFailure) else err
 
     def _wait_all(self, what: str, timeout: float, seq: int = -1) -> list[Any]:
         """Wait until every process has answered ``seq``; fail on death, error or ``timeout`` of silence."""

@@ -8,7 +8,8 @@ SIGTERM, SIGKILL; also on garbage collection and at interpreter exit). Children 
 (:func:`holding_sigint`): a terminal's Ctrl-C, which reaches the whole process group, cannot interrupt their
 start-up (a traceback each); the parent takes it once they are recorded, and stops them. A failure raises a
 :class:`ProcessFailure`: :class:`ProcessRaised`, :class:`ProcessDied` or :class:`ProcessTimeout`. Data
-workers of other pools report with ``FailureRecord.capture(exc)`` there and ``record.to_error(...)`` here.
+workers of other pools report with ``FailureRecord.capture(exc)`` there and ``record.to_error(...)`` here;
+:func:`raised_as` turns a failure into what a script catches (the child's exception with its own type).
 """
 
 from __future__ import annotations
@@ -47,10 +48,11 @@ from accelbatch.proc_errors import (
     ProcessRaised,
     ProcessTimeout,
     describe_exit,
+    raised_as,
 )
 
 __all__ = ["INTERRUPTED", "STACK_SIGNAL", "Channel", "ChildSpec", "FailureRecord", "ProcessDied", "ProcessFailure",
-           "ProcessRaised", "ProcessTimeout", "Supervisor", "describe_exit", "holding_sigint"]
+           "ProcessRaised", "ProcessTimeout", "Supervisor", "describe_exit", "holding_sigint", "raised_as"]
 
 STACK_SIGNAL = signal.SIGUSR1  # a child started with ChildSpec.stack_dumps writes its Python stacks on it
 INTERRUPTED = 130              # exit code of a child that stopped on KeyboardInterrupt (its message was sent)
@@ -106,8 +108,9 @@ def _child_main(_: int, index: int, spec: ChildSpec, target: Callable[..., Any],
     """Every child's entry (under torch's own wrapper): set the process up, run ``target``, report, exit.
 
     It started with SIGINT blocked (:func:`holding_sigint`): a Ctrl-C that came while it bootstrapped is
-    pending. One that ignores SIGINT drops it; another gets it as a KeyboardInterrupt once it runs ``target``
-    (reported as an interrupt, like any later one)."""
+    pending. One that ignores SIGINT drops it, and a KeyboardInterrupt there is its code's, reported as an
+    exception; another gets it as a KeyboardInterrupt once it runs ``target`` (reported as an interrupt, like
+    any later one)."""
     end_with_parent(parent_pid)
     if spec.own_process_group:
         os.setpgid(0, 0)
@@ -130,8 +133,13 @@ def _child_main(_: int, index: int, spec: ChildSpec, target: Callable[..., Any],
         result = target(index, conn, *args) if spec.pipe else target(index, *args)
         report = None if result is None else _Report("result", pickle.dumps(result))
     except KeyboardInterrupt as exc:
-        code, report = INTERRUPTED, _Report("interrupted", str(exc))
-    except Exception as exc:  # noqa: BLE001 - everything goes to the parent
+        if spec.ignore_sigint:  # no Ctrl-C reaches it: its own code raised it, an error like any other
+            code, report = 1, _Report("raised", FailureRecord.capture(exc))
+        else:
+            code, report = INTERRUPTED, _Report("interrupted", str(exc))
+    except SystemExit:  # an exit asked for (a SIGTERM handler's sys.exit): its code is the report
+        raise
+    except BaseException as exc:  # noqa: BLE001 - everything else goes to the parent
         code, report = 1, _Report("raised", FailureRecord.capture(exc))
     with contextlib.suppress(Exception):  # a parent that is gone has nothing to hear
         if report is not None:

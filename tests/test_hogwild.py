@@ -324,13 +324,14 @@ def test_a_crash_in_a_child_raises_in_the_parent_with_the_child_traceback(tmp_pa
     opts = Opts(task=f"jsonl:{path}", datatype="valid", numthreads=2, batchsize=1, progress=False)
     world = create_world(opts, agent=CrashingAgent)
     pids = world.pids
-    with pytest.raises(ProcessRaised) as info:
+    with pytest.raises(ValueError, match="boom on 'boom'") as info:  # the child's own exception, as in one process
         evaluate(world)
-    err = info.value
+    err = info.value.__cause__  # the failure naming the process
     text = str(err)
     assert "ValueError: boom on 'boom'" in text and "explode_here" in text and "Traceback" in text
-    assert err.pid in pids and isinstance(err.child_exception, ValueError) and err.role == "hogwild process"
-    assert isinstance(err.__cause__, ValueError)
+    assert isinstance(err, ProcessRaised) and err.child_exception is info.value
+    assert err.pid in pids and err.role == "hogwild process"
+    assert any("explode_here" in note for note in info.value.__notes__)  # its traceback as a note
     assert world.closed
     for pid in pids:
         assert not os.path.exists(f"/proc/{pid}") or "Z" in open(f"/proc/{pid}/stat").read().split()[2]
@@ -353,13 +354,13 @@ def test_a_child_error_reaches_the_parent_after_the_messages_it_sent_before(tmp_
     while not failed.exists() and time.monotonic() < deadline:
         time.sleep(0.05)
     assert failed.exists(), "hogwild process 1 did not fail"
-    with pytest.raises(ProcessRaised) as info:
+    with pytest.raises(DataFileError) as info:
         world.report()  # a message to each process: process 1's end of the pipe is closed
-    err = info.value
-    assert (err.role, err.index, err.pid) == ("hogwild process", 1, world.pids[1])
+    err = info.value.__cause__
+    assert isinstance(err, ProcessRaised) and (err.role, err.index, err.pid) == ("hogwild process", 1, world.pids[1])
     assert err.error_types[0] == f"{DataFileError.__module__}.DataFileError" and err.error_message == BAD_DATA
-    assert isinstance(err.child_exception, DataFileError) and "in act" in err.child_traceback
-    assert error_message(err) == (2, BAD_DATA)
+    assert err.child_exception is info.value and "in act" in err.child_traceback
+    assert error_message(info.value) == (2, BAD_DATA)
     assert world.closed
 
 
@@ -370,9 +371,10 @@ def test_a_child_failing_at_start_or_dying_is_an_error_not_a_hang(tmp_path, monk
     monkeypatch.setenv("ACCELBATCH_TEST_MAIN_PID", str(os.getpid()))
     opts = Opts(task=f"jsonl:{path}", datatype="train", numthreads=2, batchsize=2, progress=False)
     start = time.monotonic()
-    with pytest.raises(ProcessRaised, match="no GPU here") as info:
+    with pytest.raises(RuntimeError, match="no GPU here") as info:
         create_world(opts, agent=FailsInChildAgent)
-    assert "test_hogwild.py" in info.value.child_traceback and info.value.pid is not None
+    assert type(info.value) is RuntimeError and isinstance(info.value.__cause__, ProcessRaised)
+    assert "test_hogwild.py" in info.value.__cause__.child_traceback and info.value.__cause__.pid is not None
     # a child killed from outside (OOM killer, kill -9): the next call says so
     world = create_world(opts.replace(model="repeat_label"))
     os.kill(world.pids[1], signal.SIGKILL)

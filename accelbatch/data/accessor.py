@@ -25,10 +25,11 @@ of a pass the worker goes straight on to the next one; ``False``: it waits until
 time: starting a new pass abandons the old one.
 
 Errors are never a hang, and each stops the worker. An exception in the worker is raised here with its type
-when it can be pickled (its traceback as a note, its :class:`~accelbatch.procs.ProcessRaised` as the cause),
-else as that ProcessRaised; a data worker's :class:`~accelbatch.procs.ProcessFailure` passed on is raised as
-it is. No batch in a pass: :class:`EmptySourceError`; the worker dies: :class:`~accelbatch.procs.ProcessDied`;
-no batch within ``timeout_s``: :class:`~accelbatch.procs.ProcessTimeout`.
+when it can be pickled (its traceback as a note, its :class:`~accelbatch.procs.ProcessRaised` as the cause:
+:func:`~accelbatch.procs.raised_as`), else, or when not an Exception (a KeyboardInterrupt), as that
+ProcessRaised; a data worker's failure passed on is raised the same way. No batch in a pass:
+:class:`EmptySourceError`; the worker dies: :class:`~accelbatch.procs.ProcessDied`; no batch within
+``timeout_s``: :class:`~accelbatch.procs.ProcessTimeout`.
 
 Processes and memory. The worker runs under :class:`accelbatch.procs.Supervisor`, forked from a ``forkserver``
 that has imported torch and this module: fast (tens of ms, against about 1.5 s for ``spawn``) and, unlike
@@ -61,7 +62,15 @@ from typing import Any
 import torch
 
 from accelbatch.data.rebatch import rebatch
-from accelbatch.procs import ChildSpec, FailureRecord, ProcessFailure, ProcessTimeout, Supervisor, holding_sigint
+from accelbatch.procs import (
+    ChildSpec,
+    FailureRecord,
+    ProcessFailure,
+    ProcessTimeout,
+    Supervisor,
+    holding_sigint,
+    raised_as,
+)
 
 __all__ = ["AsyncDataAccessor", "EmptySourceError", "pickle_batch"]
 
@@ -366,7 +375,7 @@ class AsyncDataAccessor:
         try:
             got = self._worker.receive(self.timeout_s)
         except ProcessFailure as error:  # it raised outside a pass, or ended
-            self._fail(error)
+            self._fail(raised_as(error))
         if got is None:
             self._fail(ProcessTimeout(
                 f"AsyncDataAccessor: no batch from the worker process (pid {self.worker_pid}) within "
@@ -399,19 +408,10 @@ class AsyncDataAccessor:
 
     def _raise_worker_error(self, record: FailureRecord) -> None:
         """Raise what the source raised in the worker (see the module docstring)."""
-        pid, exc = self.worker_pid, record.load_exception()
+        pid = self.worker_pid
+        failure = record.to_error(_WORKER.role, 0, pid, name=_WORKER.label.format(pid=pid))
         self.terminate()
-        if isinstance(exc, ProcessFailure):  # a data worker's failure, passed on
-            raise exc from exc.child_exception
-        failure = record.to_error(_WORKER.role, 0, pid, name=_WORKER.label.format(pid=pid), chain=False)
-        if exc is None:
-            raise failure
-        note = f"(raised in the AsyncDataAccessor worker process, pid {pid}; its traceback:)\n{record.traceback}"
-        if hasattr(exc, "add_note"):
-            exc.add_note(note)
-        else:  # Python < 3.11 (the Poplar SDK's 3.8): the notes are kept, tracebacks do not print them
-            exc.__notes__ = [*getattr(exc, "__notes__", ()), note]
-        raise exc from failure
+        raise raised_as(failure, f"the AsyncDataAccessor worker process, pid {pid}")
 
     def __iter__(self) -> Iterator[Any]:
         return self.start_pass()

@@ -21,7 +21,7 @@ from accelbatch.data.rebatch import tree_map
 from accelbatch.data.steps import Step
 from accelbatch.messages import Message
 from accelbatch.orphans import end_with_parent
-from accelbatch.procs import FailureRecord, ProcessDied, ProcessTimeout, describe_exit
+from accelbatch.procs import FailureRecord, ProcessDied, ProcessTimeout, describe_exit, raised_as
 
 __all__ = ["AgentCollate", "BuildStep", "LoadedBatch", "PassLoader", "identity", "init_data_worker", "pad_to_shape",
            "unpacked"]
@@ -129,7 +129,10 @@ class BuildStep(Dataset):
             return self._build(step)
         try:
             return pickle_batch(self._build(step))
-        except Exception as exc:  # noqa: BLE001 - a data worker reports it (torch would wrap it in a RuntimeError)
+        except SystemExit:
+            raise
+        except BaseException as exc:  # noqa: BLE001 - a data worker reports it: torch would wrap an Exception in
+            # a RuntimeError and swallow a KeyboardInterrupt (the worker ignores SIGINT: this one is the user's)
             info = get_worker_info()
             return pickle_batch(_Failed(FailureRecord.capture(exc), info.id if info else 0, os.getpid()))
 
@@ -256,9 +259,10 @@ def unpacked(items: Iterator[Any]) -> Iterator[Any]:
     try:
         for item in items:
             item = pickle.loads(item) if isinstance(item, bytes) else item
-            if isinstance(item, _Failed):
-                raise item.record.to_error("data worker", item.worker, item.pid,
-                                           name=f"a data worker (--num-workers: worker {item.worker}, pid {item.pid})")
+            if isinstance(item, _Failed):  # the user's exception as itself (raised_as), as without workers
+                raise raised_as(item.record.to_error(
+                    "data worker", item.worker, item.pid,
+                    name=f"a data worker (--num-workers: worker {item.worker}, pid {item.pid})"))
             yield item
     finally:  # an early stop reaches the source (the accessor resets its pass)
         close = getattr(items, "close", None)
