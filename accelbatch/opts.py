@@ -298,6 +298,8 @@ def validate(opts: Opts) -> None:
             raise OptionError(f"{flag}: expected an integer, got {value!r}")
         if expected is float and (isinstance(value, bool) or not isinstance(value, (int, float))):
             raise OptionError(f"{flag}: expected a number, got {value!r}")
+        if expected is float and not math.isfinite(value):  # nan passes every range test below
+            raise OptionError(f"{flag}: expected a finite number, got {value!r} (see --help for what -1 means)")
         if expected is str and not isinstance(value, str):
             raise OptionError(f"{flag}: expected a string, got {value!r}")
     for name in ("batchsize", "device_iterations", "replication_factor", "gradient_accumulation",
@@ -305,9 +307,11 @@ def validate(opts: Opts) -> None:
                  "embedding_size", "beam_size", "batch_sort_cache_size"):
         if getattr(opts, name) < 1:
             raise OptionError(f"{_flag(name)}: must be at least 1, got {getattr(opts, name)}")
+    if not 0 <= opts.seed < 2**64:  # what torch.manual_seed and numpy's generators both take
+        raise OptionError(f"--seed: must be between 0 and 2**64 - 1, got {opts.seed}")
     if opts.num_workers < 0:
         raise OptionError(f"--num-workers: must be 0 or more, got {opts.num_workers}")
-    if not opts.learning_rate > 0 or math.isinf(opts.learning_rate):  # NaN fails the first test
+    if not opts.learning_rate > 0:
         raise OptionError(f"-lr/--learning-rate: must be a positive number, got {opts.learning_rate}")
     for name, minus_one in (("text_truncate", "all of the text"), ("label_truncate", "as --text-truncate"),
                             ("max_batch_tokens", "ParlAI's budget")):

@@ -10,7 +10,7 @@ from accelbatch.backends.ipu import IPUBackend
 from helpers import needs_cpu_half
 
 import accelbatch as ab
-from accelbatch.opts import Opts
+from accelbatch.opts import OptionError, Opts
 from accelbatch.plan import ExecutionPlan, PlanError
 
 from .test_ipu import Classifier, data
@@ -223,11 +223,13 @@ def test_available_memory_proportion_option_reaches_the_options():
     backend = IPUBackend()
     backend.setup(Opts(ipu_emulator=True, ipu_available_memory_proportion=0.3))
     assert backend.options(ExecutionPlan(micro_batch=2, replication_factor=2)).available_memory_proportion == {0: 0.3}
-    for bad in (0.0, 1.5, float("nan")):
+    for bad in (0.0, 1.5):
         with pytest.raises(PlanError, match=r"^--ipu-available-memory-proportion .*: give a proportion in "
                                             r"\(0, 1\]") as exc:
             IPUBackend().setup(Opts(ipu_emulator=True, ipu_available_memory_proportion=bad))
         assert "\n" not in str(exc.value)
+    with pytest.raises(OptionError, match=r"^--ipu-available-memory-proportion: expected a finite number"):
+        Opts(ipu_emulator=True, ipu_available_memory_proportion=float("nan"))
 
 
 # --- latency from getLatency() ---------------------------------------------------------------------------
