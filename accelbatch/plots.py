@@ -166,6 +166,8 @@ def plot_run(path: str | os.PathLike, out: str | os.PathLike | None = None, *, s
         raise MissingDependency("accelbatch report needs matplotlib to draw the PNG: "
                                 "pip install matplotlib") from None
     out = os.fspath(out) if out is not None else _default_out(log_file)
+    if not out.lower().endswith(".png") or os.path.isdir(out):
+        raise MetricsLogError(f"-o/--out {out!r}: the report is a PNG image; give a file path ending in .png")
 
     fig = Figure(figsize=(7.5, 2.6 * len(panels)), dpi=100, layout="constrained")
     FigureCanvasAgg(fig)
@@ -185,8 +187,12 @@ def plot_run(path: str | os.PathLike, out: str | os.PathLike | None = None, *, s
         ax.legend(loc="best", fontsize="small")
     axes[-1].set_xlabel("step")
     axes[0].set_title(os.path.join(*os.path.abspath(log_file).split(os.sep)[-2:]), fontsize="medium")
-    os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
-    fig.savefig(out, format="png")
+    try:
+        os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
+        fig.savefig(out, format="png")
+    except OSError as exc:
+        raise MetricsLogError(f"-o/--out {out}: cannot write it ({exc.strerror or exc}); give a writable path") \
+            from None
     return out
 
 

@@ -120,6 +120,22 @@ def test_command_exit_codes(tmp_path, capsys):
     assert capsys.readouterr().out.strip() == str(tmp_path / "r.png")
 
 
+@pytest.mark.parametrize("out, says", [("r.pdf", "give a file path ending in .png"), ("", "ending in .png"),
+                                       ("a_dir.png/", "ending in .png"), ("/proc/x.png", "cannot write it")])
+def test_an_output_path_that_cannot_take_the_png_is_refused_naming_the_option(tmp_path, capsys, out, says):
+    pytest.importorskip("matplotlib")
+    _write(tmp_path / "metrics.jsonl", _records(3))
+    if out == "a_dir.png/":
+        (tmp_path / "a_dir.png").mkdir()
+        out = str(tmp_path / "a_dir.png")
+    elif out == "r.pdf":  # a PNG written under a .pdf name, before
+        out = str(tmp_path / out)
+    assert plots.main([str(tmp_path), "-o", out]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("accelbatch: error: -o/--out ") and says in err and "\n" not in err, err
+    assert not (tmp_path / "r.pdf").exists()
+
+
 # --- TensorBoard --------------------------------------------------------------------------------------
 def test_scalars_mapping():
     record = {"split": "valid", "step": 3, "loss": 0.5, "accuracy": 1, "stopped_by": "x", "flag": True,
