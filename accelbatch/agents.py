@@ -198,7 +198,8 @@ class TorchAgent(Agent):
                                            "and is continued (move it away to start from --init-model)")
             elif opts.init_model:
                 if not os.path.isfile(opts.init_model):
-                    raise ModelFileError(f"--init-model {opts.init_model}: no such file")
+                    what = "a directory, not a model file" if os.path.isdir(opts.init_model) else "no such file"
+                    raise ModelFileError(f"--init-model {opts.init_model}: {what}")
                 self.load(opts.init_model, "--init-model", optimizer=False)
         else:
             self.model = shared["model"]

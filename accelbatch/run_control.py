@@ -141,8 +141,8 @@ def check_output_paths(opts: Any) -> None:
             with tempfile.TemporaryFile(dir=folder):
                 pass
         except OSError as exc:
-            raise OptionError(f"{flag}: cannot write {path} ({exc.strerror}: {exc.filename or folder}); give a "
-                              "path in a folder you can write") from None
+            raise OptionError(f"{flag}: cannot write {path} (its folder {folder}: {exc.strerror}); give a path "
+                              "in a folder you can write") from None
 
 
 class ModelFileLock:

@@ -275,6 +275,8 @@ def test_init_model_starts_from_its_weights_with_a_fresh_optimizer(tmp_path):
     assert f"--init-model {source}: not used: -mf {target} exists and is continued" in continued.load_notes[-1]
     with pytest.raises(OptionError, match="--init-model .*nope.pt: no such file"):
         MemNNAgent(opts.replace(model_file=None, init_model=str(tmp_path / "nope.pt")))
+    with pytest.raises(OptionError, match="--init-model .*: a directory, not a model file"):
+        MemNNAgent(opts.replace(model_file=None, init_model=str(tmp_path)))
 
 
 class _OwnRepeatLabel(RepeatLabelAgent):
