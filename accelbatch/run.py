@@ -353,6 +353,8 @@ def _train(world: World, opts: Opts, log: MetricsLog, runtime: Runtime, stop: St
         if want_save and checkpoints is not None:
             save()
     world.finish_parleys()  # what is saved and evaluated below holds every update trained
+    if bar is not None:  # the examples of parleys still in flight at the last step (hogwild) are counted now
+        bar.update(max(0, world.get_total_exs() * replicas - state.exs))
     if window_exs:
         log_window(time.monotonic())  # the examples since the last train record
     stop.at_safe_point()  # the final save is not cut short; the evaluations below stop at their next step
