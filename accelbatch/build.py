@@ -129,10 +129,11 @@ def _not_an_agent(where: str, found: Any) -> str:
             "reset_metrics, shutdown); your own methods override its")
 
 
-def collates_anywhere(agent: Agent) -> bool:
-    """Whether data workers can build this agent's batches: a TorchAgent whose observations are what the
-    base ``observe`` makes (its ``vectorize`` and ``batchify`` then give the same tensors anywhere)."""
-    return isinstance(agent, TorchAgent) and type(agent).observe is TorchAgent.observe
+def collates_anywhere(agent: Agent | type[Agent]) -> bool:
+    """Whether data workers can build this agent's (or agent class's) batches: a TorchAgent whose observations
+    are what the base ``observe`` makes (its ``vectorize`` and ``batchify`` then give the same tensors anywhere)."""
+    cls = agent if isinstance(agent, type) else type(agent)
+    return issubclass(cls, TorchAgent) and cls.observe is TorchAgent.observe
 
 
 def served_as_stored(teacher: Teacher | None) -> bool:
@@ -405,8 +406,7 @@ def _sent_agent(opts: Opts, agent: Agent | type[Agent] | None, teacher: Teacher 
     given = opts.model if agent is None else agent
     if opts.numthreads > 1:
         return [given]
-    cls = given if isinstance(given, type) else type(given) if isinstance(given, Agent) else None
-    loaded = cls is None or (issubclass(cls, TorchAgent) and cls.observe is TorchAgent.observe)
+    loaded = isinstance(given, str) or collates_anywhere(given)  # -m's path: its class is not imported here
     return [given] if loaded and (teacher is None or served_as_stored(teacher)) else []
 
 

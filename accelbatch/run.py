@@ -226,6 +226,7 @@ def _train(world: World, opts: Opts, log: MetricsLog, runtime: Runtime, stop: St
     last_log, window_exs, window_start = time.monotonic(), 0, time.monotonic()
     window_data = getattr(world, "data_time_s", 0.0)
     logged: dict[str, float] = {}  # the world's metrics (cumulative: never reset in training) at the last log
+
     def valid_world_made() -> World:
         made = create_world(_eval_opts(opts, "valid"), agent=model, runtime=runtime)
         worlds_made.callback(made.shutdown)
