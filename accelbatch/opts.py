@@ -128,7 +128,7 @@ class Opts:
     metrics_log: str | None = _opt(None, "--metrics-log", help="append one JSON line of metrics per log event")
     report_json: str | None = _opt(None, "--report-json", help="write the final report to this JSON file")
     log_every_n_secs: float = _opt(2.0, "-ltim", "--log-every-n-secs", train_only=True,
-                                   help="seconds between metric logs")
+                                   help="seconds between metric logs (0: every step; -1: only at the end)")
     progress: bool = _opt(True, "--progress", help="show a progress bar (--no-progress to hide)")
     tensorboard_logdir: str | None = _opt(None, "--tensorboard-logdir",
                                           help="also write the logged metrics as TensorBoard scalars here "
@@ -328,12 +328,17 @@ def validate(opts: Opts) -> None:
         if getattr(opts, name) <= 0:
             raise OptionError(f"{_flag(name)}: must be a positive number of seconds, got {getattr(opts, name)}")
     for name in ("num_epochs", "max_train_steps", "max_train_time", "validation_max_exs",
-                 "validation_every_n_epochs", "validation_every_n_secs"):
+                 "validation_every_n_epochs", "validation_every_n_secs", "validation_patience",
+                 "save_every_n_secs"):
         value = getattr(opts, name)
         if value <= 0 and value != -1:
-            meaning = {"validation_every_n_epochs": "only at the end", "validation_every_n_secs": "never"}
+            meaning = {"validation_every_n_epochs": "only at the end", "validation_every_n_secs": "never",
+                       "validation_patience": "never", "save_every_n_secs": "only at the end"}
             raise OptionError(f"{_flag(name)}: must be positive, or -1 for {meaning.get(name, 'no limit')}, "
                               f"got {value}")
+    if opts.log_every_n_secs < 0 and opts.log_every_n_secs != -1:
+        raise OptionError(f"-ltim/--log-every-n-secs: must be 0 (every step) or more, or -1 (only at the end), "
+                          f"got {opts.log_every_n_secs}")
     for name, given in (("resume", opts.resume), ("save_every_n_secs", opts.save_every_n_secs > 0)):
         if given and not opts.model_file:
             raise OptionError(f"{_flag(name)}: checkpoints live next to --model-file PATH (PATH.ckpt); give "

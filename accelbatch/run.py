@@ -322,7 +322,7 @@ def _train(world: World, opts: Opts, log: MetricsLog, runtime: Runtime, stop: St
         if bar is not None:
             bar.update(new_exs)
         now = time.monotonic()
-        if now - last_log >= opts.log_every_n_secs:
+        if opts.log_every_n_secs != -1 and now - last_log >= opts.log_every_n_secs:
             log_window(now)
         if opts.max_train_steps > 0 and state.steps >= opts.max_train_steps:
             stop_reason = "max_train_steps"

@@ -70,6 +70,12 @@ def test_replace_returns_a_copy():
     ({"label_truncate": -2}, "--label-truncate: must be at least 1, or -1 (as --text-truncate), got -2"),
     ({"max_batch_tokens": 0}, "--max-batch-tokens: must be at least 1, or -1 (ParlAI's budget), got 0"),
     ({"numthreads": 2, "replication_factor": 2}, "-nt/--numthreads 2 with -rf/--replication-factor 2: hogwild"),
+    ({"validation_patience": 0}, "-vp/--validation-patience: must be positive, or -1 for never, got 0"),
+    ({"validation_patience": -2}, "-vp/--validation-patience: must be positive, or -1 for never, got -2"),
+    ({"save_every_n_secs": 0.0, "model_file": "m.pt"}, "-stim/--save-every-n-secs: must be positive, or -1 for "
+                                                      "only at the end, got 0.0"),
+    ({"log_every_n_secs": -2.0}, "-ltim/--log-every-n-secs: must be 0 (every step) or more, or -1 (only at the "
+                                 "end), got -2.0"),
 ])
 def test_values_that_cannot_work_are_refused(changes, fragment):
     with pytest.raises(OptionError, match=re.escape(fragment)):

@@ -23,6 +23,17 @@ def test_train_row_covers_every_example_whatever_the_log_interval(example):
         assert every_step[key] == pytest.approx(never[key], abs=1e-9), key
 
 
+def test_log_interval_minus_one_logs_the_train_row_only_at_the_end(example, tmp_path):
+    """-ltim -1: no record during training, one at the end holding every example; -ltim 0: one per step."""
+    records = {}
+    for interval in ("-1", "0"):
+        path = tmp_path / f"log{interval}.jsonl"
+        example(ARGS + ["-ltim", interval, "--metrics-log", str(path)])
+        records[interval] = [r for r in map(json.loads, path.read_text().splitlines()) if r["split"] == "train"]
+    assert [(r["step"], r["exs"]) for r in records["-1"]] == [(20, 20 * 8)]
+    assert [(r["step"], r["exs"]) for r in records["0"]] == [(step, 8) for step in range(1, 21)]
+
+
 @pytest.mark.parametrize("plan", [["-ga", "4"], ["-di", "2", "-ga", "2"]], ids=["ga4", "di2-ga2"])
 def test_train_row_is_the_same_on_cpu_and_emulated_ipu(example, plan):
     """Same plan, same numbers: each backend reports the loss of the micro-batches the output mode returns."""
