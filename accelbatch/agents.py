@@ -11,8 +11,8 @@ backend's engine decides *where and how* the step runs, so agents are the same o
 from __future__ import annotations
 
 import copy
-import inspect
 import os
+import re
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Sequence
 
@@ -22,6 +22,7 @@ from accelbatch.checkpoint import read_json_file
 from accelbatch.dictionary import hash_tokens, tokenize  # noqa: F401 - agents' public helpers
 from accelbatch.messages import EPISODE_DONE, EVAL_LABELS, LABELS, TEXT, Message, is_padding
 from accelbatch.metrics import Metrics
+from accelbatch.optimizers import learning_rates, optimizer_kwargs, rates_text, set_learning_rates
 from accelbatch.opts import OptionError, Opts, is_training
 
 if TYPE_CHECKING:
@@ -133,14 +134,6 @@ class History:
         self.turns = []
 
 
-def optimizer_kwargs(opts: Any, kind: type[torch.optim.Optimizer]) -> dict[str, Any]:
-    """Extra keywords for torch's SGD/Adam/AdamW ``kind``: ``fused=True`` on --device cuda where this torch
-    has it (one kernel per step for every parameter, and the engine skips a bad update inside it without
-    copying the weights; torch 2.0's SGD has no fused kernel)."""
-    fused = getattr(opts, "device", "cpu") == "cuda" and "fused" in inspect.signature(kind.__init__).parameters
-    return {"fused": True} if fused else {}
-
-
 def pad_2d(rows: Sequence[Sequence[int]], length: int | None = None) -> torch.Tensor:
     """Right-pad integer rows with 0 into a [len(rows), length] LongTensor."""
     width = max(1, length if length is not None else max((len(r) for r in rows), default=1))
@@ -183,10 +176,7 @@ class TorchAgent(Agent):
         self._previous_done = True
         if shared is None:
             torch.manual_seed(opts.seed)
-            self.model = self.build_model()
-            if not isinstance(self.model, torch.nn.Module):
-                raise TypeError(f"{type(self).__name__}.build_model() returned {type(self.model).__name__}: it must "
-                                "return the torch.nn.Module to train (see examples/custom_agent.py)")
+            self.model = _built_model(self)
             self.optimizer = self.build_optimizer(self.model)
             self.slot = EngineSlot()
             self.metrics = Metrics()
@@ -446,27 +436,8 @@ class TorchAgent(Agent):
             self._device_optimizer_state = saved  # saved on an IPU: for the engine's optimizer (attach_engine)
         had = set_learning_rates(self.optimizer, fresh)
         if had and is_training(self.opts.datatype):  # eval, display-model, interactive train nothing
-            self.load_notes.append(f"{option} {path}: continuing with -lr {_rates(fresh)} (the file's optimizer "
+            self.load_notes.append(f"{option} {path}: continuing with -lr {rates_text(fresh)} (the file's optimizer "
                                    f"had {had})")
-
-
-def learning_rates(optimizer: torch.optim.Optimizer) -> list[float]:
-    return [group["lr"] for group in optimizer.param_groups]
-
-
-def set_learning_rates(optimizer: torch.optim.Optimizer, rates: list[float]) -> str | None:
-    """Give the parameter groups of ``optimizer`` (loaded from a file) the rates a fresh one built for this
-    run has (``rates``, from :func:`learning_rates`); the rates it had, as text, when that changed them."""
-    old = learning_rates(optimizer)
-    if len(old) != len(rates) or old == rates:
-        return None
-    for group, lr in zip(optimizer.param_groups, rates):
-        group["lr"] = lr
-    return _rates(old)
-
-
-def _rates(rates: list[float]) -> str:
-    return ", ".join(f"{v:g}" for v in sorted(set(rates)))
 
 
 def check_weights(saved: dict[str, Any], wanted: dict[str, torch.Tensor], what: str, model: str) -> None:
@@ -484,6 +455,23 @@ def check_weights(saved: dict[str, Any], wanted: dict[str, torch.Tensor], what: 
             shape = list(got.shape) if isinstance(got, torch.Tensor) else type(got).__name__
             raise ModelFileError(f"{what}: {key} is {shape} in the file but {list(tensor.shape)} in this "
                                  f"{model}; load it with the options it was trained with (e.g. -esz)")
+
+
+def _built_model(agent: TorchAgent) -> torch.nn.Module:
+    """``agent.build_model()``, checked: a torch Module, and a model too large for memory said in one line."""
+    try:
+        model = agent.build_model()
+    except (torch.OutOfMemoryError, RuntimeError) as exc:
+        if not isinstance(exc, torch.OutOfMemoryError) and "can't allocate memory" not in str(exc):
+            raise
+        asked = re.search(r"tried to allocate (\S+ [a-zA-Z]+)", str(exc), re.IGNORECASE)
+        raise OptionError(f"-m {agent.opts.model}: its model does not fit in memory (torch "
+                          f"{'tried to allocate ' + asked.group(1) if asked else 'ran out'}); make it smaller "
+                          f"(-esz/--embedding-size is {agent.opts.embedding_size})") from None
+    if not isinstance(model, torch.nn.Module):
+        raise TypeError(f"{type(agent).__name__}.build_model() returned {type(model).__name__}: it must return the "
+                        "torch.nn.Module to train (see examples/custom_agent.py)")
+    return model
 
 
 def _opt_names_no_model(path: str) -> bool:

@@ -25,7 +25,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from accelbatch.agents import Agent, TorchAgent, learning_rates, set_learning_rates
+from accelbatch.agents import Agent, TorchAgent
 from accelbatch.checkpoint import has_saved_position
 from accelbatch.data.accessor import start_worker_server
 from accelbatch.hogwild import HogwildWorld
@@ -33,6 +33,7 @@ from accelbatch.host_memory import apply_host_allocator
 from accelbatch.loader_world import LoaderWorld, awaits_replies
 from accelbatch.main_guard import check_main_guard, refuse_script_rerun
 from accelbatch.names import AGENT_PATHS, resolve_agent_class
+from accelbatch.optimizers import learning_rates, set_learning_rates
 from accelbatch.opts import OptionError, Opts
 from accelbatch.plan import ExecutionPlan
 from accelbatch.teachers import (

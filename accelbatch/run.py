@@ -17,13 +17,14 @@ from contextlib import ExitStack
 from dataclasses import dataclass, field
 from typing import Any
 
-from accelbatch.agents import Agent, TorchAgent, learning_rates, set_learning_rates
+from accelbatch.agents import Agent, TorchAgent
 from accelbatch.best_valid import BestValid, continued_best, forget_best, metric_mode, write_best
 from accelbatch.build import Runtime, as_opts, attach_runtime, create_world
 from accelbatch.checkpoint import checkpoint_dir, has_saved_position
 from accelbatch.metric_names import metric_names_problem, select_metrics
 from accelbatch.metrics import combine_reports
 from accelbatch.model_opts import agent_name, write_model_opts
+from accelbatch.optimizers import learning_rates, set_learning_rates
 from accelbatch.opts import OptionError, Opts
 from accelbatch.report_merge import from_sums, to_sums
 from accelbatch.report_table import MetricsLog, json_ready

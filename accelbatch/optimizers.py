@@ -1,0 +1,36 @@
+"""The optimizers of -opt (torch's SGD, Adam, AdamW) and their learning rates, read and set per group."""
+
+from __future__ import annotations
+
+import inspect
+from typing import Any
+
+import torch
+
+
+def optimizer_kwargs(opts: Any, kind: type[torch.optim.Optimizer]) -> dict[str, Any]:
+    """Extra keywords for torch's SGD/Adam/AdamW ``kind``: ``fused=True`` on --device cuda where this torch
+    has it (one kernel per step for every parameter, and the engine skips a bad update inside it without
+    copying the weights; torch 2.0's SGD has no fused kernel)."""
+    fused = getattr(opts, "device", "cpu") == "cuda" and "fused" in inspect.signature(kind.__init__).parameters
+    return {"fused": True} if fused else {}
+
+
+def learning_rates(optimizer: torch.optim.Optimizer) -> list[float]:
+    return [group["lr"] for group in optimizer.param_groups]
+
+
+def set_learning_rates(optimizer: torch.optim.Optimizer, rates: list[float]) -> str | None:
+    """Give the parameter groups of ``optimizer`` (loaded from a file) the rates a fresh one built for this
+    run has (``rates``, from :func:`learning_rates`); the rates it had, as text, when that changed them."""
+    old = learning_rates(optimizer)
+    if len(old) != len(rates) or old == rates:
+        return None
+    for group, lr in zip(optimizer.param_groups, rates):
+        group["lr"] = lr
+    return rates_text(old)
+
+
+def rates_text(rates: list[float]) -> str:
+    """Distinct rates, sorted, as text: "0.01, 0.1"."""
+    return ", ".join(f"{v:g}" for v in sorted(set(rates)))
