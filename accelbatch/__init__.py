@@ -71,3 +71,33 @@ class _Package(types.ModuleType):
 
 
 sys.modules[__name__].__class__ = _Package
+
+
+class _CheckoutBackends:
+    """Imported from a source checkout (the folder holding accelbatch/ and backends/ comes first on sys.path,
+    as with ``python -m accelbatch`` there), ``accelbatch.backends`` is the checkout's backends/ folder, which
+    an installed package holds inside accelbatch/ (pyproject's package-dir); else the checkout's accelbatch/
+    would hide the installed copy and lack its backends."""
+
+    def __init__(self, folder: str) -> None:
+        self.folder = folder
+
+    def find_spec(self, name: str, path: Any = None, target: Any = None) -> Any:
+        if name != "accelbatch.backends":
+            return None
+        from importlib.util import spec_from_file_location
+
+        return spec_from_file_location(name, f"{self.folder}/__init__.py", submodule_search_locations=[self.folder])
+
+
+def _find_checkout_backends() -> None:
+    import os
+
+    here = os.path.dirname(os.path.abspath(__file__))
+    folder = os.path.join(os.path.dirname(here), "backends")
+    if not os.path.isdir(os.path.join(here, "backends")) and os.path.isfile(os.path.join(folder, "__init__.py")) \
+            and not any(isinstance(finder, _CheckoutBackends) for finder in sys.meta_path):
+        sys.meta_path.append(_CheckoutBackends(folder))
+
+
+_find_checkout_backends()

@@ -9,6 +9,7 @@ import sys
 from collections.abc import Sequence
 from typing import NoReturn
 
+import accelbatch
 from accelbatch.checkpoint import CheckpointError
 from accelbatch.names import AGENT_PATHS, UnknownNameError
 from accelbatch.opts import OptionError, Opts, add_arguments, is_training, train_only_flags
@@ -30,6 +31,7 @@ class _Parser(argparse.ArgumentParser):
 
 def build_cli() -> argparse.ArgumentParser:
     parser = _Parser(prog="accelbatch", description="ParlAI-style worlds on cpu, cuda and ipu.", allow_abbrev=False)
+    parser.add_argument("-V", "--version", action="version", version=f"accelbatch {accelbatch.__version__}")
     verbs = parser.add_subparsers(dest="verb", metavar="{train,eval,display-data,display-model,interactive,report,"
                                   "tasks}", parser_class=_Parser)
     train = verbs.add_parser("train", help="train a model (defaults: the bundled babi:1 task, memnn model)",
