@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import copy
 import functools
+import importlib.util
 import os
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
@@ -58,7 +59,9 @@ if TYPE_CHECKING:
 def cuda_unavailable_reason() -> str | None:
     """Why ``--device cuda`` cannot run here (None when it can)."""
     if torch.cuda.is_available():
-        return None
+        return None if importlib.util.find_spec("accelerate") else (
+            "--device cuda runs on Hugging Face accelerate, which is not installed: pip install "
+            "'accelbatch[cuda]' (or pip install accelerate)")
     visible = os.environ.get("CUDA_VISIBLE_DEVICES")
     shown = "unset" if visible is None else repr(visible)
     why = f"no CUDA GPU is visible (torch.cuda.device_count() == 0; CUDA_VISIBLE_DEVICES={shown})"

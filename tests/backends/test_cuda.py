@@ -373,6 +373,18 @@ def test_unavailable_reason_names_the_cause(monkeypatch):
     assert "CUDA_VISIBLE_DEVICES=''" in cuda_unavailable_reason()
 
 
+def test_a_gpu_without_accelerate_names_the_extra_to_install(monkeypatch):
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "accelerate" else real(name, *a))
+    ok, why = CUDABackend.is_available()
+    assert not ok and "accelerate, which is not installed: pip install 'accelbatch[cuda]'" in why
+    monkeypatch.setattr(importlib.util, "find_spec", real)
+    assert CUDABackend.is_available() == (True, "")
+
+
 @no_gpu_only
 def test_device_cuda_lists_the_usable_devices(capsys):
     with pytest.raises(BackendUnavailable) as info:
