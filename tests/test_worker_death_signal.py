@@ -64,3 +64,41 @@ def test_a_death_whose_raise_was_dropped_ends_the_iteration_naming_the_worker():
         signal.signal(signal.SIGCHLD, before)
     assert served == [1]  # the batch that came with the lost raise, then the death, not the other two
     assert "worker 0" in str(failure.value) and "SIGKILL" in str(failure.value), failure.value
+
+
+class _LiveWorker:
+    exitcode = None
+    pid = 0
+
+
+class _IteratorOfLiveWorkers:
+    def __init__(self, batches: int):
+        self._workers = [_LiveWorker()]
+        self.left = batches
+
+    def __iter__(self) -> "_IteratorOfLiveWorkers":
+        return self
+
+    def __next__(self) -> int:
+        if not self.left:
+            raise StopIteration
+        self.left -= 1
+        return self.left
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("ends", ["whole pass", "closed early"])
+def test_the_wrapper_hands_sigchld_back_to_torch_when_the_pass_ends(ends):
+    """Left installed, the wrapper would keep the pass's workers (their pipes) alive after the run."""
+    before = signal.signal(signal.SIGCHLD, _torch_like_handler)
+    try:
+        passing = workers._named_failures(_IteratorOfLiveWorkers(3), timeout_s=60)
+        next(passing)
+        assert isinstance(signal.getsignal(signal.SIGCHLD), workers._WorkerDeaths)  # wrapped during the pass
+        if ends == "whole pass":
+            assert list(passing) == [1, 0]
+        else:
+            passing.close()
+        assert signal.getsignal(signal.SIGCHLD) is _torch_like_handler
+    finally:
+        signal.signal(signal.SIGCHLD, before)

@@ -230,6 +230,10 @@ def _named_failures(batches: Iterator[Any], timeout_s: float) -> Iterator[Any]:
                                  f"{timeout_s:g} s: a worker hangs, or one batch takes longer than that (raise it "
                                  "if so); the workers were stopped", role="data worker") from None
         raise
+    finally:  # torch's handler back: the wrapper holds the workers (their pipes) for as long as it is set
+        if deaths is not None and threading.current_thread() is threading.main_thread() \
+                and signal.getsignal(signal.SIGCHLD) is deaths:
+            signal.signal(signal.SIGCHLD, deaths.torch_handler)
 
 
 class PassLoader(DataLoader):
