@@ -67,6 +67,13 @@ def _usage_errors() -> tuple[type[BaseException], ...]:
     return USAGE_ERRORS + (BackendUnavailable, PlanError, ReplyError)
 
 
+def _printable_output() -> None:
+    """Text the data holds (é, 日本語) printed to an output that cannot encode it (PYTHONIOENCODING=ascii, a
+    Windows console's code page) shows as escapes, as stderr's does, instead of failing after the work."""
+    if getattr(sys.stdout, "errors", None) == "strict" and hasattr(sys.stdout, "reconfigure"):
+        sys.stdout.reconfigure(errors="backslashreplace")
+
+
 def error_message(exc: BaseException) -> tuple[int, str] | None:
     """(exit code, message) for an error the user can act on, told by its type: 2 and the error's own one
     line for bad input wherever it was met (this process, a data worker, a replica, a hogwild process); 1 for
@@ -100,6 +107,7 @@ def bad_input_message(exc: BaseException) -> str | None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    _printable_output()
     parser = build_cli()
     args, unknown = parser.parse_known_args(argv)
     if unknown:  # named with the verb's own --help, as argparse names the verb's other errors
