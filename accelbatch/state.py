@@ -149,6 +149,8 @@ class Checkpointer:
 
     def __init__(self, opts: Any, backend: Any, plan: Any):
         self.opts, self.backend, self.plan = opts, backend, plan
+        # a resume from another folder goes on writing the same log (the path is resumed with the run)
+        self._metrics_log = os.path.abspath(opts.metrics_log) if opts.metrics_log else opts.metrics_log
 
     def save(self, world: Any, engine: Any, extra: Mapping[str, Any]) -> None:
         """Every replica joins (world states and RNGs gathered); rank 0 writes; all wait for it."""
@@ -156,7 +158,8 @@ class Checkpointer:
         rngs = self.backend.all_gather_object(capture_rng())
         if self.backend.is_main_process():
             tensors = engine.state_dict()
-            opts = self.opts.replace(model=_model_trained(world, self.opts))  # as a resume must build it
+            opts = self.opts.replace(model=_model_trained(world, self.opts),  # as a resume must build it
+                                     metrics_log=self._metrics_log)
             save_checkpoint(self.opts.model_file, model=tensors["model"], optimizer=tensors.get("optimizer"),
                             opts=opts, plan=self.plan, rng=rngs, state={**extra, "data": states},
                             scaler=tensors.get("scaler"))
