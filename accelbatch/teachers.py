@@ -321,9 +321,39 @@ def task_names(opts: Opts) -> list[str]:
     return tasks
 
 
+def comma_in_path(opts: Opts, task: str) -> str | None:
+    """When ``task`` (a part of ``-t``) names a missing file and joining it with the parts after it names a
+    path that exists, a one-line message saying so; None otherwise. A comma always separates tasks (ParlAI's
+    multitask syntax), so such a path cannot be given to -t."""
+    kind, _, given = task.partition(":")
+    if kind not in ("jsonl", "parlai") or not given or os.path.exists(FileTeacher.resolve_path(
+            opts.replace(task=task))):
+        return None
+    parts = opts.task.split(",")
+    for start in (i for i, part in enumerate(parts) if part.strip() == task):
+        for end in range(start + 2, len(parts) + 1):
+            path = FileTeacher.resolve_path(opts.replace(task=",".join(parts[start:end]).strip()))
+            if os.path.exists(path):
+                names = [repr(p.strip()) for p in parts[start:end]]
+                return (f"-t {opts.task}: commas separate tasks (multitask), so this is the tasks "
+                        f"{', '.join(names[:-1])} and {names[-1]}; the file {path} exists: rename it without "
+                        "the comma")
+    return None
+
+
 def create_teachers(opts: Opts) -> list[Teacher]:
     """One teacher per comma-separated task."""
-    return [resolve_teacher_class(t)(opts.replace(task=t)) for t in task_names(opts)]
+    teachers: list[Teacher] = []
+    for task in task_names(opts):
+        try:
+            teachers.append(resolve_teacher_class(task)(opts.replace(task=task)))
+        except DataFileError:
+            # a missing file whose path was cut at a comma: say that, not just "no such file"
+            message = comma_in_path(opts, task)
+            if message is None:
+                raise
+            raise DataFileError(message) from None
+    return teachers
 
 
 def create_teacher(opts: Opts) -> Teacher | None:
