@@ -36,6 +36,7 @@ from accelbatch.names import AGENT_PATHS, resolve_agent_class
 from accelbatch.optimizers import learning_rates, set_learning_rates
 from accelbatch.opts import OptionError, Opts
 from accelbatch.plan import ExecutionPlan
+from accelbatch.start_method import keeps_default_start_method
 from accelbatch.teachers import (
     FixedTeacher,
     Teacher,
@@ -334,6 +335,7 @@ def as_opts(opts: Any, where: str) -> Opts:
     return Opts(**opts)
 
 
+@keeps_default_start_method
 def create_world(opts: Opts | Mapping[str, Any], agent: Agent | type[Agent] | str | None = None,
                  rows: int | None = None, *, runtime: Runtime | None = None,
                  teacher: Teacher | None = None) -> World:

@@ -29,6 +29,7 @@ from accelbatch.opts import OptionError, Opts
 from accelbatch.report_merge import from_sums, to_sums
 from accelbatch.report_table import MetricsLog, json_ready
 from accelbatch.run_control import ModelFileLock, PeriodicSaver, StopSignals, check_output_paths
+from accelbatch.start_method import keeps_default_start_method
 from accelbatch.state import Checkpointer
 from accelbatch.tasks.files import DataFileError
 from accelbatch.teachers import Teacher, create_teacher, eval_datatype, is_training, split_of
@@ -104,6 +105,7 @@ def reduce_report(report: dict[str, float], backend: Any) -> dict[str, float]:
     return from_sums(backend.reduce_metrics(to_sums(report)))
 
 
+@keeps_default_start_method
 def run(world: World, opts: Opts) -> dict[str, Any]:
     """Train (datatype train) or evaluate (valid/test) ``world`` on ``opts.device``; return the report.
 
