@@ -38,8 +38,9 @@ import contextlib
 import dataclasses
 import math
 import random
+import re
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import torch
@@ -58,14 +59,27 @@ __all__ = ["HogwildError", "HogwildWorld"]
 BuildChild = Callable[[Opts, "type[Agent] | None", int, int, "int | None"], World]
 _PARLEY = ("p",)
 _CHILDREN = ChildSpec(role="hogwild process", pipe=True, ignore_sigint=True, process_name="hogwild-{index}",
-                      env={"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}, stack_dumps=True,
-                      stop_request=("stop",),
+                      env={"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}, stack_dumps=True, stop_request=("stop",),
                       died_hint=" without reporting an error; all hogwild processes were stopped")
 
 
 class HogwildError(RuntimeError):
     """The hogwild world cannot be used: it is shut down, or a process built a different model. (A child
     process's failure is a :class:`~accelbatch.procs.ProcessFailure`.)"""
+
+
+@contextlib.contextmanager
+def _shm_as_usage_error(opts: Opts) -> Iterator[None]:
+    """Torch failing to move tensors to shared memory (/dev/shm full, too small, read-only) as a usage error."""
+    try:
+        yield
+    except (RuntimeError, OSError) as exc:
+        if not isinstance(exc, OSError) and not re.search("shared memory|shm", str(exc)):
+            raise  # another RuntimeError: a bug, which keeps its traceback
+        why = getattr(exc, "strerror", None) or re.sub(r"\s*\(\d+\)$", "", str(exc).rsplit(": ", 1)[-1])
+        raise OptionError(f"-nt/--numthreads {opts.numthreads}: the model could not be put in shared memory "
+                          f"(/dev/shm: {why}): free space there or enlarge it (Docker: --shm-size), or "
+                          f"{'train' if is_training(opts.datatype) else 'evaluate'} in one process (-nt 1)") from exc
 
 
 # --- metrics of one process, merged in the main process --------------------------------------------------
@@ -209,8 +223,7 @@ class HogwildWorld(World):
     teacher gives the examples count); ``build_child(opts, agent_class, rank, numthreads, rows)`` builds each
     process's world there (``rows``: each process's combined batch; None: the plan's). ``depth`` bounds the
     parleys queued per process; ``timeout`` is how long to wait for a process that gives no sign of life;
-    ``start_timeout`` the same for start-up.
-    """
+    ``start_timeout`` the same for start-up."""
 
     def __init__(self, opts: Opts, main: World, build_child: BuildChild, agent_cls: type[Agent] | None = None,
                  rows: int | None = None, *, depth: int = 2, timeout: float = 300.0, start_timeout: float = 180.0,
@@ -232,30 +245,22 @@ class HogwildWorld(World):
         # parleys in flight (which would train examples past it)
         self._exs_per_parley = exs_per_parley if self._training else None
         self._released_from = 0  # parleys released before a restore, counted in the restored total
-        self._closed = False
-        self._parleys = 0
+        self._closed, self._parleys = False, 0
         self._outstanding = [0] * n
         self._replies: list[tuple[int, Any] | None] = [None] * n
         self._prefer: set[int] = set()
         self._seq = 0
         self._at: list[tuple[int, int, int, int] | None] = [None] * n  # plan_position of each process
-        names: list[str] = []
-        params: list[torch.Tensor] = []
-        buffer_names: list[str] = []
-        buffers: list[torch.Tensor] = []
-        model = getattr(main.get_model_agent(), "model", None)
-        if isinstance(model, torch.nn.Module):
-            model.share_memory()
-            for name, p in model.named_parameters():
-                names.append(name)
-                params.append(p.detach())
-            for name, buf in model.named_buffers():
-                buffer_names.append(name)
-                buffers.append(buf.detach() if buf.is_shared() else buf.detach().share_memory_())
-        self._counts = torch.zeros(n, dtype=torch.int64).share_memory_()
-        self._done = torch.zeros(n, dtype=torch.int8).share_memory_()  # eval: world.epoch_done() per process
         self._children: Supervisor | None = None
         try:
+            model = getattr(main.get_model_agent(), "model", None)
+            with _shm_as_usage_error(opts):  # the model's tensors and the counters, for the children to alias
+                shared = model.share_memory() if isinstance(model, torch.nn.Module) else torch.nn.Module()
+                named, named_buffers = dict(shared.named_parameters()), dict(shared.named_buffers())
+                names, params, buffer_names = list(named), [p.detach() for p in named.values()], list(named_buffers)
+                buffers = [b.detach() if b.is_shared() else b.detach().share_memory_() for b in named_buffers.values()]
+                self._counts = torch.zeros(n, dtype=torch.int64).share_memory_()
+                self._done = torch.zeros(n, dtype=torch.int8).share_memory_()  # eval: epoch_done() per process
             spec = dataclasses.replace(_CHILDREN, stop_grace_s=stop_grace)
             self._children = Supervisor(spec, _child_main, n, args=(
                 n, opts, agent_cls, rows, build_child, names, params, buffer_names, buffers, self._counts, self._done))
