@@ -218,8 +218,12 @@ def check_model_file_exists(opts: Opts, what: str) -> None:
     path = opts.model_file
     if path and not os.path.isfile(path):
         problem = "a directory, not a model file" if os.path.isdir(path) else "no such file"
-        raise OptionError(f"-mf/--model-file {path}: {problem}; {what} the model saved there (check the path, "
-                          "or train one with `accelbatch train -mf PATH`)")
+        todo = "check the path, or train one with `accelbatch train -mf PATH`"
+        if os.path.isdir(f"{path}.ckpt"):  # a training run (going on or stopped) that has not validated yet
+            todo = (f"a training run has a checkpoint at {path}.ckpt but has not saved its model yet (it saves "
+                    f"it at its first validation, or at its end; a stopped one goes on with `accelbatch train "
+                    f"-mf {path} --resume`)")
+        raise OptionError(f"-mf/--model-file {path}: {problem}; {what} the model saved there ({todo})")
 
 
 def train_or_eval(opts: Opts) -> dict | None:

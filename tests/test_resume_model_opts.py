@@ -193,3 +193,14 @@ def test_a_limit_given_to_the_resume_sets_the_end_alone(stopped, tmp_path):
     assert main(["train", "-mf", str(model_file), "--resume", "-ne", "0.01", "--report-json", str(report),
                  *QUIET]) == 0
     assert json.loads(report.read_text())["train"]["steps"] > STEPS  # 0.01 epochs of babi:1 at -bs 4: 13 steps
+
+
+@pytest.mark.timeout(60)
+def test_eval_of_a_run_that_has_not_saved_its_model_yet_says_so(stopped, tmp_path, capsys):
+    """eval -mf PATH where only PATH.ckpt exists (a run not validated yet): the line names the checkpoint
+    and --resume, not only "no such file"."""
+    model_file = _copy(stopped, tmp_path)
+    assert main(["eval", "-mf", str(model_file), "--no-progress"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and f"{model_file}: no such file" in err[0], err
+    assert f"has a checkpoint at {model_file}.ckpt" in err[0] and f"-mf {model_file} --resume" in err[0], err
