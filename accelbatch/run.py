@@ -473,7 +473,9 @@ def _save(model: Agent, opts: Opts) -> None:
 
 
 def _progress(opts: Opts, total: float) -> Any:
-    if not opts.progress:
+    """The train bar (tqdm), or None: --no-progress, or by default where stderr is not a terminal (a log
+    file would collect every redraw)."""
+    if not (opts.progress or (opts.progress is None and sys.stderr.isatty())):
         return None
     from tqdm import tqdm
 
