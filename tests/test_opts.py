@@ -122,7 +122,7 @@ def test_on_off_options_parse_without_argparse_boolean_optional_action(monkeypat
     monkeypatch.delattr(argparse, "BooleanOptionalAction")
     parser = argparse.ArgumentParser(allow_abbrev=False)
     add_arguments(parser)
-    assert parser.parse_args([]).progress is True
+    assert parser.parse_args([]).progress is None  # by default: whether stderr is a terminal
     assert parser.parse_args(["--no-progress"]).progress is False
     assert parser.parse_args(["--no-progress", "--progress"]).progress is True
     assert "--no-progress" in parser.format_help()
