@@ -22,6 +22,7 @@ from torch.nn import functional as F
 
 import accelbatch as ab
 from accelbatch.agents import hash_tokens, pad_2d, tokenize
+from accelbatch.cli import error_message
 
 VOCAB = 2048
 
@@ -80,4 +81,11 @@ def main(argv: list[str] | None = None) -> dict:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1:])
+    try:
+        main(sys.argv[1:])
+    except Exception as exc:
+        known = error_message(exc)  # a bad option, an unusable --device: one line, as accelbatch train says it
+        if known is None:
+            raise  # a bug: its traceback is what helps
+        print(f"custom_agent.py: error: {known[1]}", file=sys.stderr)
+        sys.exit(known[0])

@@ -14,6 +14,7 @@ from __future__ import annotations
 import sys
 
 import accelbatch as ab
+from accelbatch.cli import error_message
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -34,4 +35,11 @@ def main(argv: list[str] | None = None) -> dict:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1:])
+    try:
+        main(sys.argv[1:])
+    except Exception as exc:
+        known = error_message(exc)  # a bad option, an unusable --device: one line, as accelbatch train says it
+        if known is None:
+            raise  # a bug: its traceback is what helps
+        print(f"hogwild_cpu.py: error: {known[1]}", file=sys.stderr)
+        sys.exit(known[0])
