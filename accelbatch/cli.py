@@ -136,6 +136,13 @@ def main(argv: Sequence[str] | None = None) -> int:
                               f"{opts.datatype}")
         if args.verb in ("display-model", "interactive"):  # they evaluate: a train split in eval mode
             opts = opts.replace(datatype=eval_datatype(opts.datatype))
+        if args.verb in ("display-data", "display-model", "interactive"):
+            outputs = (("--report-json", opts.report_json), ("--metrics-log", opts.metrics_log),
+                       ("--tensorboard-logdir", opts.tensorboard_logdir))
+            written = [flag for flag, value in outputs if value]
+            if written:  # these verbs print; nothing would be written there
+                raise OptionError(f"{written[0]}: {args.verb} prints to the terminal and writes no report or "
+                                  "log; leave it out (accelbatch eval writes them)")
         from accelbatch.model_opts import with_model_opts
 
         opts, taken = with_model_opts(opts, sys.argv[1:] if argv is None else argv)  # -mf names its model

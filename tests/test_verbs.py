@@ -94,3 +94,14 @@ def test_interactive_refuses_skip_generation_which_would_reply_nothing(capsys):
     assert main(["interactive", "-m", "transformer/generator", "-t", "reverse:20", "--skip-generation"]) == 2
     assert capsys.readouterr().err == ("accelbatch: error: --skip-generation: interactive answers with generated "
                                        "replies; leave it out\n")
+
+
+@pytest.mark.parametrize("verb", ["display-data", "display-model", "interactive"])
+@pytest.mark.parametrize("flag", ["--report-json", "--metrics-log", "--tensorboard-logdir"])
+def test_the_printing_verbs_refuse_output_files_they_would_not_write(verb, flag, tmp_path, capsys):
+    target = tmp_path / "out"
+    assert main([verb, "-t", "babi:1", "-m", "repeat_label", flag, str(target)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [f"accelbatch: error: {flag}: {verb} prints to the terminal and writes no report or log; leave it "
+                   "out (accelbatch eval writes them)"]
+    assert not target.exists()
