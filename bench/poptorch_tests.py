@@ -22,6 +22,7 @@ import argparse
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -199,8 +200,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
+def _ended_by(signum: int, frame: object) -> None:
+    raise SystemExit(128 + signum)  # unwinds: subprocess.run kills pytest, the temporary folder is removed
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    signal.signal(signal.SIGTERM, _ended_by)  # a SIGTERM (timeout, a job's end) leaves no copy of PopTorch's files
     if args.git_dir is not None and not args.git_dir.is_dir():
         print(f"--git-dir: {args.git_dir} is not a directory", file=sys.stderr)
         return 2
