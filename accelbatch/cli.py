@@ -6,8 +6,8 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from collections.abc import Sequence
-from typing import NoReturn
+from collections.abc import Callable, Sequence
+from typing import Any, NoReturn
 
 import accelbatch
 from accelbatch.checkpoint import CheckpointError
@@ -65,6 +65,20 @@ def _usage_errors() -> tuple[type[BaseException], ...]:
     from accelbatch.worlds import ReplyError  # the user's agent broke act()'s contract
 
     return USAGE_ERRORS + (BackendUnavailable, PlanError, ReplyError)
+
+
+def run_script(main: Callable[[list[str]], Any], argv: Sequence[str] | None = None) -> int:
+    """A script's ``main(argv)`` (default: its command line) as ``accelbatch train`` runs: bad input (an
+    option, a file, an unusable --device) is one line naming the script, exit 2; a bug keeps its traceback."""
+    try:
+        main(list(sys.argv[1:] if argv is None else argv))
+    except Exception as exc:
+        known = error_message(exc)
+        if known is None:
+            raise
+        print(f"{os.path.basename(sys.argv[0])}: error: {known[1]}", file=sys.stderr)
+        return known[0]
+    return 0
 
 
 def _printable_output() -> None:

@@ -22,7 +22,7 @@ from torch.nn import functional as F
 
 import accelbatch as ab
 from accelbatch.agents import hash_tokens, pad_2d, tokenize
-from accelbatch.cli import error_message
+from accelbatch.cli import run_script
 
 VOCAB = 2048
 
@@ -81,11 +81,4 @@ def main(argv: list[str] | None = None) -> dict:
 
 
 if __name__ == "__main__":
-    try:
-        main(sys.argv[1:])
-    except Exception as exc:
-        known = error_message(exc)  # a bad option, an unusable --device: one line, as accelbatch train says it
-        if known is None:
-            raise  # a bug: its traceback is what helps
-        print(f"custom_agent.py: error: {known[1]}", file=sys.stderr)
-        sys.exit(known[0])
+    sys.exit(run_script(main))  # bad input: one line and exit 2, as accelbatch train says it

@@ -14,7 +14,7 @@ from __future__ import annotations
 import sys
 
 import accelbatch as ab
-from accelbatch.cli import error_message
+from accelbatch.cli import run_script
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -35,11 +35,4 @@ def main(argv: list[str] | None = None) -> dict:
 
 
 if __name__ == "__main__":
-    try:
-        main(sys.argv[1:])
-    except Exception as exc:
-        known = error_message(exc)  # a bad option, an unusable --device: one line, as accelbatch train says it
-        if known is None:
-            raise  # a bug: its traceback is what helps
-        print(f"hogwild_cpu.py: error: {known[1]}", file=sys.stderr)
-        sys.exit(known[0])
+    sys.exit(run_script(main))  # bad input: one line and exit 2, as accelbatch train says it
