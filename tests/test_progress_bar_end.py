@@ -35,17 +35,6 @@ def test_the_bar_ends_at_the_reported_examples(tmp_path, threads):
     assert int(shown[-1][0]) == reported, shown[-3:]
 
 
-@pytest.mark.timeout(120)
-def test_by_default_the_bar_is_drawn_only_on_a_terminal(tmp_path):
-    """Into a pipe or a file (a job's log) the default draws no bar: every redraw would stay in the log."""
-    env = {**os.environ, "PYTHONPATH": ROOT, "OMP_NUM_THREADS": "1"}
-    done = subprocess.run([sys.executable, "-m", "accelbatch", "train", "-t", "dialogues:40", "-m", "bag",
-                           "-bs", "4", "-ne", "1", "--eval-splits", ""],
-                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=100)
-    assert done.returncode == 0, done.stderr
-    assert "train:" not in done.stderr and "ex/s" not in done.stderr, done.stderr[-500:]
-
-
 @pytest.mark.parametrize("given, terminal, drawn", [(None, True, True), (None, False, False), (True, False, True),
                                                     (False, True, False)])
 def test_the_bar_option_against_whether_stderr_is_a_terminal(monkeypatch, given, terminal, drawn):
