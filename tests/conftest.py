@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import tempfile
 
 import pytest
 
@@ -16,22 +15,6 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 # would wait in vain. Give this process Python's usual Ctrl-C: its children then start with it too.
 if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
     signal.signal(signal.SIGINT, signal.default_int_handler)
-
-
-@pytest.fixture(scope="session", autouse=True)
-def _temporary_files_in_pytests_folder(tmp_path_factory):
-    """Temporary files of the tests and of the processes they start go under pytest's own folder, which
-    pytest prunes: those of a run a test kills with SIGKILL (its children's stack files, multiprocessing's
-    pymp folder) cannot be removed by it, and would pile up in /tmp."""
-    folder, before = tmp_path_factory.mktemp("tmp"), os.environ.get("TMPDIR")
-    os.environ["TMPDIR"] = str(folder)
-    tempfile.tempdir = None  # gettempdir() reads TMPDIR again
-    yield
-    if before is None:
-        os.environ.pop("TMPDIR", None)
-    else:
-        os.environ["TMPDIR"] = before
-    tempfile.tempdir = None
 
 
 @pytest.fixture
