@@ -3,28 +3,27 @@
 What the CLI / run integration needs:
 
 * ``spawn_replicas(fn, R, *args, timeout_s=...)`` starts R processes with the ``spawn`` start method
-  (``MASTER_ADDR=127.0.0.1``, a free ``MASTER_PORT``, ``OMP_NUM_THREADS=1``, and torchrun's ``RANK``,
-  ``LOCAL_RANK``, ``WORLD_SIZE``), initialises the gloo process group in each (``init_process_group=True``),
-  calls ``fn(rank, *args)`` there and returns the list of the values they returned (rank order; values
-  travel pickled, so return tensors/dicts, not open resources). ``fn`` and ``args``
-  must be picklable (a module-level function). The replicas run under :class:`accelbatch.procs.Supervisor`:
-  if one raises, the others are ended at once and :class:`~accelbatch.procs.ProcessRaised` carries the
-  traceback of the replica that raised first; one that dies without a traceback is
-  :class:`~accelbatch.procs.ProcessDied`; past ``timeout_s`` :class:`~accelbatch.procs.ProcessTimeout`.
-  A replica aborted without a traceback (SIGABRT: NCCL's watchdog ends a replica whose collective timed
-  out) while a peer keeps running is ``ProcessTimeout`` naming that stuck peer, with its stack; when all
-  abort, ``ProcessDied`` says what SIGABRT means there. A group ``fn`` joined itself (accelerate's NCCL
-  group) and left up is left after ``fn`` returns.
-  ``group_timeout_s`` (``--replica-timeout-s``) bounds every collective: when a replica waits that long
-  for one that never comes (hung, deadlocked), ``ProcessTimeout`` names the stuck replica and shows
-  its Python stack. SIGINT/SIGTERM to the parent are passed on once to each replica (which run in process
-  groups of their own, so a terminal's Ctrl-C does not reach them twice): the run saves its checkpoint
-  and KeyboardInterrupt carries rank 0's message; a second signal ends them at once. A replica the signal
-  reaches while it starts (before its run takes signals: it joins the group first) stops with nothing to
-  say, and the others are ended at once ("SIGINT: the replicas stopped"). No process outlives the call.
-  ``accelbatch train --device cpu --replication-factor 2`` is then: ``spawn_replicas(train_main, 2, opts)``
-  where ``train_main(rank, opts)`` builds the world on its shard and calls ``run`` (the backend's
-  ``setup`` sees the initialised group and compiles a :class:`ReplicatedEngine`).
+  (``MASTER_ADDR=127.0.0.1``, ``OMP_NUM_THREADS=1``, and torchrun's ``RANK``, ``LOCAL_RANK``, ``WORLD_SIZE``;
+  ``MASTER_PORT`` is a rendezvous store the parent holds for the whole call, as torchrun's agent does, so no other
+  process can take the port between its choice and the group's start), initialises the gloo process group in each
+  (``init_process_group=True``), calls ``fn(rank, *args)`` there and returns the list of the values they returned
+  (rank order; values travel pickled, so return tensors/dicts, not open resources). ``fn`` and ``args`` must be
+  picklable (a module-level function). The replicas run under :class:`accelbatch.procs.Supervisor`: if one raises,
+  the others are ended at once and :class:`~accelbatch.procs.ProcessRaised` carries the traceback of the replica
+  that raised first; one that dies without a traceback is :class:`~accelbatch.procs.ProcessDied`; past ``timeout_s``
+  :class:`~accelbatch.procs.ProcessTimeout`. A replica aborted without a traceback (SIGABRT: NCCL's watchdog ends a
+  replica whose collective timed out) while a peer keeps running is ``ProcessTimeout`` naming that stuck peer, with
+  its stack; when all abort, ``ProcessDied`` says what SIGABRT means there. A group ``fn`` joined itself
+  (accelerate's NCCL group) and left up is left after ``fn`` returns. ``group_timeout_s`` (``--replica-timeout-s``)
+  bounds every collective: when a replica waits that long for one that never comes (hung, deadlocked),
+  ``ProcessTimeout`` names the stuck replica and shows its Python stack. SIGINT/SIGTERM to the parent are passed on
+  once to each replica (which run in process groups of their own, so a terminal's Ctrl-C does not reach them twice):
+  the run saves its checkpoint and KeyboardInterrupt carries rank 0's message; a second signal ends them at once. A
+  replica the signal reaches while it starts (before its run takes signals: it joins the group first) stops with
+  nothing to say, and the others are ended at once ("SIGINT: the replicas stopped"). No process outlives the call.
+  ``accelbatch train --device cpu --replication-factor 2`` is then: ``spawn_replicas(train_main, 2, opts)`` where
+  ``train_main(rank, opts)`` builds the world on its shard and calls ``run`` (the backend's ``setup`` sees the
+  initialised group and compiles a :class:`ReplicatedEngine`).
 * ``init_from_env()`` joins the group when launched by torchrun (``RANK``/``WORLD_SIZE``/``LOCAL_RANK``
   set), so ``torchrun --nproc-per-node 2 -m accelbatch train ...`` takes the same path;
   :meth:`CPUBackend.setup` calls it when ``--replication-factor`` > 1.
@@ -160,7 +159,8 @@ def _replica_main(index: int, fn: Callable[..., Any], nprocs: int, port: int, in
     """One replica (under the supervisor's entry wrapper, which reports its result, exception or interrupt;
     a terminal's Ctrl-C reaches the parent only, which asks each replica once to save and stop)."""
     os.environ.update({"RANK": str(index), "LOCAL_RANK": str(index), "WORLD_SIZE": str(nprocs),
-                       "LOCAL_WORLD_SIZE": str(nprocs), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)})
+                       "LOCAL_WORLD_SIZE": str(nprocs), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
+                       _AGENT_STORE: "True"})
     try:
         if init_group:
             # a stop signal waits until the group is up: torch's store would print a C++ stack on it, and
@@ -200,9 +200,10 @@ def spawn_replicas(fn: Callable[..., Any], nprocs: int, *args: Any, timeout_s: f
     """
     if nprocs < 1:
         raise ValueError(f"nprocs must be at least 1, got {nprocs}")
-    port = find_free_port()
+    store = _rendezvous_store(group_timeout_s)
+    port = store.port
     spec = dataclasses.replace(_REPLICAS, env={"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
-                                               "OMP_NUM_THREADS": "1"})
+                                               _AGENT_STORE: "True", "OMP_NUM_THREADS": "1"})
     replicas = Supervisor(spec, _replica_main, nprocs,
                           args=(fn, nprocs, port, init_process_group, backend, group_timeout_s, args))
     try:
@@ -211,7 +212,18 @@ def spawn_replicas(fn: Callable[..., Any], nprocs: int, *args: Any, timeout_s: f
         _raise_if_interrupted(replicas, stop)
     finally:
         replicas.stop()
+        del store  # the last reference: its server stops and the port is free again
     return replicas.results
+
+
+# torch's env:// rendezvous connects every rank as a client to a store someone else hosts when this is "True"
+_AGENT_STORE = "TORCHELASTIC_USE_AGENT_STORE"
+
+
+def _rendezvous_store(timeout_s: float) -> dist.TCPStore:
+    """A TCP store hosted by this process on a port the OS picks, for the replicas' env:// rendezvous."""
+    return dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False,
+                         timeout=datetime.timedelta(seconds=timeout_s))
 
 
 class _StopRequests:

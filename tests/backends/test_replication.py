@@ -9,6 +9,7 @@ from __future__ import annotations
 import multiprocessing
 import os
 import signal
+import socket
 import subprocess
 import sys
 import textwrap
@@ -113,7 +114,13 @@ def reference(name: str):
 
 @pytest.fixture(scope="module")
 def replicated():
-    return spawn_replicas(_train_worker, 2, list(SCENARIOS), timeout_s=120)
+    """The replicas' results; meanwhile another program listens on the port ``find_free_port`` gives (two
+    runs starting together on one host): the rendezvous must not depend on a port nobody holds."""
+    with socket.socket() as squatter, pytest.MonkeyPatch.context() as patch:
+        squatter.bind(("127.0.0.1", 0))
+        squatter.listen()
+        patch.setattr(distributed, "find_free_port", lambda host="127.0.0.1": squatter.getsockname()[1])
+        return spawn_replicas(_train_worker, 2, list(SCENARIOS), timeout_s=120)
 
 
 def _assert_close_state(state, net, atol=1e-6):
