@@ -18,7 +18,6 @@ import atexit
 import collections
 import contextlib
 import dataclasses
-import faulthandler
 import math
 import multiprocessing
 import os
@@ -27,7 +26,6 @@ import select
 import shutil
 import signal
 import sys
-import tempfile
 import threading
 import time
 import weakref
@@ -39,6 +37,7 @@ from typing import Any, NamedTuple
 import torch
 import torch.multiprocessing as tmp
 
+from accelbatch import stack_files
 from accelbatch.orphans import end_with_parent, parent_for
 from accelbatch.proc_errors import (
     SCRIPT_RAN_AGAIN,
@@ -123,10 +122,8 @@ def _child_main(_: int, index: int, spec: ChildSpec, target: Callable[..., Any],
         torch.set_num_threads(spec.threads)
     if spec.process_name:
         multiprocessing.current_process().name = spec.process_name.format(index=index)
-    if stack_dir is not None:  # faulthandler keeps the file open for the life of the process
-        stacks = open(os.path.join(stack_dir, f"{index}.txt"), "a")  # noqa: SIM115
-        faulthandler.register(STACK_SIGNAL, stacks, all_threads=True)
-        print(f"{spec.role} {index} (pid {os.getpid()}):", file=stacks, flush=True)  # set up: may be asked
+    if stack_dir is not None:
+        stack_files.write_on_signal(stack_dir, index, STACK_SIGNAL, f"{spec.role} {index} (pid {os.getpid()}):")
     code, report = 0, None
     try:
         signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})  # here: a pending one is an interrupt
@@ -292,9 +289,7 @@ class Supervisor:
             (up_r, up_w), (down_r, down_w) = ctx.Pipe(duplex=False), ctx.Pipe(duplex=False)
             pipes.append((Channel(up_r, down_w), Channel(down_r, up_w)))
         self._conns, self._open = [parent for parent, _ in pipes], set(range(nprocs))  # open: not at EOF
-        stack_dir = tempfile.mkdtemp(prefix="accelbatch-stacks-") if spec.stack_dumps else None
-        for i in range(nprocs if stack_dir else 0):  # each child writes its stacks to its file
-            open(os.path.join(stack_dir, f"{i}.txt"), "w").close()
+        stack_dir = stack_files.make_folder(nprocs) if spec.stack_dumps else None
         self._children = _Children(spec, self._conns, stack_dir)
         self._finalizer = weakref.finalize(self, _end, self._children)
         try:
