@@ -109,6 +109,7 @@ class EngineSlot:
     engine: Any = None
     backend_name: str = ""
     runtime: Any = None
+    learning_rate: float | None = None  # the -lr the shared optimizer runs at, once a later world changed it
 
 
 @dataclass

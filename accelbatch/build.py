@@ -113,12 +113,14 @@ def _continue_training(agent: TorchAgent, opts: Opts) -> None:
                           f"optimizer is {built.optimizer}, compiled into its engine; save the model (-mf PATH) and "
                           f"continue from the file with -opt {opts.optimizer} (a fresh optimizer), or keep "
                           f"-opt {built.optimizer}")
-    if opts.learning_rate == built.learning_rate:
+    running = built.learning_rate if agent.slot.learning_rate is None else agent.slot.learning_rate
+    agent.opts = built.replace(learning_rate=opts.learning_rate)
+    if opts.learning_rate == running:
         return
     optimizer = agent.engine.host_optimizer() if agent.slot.engine is not None else agent.optimizer
-    scale = opts.learning_rate / built.learning_rate
+    scale = opts.learning_rate / running
     had = set_learning_rates(optimizer, [lr * scale for lr in learning_rates(optimizer)])
-    agent.opts = built.replace(learning_rate=opts.learning_rate)
+    agent.slot.learning_rate = opts.learning_rate  # every clone shares the optimizer: the next world scales from here
     if had:
         print(f"accelbatch: continuing with -lr {opts.learning_rate:g} (the agent's optimizer had {had})",
               file=sys.stderr)

@@ -43,6 +43,19 @@ def test_a_new_learning_rate_applies_to_the_shared_optimizer(capsys):
     assert not all(torch.equal(with_new_rate[k], unchanged[k]) for k in unchanged)
 
 
+def test_every_later_world_on_the_agent_trains_at_its_own_rate_not_a_compounded_one(capsys):
+    agent = _trained_agent()
+    capsys.readouterr()
+    for rate in (0.5, 0.5, 0.1, 0.01):
+        world = ab.create_world(dict(BASE, learning_rate=rate), agent=agent)
+        optimizer = world.get_model_agent().engine.host_optimizer()
+        assert [group["lr"] for group in optimizer.param_groups] == [pytest.approx(rate, rel=1e-12)]
+    said = [line for line in capsys.readouterr().err.splitlines() if "continuing with -lr" in line]
+    assert said == ["accelbatch: continuing with -lr 0.5 (the agent's optimizer had 0.01)",
+                    "accelbatch: continuing with -lr 0.1 (the agent's optimizer had 0.5)",
+                    "accelbatch: continuing with -lr 0.01 (the agent's optimizer had 0.1)"]
+
+
 def test_another_optimizer_for_a_built_agent_is_refused_in_one_line():
     with pytest.raises(OptionError, match=r"-opt/--optimizer sgd, but the agent's optimizer is adam") as refused:
         ab.create_world(dict(BASE, optimizer="sgd"), agent=_trained_agent())
