@@ -1,8 +1,8 @@
-"""The options that make the model in ``-mf PATH``, kept beside it in ``PATH.opt`` (as ParlAI's MODEL.opt):
-which agent, its sizes, and its learning rate. eval, display-model, interactive and a training that continues
-PATH take them from there (the learning rate only a training), so ``-mf`` alone names the model; a training
-from ``--init-model FILE`` takes FILE.opt's agent and sizes; ``--resume`` continues with the interrupted run's
-learning rate and the options its resume compares (the model's among them), from its checkpoint. An option
+"""The options that make the model in ``-mf PATH``, kept beside it in ``PATH.opt`` (as ParlAI's MODEL.opt): which
+agent, its sizes, its learning rate and optimizer. eval, display-model, interactive and a training that continues
+PATH take them from there (the learning rate and optimizer only a training), so ``-mf`` alone names the model; a
+training from ``--init-model FILE`` takes FILE.opt's agent and sizes; ``--resume`` continues with the interrupted
+run's learning rate and the options its resume compares (the model's among them), from its checkpoint. An option
 given on the command line still wins, but a resume refuses a model option other than its checkpoint's."""
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ from accelbatch.names import resolve_agent_class
 from accelbatch.opts import OptionError, Opts
 from accelbatch.teachers import is_training
 
-KEPT = SHAPING + ("learning_rate",)  # PATH.opt: a continued training keeps its learning rate too
+KEPT = SHAPING + ("learning_rate", "optimizer")  # PATH.opt: a continued training keeps its optimizer too
 # the run's limits, validation and logs: a resume goes on to the same end unless the command line says
 # otherwise; the limits go together: one given (e.g. a larger -ne) sets the end, the others keep their defaults
 LIMITS = ("num_epochs", "max_train_steps", "max_train_time")

@@ -124,6 +124,23 @@ def test_a_continued_training_keeps_the_files_learning_rate_unless_given(data, t
     assert json.loads((tmp_path / "g.pt.opt").read_text())["learning_rate"] == 0.005
 
 
+def test_a_continued_training_keeps_the_files_optimizer_unless_given(data, tmp_path, capsys):
+    """PATH.opt keeps -opt as ParlAI's MODEL.opt does: `train -mf PATH` alone after an SGD run went on with a
+    fresh Adam (the default) at the SGD run's -lr."""
+    model = str(tmp_path / "s.pt")
+    once = ["-mf", model, "-veps", "-1", "--eval-splits", ""]
+    assert main(_train(data, *once, "-opt", "sgd", "-lr", "0.5")) == 0
+    capsys.readouterr()
+    assert main(_train(data, *once)) == 0
+    err = capsys.readouterr().err
+    assert f"accelbatch: -mf {model} was trained with -lr 0.5 -opt sgd ({model}.opt); using them" in err
+    assert "starts fresh" not in err
+    assert "momentum" in torch.load(model, weights_only=True)["optimizer"]["param_groups"][0]  # still SGD's
+    assert main(_train(data, *once, "-opt", "adam")) == 0  # given: it wins, and is said
+    assert "Adam starts fresh" in capsys.readouterr().err
+    assert "betas" in torch.load(model, weights_only=True)["optimizer"]["param_groups"][0]
+
+
 def test_init_model_takes_the_shaping_options_of_its_opt_file(data, tmp_path, capsys):
     """--init-model FILE of a bag model failed (the default -m memnn cannot load its weights): FILE.opt's -m
     and -esz are used as -mf's are, unless the command line gives them."""
@@ -138,6 +155,6 @@ def test_init_model_takes_the_shaping_options_of_its_opt_file(data, tmp_path, ca
             in capsys.readouterr().err)
     assert json.loads((tmp_path / "im" / "x.pt.opt").read_text()) == {"model": "bag", "embedding_size": 16,
                                                                        "text_truncate": 256, "label_truncate": -1,
-                                                                       "learning_rate": 0.01}
+                                                                       "learning_rate": 0.01, "optimizer": "adam"}
     assert main([*args, "-m", "memnn", "-mf", str(tmp_path / "y.pt")]) == 2  # given: it wins, and is refused
     assert "its weights are not a MemNNAgent's" in capsys.readouterr().err

@@ -522,7 +522,7 @@ def test_a_model_file_names_its_model_so_eval_needs_only_mf(tmp_path, capsys):
                  "--eval-splits", "", "-veps", "-1"]) == 0
     assert json.loads((tmp_path / "m.pt.opt").read_text()) == {"model": "bag", "embedding_size": 16,
                                                                  "text_truncate": 256, "label_truncate": -1,
-                                                                 "learning_rate": 0.01}
+                                                                 "learning_rate": 0.01, "optimizer": "adam"}
     capsys.readouterr()
     assert main(["eval", "-mf", path, "--no-progress"]) == 0
     out = capsys.readouterr()
