@@ -15,6 +15,8 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Iterator, Sequence
 
+from accelbatch.split_points import parse_split_points
+
 DEVICES = ("cpu", "cuda", "ipu")
 DATATYPES = ("train", "train:ordered", "train:stream", "train:stream:ordered", "valid", "test",
              "valid:stream", "test:stream", "train:evalmode", "train:evalmode:stream")
@@ -301,7 +303,8 @@ def validate(opts: Opts) -> None:
         if expected is float and (isinstance(value, bool) or not isinstance(value, (int, float))):
             raise OptionError(f"{flag}: expected a number, got {value!r}")
         if expected is float and not math.isfinite(value):  # nan passes every range test below
-            raise OptionError(f"{flag}: expected a finite number, got {value!r} (see --help for what -1 means)")
+            hint = " (see --help for what -1 means)" if "-1:" in f.metadata.get("help", "") else ""
+            raise OptionError(f"{flag}: expected a finite number, got {value!r}{hint}")
         if expected is str and not isinstance(value, str):
             raise OptionError(f"{flag}: expected a string, got {value!r}")
     for name in ("batchsize", "device_iterations", "replication_factor", "gradient_accumulation",
@@ -349,6 +352,7 @@ def validate(opts: Opts) -> None:
         raise OptionError(f"--ddp-static-graph: applies to --device cuda (DDP through accelerate); "
                           f"--device {opts.device} does not use DDP: leave it out")
     _validate_pipeline(opts)
+    _validate_ipu_only(opts)
     _validate_input_grouping(opts)
     wrong = [s.strip() for s in opts.eval_splits.split(",") if s.strip() and s.strip() not in DATATYPES]
     if wrong:
@@ -356,22 +360,6 @@ def validate(opts: Opts) -> None:
                           f"{', '.join(DATATYPES)} (a train split is scored once, in order, as train:evalmode)")
     if not [m for m in opts.metrics.split(",") if m.strip()]:
         raise OptionError("--metrics: give 'default', 'all' or comma-separated metric names such as accuracy,loss")
-
-
-def parse_split_points(spec: str | None) -> tuple[str, ...]:
-    """``"a.b,c"`` -> ``("a.b", "c")``; ValueError (naming what is wrong) for an empty or malformed name."""
-    if spec is None or not spec.strip():
-        return ()
-    names = tuple(n.strip() for n in spec.split(","))
-    for name in names:
-        parts = name.split(".")
-        if not name or not all(p.isidentifier() or p.isdigit() for p in parts):
-            raise ValueError(f"{name!r} is not a submodule name: give dotted paths such as encoder.layers.2, "
-                             "comma separated, as model.named_modules() lists them")
-    dupes = sorted({n for n in names if names.count(n) > 1})
-    if dupes:
-        raise ValueError(f"{', '.join(dupes)} named twice: each split point starts one stage")
-    return names
 
 
 def _validate_pipeline(opts: Opts) -> None:
@@ -388,13 +376,23 @@ def _validate_pipeline(opts: Opts) -> None:
                           "give --pipeline NAME,... too, or leave it out")
 
 
+IPU_ONLY = ("ipu_loss_scaling", "ipu_cache_dir", "ipu_available_memory_proportion", "ipu_synthetic_data",
+            "ipu_input_replica_grouping", "ipu_input_replica_grouping_type")  # the IPU's plan and compiler
+
+
+def _validate_ipu_only(opts: Opts) -> None:
+    """The IPU's options are refused on another device, which would not use them."""
+    given = [f for f in dataclasses.fields(Opts) if f.name in IPU_ONLY and getattr(opts, f.name) != f.default]
+    if given and opts.device != "ipu":
+        value = getattr(opts, given[0].name)
+        raise OptionError(f"{given[0].metadata['flags'][0]}{'' if value is True else f' {value}'}: applies to "
+                          f"--device ipu only (this run is --device {opts.device}, which does not use it): drop it, "
+                          "or use --device ipu")
+
+
 def _validate_input_grouping(opts: Opts) -> None:
     """--ipu-input-replica-grouping N: a factor of -rf, only with --device ipu; its type only with N > 1."""
     n, r = opts.ipu_input_replica_grouping, opts.replication_factor
-    if n > 1 and opts.device != "ipu":
-        raise OptionError(f"--ipu-input-replica-grouping {n} makes IPU replicas share inputs and applies to "
-                          f"--device ipu only (this run is --device {opts.device}, where each replica reads its "
-                          "own rows): drop it, or use --device ipu")
     if r % n:
         fits = ", ".join(str(k) for k in range(1, r + 1) if r % k == 0)
         raise OptionError(f"--ipu-input-replica-grouping {n}: groups of replicas must divide "

@@ -25,8 +25,9 @@ from typing import Any
 
 import torch
 
-from accelbatch.opts import IPU_STRATEGIES, parse_split_points
+from accelbatch.opts import IPU_STRATEGIES
 from accelbatch.plan import ExecutionPlan, PlanError, reserved_ipus
+from accelbatch.split_points import parse_split_points
 
 # set on a submodule the backend made a stage start at: (stage index) so a second compile keeps it
 _STAGE_MARK = "_accelbatch_pipeline_stage"

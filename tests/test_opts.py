@@ -135,8 +135,32 @@ FLOAT_OPTIONS = [f.name for f in __import__("dataclasses").fields(Opts) if f.typ
 @pytest.mark.parametrize("name", FLOAT_OPTIONS)
 def test_a_non_finite_number_is_refused_for_every_float_option(name, value):
     # nan passes every range test (nan <= 0 and nan != -1 are both false): -ne nan trained forever
-    with pytest.raises(OptionError, match=r"expected a finite number"):
+    with pytest.raises(OptionError, match=r"expected a finite number") as refused:
         Opts(**{name: value})
+    field = next(f for f in __import__("dataclasses").fields(Opts) if f.name == name)
+    # the hint about -1 only where -1 means something (-lr nan pointed to it)
+    assert ("what -1 means" in str(refused.value)) == ("-1:" in field.metadata["help"])
+    if name == "learning_rate":
+        assert str(refused.value) == f"-lr/--learning-rate: expected a finite number, got {value}"
+
+
+IPU_SETTINGS = {"ipu_loss_scaling": 64.0, "ipu_cache_dir": "cache", "ipu_available_memory_proportion": 0.5,
+                "ipu_synthetic_data": True, "ipu_input_replica_grouping": 2,
+                "ipu_input_replica_grouping_type": "orthogonal"}
+
+
+@pytest.mark.parametrize("device", ["cpu", "cuda"])
+@pytest.mark.parametrize("name", sorted(IPU_SETTINGS))
+def test_the_ipus_own_options_are_refused_on_another_device(name, device):
+    """--ipu-synthetic-data, --ipu-loss-scaling, --ipu-cache-dir ... were silently unused on cpu and cuda (a
+    run 'timing the model alone' on real data)."""
+    grouping = {"replication_factor": 2} if "grouping" in name else {}
+    with pytest.raises(OptionError, match=r"applies to --device ipu only") as refused:
+        Opts(device=device, **grouping, **{name: IPU_SETTINGS[name]})
+    flag = next(f for f in __import__("dataclasses").fields(Opts) if f.name == name).metadata["flags"][0]
+    assert str(refused.value).startswith(flag) and f"--device {device}" in str(refused.value)
+    settings = dict(IPU_SETTINGS, mixed_precision="fp16", replication_factor=2)
+    assert Opts(device="ipu", **settings).ipu_synthetic_data  # all of them together on the IPU
 
 
 @pytest.mark.parametrize("seed, ok", [(0, True), (2**64 - 1, True), (-1, False), (2**64, False)])

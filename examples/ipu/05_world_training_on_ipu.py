@@ -32,7 +32,7 @@ import sys
 
 import accelbatch as ab
 from accelbatch.cli import error_message
-from accelbatch.opts import Opts, build_parser
+from accelbatch.opts import IPU_ONLY, Opts, build_parser
 
 DEFAULTS = dict(task="babi:1", model="memnn", device="ipu", optimizer="sgd", learning_rate=0.5, batchsize=8,
                 device_iterations=4, embedding_size=32, max_train_steps=60, num_epochs=-1.0,
@@ -121,7 +121,8 @@ def run(argv: list[str] | None) -> int:
               f"({sum(g['training'] for g in engine.compiled_graphs)} training, "
               f"{sum(not g['training'] for g in engine.compiled_graphs)} inference)")
     if compare:
-        cpu_report, cpu_agent = train(opts.replace(device="cpu"))
+        ipu_defaults = {name: getattr(Opts(), name) for name in IPU_ONLY}  # the IPU's own options: not the CPU's
+        cpu_report, cpu_agent = train(opts.replace(device="cpu", **ipu_defaults))
         ipu_state, cpu_state = agent.model.state_dict(), cpu_agent.model.state_dict()
         diff = max(float((ipu_state[k] - cpu_state[k]).abs().max()) for k in cpu_state)
         if tolerance is None:  # exact CPU arithmetic on the emulator; the IPU's own float32 on hardware

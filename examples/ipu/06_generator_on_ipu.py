@@ -33,7 +33,7 @@ import torch
 
 import accelbatch as ab
 from accelbatch.cli import error_message
-from accelbatch.opts import Opts, build_parser
+from accelbatch.opts import IPU_ONLY, Opts, build_parser
 
 # -tr 8 holds the longest word (8 letters); --label-truncate 9 its reversal and the end token after it
 DEFAULTS = dict(task="reverse:6000", model="transformer/generator", device="ipu", embedding_size=32,
@@ -113,7 +113,8 @@ def run(argv: list[str] | None) -> int:
     for word, reply in zip(words, generate(agent, words) if words else []):
         print(f"reply: {word} -> {reply}  ({'right' if reply == word[::-1] else 'wrong'})")
     if compare:
-        cpu_report, cpu_agent = train(opts.replace(device="cpu"))
+        ipu_defaults = {name: getattr(Opts(), name) for name in IPU_ONLY}  # the IPU's own options: not the CPU's
+        cpu_report, cpu_agent = train(opts.replace(device="cpu", **ipu_defaults))
         state, cpu_state = agent.model.state_dict(), cpu_agent.model.state_dict()
         diff = max(float((state[k].cpu() - cpu_state[k]).abs().max()) for k in cpu_state)
         accuracy = cpu_report.get("valid", {}).get("accuracy")

@@ -43,7 +43,7 @@ def test_fp16_memnn_trains_half_weights_with_figures_close_to_fp32():
 
 def test_bf16_is_refused_in_one_line():
     with pytest.raises(PlanError, match=r"^--mixed-precision bf16: IPUs have no bfloat16 arithmetic") as exc:
-        IPUBackend().setup(Opts(ipu_emulator=True, mixed_precision="bf16"))
+        IPUBackend().setup(Opts(device="ipu", ipu_emulator=True, mixed_precision="bf16"))
     assert "\n" not in str(exc.value)
 
 
@@ -51,7 +51,7 @@ def test_bf16_is_refused_in_one_line():
                                       ({"ipu_loss_scaling": -1.0, "mixed_precision": "fp16"}, "positive")])
 def test_loss_scaling_option_errors(kw, says):
     with pytest.raises(PlanError, match=says):
-        IPUBackend().setup(Opts(ipu_emulator=True, **kw))
+        IPUBackend().setup(Opts(device="ipu", ipu_emulator=True, **kw))
 
 
 @needs_cpu_half
@@ -59,7 +59,7 @@ def test_fp16_engine_casts_float_inputs_and_sets_partials_and_loss_scaling():
     torch.manual_seed(0)
     model = Classifier()
     backend = IPUBackend()
-    backend.setup(Opts(ipu_emulator=True, mixed_precision="fp16", ipu_loss_scaling=32.0))
+    backend.setup(Opts(device="ipu", ipu_emulator=True, mixed_precision="fp16", ipu_loss_scaling=32.0))
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     engine = backend.compile(model, opt, ExecutionPlan(micro_batch=4))
     assert model.lin.weight.dtype == torch.float16 and opt.loss_scaling == 32.0
@@ -188,7 +188,7 @@ def test_synthetic_data_replaces_host_inputs_by_device_made_ones():
 
 def test_cli_synthetic_data_option_reaches_the_options():
     backend = IPUBackend()
-    backend.setup(Opts(ipu_emulator=True, ipu_synthetic_data=True, ipu_cache_dir="/tmp/unused-cache"))
+    backend.setup(Opts(device="ipu", ipu_emulator=True, ipu_synthetic_data=True, ipu_cache_dir="/tmp/unused-cache"))
     options = backend.options(ExecutionPlan())
     assert options._Popart.options["syntheticDataMode"] == 2
     assert options._Popart.options["cachePath"] == "/tmp/unused-cache"
@@ -202,7 +202,7 @@ def test_fp16_resume_keeps_the_optimizer_states_in_float32():
         torch.manual_seed(0)
         model = Classifier()
         backend = IPUBackend()
-        backend.setup(Opts(ipu_emulator=True, mixed_precision="fp16"))
+        backend.setup(Opts(device="ipu", ipu_emulator=True, mixed_precision="fp16"))
         return backend.compile(model, torch.optim.Adam(model.parameters(), lr=0.01), ExecutionPlan(micro_batch=4))
 
     first = engine()
@@ -221,15 +221,15 @@ def test_fp16_resume_keeps_the_optimizer_states_in_float32():
 
 def test_available_memory_proportion_option_reaches_the_options():
     backend = IPUBackend()
-    backend.setup(Opts(ipu_emulator=True, ipu_available_memory_proportion=0.3))
+    backend.setup(Opts(device="ipu", ipu_emulator=True, ipu_available_memory_proportion=0.3))
     assert backend.options(ExecutionPlan(micro_batch=2, replication_factor=2)).available_memory_proportion == {0: 0.3}
     for bad in (0.0, 1.5):
         with pytest.raises(PlanError, match=r"^--ipu-available-memory-proportion .*: give a proportion in "
                                             r"\(0, 1\]") as exc:
-            IPUBackend().setup(Opts(ipu_emulator=True, ipu_available_memory_proportion=bad))
+            IPUBackend().setup(Opts(device="ipu", ipu_emulator=True, ipu_available_memory_proportion=bad))
         assert "\n" not in str(exc.value)
     with pytest.raises(OptionError, match=r"^--ipu-available-memory-proportion: expected a finite number"):
-        Opts(ipu_emulator=True, ipu_available_memory_proportion=float("nan"))
+        Opts(device="ipu", ipu_emulator=True, ipu_available_memory_proportion=float("nan"))
 
 
 # --- latency from getLatency() ---------------------------------------------------------------------------

@@ -82,7 +82,7 @@ def test_from_opts_carries_the_grouping():
 
 @pytest.mark.parametrize("kw, says", [
     ({"ipu_input_replica_grouping": 2, "replication_factor": 2},
-     "^--ipu-input-replica-grouping 2 makes IPU replicas share inputs and applies to --device ipu only"),
+     "^--ipu-input-replica-grouping 2: applies to --device ipu only"),
     ({"ipu_input_replica_grouping": 2, "replication_factor": 2, "device": "cuda"}, "--device cuda"),
     ({"ipu_input_replica_grouping": 3, "replication_factor": 4, "device": "ipu"},
      "^--ipu-input-replica-grouping 3: groups of replicas must divide -rf/--replication-factor 4; use one of 1, 2, 4$"),
