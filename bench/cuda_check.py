@@ -24,6 +24,7 @@ import math
 import os
 import pathlib
 import platform
+import signal
 import subprocess
 import sys
 import tempfile
@@ -39,6 +40,26 @@ GPU_CHECK_TEST = "tests/backends/test_cuda.py::test_gpu_check"
 CPU_SIZES = {"syncs": {"b": 4, "features": 8, "hidden": 8},
              "prefetch": {"rows": 16, "features": 8, "hidden": 8, "steps": 3},
              "throughput": {"b": 8, "d": 2, "features": 8, "hidden": 8, "calls": 2}}
+
+
+def _run(cmd: list[str], timeout: float | None = None, **kwargs: Any) -> subprocess.CompletedProcess:
+    """subprocess.run(cmd, text=True, capture_output=True), except that a child an exception leaves behind
+    (SIGTERM, Ctrl-C, the timeout) gets SIGTERM before SIGKILL, so that it removes its temporary folders."""
+    with subprocess.Popen(cmd, text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE, **kwargs) as proc:
+        try:
+            out, err = proc.communicate(timeout=timeout)
+        except BaseException:
+            proc.terminate()
+            try:
+                proc.communicate(timeout=30)
+            except BaseException:
+                proc.kill()
+            raise
+    return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
+
+
+def _ended_by(signum: int, frame: object) -> None:
+    raise SystemExit(128 + signum)  # unwinds: children get SIGTERM, the temporary folders are removed
 
 
 def environment() -> dict[str, Any]:
@@ -143,8 +164,8 @@ def _train_cli(task_and_model: list[str], length: list[str], cpu_length: list[st
         with tempfile.TemporaryDirectory(prefix="cuda-check-train-") as tmp:
             for name, extra in runs.items():
                 model, report = os.path.join(tmp, f"{name}.pt"), os.path.join(tmp, f"{name}.json")
-                proc = subprocess.run([sys.executable, *common, "-mf", model, "--report-json", report, *extra],
-                                      cwd=ROOT, text=True, capture_output=True, timeout=300, check=False)
+                proc = _run([sys.executable, *common, "-mf", model, "--report-json", report, *extra],
+                            cwd=ROOT, timeout=300)
                 if proc.returncode != 0:
                     return {"failure": f"accelbatch train {' '.join(extra)} exited with {proc.returncode}: "
                                        f"{(proc.stdout + proc.stderr)[-1500:]}"}
@@ -202,8 +223,7 @@ def run_isolated(name: str, device: str, timeout_s: float = 600.0) -> dict[str, 
         out = os.path.join(tmp, "figures.json")
         cmd = [sys.executable, __file__, "--check", name, "--device", device, "--out", out]
         try:
-            proc = subprocess.run(cmd, cwd=ROOT, text=True, capture_output=True, timeout=timeout_s,
-                                  check=False, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+            proc = _run(cmd, cwd=ROOT, timeout=timeout_s, env={**os.environ, "PYTHONUNBUFFERED": "1"})
         except subprocess.TimeoutExpired:
             return {"failure": f"{name} did not finish within {timeout_s:g} s"}
         if not os.path.exists(out):
@@ -214,8 +234,7 @@ def run_isolated(name: str, device: str, timeout_s: float = 600.0) -> dict[str, 
 def run_tests(extra: list[str]) -> tuple[int, str]:
     cmd = [sys.executable, "-m", "pytest", *TESTS, "-q", "-rfEs", "-p", "no:cacheprovider", *extra]
     print("$", " ".join(cmd[1:]), flush=True)
-    proc = subprocess.run(cmd, cwd=ROOT, text=True, capture_output=True, check=False,
-                          env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    proc = _run(cmd, cwd=ROOT, env={**os.environ, "PYTHONUNBUFFERED": "1"})
     out = proc.stdout + proc.stderr
     print(out.rstrip() if proc.returncode else out.rstrip()[-6000:], flush=True)
     summary = next((line for line in reversed(out.splitlines()) if " passed" in line or " failed" in line
@@ -235,11 +254,35 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", help=argparse.SUPPRESS)
     parser.add_argument("pytest_args", nargs="*", help="extra pytest arguments (after --)")
     args = parser.parse_args(argv)
-    if args.check:
-        return run_one(args.check, args.device, args.out)
+    names = args.only.split(",") if args.only else list(CHECKS)
+    unknown = [name for name in names if name not in CHECKS]
+    if unknown:
+        parser.error(f"--only: unknown check {', '.join(unknown)}; choose from {', '.join(CHECKS)}")
+    # a SIGTERM (a timeout, a job's end) unwinds like Ctrl-C: no /tmp/cuda-check-* folder is left behind
+    previous = signal.signal(signal.SIGTERM, _ended_by)
+    try:
+        if args.check:
+            return run_one(args.check, args.device, args.out)
+        return _check(parser, args, names)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _check(parser: argparse.ArgumentParser, args: argparse.Namespace, names: list[str]) -> int:
+    """The tests, then the checks ``names``, as the options ask; the exit status."""
     start = time.monotonic()
     env = environment()
     gpu = bool(env["gpus"])
+    checks_run = not args.no_bench and (gpu or args.device == "cpu")
+    names = [name for name in names if args.device != "cpu" or CHECKS[name][1]]
+    if args.no_tests and not (checks_run and names):  # say so rather than "what ran passed"
+        if args.no_bench:
+            parser.error("--no-tests with --no-bench: nothing to run; drop one of them")
+        if not checks_run:
+            parser.error(f"--no-tests: the checks need a GPU, so nothing would run ({env['no_gpu_reason']}); "
+                         "add --device cpu for a smoke run of the checks on the CPU")
+        parser.error(f"--only {args.only}: these checks need a GPU (--device cpu leaves them out), so nothing "
+                     f"would run; choose from {', '.join(n for n, (_, on_cpu) in CHECKS.items() if on_cpu)}")
     print(f"cuda_check: torch {env['torch']} (CUDA {env['torch_cuda']}), accelerate {env['accelerate']}, "
           f"GPUs: {', '.join(env['gpus']) or 'none'}")
     result: dict[str, Any] = {"environment": env}
@@ -254,13 +297,10 @@ def main(argv: list[str] | None = None) -> int:
         rc, summary = run_tests(args.pytest_args + (["--deselect", GPU_CHECK_TEST] if checks_run_here else []))
         result["tests"] = {"returncode": rc, "summary": summary}
         failures += [] if rc == 0 else [f"tests failed: {summary}"]
-    names = args.only.split(",") if args.only else list(CHECKS)
-    if not args.no_bench and (gpu or args.device == "cpu"):
+    if checks_run:
         print(f"cuda_check: checks on {args.device}, each in a fresh process (ratios measured in this run)")
         result["figures"] = {}
         for name in names:
-            if args.device == "cpu" and not CHECKS[name][1]:
-                continue
             figures = run_isolated(name, args.device)
             result["figures"][name] = figures
             shown = {k: v for k, v in figures.items() if k != "failure"}

@@ -10,6 +10,7 @@ sizes; its timings mean nothing. Run alone: ``python bench/cuda_throughput.py``.
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import copy
 import pathlib
@@ -296,7 +297,9 @@ def measure_throughput(b: int = 1024, d: int = 8, features: int = 1024, hidden: 
     return Throughput(engine_exs=rows / _timed(ours, dev), naive_exs=rows / _timed(naive, dev))
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
+    # no options: parsed first all the same, so that --help or a typo measures nothing
+    argparse.ArgumentParser(description=__doc__.split("\n\n")[0]).parse_args(argv)
     if not torch.cuda.is_available():
         from accelbatch.backends.cuda import cuda_unavailable_reason
         print(f"cuda_throughput: {cuda_unavailable_reason()}; nothing to measure")

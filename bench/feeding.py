@@ -85,21 +85,33 @@ def make_messages(n: int) -> list[Message]:
             for i in range(n)]
 
 
+def rows_for(batches: int, batchsize: int) -> int:
+    """Rows of the data: a warm-up batch, then ``batches`` full batches that the epoch times."""
+    return (batches + 1) * batchsize
+
+
+def verdict(ratio: float, goal: float = 1.10) -> str:
+    """The goal line's word for a median ratio of epoch time to max(load, compute)."""
+    if ratio < 1.0:  # no loader beats the bound: the serial load time it was measured against ran slow
+        return "below the bound: the bound's measurement was noisy, rerun"
+    return "met" if ratio <= goal else "NOT met"
+
+
 def epoch_time(loader, step: float, mode: str) -> tuple[float, int]:
-    """Time of one epoch with a simulated step per batch (after a warm-up batch: process start is excluded)."""
+    """Time of one epoch with a simulated step per batch, after a warm-up batch and its step (process start
+    is excluded; the timed part is the batches the bound counts); the time and the batches timed."""
     it = iter(loader)
-    first = next(it)
-    n = 1
-    start = time.perf_counter()
+    next(it)
     (spin if mode == "spin" else time.sleep)(step)
-    del first
+    n = 0
+    start = time.perf_counter()
     for _ in it:
         (spin if mode == "spin" else time.sleep)(step)
         n += 1
     return time.perf_counter() - start, n
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--batches", type=int, default=60)
     parser.add_argument("--batchsize", type=int, default=16)
@@ -110,11 +122,16 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--load", choices=("spin", "sleep"), default="spin",
                         help="preprocessing as CPU work (spin) or as waiting, e.g. on I/O (sleep)")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
+    for option in ("batches", "batchsize", "repeats"):
+        if getattr(args, option) < 1:
+            parser.error(f"--{option} {getattr(args, option)}: give 1 or more")
+    for option in ("workers", "load_ms", "step_ms"):
+        if getattr(args, option) < 0:
+            parser.error(f"--{option.replace('_', '-')} {getattr(args, option):g}: give 0 or more")
     torch.set_num_threads(1)
     bs = args.batchsize
-    n = args.batches * bs + 1     # + 1 warm-up batch
-    messages = make_messages(n)
+    messages = make_messages(rows_for(args.batches, bs))
     collate = CostlyCollate(args.load_ms / 1000 / bs, args.load)
     step = args.step_ms / 1000
     workers = args.workers
@@ -168,7 +185,7 @@ def main() -> None:
                       + " ".join(f"{x:.2f}" for x in ratios[name]))
             for name in ("async, 0 workers", f"async, {workers} workers"):
                 r = statistics.median(ratios[name])
-                print(f"  goal {name} within 1.10x: {'met' if r <= 1.10 else 'NOT met'} ({r:.2f}x)")
+                print(f"  goal {name} within 1.10x: {verdict(r)} ({r:.2f}x)")
 
 
 if __name__ == "__main__":

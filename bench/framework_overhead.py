@@ -57,11 +57,12 @@ MODES = {"sync": {}, "async": {"dataloader_mode": "async", "num_workers": 2}}
 
 
 def one_round(opts: Any, warmup: int, steps: int, now: Any, interleave: bool = False,
-              parts: dict[str, float] | None = None) -> tuple[float, float, float]:
+              parts: dict[str, float] | None = None, rows: list[int] | None = None) -> tuple[float, float, float]:
     """(framework seconds, plain-loop seconds, max weight difference at the end) for one round, timed by
     ``now``. ``interleave``: the plain loop's step on each batch runs right after the world's, each timed
     alone, so that load from other processes hits both sides alike (the sides then share the CPU caches);
-    then ``parts`` (when given) also gets the seconds of the engine's train_step and of batchify."""
+    then ``parts`` (when given) also gets the seconds of the engine's train_step and of batchify. ``rows``
+    (when given) gets the examples the timed steps ran (the world may run fewer than -bs per step)."""
     world = create_world(opts)
     try:
         agent = world.get_model_agent()
@@ -98,6 +99,7 @@ def one_round(opts: Any, warmup: int, steps: int, now: Any, interleave: bool = F
         if timed:
             agent.batchify = timed_batchify
         framework_s = plain_s = 0.0
+        exs_before = world.get_total_exs()
         if interleave:
             for _ in range(steps):
                 start = now()
@@ -111,6 +113,8 @@ def one_round(opts: Any, warmup: int, steps: int, now: Any, interleave: bool = F
                 world.parley()
             framework_s = now() - start
         del engine.train_step
+        if rows is not None:
+            rows.append(world.get_total_exs() - exs_before)
         agent.__dict__.pop("batchify", None)
         final = {k: v.detach().clone() for k, v in agent.model.state_dict().items()}
         if not interleave:
@@ -164,20 +168,28 @@ def write_unique_dialogues(path: str, episodes: int, seed: int = 0) -> None:
 
 def main(argv: list[str] | None = None) -> dict[str, float]:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--steps", type=int, default=120, help="timed steps per round (bs 32)")
+    parser.add_argument("--steps", type=int, default=None, help="timed steps per round (bs 32; default 120, "
+                                                                "--quick 60)")
     parser.add_argument("--warmup", type=int, default=10, help="untimed steps first (workers start, caches warm)")
-    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--repeats", type=int, default=3, help="rounds per agent and data mode")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--task", default=None, help="any task instead of the synthetic dialogues")
     parser.add_argument("--episodes", type=int, default=None, help="training episodes of the dialogues task")
     parser.add_argument("--unique-texts", type=int, default=None, metavar="N",
                         help="train on N episodes of 8 turns whose texts never recur (a temporary JSONL file)")
-    parser.add_argument("--quick", action="store_true", help="60 steps, 3 rounds, 2,000 episodes")
+    parser.add_argument("--quick", action="store_true",
+                        help="60 steps, 3 rounds, 2,000 episodes (explicit options win)")
     parser.add_argument("--modes", default="sync,async", help="data modes to run, comma separated (sync, async)")
     parser.add_argument("--interleave", action="store_true",
                         help="sync: time the plain loop's step on each batch right after the world's, so that "
                              "load from other processes on the cores hits both sides alike")
     args = parser.parse_args(argv)
+    unknown = [m for m in args.modes.split(",") if m not in MODES]
+    if unknown:
+        parser.error(f"--modes: unknown {', '.join(unknown)}; choose from {', '.join(MODES)} (comma separated)")
+    for option, value in (("--steps", args.steps), ("--repeats", args.repeats)):
+        if value is not None and value < 1:
+            parser.error(f"{option} {value}: give 1 or more")
     if not args.unique_texts:
         return measure(args)
     with tempfile.TemporaryDirectory() as tmp:  # the file lives while the worlds read it
@@ -189,8 +201,10 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
 
 def measure(args: argparse.Namespace) -> dict[str, float]:
     """Every (agent, data mode) the arguments ask for: the ratios printed, and returned by name."""
+    if args.steps is None:  # an explicit --steps wins over --quick's
+        args.steps = 60 if args.quick else 120
     if args.quick:
-        args.steps, args.repeats, args.episodes = 60, 3, args.episodes or 2000
+        args.episodes = args.episodes or 2000
     torch.set_num_threads(1)
     results: dict[str, float] = {}
     print(f"== framework overhead: accelbatch world steps vs a plain loop on the same batches "
@@ -205,20 +219,21 @@ def measure(args: argparse.Namespace) -> dict[str, float]:
             clock = time.process_time if mode == "sync" else time.perf_counter
             interleave = args.interleave and mode == "sync"  # async: the workers would gain the plain steps' time
             parts: list[dict[str, float]] = [{} for _ in range(args.repeats)]
-            rounds = [one_round(opts, args.warmup, args.steps, clock, interleave, part) for part in parts]
+            rows: list[int] = []  # examples per round: -bs 32 unless the data holds fewer episodes
+            rounds = [one_round(opts, args.warmup, args.steps, clock, interleave, part, rows) for part in parts]
             ratios = [f / p for f, p, _ in rounds]
             worst = max(d for _, _, d in rounds)
             ratio = statistics.median(ratios)
             results[f"{name}_{mode}"] = ratio
-            per_ex = statistics.median(p for _, p, _ in rounds) / (args.steps * 32) * 1e6
+            per_ex = statistics.median(p / n for (_, p, _), n in zip(rounds, rows)) * 1e6
             how = ("cpu time, interleaved" if interleave else "cpu time") if mode == "sync" else "wall time"
             print(f"{name:<5} {mode:<6} framework/plain {ratio:6.3f}x  ({how}; "
                   f"plain loop {per_ex:7.1f} us/example; "
                   f"rounds {' '.join(f'{r:.3f}' for r in ratios)}; max weight diff {worst:.1e})", flush=True)
             if interleave:  # where a world step's time goes, per example, in the median round
                 k = min(range(len(ratios)), key=lambda i: abs(ratios[i] - ratio))
-                us = {key: v / (args.steps * 32) * 1e6 for key, v in parts[k].items()}
-                world_us, plain_us = rounds[k][0] / (args.steps * 32) * 1e6, rounds[k][1] / (args.steps * 32) * 1e6
+                us = {key: v / rows[k] * 1e6 for key, v in parts[k].items()}
+                world_us, plain_us = rounds[k][0] / rows[k] * 1e6, rounds[k][1] / rows[k] * 1e6
                 rest = world_us - us.get("engine", 0.0) - us.get("batchify", 0.0)
                 print(f"      per example: world step {world_us:.1f} us = engine train_step {us.get('engine', 0):.1f} "
                       f"(plain step {plain_us:.1f}) + batchify {us.get('batchify', 0):.1f} + the rest {rest:.1f} "
@@ -230,4 +245,6 @@ def measure(args: argparse.Namespace) -> dict[str, float]:
 
 
 if __name__ == "__main__":
-    main()
+    from accelbatch.cli import run_script
+
+    sys.exit(run_script(main))  # bad input (a task's file, an option): accelbatch's one line, exit 2

@@ -105,7 +105,7 @@ def measure(world: Any, seconds: float, warmup: int) -> tuple[float, float, floa
 
 def main(argv: list[str] | None = None) -> dict[str, float]:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--numthreads", type=int, default=2)
+    parser.add_argument("--numthreads", type=int, default=2, help="processes of the hogwild-N configuration (2+)")
     parser.add_argument("--batchsize", type=int, default=128)
     parser.add_argument("--optimizer", default="sgd", choices=("sgd", "adam", "adamw"),
                         help="sgd: the step is matrix work; adam adds a memory-bound pass over the weights")
@@ -113,20 +113,26 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     parser.add_argument("--seconds", type=float, default=4.0, help="measured seconds per config and round")
     parser.add_argument("--warmup", type=int, default=4)
     args = parser.parse_args(argv)
+    if args.numthreads < 2:  # hogwild-1 is measured anyway: N must differ from it
+        parser.error(f"--numthreads {args.numthreads}: give 2 or more (it is compared with 1 process)")
+    for option, value in (("--batchsize", args.batchsize), ("--rounds", args.rounds), ("--seconds", args.seconds)):
+        if value <= 0:
+            parser.error(f"{option} {value:g}: give a number above 0")
+    if args.warmup < 0:
+        parser.error(f"--warmup {args.warmup}: give 0 or more")
 
     from accelbatch.build import create_hogwild_world, create_world
 
     torch.set_num_threads(1)
     opts = Opts(task="babi:1", batchsize=args.batchsize, optimizer=args.optimizer, progress=False)
-    worlds = {
-        "single": create_world(opts, agent=WideMLPAgent),
-        "hogwild-1": create_hogwild_world(opts, agent=WideMLPAgent, processes=1),
-        f"hogwild-{args.numthreads}": create_hogwild_world(opts.replace(numthreads=args.numthreads),
-                                                           agent=WideMLPAgent),
-    }
-    params = sum(p.numel() for p in worlds["single"].get_model_agent().model.parameters())
-    runs: dict[str, list[tuple[float, float, float]]] = {name: [] for name in worlds}
-    try:
+    hog = f"hogwild-{args.numthreads}"
+    worlds: dict[str, Any] = {}
+    try:  # made inside: a world that fails to start still has the others shut down
+        worlds["single"] = create_world(opts, agent=WideMLPAgent)
+        worlds["hogwild-1"] = create_hogwild_world(opts, agent=WideMLPAgent, processes=1)
+        worlds[hog] = create_hogwild_world(opts.replace(numthreads=args.numthreads), agent=WideMLPAgent)
+        params = sum(p.numel() for p in worlds["single"].get_model_agent().model.parameters())
+        runs: dict[str, list[tuple[float, float, float]]] = {name: [] for name in worlds}
         for _ in range(args.rounds):
             for name, world in worlds.items():
                 runs[name].append(measure(world, args.seconds, args.warmup))
@@ -134,7 +140,6 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
         for world in worlds.values():
             world.shutdown()
     median = {name: statistics.median(r[0] for r in v) for name, v in runs.items()}
-    hog = f"hogwild-{args.numthreads}"
     print(f"hogwild scaling: WideMLP ({params / 1e6:.1f}M parameters, hidden {HIDDEN}), "
           f"batch {args.batchsize}, "
           f"{args.optimizer}, {args.rounds} rounds x {args.seconds:.0f}s, os.cpu_count()={os.cpu_count()}, "

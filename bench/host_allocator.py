@@ -66,6 +66,12 @@ def main(argv: list[str] | None = None) -> dict[str, dict[str, float]]:
     parser.add_argument("--epochs", type=int, default=2)
     parser.add_argument("--episodes", type=int, default=4000, help="dialogues episodes (bag, conv)")
     args = parser.parse_args(argv)
+    unknown = [name for name in args.workloads.split(",") if name not in WORKLOADS]
+    if unknown:
+        parser.error(f"--workloads: unknown {', '.join(unknown)}; choose from {', '.join(WORKLOADS)} (comma separated)")
+    for option in ("rounds", "epochs", "episodes"):
+        if getattr(args, option) < 1:
+            parser.error(f"--{option} {getattr(args, option)}: give 1 or more")
     print(f"== --host-allocator reuse vs system: accelbatch train, {args.rounds} alternating rounds each ==")
     results = {}
     for name in args.workloads.split(","):

@@ -80,14 +80,19 @@ def run(name: str, lengths: list[int], batchsize: int, buckets: int, truncate: i
     return waste
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--examples", type=int, default=20000)
     parser.add_argument("--batchsize", type=int, default=32)
     parser.add_argument("--buckets", type=int, default=8)
     parser.add_argument("--text-truncate", type=int, default=128)
     parser.add_argument("--label-truncate", type=int, default=-1, help="-1: as the text truncation")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
+    for option in ("examples", "batchsize", "buckets", "text_truncate"):
+        if getattr(args, option) < 1:
+            parser.error(f"--{option.replace('_', '-')} {getattr(args, option)}: give 1 or more")
+    if args.label_truncate < 1 and args.label_truncate != -1:
+        parser.error(f"--label-truncate {args.label_truncate}: give 1 or more, or -1 (as the text truncation)")
     results = {
         "dialogue": run(f"dialogue contexts (squashed, clipped at {args.text_truncate})",
                         dialogue_lengths(args.examples, args.text_truncate), args.batchsize, args.buckets,

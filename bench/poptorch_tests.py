@@ -13,7 +13,8 @@ PopTorch's internals, or a real emulator defect). Nothing is fetched and nothing
     .venv/bin/python bench/poptorch_tests.py --git-dir /work/.mirror/graphcore+poptorch/repo --ref sdk-release-3.3
     .venv/bin/python bench/poptorch_tests.py --poptorch-src ~/src/poptorch [--keep DIR] [-- -k rebatch]
 
-Exit status: 0 when every failure falls in an expected category, 1 when any is a real defect, 2 on bad input.
+Exit status: 0 when every failure falls in an expected category, 1 when any is a real defect, 2 on bad input
+or when the run passed ``--timeout``.
 """
 
 from __future__ import annotations
@@ -206,7 +207,16 @@ def _ended_by(signum: int, frame: object) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    signal.signal(signal.SIGTERM, _ended_by)  # a SIGTERM (timeout, a job's end) leaves no copy of PopTorch's files
+    # a SIGTERM (timeout, a job's end) leaves no copy of PopTorch's files; the caller's handler comes back after
+    previous = signal.signal(signal.SIGTERM, _ended_by)
+    try:
+        return _run(args)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _run(args: argparse.Namespace) -> int:
+    """Export the tests, run them, print the report; the exit status."""
     if args.git_dir is not None and not args.git_dir.is_dir():
         print(f"--git-dir: {args.git_dir} is not a directory", file=sys.stderr)
         return 2
@@ -218,7 +228,12 @@ def main(argv: list[str] | None = None) -> int:
             print(err, file=sys.stderr)
             return 2
         extra = [f"--timeout={args.test_timeout}", *args.pytest_args]
-        summary = run_pytest(workdir, extra, args.timeout)
+        try:
+            summary = run_pytest(workdir, extra, args.timeout)
+        except subprocess.TimeoutExpired:  # run() killed pytest; leaving the block removes the folder
+            print(f"--timeout: the pytest run passed {args.timeout:g} s and was stopped; give a larger --timeout "
+                  "or fewer tests (-- -k ...)", file=sys.stderr)
+            return 2
     print(report(summary))
     return 1 if REAL_DEFECT in summary.failures_by_category() else 0
 

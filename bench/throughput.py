@@ -20,7 +20,7 @@ Parts (``--parts``, comma separated; all by default):
 ``async``     bag at bs 32: ``--dataloader-mode async`` with 2 workers (vectorize + batchify in the workers)
               vs sync with the same 2 workers, and vs sync with everything in the main process; also the CPU
               per example of the main process and of the data processes (accessor + workers, from /proc), and
-              the ratio those allow on this machine's cores at best. All variants train the same weights.
+              the ratio those allow on this machine's cores at best.
 ``dynamic``   conv at bs 32: dynamic batching batchsort / full / buckets vs none, with the pad fraction (pad
               tokens over all tokens of the text tensors fed to the model; goal >= 1.8x, pad <= 0.05) and the
               rows per step; full and buckets use the default token budget, ParlAI's (text truncation + label
@@ -510,7 +510,15 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
         args.eval_episodes = min(args.eval_episodes, 600)
     args.repeats = args.repeats or (2 if args.quick else 5)
     args.min_seconds = args.min_seconds or (0.4 if args.quick else 1.5)
-    args.batchsizes = [int(b) for b in args.batchsizes.split(",") if b.strip()]
+    try:
+        sizes = [int(b) for b in args.batchsizes.split(",") if b.strip()]
+    except ValueError:
+        sizes = []
+    if not sizes or min(sizes) < 1:
+        parser.error(f"--batchsizes {args.batchsizes}: give batch sizes of 1 or more, comma separated")
+    args.batchsizes = sizes
+    if args.eval_episodes < 1:
+        parser.error(f"--eval-episodes {args.eval_episodes}: give 1 or more")
     torch.set_num_threads(1)
     args.now = CLOCKS[args.clock]
     parts = [p.strip() for p in args.parts.split(",") if p.strip()]
@@ -531,4 +539,6 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
 
 
 if __name__ == "__main__":
-    main()
+    from accelbatch.cli import run_script
+
+    sys.exit(run_script(main))  # bad input (a task's file, an option): accelbatch's one line, exit 2

@@ -64,12 +64,22 @@ def main(argv: list[str] | None = None) -> int:
     if args.syncs:
         if args.device != "cuda":
             parser.error("--syncs counts waits for a GPU: use it with --device cuda")
+        import torch
+
+        if not torch.cuda.is_available():  # checked here: count_syncs starts CUDA before the run would say why
+            from accelbatch.backends.cuda import cuda_unavailable_reason
+
+            parser.error(f"--syncs: {cuda_unavailable_reason()}; run it on a machine with a GPU")
         rc, sites = count_syncs(train_args)
+        if rc != 0:  # the run said why in one line; no count of a run that did not happen
+            return rc
         print(f"host waits for the GPU: {sum(sites.values())} at {len(sites)} call sites")
         for site, n in sites.most_common(15):
             print(f"{n:8d}  {site}")
         return rc
     rc, wall, text = profile(train_args, args.top)
+    if rc != 0:  # the run said why in one line; no profile of a run that did not happen
+        return rc
     print(f"accelbatch train on {args.device}: {wall:.2f} s under cProfile\n{text}")
     return rc
 

@@ -1,0 +1,264 @@
+"""The benchmark scripts' argument handling: bad input is one line and exit 2 before anything is measured, and
+nothing prints a result for work that did not run. In-process (the scripts' main() with argv lists)."""
+
+from __future__ import annotations
+
+import importlib.util
+import pathlib
+import re
+import runpy
+import signal
+import subprocess
+import sys
+from typing import Any
+
+import pytest
+import torch
+
+BENCH = pathlib.Path(__file__).resolve().parents[1] / "bench"
+
+
+@pytest.fixture
+def bench(monkeypatch):
+    """bench/<name>.py loaded as a module (bench/ is no package; framework_overhead imports throughput)."""
+    monkeypatch.syspath_prepend(str(BENCH))
+
+    def load(name: str) -> Any:
+        spec = importlib.util.spec_from_file_location(f"bench_script_{name}", BENCH / f"{name}.py")
+        module = importlib.util.module_from_spec(spec)
+        monkeypatch.setitem(sys.modules, spec.name, module)  # dataclasses look their module up
+        spec.loader.exec_module(module)
+        return module
+    return load
+
+
+def _usage_error(capsys, fn, *args: Any) -> str:
+    """Run ``fn(*args)``, which must end in argparse's exit 2; its error line (the one after the usage)."""
+    with pytest.raises(SystemExit) as exit_info:
+        fn(*args)
+    assert exit_info.value.code == 2
+    captured = capsys.readouterr()
+    errors = [line for line in captured.err.splitlines() if ": error: " in line]
+    assert len(errors) == 1, captured.err
+    return errors[0]
+
+
+# --- 1. cuda_throughput parses its arguments before measuring -------------------------------------------
+
+def test_cuda_throughput_help_and_unknown_options_measure_nothing(bench, monkeypatch, capsys):
+    module = bench("cuda_throughput")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)  # as on a GPU: main would measure
+
+    def measured(*_: Any, **__: Any) -> None:
+        raise AssertionError("measured")
+    for name in ("weights_vs_cpu", "measure_prefetch", "syncs_per_call", "measure_throughput"):
+        monkeypatch.setattr(module, name, measured)
+    with pytest.raises(SystemExit) as exit_info:
+        module.main(["--help"])
+    assert exit_info.value.code == 0 and "usage:" in capsys.readouterr().out
+    assert "--bogus" in _usage_error(capsys, module.main, ["--bogus"])
+
+
+# --- 2. train_profile prints nothing of a run that did not happen ------------------------------------------
+
+def test_train_profile_without_a_gpu_prints_no_profile(bench, monkeypatch, capsys):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    module = bench("train_profile")
+    assert module.main(["--device", "cuda", "--", "-t", "dialogues:10", "-m", "trivial", "-tstep", "2"]) == 2
+    out, err = capsys.readouterr()
+    assert "--device cuda" in err and len(err.strip().splitlines()) == 1
+    assert "under cProfile" not in out and "function calls" not in out
+    line = _usage_error(capsys, module.main, ["--device", "cuda", "--syncs", "--", "-t", "babi:1"])
+    assert "--syncs" in line and "GPU" in line
+
+
+# --- 3. cuda_check: unknown check names, a call where nothing would run, SIGTERM restored ---------------------
+
+def test_cuda_check_refuses_unknown_checks_and_runs_where_nothing_runs(bench, monkeypatch, capsys):
+    module = bench("cuda_check")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    before = signal.getsignal(signal.SIGTERM)
+    line = _usage_error(capsys, module.main, ["--no-tests", "--device", "cpu", "--only", "bogus"])
+    assert "--only" in line and "bogus" in line and all(name in line for name in module.CHECKS)
+    line = _usage_error(capsys, module.main, ["--no-tests"])  # the checks need a GPU; the tests are off
+    assert "--no-tests" in line and "nothing would run" in line and "--device cpu" in line
+    assert "--no-bench" in _usage_error(capsys, module.main, ["--no-tests", "--no-bench"])
+    assert signal.getsignal(signal.SIGTERM) is before
+
+
+# --- 4. framework_overhead: modes, explicit options over --quick, per-example time of the rows run ------------
+
+def test_framework_overhead_refuses_unknown_modes(bench, capsys):
+    module = bench("framework_overhead")
+    line = _usage_error(capsys, module.main, ["--modes", "sync,bogus"])
+    assert "--modes" in line and "bogus" in line and "sync, async" in line
+    assert "--steps" in _usage_error(capsys, module.main, ["--steps", "0"])
+
+
+def test_framework_overhead_explicit_steps_and_repeats_win_over_quick(bench, monkeypatch, capsys):
+    module = bench("framework_overhead")
+    calls = []
+
+    def fake_round(opts, warmup, steps, now, interleave=False, parts=None, rows=None):
+        calls.append(steps)
+        if rows is not None:
+            rows.append(steps * 32)
+        return 1.0, 1.0, 0.0
+    monkeypatch.setattr(module, "one_round", fake_round)
+    module.main(["--quick", "--steps", "7", "--repeats", "2", "--modes", "sync"])
+    assert calls == [7, 7, 7, 7]  # bag and conv, 2 rounds each, of the steps asked for
+    assert "(7 steps of bs 32, 2 rounds)" in capsys.readouterr().out
+
+
+def test_framework_overhead_time_per_example_counts_the_rows_the_world_ran(bench, monkeypatch, capsys):
+    """5 episodes: the world runs -bs 5 (it says so), so a step is 5 examples, not 32."""
+    module = bench("framework_overhead")
+    real_round, plain = module.one_round, []
+
+    def recording_round(*args: Any, **kwargs: Any):
+        result = real_round(*args, **kwargs)
+        plain.append(result[1])
+        return result
+    monkeypatch.setattr(module, "one_round", recording_round)
+    module.main(["--unique-texts", "5", "--modes", "sync", "--steps", "3", "--warmup", "1", "--repeats", "1"])
+    out, err = capsys.readouterr()
+    fitted = [int(n) for n in re.findall(r"using -bs (\d+)", err)]
+    shown = [float(x) for x in re.findall(r"plain loop\s+([\d.]+) us/example", out)]
+    assert fitted == [5, 5] and len(shown) == len(plain) == 2
+    for us, seconds in zip(shown, plain):
+        assert us == pytest.approx(seconds / (3 * 5) * 1e6, abs=0.06)
+
+
+# --- 5. bad values are one line each --------------------------------------------------------------------
+
+@pytest.mark.parametrize("argv, option", [(["--examples", "0"], "--examples"), (["--batchsize", "0"], "--batchsize"),
+                                          (["--buckets", "0"], "--buckets"),
+                                          (["--text-truncate", "0"], "--text-truncate")])
+def test_padding_refuses_values_below_one(bench, monkeypatch, capsys, argv, option):
+    module = bench("padding")
+    monkeypatch.setattr(sys, "argv", ["padding.py", *argv])
+    assert option in _usage_error(capsys, module.main)
+
+
+class _FakeWorld:
+    """Enough of a world for hogwild_scaling's loop: counts parleys and its shutdown calls."""
+
+    def __init__(self, worlds: list[_FakeWorld]):
+        self.exs = self.shutdowns = 0
+        worlds.append(self)
+
+    def parley(self) -> None:
+        self.exs += 4
+
+    def report(self) -> dict:
+        return {}
+
+    def get_total_exs(self) -> int:
+        return self.exs
+
+    def get_model_agent(self) -> Any:
+        return type("Agent", (), {"model": torch.nn.Linear(2, 2)})()
+
+    def shutdown(self) -> None:
+        self.shutdowns += 1
+
+
+@pytest.fixture
+def fake_worlds(monkeypatch) -> list[_FakeWorld]:
+    import accelbatch.build
+
+    worlds: list[_FakeWorld] = []
+    monkeypatch.setattr(accelbatch.build, "create_world", lambda *a, **k: _FakeWorld(worlds))
+    monkeypatch.setattr(accelbatch.build, "create_hogwild_world", lambda *a, **k: _FakeWorld(worlds))
+    return worlds
+
+
+@pytest.mark.parametrize("argv, option", [(["--rounds", "0"], "--rounds"), (["--numthreads", "0"], "--numthreads"),
+                                          (["--numthreads", "1"], "--numthreads")])
+def test_hogwild_scaling_refuses_bad_values_before_making_worlds(bench, fake_worlds, capsys, argv, option):
+    module = bench("hogwild_scaling")
+    assert option in _usage_error(capsys, module.main, argv)
+    assert fake_worlds == []
+
+
+# --- 6. hogwild_scaling: distinct configurations, every world shut down -----------------------------------
+
+def test_hogwild_scaling_compares_distinct_worlds_and_shuts_each_down(bench, fake_worlds, capsys):
+    module = bench("hogwild_scaling")
+    ratios = module.main(["--rounds", "1", "--seconds", "0.001", "--warmup", "0"])
+    assert len(fake_worlds) == 3 and [w.shutdowns for w in fake_worlds] == [1, 1, 1]
+    assert set(ratios) == {"vs_single", "vs_hogwild_1", "cpu_efficiency"}
+    assert "ratio hogwild-2 / hogwild-1" in capsys.readouterr().out
+
+
+def test_hogwild_scaling_shuts_down_the_worlds_made_before_one_failed(bench, fake_worlds, monkeypatch):
+    import accelbatch.build
+
+    def failing(*_: Any, **__: Any) -> None:
+        raise RuntimeError("the hogwild world did not start")
+    monkeypatch.setattr(accelbatch.build, "create_hogwild_world", failing)
+    with pytest.raises(RuntimeError, match="did not start"):
+        bench("hogwild_scaling").main(["--rounds", "1"])
+    assert len(fake_worlds) == 1 and fake_worlds[0].shutdowns == 1
+
+
+def test_host_allocator_refuses_unknown_workloads_and_no_rounds(bench, capsys):
+    module = bench("host_allocator")
+    line = _usage_error(capsys, module.main, ["--workloads", "bag,foo"])
+    assert "--workloads" in line and "foo" in line and "memnn" in line
+    assert "--rounds" in _usage_error(capsys, module.main, ["--rounds", "0"])
+
+
+def test_throughput_refuses_bad_batch_sizes_and_names_a_missing_task_file(bench, monkeypatch, capsys, tmp_path):
+    module = bench("throughput")
+    line = _usage_error(capsys, module.main, ["--parts", "overhead", "--batchsizes", "8,0", "--episodes", "20",
+                                              "--repeats", "1", "--min-seconds", "0.01"])
+    assert "--batchsizes" in line
+    missing = tmp_path / "missing.jsonl"
+    monkeypatch.setattr(sys, "argv", ["throughput.py", "--parts", "overhead", "--task", f"jsonl:{missing}",
+                                      "--repeats", "1", "--min-seconds", "0.01", "--batchsizes", "4"])
+    with pytest.raises(SystemExit) as exit_info:  # the script as run from the command line
+        runpy.run_path(str(BENCH / "throughput.py"), run_name="__main__")
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and str(missing) in err[0] and "no such file" in err[0]
+
+
+def test_poptorch_tests_timeout_is_one_line_and_removes_the_copy(bench, monkeypatch, capsys, tmp_path):
+    module = bench("poptorch_tests")
+    for name in module.TEST_FILES + module.SUPPORT_FILES:
+        (tmp_path / "src" / "tests").mkdir(parents=True, exist_ok=True)
+        (tmp_path / "src" / "tests" / name).write_text("")
+    workdirs = []
+
+    def timing_out(cmd, cwd=None, timeout=None, **_: Any):  # as subprocess.run once pytest passed --timeout
+        workdirs.append(pathlib.Path(cwd))
+        raise subprocess.TimeoutExpired(cmd, timeout)
+    monkeypatch.setattr(module.subprocess, "run", timing_out)
+    before = signal.getsignal(signal.SIGTERM)
+    assert module.main(["--poptorch-src", str(tmp_path / "src"), "--timeout", "2"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--timeout" in err[0] and "2 s" in err[0]
+    assert len(workdirs) == 1 and not workdirs[0].exists()
+    assert signal.getsignal(signal.SIGTERM) is before
+
+
+# --- 8. feeding: a warm-up batch, then --batches full batches --------------------------------------------
+
+def test_feeding_data_holds_a_warm_up_batch_and_the_full_timed_batches(bench):
+    module = bench("feeding")
+    from accelbatch.data import make_loader
+
+    batches, bs = 3, 4
+    messages = module.make_messages(module.rows_for(batches, bs))
+    with make_loader(messages, collate=module.CostlyCollate(0.0), training=False, batch_size=bs,
+                     num_workers=0) as loader:
+        rows = [batch.num_real for batch in loader]
+    assert rows == [bs] * (1 + batches)  # the warm-up batch, then the timed ones, all full
+    assert module.epoch_time([{}] * len(rows), 0.0, "sleep")[1] == batches  # the steps timed: the bound's
+
+
+def test_feeding_ratio_below_the_bound_is_not_met(bench):
+    module = bench("feeding")
+    assert module.verdict(0.97).startswith("below the bound") and "rerun" in module.verdict(0.97)
+    assert module.verdict(1.0) == module.verdict(1.10) == "met" and module.verdict(1.11) == "NOT met"
