@@ -158,13 +158,15 @@ class Opts:
                                      "(the same: planned batches lose no tail); never changes results")
     num_workers: int = _opt(0, "--num-workers", group="data", help="data worker processes")
     buffer_size: int = _opt(3, "--buffer-size", group="data", help="batches the async accessor keeps ready")
-    drop_last: bool = _opt(True, "--drop-last", group="data",
-                           help="with --dynamic-batching: leave out each pass's partial training batches "
-                                "(counted as dropped_exs); --no-drop-last trains them, as tails where their rows "
-                                "are not a multiple of D x R x G (micro-batches of -bs rows, more in a tail "
-                                "longer than the combined batch; at most D updates). "
-                                "Without --dynamic-batching rows run on into the next pass, no batch is "
-                                "partial and this option changes nothing", train_only=True)
+    drop_last: bool = _opt(True, "--drop-last", group="data", train_only=True,
+                           help="with --dynamic-batching: leave out each pass's partial training batches (counted "
+                                "as dropped_exs); --no-drop-last trains them, as tails where their rows are not a "
+                                "multiple of D x R x G (micro-batches of -bs rows, more in a tail longer than the "
+                                "combined batch; at most D updates). Without --dynamic-batching rows run on into "
+                                "the next pass, no batch is partial and this option changes nothing, but -dt "
+                                "train:ordered ends each pass with a partial batch (ParlAI's order): --no-drop-last "
+                                "runs it as a tail; --drop-last runs it if its rows are a multiple of D x R x G, "
+                                "else refuses it")
     data_timeout_s: float = _opt(60.0, "--data-timeout-s", group="data",
                                  help="seconds to wait for one batch from the data workers before failing")
 

@@ -78,6 +78,9 @@ def interactive(opts: Opts, candidates: str | None = None, stdin: TextIO | None 
                 out: TextIO | None = None) -> int:
     """Read messages (a prompt when stdin is a terminal), print the model's reply to each. ``[DONE]`` starts a
     new conversation, ``[EXIT]`` or the end of input stops. Returns the number of replies."""
+    if opts.model.startswith("torch:"):  # its batchify reads a dataset item's tensors, not typed text
+        raise OptionError(f"-m {opts.model}: interactive types text to the model, and a torch: model reads its "
+                          "dataset's tensors; see its replies with accelbatch display-model or eval -t TASK")
     if stdin is None and hasattr(sys.stdin, "reconfigure"):  # bytes that are not UTF-8 become U+FFFD
         sys.stdin.reconfigure(errors="replace")
     stdin, out = stdin or sys.stdin, out or sys.stdout

@@ -71,6 +71,9 @@ def loss_of(out: Mapping[str, torch.Tensor]) -> torch.Tensor:
     except (KeyError, TypeError):
         raise PlanError("the model's forward(batch) must return a dict with 'loss' (the mean loss over the "
                         "micro-batch's rows) when training") from None
+    if not isinstance(loss, torch.Tensor):  # e.g. loss.item(): no gradient flows through a number
+        raise PlanError(f"the model's (-m) 'loss' is a {type(loss).__name__}, not a tensor: return the loss "
+                        "tensor itself (not loss.item() or float(loss)); the gradient flows through it")
     if loss.dim() != 0:
         raise PlanError(f"the model's 'loss' has shape {tuple(loss.shape)}; it must be a scalar: the mean "
                         "loss over the micro-batch's rows")

@@ -182,3 +182,36 @@ class AutoEncoder(torch.nn.Module):
     def forward(self, x):
         out = self.linear(x)
         return out, F.mse_loss(out, x)
+
+
+# --- models and a collate that break the contract (tests/test_torch_task_errors.py) ---------------------
+
+
+class TupleOutputs(Classifier):
+    """forward returns ((logits, x), loss), and (logits, x) without a target: outputs that are not one tensor."""
+
+    def forward(self, x, target=None):
+        out = self.lin(x)
+        return (out, x) if target is None else ((out, x), F.cross_entropy(out, target))
+
+
+class DictOutputs(Classifier):
+    """forward returns ({"logits": out}, loss): a dict of outputs."""
+
+    def forward(self, x, target=None):
+        out = self.lin(x)
+        return {"logits": out} if target is None else ({"logits": out}, F.cross_entropy(out, target))
+
+
+class FloatLoss(Classifier):
+    """forward returns (outputs, loss.item()): a Python float, through which no gradient flows."""
+
+    def forward(self, x, target=None):
+        out = self.lin(x)
+        return out if target is None else (out, F.cross_entropy(out, target).item())
+
+
+def short_collate(items: list) -> tuple:
+    """Stacks all items but the last: one row fewer than the items."""
+    xs, ys = zip(*items[:-1])
+    return torch.stack(xs), torch.stack(ys)

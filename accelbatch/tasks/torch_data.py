@@ -119,6 +119,9 @@ class TorchDatasetTeacher(FixedTeacher):
 
     def setup_data(self) -> list[list[Message]]:
         task = self.opts.task
+        if self.opts.dynamic_batching != "none":  # it would measure the placeholder text below, not the items
+            raise OptionError(f"--dynamic-batching {self.opts.dynamic_batching}: -t {task}'s items are tensors with "
+                              "no text to measure (its batches are -bs items); leave --dynamic-batching out")
         factory = load(task, "-t", "dataset factory")
         split = split_of(self.opts.datatype)
         if not callable(factory):
@@ -181,19 +184,35 @@ class ModuleAdapter(torch.nn.Module):
             result = self.module(*inputs)
             if isinstance(result, (tuple, list)) and len(result) == 2 and isinstance(result[1], torch.Tensor) \
                     and result[1].dim() == 0:
-                return {"out": result[0], "loss": result[1]}
+                return {"out": self._rows(result[0], inputs, "forward(*inputs)", True), "loss": result[1]}
             if self.training:
                 raise OptionError(f"-m {type(self.module).__name__}: the items have no target (one part each), "
                                   f"and forward(*inputs) returned {type(result).__name__}, not (outputs, loss) "
                                   "with a 0-dim loss: to train without targets return the loss with the outputs; "
                                   "to train on targets make them each item's last part")
-            return {"out": result}
+            return {"out": self._rows(result, inputs, "forward(*inputs)", False)}
         result = self.module(*inputs, batch["target"])
         if not (isinstance(result, (tuple, list)) and len(result) == 2):
             raise OptionError(f"-m {type(self.module).__name__}: forward(*inputs, target) must return "
                               f"(outputs, loss), got {type(result).__name__}")
         outputs, loss = result
-        return {"out": outputs, "loss": loss}
+        if not isinstance(loss, torch.Tensor):  # loss.item(): training and evaluation read a tensor
+            raise OptionError(f"-m {type(self.module).__name__}: forward(*inputs, target) returned (outputs, loss) "
+                              f"with loss {_a(loss)}, not a tensor: return the loss tensor itself (not loss.item() "
+                              "or float(loss)); the gradient flows through it")
+        return {"out": self._rows(outputs, inputs, "forward(*inputs, target)", True), "loss": loss}
+
+    def _rows(self, outputs: Any, inputs: list[torch.Tensor], call: str, paired: bool) -> torch.Tensor:
+        """``outputs`` when it is one tensor of per-row outputs (dim 0: the batch's rows), as the engine splits
+        and returns them by row; anything else (a tuple, a dict, a 0-dim tensor) is an OptionError naming -m and
+        ``call`` (``paired``: it returned ``(outputs, loss)``)."""
+        rows = inputs[0].shape[0] if inputs and inputs[0].dim() else None
+        if isinstance(outputs, torch.Tensor) and outputs.dim() and rows in (None, outputs.shape[0]):
+            return outputs
+        got = f"a tensor of shape {tuple(outputs.shape)}" if isinstance(outputs, torch.Tensor) else _a(outputs)
+        raise OptionError(f"-m {type(self.module).__name__}: {call} returned {'(outputs, loss) with outputs ' * paired}"
+                          f"{got}; the outputs must be one tensor with a row per item (dim 0: {rows} rows here), "
+                          "e.g. the logits alone, not a tuple or dict")
 
 
 class TorchModelAgent(TorchAgent):
@@ -215,7 +234,14 @@ class TorchModelAgent(TorchAgent):
     def batchify(self, observations: list[Message]) -> dict[str, torch.Tensor]:
         items = [obs[ITEM] for obs in observations]
         if self.opts.collate:
-            return _as_batch(self._user_collate(items, observations), f"--collate {self.opts.collate}")
+            batch = _as_batch(self._user_collate(items, observations), f"--collate {self.opts.collate}")
+            odd = next((t for t in batch.values() if t.dim() == 0 or t.shape[0] != len(items)), None)
+            if odd is not None:  # rows scored against the wrong items, or a training batch of padding rows
+                rows = odd.shape[0] if odd.dim() else 0
+                raise OptionError(f"--collate {self.opts.collate} returned {rows} rows (a tensor of shape "
+                                  f"{tuple(odd.shape)}) for the {len(items)} {_items(observations)} of -t "
+                                  f"{self.opts.task}; return one row per item (dim 0 of every tensor)")
+            return batch
         if any(len(item) != len(items[0]) for item in items):
             odd = next(o for o, item in zip(observations, items) if len(item) != len(items[0]))
             raise OptionError(f"-t {self.opts.task}: item {odd[INDEX]} has {len(odd[ITEM])} parts, item "
@@ -279,6 +305,14 @@ def _as_batch(columns: Any, made_by: str) -> dict[str, torch.Tensor]:
     if target is not None:
         batch["target"] = target
     return batch
+
+
+def _items(observations: list[Message]) -> str:
+    """The batch's item indices: ``items 4..7`` when consecutive, else the first few (training shuffles)."""
+    indices = [obs[INDEX] for obs in observations]
+    if indices == list(range(indices[0], indices[0] + len(indices))):
+        return f"items {indices[0]}..{indices[-1]}"
+    return f"items {', '.join(map(str, indices[:6]))}{', ...' if len(indices) > 6 else ''}"
 
 
 def _first_mismatch(shapes: dict[int, tuple[int, ...]]) -> tuple[int, int]:

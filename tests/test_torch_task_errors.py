@@ -1,0 +1,109 @@
+"""A plain PyTorch user's mistakes with -t torch:... -m torch:...: each is one line naming the option (-t, -m,
+--collate, --dynamic-batching) and what to do, never a traceback or silently wrong numbers
+(tests/torch_task.py is the user's code)."""
+
+from __future__ import annotations
+
+import io
+import json
+import math
+
+import pytest
+import torch
+import torch_task
+from accelbatch.backends.engine import loss_of
+
+from accelbatch.cli import main
+from accelbatch.opts import build_parser
+from accelbatch.plan import PlanError
+
+TASK, MODEL = "torch:torch_task:make_dataset", "torch:torch_task:Classifier"
+COMMON = ["-t", TASK, "--no-progress", "-veps", "-1", "--eval-splits", ""]
+
+
+def _one_line_error(capsys, argv: list[str]) -> str:
+    """The run of ``argv`` ends with exit code 2 and one line on stderr: that line."""
+    rc = main(argv)
+    err = capsys.readouterr().err
+    assert rc == 2 and err.count("\n") == 1, err
+    return err
+
+
+@pytest.mark.parametrize("mode", ["full", "buckets", "batchsort"])
+def test_dynamic_batching_of_a_torch_task_is_refused_before_any_step(tmp_path, capsys, mode):
+    """Its items have no text: batching by the placeholder text would size batches by nothing the model sees."""
+    report = tmp_path / "r.json"
+    err = _one_line_error(capsys, ["train", *COMMON, "-m", MODEL, "-bs", "4", "-tstep", "3",
+                                   "--dynamic-batching", mode, "--report-json", str(report)])
+    assert f"--dynamic-batching {mode}: -t {TASK}'s items" in err and "leave --dynamic-batching out" in err
+    assert not report.exists()  # no step ran
+
+
+@pytest.mark.parametrize("verb, model, task, says", [
+    ("train", "TupleOutputs", TASK, "forward(*inputs, target) returned (outputs, loss) with outputs a tuple"),
+    ("train", "DictOutputs", TASK, "forward(*inputs, target) returned (outputs, loss) with outputs a dict"),
+    ("eval", "DictOutputs", TASK, "forward(*inputs, target) returned (outputs, loss) with outputs a dict"),
+    ("eval", "TupleOutputs", "torch:torch_task:make_inputs_only", "forward(*inputs) returned a tuple"),
+], ids=str)
+def test_outputs_that_are_not_one_tensor_of_rows_are_one_line_naming_m(capsys, verb, model, task, says):
+    argv = [verb, "-t", task, "-m", f"torch:torch_task:{model}", "-bs", "4"]
+    err = _one_line_error(capsys, argv + (["-tstep", "2", "--no-progress", "-veps", "-1"] if verb == "train" else []))
+    assert f"-m {model}: {says}; the outputs must be one tensor with a row per item (dim 0: 4 rows here)" in err
+
+
+@pytest.mark.parametrize("verb", ["train", "eval"])
+def test_a_collate_giving_other_rows_than_items_is_one_line_naming_collate(capsys, verb):
+    """Training would take padding rows into the loss, evaluation score rows against the wrong items."""
+    bs = 4
+    argv = [verb, "-t", TASK, "-m", MODEL, "-bs", str(bs), "--collate", "torch_task:short_collate"]
+    err = _one_line_error(capsys, argv + (["-tstep", "2", "--no-progress", "-veps", "-1"] if verb == "train" else []))
+    assert (f"--collate torch_task:short_collate returned {bs - 1} rows (a tensor of shape ({bs - 1}, 4)) for the "
+            f"{bs} items ") in err and "return one row per item" in err
+    if verb == "eval":  # evaluation serves the items in order: the first batch
+        assert f"items 0..{bs - 1} of -t {TASK}" in err
+
+
+def test_loss_of_refuses_a_number_for_the_loss():
+    with pytest.raises(PlanError, match=r"'loss' is a float, not a tensor: return the loss tensor itself"):
+        loss_of({"loss": 0.25})
+    loss = torch.tensor(0.25, requires_grad=True)
+    assert loss_of({"loss": loss}) is loss
+
+
+@pytest.mark.parametrize("verb", ["train", "eval"])
+def test_a_loss_returned_as_a_float_is_one_line_naming_m(capsys, verb):
+    argv = [verb, "-t", TASK, "-m", "torch:torch_task:FloatLoss", "-bs", "4"]
+    err = _one_line_error(capsys, argv + (["-tstep", "2", "--no-progress", "-veps", "-1"] if verb == "train" else []))
+    assert "-m FloatLoss: forward(*inputs, target) returned (outputs, loss) with loss a float, not a tensor" in err
+
+
+def test_interactive_refuses_a_torch_model_in_one_line(tmp_path, monkeypatch, capsys):
+    model_file = tmp_path / "m.pt"
+    assert main(["train", *COMMON, "-m", MODEL, "-bs", "4", "-tstep", "1", "-mf", str(model_file)]) == 0
+    capsys.readouterr()
+    monkeypatch.setattr("sys.stdin", io.StringIO("hello\n"))
+    err = _one_line_error(capsys, ["interactive", "-t", TASK, "-m", MODEL, "-mf", str(model_file)])
+    assert f"-m {MODEL}: interactive types text to the model" in err and "display-model" in err
+
+
+def _train_exs(tmp_path, capsys, *extra: str) -> int:
+    report = tmp_path / "r.json"
+    assert main(["train", *COMMON, "-m", MODEL, "-dt", "train:ordered", "-bs", "4", "--report-json", str(report),
+                 *extra]) == 0, capsys.readouterr().err
+    return json.loads(report.read_text())["train"]["exs"]
+
+
+def test_drop_last_help_tells_what_an_ordered_pass_ends_with(tmp_path, capsys):
+    """The help's claims, checked: with train:ordered a pass of 37 items ends in a partial batch, trained with
+    D=1 either way; with D=2 (8 rows a call, 5 left) --no-drop-last runs it as a tail, --drop-last refuses it."""
+    text = next(a.help for a in build_parser()._actions if "--drop-last" in a.option_strings)
+    assert "train:ordered ends each pass with a partial batch" in text and "--no-drop-last runs it as a tail" in text
+    items = torch_task.SIZES["train"]
+    steps = math.ceil(items / 4)
+    assert _train_exs(tmp_path, capsys, "-tstep", str(steps), "--drop-last") == items
+    assert _train_exs(tmp_path, capsys, "-tstep", str(steps), "--no-drop-last") == items
+    calls = math.ceil(items / 8)
+    assert _train_exs(tmp_path, capsys, "-di", "2", "-tstep", str(calls), "--no-drop-last") == items
+    err = _one_line_error(capsys, ["train", *COMMON, "-m", MODEL, "-dt", "train:ordered", "-bs", "4", "-di", "2",
+                                   "-tstep", str(calls), "--drop-last"])
+    assert f"batch dimension ({items % 8})" in err
