@@ -26,6 +26,7 @@ from accelbatch.metrics import combine_reports
 from accelbatch.model_opts import agent_name, write_model_opts
 from accelbatch.optimizers import learning_rates, set_learning_rates
 from accelbatch.opts import OptionError, Opts
+from accelbatch.progress_bar import postfix, progress_bar
 from accelbatch.report_merge import from_sums, to_sums
 from accelbatch.report_table import MetricsLog, json_ready
 from accelbatch.run_control import ModelFileLock, PeriodicSaver, StopSignals, check_output_paths
@@ -223,11 +224,9 @@ def _train(world: World, opts: Opts, log: MetricsLog, runtime: Runtime, stop: St
         next_validation = resumed.get("next_validation", next_validation)
         before_resume = resumed.get("train_metrics", {})
     saver = PeriodicSaver(opts.save_every_n_secs)
-    bar = log.progress = _progress(opts, target_exs) if main else None
+    bar = log.progress = progress_bar(opts, target_exs) if main else None
     if bar is not None and state.exs:
         bar.update(state.exs)
-    last_log, window_exs, window_start = time.monotonic(), 0, time.monotonic()
-    window_data = getattr(world, "data_time_s", 0.0)
     logged: dict[str, float] = {}  # the world's metrics (cumulative: never reset in training) at the last log
 
     def valid_world_made() -> World:
@@ -236,9 +235,13 @@ def _train(world: World, opts: Opts, log: MetricsLog, runtime: Runtime, stop: St
         return made
 
     valid_world: World | None = None
+    reading = time.monotonic()
     if next_validation < math.inf or opts.validation_every_n_secs > 0:  # bad valid data fails now, not an epoch on
         valid_world = valid_world_made()
     teachers = _eval_teachers(opts, {"valid"} if valid_world is not None else set())  # their data fails now too
+    state.started += time.monotonic() - reading  # reading the evaluation data is not training time (-ttim)
+    last_log, window_exs, window_start = time.monotonic(), 0, time.monotonic()
+    window_data = getattr(world, "data_time_s", 0.0)
     last_validation = time.monotonic()
     stop_reason = "num_epochs"
 
@@ -267,7 +270,7 @@ def _train(world: World, opts: Opts, log: MetricsLog, runtime: Runtime, stop: St
         log.write({"split": "train", **position(), "exs_per_s": round(speed, 1),
                    "data_wait_share": round(wait_share, 4), **window})
         if bar is not None:
-            bar.set_postfix(_postfix(window, speed, wait_share))
+            bar.set_postfix(postfix(window, speed, wait_share))
         last_log, window_exs, window_start, window_data = now, 0, now, data_time
 
     def trained() -> dict[str, float]:
@@ -404,7 +407,8 @@ def _eval_opts(opts: Opts, split: str) -> Opts:
     """Options of an evaluation inside training: in this process even when training is hogwild (the
     model is shared, so this sees the latest weights without starting processes); a train split in eval
     mode (each example once, in order: the train datatype repeats its data and trains on it)."""
-    return opts.replace(datatype=eval_datatype(split), numthreads=1)
+    streamed = "stream" in opts.datatype and "stream" not in split  # as ParlAI's eval worlds: read as trained
+    return opts.replace(datatype=eval_datatype(split) + (":stream" if streamed else ""), numthreads=1)
 
 
 def _eval_teachers(opts: Opts, checked: set[str]) -> dict[str, Teacher | None]:
@@ -470,26 +474,6 @@ def _save(model: Agent, opts: Opts) -> None:
     if saves_itself(model):
         model.save(opts.model_file)  # type: ignore[attr-defined]
         write_model_opts(opts.model_file, opts, agent_name(model, opts))
-
-
-def _progress(opts: Opts, total: float) -> Any:
-    """The train bar (tqdm), or None: --no-progress, or by default where stderr is not a terminal (a log
-    file would collect every redraw)."""
-    if not (opts.progress or (opts.progress is None and sys.stderr.isatty())):
-        return None
-    from tqdm import tqdm
-
-    return tqdm(total=None if math.isinf(total) else int(total), unit="ex", dynamic_ncols=True,
-                file=sys.stderr, desc="train")
-
-
-def _postfix(report: dict[str, float], speed: float, wait_share: float) -> dict[str, str]:
-    """Progress-bar fields; 'data' is the share of time the model waited for its inputs."""
-    out = {"ex/s": f"{speed:,.0f}", "data": f"{wait_share:.0%}"}
-    for key in ("loss", "accuracy"):
-        if key in report:
-            out[key] = f"{report[key]:.4f}"
-    return out
 
 
 def _finish(report: dict[str, Any], opts: Opts) -> dict[str, Any]:

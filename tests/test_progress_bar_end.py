@@ -39,10 +39,10 @@ def test_the_bar_ends_at_the_reported_examples(tmp_path, threads):
                                                     (False, True, False)])
 def test_the_bar_option_against_whether_stderr_is_a_terminal(monkeypatch, given, terminal, drawn):
     from accelbatch.opts import Opts
-    from accelbatch.run import _progress
+    from accelbatch.progress_bar import progress_bar
 
     monkeypatch.setattr(sys.stderr, "isatty", lambda: terminal, raising=False)
-    bar = _progress(Opts(progress=given), 100)
+    bar = progress_bar(Opts(progress=given), 100)
     assert (bar is not None) == drawn
     if bar is not None:
         bar.close()
