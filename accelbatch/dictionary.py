@@ -20,7 +20,7 @@ _WORD = str.maketrans({c: " " for c in ".,?!;:\"'()"})
 _ASCII_WORD = bytes.maketrans(b".,?!;:\"'()\x1c\x1d\x1e\x1f", b" " * 14)
 
 MAX_WORDS = 1 << 18  # cached word ids (~120 bytes each with the word: about 30 MB at the bound)
-MAX_IDS = 1 << 22  # ids held by the text caches (about 13 bytes each with their tuples and entries: ~53 MB)
+MAX_IDS = 1 << 22  # ids held by the text caches: ~13 bytes each, + ~135 per text (55 MB long texts, 290 one-word)
 
 
 def tokenize(text: str) -> list[str]:
