@@ -48,7 +48,7 @@ def test_a_streamed_training_validates_and_tests_streamed_with_the_same_metrics(
     made = _datatypes_of_worlds(monkeypatch)
     opts = _opts(data, datatype="train:stream")
     streamed = ab.run(ab.create_world(opts), opts)
-    assert sorted(set(made)) == ["test:stream", "valid:stream"]  # the file is read as training read it, not loaded whole
+    assert sorted(set(made)) == ["test:stream", "valid:stream"]  # read as training read the file, not loaded
     for split in ("valid", "test"):
         assert {k: v for k, v in streamed[split].items() if k != "time_s"} == \
             {k: v for k, v in loaded[split].items() if k != "time_s"}
