@@ -317,12 +317,6 @@ class TorchAgent(Agent):
         if training and _leading(batch) != len(observations):
             raise ValueError(f"a training batch has {_leading(batch)} rows but {len(observations)} examples: "
                              "padding rows would enter the loss; train with --drop-last (the default)")
-        plan = getattr(self.engine, "plan", None)
-        if training and plan is not None and plan.drop_last and _leading(batch) % plan.factor:
-            raise OptionError(f"--drop-last: a training batch of {_leading(batch)} rows (the partial batch that ends a "
-                              f"-dt train:ordered pass), which -di x -rf x -ga = {plan.factor} does not divide; "
-                              "train it as a tail with --no-drop-last, or use -dt train (its rows run on into the next "
-                              "pass)")
         result = self.engine.train_step(batch) if training else self.engine.eval_step(batch)
         if result.extras.get("skipped_updates"):
             self.metrics.add("skipped_updates", result.extras["skipped_updates"])

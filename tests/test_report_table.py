@@ -93,7 +93,7 @@ def test_the_progress_bar_is_closed_when_training_fails(monkeypatch):
             self.closed += 1
 
     bar = Bar()
-    monkeypatch.setattr(run_module, "_progress", lambda opts, total: bar)
+    monkeypatch.setattr(run_module, "progress_bar", lambda opts, total: bar)
 
     class Fails(TrivialAgent):
         calls = 0
