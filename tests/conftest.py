@@ -56,13 +56,3 @@ def _processes_are_marked(request, monkeypatch):
         pytest.fail(f"{request.node.nodeid} starts processes ({started[0]}, ...) but is not marked "
                     "@pytest.mark.multiprocess", pytrace=False)
 
-
-def pytest_collection_modifyitems(config, items):
-    """Under pytest-xdist (`-n 2 --dist loadgroup`, as .ci/test runs), the tests that start processes run one
-    after another on one worker, beside the in-process tests on the other: two of them at once would share
-    the cores their children count on (timeouts, hogwild interleaving)."""
-    if not config.pluginmanager.hasplugin("xdist"):
-        return
-    for item in items:
-        if item.get_closest_marker("multiprocess") is not None:
-            item.add_marker(pytest.mark.xdist_group("processes"))
