@@ -188,7 +188,8 @@ class FixedTeacher(Teacher):
             layout = serving.layout if serving.layout and len(serving.layout[1]) == serving.rows else None
             schedule = RowSchedule(table, layout[0] if layout else serving.rows, order, loop=self.cycles,
                                    pad=self.store.pad, serve=layout[1] if layout else None)
-            serving.feed = (PassFeed if self.training and not self.cycles else RowFeed)(schedule, self.store.gather)
+            feed = PassFeed if self.training and not self.cycles else RowFeed
+            serving.feed = feed(schedule, self.store.gather, self.store.example_bytes)
         return serving.feed
 
     def act(self) -> Message:

@@ -31,6 +31,7 @@ from accelbatch.metrics import AnswerTable
 from accelbatch.tasks.files import DataFileError, FileIndex
 
 PADDING = FrozenMessage({EPISODE_DONE: True})
+CACHE_BYTES = 8 << 20  # of a streamed file's text, kept parsed (FileStore)
 
 
 def prepare(turn: dict, speaker: str, training: bool, last: bool) -> FrozenMessage:
@@ -159,6 +160,7 @@ class Store:
     table: EpisodeTable
     speaker: str
     answers: AnswerTable  # the distinct answers of the examples served so far, by id
+    example_bytes = 0.0  # file bytes read per example served, on average (0: held in memory)
 
     @property
     def pad(self) -> int:
@@ -237,7 +239,10 @@ class FileStore(Store):
         self.index, self.speaker, self.training = index, speaker, training
         self.table = EpisodeTable.of_lengths(index.turns)
         self.answers = AnswerTable()
-        self._read = lru_cache(maxsize=4096)(self._read_episode)
+        self.example_bytes = index.size / max(1, self.table.num_examples)
+        # parsed episodes kept for the turns that follow: up to 4,096, and about CACHE_BYTES of the file
+        episode_bytes = index.size / max(1, self.table.num_episodes)
+        self._read = lru_cache(maxsize=max(64, min(4096, int(CACHE_BYTES / episode_bytes))))(self._read_episode)
 
     def __getstate__(self) -> dict[str, Any]:  # data workers get the index, not the cache
         return {"index": self.index, "speaker": self.speaker, "training": self.training}
@@ -270,6 +275,7 @@ class ConcatStore(Store):
     def __init__(self, stores: Sequence[Store]):
         self.stores = list(stores)
         self.speaker = self.stores[0].speaker
+        self.example_bytes = max(s.example_bytes for s in self.stores)
         self.answers = AnswerTable()
         self._global: list[list[int]] = [[] for _ in self.stores]  # per task: its answer ids -> ours
         self.offsets = np.cumsum([0] + [s.pad for s in self.stores]).astype(np.int64)

@@ -31,6 +31,7 @@ from accelbatch.data.batching import Batch, BatchingConfig
 
 Order = Callable[[int], np.ndarray]
 BLOCK_ELEMENTS = 1 << 16  # flat indices a RowFeed lays out at once (steps x rows)
+BLOCK_BYTES = 8 << 20  # and of a file read on demand, at most about this much of its text
 
 
 @dataclass(frozen=True)
@@ -293,13 +294,16 @@ class RowFeed:
 
     ``gather`` maps a laid-out block of flat indices to columns of the same shape (e.g. the examples and
     their answers, as object arrays: one C gather per block rather than a Python lookup per row); each step
-    reads one row of each column. The rows stand at step ``base`` plus their own count of steps taken alone
-    (``ahead``: clones acting one by one stay within a step of each other). ``state_dict`` is the rows' steps
+    reads one row of each column. ``example_bytes``: what gathering one example reads from a file on
+    average (0: the examples are in memory); a block then holds about :data:`BLOCK_BYTES` of a file's text,
+    so a streamed file of large examples is parsed a few megabytes at a time. The rows stand at step
+    ``base`` plus their own count of steps taken alone (``ahead``: clones acting one by one stay within a
+    step of each other). ``state_dict`` is the rows' steps
     with the table's digest, so that a position taken on other data (or shard, or rows per step) is refused.
     """
 
-    def __init__(self, schedule: RowSchedule, gather: Gather = _indices):
-        self.schedule, self.gather = schedule, gather
+    def __init__(self, schedule: RowSchedule, gather: Gather = _indices, example_bytes: float = 0.0):
+        self.schedule, self.gather, self.example_bytes = schedule, gather, example_bytes
         self._base = 0
         self._ahead: list[int] | None = None  # per row, steps taken beyond base (None: all rows at base)
         self._columns: list[Any] = []
@@ -320,6 +324,8 @@ class RowFeed:
         # epochs for an example) a block spans few epochs' worth of examples instead
         examples = self.schedule.table.num_examples
         steps = max(16, min(4096, BLOCK_ELEMENTS // self.rows, 4 * -(-examples // self.rows)))
+        if self.example_bytes:
+            steps = max(1, min(steps, int(BLOCK_BYTES / (self.example_bytes * self.rows))))
         block = self.schedule.block(steps)
         # an object column becomes one flat list (step after step: a step is one slice, no Python object made
         # per row), a numeric one stays an array (a step is a row view: no int object per row either)
