@@ -5,7 +5,8 @@ to ``1 + crc32(word) % (vocab_size - 1)``, 0 being padding). :class:`HashDiction
 faster: an ASCII text is lower-cased, split and hashed as bytes with every step in C (``map`` over
 ``zlib.crc32``: no Python code and no lookup per word), another text's words go through a word -> id
 cache, and texts are kept whole (label candidates recur in every batch; every text recurs each epoch). Both
-caches are bounded (``max_words`` words, ``max_ids`` ids held for texts): past the bound, new entries are
+caches are bounded (``max_words`` words; texts up to ``max_ids`` ids, each text also counting its own cost
+as :data:`TEXT_COST_IDS` ids, so the bound is one of memory however short the texts): past it, new entries are
 computed every time and not stored, so an open vocabulary costs time, never unbounded memory. The ids never
 depend on the caches.
 """
@@ -20,7 +21,8 @@ _WORD = str.maketrans({c: " " for c in ".,?!;:\"'()"})
 _ASCII_WORD = bytes.maketrans(b".,?!;:\"'()\x1c\x1d\x1e\x1f", b" " * 14)
 
 MAX_WORDS = 1 << 18  # cached word ids (~120 bytes each with the word: about 30 MB at the bound)
-MAX_IDS = 1 << 22  # ids held by the text caches: ~13 bytes each, + ~135 per text (55 MB long texts, 290 one-word)
+MAX_IDS = 1 << 22  # what the text caches hold, in ids (~13 bytes each): about 55 MB at the bound
+TEXT_COST_IDS = 10  # a cached text's own cost (its key and tuple, ~135 bytes) counted in ids
 
 
 def tokenize(text: str) -> list[str]:
@@ -49,7 +51,7 @@ class HashDictionary:
         self.vocab_size = vocab_size
         self.max_words = max_words
         self.max_ids = max_ids
-        self.held_ids = 0  # ids held by the text caches (a text counts its ids + 1)
+        self.held_ids = 0  # held by the text caches, in ids (a text counts its ids + TEXT_COST_IDS)
         self._words: dict[str, int] = {}  # words of non-ASCII texts
         self._texts: dict[int, dict[str, tuple[int, ...]]] = {}  # keep (+last words, -first words) -> cache
         # id - 1 -> id: the cached tuples share one int object per id (8 bytes a word held, not 36)
@@ -112,9 +114,10 @@ class HashDictionary:
         return tuple(out)
 
     def _store(self, cache: dict[str, tuple[int, ...]], text: str, ids: tuple[int, ...]) -> None:
-        if self.held_ids + len(ids) < self.max_ids:
+        cost = len(ids) + TEXT_COST_IDS
+        if self.held_ids + cost <= self.max_ids:
             cache[text] = ids
-            self.held_ids += len(ids) + 1
+            self.held_ids += cost
 
     def _word_id(self, word: str) -> int:
         """A word's id, stored while fewer than ``max_words`` are."""

@@ -13,7 +13,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from accelbatch.dictionary import HashDictionary
+from accelbatch.dictionary import MAX_IDS, TEXT_COST_IDS, HashDictionary
 from accelbatch.messages import Message
 from accelbatch.models.bag import MAX_CANDIDATE_WORDS, VOCAB, BagAgent, pad_rows
 from accelbatch.models.conv import ConvAgent
@@ -97,7 +97,7 @@ def test_dialogue_batches_equal_the_reference_twice(cls):
 
 
 def test_full_caches_still_give_the_same_ids():
-    small = HashDictionary(VOCAB, max_words=3, max_ids=8)
+    small = HashDictionary(VOCAB, max_words=3, max_ids=8 + 2 * TEXT_COST_IDS)  # room for 2 short texts
     texts = ["Älpha beta, gamma delta", "epsilon zeta", "éta theta iota", "alpha"]  # two through the word cache
     for _ in range(2):
         for text in texts:
@@ -172,14 +172,15 @@ def test_world_trains_the_weights_of_reference_batches(model):
 
 
 def test_text_caches_keep_truncations_apart_and_stay_in_bounds():
-    d = HashDictionary(VOCAB, max_ids=12)
+    bound = 12 + 3 * TEXT_COST_IDS
+    d = HashDictionary(VOCAB, max_ids=bound)
     text = "one two three four five"
     for _ in range(2):
         assert d.text_ids(text, 2) == ref_ids(text)[-2:]
         assert d.text_ids(text) == d.text_ids(text, -1) == ref_ids(text)
         assert d.short_texts_ids([text], 2)[0] == ref_ids(text)[:2]
         assert d.short_texts_ids([text], 0)[0] == []
-    assert d.held_ids <= 12 and d.cached()[1] == 3
+    assert d.held_ids <= bound and d.cached()[1] == 3
 
 
 def test_label_index_in_candidates_of_any_sequence():
@@ -251,9 +252,27 @@ def test_texts_hashed_as_ascii_bytes_or_word_by_word_get_the_reference_ids(texts
 def test_a_history_gets_the_ids_of_its_whole_text_line_by_line(turns, keep_last):
     """A text of several lines takes each line's ids from the cache (the turns met before) and joins them:
     the reference ids of the whole text, truncated to its last ``keep_last`` words."""
-    d = HashDictionary(VOCAB, max_ids=40)  # small: some lines and histories are not kept
+    d = HashDictionary(VOCAB, max_ids=100)  # small: some lines and histories are not kept
     for end in range(1, len(turns) + 1):  # the history as it grows, turn by turn
         text = "\n".join(turns[:end])
         want = ref_ids(text)
         assert d.text_ids(text, keep_last) == (want[-keep_last:] if 0 < keep_last < len(want) else want)
         assert d.text_ids(text) == want
+
+
+@pytest.mark.parametrize("words", [1, 10])
+def test_the_text_caches_memory_is_bounded_however_short_the_texts(words):
+    """At the bound the caches hold about 13 bytes per id of ``max_ids`` (55 MB at MAX_IDS), one-word texts
+    too: each text's own key and tuple count against the bound (measured with tracemalloc)."""
+    import tracemalloc
+
+    bound = 1 << 15
+    d = HashDictionary(VOCAB, max_ids=bound)
+    tracemalloc.start()
+    for i in range(2 * bound // (words + 1)):  # more texts than the bound holds, counting 1 per text or more
+        d.text_ids(" ".join(f"w{i}x{j}" for j in range(words)))
+    held, _ = tracemalloc.get_traced_memory()
+    tracemalloc.stop()
+    assert d.held_ids <= bound and d.cached()[1] > 0
+    assert held <= 16 * bound, f"{held / bound:.0f} bytes per id of the bound; {MAX_IDS} ids would hold " \
+                               f"{held / bound * MAX_IDS / 2**20:.0f} MB"
