@@ -86,7 +86,8 @@ class Opts:
                                                    "(default: min for loss, max otherwise)")
     validation_max_exs: int = _opt(-1, "-vme", "--validation-max-exs", train_only=True,
                                    help="validations during training stop after the step that reaches this "
-                                        "many examples (the final evaluation scores all; -1: all)")
+                                        "many examples, several tasks sharing them equally (the final "
+                                        "evaluation scores all; -1: all)")
     validation_cutoff: float = _opt(-1.0, "-vcut", "--validation-cutoff", train_only=True,
                                     help="stop training once the validation metric reaches this (-1: never)")
     eval_splits: str = _opt("valid,test", "--eval-splits", train_only=True,

@@ -436,8 +436,10 @@ def _validate(world: World, opts: Opts, log: MetricsLog, state: TrainState, mode
     metric = report.get(opts.validation_metric)
     if metric is None:
         known = ", ".join(k for k, v in report.items() if isinstance(v, (int, float)) and k != "time_s")
+        capped = (f" (-vme/--validation-max-exs {opts.validation_max_exs} may have left its task unscored: raise "
+                  "it)") if opts.validation_max_exs > 0 and "/" in opts.validation_metric else ""
         raise OptionError(f"-vmt/--validation-metric {opts.validation_metric}: the valid report has no such "
-                          f"metric; choose one of {known}")
+                          f"metric{capped}; choose one of {known}")
     state.last_valid = metric
     value = -metric if metric_mode(opts) == "min" else metric
     if value > state.best:

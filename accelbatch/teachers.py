@@ -184,7 +184,8 @@ class FixedTeacher(Teacher):
         serving = self.serving
         if serving.feed is None:
             table = self.store.table.shard(*serving.shard)
-            order = make_order(table, shuffles(self.datatype), self.opts.seed)
+            capped = not self.training and self.opts.get("validation_max_exs", -1) > 0
+            order = make_order(table, shuffles(self.datatype), self.opts.seed, balance_tasks=capped)
             layout = serving.layout if serving.layout and len(serving.layout[1]) == serving.rows else None
             schedule = RowSchedule(table, layout[0] if layout else serving.rows, order, loop=self.cycles,
                                    pad=self.store.pad, serve=layout[1] if layout else None)

@@ -35,6 +35,7 @@ class LoaderConfig:
     static_rows: bool = False       # pad partial fixed-row batches with padding rows to batch_size
     token_count: str = "padded"     # 'full': budget counts rows x longest ('padded') or the sum ('words')
     seq_keys: tuple[str, ...] = ("text_vec",)
+    validation_max_exs: int = -1    # > 0: an evaluation capped at this many examples interleaves its tasks
     timeout_s: float = 60.0
 
     def __post_init__(self) -> None:

@@ -129,10 +129,33 @@ class PassOrder:
         return repr(self.order)  # a position's key; the pass is kept beside it
 
 
-def make_order(table: EpisodeTable, shuffle: bool, seed: int) -> Order:
+@dataclass(frozen=True, eq=False)
+class TaskBalancedOrder:
+    """Several tasks evaluated under a cap on examples (``-vme``): each task's episodes in data order, the
+    next episode always from the task that has served the fewest examples so far (ties: the first task), so
+    a capped evaluation scores every task about equally, as ParlAI's one capped world per task does."""
+
+    turns: np.ndarray
+    tasks: tuple[int, ...]
+
+    def __call__(self, epoch: int) -> np.ndarray:
+        task = np.repeat(np.arange(len(self.tasks)), self.tasks)
+        bounds = np.concatenate([[0], np.cumsum(self.tasks)])
+        served = np.cumsum(self.turns) - self.turns  # examples before each episode: per task below
+        served -= np.repeat(served[bounds[:-1]], self.tasks)
+        return np.lexsort((task, served)).astype(np.int64)
+
+    def __repr__(self) -> str:  # a data position's key (beside the table's digest)
+        return f"TaskBalancedOrder(tasks={list(self.tasks)})"
+
+
+def make_order(table: EpisodeTable, shuffle: bool, seed: int, balance_tasks: bool = False) -> Order:
     """The episode order of each epoch: data order, a seeded permutation, or for several tasks in training
-    ParlAI's multitask rule (each new episode from a task drawn uniformly, :class:`MixedOrder`)."""
+    ParlAI's multitask rule (each new episode from a task drawn uniformly, :class:`MixedOrder`); with
+    ``balance_tasks`` (a capped evaluation) several tasks' episodes interleave (:class:`TaskBalancedOrder`)."""
     if not shuffle:
+        if balance_tasks and len(table.tasks) > 1:
+            return TaskBalancedOrder(table.turns, table.tasks)
         return DataOrder(table.num_episodes)
     if len(table.tasks) > 1:
         return MixedOrder(table.tasks, seed)
@@ -465,5 +488,5 @@ def _pairs(examples: np.ndarray, lengths: np.ndarray, chunk: int = 8192) -> Iter
         yield from zip(part.tolist(), lengths[part].tolist())
 
 
-__all__ = ["BatchPlan", "EpisodeTable", "MixedOrder", "PassOrder", "RowFeed", "RowSchedule", "make_order",
-           "permutation"]
+__all__ = ["BatchPlan", "EpisodeTable", "MixedOrder", "PassOrder", "RowFeed", "RowSchedule", "TaskBalancedOrder",
+           "make_order", "permutation"]

@@ -51,7 +51,8 @@ class PassSteps(Sampler):
             # train:ordered) does not, its pass ends padded as an evaluation's does; nor does a hogwild
             # process's share, each pass in its epoch's order, so that it trains every example once a pass
             self.loop = training and config.shuffle and not self.own_share
-            self._order = make_order(self.table, training and config.shuffle, config.seed)
+            self._order = make_order(self.table, training and config.shuffle, config.seed,
+                                     balance_tasks=not training and config.validation_max_exs > 0)
             self._layout = (rows, store.pad, serve)
             self.rows = self._schedule(0)
             self.plan, self.lengths = None, None
