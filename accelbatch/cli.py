@@ -7,6 +7,7 @@ import argparse
 import os
 import sys
 from collections.abc import Callable, Sequence
+from dataclasses import fields
 from typing import Any, NoReturn
 
 import accelbatch
@@ -120,12 +121,35 @@ def bad_input_message(exc: BaseException) -> str | None:
     return None
 
 
+def _glued_flag(parser: argparse.ArgumentParser, argv: Sequence[str]) -> str | None:
+    """An unknown single-dash option that argparse would read as a known short one with its value glued on
+    (ParlAI's ``-mtw 1,3`` as ``-m tw``): refused, rather than run with that value."""
+    known = parser._option_string_actions
+    for token in argv:
+        if token.startswith("-") and not token.startswith("--") and token not in known and "=" not in token:
+            try:
+                float(token)
+                continue  # a negative number
+            except ValueError:
+                pass
+            short = next((k for k in known if not k.startswith("--") and len(k) > 1 and token.startswith(k)
+                          and known[k].nargs != 0), None)
+            if short is not None:
+                rest = token[len(short):]
+                return f"unrecognized option {token}; to give {short} the value {rest}, write `{short} {rest}`"
+    return None
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     _printable_output()
     parser = build_cli()
     args, unknown = parser.parse_known_args(argv)
+    verb_parser = args.verb_parsers.get(args.verb, parser)
+    glued = _glued_flag(verb_parser, sys.argv[1:] if argv is None else argv)
+    if glued:
+        verb_parser.error(glued)
     if unknown:  # named with the verb's own --help, as argparse names the verb's other errors
-        args.verb_parsers.get(args.verb, parser).error(f"unrecognized arguments: {' '.join(unknown)}")
+        verb_parser.error(f"unrecognized arguments: {' '.join(unknown)}")
     del args.verb_parsers
     if args.verb == "report":
         from accelbatch.plots import report_command
@@ -157,6 +181,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             if written:  # these verbs print; nothing would be written there
                 raise OptionError(f"{written[0]}: {args.verb} prints to the terminal and writes no report or "
                                   "log; leave it out (accelbatch eval writes them)")
+        if args.verb == "display-data":
+            _refuse_unused_by_display_data(opts)
         from accelbatch.model_opts import with_model_opts
 
         opts, taken = with_model_opts(opts, sys.argv[1:] if argv is None else argv)  # -mf names its model
@@ -190,6 +216,21 @@ def main(argv: Sequence[str] | None = None) -> int:
     if report is not None:
         print(format_report(report))
     return 0
+
+
+# what display-data reads: the task's teacher and how the examples are shown (a user's teacher may read more)
+DISPLAY_DATA_READS = ("task", "datatype", "datapath", "seed", "context_length", "include_labels", "progress",
+                      "display_examples", "host_allocator")
+
+
+def _refuse_unused_by_display_data(opts: Opts) -> None:
+    """display-data prints a task's examples: a model, batching, device or plan option given to it is
+    refused in one line rather than ignored."""
+    given = [f for f in fields(Opts) if f.name not in DISPLAY_DATA_READS and getattr(opts, f.name) != f.default]
+    if given:
+        flags = ", ".join("/".join(f.metadata["flags"]) for f in given)
+        raise OptionError(f"{flags}: display-data prints a task's examples and uses no model, batching, device "
+                          "or plan option; leave it out (display-model shows a model's replies)")
 
 
 def _run_verb(args: argparse.Namespace, opts: Opts) -> int:

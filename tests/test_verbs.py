@@ -105,3 +105,23 @@ def test_the_printing_verbs_refuse_output_files_they_would_not_write(verb, flag,
     assert err == [f"accelbatch: error: {flag}: {verb} prints to the terminal and writes no report or log; leave it "
                    "out (accelbatch eval writes them)"]
     assert not target.exists()
+
+
+def test_display_data_refuses_the_options_it_would_ignore(capsys):
+    assert main(["display-data", "-t", "babi:1", "-n", "1", "-mf", "/nonexistent.pt", "-bs", "4", "--device",
+                 "cuda", "-di", "3", "--num-workers", "2", "--mixed-precision", "fp16"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("accelbatch: error: -mf/--model-file, -bs/--batchsize, --num-workers, "
+                                               "--device, -di/--device-iterations, --mixed-precision: display-data")
+    assert main(["display-data", "-t", "babi:1", "-n", "1", "-dt", "train", "--seed", "3", "--no-progress"]) == 0
+    assert "[shown 1 example of -t babi:1 (train)]" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("verb", ["train", "eval", "display-data"])
+def test_an_unknown_short_option_is_not_read_as_a_known_one_with_a_glued_value(verb, capsys):
+    # argparse reads ParlAI's -mtw (--multitask-weights) as -m tw: a model named "tw"
+    with pytest.raises(SystemExit) as exited:
+        main([verb, "-t", "babi:1", "-mtw", "1,3"])
+    assert exited.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert "unrecognized option -mtw; to give -m the value tw, write `-m tw`" in err
