@@ -207,9 +207,10 @@ def display(acts: Sequence[Message | None]) -> str:
     lines = []
     for act in acts:
         if act:
-            golds = act.get("labels") or act.get("eval_labels")
+            key = "labels" if act.get("labels") else "eval_labels"  # named as ParlAI's display names them
+            golds = act.get(key)
             lines.append(f"[{act.get('id', '?')}]: {act.get('text', '')}"
-                         + (f"  (labels: {'|'.join(golds)})" if golds else ""))
+                         + (f"  ({key}: {'|'.join(golds)})" if golds else ""))
     return "\n".join(lines)
 
 

@@ -136,11 +136,11 @@ def test_display_shows_the_last_parleys_examples_and_replies(rows, teacher_cls):
     assert world.display() == ""
     world.parley()
     name = teacher_cls.__name__  # the teacher's messages' id
-    first = f"[{name}]: e0-0  (labels: L0-0)\n[rec]: L0-0"
-    second = f"[{name}]: e1-0  (labels: L1-0)\n[rec]: L1-0"  # row 1 starts on the second episode
+    first = f"[{name}]: e0-0  (eval_labels: L0-0)\n[rec]: L0-0"  # as ParlAI names them
+    second = f"[{name}]: e1-0  (eval_labels: L1-0)\n[rec]: L1-0"  # row 1 starts on the second episode
     assert world.display() == (first if rows == 1 else f"{first}\n{second}")
     world.parley()
-    assert world.display().splitlines()[:2] == [f"[{name}]: e0-1  (labels: L0-1)", "[rec]: L0-1"]
+    assert world.display().splitlines()[:2] == [f"[{name}]: e0-1  (eval_labels: L0-1)", "[rec]: L0-1"]
 
 
 @pytest.mark.parametrize("method", ["train_step", "eval_step"])
@@ -178,8 +178,8 @@ def test_the_batched_front_end_displays_its_rows_and_replies(write_jsonl):
     world.parley()
     shown = world.display().splitlines()
     agent_id = world.get_model_agent().id
-    assert shown == ["[FileTeacher]: q0  (labels: a0)", f"[{agent_id}]: a0",
-                     "[FileTeacher]: q1  (labels: a1)", f"[{agent_id}]: a1"]
+    assert shown == ["[FileTeacher]: q0  (eval_labels: a0)", f"[{agent_id}]: a0",
+                     "[FileTeacher]: q1  (eval_labels: a1)", f"[{agent_id}]: a1"]
     world.shutdown()
 
 

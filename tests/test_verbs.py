@@ -39,7 +39,7 @@ def test_display_model_prints_each_example_with_the_reply_and_scores_them():
     report = display_model(Opts(task="babi:1", datatype="valid", batchsize=2), 4, out)
     text = out.getvalue()
     assert report["exs"] == 4
-    assert text.count("  (labels: ") == 4 and text.count("[MemNNAgent]: ") == 4
+    assert text.count("  (eval_labels: ") == 4 and text.count("[MemNNAgent]: ") == 4
 
 
 def test_interactive_replies_to_each_message_from_the_candidates_and_resets_on_done():
@@ -125,3 +125,11 @@ def test_an_unknown_short_option_is_not_read_as_a_known_one_with_a_glued_value(v
     assert exited.value.code == 2
     err = capsys.readouterr().err.strip().splitlines()[-1]
     assert "unrecognized option -mtw; to give -m the value tw, write `-m tw`" in err
+
+
+def test_plain_babi_is_refused_naming_the_tasks_and_eval_examples_show_eval_labels(capsys):
+    assert main(["display-data", "-t", "babi", "-n", "1"]) == 2  # ParlAI's plain babi is every task
+    assert capsys.readouterr().err == "accelbatch: error: -t babi: name a task, one of babi:1, babi:2\n"
+    assert main(["display-data", "-t", "babi:1", "-dt", "valid", "-n", "1"]) == 0
+    out = capsys.readouterr().out
+    assert "  (eval_labels: " in out and "(labels: " not in out

@@ -95,7 +95,7 @@ def generate(task_id: str, split: str, num_stories: int | None = None) -> list[l
     """The episodes of one split of one generated task; the same every time."""
     if task_id not in STORY_MAKERS:
         raise UnknownNameError(f"-t babi:{task_id}: not generated here; choose one of "
-                         f"{', '.join('babi:' + k for k in STORY_MAKERS)}")
+                               f"{', '.join('babi:' + k for k in STORY_MAKERS)}")
     rng = random.Random(SPLIT_SEEDS[split] * 10 + int(task_id))
     count = SPLIT_SIZES[split] if num_stories is None else num_stories
     return [STORY_MAKERS[task_id](rng) for _ in range(count)]
@@ -105,5 +105,8 @@ class BabiTeacher(FixedTeacher):
     """``-t babi:1`` or ``-t babi:2``."""
 
     def setup_data(self) -> list[list[Message]]:
-        task_id = self.opts.task.partition(":")[2] or "1"
+        task_id = self.opts.task.partition(":")[2]
+        if not task_id:  # ParlAI's plain "babi" is every task; name one
+            raise UnknownNameError(f"-t {self.opts.task}: name a task, one of "
+                                   f"{', '.join('babi:' + k for k in STORY_MAKERS)}")
         return generate(task_id, split_of(self.opts.datatype))
