@@ -86,7 +86,7 @@ def _assert_nothing_left(tmp_path: Path, shm_before: set[str]) -> None:
 
 
 @pytest.mark.timeout(120)
-@pytest.mark.parametrize("mode", list(MODES))
+@pytest.mark.parametrize("mode", [pytest.param(m, marks=pytest.mark.slow) if m == "numthreads" else m for m in MODES])
 def test_the_users_value_error_is_raised_as_itself_whatever_the_performance_option(tmp_path, mode):
     opts = _opts(tmp_path, mode)
     shm_before = set(os.listdir("/dev/shm"))
@@ -101,7 +101,7 @@ def test_the_users_value_error_is_raised_as_itself_whatever_the_performance_opti
 
 
 @pytest.mark.timeout(90)
-@pytest.mark.parametrize("mode", ["num_workers", "async", "numthreads"])
+@pytest.mark.parametrize("mode", ["num_workers", "async", pytest.param("numthreads", marks=pytest.mark.slow)])
 def test_a_keyboard_interrupt_raised_in_a_child_ends_the_run_at_once_naming_it(tmp_path, mode):
     opts = _opts(tmp_path, mode)
     shm_before = set(os.listdir("/dev/shm"))

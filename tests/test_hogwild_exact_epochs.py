@@ -13,6 +13,7 @@ from collections import Counter
 import numpy as np
 import pytest
 from recording_agent import RecordingBag
+from shared_runs import shared_dir
 
 from accelbatch.data.schedule import EpisodeTable, ShuffledOrder
 from accelbatch.hogwild_passes import ShardPasses
@@ -100,21 +101,34 @@ def test_each_pass_trains_the_shard_once_in_an_order_of_the_seed(tmp_path, monke
     assert _ranked(again, 3) == shards
 
 
+PASSES = ("-nt", "2", "-bs", "4", "-ne", "2", "--seed", "5")  # 50 examples: each pass twice, shuffled
+
+
+def _plain_passes(factory) -> list[list[int]]:
+    """Each process's trained indices (by rank) of a run of :data:`PASSES` that builds its batches in the main
+    process: run once per session (each loading option must train the same)."""
+    def build(folder):
+        with pytest.MonkeyPatch.context() as monkeypatch:
+            batches, _ = _train(folder, monkeypatch, 50, *PASSES)
+        (folder / "ranked.json").write_text(json.dumps(_ranked(batches, 2)))
+    folder = shared_dir(factory, "test_hogwild_exact_epochs plain passes " + " ".join(PASSES), build)
+    return json.loads((folder / "ranked.json").read_text())
+
+
 @pytest.mark.multiprocess
 @pytest.mark.slow
 @pytest.mark.timeout(240)
 @pytest.mark.parametrize("loading", [("--num-workers", "2"), ("--dataloader-mode", "async")])
-def test_batches_built_by_data_workers_train_the_same_passes(tmp_path, monkeypatch, loading):
+def test_batches_built_by_data_workers_train_the_same_passes(tmp_path, tmp_path_factory, monkeypatch, loading):
     """Hogwild with its batches built in data workers or by the async accessor: 50 examples, -nt 2 -bs 4 -ne 2
     shuffled: each process trains its shard once per pass, the same sequences as the main process builds."""
-    args = ("-nt", "2", "-bs", "4", "-ne", "2", "--seed", "5")
-    plain, _ = _train(tmp_path, monkeypatch, 50, *args)
-    loaded, train = _train(tmp_path, monkeypatch, 50, *args, *loading)
+    plain = _plain_passes(tmp_path_factory)
+    loaded, train = _train(tmp_path, monkeypatch, 50, *PASSES, *loading)
     shards = _ranked(loaded, 2)
     for rank, seen in enumerate(shards):
         shard = list(range(rank, 50, 2))
         assert sorted(seen[:len(shard)]) == sorted(seen[len(shard):]) == shard
-    assert shards == _ranked(plain, 2)
+    assert shards == plain
     assert train["exs"] == 100 and train["epochs"] == 2.0
 
 

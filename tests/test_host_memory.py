@@ -91,6 +91,7 @@ def _minor_faults(choice: str) -> int:
 
 
 @pytest.mark.multiprocess
+@pytest.mark.slow
 @pytest.mark.timeout(120)
 @pytest.mark.skipif(not ON_GLIBC, reason="the setting is glibc's")
 def test_reuse_takes_a_steady_loop_to_no_page_fault():

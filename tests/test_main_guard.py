@@ -37,6 +37,7 @@ def _script(tmp_path, guarded: bool):
 
 
 @pytest.mark.multiprocess
+@pytest.mark.slow
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("kind, option", [("async", "--dataloader-mode async"), ("hogwild", "-nt/--numthreads 2")])
 def test_an_unguarded_script_is_refused_before_any_process_starts_and_a_guarded_one_trains(tmp_path, kind, option):

@@ -148,6 +148,7 @@ if __name__ == "__main__" and len(sys.argv) > 0:
 
 
 @pytest.mark.multiprocess
+@pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_a_script_guarded_with_and_defining_its_agent_trains_with_hogwild_processes(tmp_path):
     path = tmp_path / "guarded_and.py"
@@ -158,6 +159,7 @@ def test_a_script_guarded_with_and_defining_its_agent_trains_with_hogwild_proces
 
 
 @pytest.mark.multiprocess
+@pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_python_c_with_an_agent_the_async_worker_never_gets_still_trains():
     """An agent that overrides observe() has its batches built in the main process: nothing to refuse."""

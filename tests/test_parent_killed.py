@@ -25,8 +25,8 @@ ROOT = str(Path(__file__).resolve().parent.parent)
 @pytest.mark.parametrize("args", [
     ["--num-workers", "2"],
     ["--dataloader-mode", "async", "--num-workers", "1"],
-    ["-nt", "2"],
-    ["-rf", "2", "--device", "cpu"],
+    pytest.param(["-nt", "2"], marks=pytest.mark.slow),
+    pytest.param(["-rf", "2", "--device", "cpu"], marks=pytest.mark.slow),
 ], ids=["workers", "async-accessor", "hogwild", "replicas"])
 def test_a_run_killed_by_sigkill_leaves_no_child(tmp_path: Path, args: list[str]) -> None:
     rows = [{"text": f"hello {i}", "labels": [f"a{i % 3}"], "label_candidates": ["a0", "a1", "a2"],

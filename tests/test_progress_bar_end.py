@@ -17,7 +17,7 @@ ROOT = str(Path(__file__).resolve().parent.parent)
 
 
 @pytest.mark.timeout(120)
-@pytest.mark.parametrize("threads", ["1", "2"])
+@pytest.mark.parametrize("threads", ["1", pytest.param("2", marks=pytest.mark.slow)])
 def test_the_bar_ends_at_the_reported_examples(tmp_path, threads):
     rows = [{"text": f"hello {i}", "labels": [f"a{i % 3}"], "label_candidates": ["a0", "a1", "a2"],
              "episode_done": True} for i in range(40)]

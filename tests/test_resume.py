@@ -11,6 +11,7 @@ import sys
 import pytest
 import torch
 from helpers import wait_for_first_checkpoint, write_qa_episodes
+from shared_runs import shared_dir
 
 from accelbatch.checkpoint import load_checkpoint
 
@@ -32,22 +33,31 @@ def _weights(path):
     return torch.load(path, weights_only=True)["model"]
 
 
+def _reference(factory, plan) -> tuple:
+    """(the data's root, the uninterrupted run's folder: ref/model.pt, ref.json), once per session and plan
+    (SIGKILL and SIGTERM cut the same run)."""
+    root = shared_dir(factory, "test_resume qa-episodes", _dataset)
+
+    def build(folder):
+        subprocess.run(_command(root, folder / "ref" / "model.pt", *plan, "--report-json", str(folder / "ref.json")),
+                       env=ENV, check=True, capture_output=True, timeout=240)
+    return root, shared_dir(factory, f"test_resume reference {root} {plan}", build)
+
+
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("how, plan", [("SIGKILL", ()), ("SIGTERM", ()),
                                        ("SIGKILL", ("-bs", "1", "-ga", "3", "-di", "2"))],
                          ids=["SIGKILL", "SIGTERM", "SIGKILL-ga3-di2"])
 @pytest.mark.multiprocess
 @pytest.mark.slow
-def test_interrupted_run_resumes_to_the_same_weights(tmp_path, how, plan):
+def test_interrupted_run_resumes_to_the_same_weights(tmp_path, tmp_path_factory, how, plan):
     """A checkpoint is taken between world steps; a step is the whole combined batch (b x D x R x G), so
     with gradient accumulation the cut never splits an accumulation window and the resume starts the next."""
-    _dataset(tmp_path)
-    reference = tmp_path / "ref" / "model.pt"
-    subprocess.run(_command(tmp_path, reference, *plan, "--report-json", str(tmp_path / "ref.json")), env=ENV,
-                   check=True, capture_output=True, timeout=240)
+    root, ref_dir = _reference(tmp_path_factory, plan)
+    reference = ref_dir / "ref" / "model.pt"
 
     model = tmp_path / "cut" / "model.pt"
-    proc = subprocess.Popen(_command(tmp_path, model, "--save-every-n-secs", "0.01", *plan), env=ENV,
+    proc = subprocess.Popen(_command(root, model, "--save-every-n-secs", "0.01", *plan), env=ENV,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     wait_for_first_checkpoint(proc, model, max_delay_s=0.4)
     proc.send_signal(getattr(signal, how))
@@ -57,7 +67,7 @@ def test_interrupted_run_resumes_to_the_same_weights(tmp_path, how, plan):
     steps_at_cut = load_checkpoint(str(model)).state["train"]["steps"]
     assert steps_at_cut > 0
 
-    resumed = subprocess.run(_command(tmp_path, model, "--resume", *plan, "--report-json",
+    resumed = subprocess.run(_command(root, model, "--resume", *plan, "--report-json",
                                       str(tmp_path / "cut.json")), env=ENV, capture_output=True, text=True,
                              timeout=240)
     assert resumed.returncode == 0, resumed.stderr
@@ -66,7 +76,8 @@ def test_interrupted_run_resumes_to_the_same_weights(tmp_path, how, plan):
     for key in ref:
         assert torch.equal(ref[key], got[key]), key
     # the train row covers the examples trained before the cut (kept in the checkpoint) and after it
-    ref_train, cut_train = (json.loads((tmp_path / f"{n}.json").read_text())["train"] for n in ("ref", "cut"))
+    ref_train, cut_train = (json.loads((d / f"{n}.json").read_text())["train"]
+                            for d, n in ((ref_dir, "ref"), (tmp_path, "cut")))
     assert cut_train["exs"] == ref_train["exs"]
     for key in ("loss", "accuracy"):
         assert cut_train[key] == pytest.approx(ref_train[key], abs=1e-6), key

@@ -18,6 +18,7 @@ import uuid
 import pytest
 import torch
 from helpers import wait_for_first_checkpoint, write_qa_episodes
+from shared_runs import shared_dir
 
 from accelbatch.checkpoint import load_checkpoint
 from accelbatch.data import make_loader
@@ -84,19 +85,28 @@ def _run(cmd, tag, timeout=240):
     return done
 
 
+def _reference(factory, setting):
+    """(the data's root, the model file of an uninterrupted run of ``setting`` on it), once per session (the
+    killed async run and the deterministic cuts resume to the same run)."""
+    root = shared_dir(factory, "test_resume_loader qa-episodes filler", _dataset)
+
+    def build(folder):
+        tag = uuid.uuid4().hex
+        _run(_command(root, folder / "model.pt", setting), tag)
+        _assert_no_process_left(tag)
+    return root, shared_dir(factory, f"test_resume_loader reference {root} {setting}", build) / "model.pt"
+
+
 @pytest.mark.multiprocess
 @pytest.mark.slow
 @pytest.mark.timeout(600)
 @pytest.mark.parametrize("setting", list(MODES))
-def test_killed_loader_run_resumes_to_the_same_weights(tmp_path, setting):
-    _dataset(tmp_path)
+def test_killed_loader_run_resumes_to_the_same_weights(tmp_path, tmp_path_factory, setting):
+    root, reference = _reference(tmp_path_factory, setting)
     tag = uuid.uuid4().hex
-    reference = tmp_path / "ref" / "model.pt"
-    _run(_command(tmp_path, reference, setting), tag)
-    _assert_no_process_left(tag)
 
     model = tmp_path / "cut" / "model.pt"
-    proc = subprocess.Popen(_command(tmp_path, model, setting, "--save-every-n-secs", "0.01"),
+    proc = subprocess.Popen(_command(root, model, setting, "--save-every-n-secs", "0.01"),
                             env={**ENV, "ACCELBATCH_TEST_TAG": tag}, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
     wait_for_first_checkpoint(proc, model, max_delay_s=0.5)
@@ -111,7 +121,7 @@ def test_killed_loader_run_resumes_to_the_same_weights(tmp_path, setting):
     for position in ckpt.data:
         assert unsupported(position) == [] and set(position["loader"]) == {"pass", "steps", "digest"}
 
-    resumed = _run(_command(tmp_path, model, setting, "--resume"), tag)
+    resumed = _run(_command(root, model, setting, "--resume"), tag)
     assert "not restored" not in resumed.stderr
     _assert_no_process_left(tag)
     ref, got = _weights(reference), _weights(model)
@@ -191,26 +201,25 @@ def test_a_stream_checkpoint_holds_its_position_and_resumes_without_warning(tmp_
 @pytest.mark.multiprocess
 @pytest.mark.slow
 @pytest.mark.timeout(600)
-def test_stopping_at_an_epoch_boundary_and_mid_epoch_resumes_exactly(tmp_path):
+def test_stopping_at_an_epoch_boundary_and_mid_epoch_resumes_exactly(tmp_path, tmp_path_factory):
     """Deterministic cuts (-tstep, final checkpoint) with the async loader: mid-epoch, and right after the
     last batch of an epoch (the position is then the next epoch's start, while the accessor has already
-    loaded ahead into it)."""
-    _dataset(tmp_path)
+    loaded ahead into it); each resumed to the end of the uninterrupted run (-ne 3)."""
+    root, reference = _reference(tmp_path_factory, "async")
     tag = uuid.uuid4().hex
-    end = ["-tstep", "70"]
-    _run(_command(tmp_path, tmp_path / "ref" / "model.pt", "async", *end), tag)
+    end = ["-tstep", "-1"]  # no step limit (the cut runs' -tstep is kept by --resume unless given): -ne 3
     mid = tmp_path / "mid" / "model.pt"
-    _run(_command(tmp_path, mid, "async", "-tstep", "40", "--save-every-n-secs", "1000"), tag)
+    _run(_command(root, mid, "async", "-tstep", "40", "--save-every-n-secs", "1000"), tag)
     position = load_checkpoint(str(mid)).data[0]["loader"]
     assert position["pass"] == 1 and 0 < position["steps"] < 40
     per_epoch = 40 - position["steps"]
     edge = tmp_path / "edge" / "model.pt"
-    _run(_command(tmp_path, edge, "async", "-tstep", str(per_epoch), "--save-every-n-secs", "1000"), tag)
+    _run(_command(root, edge, "async", "-tstep", str(per_epoch), "--save-every-n-secs", "1000"), tag)
     assert load_checkpoint(str(edge)).data[0]["loader"]["pass"] == 1
     assert load_checkpoint(str(edge)).data[0]["loader"]["steps"] == 0
-    ref = _weights(tmp_path / "ref" / "model.pt")
+    ref = _weights(reference)
     for model in (mid, edge):
-        _run(_command(tmp_path, model, "async", "--resume", *end), tag)
+        _run(_command(root, model, "async", "--resume", *end), tag)
         got = _weights(model)
         for key in ref:
             assert torch.equal(ref[key], got[key]), (model, key)

@@ -24,6 +24,7 @@ import time
 import pytest
 import torch
 from helpers import descendants, wait_for_first_checkpoint, write_qa_episodes
+from shared_runs import shared_dir
 
 from accelbatch.agents import Agent
 from accelbatch.build import create_world
@@ -63,6 +64,17 @@ def _command(root, model_file, *extra):
 
 def _weights(path):
     return torch.load(path, weights_only=True)["model"]
+
+
+def _replicated_reference(factory):
+    """(the data's root, an uninterrupted ``-rf 2`` run's model file), once per session: the weights the
+    killed run must resume to, and a checkpoint saved at the end of training (the default: only there)."""
+    root = shared_dir(factory, "test_resume_parallel qa-episodes 40", _dataset)
+
+    def build(folder):
+        subprocess.run(_command(root, folder / "model.pt", "-rf", "2"), env=ENV, check=True, capture_output=True,
+                       timeout=240)
+    return root, shared_dir(factory, f"test_resume_parallel -rf 2 reference {root}", build) / "model.pt"
 
 
 def _alive(pid):
@@ -107,15 +119,12 @@ def _kill_after_first_checkpoint(cmd, model, min_children, rng, env=ENV):
 @pytest.mark.multiprocess
 @pytest.mark.slow
 @pytest.mark.timeout(400)
-def test_replicated_run_killed_and_resumed_gives_the_same_weights(tmp_path):
-    _dataset(tmp_path)
+def test_replicated_run_killed_and_resumed_gives_the_same_weights(tmp_path, tmp_path_factory):
+    root, reference = _replicated_reference(tmp_path_factory)
     rng = random.Random()
-    reference = tmp_path / "ref" / "model.pt"
-    subprocess.run(_command(tmp_path, reference, "-rf", "2"), env=ENV, check=True, capture_output=True,
-                   timeout=240)
 
     model = tmp_path / "cut" / "model.pt"
-    children = _kill_after_first_checkpoint(_command(tmp_path, model, "-rf", "2", "--save-every-n-secs", "0.01"),
+    children = _kill_after_first_checkpoint(_command(root, model, "-rf", "2", "--save-every-n-secs", "0.01"),
                                             model, 2, rng)
     # the replicas must not outlive their parent (they would go on writing the checkpoint)
     left = _wait_gone(children, 30)
@@ -126,7 +135,7 @@ def test_replicated_run_killed_and_resumed_gives_the_same_weights(tmp_path):
     ckpt = load_checkpoint(str(model))
     steps_at_cut, exs_at_cut = ckpt.state["train"]["steps"], ckpt.state["train"]["exs"]
     assert steps_at_cut > 0 and len(ckpt.data) == 2
-    resumed = subprocess.run(_command(tmp_path, model, "-rf", "2", "--resume"), env=ENV, capture_output=True,
+    resumed = subprocess.run(_command(root, model, "-rf", "2", "--resume"), env=ENV, capture_output=True,
                              text=True, timeout=240)
     assert resumed.returncode == 0, resumed.stderr
     # it went on from the checkpoint (a run started afresh would end with the same weights too)
@@ -258,18 +267,16 @@ def test_hogwild_position_is_taken_with_no_parley_in_flight_and_restores(write_j
 @pytest.mark.multiprocess
 @pytest.mark.slow
 @pytest.mark.timeout(300)
-def test_resuming_the_checkpoint_saved_at_the_end_of_training_trains_nothing_more(tmp_path):
+def test_resuming_the_checkpoint_saved_at_the_end_of_training_trains_nothing_more(tmp_path, tmp_path_factory):
     """A kill after the end-of-training save (a window of the -rf 2 and one-process kill tests) leaves a
     checkpoint with every step done: --resume from it must end with the same weights."""
     import shutil
 
-    _dataset(tmp_path)
-    model = tmp_path / "m" / "model.pt"
-    subprocess.run(_command(tmp_path, model, "-rf", "2", "--save-every-n-secs", "1000"), env=ENV, check=True,
-                   capture_output=True, timeout=240)
+    root, reference = _replicated_reference(tmp_path_factory)
+    model = tmp_path / "m" / "model.pt"  # a copy of the finished run (model file, checkpoint, sidecars)
+    shutil.copytree(reference.parent, model.parent)
     finished = _weights(model)
-    shutil.copy(model, tmp_path / "finished.pt")
-    resumed = subprocess.run(_command(tmp_path, model, "-rf", "2", "--resume"), env=ENV, capture_output=True,
+    resumed = subprocess.run(_command(root, model, "-rf", "2", "--resume"), env=ENV, capture_output=True,
                              text=True, timeout=240)
     assert resumed.returncode == 0, resumed.stderr
     got = _weights(model)

@@ -48,6 +48,7 @@ if __name__ == "__main__":
 '''
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_an_agent_error_in_training_leaves_no_data_process_while_its_traceback_is_kept(tmp_path):
     (tmp_path / "cleanup_agents.py").write_text(AGENTS, encoding="utf-8")
