@@ -11,7 +11,8 @@ systems) and keeps up to :data:`TRIM_THRESHOLD` of freed heap for the next step,
 page fault. The cost is resident memory: a process keeps what it freed, up to that much. Results do not
 change. The settings go to this process (``mallopt``) and, through the environment glibc reads at start-up,
 to the processes it starts afterwards (data workers, hogwild processes, replicas); a value the user already
-set in the environment is left as it is.
+set in the environment is left as it is. Both last as long as the process: glibc cannot return to its dynamic
+thresholds, so a later ``system`` world in the same process runs with them too.
 """
 
 from __future__ import annotations

@@ -41,10 +41,13 @@ class LoaderWorld(World):
         cut = _replica_cut(opts, shard, rows) if self.training and serve is None else None
         if cut is not None:  # this replica's rows of the combined batches every replica plans
             rows, row_multiple = rows * shard[1], row_multiple * shard[1]
-        self.loader = make_loader(teacher.store, opts, collate=collate, training=self.training, shard=shard,
-                                  rows=rows, serve=serve, length_fn=getattr(agent, "example_length", None),
-                                  batch_size=rows if serve is None else len(serve), cut=cut,
-                                  row_multiple=row_multiple, shuffle=shuffles(opts.datatype))
+        self._make_loader = partial(make_loader, teacher.store, opts, collate=collate, training=self.training,
+                                    shard=shard, rows=rows, serve=serve,
+                                    length_fn=getattr(agent, "example_length", None),
+                                    batch_size=rows if serve is None else len(serve), cut=cut,
+                                    row_multiple=row_multiple, shuffle=shuffles(opts.datatype))
+        self.loader = self._make_loader()
+        self._shut_at: dict[str, Any] | None = None  # the position at shutdown(); a later use opens a new loader
         self._tasks = getattr(teacher.store, "task_of", None)
         self._iter: Any = None
         self._done = False
@@ -109,6 +112,8 @@ class LoaderWorld(World):
     def _fetch(self) -> LoadedBatch | None:
         if self._done:
             return None
+        if self._shut_at is not None:
+            self._reopen(self._shut_at)
         if self._iter is None:
             self._iter = iter(self.loader)
         try:
@@ -184,6 +189,8 @@ class LoaderWorld(World):
         return {"total_exs": self.total_exs, "loader": self.loader.state_dict(held)}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        if self._shut_at is not None:
+            self._reopen(None)
         self.loader.load_state_dict(state["loader"])
         self._iter, self._done, self._ahead, self._ordered_pass_over = None, False, None, False
         self.total_exs = int(state["total_exs"])
@@ -204,6 +211,8 @@ class LoaderWorld(World):
         return rep
 
     def reset(self) -> None:
+        if self._shut_at is not None:  # a new pass: from the loader's start
+            self._reopen(None)
         if self._iter is not None:
             self._iter.close()
         self._iter, self._done, self._ahead, self._ordered_pass_over = None, False, None, False
@@ -211,10 +220,22 @@ class LoaderWorld(World):
         super().reset()
 
     def shutdown(self) -> None:
+        """Stop the loader (its data workers and accessor). The world stays usable, as a BatchWorld does: a
+        later parley starts a new loader where this one's caller stood (``run()`` again on an evaluation
+        world: from the start, as its reset does)."""
+        if self._shut_at is None:
+            self._shut_at = self.state_dict()
         if self._iter is not None:
             self._iter.close()
             self._iter = None
         self.loader.close()
+
+    def _reopen(self, state: dict[str, Any] | None) -> None:
+        """A new loader after :meth:`shutdown`, at ``state``'s position (None: the start)."""
+        self._shut_at, self._iter, self._ahead = None, None, None
+        self.loader = self._make_loader()
+        if state is not None:
+            self.loader.load_state_dict(state["loader"])
 
 
 def awaits_replies(opts: Opts, teacher: Any) -> bool:

@@ -398,7 +398,10 @@ class Supervisor:
         once once it has exited, else waiting up to ``timeout`` s (a forked sibling may hold the pipe open)."""
         deadline, proc = time.monotonic() + timeout, self._children.processes[index]
         while index in self._open and not self._stopped:
-            exited = proc.exitcode is not None  # then everything it sent is in the pipe
+            try:
+                exited = proc.exitcode is not None  # then everything it sent is in the pipe
+            except ValueError:  # closed by the end under way (a second Ctrl-C): its pipe is closed too
+                return
             left = 0.0 if exited else min(0.05, deadline - time.monotonic())
             try:
                 ready = self._conns[index].poll(max(0.0, left))

@@ -340,3 +340,26 @@ def test_padding_and_left_out_examples_of_a_resumed_run_and_of_log_windows_add_u
     assert sum(w.get("dropped_exs", 0) for w in windows) == one["dropped_exs"]
     weighted = sum(w["pad_fraction"] * w["batch_tokens"] for w in windows if w.get("batch_tokens"))
     assert weighted / one["batch_tokens"] == pytest.approx(one["pad_fraction"], abs=1e-9)
+
+
+def _without_time(report):
+    return {k: v for k, v in report.items() if not k.endswith("time_s") and "per_s" not in k}
+
+
+@pytest.mark.parametrize("options", [dict(dynamic_batching="batchsort"),
+                                     pytest.param(dict(num_workers=1), marks=[pytest.mark.multiprocess,
+                                                                              pytest.mark.timeout(120)])],
+                         ids=["batchsort", "workers"])
+def test_a_world_run_has_shut_down_runs_again_and_parleys_on_as_a_batch_world_does(qa_file, options):
+    """run() shuts its world down (the loader's processes stop); an evaluation world runs again with the
+    same report, and a training world parleyed by hand after its run trains on, as a BatchWorld does."""
+    opts = Opts(task=f"jsonl:{qa_file}", datatype="valid", batchsize=8, progress=False, **options)
+    world = create_world(opts, agent=LabelEchoTorchAgent)
+    assert isinstance(world, LoaderWorld)
+    first, again = run(world, opts)["valid"], run(world, opts)["valid"]
+    assert first["exs"] == again["exs"] == 101 and _without_time(first) == _without_time(again)
+    train = opts.replace(datatype="train", max_train_steps=3, eval_splits="", validation_every_n_epochs=-1)
+    world = create_world(train, agent=LabelEchoTorchAgent)
+    assert run(world, train)["train"]["exs"] == 24
+    world.parley()
+    assert world.get_total_exs() == 32

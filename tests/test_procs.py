@@ -294,3 +294,15 @@ def test_a_ctrl_c_while_spawned_children_start_is_an_interrupt_or_ignored_never_
                 assert sup.interrupts == {0: ""} and sup.exitcodes == [INTERRUPTED] and sup.failed() == []
         assert_gone(sup.pids)
     assert "Traceback" not in capfd.readouterr().err
+
+
+@pytest.mark.multiprocess
+@pytest.mark.timeout(60)
+def test_a_message_to_a_child_whose_end_already_ran_is_its_failure_not_a_closed_process_error():
+    """The children's end (what stop() runs) can run before a pending send, as when a second Ctrl-C lands
+    while a loader's generator is closing: the send raises the child's failure, not ValueError."""
+    with Supervisor(ChildSpec(role="worker", start_method="forkserver"), sleeps, 1) as sup:
+        sup._finalizer()  # the children ended and their process objects closed, the supervisor not told
+        with pytest.raises(ProcessDied, match=r"worker 0 \(pid \d+\)"):
+            sup.send(0, "more")
+    assert_gone(sup.pids)
