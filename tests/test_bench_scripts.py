@@ -191,6 +191,15 @@ def test_hogwild_scaling_compares_distinct_worlds_and_shuts_each_down(bench, fak
     assert "ratio hogwild-2 / hogwild-1" in capsys.readouterr().out
 
 
+def test_hogwild_scaling_measures_a_window_the_scheduler_skipped(bench, fake_worlds, monkeypatch):
+    """A loaded machine can let the whole window pass before the first parley: it still measures one."""
+    module = bench("hogwild_scaling")
+    clock = iter(range(10_000))  # each reading a second after the last: every window is over at once
+    monkeypatch.setattr(module.time, "perf_counter", lambda: float(next(clock)))
+    ratios = module.main(["--rounds", "1", "--seconds", "0.5", "--warmup", "0"])
+    assert ratios["vs_single"] > 0 and all(w.exs == 4 for w in fake_worlds)
+
+
 def test_hogwild_scaling_shuts_down_the_worlds_made_before_one_failed(bench, fake_worlds, monkeypatch):
     import accelbatch.build
 
