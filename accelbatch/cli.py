@@ -144,8 +144,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     _printable_output()
     parser = build_cli()
     args, unknown = parser.parse_known_args(argv)
-    verb_parser = args.verb_parsers.get(args.verb, parser)
-    glued = _glued_flag(verb_parser, sys.argv[1:] if argv is None else argv)
+    verb_parser, given = args.verb_parsers.get(args.verb, parser), sys.argv[1:] if argv is None else argv
+    glued = _glued_flag(verb_parser, given)
     if glued:
         verb_parser.error(glued)
     if unknown:  # named with the verb's own --help, as argparse names the verb's other errors
@@ -185,7 +185,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             _refuse_unused_by_display_data(opts)
         from accelbatch.model_opts import with_model_opts
 
-        opts, taken = with_model_opts(opts, sys.argv[1:] if argv is None else argv)  # -mf names its model
+        opts, taken = with_model_opts(opts, given)  # -mf names its model
         if taken:
             print(taken, file=sys.stderr)
         from accelbatch.run_control import check_output_paths

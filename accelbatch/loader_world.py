@@ -47,7 +47,8 @@ class LoaderWorld(World):
                                     batch_size=rows if serve is None else len(serve), cut=cut,
                                     row_multiple=row_multiple, shuffle=shuffles(opts.datatype))
         self.loader = self._make_loader()
-        self._shut_at: dict[str, Any] | None = None  # the position at shutdown(); a later use opens a new loader
+        # the position at shutdown() ({}: the start, after a reset); the next fetch opens a new loader there
+        self._shut_at: dict[str, Any] | None = None
         self._tasks = getattr(teacher.store, "task_of", None)
         self._iter: Any = None
         self._done = False
@@ -113,7 +114,7 @@ class LoaderWorld(World):
         if self._done:
             return None
         if self._shut_at is not None:
-            self._reopen(self._shut_at)
+            self._reopen(self._shut_at or None)
         if self._iter is None:
             self._iter = iter(self.loader)
         try:
@@ -211,8 +212,8 @@ class LoaderWorld(World):
         return rep
 
     def reset(self) -> None:
-        if self._shut_at is not None:  # a new pass: from the loader's start
-            self._reopen(None)
+        if self._shut_at is not None:  # a new pass: the loader opened at the next fetch starts from the start
+            self._shut_at = {}
         if self._iter is not None:
             self._iter.close()
         self._iter, self._done, self._ahead, self._ordered_pass_over = None, False, None, False

@@ -4,6 +4,7 @@ metrics."""
 from __future__ import annotations
 
 import json
+import multiprocessing
 
 import pytest
 import torch
@@ -348,8 +349,10 @@ def _without_time(report):
 
 @pytest.mark.parametrize("options", [dict(dynamic_batching="batchsort"),
                                      pytest.param(dict(num_workers=1), marks=[pytest.mark.multiprocess,
-                                                                              pytest.mark.timeout(120)])],
-                         ids=["batchsort", "workers"])
+                                                                              pytest.mark.timeout(120)]),
+                                     pytest.param(dict(dataloader_mode="async"),
+                                                  marks=[pytest.mark.multiprocess, pytest.mark.timeout(120)])],
+                         ids=["batchsort", "workers", "async"])
 def test_a_world_run_has_shut_down_runs_again_and_parleys_on_as_a_batch_world_does(qa_file, options):
     """run() shuts its world down (the loader's processes stop); an evaluation world runs again with the
     same report, and a training world parleyed by hand after its run trains on, as a BatchWorld does."""
@@ -358,6 +361,8 @@ def test_a_world_run_has_shut_down_runs_again_and_parleys_on_as_a_batch_world_do
     assert isinstance(world, LoaderWorld)
     first, again = run(world, opts)["valid"], run(world, opts)["valid"]
     assert first["exs"] == again["exs"] == 101 and _without_time(first) == _without_time(again)
+    world.reset()  # shut down by run(): nothing starts until it is used again
+    assert not multiprocessing.active_children()
     train = opts.replace(datatype="train", max_train_steps=3, eval_splits="", validation_every_n_epochs=-1)
     world = create_world(train, agent=LabelEchoTorchAgent)
     assert run(world, train)["train"]["exs"] == 24

@@ -321,8 +321,8 @@ class RowFeed:
     average (0: the examples are in memory); a block then holds about :data:`BLOCK_BYTES` of a file's text,
     so a streamed file of large examples is parsed a few megabytes at a time. The rows stand at step
     ``base`` plus their own count of steps taken alone (``ahead``: clones acting one by one stay within a
-    step of each other). ``state_dict`` is the rows' steps
-    with the table's digest, so that a position taken on other data (or shard, or rows per step) is refused.
+    step of each other). ``state_dict`` is the rows' steps with the table's digest, so that a position taken
+    on other data (or shard, or rows per step) is refused.
     """
 
     def __init__(self, schedule: RowSchedule, gather: Gather = _indices, example_bytes: float = 0.0):
