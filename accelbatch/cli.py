@@ -16,6 +16,7 @@ from accelbatch.names import AGENT_PATHS, UnknownNameError
 from accelbatch.opts import OptionError, Opts, add_arguments, is_training, train_only_flags
 from accelbatch.plan import PlanError
 from accelbatch.procs import ProcessFailure
+from accelbatch.strict_args import StrictParser
 from accelbatch.tasks.files import DataFileError
 from accelbatch.teachers import eval_datatype, list_tasks
 
@@ -23,11 +24,26 @@ USAGE_ERRORS: tuple[type[BaseException], ...] = (OptionError, UnknownNameError, 
                                                   CheckpointError)
 
 
-class _Parser(argparse.ArgumentParser):
+class _Parser(StrictParser):
     """argparse, but a bad option ends with one line and a pointer to --help, not the whole usage."""
 
     def error(self, message: str) -> NoReturn:
         self.exit(2, f"{self.prog}: error: {message} (see `{self.prog} --help`)\n")
+
+
+_PRINTS = "prints to the terminal and writes no report or log; leave it out (accelbatch eval writes them)"
+_ONE_PROCESS = "does not take it: it runs in this process"
+_TYPED = "does not take it: it answers one typed message at a time"
+# what a printing verb decides itself: hidden from its --help, and refused, saying why, when given
+SET_BY_VERB: dict[str, dict[str, str]] = {
+    "display-data": dict.fromkeys(("report_json", "metrics_log", "tensorboard_logdir"), _PRINTS),
+    "display-model": {"report_json": _PRINTS, "metrics_log": _PRINTS, "tensorboard_logdir": _PRINTS,
+                      "numthreads": _ONE_PROCESS, "display_examples": "does not take it: it shows every example"},
+    "interactive": {"report_json": _PRINTS, "metrics_log": _PRINTS, "tensorboard_logdir": _PRINTS,
+                    "numthreads": _ONE_PROCESS, "display_examples": _TYPED, "datatype": _TYPED,
+                    "batchsize": _TYPED, "num_workers": _ONE_PROCESS, "dataloader_mode": _TYPED,
+                    "dynamic_batching": _TYPED},
+}
 
 
 def build_cli() -> argparse.ArgumentParser:
@@ -49,9 +65,10 @@ def build_cli() -> argparse.ArgumentParser:
                                  ("display-model", "print examples with a model's replies (-mf or -m)", "valid"),
                                  ("interactive", "type messages, read a model's replies (-mf or -m)", "valid")):
         sub = verbs.add_parser(verb, help=text, allow_abbrev=False)
-        add_arguments(sub, training=False)
+        add_arguments(sub, training=False, hide=tuple(SET_BY_VERB[verb]))
         add_verb_arguments(sub, verb)
-        sub.set_defaults(datatype=datatype)
+        if "datatype" not in SET_BY_VERB[verb]:
+            sub.set_defaults(datatype=datatype)
     from accelbatch.plots import add_report_arguments
 
     add_report_arguments(verbs.add_parser("report", help="plot a run's loss and throughput to a PNG",
@@ -121,33 +138,11 @@ def bad_input_message(exc: BaseException) -> str | None:
     return None
 
 
-def _glued_flag(parser: argparse.ArgumentParser, argv: Sequence[str]) -> str | None:
-    """An unknown single-dash option that argparse would read as a known short one with its value glued on
-    (ParlAI's ``-mtw 1,3`` as ``-m tw``): refused, rather than run with that value."""
-    known = parser._option_string_actions
-    for token in argv:
-        if token.startswith("-") and not token.startswith("--") and token not in known and "=" not in token:
-            try:
-                float(token)
-                continue  # a negative number
-            except ValueError:
-                pass
-            short = next((k for k in known if not k.startswith("--") and len(k) > 1 and token.startswith(k)
-                          and known[k].nargs != 0), None)
-            if short is not None:
-                rest = token[len(short):]
-                return f"unrecognized option {token}; to give {short} the value {rest}, write `{short} {rest}`"
-    return None
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     _printable_output()
     parser = build_cli()
     args, unknown = parser.parse_known_args(argv)
     verb_parser, given = args.verb_parsers.get(args.verb, parser), sys.argv[1:] if argv is None else argv
-    glued = _glued_flag(verb_parser, given)
-    if glued:
-        verb_parser.error(glued)
     if unknown:  # named with the verb's own --help, as argparse names the verb's other errors
         verb_parser.error(f"unrecognized arguments: {' '.join(unknown)}")
     del args.verb_parsers
@@ -167,6 +162,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 print(f"  {name:<{width}}  {text}")
         return 0
     try:
+        _refuse_options_not_read(args)
         opts = eval_opts(args) if args.verb == "eval" else Opts.from_namespace(args)
         if args.verb == "train" and not is_training(opts.datatype):
             raise OptionError(f"-dt/--datatype {opts.datatype}: train trains on a training datatype (train, "
@@ -174,13 +170,6 @@ def main(argv: Sequence[str] | None = None) -> int:
                               f"{opts.datatype}")
         if args.verb in ("display-model", "interactive"):  # they evaluate: a train split in eval mode
             opts = opts.replace(datatype=eval_datatype(opts.datatype))
-        if args.verb in ("display-data", "display-model", "interactive"):
-            outputs = (("--report-json", opts.report_json), ("--metrics-log", opts.metrics_log),
-                       ("--tensorboard-logdir", opts.tensorboard_logdir))
-            written = [flag for flag, value in outputs if value]
-            if written:  # these verbs print; nothing would be written there
-                raise OptionError(f"{written[0]}: {args.verb} prints to the terminal and writes no report or "
-                                  "log; leave it out (accelbatch eval writes them)")
         if args.verb == "display-data":
             _refuse_unused_by_display_data(opts)
         from accelbatch.model_opts import with_model_opts
@@ -249,13 +238,23 @@ def _run_verb(args: argparse.Namespace, opts: Opts) -> int:
     return 0
 
 
-def eval_opts(args: argparse.Namespace) -> Opts:
-    """The options of ``accelbatch eval``: training-only options refused, a train datatype in eval mode (it
-    scores the training data, never trains), and the model file, when one is named, must exist."""
+def _refuse_options_not_read(args: argparse.Namespace) -> None:
+    """A verb other than train given a training-only option, or an option the verb sets itself: one line."""
+    if args.verb == "train":
+        return
+    flags = {f.name: "/".join(f.metadata["flags"]) for f in fields(Opts)}
     given = [flag for name, flag in train_only_flags().items() if name in vars(args)]
     if given:
-        raise OptionError(f"{given[0]}: a training option; `accelbatch eval` trains nothing and does not take it "
-                          "(evaluation never accumulates gradients, changes weights or saves): drop it")
+        raise OptionError(f"{given[0]}: a training option; `accelbatch {args.verb}` trains nothing (it never "
+                          "accumulates gradients, changes weights or saves) and does not take it: drop it")
+    set_here = [name for name in SET_BY_VERB.get(args.verb, {}) if name in vars(args)]
+    if set_here:
+        raise OptionError(f"{flags[set_here[0]]}: {args.verb} {SET_BY_VERB[args.verb][set_here[0]]}")
+
+
+def eval_opts(args: argparse.Namespace) -> Opts:
+    """The options of ``accelbatch eval``: a train datatype in eval mode (it scores the training data, never
+    trains), and the model file, when one is named, must exist."""
     opts = Opts.from_namespace(args)
     opts = opts.replace(datatype=eval_datatype(opts.datatype))
     check_model_file_exists(opts, "eval scores")

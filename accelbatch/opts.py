@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any, Iterator, Sequence
 
 from accelbatch.split_points import parse_split_points
+from accelbatch.strict_args import StrictParser
 
 DEVICES = ("cpu", "cuda", "ipu")
 DATATYPES = ("train", "train:ordered", "train:stream", "train:stream:ordered", "valid", "test",
@@ -435,8 +436,7 @@ def _flag(name: str) -> str:
 
 def build_parser(prog: str = "accelbatch") -> argparse.ArgumentParser:
     """An argparse parser with one argument per Opts field, in groups (no abbreviated option names)."""
-    parser = argparse.ArgumentParser(prog=prog, add_help=True, allow_abbrev=False)
-    add_arguments(parser)
+    add_arguments(parser := StrictParser(prog=prog, add_help=True))
     return parser
 
 
@@ -456,9 +456,9 @@ def _flags(f: dataclasses.Field) -> list[str]:
 LOADED_MODEL_HELP = "the model to load (its PATH.opt gives the model's options); nothing is written to it"
 
 
-def add_arguments(parser: argparse.ArgumentParser, training: bool = True) -> None:
-    """One argument per Opts field. With ``training=False`` (``accelbatch eval``) the training-only options
-    are hidden from --help and absent from the namespace unless given (the caller refuses them)."""
+def add_arguments(parser: argparse.ArgumentParser, training: bool = True, hide: Sequence[str] = ()) -> None:
+    """One argument per Opts field; the training-only ones with ``training=False`` and those named in ``hide``
+    hidden from --help and absent from the namespace unless given (the caller refuses them)."""
     groups: dict[str, argparse._ArgumentGroup] = {}
     titles = {"main": "task and model", "data": "data pipeline", "plan": "device and execution plan",
               "faults": "checkpoints and faults"}
@@ -466,7 +466,7 @@ def add_arguments(parser: argparse.ArgumentParser, training: bool = True) -> Non
         meta = f.metadata
         group = groups.setdefault(meta["group"], parser.add_argument_group(titles[meta["group"]]))
         typ = _field_type(f)
-        hidden = meta["train_only"] and not training
+        hidden = meta["train_only"] and not training or f.name in hide
         text = meta["help"] if training or f.name != "model_file" else LOADED_MODEL_HELP
         kwargs: dict[str, Any] = {"dest": f.name, "default": argparse.SUPPRESS if hidden else f.default,
                                   "help": argparse.SUPPRESS if hidden else text}

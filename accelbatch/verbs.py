@@ -8,6 +8,7 @@ import sys
 from typing import TYPE_CHECKING, TextIO
 
 from accelbatch.messages import Message
+from accelbatch.metric_names import metric_names_problem, select_metrics
 from accelbatch.opts import OptionError, Opts
 from accelbatch.teachers import create_teachers
 from accelbatch.worlds import display
@@ -24,7 +25,7 @@ def add_verb_arguments(parser: argparse.ArgumentParser, verb: str) -> None:
     """The options a verb adds to the usual ones."""
     if verb in ("display-data", "display-model"):
         parser.add_argument("-n", "--num-examples", dest="num_examples", type=int, default=10,
-                            help="examples to show (default 10)")
+                            help="examples to show (default 10; display-model shows whole batches of -bs)")
     if verb == "interactive":
         parser.add_argument("--candidates", default=None,
                             help="replies a ranking model chooses from, separated by '|' (default: the "
@@ -66,10 +67,13 @@ def display_model(opts: Opts, num_examples: int, out: TextIO | None = None) -> d
         opts = opts.replace(datatype="train:evalmode")
     world = create_world(opts.replace(display_examples=True, numthreads=1))
     try:
+        problem = metric_names_problem(world, opts)
+        if problem is not None:
+            raise OptionError(problem)
         with redirect_stdout(out or sys.stdout):
             while world.get_total_exs() < num_examples and not world.epoch_done():
                 world.parley()
-        return dict(world.report())
+        return select_metrics({"shown": dict(world.report())}, opts.metrics)["shown"]
     finally:
         world.shutdown()
 

@@ -133,3 +133,58 @@ def test_plain_babi_is_refused_naming_the_tasks_and_eval_examples_show_eval_labe
     assert main(["display-data", "-t", "babi:1", "-dt", "valid", "-n", "1"]) == 0
     out = capsys.readouterr().out
     assert "  (eval_labels: " in out and "(labels: " not in out
+
+
+@pytest.mark.parametrize("verb, argv, refused", [
+    ("display-model", ["-lr", "0.5"], "-lr/--learning-rate: a training option"),
+    ("display-model", ["--resume"], "--resume/--no-resume: a training option"),
+    ("display-model", ["-nt", "2"], "-nt/--numthreads: display-model does not take it"),
+    ("display-model", ["--no-display-examples"], "--display-examples: display-model does not take it"),
+    ("interactive", ["-ne", "3"], "-ne/--num-epochs: a training option"),
+    ("interactive", ["-bs", "8"], "-bs/--batchsize: interactive does not take it"),
+    ("interactive", ["-dt", "test"], "-dt/--datatype: interactive does not take it"),
+    ("interactive", ["--num-workers", "2"], "--num-workers: interactive does not take it"),
+    ("interactive", ["--dataloader-mode", "async"], "--dataloader-mode: interactive does not take it"),
+])
+def test_the_model_verbs_refuse_the_options_they_would_not_read(verb, argv, refused, monkeypatch, capsys):
+    monkeypatch.setattr("sys.stdin", io.StringIO("hello\n"))
+    assert main([verb, "-t", "babi:1", "-m", "repeat_label", "-n" if verb == "display-model" else "-t", "1"
+                 if verb == "display-model" else "babi:1", *argv]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith(f"accelbatch: error: {refused}"), err
+
+
+@pytest.mark.parametrize("verb, hidden", [("display-model", ["-nt", "--report-json", "--metrics-log", "-lr"]),
+                                          ("interactive", ["-bs", "-dt", "--num-workers", "--report-json", "-ne"])])
+def test_the_model_verbs_help_lists_no_option_they_refuse(verb, hidden, capsys):
+    with pytest.raises(SystemExit):
+        main([verb, "--help"])
+    listed = {word.rstrip(",") for word in capsys.readouterr().out.split() if word.startswith("-")}
+    assert "-t" in listed and not listed & set(hidden)
+
+
+def test_display_model_checks_and_applies_metrics_as_eval_does(capsys):
+    argv = ["display-model", "-t", "babi:1", "-m", "repeat_label", "-n", "2", "-bs", "2"]
+    assert main([*argv, "--metrics", "token_acc"]) == 2
+    assert capsys.readouterr().err.startswith("accelbatch: error: --metrics: no report of this run has token_acc")
+    assert main(argv) == 0
+    assert capsys.readouterr().out.strip().splitlines()[-3].split() == ["split", "exs", "accuracy", "f1"]
+    assert main([*argv, "--metrics", "f1"]) == 0
+    assert capsys.readouterr().out.strip().splitlines()[-3].split() == ["split", "exs", "f1"]
+
+
+@pytest.mark.parametrize("verb, argv, message", [
+    ("train", ["-es", "16"], "unrecognized option -es (options are not abbreviated; -es begins -esz)"),
+    ("train", ["-vep", "1"], "unrecognized option -vep (options are not abbreviated; -vep begins -veps)"),
+    ("display-data", ["-vti", "5"], "unrecognized arguments: -vti"),
+    ("eval", ["-n", "3"], "unrecognized option -n (options are not abbreviated; -n begins -nt)"),
+    ("display-model", ["-es", "16"], "unrecognized option -es (options are not abbreviated; -es begins -esz)"),
+])
+def test_a_single_dash_prefix_of_an_option_is_refused_not_completed(verb, argv, message, capsys):
+    # argparse before Python 3.12 completes single-dash prefixes even with allow_abbrev=False
+    with pytest.raises(SystemExit) as exited:
+        main([verb, "-t", "babi:1", *argv])
+    assert exited.value.code == 2
+    assert f"accelbatch {verb}: error: {message} (see `accelbatch {verb} --help`)" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        Opts.from_args(["-es", "16"])

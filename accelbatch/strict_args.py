@@ -1,0 +1,60 @@
+"""argparse that reads each option only as it is written.
+
+``allow_abbrev=False`` stops argparse from completing ``--num-ep`` to ``--num-epochs``, but before Python 3.12
+it still completes a single-dash prefix (``-es 16`` ran as ``-esz 16``) and reads an unknown single-dash
+token as a known short option with its value glued on (ParlAI's ``-mtw 1,3`` as ``-m tw``). A
+:class:`StrictParser` refuses both in one line before argparse reads them."""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Sequence
+from typing import Any
+
+
+def _is_number(token: str) -> bool:
+    try:
+        float(token)
+    except ValueError:
+        return False
+    return True
+
+
+def misread_option(parser: argparse.ArgumentParser, argv: Sequence[str]) -> str | None:
+    """What is wrong with the first single-dash token of ``argv`` that ``parser`` does not define but would
+    read as one of its options (a prefix of a longer one, or a short one with a glued value); None if none."""
+    known = parser._option_string_actions
+    for token in argv:
+        if token == "--":
+            break  # what follows is positional
+        if not token.startswith("-") or token.startswith("--") or len(token) < 2 or token in known \
+                or "=" in token or _is_number(token):
+            continue
+        longer = [flag for flag, action in known.items() if flag.startswith(token) and not flag.startswith("--")
+                  and action.help is not argparse.SUPPRESS]
+        if longer:
+            return f"unrecognized option {token} (options are not abbreviated; {token} begins {', '.join(longer)})"
+        glued = next((flag for flag, action in known.items() if not flag.startswith("--")
+                      and token.startswith(flag) and action.nargs != 0), None)
+        if glued is not None:
+            rest = token[len(glued):]
+            return f"unrecognized option {token}; to give {glued} the value {rest}, write `{glued} {rest}`"
+        if any(flag.startswith(token) for flag in known):
+            return f"unrecognized arguments: {token}"  # only a hidden option starts so: argparse's own words
+    return None
+
+
+class StrictParser(argparse.ArgumentParser):
+    """An ArgumentParser (abbreviations off) that refuses a misread single-dash option (see the module)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs["allow_abbrev"] = False
+        super().__init__(*args, **kwargs)
+
+    def parse_known_args(self, args: Sequence[str] | None = None, namespace: Any = None) -> Any:
+        import sys
+
+        problem = misread_option(self, sys.argv[1:] if args is None else args)
+        if problem is not None:
+            self.error(problem)
+        return super().parse_known_args(args, namespace)
