@@ -37,7 +37,7 @@ KEPT = SHAPING + ("learning_rate", "optimizer")  # PATH.opt: a continued trainin
 LIMITS = ("num_epochs", "max_train_steps", "max_train_time")
 RUN_COURSE = (*LIMITS, "validation_every_n_epochs", "validation_every_n_secs", "validation_patience",
               "validation_metric", "validation_metric_mode", "validation_max_exs", "validation_cutoff",
-              "eval_splits", "save_every_n_secs", "metrics_log")
+              "eval_splits", "save_every_n_secs", "metrics_log", "report_json", "tensorboard_logdir")
 RESUMED = ("learning_rate", *RESUME_OPTS, *RUN_COURSE)  # what --resume takes from the checkpoint's options
 
 

@@ -149,8 +149,9 @@ class Checkpointer:
 
     def __init__(self, opts: Any, backend: Any, plan: Any):
         self.opts, self.backend, self.plan = opts, backend, plan
-        # a resume from another folder goes on writing the same log (the path is resumed with the run)
-        self._metrics_log = os.path.abspath(opts.metrics_log) if opts.metrics_log else opts.metrics_log
+        # a resume from another folder goes on writing the same files (their paths are resumed with the run)
+        self._outputs = {name: os.path.abspath(getattr(opts, name)) for name in
+                         ("metrics_log", "report_json", "tensorboard_logdir") if getattr(opts, name)}
 
     def save(self, world: Any, engine: Any, extra: Mapping[str, Any]) -> None:
         """Every replica joins (world states and RNGs gathered); rank 0 writes; all wait for it."""
@@ -159,7 +160,7 @@ class Checkpointer:
         if self.backend.is_main_process():
             tensors = engine.state_dict()
             opts = self.opts.replace(model=_model_trained(world, self.opts),  # as a resume must build it
-                                     metrics_log=self._metrics_log)
+                                     **self._outputs)
             save_checkpoint(self.opts.model_file, model=tensors["model"], optimizer=tensors.get("optimizer"),
                             opts=opts, plan=self.plan, rng=rngs, state={**extra, "data": states},
                             scaler=tensors.get("scaler"))
