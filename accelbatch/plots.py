@@ -53,12 +53,13 @@ def find_metrics_log(path: str | os.PathLike) -> str:
     preferred = os.path.join(path, "metrics.jsonl")
     if os.path.isfile(preferred):
         return preferred
-    found = sorted(glob.glob(os.path.join(glob.escape(path), "*.jsonl")))
+    found = [f for f in sorted(glob.glob(os.path.join(glob.escape(path), "*.jsonl"))) if os.path.isfile(f)]
     if len(found) == 1:
         return found[0]
     if not found:
-        raise MetricsLogError(f"{path}: no metrics.jsonl or other *.jsonl file here; give the "
-                              "--metrics-log file of the run")
+        what = "metrics.jsonl there is a directory, and no other *.jsonl file is" if os.path.isdir(preferred) \
+            else "no metrics.jsonl or other *.jsonl file here"
+        raise MetricsLogError(f"{path}: {what}; give the --metrics-log file of the run")
     names = ", ".join(os.path.basename(f) for f in found)
     raise MetricsLogError(f"{path}: several JSONL files ({names}); give one of them, e.g. "
                           f"accelbatch report {found[0]}")
@@ -94,7 +95,8 @@ def read_metrics(path: str | os.PathLike, *, skip_bad: bool = False,
             if not isinstance(record, dict):
                 problem = f"expected a JSON object, got {type(record).__name__}"
             elif not isinstance(record.get("split"), str):
-                problem = "the record has no 'split'"
+                problem = "the record has no 'split'" if "split" not in record else \
+                    f"the record's 'split' is {record['split']!r}, not a split's name such as \"train\""
         if problem is None:
             records.append(record)
         elif skip_bad:

@@ -64,15 +64,17 @@ def test_malformed_line_is_reported_with_file_and_line(tmp_path):
     lines = [json.dumps(r) for r in _records(3)]
     lines[1] = '{"split": "train", "step": 2, "loss": '
     lines[2] = "[1, 2]"
+    lines.append('{"split": 1, "step": 4}')
     log.write_text("\n".join(lines) + "\n", encoding="utf-8")
     with pytest.raises(MetricsLogError) as info:
         plots.read_metrics(tmp_path)
     text = str(info.value)
     assert f"{log}:2: not valid JSON" in text and f"{log}:3: expected a JSON object, got list" in text
+    assert f"{log}:{len(lines)}: the record's 'split' is 1, not a split's name" in text
     assert "--skip-bad" in text
     warnings = []
     records = plots.read_metrics(log, skip_bad=True, warn=warnings.append)
-    assert len(records) == len(lines) - 2 and len(warnings) == 2 and f"{log}:2: skipped" in warnings[0]
+    assert len(records) == len(lines) - 3 and len(warnings) == 3 and f"{log}:2: skipped" in warnings[0]
 
 
 def test_an_unfinished_last_line_is_skipped_with_a_notice(tmp_path):
@@ -86,6 +88,9 @@ def test_an_unfinished_last_line_is_skipped_with_a_notice(tmp_path):
 def test_finding_the_log(tmp_path):
     with pytest.raises(MetricsLogError, match="no metrics.jsonl"):
         plots.find_metrics_log(tmp_path)
+    (tmp_path / "d" / "metrics.jsonl").mkdir(parents=True)
+    with pytest.raises(MetricsLogError, match="metrics.jsonl there is a directory"):
+        plots.find_metrics_log(tmp_path / "d")
     _write(tmp_path / "a.jsonl", _records(2))
     assert plots.find_metrics_log(tmp_path) == str(tmp_path / "a.jsonl")
     _write(tmp_path / "b.jsonl", _records(2))
