@@ -20,7 +20,7 @@ import torch
 
 from accelbatch.checkpoint import read_json_file
 from accelbatch.dictionary import hash_tokens, tokenize  # noqa: F401 - agents' public helpers
-from accelbatch.messages import EPISODE_DONE, EVAL_LABELS, LABELS, TEXT, Message, is_padding
+from accelbatch.messages import EPISODE_DONE, EVAL_LABELS, LABELS, TEXT, Message, checked_replies, is_padding
 from accelbatch.metrics import Metrics
 from accelbatch.optimizers import learning_rates, optimizer_kwargs, rates_text, set_learning_rates
 from accelbatch.opts import OptionError, Opts, is_training
@@ -200,16 +200,16 @@ class TorchAgent(Agent):
 
     # --- what subclasses give ------------------------------------------------------------------
     def build_model(self) -> torch.nn.Module:
-        raise NotImplementedError
+        raise NotImplementedError(_must_give(self, "build_model()"))
 
     def vectorize(self, observation: Message) -> Message:
         return observation
 
     def batchify(self, observations: list[Message]) -> dict[str, torch.Tensor]:
-        raise NotImplementedError
+        raise NotImplementedError(_must_give(self, "batchify(observations)"))
 
     def replies(self, outputs: dict[str, torch.Tensor], observations: list[Message]) -> list[dict[str, Any]]:
-        raise NotImplementedError
+        raise NotImplementedError(_must_give(self, "replies(outputs, observations)"))
 
     def summed_metrics(self, outputs: dict[str, torch.Tensor]) -> None:
         """Metrics from a call's outputs under --output-mode sum (summed over its micro-batches, so no row
@@ -346,10 +346,7 @@ class TorchAgent(Agent):
             self.metrics.add_loss(result.loss, real)
         if row_ids is None:
             return []
-        produced = list(self.replies(outputs, [observations[j] for j in row_ids]))
-        if len(produced) != len(row_ids):  # zip would score a subset of the rows, silently
-            raise ValueError(f"{type(self).__name__}.replies returned {len(produced)} replies for {len(row_ids)} "
-                             "rows of outputs: it must return one reply dict per row")
+        produced = checked_replies(self, self.replies(outputs, [observations[j] for j in row_ids]), len(row_ids))
         return list(zip(row_ids, produced))
 
     def _add_row_losses(self, outputs: dict[str, torch.Tensor]) -> None:
@@ -456,6 +453,11 @@ def check_weights(saved: dict[str, Any], wanted: dict[str, torch.Tensor], what: 
             shape = list(got.shape) if isinstance(got, torch.Tensor) else type(got).__name__
             raise ModelFileError(f"{what}: {key} is {shape} in the file but {list(tensor.shape)} in this "
                                  f"{model}; load it with the options it was trained with (e.g. -esz)")
+
+
+def _must_give(agent: TorchAgent, method: str) -> str:
+    return (f"{type(agent).__name__} must implement {method}: a TorchAgent subclass gives build_model(), "
+            "batchify() and replies() (vectorize() optional)")
 
 
 def _built_model(agent: TorchAgent) -> torch.nn.Module:

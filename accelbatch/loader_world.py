@@ -135,9 +135,8 @@ class LoaderWorld(World):
         agent = self.agents[1]
         if isinstance(agent, TorchAgent):
             replies: list[dict] = [{} for _ in messages]
-            for row, reply in agent.step(messages, batch.tensors):
+            for row, reply in agent.step(messages, batch.tensors):  # step() refuses a reply that is no dict
                 replies[row] = reply
-            refuse_non_messages(agent, "replies()", replies)
             return replies
         if hasattr(agent, "batch_act") and getattr(agent, "use_batch_act", True):
             replies = checked_batch_act(agent, messages)

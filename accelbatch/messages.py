@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable, Mapping, Set
-from typing import Any
+from typing import Any, Sequence
 
 TEXT = "text"
 LABELS = "labels"
@@ -33,13 +33,40 @@ class Message(dict):
         return list(found)
 
 
+class FrozenList(list):
+    """A list value of a :class:`FrozenMessage` (its labels, candidates): read-only as the message is, so that
+    shuffling an observation's candidates in place cannot change the teacher's data for later epochs."""
+
+    __slots__ = ()
+
+    def _refuse(self, *args: Any, **kwargs: Any) -> None:
+        raise TypeError("this list belongs to a shared, read-only message (a teacher serves the same object every "
+                        "epoch): copy it first, e.g. list(observation['label_candidates']), then change the copy")
+
+    __setitem__ = __delitem__ = __iadd__ = __imul__ = _refuse  # type: ignore[assignment]
+    append = extend = insert = pop = remove = clear = sort = reverse = _refuse  # type: ignore[assignment]
+
+    def copy(self) -> list:  # type: ignore[override]
+        return list(self)
+
+    def __reduce__(self) -> tuple:  # pickles and deep-copies as a plain list
+        return (list, (list(self),))
+
+
 class FrozenMessage(Message):
-    """A Message that cannot be changed: what a teacher serves (one prepared object per example, handed to
-    every epoch and every row that reads that example, with no copy per act).
+    """A Message that cannot be changed, nor can its lists: what a teacher serves (one prepared object per
+    example, handed to every epoch and every row that reads that example, with no copy per act).
 
     An agent that wants to add or change keys of an observation copies it first, ``Message(obs)``, as
-    :meth:`accelbatch.agents.TorchAgent.observe` does. ``copy()`` gives a plain, changeable Message.
+    :meth:`accelbatch.agents.TorchAgent.observe` does, and a list it changes, ``list(obs[key])``. ``copy()``
+    gives a plain, changeable Message (whose lists are still the shared ones).
     """
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        for key, value in dict.items(self):
+            if type(value) is list:
+                dict.__setitem__(self, key, FrozenList(value))
 
     def _refuse(self, *args: Any, **kwargs: Any) -> None:
         raise TypeError("this message is shared and read-only (a teacher serves the same object every epoch): "
@@ -120,3 +147,46 @@ def _bool(value: Any, where: str) -> bool:
     if isinstance(value, str) and value.lower() in ("true", "false"):
         return value.lower() == "true"
     raise TypeError(f"{where}: 'episode_done' must be true or false, got {value!r}")
+
+
+class ReplyError(TypeError, ValueError):
+    """An agent's act()/batch_act() broke its contract (a reply that is not a Message, or not one reply per
+    observation): the user's code to fix, told in one line."""
+
+
+def refuse_non_messages(agent: Any, method: str, replies: Sequence[Any]) -> None:
+    """A :class:`ReplyError` naming ``agent``'s class and ``method`` when a reply is not a Message (a dict) or
+    its ``text`` is not a str, which the teacher would otherwise fail on deep in its scoring (that failure is
+    left out of the chain)."""
+    for row, reply in enumerate(replies):
+        if isinstance(reply, dict):
+            text = reply.get("text")
+            if text is None or isinstance(text, str):
+                continue  # the message is built only for a bad reply: this runs on every reply
+        where = f" for row {row}" if method.startswith(("batch_act", "replies")) else ""
+        if not isinstance(reply, dict):
+            raise ReplyError(f"{type(agent).__name__}.{method} returned {reply_kind(reply)}{where}: it must "
+                             "return a Message (a dict such as {'text': ...})"
+                             + (", one per observation" if where else "")) from None
+        raise ReplyError(f"{type(agent).__name__}.{method} returned a reply{where} whose 'text' is "
+                         f"{reply_kind(text)} {text!r:.60}: a reply's text is a str (leave it out to say "
+                         "nothing)") from None
+
+
+def reply_kind(value: Any) -> str:
+    """How a bad reply is named: None or its type's name."""
+    return "None" if value is None else type(value).__name__
+
+
+def checked_replies(agent: Any, produced: Any, rows: int) -> list:
+    """What a TorchAgent's ``replies()`` returned for ``rows`` rows of outputs, as a list, refused in one
+    :class:`ReplyError` naming it when it is not one reply dict per row (zip would score a subset silently)."""
+    if isinstance(produced, (dict, str)) or not hasattr(produced, "__iter__"):
+        raise ReplyError(f"{type(agent).__name__}.replies() returned {reply_kind(produced)}: it must return a "
+                         "list of reply dicts, one per row of outputs")
+    produced = list(produced)
+    if len(produced) != rows:
+        raise ReplyError(f"{type(agent).__name__}.replies returned {len(produced)} replies for {rows} rows of "
+                         "outputs: it must return one reply dict per row")
+    refuse_non_messages(agent, "replies()", produced)
+    return produced

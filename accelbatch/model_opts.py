@@ -88,6 +88,20 @@ def check_resumed_opts(checkpoint: Checkpoint, opts: Opts, model: str,
     check_resumable(checkpoint, opts.replace(model=saved if same_model(model, saved) else model), keys)
 
 
+def with_agent_shape(opts: Opts, world: Any) -> Opts:
+    """``opts`` with the shaping options (-esz, -tr, --label-truncate) ``world``'s model agent was built with,
+    where they differ: an agent made from other options than the run's is saved, checkpointed and resumed as
+    what it is."""
+    try:
+        built = getattr(world.get_model_agent(), "opts", None)
+    except (AttributeError, IndexError):  # not a world, or one without agents: run() says what is wrong
+        return opts
+    if not isinstance(built, Opts):
+        return opts
+    differ = {k: getattr(built, k) for k in SHAPING if k != "model" and getattr(built, k) != getattr(opts, k)}
+    return opts.replace(**differ) if differ else opts
+
+
 def write_model_opts(model_file: str, opts: Opts, model: str | None) -> None:
     """Keep ``opts``' shaping options beside the model just saved to ``model_file``, with ``model`` the name
     that rebuilds its agent (left out when None: nothing can import it, which the first save of a run says)."""

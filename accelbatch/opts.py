@@ -274,15 +274,16 @@ class Opts:
 
     @classmethod
     def from_args(cls, argv: Sequence[str] | None = None, **defaults: Any) -> "Opts":
+        unknown = sorted(set(defaults) - {f.name for f in dataclasses.fields(cls)})
+        if unknown:
+            raise OptionError(f"Opts.from_args: no option named {', '.join(unknown)} (the names are Opts' fields)")
         parser = build_parser()
-        if defaults:
-            parser.set_defaults(**defaults)
+        parser.set_defaults(**defaults)
         return cls.from_namespace(parser.parse_args(argv))
 
     @classmethod
     def from_namespace(cls, ns: argparse.Namespace) -> "Opts":
-        names = {f.name for f in dataclasses.fields(cls)}
-        return cls(**{k: v for k, v in vars(ns).items() if k in names})
+        return cls(**{k: v for k, v in vars(ns).items() if k in {f.name for f in dataclasses.fields(cls)}})
 
 
 class OptionError(ValueError):
@@ -298,7 +299,7 @@ def validate(opts: Opts) -> None:
         if choices and value is not None and value not in choices:
             raise OptionError(f"{flag}: {value!r} is not one of {', '.join(map(str, choices))}")
         expected = _field_type(f)
-        if value is None:
+        if value is None and (f.default is None or "None" in str(f.type)):  # else refused below: not a ...
             continue
         if expected is bool and not isinstance(value, bool):
             raise OptionError(f"{flag}: expected true/false, got {value!r}")
@@ -323,16 +324,13 @@ def validate(opts: Opts) -> None:
     if not opts.learning_rate > 0:
         raise OptionError(f"-lr/--learning-rate: must be a positive number, got {opts.learning_rate}")
     for name, minus_one in (("text_truncate", "all of the text"), ("label_truncate", "as --text-truncate"),
-                            ("max_batch_tokens", "ParlAI's budget")):
+                            ("max_batch_tokens", "ParlAI's budget"), ("context_length", "all of the history")):
         if getattr(opts, name) < 1 and getattr(opts, name) != -1:
             raise OptionError(f"{_flag(name)}: must be at least 1, or -1 ({minus_one}), got {getattr(opts, name)}")
     if opts.numthreads > 1 and opts.replication_factor > 1:
         raise OptionError(f"-nt/--numthreads {opts.numthreads} with -rf/--replication-factor "
                           f"{opts.replication_factor}: hogwild processes and replicas do not combine; choose one "
                           "(-rf for synchronous data parallelism, -nt for hogwild)")
-    if opts.context_length < 1 and opts.context_length != -1:
-        raise OptionError(f"--context-length: must be -1 (all of the history) or at least 1, got "
-                          f"{opts.context_length}")
     for name in ("data_timeout_s", "replica_timeout_s"):
         if getattr(opts, name) <= 0:
             raise OptionError(f"{_flag(name)}: must be a positive number of seconds, got {getattr(opts, name)}")

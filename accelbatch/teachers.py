@@ -70,10 +70,12 @@ class Teacher(Agent):
             raise ValueError(f"data position: {state['unsupported']}")
 
     def num_examples(self) -> int:
-        raise NotImplementedError
+        raise NotImplementedError(f"{type(self).__name__} must implement num_examples() (a Teacher says how many "
+                                  "examples and episodes it serves; a FixedTeacher counts its setup_data())")
 
     def num_episodes(self) -> int:
-        raise NotImplementedError
+        raise NotImplementedError(f"{type(self).__name__} must implement num_episodes() (a Teacher says how many "
+                                  "examples and episodes it serves; a FixedTeacher counts its setup_data())")
 
 
 @dataclass
@@ -140,7 +142,8 @@ class FixedTeacher(Teacher):
 
     def setup_data(self) -> Any:
         """A list of episodes (lists of message dicts), or ParlAI's form: yield (message, new_episode) pairs."""
-        raise NotImplementedError
+        raise NotImplementedError(f"{type(self).__name__} must implement setup_data(): a FixedTeacher's data, a "
+                                  "list of episodes or ParlAI's (message, new_episode) pairs")
 
     def build_store(self) -> Store:
         return EpisodeStore(episodes_of(self.setup_data(), type(self).__name__), self.id, self.training)

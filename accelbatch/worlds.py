@@ -23,7 +23,7 @@ from time import perf_counter
 from typing import Any, Sequence
 
 from accelbatch.agents import Agent
-from accelbatch.messages import TEXT, Message, is_padding
+from accelbatch.messages import TEXT, Message, ReplyError, is_padding, refuse_non_messages, reply_kind
 from accelbatch.metrics import merge_reports
 from accelbatch.opts import Opts
 from accelbatch.teachers import FixedTeacher, Teacher, is_training
@@ -57,7 +57,7 @@ class World:
         return display(self.get_acts())
 
     def parley(self) -> None:
-        raise NotImplementedError
+        raise NotImplementedError(f"{type(self).__name__} must implement parley()")
 
     def parley_init(self) -> None:
         """Called by BatchWorld before each batched parley."""
@@ -152,19 +152,14 @@ class DialogPartnerWorld(World):
             print(display(self.acts))
 
 
-class ReplyError(TypeError, ValueError):
-    """An agent's act()/batch_act() broke its contract (a reply that is not a Message, or not one reply per
-    observation): the user's code to fix, told in one line."""
-
-
 def checked_batch_act(agent: Agent, observations: list[Message]) -> list[Message]:
     """``agent.batch_act(observations)``, refused when it does not return one reply per observation (the
     rows past the shortest would go unscored, silently)."""
     replies = agent.batch_act(observations)  # type: ignore[attr-defined]
     if type(replies) is not list:  # a list is what the world indexes; any other iterable of replies becomes one
         if isinstance(replies, (dict, str)) or not hasattr(replies, "__iter__"):
-            raise ReplyError(f"{type(agent).__name__}.batch_act() returned {_kind(replies)}: it must return "
-                            "a list (or iterable) of replies, one Message (a dict) per observation")
+            raise ReplyError(f"{type(agent).__name__}.batch_act() returned {reply_kind(replies)}: it must "
+                             "return a list (or iterable) of replies, one Message (a dict) per observation")
         replies = list(replies)
     if len(replies) != len(observations):
         raise ReplyError(f"{type(agent).__name__}.batch_act returned {len(replies)} replies for "
@@ -178,29 +173,6 @@ def with_model_report(task_report: dict[str, float], model: Agent) -> dict[str, 
     rep = dict(task_report)
     rep.update((name, value) for name, value in model.report().items() if name != "exs" or "exs" not in rep)
     return rep
-
-
-def refuse_non_messages(agent: Agent, method: str, replies: Sequence[Any]) -> None:
-    """A :class:`ReplyError` naming ``agent``'s class and ``method`` when a reply is not a Message (a dict) or
-    its ``text`` is not a str, which the teacher would otherwise fail on deep in its scoring (that failure is
-    left out of the chain)."""
-    for row, reply in enumerate(replies):
-        if isinstance(reply, dict):
-            text = reply.get("text")
-            if text is None or isinstance(text, str):
-                continue  # the message is built only for a bad reply: this runs on every reply
-        where = f" for row {row}" if method.startswith("batch_act") else ""
-        if not isinstance(reply, dict):
-            raise ReplyError(f"{type(agent).__name__}.{method} returned {_kind(reply)}{where}: it must return "
-                             "a Message (a dict such as {'text': ...})"
-                             + (", one per observation" if where else "")) from None
-        raise ReplyError(f"{type(agent).__name__}.{method} returned a reply{where} whose 'text' is "
-                         f"{_kind(text)} {text!r:.60}: a reply's text is a str (leave it out to say "
-                         "nothing)") from None
-
-
-def _kind(value: Any) -> str:
-    return "None" if value is None else type(value).__name__
 
 
 def display(acts: Sequence[Message | None]) -> str:
@@ -259,6 +231,11 @@ class BatchWorld(World):
         self._teacher: FixedTeacher | None = teacher if plain else None  # type: ignore[assignment]
         self._last_rows: tuple[Sequence[Message], Sequence[Message]] = ((), ())  # the last whole-batch parley's
 
+
+    def clone(self) -> "BatchWorld":
+        """Another BatchWorld of as many rows over a clone of the world it batches (the same model agent's
+        clones, the teacher's data from its start)."""
+        return BatchWorld(self.opts, self.world.clone(), self.rows)
     def get_agents(self) -> list[Agent]:
         return self.world.get_agents()
 

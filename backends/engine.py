@@ -66,11 +66,11 @@ def model_inputs(batch: TensorBatch | None) -> TensorBatch | None:
 
 
 def loss_of(out: Mapping[str, torch.Tensor]) -> torch.Tensor:
-    try:
-        loss = out["loss"]
-    except (KeyError, TypeError):
-        raise PlanError("the model's forward(batch) must return a dict with 'loss' (the mean loss over the "
-                        "micro-batch's rows) when training") from None
+    if not isinstance(out, Mapping) or "loss" not in out:  # a tensor would be indexed by the string
+        got = "" if isinstance(out, Mapping) else f" (it returned {type(out).__name__})"
+        raise PlanError(f"the model's forward(batch) must return a dict with 'loss' (the mean loss over the "
+                        f"micro-batch's rows) when training{got}")
+    loss = out["loss"]
     if not isinstance(loss, torch.Tensor):  # e.g. loss.item(): no gradient flows through a number
         raise PlanError(f"the model's (-m) 'loss' is a {type(loss).__name__}, not a tensor: return the loss "
                         "tensor itself (not loss.item() or float(loss)); the gradient flows through it")
@@ -81,6 +81,9 @@ def loss_of(out: Mapping[str, torch.Tensor]) -> torch.Tensor:
 
 
 def _detached(out: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    if not isinstance(out, Mapping):
+        raise PlanError(f"the model's forward(batch) returned {type(out).__name__}: it must return a dict of "
+                        "tensors (its 'loss' and per-row outputs such as 'scores')")
     return {k: v.detach() for k, v in out.items() if k != "loss"}
 
 
@@ -310,10 +313,10 @@ class LayoutEngine(Engine):
             for j in js:
                 s, e = lay.starts[j], lay.stops[j]
                 out = self.hooks.forward(model_inputs(slice_rows(chunk, s - offset, e - offset)), True)
+                outs.append(_detached(out))  # a forward that returns no dict is named here
                 if out.get("loss") is not None:
                     part = out["loss"].detach().float() * (e - s)
                     loss_sum = part if loss_sum is None else loss_sum + part
-                outs.append(_detached(out))
         self._issue_staged()
         loss, outputs = self._read(loss_sum, combine_outputs(lay, outs))
         return StepResult(outputs=outputs, rows=lay.out_rows, updates=0,

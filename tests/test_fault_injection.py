@@ -343,7 +343,7 @@ def test_bad_options_and_unknown_names_are_one_line(lab, capsys, monkeypatch, ar
                                   ["--dataloader-mode", "async"], ["-nt", "2"], ["-rf", "2"]],
                          ids=["loader", "workers", "async", "hogwild", "replicas"])
 @pytest.mark.parametrize("bad, fragment", [
-    (["--context-length", "-5"], "--context-length: must be -1 (all of the history) or at least 1, got -5"),
+    (["--context-length", "-5"], "--context-length: must be at least 1, or -1 (all of the history), got -5"),
     (["--embedding-size", "-5"], "-esz/--embedding-size: must be at least 1, got -5"),
     (["--batch-sort-cache-size", "0"], "--batch-sort-cache-size: must be at least 1, got 0"),
     (["--num-workers", "-1"], "--num-workers: must be 0 or more, got -1"),

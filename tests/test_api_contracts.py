@@ -1,0 +1,145 @@
+"""The public Python API keeps what its docstrings and the README promise: a TorchAgent's methods that break
+their contract are named, a model's forward that returns no dict is named, PATH.opt describes the model that
+was trained, a teacher's data cannot be changed through an observation, and Opts refuses None and unknown names."""
+
+from __future__ import annotations
+
+import json
+import pickle
+import random
+
+import pytest
+import torch
+from helpers import LabelEchoTorchAgent
+
+import accelbatch as ab
+from accelbatch.agents import TorchAgent
+from accelbatch.cli import main
+from accelbatch.models.bag import BagAgent
+from accelbatch.opts import OptionError
+from accelbatch.plan import PlanError
+from accelbatch.teachers import FixedTeacher, create_teacher
+from accelbatch.worlds import ReplyError
+
+VALID = ab.Opts(batchsize=4, datatype="valid", model="repeat_label")
+
+
+class _Replies(LabelEchoTorchAgent):
+    returned: object = None
+
+    def replies(self, outputs, observations):
+        made = type(self).returned
+        return made(len(observations)) if callable(made) else made
+
+
+@pytest.mark.parametrize("returned, says", [
+    (None, "_Replies.replies() returned None: it must return a list of reply dicts"),
+    (lambda n: [None] * n, "_Replies.replies() returned None for row 0: it must return a Message"),
+    (lambda n: ["kitchen"] * n, "_Replies.replies() returned str for row 0: it must return a Message"),
+    (lambda n: [{"text": "a"}] * (n - 1), "_Replies.replies returned "),  # one reply fewer than rows
+])
+@pytest.mark.parametrize("batching", ["none", "full"])  # the clone world, and the loader world
+def test_a_bad_return_of_replies_is_refused_naming_it(returned, says, batching, monkeypatch):
+    monkeypatch.setattr(_Replies, "returned", returned)
+    opts = VALID.replace(dynamic_batching=batching)
+    with pytest.raises(ReplyError) as refused:
+        ab.run(ab.create_world(opts, agent=_Replies), opts)
+    assert str(refused.value).startswith(says)
+    if returned is not None and len(returned(4)) == 3:
+        rows = int(str(refused.value).split(" for ")[1].split()[0])
+        assert str(refused.value).startswith(f"_Replies.replies returned {rows - 1} replies for {rows} rows")
+
+
+class _BareTensor(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.w = torch.nn.Parameter(torch.ones(1))
+
+    def forward(self, batch):
+        return self.w * batch["x"]
+
+
+class _BareAgent(LabelEchoTorchAgent):
+    def build_model(self):
+        return _BareTensor()
+
+
+@pytest.mark.parametrize("datatype", ["train", "valid"])
+def test_a_forward_that_returns_a_tensor_is_named(datatype):
+    opts = VALID.replace(datatype=datatype, max_train_steps=2)
+    with pytest.raises(PlanError, match=r"the model's forward\(batch\) (must return a dict with 'loss'.*\(it "
+                                        r"returned Tensor\)|returned Tensor: it must return a dict)"):
+        ab.run(ab.create_world(opts, agent=_BareAgent), opts)
+
+
+def test_the_model_file_options_are_those_the_agent_was_built_with(tmp_path, capsys):
+    agent = BagAgent(ab.Opts(model="bag", embedding_size=16))
+    opts = ab.Opts(model="bag", model_file=str(tmp_path / "m.pt"), max_train_steps=2, batchsize=4)
+    ab.run(ab.create_world(opts, agent=agent), opts)
+    assert json.loads((tmp_path / "m.pt.opt").read_text())["embedding_size"] == 16  # not the run's default 64
+    capsys.readouterr()
+    assert main(["eval", "-mf", str(tmp_path / "m.pt"), "--no-progress"]) == 0
+    assert "valid" in capsys.readouterr().out
+
+
+def test_an_observations_lists_are_the_teachers_and_cannot_be_changed_through_a_copy():
+    teacher = create_teacher(ab.Opts(datatype="valid"))
+    served = ab.Message(teacher.act())  # the copy the README says to make
+    before = list(served["label_candidates"])
+    with pytest.raises(TypeError, match=r"copy it first, e\.g\. list\(observation\['label_candidates'\]\)"):
+        random.Random(0).shuffle(served["label_candidates"])
+    for change in (lambda c: c.reverse(), lambda c: c.append("x"), lambda c: c.sort()):
+        with pytest.raises(TypeError):
+            change(served["label_candidates"])
+    teacher.reset()
+    again = teacher.act()
+    assert again["label_candidates"] == before and again["label_candidates"] is served["label_candidates"]
+    sent = pickle.loads(pickle.dumps(served))  # what a data worker or hogwild process gets: its own lists
+    assert type(sent["label_candidates"]) is list and sent["label_candidates"] == before
+    mine = list(served["label_candidates"])  # a copy of the list is the agent's own
+    mine.reverse()
+    assert served["label_candidates"] == before
+
+
+class _NoBatchify(TorchAgent):
+    def build_model(self):
+        return torch.nn.Linear(1, 1)
+
+
+class _NoData(FixedTeacher):
+    pass
+
+
+def test_a_method_a_subclass_must_give_is_named_when_missing():
+    with pytest.raises(NotImplementedError, match=r"_NoBatchify must implement batchify\(observations\)"):
+        ab.run(ab.create_world(VALID, agent=_NoBatchify), VALID)
+    with pytest.raises(NotImplementedError, match=r"TorchAgent must implement build_model\(\)"):
+        TorchAgent(VALID.replace(model="bag"))
+    with pytest.raises(NotImplementedError, match=r"_NoData must implement setup_data\(\)"):
+        _NoData(VALID)
+
+
+@pytest.mark.parametrize("name, says", [("task", "-t/--task: expected a string, got None"),
+                                        ("batchsize", "-bs/--batchsize: expected an integer, got None"),
+                                        ("num_epochs", "-ne/--num-epochs: expected a number, got None"),
+                                        ("datatype", "-dt/--datatype: expected a string, got None")])
+def test_none_for_an_option_that_needs_a_value_is_refused_naming_it(name, says):
+    with pytest.raises(OptionError, match=f"^{says}$"):
+        ab.Opts(**{name: None})
+    assert ab.Opts(model_file=None, init_model=None).model_file is None  # these take None: no file
+
+
+def test_from_args_refuses_a_default_that_names_no_option():
+    with pytest.raises(OptionError, match="Opts.from_args: no option named batchsiz"):
+        ab.Opts.from_args([], batchsiz=4)
+    assert ab.Opts.from_args([], batchsize=4).batchsize == 4
+
+
+def test_a_batch_world_clones_into_a_batch_world_of_as_many_rows():
+    world = ab.create_world(VALID)
+    clone = world.clone()
+    assert type(clone) is type(world) and clone.rows == world.rows == 4
+    for _ in range(3):
+        clone.parley()
+        world.parley()
+    assert clone.get_total_exs() == world.get_total_exs() == 12
