@@ -23,7 +23,7 @@ from accelbatch.build import Runtime, as_opts, attach_runtime, create_world
 from accelbatch.checkpoint import checkpoint_dir, has_saved_position
 from accelbatch.metric_names import metric_names_problem, select_metrics
 from accelbatch.metrics import combine_reports
-from accelbatch.model_opts import agent_name, write_model_opts
+from accelbatch.model_opts import agent_name, with_agent_shape, write_model_opts
 from accelbatch.optimizers import learning_rates, set_learning_rates
 from accelbatch.opts import OptionError, Opts
 from accelbatch.progress_bar import postfix, progress_bar
@@ -117,7 +117,7 @@ def run(world: World, opts: Opts) -> dict[str, Any]:
     own optimizer; its plan, -bs and the rest, is the one it was built with). A world trains once: a second
     training run of it is refused; to train its model further, build a new world on it,
     ``create_world(opts, agent=world.get_model_agent())``."""
-    opts = as_opts(opts, "run(world, opts)")
+    opts = with_agent_shape(as_opts(opts, "run(world, opts)"), world)
     problem = _world_problem(world, opts)
     if problem is not None:
         world.shutdown()
@@ -480,7 +480,11 @@ def _save(model: Agent, opts: Opts) -> None:
 
 def _finish(report: dict[str, Any], opts: Opts) -> dict[str, Any]:
     if opts.report_json:
-        os.makedirs(os.path.dirname(os.path.abspath(opts.report_json)), exist_ok=True)
-        with open(opts.report_json, "w", encoding="utf-8") as handle:
-            json.dump(json_ready(report), handle, indent=2, sort_keys=True, allow_nan=False)
+        try:
+            os.makedirs(os.path.dirname(os.path.abspath(opts.report_json)), exist_ok=True)
+            with open(opts.report_json, "w", encoding="utf-8") as handle:
+                json.dump(json_ready(report), handle, indent=2, sort_keys=True, allow_nan=False)
+        except OSError as exc:  # the run itself is done (and its -mf saved): only this file is missing
+            raise OptionError(f"--report-json {opts.report_json}: cannot be written ({exc.strerror}); the run "
+                              "finished (its -mf, if given, is saved): choose another path") from None
     return report

@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 
@@ -578,3 +579,14 @@ def test_train_with_an_evaluation_datatype_is_refused_in_one_line(tmp_path, caps
     err = capsys.readouterr().err.splitlines()
     assert len(err) == 1 and f"-dt/--datatype {datatype}: train trains on a training datatype" in err[0], err
     assert f"accelbatch eval -dt {datatype}" in err[0] and not model_file.exists()
+
+
+@pytest.mark.skipif(not os.path.exists("/dev/full"), reason="needs /dev/full (a file every write to fails)")
+def test_a_report_file_that_cannot_be_written_is_one_line_after_the_model_is_saved(tmp_path, capsys):
+    model = tmp_path / "m.pt"
+    assert main(["train", "-t", "babi:1", "-tstep", "2", "-bs", "8", "-mf", str(model), "--report-json",
+                 "/dev/full", "--no-progress"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1] == ("accelbatch: error: --report-json /dev/full: cannot be written (No space left on device); "
+                       "the run finished (its -mf, if given, is saved): choose another path")
+    assert model.is_file()
