@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any, Sequence
 
 import torch
 
-from accelbatch.checkpoint import read_json_file
+from accelbatch.checkpoint import read_json_file, write_error
 from accelbatch.dictionary import hash_tokens, tokenize  # noqa: F401 - agents' public helpers
 from accelbatch.messages import EPISODE_DONE, EVAL_LABELS, LABELS, TEXT, Message, checked_replies, is_padding
 from accelbatch.metrics import Metrics
@@ -376,15 +376,26 @@ class TorchAgent(Agent):
         self.metrics.clear()
 
     def save(self, path: str) -> None:
-        """Write model and optimizer weights (and the optimizer's class) to ``path`` atomically."""
+        """Write model and optimizer weights (and the optimizer's class) to ``path`` (a link's target) atomically;
+        a write the OS refuses (no space, no permission) is one CheckpointError naming it, leaving no part."""
         state: dict[str, Any] = {"model": self.model.state_dict()}
         if self.optimizer is not None:
             state["optimizer"] = self.optimizer.state_dict()
             state["optimizer_class"] = type(self.optimizer).__name__
-        tmp = f"{path}.tmp"
-        os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-        torch.save(state, tmp)
-        os.replace(tmp, path)
+        target = os.path.realpath(path)
+        tmp = f"{target}.tmp"
+        try:
+            os.makedirs(os.path.dirname(target), exist_ok=True)
+            with open(tmp, "wb") as handle:  # torch writes through Python's file: a full disk is an OSError
+                torch.save(state, handle)
+                handle.flush()
+                os.fsync(handle.fileno())
+            os.replace(tmp, target)
+        except (OSError, RuntimeError) as exc:
+            error = write_error(path, exc, tmp)
+            if error is exc:
+                raise
+            raise error from None
 
     def load(self, path: str, option: str = "--model-file", optimizer: bool = True) -> None:
         """Load weights saved by :meth:`save` (never unpickling code), and the optimizer's state when

@@ -143,3 +143,28 @@ def test_a_batch_world_clones_into_a_batch_world_of_as_many_rows():
         clone.parley()
         world.parley()
     assert clone.get_total_exs() == world.get_total_exs() == 12
+
+
+def test_a_save_writes_through_a_link_and_a_refused_write_is_one_line_leaving_no_part(tmp_path, monkeypatch):
+    from accelbatch.checkpoint import CheckpointError
+
+    agent = BagAgent(ab.Opts(model="bag", embedding_size=8))
+    (tmp_path / "store").mkdir()
+    real, link = tmp_path / "store" / "real.pt", tmp_path / "link.pt"
+    agent.save(str(real))
+    link.symlink_to(real)
+    with torch.no_grad():
+        next(agent.model.parameters()).add_(1.0)
+    agent.save(str(link))
+    assert link.is_symlink()  # the link is kept, and its target holds the new weights
+    saved = torch.load(str(real), weights_only=True)["model"]
+    assert all(torch.equal(saved[k], v) for k, v in agent.model.state_dict().items())
+
+    def disk_full(obj, handle):
+        handle.write(b"partial")
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr("accelbatch.agents.torch.save", disk_full)
+    with pytest.raises(CheckpointError, match=r"m\.pt: no space left on the device to write it"):
+        agent.save(str(tmp_path / "m.pt"))
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["link.pt", "store"]
