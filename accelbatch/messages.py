@@ -28,9 +28,10 @@ class Message(dict):
         return Message(self)
 
     def targets(self) -> list[str]:
-        """The answers this message is judged against (labels, else eval_labels)."""
-        found = self.get(LABELS, self.get(EVAL_LABELS)) or []
-        return list(found)
+        """The answers this message is judged against (labels, else eval_labels); one answer given as a str
+        is one answer, not its characters."""
+        found = self.get(LABELS) or self.get(EVAL_LABELS) or []
+        return [found] if isinstance(found, str) else list(found)
 
 
 class FrozenList(list):

@@ -168,3 +168,10 @@ def test_a_save_writes_through_a_link_and_a_refused_write_is_one_line_leaving_no
     with pytest.raises(CheckpointError, match=r"m\.pt: no space left on the device to write it"):
         agent.save(str(tmp_path / "m.pt"))
     assert sorted(p.name for p in tmp_path.iterdir()) == ["link.pt", "store"]
+
+
+def test_targets_are_the_labels_else_the_eval_labels_and_a_str_is_one_answer():
+    assert ab.Message(labels="yes").targets() == ["yes"]
+    assert ab.Message(labels=None, eval_labels=["a"]).targets() == ["a"]
+    assert ab.Message(labels=["x", "y"], eval_labels=["a"]).targets() == ["x", "y"]
+    assert ab.Message(text="no answers").targets() == []
