@@ -46,7 +46,8 @@ from .prefetch import Pending
 def check_trainable(optimizer: object, plan: ExecutionPlan) -> None:
     """Refuse train_step without an optimizer or on an engine compiled for inference."""
     if optimizer is None:
-        raise PlanError("train_step needs an optimizer: compile the model with one")
+        raise PlanError("train_step needs an optimizer: compile the model with one (a TorchAgent builds none "
+                        "when its model has no parameter that requires grad: nothing to train)")
     if not plan.training:
         raise PlanError("this engine was compiled with an inference plan; compile with "
                         "ExecutionPlan.from_opts(opts, training=True) to train")

@@ -175,3 +175,16 @@ def test_targets_are_the_labels_else_the_eval_labels_and_a_str_is_one_answer():
     assert ab.Message(labels=None, eval_labels=["a"]).targets() == ["a"]
     assert ab.Message(labels=["x", "y"], eval_labels=["a"]).targets() == ["x", "y"]
     assert ab.Message(text="no answers").targets() == []
+
+
+class _Frozen(LabelEchoTorchAgent):
+    def build_model(self):
+        model = super().build_model()
+        model.requires_grad_(False)
+        return model
+
+
+def test_training_a_model_with_nothing_to_train_says_so():
+    opts = VALID.replace(datatype="train", max_train_steps=1)
+    with pytest.raises(PlanError, match="no parameter that requires grad: nothing to train"):
+        ab.run(ab.create_world(opts, agent=_Frozen), opts)
