@@ -361,6 +361,8 @@ def create_world(opts: Opts | Mapping[str, Any], agent: Agent | type[Agent] | st
                         f"agent instance, not {type(agent).__name__}")
     elif isinstance(agent, type) and not issubclass(agent, Agent):
         raise TypeError(_not_an_agent(f"create_world(agent={agent.__name__})", agent))
+    if rows is not None and (isinstance(rows, bool) or not isinstance(rows, int) or rows < 1):
+        raise TypeError(f"create_world(rows={rows!r}): rows is a number of batch rows, 1 or more (None: -bs)")
     if runtime is None and opts.numthreads > 1:
         check_main_guard(f"-nt/--numthreads {opts.numthreads}", _sent_agent(opts, agent, teacher))
     elif runtime is None and opts.dataloader_mode != "sync":

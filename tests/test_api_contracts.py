@@ -188,3 +188,9 @@ def test_training_a_model_with_nothing_to_train_says_so():
     opts = VALID.replace(datatype="train", max_train_steps=1)
     with pytest.raises(PlanError, match="no parameter that requires grad: nothing to train"):
         ab.run(ab.create_world(opts, agent=_Frozen), opts)
+
+
+@pytest.mark.parametrize("rows", [0, -1, "4", 2.0, True])
+def test_create_world_refuses_rows_that_are_no_count_of_rows(rows):
+    with pytest.raises(TypeError, match=r"create_world\(rows=.*\): rows is a number of batch rows, 1 or more"):
+        ab.create_world(VALID, rows=rows)
