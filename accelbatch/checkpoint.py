@@ -150,27 +150,27 @@ def save_checkpoint(path: str | os.PathLike, *, model: torch.nn.Module | Mapping
         tensors["scaler"] = _plain(dict(scaler), "scaler")
 
     if os.path.exists(ckdir) and not os.path.isdir(ckdir):
-        raise CheckpointError(f"{ckdir}: exists and is not a directory; move it away or choose another "
-                              "--model-file")
-    os.makedirs(ckdir, exist_ok=True)
-    generation = _next_generation(ckdir)
-    gen_name = f"gen-{generation:06d}"
-    staging, tmp_manifest = "", os.path.join(ckdir, f".tmp-{MANIFEST}-{os.getpid()}")
-    try:
+        raise CheckpointError(f"{ckdir}: exists and is not a folder; move it away or choose another -mf/--model-file")
+    staging, gen_path, tmp_manifest = "", "", os.path.join(ckdir, f".tmp-{MANIFEST}-{os.getpid()}")
+    try:  # from the folder on: a folder made read-only mid-run is the same one-line error as a full disk
+        os.makedirs(ckdir, exist_ok=True)
+        generation = _next_generation(ckdir)
+        gen_name = f"gen-{generation:06d}"
+        gen_path = os.path.join(ckdir, gen_name)  # a fresh name: removing it on failure removes only ours
         staging = tempfile.mkdtemp(prefix=".tmp-", dir=ckdir)
         _write_torch(os.path.join(staging, TENSORS), tensors)
         _write_bytes(os.path.join(staging, STATE), state_bytes)
         files = {name: {"sha256": _sha256(os.path.join(staging, name)),
                         "bytes": os.path.getsize(os.path.join(staging, name))} for name in (TENSORS, STATE)}
         _fsync_dir(staging)
-        os.rename(staging, os.path.join(ckdir, gen_name))
+        os.rename(staging, gen_path)
         _fsync_dir(ckdir)
         manifest = {"format": FORMAT, "version": VERSION, "generation": generation, "directory": gen_name,
                     "files": files, "created_unix": round(time.time(), 3), "torch": torch.__version__}
         _write_bytes(tmp_manifest, json.dumps(manifest, sort_keys=True, indent=1).encode("utf-8"))
         os.replace(tmp_manifest, os.path.join(ckdir, MANIFEST))  # the commit
     except (OSError, RuntimeError) as exc:  # all uncommitted: the manifest names the last good generation
-        raise write_error(ckdir, exc, staging, os.path.join(ckdir, gen_name), tmp_manifest)
+        raise write_error(ckdir, exc, staging, gen_path, tmp_manifest)
     _fsync_dir(ckdir)
     _remove_stale(ckdir, keep=gen_name)
     return ckdir
@@ -195,8 +195,7 @@ def load_checkpoint(path: str | os.PathLike, map_location: Any = "cpu") -> Check
         return _load_plain(found, map_location)
     manifest_path = os.path.join(found, MANIFEST)
     manifest = _read_manifest(manifest_path)
-    what_to_do = (f"delete {found} to start afresh (without --resume), or restore the directory from a "
-                  "backup")
+    what_to_do = f"delete {found} to start afresh (without --resume), or restore the directory from a backup"
     gen_dir = os.path.join(found, manifest["directory"])
     for name in (TENSORS, STATE):
         expected = manifest["files"][name]
@@ -222,8 +221,7 @@ def load_checkpoint(path: str | os.PathLike, map_location: Any = "cpu") -> Check
         raise CheckpointError(f"{gen_dir}: not an accelbatch checkpoint (unexpected contents); {what_to_do}")
     return Checkpoint(path=found, model_state=tensors["model"], optimizer_state=tensors.get("optimizer"),
                       scaler_state=tensors.get("scaler"), opts=document.get("opts") or {},
-                      plan=document.get("plan") or {},
-                      state=document.get("state") or {}, rng=document.get("rng"),
+                      plan=document.get("plan") or {}, state=document.get("state") or {}, rng=document.get("rng"),
                       version=manifest["version"], generation=manifest["generation"])
 
 
@@ -272,6 +270,7 @@ def _read_manifest(manifest_path: str) -> dict[str, Any]:
 def write_json_file(path: str, data: Any) -> None:
     """Write ``data`` as JSON to ``path`` whole or not at all (a temporary file, synced, then renamed): the
     small files kept beside a model file (PATH.opt, PATH.trainstats)."""
+    path = os.path.realpath(path)  # a link's target is written, not the link replaced by a file (target stale)
     tmp = f"{path}.tmp-{os.getpid()}"
     try:
         _write_bytes(tmp, json.dumps(data).encode("utf-8"))

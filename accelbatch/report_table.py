@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import sys
 from dataclasses import dataclass
 from typing import Any, TextIO
 
@@ -82,9 +83,17 @@ def json_ready(value: Any) -> Any:
     return value
 
 
+def _warn_unwritable(option: str, path: str, exc: OSError) -> None:
+    """Says once, on stderr, that a log cannot be written and the run goes on without it."""
+    print(f"accelbatch: {option} {path}: cannot write ({exc.strerror or exc}); the run goes on without it",
+          file=sys.stderr, flush=True)
+
+
 @dataclass
 class MetricsLog:
-    """Appends one JSON object per line to --metrics-log (nothing when no path is given)."""
+    """Appends one JSON object per line to --metrics-log (nothing when no path is given). A log that cannot be
+    written (a full disk, a removed folder) is said once on stderr and then left off: a run never fails for a
+    log."""
 
     path: str | None
     handle: TextIO | None = None
@@ -93,21 +102,55 @@ class MetricsLog:
 
     def write(self, record: dict[str, Any]) -> None:
         if self.tensorboard is not None:
-            self.tensorboard.write(record)
+            try:
+                self.tensorboard.write(record)
+            except OSError as exc:
+                self._drop_tensorboard(exc)
         if not self.path:
             return
-        if self.handle is None:
-            os.makedirs(os.path.dirname(os.path.abspath(self.path)), exist_ok=True)
-            self.handle = open(self.path, "a", encoding="utf-8")
-        self.handle.write(json.dumps(json_ready(record), sort_keys=True, allow_nan=False) + "\n")
-        self.handle.flush()
+        try:
+            if self.handle is None:
+                os.makedirs(os.path.dirname(os.path.abspath(self.path)), exist_ok=True)
+                self.handle = open(self.path, "a", encoding="utf-8")
+            self.handle.write(json.dumps(json_ready(record), sort_keys=True, allow_nan=False) + "\n")
+            self.handle.flush()
+        except OSError as exc:
+            self._drop_file(exc)
+
+    def _drop_file(self, exc: OSError) -> None:
+        """Stops writing --metrics-log after a failed write, saying so once."""
+        _warn_unwritable("--metrics-log", str(self.path), exc)
+        self.path = None
+        handle, self.handle = self.handle, None
+        if handle is not None:
+            try:  # its buffer still holds the line that failed: closing it fails the same way
+                handle.close()
+            except OSError:
+                pass
+
+    def _drop_tensorboard(self, exc: OSError) -> None:
+        """Stops writing --tensorboard-logdir after a failed write, saying so once."""
+        board, self.tensorboard = self.tensorboard, None
+        _warn_unwritable("--tensorboard-logdir", str(getattr(board, "log_dir", "")), exc)
+        try:
+            board.close()
+        except OSError:
+            pass
 
     def close(self) -> None:
+        """Closes the progress bar and the logs; never raises for a log that cannot be written."""
         if self.progress is not None:  # before anything is printed after it: an error starts its own line
             self.progress.close()
             self.progress = None
         if self.handle is not None:
-            self.handle.close()
-            self.handle = None
+            handle, self.handle = self.handle, None
+            try:
+                handle.close()
+            except OSError as exc:
+                _warn_unwritable("--metrics-log", str(self.path), exc)
         if self.tensorboard is not None:
-            self.tensorboard.close()
+            board, self.tensorboard = self.tensorboard, None
+            try:
+                board.close()
+            except OSError as exc:
+                _warn_unwritable("--tensorboard-logdir", str(board.log_dir), exc)

@@ -141,8 +141,21 @@ def check_output_paths(opts: Any) -> None:
             with tempfile.TemporaryFile(dir=folder):
                 pass
         except OSError as exc:
+            blocker = _file_in_the_way(folder)
+            if blocker is not None:
+                raise OptionError(f"{flag} {path}: its folder {blocker} is a file, not a folder; give a path in a "
+                                  "folder, or move that file away") from None
             raise OptionError(f"{flag}: cannot write {path} (its folder {folder}: {exc.strerror}); give a path "
                               "in a folder you can write") from None
+
+
+def _file_in_the_way(folder: str) -> str | None:
+    """The nearest existing one of ``folder`` and the folders above it, when it is a file (so the folder cannot
+    be made); None when it is a folder."""
+    here = folder
+    while not os.path.lexists(here) and os.path.dirname(here) != here:
+        here = os.path.dirname(here)
+    return here if os.path.exists(here) and not os.path.isdir(here) else None
 
 
 class ModelFileLock:

@@ -241,7 +241,7 @@ class FileStore(Store):
         self.answers = AnswerTable()
         self.example_bytes = index.size / max(1, self.table.num_examples)
         # parsed episodes kept for the turns that follow: up to 4,096, and about CACHE_BYTES of the file
-        episode_bytes = index.size / max(1, self.table.num_episodes)
+        episode_bytes = max(1.0, index.size / max(1, self.table.num_episodes))  # > 0: an index of an empty file
         self._read = lru_cache(maxsize=max(64, min(4096, int(CACHE_BYTES / episode_bytes))))(self._read_episode)
 
     def __getstate__(self) -> dict[str, Any]:  # data workers get the index, not the cache

@@ -18,9 +18,11 @@ escape (a backslash is itself). A line without ``episode_done:True`` continues i
 from __future__ import annotations
 
 import codecs
+import errno
 import json
 import os
 import re
+import stat
 from array import array
 from dataclasses import dataclass
 from typing import BinaryIO, Iterator
@@ -46,7 +48,8 @@ def parse_jsonl_line(line: str, path: str, lineno: int) -> Message:
     except json.JSONDecodeError as exc:
         # past the line's first line break is its end (the parser counts the break as a line of its own)
         column = exc.colno if exc.lineno == 1 else len(_strip_line_end(line)) + 1
-        raise DataFileError(f"{path}:{lineno}: not valid JSON ({exc.msg} at column {column}); "
+        where = "column" if exc.msg.endswith(" at") else "at column"  # "Unterminated string starting at" has its at
+        raise DataFileError(f"{path}:{lineno}: not valid JSON ({exc.msg} {where} {column}); "
                             "each line must be one JSON object") from None
     # a line decoded from UTF-8 holds no surrogate: only a JSON escape \ud800-\udfff makes one, so only a line
     # with such an escape has its strings searched (the search costs more than the parse)
@@ -127,14 +130,41 @@ def file_format(path: str) -> str:
     return "jsonl" if path.endswith((".jsonl", ".json")) else "parlai"
 
 
+def _regular(path: str) -> os.stat_result:
+    """``path``'s stat (links followed: what is read is the link's target) once it is known to be a regular
+    file: a pipe would block the open, and be read once where a streamed file is read on every pass."""
+    try:
+        info = os.stat(path)
+    except OSError as exc:
+        raise _refusal(path, exc) from None
+    if stat.S_ISDIR(info.st_mode):
+        raise _refusal(path, IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR)))
+    if not stat.S_ISREG(info.st_mode):
+        raise DataFileError(f"{path}: not a regular file (a pipe or device); give a file of the data")
+    return info
+
+
+def _refusal(path: str, exc: OSError) -> DataFileError:
+    """The OS's refusal to read ``path`` as one line naming it and the reason."""
+    if isinstance(exc, FileNotFoundError):
+        return DataFileError(f"{path}: no such file; check the path given to -t")
+    if isinstance(exc, IsADirectoryError):
+        return DataFileError(f"{path}: is a directory; give a file, or a folder with train/valid/test files")
+    return DataFileError(f"{path}: cannot be read ({exc.strerror or exc}); check the file and the path given to -t")
+
+
 def _open(path: str) -> BinaryIO:
+    """``path`` opened to read, a regular file (:func:`_regular`); any refusal is one DataFileError."""
+    _regular(path)
     try:
         return open(path, "rb")
-    except FileNotFoundError:
-        raise DataFileError(f"{path}: no such file; check the path given to -t") from None
-    except IsADirectoryError:
-        raise DataFileError(f"{path}: is a directory; give a file, or a folder with train/valid/test files") \
-            from None
+    except OSError as exc:  # no permission, a link loop, ...
+        raise _refusal(path, exc) from None
+
+
+def _identity(info: os.stat_result) -> tuple[int, int, int]:
+    """What tells a file changed since it was indexed: size, modified time (ns) and inode (a replaced file)."""
+    return info.st_size, info.st_mtime_ns, info.st_ino
 
 
 def _parse(raw: bytes, path: str, lineno: int, fmt: str) -> Message | None:
@@ -198,11 +228,13 @@ class FileIndex:
     lines: np.ndarray
     turns: np.ndarray
     size: int
+    identity: tuple[int, int, int] = (-1, -1, -1)  # _identity() of the file indexed; -1s: not checked
 
     @classmethod
     def build(cls, path: str, fmt: str | None = None) -> "FileIndex":
         """One pass over the file (every line parsed, so a malformed one is named before any training)."""
         fmt = fmt or file_format(path)
+        identity = _identity(_regular(path))  # before the pass: a change during it is caught by read()
         offsets, lines, turns = array("q"), array("q"), array("q")
         open_episode = False
         for offset, lineno, msg in iter_examples(path, fmt):
@@ -215,13 +247,14 @@ class FileIndex:
         if not turns:
             raise DataFileError(f"{path}: the file holds no examples")
         as_np = [np.frombuffer(a, dtype=np.int64).copy() for a in (offsets, lines, turns)]
-        return cls(path, fmt, as_np[0], as_np[1].astype(np.int32), as_np[2].astype(np.int32), os.path.getsize(path))
+        return cls(path, fmt, as_np[0], as_np[1].astype(np.int32), as_np[2].astype(np.int32), identity[0], identity)
 
     def read(self, episode: int) -> list[Message]:
         """The turns of one episode (the last one closes it)."""
         out: list[Message] = []
         want, lineno = int(self.turns[episode]), int(self.lines[episode])
         with _open(self.path) as handle:
+            self._check_unchanged(os.fstat(handle.fileno()))
             handle.seek(int(self.offsets[episode]))
             for raw in handle:
                 msg = _parse(raw, self.path, lineno, self.fmt)
@@ -235,3 +268,9 @@ class FileIndex:
                                 "has fewer turns than when it was indexed); do not edit a file during a run")
         out[-1][EPISODE_DONE] = True
         return out
+
+    def _check_unchanged(self, info: os.stat_result) -> None:
+        """Refuse a file that is not the one indexed: its offsets would land on other data, or mid-line."""
+        if self.identity != (-1, -1, -1) and _identity(info) != self.identity:
+            raise DataFileError(f"{self.path} changed while the run read it (size/modified time differ from when "
+                                "it was indexed); keep a run's data file unchanged until the run ends")
