@@ -169,11 +169,12 @@ class Checkpointer:
     def resume(self, world: Any, engine: Any) -> dict[str, Any] | None:
         """--resume: the checkpoint's weights into the engine, the data position into the world, the RNG
         streams; returns the checkpoint's other state (counters), or None when there is nothing to resume."""
-        path = self.opts.model_file
+        path, folder = self.opts.model_file, checkpoint_dir(self.opts.model_file)
+        if find_checkpoint(path) in (None, path) and os.path.isdir(folder) and \
+                any(name.startswith("gen-") for name in os.listdir(folder)):
+            load_checkpoint(folder)  # saves without a manifest: refused naming the folder (not passed over for
+            # the weights beside it), never overwritten
         if find_checkpoint(path) is None:
-            folder = checkpoint_dir(path)
-            if os.path.isdir(folder) and any(name.startswith("gen-") for name in os.listdir(folder)):
-                load_checkpoint(path)  # saves without a manifest: refused naming the folder, never overwritten
             if self.backend.is_main_process():
                 print(f"accelbatch: --resume: no checkpoint at {path}; starting afresh", file=sys.stderr)
             return None

@@ -39,14 +39,23 @@ def test_an_unreadable_file_beside_the_model_file_is_named_and_nothing_runs(tmp_
         assert "train " not in out and model.read_bytes() == weights
 
 
+@pytest.mark.parametrize("weights", [False, True], ids=["alone", "beside-the-weights"])
 @pytest.mark.parametrize("saves", [True, False])
-def test_resume_refuses_saves_without_a_manifest_and_keeps_them(tmp_path, capsys, saves):
+def test_resume_refuses_saves_without_a_manifest_and_keeps_them(tmp_path, capsys, saves, weights):
     """A checkpoint folder whose manifest is gone but whose saves are there is refused naming it (going on
-    afresh would overwrite what may be all that is left of a run); a folder with no save starts afresh."""
+    afresh would overwrite what may be all that is left of a run; resuming from the weights beside it, from
+    the data's start and with the default course, passed over it silently); a folder with no save starts
+    afresh."""
+    from accelbatch.agents import TorchAgent
     from accelbatch.cli import main
+    from accelbatch.models.bag import BagAgent
+    from accelbatch.opts import Opts
 
     model = tmp_path / "m.pt"
     folder = tmp_path / "m.pt.ckpt"
+    if weights:
+        TorchAgent.save(BagAgent(Opts(model="bag", embedding_size=8)), str(model))
+    before = model.read_bytes() if weights else None
     folder.mkdir()
     if saves:
         (folder / "gen-000001").mkdir()
@@ -56,6 +65,7 @@ def test_resume_refuses_saves_without_a_manifest_and_keeps_them(tmp_path, capsys
     err = capsys.readouterr().err
     if saves:
         assert rc == 2 and f"{folder}: has no MANIFEST.json" in err, err
-        assert (folder / "gen-000001" / "state.json").read_text() == "{}" and not model.exists()
+        assert (folder / "gen-000001" / "state.json").read_text() == "{}"
+        assert (model.read_bytes() == before) if weights else not model.exists()
     else:
-        assert rc == 0 and "starting afresh" in err, err
+        assert rc == 0 and ("holds weights only" if weights else "starting afresh") in err, err
