@@ -31,7 +31,8 @@ from accelbatch.names import resolve_agent_class
 from accelbatch.opts import OptionError, Opts
 from accelbatch.teachers import is_training
 
-KEPT = SHAPING + ("learning_rate", "optimizer")  # PATH.opt: a continued training keeps its optimizer too
+# PATH.opt: a continued training keeps its optimizer too; every verb given only -mf works on the model's task
+KEPT = SHAPING + ("learning_rate", "optimizer", "task")
 # the run's limits, validation and logs: a resume goes on to the same end unless the command line says
 # otherwise; the limits go together: one given (e.g. a larger -ne) sets the end, the others keep their defaults
 LIMITS = ("num_epochs", "max_train_steps", "max_train_time")
@@ -165,7 +166,7 @@ def with_model_opts(opts: Opts, argv: Sequence[str]) -> tuple[Opts, str | None]:
         check_resumed_opts(Checkpoint(path=found, model_state={}, opts=saved), opts, opts.model, SHAPING)
         return opts, None  # said by the resume (-lr) or not at all: the run goes on as it was
     if path and os.path.isfile(path):
-        source, flag, names = path, "-mf", KEPT if training else SHAPING
+        source, flag, names = path, "-mf", KEPT if training else (*SHAPING, "task")
     elif opts.init_model and os.path.isfile(opts.init_model):
         source, flag, names = opts.init_model, "--init-model", SHAPING
     else:

@@ -523,7 +523,8 @@ def test_a_model_file_names_its_model_so_eval_needs_only_mf(tmp_path, capsys):
                  "--eval-splits", "", "-veps", "-1"]) == 0
     assert json.loads((tmp_path / "m.pt.opt").read_text()) == {"model": "bag", "embedding_size": 16,
                                                                  "text_truncate": 256, "label_truncate": -1,
-                                                                 "learning_rate": 0.01, "optimizer": "adam"}
+                                                                 "learning_rate": 0.01, "optimizer": "adam",
+                                                                 "task": "babi:1"}
     capsys.readouterr()
     assert main(["eval", "-mf", path, "--no-progress"]) == 0
     out = capsys.readouterr()
@@ -590,3 +591,22 @@ def test_a_report_file_that_cannot_be_written_is_one_line_after_the_model_is_sav
     assert err[-1] == ("accelbatch: error: --report-json /dev/full: cannot be written (No space left on device); "
                        "the run finished (its -mf, if given, is saved): choose another path")
     assert model.is_file()
+
+
+def test_a_model_file_keeps_its_task_so_a_verb_given_only_mf_works_on_it(tmp_path, capsys):
+    """As ParlAI's MODEL.opt keeps the task: eval -mf PATH of a model trained on dialogues scores dialogues
+    (it scored babi:1, the default, silently), and -t on the command line wins."""
+    from accelbatch.opts import Opts
+    from accelbatch.teachers import create_teacher
+
+    path = str(tmp_path / "m.pt")
+    assert main(["train", "-t", "dialogues:50", "-m", "bag", "-esz", "8", "-tstep", "2", "-mf", path,
+                 "--no-progress", "--eval-splits", "", "-veps", "-1"]) == 0
+    capsys.readouterr()
+    assert main(["eval", "-mf", path, "--no-progress"]) == 0
+    out = capsys.readouterr()
+    assert "-t dialogues:50" in out.err.splitlines()[0]
+    valid = create_teacher(Opts(task="dialogues:50", datatype="valid")).num_examples()
+    assert out.out.splitlines()[2].split()[:2] == ["valid", str(valid)] and valid != 1000
+    assert main(["eval", "-mf", path, "-t", "babi:1", "--no-progress"]) == 0
+    assert capsys.readouterr().out.splitlines()[2].split()[:2] == ["valid", "1000"]
