@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import re
 from collections.abc import Iterable, Mapping, Set
 from typing import Any, Sequence
@@ -50,7 +51,7 @@ class FrozenList(list):
     def copy(self) -> list:  # type: ignore[override]
         return list(self)
 
-    def __reduce__(self) -> tuple:  # pickles and deep-copies as a plain list
+    def __reduce__(self) -> tuple:  # a plain list alone; within a pickled FrozenMessage, read-only again
         return (list, (list(self),))
 
 
@@ -76,8 +77,11 @@ class FrozenMessage(Message):
     __setitem__ = __delitem__ = __ior__ = _refuse  # type: ignore[assignment]
     pop = popitem = setdefault = update = clear = _refuse  # type: ignore[assignment]
 
-    def __reduce__(self) -> tuple:  # pickles (hogwild, data workers) as a plain, changeable Message
-        return (Message, (dict(self),))
+    def __reduce__(self) -> tuple:  # pickled to a data process it stays read-only, as it is served here
+        return (FrozenMessage, (dict(self),))
+
+    def __deepcopy__(self, memo: dict) -> Message:  # a deep copy is the agent's own: changeable
+        return Message(copy.deepcopy(dict(self), memo))
 
 
 def is_padding(message: dict | None) -> bool:

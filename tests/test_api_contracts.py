@@ -4,6 +4,7 @@ was trained, a teacher's data cannot be changed through an observation, and Opts
 
 from __future__ import annotations
 
+import copy
 import json
 import pickle
 import random
@@ -94,8 +95,17 @@ def test_an_observations_lists_are_the_teachers_and_cannot_be_changed_through_a_
     teacher.reset()
     again = teacher.act()
     assert again["label_candidates"] == before and again["label_candidates"] is served["label_candidates"]
-    sent = pickle.loads(pickle.dumps(served))  # what a data worker or hogwild process gets: its own lists
-    assert type(sent["label_candidates"]) is list and sent["label_candidates"] == before
+    sent = pickle.loads(pickle.dumps(teacher.act()))  # what a data process gets: as read-only as here (a
+    # performance option such as --dataloader-mode async must not let an agent change the data)
+    assert sent["label_candidates"] == before and type(sent) is type(teacher.act())
+    with pytest.raises(TypeError, match="copy it first"):
+        sent["label_candidates"].append("x")
+    with pytest.raises(TypeError, match="copy it first"):
+        sent["text"] = "changed"
+    deep = copy.deepcopy(served)  # a deep copy is the agent's own
+    deep["label_candidates"].append("x")
+    deep["text"] = "changed"
+    assert served["label_candidates"] == before
     mine = list(served["label_candidates"])  # a copy of the list is the agent's own
     mine.reverse()
     assert served["label_candidates"] == before
