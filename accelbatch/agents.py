@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any, Sequence
 
 import torch
 
-from accelbatch.checkpoint import read_json_file, write_error
+from accelbatch.checkpoint import read_json_file, write_error, write_torch
 from accelbatch.dictionary import hash_tokens, tokenize  # noqa: F401 - agents' public helpers
 from accelbatch.messages import EPISODE_DONE, EVAL_LABELS, LABELS, TEXT, Message, checked_replies, is_padding
 from accelbatch.metrics import Metrics
@@ -386,10 +386,7 @@ class TorchAgent(Agent):
         tmp = f"{target}.tmp"
         try:
             os.makedirs(os.path.dirname(target), exist_ok=True)
-            with open(tmp, "wb") as handle:  # torch writes through Python's file: a full disk is an OSError
-                torch.save(state, handle)
-                handle.flush()
-                os.fsync(handle.fileno())
+            write_torch(tmp, state)
             os.replace(tmp, target)
         except (OSError, RuntimeError) as exc:
             error = write_error(path, exc, tmp)

@@ -158,7 +158,7 @@ def save_checkpoint(path: str | os.PathLike, *, model: torch.nn.Module | Mapping
         gen_name = f"gen-{generation:06d}"
         gen_path = os.path.join(ckdir, gen_name)  # a fresh name: removing it on failure removes only ours
         staging = tempfile.mkdtemp(prefix=".tmp-", dir=ckdir)
-        _write_torch(os.path.join(staging, TENSORS), tensors)
+        write_torch(os.path.join(staging, TENSORS), tensors)
         _write_bytes(os.path.join(staging, STATE), state_bytes)
         files = {name: {"sha256": _sha256(os.path.join(staging, name)),
                         "bytes": os.path.getsize(os.path.join(staging, name))} for name in (TENSORS, STATE)}
@@ -326,7 +326,8 @@ def _write_bytes(path: str, data: bytes) -> None:
         os.fsync(handle.fileno())
 
 
-def _write_torch(path: str, obj: Any) -> None:
+def write_torch(path: str, obj: Any) -> None:
+    """torch.save through Python's file, synced: a full disk is an OSError that :func:`write_error` names."""
     with open(path, "wb") as handle:
         torch.save(obj, handle)
         handle.flush()

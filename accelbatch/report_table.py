@@ -118,39 +118,39 @@ class MetricsLog:
             self._drop_file(exc)
 
     def _drop_file(self, exc: OSError) -> None:
-        """Stops writing --metrics-log after a failed write, saying so once."""
+        """Stops writing --metrics-log after a failed write, saying so once (closing it then fails the same way:
+        its buffer still holds the line that failed)."""
         _warn_unwritable("--metrics-log", str(self.path), exc)
         self.path = None
-        handle, self.handle = self.handle, None
-        if handle is not None:
-            try:  # its buffer still holds the line that failed: closing it fails the same way
-                handle.close()
-            except OSError:
-                pass
+        self._close_file(warn=False)
 
     def _drop_tensorboard(self, exc: OSError) -> None:
         """Stops writing --tensorboard-logdir after a failed write, saying so once."""
-        board, self.tensorboard = self.tensorboard, None
-        _warn_unwritable("--tensorboard-logdir", str(getattr(board, "log_dir", "")), exc)
+        _warn_unwritable("--tensorboard-logdir", str(getattr(self.tensorboard, "log_dir", "")), exc)
+        self._close_tensorboard(warn=False)
+
+    def _close_file(self, warn: bool) -> None:
+        handle, self.handle = self.handle, None
         try:
-            board.close()
-        except OSError:
-            pass
+            if handle is not None:
+                handle.close()
+        except OSError as exc:
+            if warn:
+                _warn_unwritable("--metrics-log", str(self.path), exc)
+
+    def _close_tensorboard(self, warn: bool) -> None:
+        board, self.tensorboard = self.tensorboard, None
+        try:
+            if board is not None:
+                board.close()
+        except OSError as exc:
+            if warn:
+                _warn_unwritable("--tensorboard-logdir", str(getattr(board, "log_dir", "")), exc)
 
     def close(self) -> None:
         """Closes the progress bar and the logs; never raises for a log that cannot be written."""
         if self.progress is not None:  # before anything is printed after it: an error starts its own line
             self.progress.close()
             self.progress = None
-        if self.handle is not None:
-            handle, self.handle = self.handle, None
-            try:
-                handle.close()
-            except OSError as exc:
-                _warn_unwritable("--metrics-log", str(self.path), exc)
-        if self.tensorboard is not None:
-            board, self.tensorboard = self.tensorboard, None
-            try:
-                board.close()
-            except OSError as exc:
-                _warn_unwritable("--tensorboard-logdir", str(board.log_dir), exc)
+        self._close_file(warn=True)
+        self._close_tensorboard(warn=True)
