@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any, Iterator, Sequence
 
 from accelbatch.split_points import parse_split_points
-from accelbatch.strict_args import StrictParser
+from accelbatch.strict_args import StrictParser, refuse_glued_values
 
 DEVICES = ("cpu", "cuda", "ipu")
 DATATYPES = ("train", "train:ordered", "train:stream", "train:stream:ordered", "valid", "test",
@@ -94,7 +94,7 @@ class Opts:
     eval_splits: str = _opt("valid,test", "--eval-splits", train_only=True,
                             help="comma-separated splits evaluated at the end of training (a train split: "
                                  "each example once, in order, as train:evalmode)")
-    metrics: str = _opt("default", "--metrics",
+    metrics: str = _opt("default", "-mcs", "--metrics",
                         help="metrics the report shows: 'default' or 'all' (every metric, bleu-4 of the replies "
                              "included), or a comma-separated list such as accuracy,loss,bleu-4 (exs is always "
                              "shown)")
@@ -106,7 +106,7 @@ class Opts:
     learning_rate: float = _opt(0.01, "-lr", "--learning-rate", train_only=True, help="optimizer learning rate")
     optimizer: str = _opt("adam", "-opt", "--optimizer", choices=("sgd", "adam", "adamw"), train_only=True,
                           help="optimizer")
-    init_model: str | None = _opt(None, "--init-model", train_only=True,
+    init_model: str | None = _opt(None, "-im", "--init-model", train_only=True,
                                   help="start from the weights of this model file (a fresh optimizer); ignored "
                                        "when --model-file exists, which is continued instead")
     embedding_size: int = _opt(64, "-esz", "--embedding-size", help="embedding size of reference models")
@@ -146,7 +146,7 @@ class Opts:
                                help="episode squashing: previous turns kept in the text (-1: all)", group="data")
     include_labels: bool = _opt(True, "--include-labels",
                                 help="episode squashing: put earlier labels in the context", group="data")
-    dynamic_batching: str = _opt("none", "--dynamic-batching", choices=DYNAMIC_BATCHING, group="data",
+    dynamic_batching: str = _opt("none", "-dynb", "--dynamic-batching", choices=DYNAMIC_BATCHING, group="data",
                                  help="none, batchsort (sort by length), full (token budget), "
                                       "buckets (few static shapes)")
     max_batch_tokens: int = _opt(-1, "--max-batch-tokens", group="data",
@@ -478,7 +478,7 @@ def add_arguments(parser: argparse.ArgumentParser, training: bool = True, hide: 
         if typ is bool:
             group.add_argument(*[fl for fl in meta["flags"] if fl.startswith("--")], **kwargs)
         else:
-            group.add_argument(*meta["flags"], **kwargs)
+            refuse_glued_values(group.add_argument(*meta["flags"], **kwargs))
 
 
 def split_of(datatype: str) -> str:

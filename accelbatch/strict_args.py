@@ -3,7 +3,10 @@
 ``allow_abbrev=False`` stops argparse from completing ``--num-ep`` to ``--num-epochs``, but before Python 3.12
 it still completes a single-dash prefix (``-es 16`` ran as ``-esz 16``) and reads an unknown single-dash
 token as a known short option with its value glued on (ParlAI's ``-mtw 1,3`` as ``-m tw``). A
-:class:`StrictParser` refuses both in one line before argparse reads them."""
+:class:`StrictParser` refuses both in one line before argparse reads them. A glued value is refused only for
+the options marked by :func:`refuse_glued_values` (accelbatch's own, whose short forms are ParlAI's): a
+script's own ``-k`` still reads ``-k5`` as argparse does. A token that is an option's value is never read as
+an option here (``--report-json -my.json`` is argparse's to judge)."""
 
 from __future__ import annotations
 
@@ -20,25 +23,51 @@ def _is_number(token: str) -> bool:
     return True
 
 
+_GLUED_REFUSED = "_accelbatch_refuses_glued_values"
+
+
+def refuse_glued_values(action: argparse.Action) -> argparse.Action:
+    """Mark ``action`` so that a value glued to its short flag (``-bs32``) is refused, not read."""
+    setattr(action, _GLUED_REFUSED, True)
+    return action
+
+
+def _values_taken(action: argparse.Action | None) -> int:
+    """How many of the following tokens ``action`` reads as its values (at least; 0 for a switch)."""
+    if action is None or action.nargs == 0:
+        return 0
+    if action.nargs is None or action.nargs == "?":
+        return 1
+    return action.nargs if isinstance(action.nargs, int) else 0
+
+
 def misread_option(parser: argparse.ArgumentParser, argv: Sequence[str]) -> str | None:
     """What is wrong with the first single-dash token of ``argv`` that ``parser`` does not define but would
     read as one of its options (a prefix of a longer one, or a short one with a glued value); None if none."""
     known = parser._option_string_actions
+    values_ahead = 0
     for token in argv:
         if token == "--":
             break  # what follows is positional
-        if not token.startswith("-") or token.startswith("--") or len(token) < 2 or token in known \
-                or "=" in token or _is_number(token):
+        if values_ahead:
+            values_ahead -= 1
+            continue
+        if token in known:
+            values_ahead = _values_taken(known[token])
+            continue
+        if not token.startswith("-") or token.startswith("--") or len(token) < 2 or "=" in token \
+                or _is_number(token):
             continue
         longer = [flag for flag, action in known.items() if flag.startswith(token) and not flag.startswith("--")
                   and action.help is not argparse.SUPPRESS]
         if longer:
             return f"unrecognized option {token} (options are not abbreviated; {token} begins {', '.join(longer)})"
         glued = next((flag for flag, action in known.items() if not flag.startswith("--")
-                      and token.startswith(flag) and action.nargs != 0), None)
+                      and token.startswith(flag) and getattr(action, _GLUED_REFUSED, False)), None)
         if glued is not None:
             rest = token[len(glued):]
-            return f"unrecognized option {token}; to give {glued} the value {rest}, write `{glued} {rest}`"
+            return (f"unrecognized option {token}: no option is named so (see --help); a value is not read glued "
+                    f"to {glued}: if {glued} {rest} is meant, write `{glued} {rest}`")
         if any(flag.startswith(token) for flag in known):
             return f"unrecognized arguments: {token}"  # only a hidden option starts so: argparse's own words
     return None

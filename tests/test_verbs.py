@@ -124,7 +124,23 @@ def test_an_unknown_short_option_is_not_read_as_a_known_one_with_a_glued_value(v
         main([verb, "-t", "babi:1", "-mtw", "1,3"])
     assert exited.value.code == 2
     err = capsys.readouterr().err.strip().splitlines()[-1]
-    assert "unrecognized option -mtw; to give -m the value tw, write `-m tw`" in err
+    assert "unrecognized option -mtw: no option is named so (see --help); a value is not read glued to -m: " \
+           "if -m tw is meant, write `-m tw`" in err
+
+
+def test_parlai_short_forms_are_read_and_an_option_value_is_never_judged_as_an_option(tmp_path, capsys):
+    from accelbatch.opts import build_parser
+
+    parsed = build_parser().parse_args(["-mcs", "all", "-im", "w.pt", "-dynb", "full"])
+    assert (parsed.metrics, parsed.init_model, parsed.dynamic_batching) == ("all", "w.pt", "full")
+    # a value that begins with a dash is argparse's to judge, not read as a misspelt option
+    with pytest.raises(SystemExit):
+        main(["train", "--report-json", "-my report.json"])
+    err = capsys.readouterr().err
+    assert "--report-json: expected one argument" in err and "glued" not in err
+    parser = build_parser()
+    parser.add_argument("-k", type=int)  # a script's own one-letter option takes a glued value as argparse does
+    assert parser.parse_args(["-k5", "-bs", "4"]).k == 5
 
 
 def test_plain_babi_is_refused_naming_the_tasks_and_eval_examples_show_eval_labels(capsys):
