@@ -42,7 +42,13 @@ SET_BY_VERB: dict[str, dict[str, str]] = {
     "interactive": {"report_json": _PRINTS, "metrics_log": _PRINTS, "tensorboard_logdir": _PRINTS,
                     "numthreads": _ONE_PROCESS, "display_examples": _TYPED, "datatype": _TYPED,
                     "batchsize": _TYPED, "num_workers": _ONE_PROCESS, "dataloader_mode": _TYPED,
-                    "dynamic_batching": _TYPED},
+                    "dynamic_batching": _TYPED, "max_batch_tokens": _TYPED, "num_buckets": _TYPED,
+                    "batch_sort_cache_size": _TYPED, "buffer_size": _TYPED, "data_timeout_s": _TYPED,
+                    "device_iterations": _TYPED, "ipu_synthetic_data": _TYPED, "replication_factor": _ONE_PROCESS,
+                    "replica_timeout_s": _ONE_PROCESS, "ipu_input_replica_grouping": _ONE_PROCESS,
+                    "ipu_input_replica_grouping_type": _ONE_PROCESS, "metrics": _PRINTS,
+                    "collate": "does not take it: it types text to the model, and a batch of dataset items "
+                               "needs --collate"},
 }
 
 

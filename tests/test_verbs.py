@@ -161,6 +161,11 @@ def test_plain_babi_is_refused_naming_the_tasks_and_eval_examples_show_eval_labe
     ("interactive", ["-dt", "test"], "-dt/--datatype: interactive does not take it"),
     ("interactive", ["--num-workers", "2"], "--num-workers: interactive does not take it"),
     ("interactive", ["--dataloader-mode", "async"], "--dataloader-mode: interactive does not take it"),
+    ("interactive", ["-rf", "2"], "-rf/--replication-factor: interactive does not take it: it runs in this process"),
+    ("interactive", ["-di", "4"], "-di/--device-iterations: interactive does not take it"),
+    ("interactive", ["--num-buckets", "4"], "--num-buckets: interactive does not take it"),
+    ("interactive", ["--max-batch-tokens", "99"], "--max-batch-tokens: interactive does not take it"),
+    ("interactive", ["-mcs", "all"], "-mcs/--metrics: interactive prints to the terminal"),
 ])
 def test_the_model_verbs_refuse_the_options_they_would_not_read(verb, argv, refused, monkeypatch, capsys):
     monkeypatch.setattr("sys.stdin", io.StringIO("hello\n"))
