@@ -29,7 +29,7 @@ from accelbatch.checkpoint import (
 )
 from accelbatch.names import resolve_agent_class
 from accelbatch.opts import OptionError, Opts
-from accelbatch.teachers import is_training
+from accelbatch.teachers import given_file, is_training, portable_task, task_files
 
 # PATH.opt: a continued training keeps its optimizer too; every verb given only -mf works on the model's task
 KEPT = SHAPING + ("learning_rate", "optimizer", "task")
@@ -86,7 +86,12 @@ def check_resumed_opts(checkpoint: Checkpoint, opts: Opts, model: str,
     """Refuse (a one-line CheckpointError) to resume ``checkpoint`` with options ``keys`` other than its own;
     ``model`` names the agent trained now, which matches the checkpoint's -m when it names the same class."""
     saved = checkpoint.opts.get("model")
-    check_resumable(checkpoint, opts.replace(model=saved if same_model(model, saved) else model), keys)
+    then = checkpoint.opts
+    if isinstance(then.get("task"), str):  # a file task given relative to the folder it ran in, or under -dp
+        checkpoint = dataclasses.replace(checkpoint, opts={**then, "task": portable_task(then["task"],
+                                                                                          then.get("datapath"))})
+    check_resumable(checkpoint, opts.replace(model=saved if same_model(model, saved) else model,
+                                             task=portable_task(opts.task, opts.datapath)), keys)
 
 
 def with_agent_shape(opts: Opts, world: Any) -> Opts:
@@ -103,15 +108,31 @@ def with_agent_shape(opts: Opts, world: Any) -> Opts:
     return opts.replace(**differ) if differ else opts
 
 
+def recorded_task(opts: Opts) -> str | None:
+    """-t as PATH.opt and a checkpoint keep it: file paths absolute (:func:`portable_task`); None when a task's
+    teacher is a class of ``__main__``, which another process cannot import."""
+    if any(part.strip().startswith("__main__:") for part in opts.task.split(",")):
+        return None
+    return portable_task(opts.task, opts.datapath)
+
+
 def write_model_opts(model_file: str, opts: Opts, model: str | None) -> None:
-    """Keep ``opts``' shaping options beside the model just saved to ``model_file``, with ``model`` the name
-    that rebuilds its agent (left out when None: nothing can import it, which the first save of a run says)."""
-    saved = {name: getattr(opts, name) for name in KEPT if name != "model"}
-    kept = saved if model is None else {"model": model, **saved}
-    if model is None and read_json_file(opt_path(model_file)) != kept:  # said at a run's first save only
-        print(f"accelbatch: -mf {model_file}: the agent's class (in __main__ or a function) cannot be recorded in "
-              f"{opt_path(model_file)}; load the model with -m module:Class naming an importable copy of it",
-              file=sys.stderr)
+    """Keep ``opts``' shaping options and task beside the model just saved to ``model_file``, with ``model`` the
+    name that rebuilds its agent (either left out when None: nothing can import it, which the first save of a
+    run says)."""
+    task = recorded_task(opts)
+    kept = {**({} if model is None else {"model": model}),
+            **{name: getattr(opts, name) for name in KEPT if name not in ("model", "task")},
+            **({} if task is None else {"task": task})}
+    if read_json_file(opt_path(model_file)) != kept:  # said at a run's first save only
+        if model is None:
+            print(f"accelbatch: -mf {model_file}: the agent's class (in __main__ or a function) cannot be recorded "
+                  f"in {opt_path(model_file)}; load the model with -m module:Class naming an importable copy of it",
+                  file=sys.stderr)
+        if task is None:
+            print(f"accelbatch: -mf {model_file}: -t {opts.task} names a class in __main__, which cannot be recorded "
+                  f"in {opt_path(model_file)}; evaluate the model with -t naming an importable copy of it",
+                  file=sys.stderr)
     write_json_file(opt_path(model_file), kept)
 
 
@@ -163,6 +184,8 @@ def with_model_opts(opts: Opts, argv: Sequence[str]) -> tuple[Opts, str | None]:
         taken = RESUMED if given.isdisjoint(LIMITS) else tuple(k for k in RESUMED if k not in LIMITS)
         opts = _taking(opts, _untold(saved, taken, given, opts), f"{found}: the checkpoint's options",
                        "start afresh without --resume")
+        if "task" not in given:
+            _check_task_files(opts, f"{found}: the checkpoint's task")
         check_resumed_opts(Checkpoint(path=found, model_state={}, opts=saved), opts, opts.model, SHAPING)
         return opts, None  # said by the resume (-lr) or not at all: the run goes on as it was
     if path and os.path.isfile(path):
@@ -176,9 +199,19 @@ def with_model_opts(opts: Opts, argv: Sequence[str]) -> tuple[Opts, str | None]:
         return opts, None
     flags = {f.name: f.metadata["flags"][0] for f in dataclasses.fields(Opts)}
     said = " ".join(f"{flags[k]} {v}" for k, v in taken.items())
+    if "task" in taken:
+        _check_task_files(opts.replace(task=taken["task"]), f"{opt_path(source)}: the model's task")
     return _taking(opts, taken, opt_path(source), "fix or delete that file"), (
         f"accelbatch: {flag} {source} was trained with {said} ({opt_path(source)}); using them (give them to "
         "override)")
+
+
+def _check_task_files(opts: Opts, where: str) -> None:
+    """A task taken from a file whose data is gone: one line naming that file, not a -t the user never gave."""
+    for path in task_files(opts.task):
+        if not os.path.exists(given_file(path, opts.datapath)):
+            raise OptionError(f"{where} -t {opts.task} reads {path}, which does not exist (moved or deleted?); "
+                              "give -t naming the data to use")
 
 
 def _taking(opts: Opts, taken: dict[str, Any], where: str, what_to_do: str) -> Opts:

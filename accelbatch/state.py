@@ -29,6 +29,7 @@ from accelbatch.checkpoint import (
     save_checkpoint,
 )
 from accelbatch.model_opts import check_resumed_opts, recorded_model
+from accelbatch.teachers import portable_task
 
 # --- RNG streams as JSON data ----------------------------------------------------------------------------
 
@@ -160,7 +161,7 @@ class Checkpointer:
         if self.backend.is_main_process():
             tensors = engine.state_dict()
             opts = self.opts.replace(model=_model_trained(world, self.opts),  # as a resume must build it
-                                     **self._outputs)
+                                     task=portable_task(self.opts.task, self.opts.datapath), **self._outputs)
             save_checkpoint(self.opts.model_file, model=tensors["model"], optimizer=tensors.get("optimizer"),
                             opts=opts, plan=self.plan, rng=rngs, state={**extra, "data": states},
                             scaler=tensors.get("scaler"))

@@ -260,12 +260,36 @@ class FileTeacher(FixedTeacher):
         if not path:
             example = "data/train.jsonl" if kind == "jsonl" else "data/train.txt"
             raise DataFileError(f"-t {kind}: needs a path, e.g. -t {kind}:{example}")
-        path = os.path.expanduser(path)
-        if opts.datapath and not os.path.isabs(path):
-            path = os.path.join(opts.datapath, path)
+        path = given_file(path, opts.datapath)
         if os.path.isdir(path):
             path = os.path.join(path, split_of(opts.datatype) + (".jsonl" if kind == "jsonl" else ".txt"))
         return path
+
+
+FILE_TASKS = ("jsonl", "parlai")
+
+
+def given_file(path: str, datapath: str | None) -> str:
+    """The file or folder a file task's ``path`` names: ``~`` expanded, a relative path under -dp when given."""
+    path = os.path.expanduser(path)
+    return os.path.join(datapath, path) if datapath and not os.path.isabs(path) else path
+
+
+def portable_task(task: str, datapath: str | None) -> str:
+    """``task`` naming the same data from any folder: each ``jsonl:``/``parlai:`` part's path absolute, -dp
+    applied (what PATH.opt and a checkpoint keep, so an eval or a resume run elsewhere reads the same files)."""
+    parts = []
+    for part in task.split(","):
+        kind, _, path = part.strip().partition(":")
+        parts.append(f"{kind}:{os.path.abspath(given_file(path, datapath))}" if kind in FILE_TASKS and path
+                     else part)
+    return ",".join(parts)
+
+
+def task_files(task: str) -> list[str]:
+    """The files and folders the ``jsonl:``/``parlai:`` parts of ``task`` name (as given)."""
+    return [part.strip().partition(":")[2] for part in task.split(",")
+            if part.strip().partition(":")[0] in FILE_TASKS and part.strip().partition(":")[2]]
 
 
 class MultiTaskTeacher(FixedTeacher):
@@ -331,7 +355,7 @@ def comma_in_path(opts: Opts, task: str) -> str | None:
     path that exists, a one-line message saying so; None otherwise. A comma always separates tasks (ParlAI's
     multitask syntax), so such a path cannot be given to -t."""
     kind, _, given = task.partition(":")
-    if kind not in ("jsonl", "parlai") or not given or os.path.exists(FileTeacher.resolve_path(
+    if kind not in FILE_TASKS or not given or os.path.exists(FileTeacher.resolve_path(
             opts.replace(task=task))):
         return None
     parts = opts.task.split(",")
