@@ -39,7 +39,9 @@ LIMITS = ("num_epochs", "max_train_steps", "max_train_time")
 RUN_COURSE = (*LIMITS, "validation_every_n_epochs", "validation_every_n_secs", "validation_patience",
               "validation_metric", "validation_metric_mode", "validation_max_exs", "validation_cutoff",
               "eval_splits", "save_every_n_secs", "metrics_log", "report_json", "tensorboard_logdir")
-RESUMED = ("learning_rate", *RESUME_OPTS, *RUN_COURSE)  # what --resume takes from the checkpoint's options
+# the feed a checkpoint's data position belongs to (batched loader or per-row clones): a resume keeps it
+FRONT_END = ("num_workers", "dataloader_mode")
+RESUMED = ("learning_rate", *RESUME_OPTS, *RUN_COURSE, *FRONT_END)  # what --resume takes from the checkpoint
 
 
 def opt_path(model_file: str) -> str:

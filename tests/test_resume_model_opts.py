@@ -204,3 +204,38 @@ def test_eval_of_a_run_that_has_not_saved_its_model_yet_says_so(stopped, tmp_pat
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and f"{model_file}: no such file" in err[0], err
     assert f"has a checkpoint at {model_file}.ckpt" in err[0] and f"-mf {model_file} --resume" in err[0], err
+
+
+@pytest.mark.multiprocess
+@pytest.mark.timeout(180)
+def test_the_printed_resume_command_continues_a_run_fed_by_the_async_loader(tmp_path, capsys):
+    """The checkpoint of a run with --dataloader-mode async holds the batched loader's position: the printed
+    `train -mf PATH --resume` takes the feed's options with the others (it was refused: a per-row clones world
+    was built, which cannot take that position) and ends with the weights of the same run never stopped."""
+    from accelbatch.build import create_world
+    from accelbatch.run import run
+
+    model_file = tmp_path / "m.pt"
+    opts = _opts(model_file).replace(dataloader_mode="async")
+    with pytest.raises(KeyboardInterrupt, match="checkpoint saved"):
+        run(create_world(opts, agent=SignalsInTheMainProcess), opts)
+    report = tmp_path / "report.json"
+    assert main(["train", "-mf", str(model_file), "--resume", "--report-json", str(report), *QUIET]) == 0, \
+        capsys.readouterr().err
+    assert json.loads(report.read_text())["train"]["steps"] == STEPS
+    whole = _opts(tmp_path / "whole" / "m.pt")
+    run(create_world(whole), whole)
+    ref, got = (torch.load(p, weights_only=True)["model"] for p in (whole.model_file, model_file))
+    assert all(torch.equal(ref[k], got[k]) for k in ref)
+
+
+class SignalsInTheMainProcess(_signalling_bag().__base__):  # type: ignore[misc]
+    """A BagAgent (module level: the async loader's process imports it) sending a SIGINT at batch CUT_AT."""
+
+    batches = 0
+
+    def step(self, observations, batch):  # the batched front end calls it once per batch
+        type(self).batches += 1
+        if type(self).batches == CUT_AT:
+            os.kill(os.getpid(), signal.SIGINT)
+        return super().step(observations, batch)
