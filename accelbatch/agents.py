@@ -22,7 +22,7 @@ from accelbatch.checkpoint import read_json_file, write_error, write_torch
 from accelbatch.dictionary import hash_tokens, tokenize  # noqa: F401 - agents' public helpers
 from accelbatch.messages import EPISODE_DONE, EVAL_LABELS, LABELS, TEXT, Message, checked_replies, is_padding
 from accelbatch.metrics import Metrics
-from accelbatch.optimizers import learning_rates, optimizer_kwargs, rates_text, set_learning_rates
+from accelbatch.optimizers import learning_rates, optimizer_kwargs, rates_text, set_learning_rates, state_fits
 from accelbatch.opts import OptionError, Opts, is_training
 
 if TYPE_CHECKING:
@@ -424,9 +424,7 @@ class TorchAgent(Agent):
     def _load_optimizer(self, state: dict[str, Any], path: str, option: str) -> None:
         saved, kind = state["optimizer"], type(self.optimizer).__name__
         saved_kind = state.get("optimizer_class")
-        groups = saved.get("param_groups") if isinstance(saved, dict) else None
-        same_kind = saved_kind == kind if saved_kind else bool(groups) and \
-            set(groups[0]) == set(self.optimizer.param_groups[0])
+        same_kind = state_fits(saved, self.optimizer, saved_kind)
         fresh = learning_rates(self.optimizer)  # what this run's options (and the agent) give
         if same_kind:
             try:
@@ -435,8 +433,9 @@ class TorchAgent(Agent):
                 same_kind = False
         if not same_kind:
             self.optimizer = self.build_optimizer(self.model)
-            self.load_notes.append(f"{option} {path}: saved with {saved_kind or 'another'} optimizer state; "
-                                   f"{kind} starts fresh (weights loaded)")
+            if is_training(self.opts.datatype):  # eval, display-model, interactive use no optimizer
+                self.load_notes.append(f"{option} {path}: saved with {saved_kind or 'another'} optimizer state; "
+                                       f"{kind} starts fresh (weights loaded)")
             return
         if "ipu_state" in saved and self.slot.engine is None:
             self._device_optimizer_state = saved  # saved on an IPU: for the engine's optimizer (attach_engine)
@@ -460,7 +459,8 @@ def check_weights(saved: dict[str, Any], wanted: dict[str, torch.Tensor], what: 
         if not isinstance(got, torch.Tensor) or got.shape != tensor.shape:
             shape = list(got.shape) if isinstance(got, torch.Tensor) else type(got).__name__
             raise ModelFileError(f"{what}: {key} is {shape} in the file but {list(tensor.shape)} in this "
-                                 f"{model}; load it with the options it was trained with (e.g. -esz)")
+                                 f"{model}; load it with the options it was trained with (e.g. -esz; -mf PATH takes "
+                                 "them from PATH.opt)")
 
 
 def _must_give(agent: TorchAgent, method: str) -> str:

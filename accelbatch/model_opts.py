@@ -144,6 +144,8 @@ def read_model_opts(model_file: str) -> dict[str, Any]:
     saved = read_json_file(opt_path(model_file))
     if saved is not None and not isinstance(saved, dict):
         raise unreadable_sidecar(opt_path(model_file), f"a JSON {type(saved).__name__}, not an object of options")
+    if saved is not None and "task" in saved and not (isinstance(saved["task"], str) and saved["task"].strip()):
+        raise unreadable_sidecar(opt_path(model_file), f"its task is {saved['task']!r}, not a task's name")
     return {k: v for k, v in saved.items() if k in KEPT} if saved is not None else {}
 
 
@@ -196,16 +198,21 @@ def with_model_opts(opts: Opts, argv: Sequence[str]) -> tuple[Opts, str | None]:
         source, flag, names = opts.init_model, "--init-model", SHAPING
     else:
         return opts, None
-    taken = _untold(read_model_opts(source), names, given, opts)
+    saved = read_model_opts(source)
+    taken = _untold(saved, names, given, opts)
+    older = flag == "-mf" and saved and "task" not in saved and "task" not in given  # an older PATH.opt
+    untold_task = None if not older else (
+        f"accelbatch: -mf {source}: {opt_path(source)} does not record the task the model was trained on (written "
+        f"by an older accelbatch); working on -t {opts.task}, the default: give -t to name the task")
     if not taken:
-        return opts, None
+        return opts, untold_task
     flags = {f.name: f.metadata["flags"][0] for f in dataclasses.fields(Opts)}
     said = " ".join(f"{flags[k]} {v}" for k, v in taken.items())
     if "task" in taken:
         _check_task_files(opts.replace(task=taken["task"]), f"{opt_path(source)}: the model's task")
-    return _taking(opts, taken, opt_path(source), "fix or delete that file"), (
+    return _taking(opts, taken, opt_path(source), "fix or delete that file"), "\n".join(filter(None, (
         f"accelbatch: {flag} {source} was trained with {said} ({opt_path(source)}); using them (give them to "
-        "override)")
+        "override)", untold_task)))
 
 
 def _check_task_files(opts: Opts, where: str) -> None:

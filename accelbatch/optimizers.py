@@ -34,3 +34,12 @@ def set_learning_rates(optimizer: torch.optim.Optimizer, rates: list[float]) -> 
 def rates_text(rates: list[float]) -> str:
     """Distinct rates, sorted, as text: "0.01, 0.1"."""
     return ", ".join(f"{v:g}" for v in sorted(set(rates)))
+
+
+def state_fits(saved: Any, optimizer: torch.optim.Optimizer, saved_kind: str | None = None) -> bool:
+    """Whether ``saved`` is an optimizer ``state_dict`` of ``optimizer``'s kind: by the class name recorded
+    with it when there is one, else by its hyperparameter names (Adam's betas, SGD's momentum)."""
+    if saved_kind:
+        return saved_kind == type(optimizer).__name__
+    groups = saved.get("param_groups") if isinstance(saved, dict) else None
+    return bool(groups) and isinstance(groups[0], dict) and set(groups[0]) == set(optimizer.param_groups[0])

@@ -29,6 +29,7 @@ from accelbatch.checkpoint import (
     save_checkpoint,
 )
 from accelbatch.model_opts import check_resumed_opts, recorded_model
+from accelbatch.optimizers import state_fits
 from accelbatch.teachers import portable_task
 
 # --- RNG streams as JSON data ----------------------------------------------------------------------------
@@ -184,6 +185,7 @@ class Checkpointer:
         check_resumed_opts(ckpt, self.opts, _model_trained(world, self.opts))
         check_weights(ckpt.model_state, engine.model.state_dict(), f"--resume: {ckpt.path}: cannot load",
                        type(engine.model).__name__)
+        _check_optimizer_kind(ckpt, engine.host_optimizer(), self.opts)
         engine.load_state_dict(ckpt.engine_state())  # after compile: the engine moves it to its device
         if ckpt.legacy:
             if self.backend.is_main_process():
@@ -212,6 +214,16 @@ class Checkpointer:
                 raise CheckpointError(f"--resume: {ckpt.path}: {first_line(exc)}") from None
         restore_rng(ckpt, rank=rank)
         return {k: v for k, v in ckpt.state.items() if k != "data"}
+
+
+def _check_optimizer_kind(ckpt: Any, optimizer: Any, opts: Any) -> None:
+    """A checkpoint whose optimizer state is another kind's than this run's optimizer cannot be continued
+    exactly (an older accelbatch's -m bag and conv trained with SGD whatever -opt said): one line."""
+    saved = ckpt.optimizer_state
+    if optimizer is not None and saved and not state_fits(saved, optimizer):
+        raise CheckpointError(f"--resume: {ckpt.path}: its optimizer state is not {type(optimizer).__name__}'s "
+                              f"(-opt {opts.optimizer}), so the run cannot continue as it was; start afresh "
+                              "without --resume")
 
 
 def _model_trained(world: Any, opts: Any) -> str:

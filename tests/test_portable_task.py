@@ -99,3 +99,26 @@ def test_a_task_of_main_is_said_not_recordable_and_left_out(tmp_path, capsys):
     assert capsys.readouterr().err == (f"accelbatch: -mf {model}: -t __main__:MyTeacher names a class in __main__, "
                                        f"which cannot be recorded in {model}.opt; evaluate the model with -t "
                                        "naming an importable copy of it\n")
+
+
+def test_a_model_file_whose_opt_file_records_no_task_says_which_task_it_works_on(tmp_path, capsys):
+    """A PATH.opt written before the task was kept (or none at all): the verb works on the default task and
+    says so, rather than scoring babi:1 silently; a PATH.opt whose task is empty is named."""
+    model = str(tmp_path / "m.pt")
+    assert main(["train", "-t", "dialogues:50", "-m", "bag", "-esz", "8", "-tstep", "2", "-mf", model,
+                 *QUIET]) == 0
+    opt_file = tmp_path / "m.pt.opt"
+    older = {k: v for k, v in json.loads(opt_file.read_text()).items() if k != "task"}
+    opt_file.write_text(json.dumps(older))
+    capsys.readouterr()
+    assert main(["eval", "-mf", model, "--no-progress"]) == 0
+    err = capsys.readouterr().err.splitlines()
+    assert f"accelbatch: -mf {model}: {model}.opt does not record the task the model was trained on (written by " \
+           "an older accelbatch); working on -t babi:1, the default: give -t to name the task" in err
+    assert main(["eval", "-mf", model, "-t", "dialogues:50", "--no-progress"]) == 0
+    assert "does not record the task" not in capsys.readouterr().err  # -t given: nothing to say
+    opt_file.write_text(json.dumps({**older, "task": ""}))
+    assert main(["eval", "-mf", model, "--no-progress"]) == 2
+    assert capsys.readouterr().err == (f"accelbatch: error: {model}.opt: cannot be read (its task is '', not a "
+                                       "task's name); accelbatch writes this file beside the model file: restore "
+                                       "it, or delete it to go on without what it keeps\n")

@@ -239,3 +239,34 @@ class SignalsInTheMainProcess(_signalling_bag().__base__):  # type: ignore[misc]
         if type(self).batches == CUT_AT:
             os.kill(os.getpid(), signal.SIGINT)
         return super().step(observations, batch)
+
+
+
+@pytest.mark.timeout(120)
+def test_a_checkpoint_holding_another_optimizers_state_is_refused_in_one_line(tmp_path, monkeypatch, capsys):
+    """An older accelbatch's -m bag trained with SGD whatever -opt said (its checkpoints record -opt adam):
+    resuming one with today's bag (Adam) was a KeyError: 'betas' traceback at the first step."""
+    from accelbatch.build import create_world
+    from accelbatch.models.bag import BagAgent
+    from accelbatch.run import run
+
+    model_file = tmp_path / "m.pt"
+    monkeypatch.setattr(BagAgent, "build_optimizer",
+                        lambda self, model: torch.optim.SGD(model.parameters(), lr=self.opts.learning_rate))
+    batch_act, batches = BagAgent.batch_act, []
+
+    def signalling_batch_act(self, observations):  # a Ctrl-C at batch CUT_AT
+        batches.append(len(observations))
+        if len(batches) == CUT_AT:
+            os.kill(os.getpid(), signal.SIGINT)
+        return batch_act(self, observations)
+
+    monkeypatch.setattr(BagAgent, "batch_act", signalling_batch_act)
+    with pytest.raises(KeyboardInterrupt, match="checkpoint saved"):
+        run(create_world(_opts(model_file)), _opts(model_file))
+    monkeypatch.undo()
+    capsys.readouterr()
+    assert main(["train", "-mf", str(model_file), "--resume", *QUIET]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1] == (f"accelbatch: error: --resume: {model_file}.ckpt: its optimizer state is not Adam's "
+                       "(-opt adam), so the run cannot continue as it was; start afresh without --resume"), err
