@@ -122,3 +122,13 @@ def test_a_model_file_whose_opt_file_records_no_task_says_which_task_it_works_on
     assert capsys.readouterr().err == (f"accelbatch: error: {model}.opt: cannot be read (its task is '', not a "
                                        "task's name); accelbatch writes this file beside the model file: restore "
                                        "it, or delete it to go on without what it keeps\n")
+
+
+def test_eval_of_a_model_trained_with_another_optimizer_says_nothing_of_optimizers(tmp_path, capsys):
+    model = str(tmp_path / "m.pt")
+    assert main(["train", "-m", "bag", "-esz", "8", "-tstep", "2", "-opt", "sgd", "-mf", model, *QUIET]) == 0
+    capsys.readouterr()
+    assert main(["eval", "-mf", model, "--no-progress"]) == 0
+    assert "optimizer" not in capsys.readouterr().err  # eval trains nothing: Adam starting fresh is no news
+    assert main(["train", "-mf", model, "-opt", "adam", "-tstep", "1", *QUIET]) == 0
+    assert f"--model-file {model}: saved with SGD optimizer state; Adam starts fresh" in capsys.readouterr().err
