@@ -105,13 +105,6 @@ def run_script(main: Callable[[list[str]], Any], argv: Sequence[str] | None = No
     return 0
 
 
-def _printable_output() -> None:
-    """Text the data holds (é, 日本語) printed to an output that cannot encode it (PYTHONIOENCODING=ascii, a
-    Windows console's code page) shows as escapes, as stderr's does, instead of failing after the work."""
-    if getattr(sys.stdout, "errors", None) == "strict" and hasattr(sys.stdout, "reconfigure"):
-        sys.stdout.reconfigure(errors="backslashreplace")
-
-
 def error_message(exc: BaseException) -> tuple[int, str] | None:
     """(exit code, message) for an error the user can act on, told by its type: 2 and the error's own one
     line for bad input wherever it was met (this process, a data worker, a replica, a hogwild process); 1 for
@@ -145,7 +138,14 @@ def bad_input_message(exc: BaseException) -> str | None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    _printable_output()
+    """``accelbatch VERB ...``: the exit code (0, 2 for bad input, 1 for a failure, 130 when interrupted)."""
+    from accelbatch.stdout_guard import guarded_stdout
+
+    with guarded_stdout():
+        return _main(argv)
+
+
+def _main(argv: Sequence[str] | None) -> int:
     parser = build_cli()
     args, unknown = parser.parse_known_args(argv)
     verb_parser, given = args.verb_parsers.get(args.verb, parser), sys.argv[1:] if argv is None else argv

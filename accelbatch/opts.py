@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import math
+import os
 from dataclasses import dataclass, field
 from typing import Any, Iterator, Sequence
 
@@ -426,10 +427,7 @@ def _field_type(f: dataclasses.Field) -> type:
 
 
 def _flag(name: str) -> str:
-    for f in dataclasses.fields(Opts):
-        if f.name == name:
-            return "/".join(f.metadata["flags"])
-    return name
+    return "/".join(next((f.metadata["flags"] for f in dataclasses.fields(Opts) if f.name == name), (name,)))
 
 
 def build_parser(prog: str = "accelbatch") -> argparse.ArgumentParser:
@@ -451,6 +449,8 @@ def _flags(f: dataclasses.Field) -> list[str]:
     return flags
 
 
+# file and folder options: a `~` the shell left (quoted, or in --model-file=~/m.pt) is the home folder
+PATHS = ("model_file", "datapath", "init_model", "metrics_log", "report_json", "tensorboard_logdir", "ipu_cache_dir")
 LOADED_MODEL_HELP = "the model to load (its PATH.opt gives the model's options); nothing is written to it"
 
 
@@ -471,7 +471,7 @@ def add_arguments(parser: argparse.ArgumentParser, training: bool = True, hide: 
         if typ is bool:
             kwargs["action"] = getattr(argparse, "BooleanOptionalAction", _OnOff)
         else:
-            kwargs["type"] = typ if typ is not object else str
+            kwargs["type"] = os.path.expanduser if f.name in PATHS else typ if typ is not object else str
             if meta.get("choices"):
                 kwargs["choices"] = meta["choices"]
                 kwargs["metavar"] = "{" + ",".join(meta["choices"]) + "}"

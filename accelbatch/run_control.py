@@ -131,10 +131,12 @@ def check_output_paths(opts: Any) -> None:
     for flag, path, is_dir in outputs:
         if not path:
             continue
-        target = os.path.abspath(os.path.expanduser(path))
+        target = os.path.abspath(path)  # as the run writes it (the CLI has expanded a ~)
         if os.path.exists(target) and os.path.isdir(target) != is_dir:
             kind = "a folder" if is_dir else "a file"
             raise OptionError(f"{flag}: {path} exists and is not {kind}; give the path of {kind}")
+        if not is_dir and path.endswith(("/", os.sep)):
+            raise OptionError(f"{flag} {path}: names a folder (it ends with /); give the path of a file in it")
         folder = target if is_dir else os.path.dirname(target)
         try:
             os.makedirs(folder, exist_ok=True)
@@ -147,6 +149,28 @@ def check_output_paths(opts: Any) -> None:
                                   "folder, or move that file away") from None
             raise OptionError(f"{flag}: cannot write {path} (its folder {folder}: {exc.strerror}); give a path "
                               "in a folder you can write") from None
+        _check_name_length(flag, target, folder, is_dir)
+
+
+# the longest name written beside each output: PATH.trainstats's staging file (a pid of up to 7 digits)
+COMPANION = {"-mf/--model-file": ".trainstats.tmp-4194304", "--report-json": ".tmp-4194304"}
+
+
+def _check_name_length(flag: str, target: str, folder: str, is_dir: bool) -> None:
+    """Refuse a file name that fits the file system but whose companion files (PATH.trainstats, staging
+    files) would not: the run would fail after its training."""
+    from accelbatch.opts import OptionError
+
+    try:
+        limit = os.pathconf(folder, "PC_NAME_MAX")
+    except (OSError, ValueError, AttributeError):  # no such limit to read (not POSIX)
+        return
+    name = os.path.basename(target)
+    longest = name + ("" if is_dir else COMPANION.get(flag, ""))
+    if len(os.fsencode(longest)) > limit:
+        raise OptionError(f"{flag}: the name {name[:40]}... is too long: with the files written beside it "
+                          f"({longest[len(name):]}) it passes the {limit} bytes a file name may have here; give a "
+                          "shorter name")
 
 
 def _file_in_the_way(folder: str) -> str | None:
@@ -167,7 +191,8 @@ class ModelFileLock:
     def __init__(self, model_file: str):
         from accelbatch.opts import OptionError
 
-        self.path, self._handle = model_file + ".lock", None
+        # the file a save writes (a link's target): a second -mf naming it through a link is the same model
+        self.path, self._handle = os.path.realpath(model_file) + ".lock", None
         try:
             import fcntl
         except ImportError:  # not a POSIX system

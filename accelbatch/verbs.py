@@ -88,6 +88,9 @@ def interactive(opts: Opts, candidates: str | None = None, stdin: TextIO | None 
     if stdin is None and hasattr(sys.stdin, "reconfigure"):  # bytes that are not UTF-8 become U+FFFD
         sys.stdin.reconfigure(errors="replace")
     stdin, out = stdin or sys.stdin, out or sys.stdout
+    if stdin is None:
+        raise OptionError("interactive reads the messages from standard input, which is closed; give it a "
+                          "terminal or a file (accelbatch interactive ... < messages.txt)")
     given = _given_candidates(candidates)  # a bad --candidates fails before the model loads
     opts = opts.replace(datatype="valid", batchsize=1, numthreads=1, num_workers=0, dataloader_mode="sync",
                         dynamic_batching="none")
