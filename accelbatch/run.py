@@ -14,7 +14,6 @@ import os
 import sys
 import time
 from contextlib import ExitStack
-from dataclasses import dataclass, field
 from typing import Any
 
 from accelbatch.agents import Agent, TorchAgent
@@ -35,32 +34,8 @@ from accelbatch.state import Checkpointer
 from accelbatch.tasks.files import DataFileError
 from accelbatch.teachers import Teacher, create_teacher, eval_datatype, is_training, split_of
 from accelbatch.tensorboard_log import TensorBoardLog
+from accelbatch.train_state import TrainState
 from accelbatch.worlds import World
-
-
-@dataclass
-class TrainState:
-    """Counters of a training run."""
-
-    steps: int = 0
-    exs: int = 0
-    validations: int = 0
-    best: float = -math.inf
-    stale: int = 0
-    last_valid: float = math.nan  # the -vmt value of the latest validation
-    started: float = field(default_factory=time.monotonic)
-
-    def elapsed(self) -> float:
-        return time.monotonic() - self.started
-
-    def to_json(self) -> dict[str, Any]:
-        return {"steps": self.steps, "exs": self.exs, "validations": self.validations, "best": self.best,
-                "stale": self.stale, "elapsed_s": self.elapsed()}
-
-    def load_json(self, data: dict[str, Any]) -> None:
-        self.steps, self.exs, self.validations = data["steps"], data["exs"], data["validations"]
-        self.best, self.stale = data["best"], data["stale"]
-        self.started = time.monotonic() - data["elapsed_s"]
 
 
 def evaluate(world: World, log: MetricsLog | None = None, split: str = "valid",
@@ -195,7 +170,7 @@ def _world_problem(world: World, opts: Opts) -> str | None:
 def _train(world: World, opts: Opts, log: MetricsLog, runtime: Runtime, stop: StopSignals,
            worlds_made: ExitStack) -> dict[str, Any]:
     backend = runtime.backend
-    state = TrainState()
+    state = TrainState(judged_by=f"{opts.validation_metric} {metric_mode(opts)}")
     model = world.get_model_agent()
     main = backend.is_main_process()
     replicas = backend.world_size  # each replica's world holds its share; epochs count all of them
@@ -220,7 +195,9 @@ def _train(world: World, opts: Opts, log: MetricsLog, runtime: Runtime, stop: St
     if resumed is None and opts.model_file and os.path.isfile(opts.model_file) and isinstance(model, TorchAgent):
         state.best = continued_best(opts, main)
     if resumed is not None:
-        state.load_json(resumed["train"])
+        judged_afresh = state.load_json(resumed["train"])
+        if judged_afresh and main:
+            print(f"accelbatch: {judged_afresh}", file=sys.stderr)
         next_validation = resumed.get("next_validation", next_validation)
         before_resume = resumed.get("train_metrics", {})
     saver = PeriodicSaver(opts.save_every_n_secs)
@@ -250,11 +227,14 @@ def _train(world: World, opts: Opts, log: MetricsLog, runtime: Runtime, stop: St
         pass's dropped examples passed over with it), else the examples trained."""
         passes = world.passes()
         return state.exs if passes is None else passes * per_epoch
-    # a checkpoint taken after the last step (the save at the end of training) leaves nothing to train
-    finished = resumed is not None and (passed() >= target_exs or (
-        opts.max_train_steps > 0 and state.steps >= opts.max_train_steps))
-    if finished and opts.max_train_steps > 0 and state.steps >= opts.max_train_steps:
-        stop_reason = "max_train_steps"
+    # a checkpoint taken after the last step (the save at the end of training) leaves nothing to train, unless
+    # the resume moves a limit (-ne, -tstep, -ttim) past where that training ended
+    ended = {"num_epochs": passed() >= target_exs, "validation": state.ended_by == "validation",
+             "max_train_steps": 0 < opts.max_train_steps <= state.steps,
+             "max_train_time": state.ended_by == "max_train_time" and 0 < opts.max_train_time <= state.elapsed()}
+    finished = resumed is not None and any(ended.values())
+    if finished:
+        stop_reason = next(reason for reason, now in ended.items() if now)
 
     def position() -> dict[str, Any]:
         return {"step": state.steps, "epoch": round(passed() / per_epoch, 4)}
@@ -280,9 +260,10 @@ def _train(world: World, opts: Opts, log: MetricsLog, runtime: Runtime, stop: St
         """Evaluate on valid now (the world built once); True when training should stop."""
         nonlocal valid_world, last_validation
         world.finish_parleys()  # the model validated (and saved when best) is the one its number describes
-        last_validation = time.monotonic()
         valid_world = valid_world or valid_world_made()
-        return _validate(valid_world, opts, log, state, model, backend, position(), stop)
+        stops = _validate(valid_world, opts, log, state, model, backend, position(), stop)
+        last_validation = time.monotonic()  # -vtim is training time since a validation ended (ParlAI's)
+        return stops
 
     def save(validation_cut: bool = False) -> None:
         checkpoints.save(world, model.engine, {"train": state.to_json(), "next_validation": next_validation,
@@ -313,10 +294,12 @@ def _train(world: World, opts: Opts, log: MetricsLog, runtime: Runtime, stop: St
             stop_run("the validation was cut short (a resume runs it again); ")
             raise  # not reached: stop_run raises
 
-    if resumed is not None and passed() >= next_validation and (not finished or resumed.get("validation_cut")):
-        # a stop cut this validation short when the checkpoint was taken: run it before the next step (or, at
-        # the end of training, before the final evaluation), as the run never stopped did
-        due, next_validation = next_validation, next_validation + opts.validation_every_n_epochs * per_epoch
+    if resumed is not None and (resumed.get("validation_cut") or passed() >= next_validation and not finished):
+        # a stop cut this validation (-veps or -vtim) short when the checkpoint was taken: run it before the
+        # next step (or, at the end of training, before the final evaluation), as the run never stopped did
+        due = next_validation if passed() >= next_validation else None
+        if due is not None:
+            next_validation += opts.validation_every_n_epochs * per_epoch
         if validation_stops(due):
             stop_reason, finished = "validation", True
     while not finished:
@@ -349,11 +332,11 @@ def _train(world: World, opts: Opts, log: MetricsLog, runtime: Runtime, stop: St
         out_of_time = 0 < opts.max_train_time <= state.elapsed()
         want_save, stopping, timed, out_of_time = backend.decide(saver.due() or stopping, stopping, timed,
                                                                  out_of_time)
+        if out_of_time:  # before a timed validation, as ParlAI's: the time is up, and the end evaluates
+            stop_reason = "max_train_time"
+            break
         if timed and validation_stops():
             stop_reason = "validation"
-            break
-        if out_of_time:
-            stop_reason = "max_train_time"
             break
         if stopping:
             stop_run()
@@ -365,6 +348,7 @@ def _train(world: World, opts: Opts, log: MetricsLog, runtime: Runtime, stop: St
     if window_exs:
         log_window(time.monotonic())  # the examples since the last train record
     stop.at_safe_point()  # the final save is not cut short; the evaluations below stop at their next step
+    state.ended_by = stop_reason
     if checkpoints is not None:
         save()  # training is done: a resume (after a stop in the evaluations below) only evaluates
     if bar is not None:
@@ -452,7 +436,7 @@ def _validate(world: World, opts: Opts, log: MetricsLog, state: TrainState, mode
         state.stale += 1
     if opts.validation_patience > 0 and state.stale >= opts.validation_patience:
         return True
-    if opts.validation_cutoff <= 0:
+    if opts.validation_cutoff == -1:
         return False
     return metric <= opts.validation_cutoff if metric_mode(opts) == "min" else metric >= opts.validation_cutoff
 

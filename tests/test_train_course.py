@@ -1,0 +1,126 @@
+"""The course of a training over time and validations, as ParlAI's TrainLoop runs it: -vtim counts training
+time since the last validation ended; a run out of -ttim stops before a timed validation; a resume of a run
+whose training ended (by -ttim, patience or -vcut) only evaluates; a resume judging by another -vmt starts the
+best afresh; a -vtim validation cut short by a stop runs again first thing on --resume."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import signal
+import time
+
+import pytest
+
+from accelbatch.cli import main
+from accelbatch.models.bag import BagAgent
+
+QUIET = ["--no-progress", "--eval-splits", ""]
+BASE = ["train", "-t", "babi:1", "-m", "bag", "-esz", "8", "-bs", "32"]
+
+
+def _records(log):
+    return [json.loads(line) for line in log.read_text().splitlines()]
+
+
+def _validations(log):
+    """The steps of the validations in a metrics log (not the final evaluations)."""
+    return [r["step"] for r in _records(log) if r["split"] == "valid" and not r.get("final")]
+
+
+def _digest(path):
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def _slowed(monkeypatch, train_s: float, eval_s: float) -> None:
+    """Every bag batch takes at least ``train_s`` in training and ``eval_s`` in a validation."""
+    batch_act = BagAgent.batch_act
+
+    def slow_batch_act(self, observations):
+        evaluating = any("eval_labels" in o for o in observations if o)
+        time.sleep(eval_s if evaluating else train_s)
+        return batch_act(self, observations)
+
+    monkeypatch.setattr(BagAgent, "batch_act", slow_batch_act)
+
+
+def test_a_timed_validation_waits_for_training_time_since_the_last_one_ended(tmp_path, monkeypatch):
+    """A validation (0.3 s) longer than -vtim 0.2 ran after every step, training starved; now each waits for
+    0.2 s of training (at least 4 steps of 0.05 s)."""
+    _slowed(monkeypatch, train_s=0.05, eval_s=0.3)
+    log = tmp_path / "log.jsonl"
+    assert main([*BASE, "-tstep", "12", "-vtim", "0.2", "-veps", "-1", "-vme", "64", "--metrics-log", str(log),
+                 *QUIET]) == 0
+    steps = _validations(log)
+    assert steps and all(b - a >= 4 for a, b in zip([0, *steps], steps)), steps
+
+
+def test_a_run_out_of_time_stops_before_a_timed_validation(tmp_path, monkeypatch):
+    """-ttim and -vtim both due at a step: ParlAI stops (the time is up) without validating first."""
+    _slowed(monkeypatch, train_s=0.05, eval_s=0.0)
+    log, report = tmp_path / "log.jsonl", tmp_path / "r.json"
+    assert main([*BASE, "-ttim", "0.3", "-vtim", "0.3", "-veps", "-1", "--metrics-log", str(log),
+                 "--report-json", str(report), *QUIET]) == 0
+    assert _validations(log) == []
+    assert json.loads(report.read_text())["train"]["stopped_by"] == "max_train_time"
+
+
+@pytest.mark.parametrize("limits, stopped_by", [
+    (["-ne", "0.5", "-veps", "0.125", "-vmt", "loss", "-vmm", "max", "-vp", "1"], "validation"),  # patience
+    (["-ne", "0.5", "-veps", "0.125", "-vcut", "0"], "validation"),  # any accuracy reaches the cutoff 0
+    (["-ne", "1", "-veps", "-1", "-ttim", "0.0001"], "max_train_time"),
+])
+def test_a_resume_of_a_run_whose_training_ended_only_evaluates(limits, stopped_by, tmp_path, capsys):
+    model, report = tmp_path / "m.pt", tmp_path / "r.json"
+    assert main([*BASE, *limits, "-mf", str(model), "--report-json", str(report), *QUIET]) == 0
+    ended = json.loads(report.read_text())["train"]
+    assert ended["stopped_by"] == stopped_by and ended["steps"] < 79, ended  # before -ne's end (79 steps)
+    weights = _digest(model)
+    assert main(["train", "-mf", str(model), "--resume", "--report-json", str(report), *QUIET]) == 0, \
+        capsys.readouterr().err
+    resumed = json.loads(report.read_text())["train"]
+    assert (resumed["steps"], resumed["stopped_by"]) == (ended["steps"], stopped_by)  # it trained on
+    assert _digest(model) == weights
+
+
+def _stopped_after_the_first_validation(model, log, monkeypatch, in_validation: bool) -> None:
+    """A run of -vtim validations stopped by a SIGINT (a terminal's Ctrl-C) during its first validation, or at
+    the second training batch after it."""
+    batch_act, seen = BagAgent.batch_act, {"validated": False, "after": 0}
+
+    def signalling_batch_act(self, observations):
+        evaluating = any("eval_labels" in o for o in observations if o)
+        seen["validated"] |= evaluating
+        seen["after"] += seen["validated"] and not evaluating
+        if (evaluating and in_validation) or seen["after"] == 2:
+            os.kill(os.getpid(), signal.SIGINT)
+            seen["validated"], seen["after"] = False, -10 ** 9  # once
+        return batch_act(self, observations)
+
+    monkeypatch.setattr(BagAgent, "batch_act", signalling_batch_act)
+    assert main([*BASE, "-tstep", "30", "-vtim", "0.0001", "-veps", "-1", "-vme", "64", "-mf", str(model),
+                 "--metrics-log", str(log), *QUIET]) == 130
+    monkeypatch.undo()
+
+
+def test_a_timed_validation_cut_short_runs_again_first_on_resume(tmp_path, monkeypatch, capsys):
+    model, log = tmp_path / "m.pt", tmp_path / "log.jsonl"
+    _stopped_after_the_first_validation(model, log, monkeypatch, in_validation=True)
+    assert "the validation was cut short (a resume runs it again)" in capsys.readouterr().err
+    assert _validations(log) == []
+    assert main(["train", "-mf", str(model), "--resume", "-vtim", "1000", *QUIET]) == 0, capsys.readouterr().err
+    assert _validations(log)[0] == 1  # the validation due after step 1, before step 2
+
+
+def test_a_resume_judging_by_another_metric_starts_the_best_afresh(tmp_path, monkeypatch, capsys):
+    model, log = tmp_path / "m.pt", tmp_path / "log.jsonl"
+    _stopped_after_the_first_validation(model, log, monkeypatch, in_validation=False)
+    assert json.loads((tmp_path / "m.pt.trainstats").read_text())["metric"] == "accuracy"
+    capsys.readouterr()
+    assert main(["train", "-mf", str(model), "--resume", "-vmt", "loss", "-tstep", "4", *QUIET]) == 0
+    assert "--resume: the best validation so far was judged by -vmt/-vmm accuracy max, this run judges by loss " \
+           "min: its next validation sets the best afresh (and saves -mf)" in capsys.readouterr().err
+    last = [r for r in _records(log) if r["split"] == "valid"][-1]  # the resumed run's one validation
+    assert json.loads((tmp_path / "m.pt.trainstats").read_text()) == {"metric": "loss", "mode": "min",
+                                                                      "value": last["loss"]}
