@@ -258,11 +258,13 @@ def _train(world: World, opts: Opts, log: MetricsLog, runtime: Runtime, stop: St
 
     def validate() -> bool:
         """Evaluate on valid now (the world built once); True when training should stop."""
-        nonlocal valid_world, last_validation
+        nonlocal valid_world, last_validation, window_start
         world.finish_parleys()  # the model validated (and saved when best) is the one its number describes
+        began = time.monotonic()
         valid_world = valid_world or valid_world_made()
         stops = _validate(valid_world, opts, log, state, model, backend, position(), stop)
         last_validation = time.monotonic()  # -vtim is training time since a validation ended (ParlAI's)
+        window_start += last_validation - began  # a train record's exs_per_s: training time only
         return stops
 
     def save(validation_cut: bool = False) -> None:

@@ -124,3 +124,14 @@ def test_a_resume_judging_by_another_metric_starts_the_best_afresh(tmp_path, mon
     last = [r for r in _records(log) if r["split"] == "valid"][-1]  # the resumed run's one validation
     assert json.loads((tmp_path / "m.pt.trainstats").read_text()) == {"metric": "loss", "mode": "min",
                                                                       "value": last["loss"]}
+
+
+def test_a_train_records_speed_leaves_out_the_validations_in_its_window(tmp_path, monkeypatch):
+    """Steps of at least 0.05 s of 32 examples train at most 640 examples/s; validations of 0.2 s each inside
+    the window took it to a third of that."""
+    _slowed(monkeypatch, train_s=0.05, eval_s=0.2)
+    log = tmp_path / "log.jsonl"
+    assert main([*BASE, "-tstep", "6", "-veps", "0.0001", "-vme", "32", "--metrics-log", str(log), *QUIET]) == 0
+    assert len(_validations(log)) >= 5
+    (train,) = [r for r in _records(log) if r["split"] == "train"]
+    assert 0.4 * 640 < train["exs_per_s"] <= 640, train  # with the validations: about 128
