@@ -81,7 +81,9 @@ class Agent:
         return shared["class"](shared["opts"], shared)
 
     def reset(self) -> None:
+        """Forget the conversation and the metrics (ParlAI's reset: a new pass reports afresh)."""
         self.observation = None
+        self.reset_metrics()
 
     def state_dict(self) -> dict[str, Any]:
         """This clone's conversation in progress as JSON data (checkpoints take it between parleys); the

@@ -191,7 +191,7 @@ def _serve(rank: int, world: World, where: Callable[[], Any], counts: torch.Tens
     controls: dict[str, Callable[[Any], Any]] = {
         "report": lambda _: metric_states(world),
         "reset_metrics": lambda _: world.reset_metrics(),
-        "reset": lambda _: (world.reset(), done.__setitem__(rank, 0)) and None,
+        "reset": lambda _: (world.reset(), done.__setitem__(rank, 0), counts.__setitem__(rank, 0)) and None,
         "epoch_done": lambda _: bool(world.epoch_done()),
         "drain": lambda _: None,  # the parleys queued before this one are done: nothing else to do
         "state": lambda _: world.state_dict(),

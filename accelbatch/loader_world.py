@@ -74,7 +74,9 @@ class LoaderWorld(World):
             return
         if self.training and batch.num_real < batch.rows:  # --no-drop-last: padding rows stay out of the loss
             batch = _real_rows_only(batch)
-        pass_over = self.training and batch.step[1] + 1 == self.loader.steps.steps_in(batch.step[0])
+        last = batch.step[1] + 1 == self.loader.steps.steps_in(batch.step[0])
+        self._done = self._done or not self.training and last  # evaluation: epoch_done() after its last batch
+        pass_over = self.training and last
         if pass_over:
             self.dropped_exs += self.loader.steps.dropped(batch.step[0])
         self._ordered_pass_over = pass_over and not self.loader.config.shuffle

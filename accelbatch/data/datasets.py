@@ -62,9 +62,10 @@ def split_at_done(episode: Sequence[dict]) -> list[Sequence[dict]]:
 
 
 def _is_pair(item: Any) -> bool:
-    """A (message dict, new_episode bool) pair: ParlAI's DialogTeacher setup_data form."""
+    """A (message dict, new_episode) pair: ParlAI's DialogTeacher setup_data form (new_episode read for its
+    truth, as ParlAI does: a bool, or 0/1, numpy's too)."""
     return isinstance(item, (tuple, list)) and len(item) == 2 and isinstance(item[0], dict) \
-        and isinstance(item[1], bool)
+        and isinstance(item[1], (int, np.integer, np.bool_))
 
 
 # the fields a turn gives as answers: a str or a list/tuple of str (ParlAI reads a str as a one-element tuple)

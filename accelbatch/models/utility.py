@@ -36,7 +36,12 @@ class RandomCandidateAgent(Agent):
 
     def __init__(self, opts: Opts, shared: dict[str, Any] | None = None):
         super().__init__(opts, shared)
-        self.rng = random.Random(opts.seed)
+        # one stream for every clone: the rows of a batch draw one after another, independently (a stream per
+        # clone, each seeded alike, drew the same candidate in every row)
+        self.rng: random.Random = shared["rng"] if shared and "rng" in shared else random.Random(opts.seed)
+
+    def share(self) -> dict[str, Any]:
+        return {**super().share(), "rng": self.rng}
 
     def act(self) -> Message:
         obs = self.observation
