@@ -189,7 +189,8 @@ def with_model_opts(opts: Opts, argv: Sequence[str]) -> tuple[Opts, str | None]:
         opts = _taking(opts, _untold(saved, taken, given, opts), f"{found}: the checkpoint's options",
                        "start afresh without --resume")
         if "task" not in given:
-            _check_task_files(opts, f"{found}: the checkpoint's task")
+            _check_task_files(opts, f"{found}: the checkpoint's task", "put the data back there to resume, or "
+                              "start afresh without --resume")
         check_resumed_opts(Checkpoint(path=found, model_state={}, opts=saved), opts, opts.model, SHAPING)
         return opts, None  # said by the resume (-lr) or not at all: the run goes on as it was
     if path and os.path.isfile(path):
@@ -209,18 +210,19 @@ def with_model_opts(opts: Opts, argv: Sequence[str]) -> tuple[Opts, str | None]:
     flags = {f.name: f.metadata["flags"][0] for f in dataclasses.fields(Opts)}
     said = " ".join(f"{flags[k]} {v}" for k, v in taken.items())
     if "task" in taken:
-        _check_task_files(opts.replace(task=taken["task"]), f"{opt_path(source)}: the model's task")
+        _check_task_files(opts.replace(task=taken["task"]), f"{opt_path(source)}: the model's task",
+                          "give -t naming the data to use")
     return _taking(opts, taken, opt_path(source), "fix or delete that file"), "\n".join(filter(None, (
         f"accelbatch: {flag} {source} was trained with {said} ({opt_path(source)}); using them (give them to "
         "override)", untold_task)))
 
 
-def _check_task_files(opts: Opts, where: str) -> None:
+def _check_task_files(opts: Opts, where: str, what_to_do: str) -> None:
     """A task taken from a file whose data is gone: one line naming that file, not a -t the user never gave."""
     for path in task_files(opts.task):
         if not os.path.exists(given_file(path, opts.datapath)):
             raise OptionError(f"{where} -t {opts.task} reads {path}, which does not exist (moved or deleted?); "
-                              "give -t naming the data to use")
+                              f"{what_to_do}")
 
 
 def _taking(opts: Opts, taken: dict[str, Any], where: str, what_to_do: str) -> Opts:

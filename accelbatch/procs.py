@@ -49,6 +49,7 @@ from accelbatch.proc_errors import (
     describe_exit,
     raised_as,
 )
+from accelbatch.stdout_guard import guarded_stdout
 
 __all__ = ["INTERRUPTED", "STACK_SIGNAL", "Channel", "ChildSpec", "FailureRecord", "ProcessDied", "ProcessFailure",
            "ProcessRaised", "ProcessTimeout", "Supervisor", "describe_exit", "holding_sigint", "raised_as"]
@@ -127,7 +128,8 @@ def _child_main(_: int, index: int, spec: ChildSpec, target: Callable[..., Any],
     code, report = 0, None
     try:
         signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})  # here: a pending one is an interrupt
-        result = target(index, conn, *args) if spec.pipe else target(index, *args)
+        with guarded_stdout():  # a reader that left (| head) or a full disk does not stop the child's work
+            result = target(index, conn, *args) if spec.pipe else target(index, *args)
         report = None if result is None else _Report("result", pickle.dumps(result))
     except KeyboardInterrupt as exc:
         if spec.ignore_sigint:  # no Ctrl-C reaches it: its own code raised it, an error like any other

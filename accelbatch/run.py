@@ -192,12 +192,11 @@ def _train(world: World, opts: Opts, log: MetricsLog, runtime: Runtime, stop: St
                   f"(the checkpoint's optimizer had {had})", file=sys.stderr)
     # the train row of the report: every example trained, before a resume (from the checkpoint) and since
     before_resume: dict[str, float] = {}
+    judged_afresh: str | None = None
     if resumed is None and opts.model_file and os.path.isfile(opts.model_file) and isinstance(model, TorchAgent):
         state.best = continued_best(opts, main)
     if resumed is not None:
         judged_afresh = state.load_json(resumed["train"])
-        if judged_afresh and main:
-            print(f"accelbatch: {judged_afresh}", file=sys.stderr)
         next_validation = resumed.get("next_validation", next_validation)
         before_resume = resumed.get("train_metrics", {})
     saver = PeriodicSaver(opts.save_every_n_secs)
@@ -235,6 +234,10 @@ def _train(world: World, opts: Opts, log: MetricsLog, runtime: Runtime, stop: St
     finished = resumed is not None and any(ended.values())
     if finished:
         stop_reason = next(reason for reason, now in ended.items() if now)
+    if resumed is not None and main and (finished or judged_afresh):
+        print(f"accelbatch: --resume: the training ended ({stop_reason}; -ne, -tstep and -ttim move its end, "
+              "patience and -vcut do not): only evaluating" if finished else f"accelbatch: {judged_afresh}",
+              file=sys.stderr)
 
     def position() -> dict[str, Any]:
         return {"step": state.steps, "epoch": round(passed() / per_epoch, 4)}

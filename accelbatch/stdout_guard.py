@@ -1,10 +1,10 @@
-"""Standard output for the command line: what cannot be written there never stops the work.
+"""Standard output and error for the command line: what cannot be written there never stops the work.
 
 A reader that stops reading (``accelbatch train ... | head -1``) makes the next write a BrokenPipeError, and a
-full disk (``> /dev/full``) an OSError: raised inside a training step, either ended the run unsaved with a
-traceback. While :func:`guarded_stdout` holds, such an output is dropped (a full disk said once on stderr)
-and the run goes on to save its model and write its report files. Text the output's encoding cannot hold
-(é or 中文 under a Latin-1 or C locale) is printed as escapes."""
+full disk (``> /dev/full``, ``> log 2>&1``) an OSError: raised inside a training step, either ended the run
+unsaved with a traceback. While :func:`guarded_stdout` holds, such an output is dropped (stdout's full disk
+said once on stderr) and the run goes on to save its model and write its report files. Text stdout's
+encoding cannot hold (é or 中文 under a Latin-1 or C locale) is printed as escapes."""
 
 from __future__ import annotations
 
@@ -18,8 +18,8 @@ from typing import Any, Iterator, TextIO
 class _DroppedWhenUnwritable:
     """A text stream that forwards to ``stream`` until a write fails, then drops what follows."""
 
-    def __init__(self, stream: TextIO):
-        self._stream, self.lost = stream, False
+    def __init__(self, stream: TextIO, said: bool):
+        self._stream, self.lost, self._said = stream, False, said
 
     def write(self, text: str) -> int:
         if not self.lost:
@@ -41,7 +41,7 @@ class _DroppedWhenUnwritable:
 
     def _lose(self, exc: OSError) -> None:
         self.lost = True
-        if not isinstance(exc, BrokenPipeError):  # a reader that left wants nothing more: nothing to say
+        if self._said and not isinstance(exc, BrokenPipeError):  # a reader that left wants nothing more
             print(f"accelbatch: the standard output cannot be written ({exc.strerror or exc}); the run goes on "
                   "without it", file=sys.stderr)
         try:  # what the stream still buffers goes nowhere at exit, instead of failing there again
@@ -60,16 +60,18 @@ def _printable(stream: TextIO) -> None:
 
 @contextlib.contextmanager
 def guarded_stdout() -> Iterator[None]:
-    """``sys.stdout`` printable and dropped once unwritable (see the module) while the block runs."""
-    original = sys.stdout
-    if original is None:  # closed (>&-): print() writes nothing already
-        yield
-        return
-    _printable(original)
-    guard = _DroppedWhenUnwritable(original)
-    sys.stdout = guard  # type: ignore[assignment]
+    """``sys.stdout`` printable, it and ``sys.stderr`` (notes, the progress bar: ``> log 2>&1`` on a full disk)
+    dropped once unwritable (see the module), while the block runs; a closed one (``>&-``) is None, which
+    print() already skips."""
+    originals = sys.stdout, sys.stderr
+    if sys.stdout is not None:
+        _printable(sys.stdout)
+        sys.stdout = _DroppedWhenUnwritable(sys.stdout, said=True)  # type: ignore[assignment]
+    if sys.stderr is not None:
+        sys.stderr = _DroppedWhenUnwritable(sys.stderr, said=False)  # type: ignore[assignment]
+    guards = sys.stdout, sys.stderr
     try:
         yield
     finally:
-        if sys.stdout is guard:
-            sys.stdout = original
+        if (sys.stdout, sys.stderr) == guards:
+            sys.stdout, sys.stderr = originals

@@ -46,7 +46,7 @@ def misread_option(parser: argparse.ArgumentParser, argv: Sequence[str]) -> str 
     read as one of its options (a prefix of a longer one, or a short one with a glued value); None if none."""
     known = parser._option_string_actions
     values_ahead = 0
-    for token in argv:
+    for i, token in enumerate(argv):
         if token == "--":
             break  # what follows is positional
         if values_ahead:
@@ -54,6 +54,11 @@ def misread_option(parser: argparse.ArgumentParser, argv: Sequence[str]) -> str 
             continue
         if token in known:
             values_ahead = _values_taken(known[token])
+            following = argv[i + 1] if i + 1 < len(argv) else None
+            if values_ahead and following is not None and following.startswith("-") and following != "--" \
+                    and following not in known and not _is_number(following):
+                return (f"{token}: expected one argument; a value that begins with '-' is written "
+                        f"{token}={following}")
             continue
         if not token.startswith("-") or token.startswith("--") or len(token) < 2 or "=" in token \
                 or _is_number(token):
@@ -62,8 +67,8 @@ def misread_option(parser: argparse.ArgumentParser, argv: Sequence[str]) -> str 
                   and action.help is not argparse.SUPPRESS]
         if longer:
             return f"unrecognized option {token} (options are not abbreviated; {token} begins {', '.join(longer)})"
-        glued = next((flag for flag, action in known.items() if not flag.startswith("--")
-                      and token.startswith(flag) and getattr(action, _GLUED_REFUSED, False)), None)
+        glued = max((flag for flag, action in known.items() if not flag.startswith("--")  # -tstep5: -tstep's
+                     and token.startswith(flag) and getattr(action, _GLUED_REFUSED, False)), key=len, default=None)
         if glued is not None:
             rest = token[len(glued):]
             return (f"unrecognized option {token}: no option is named so (see --help); a value is not read glued "
@@ -83,7 +88,26 @@ class StrictParser(argparse.ArgumentParser):
     def parse_known_args(self, args: Sequence[str] | None = None, namespace: Any = None) -> Any:
         import sys
 
-        problem = misread_option(self, sys.argv[1:] if args is None else args)
+        argv = list(sys.argv[1:] if args is None else args)
+        problem = misread_option(self, argv)
         if problem is not None:
             self.error(problem)
-        return super().parse_known_args(args, namespace)
+        return super().parse_known_args(_negatives_joined(self, argv), namespace)
+
+
+def _negatives_joined(parser: argparse.ArgumentParser, argv: list[str]) -> list[str]:
+    """``-lr -1e-3`` as ``-lr=-1e-3``: argparse takes only ``-5`` and ``-.5`` for negative numbers, and reads
+    ``-1e-3`` or ``-inf`` as an option, leaving the value out ("expected one argument")."""
+    known, out, i = parser._option_string_actions, [], 0
+    while i < len(argv):
+        token = argv[i]
+        if token == "--":
+            return out + argv[i:]
+        if token in known and _values_taken(known[token]) == 1 and i + 1 < len(argv) \
+                and argv[i + 1].startswith("-") and argv[i + 1] not in known and _is_number(argv[i + 1]):
+            out.append(f"{token}={argv[i + 1]}")
+            i += 2
+            continue
+        out.append(token)
+        i += 1
+    return out

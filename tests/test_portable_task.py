@@ -132,3 +132,22 @@ def test_eval_of_a_model_trained_with_another_optimizer_says_nothing_of_optimize
     assert "optimizer" not in capsys.readouterr().err  # eval trains nothing: Adam starting fresh is no news
     assert main(["train", "-mf", model, "-opt", "adam", "-tstep", "1", *QUIET]) == 0
     assert f"--model-file {model}: saved with SGD optimizer state; Adam starts fresh" in capsys.readouterr().err
+
+
+@pytest.mark.timeout(120)
+def test_a_resume_whose_data_moved_says_to_put_it_back(folders, capsys):
+    from accelbatch.build import create_world
+    from accelbatch.opts import Opts
+    from accelbatch.run import run
+
+    model = str(folders / "m.pt")
+    opts = Opts(task="jsonl:data/d.jsonl", model="bag", embedding_size=8, batchsize=3, max_train_steps=5,
+                validation_every_n_epochs=-1, eval_splits="", progress=False, model_file=model)
+    with pytest.raises(KeyboardInterrupt, match="checkpoint saved"):
+        run(create_world(opts, agent=_interrupting_bag()), opts)
+    data = str(folders / "a" / "data" / "d.jsonl")
+    os.rename(data, data + ".moved")
+    capsys.readouterr()
+    assert main(["train", "-mf", model, "--resume", *QUIET]) == 2
+    assert capsys.readouterr().err.endswith(f"reads {data}, which does not exist (moved or deleted?); put the data "
+                                            "back there to resume, or start afresh without --resume\n")

@@ -135,3 +135,20 @@ def test_a_train_records_speed_leaves_out_the_validations_in_its_window(tmp_path
     assert len(_validations(log)) >= 5
     (train,) = [r for r in _records(log) if r["split"] == "train"]
     assert 0.4 * 640 < train["exs_per_s"] <= 640, train  # with the validations: about 128
+
+
+def test_a_resume_of_an_ended_run_says_it_only_evaluates_and_a_later_limit_trains_on(tmp_path, capsys):
+    model, report = tmp_path / "m.pt", tmp_path / "r.json"
+    patience = ["-ne", "0.5", "-veps", "0.125", "-vmt", "loss", "-vmm", "max", "-vp", "1"]
+    assert main([*BASE, *patience, "-mf", str(model), *QUIET]) == 0
+    capsys.readouterr()
+    for given in (["-ne", "5"], ["-vmt", "accuracy"]):  # neither moves the end of a patience stop
+        assert main(["train", "-mf", str(model), "--resume", *given, *QUIET]) == 0
+        err = capsys.readouterr().err
+        assert "accelbatch: --resume: the training ended (validation; -ne, -tstep and -ttim move its end, patience " \
+               "and -vcut do not): only evaluating" in err and "afresh" not in err, err
+    timed = tmp_path / "t.pt"
+    assert main([*BASE, "-ttim", "0.0001", "-mf", str(timed), *QUIET]) == 0
+    assert main(["train", "-mf", str(timed), "--resume", "-ttim", "-1", "-tstep", "5", "--report-json",
+                 str(report), *QUIET]) == 0
+    assert json.loads(report.read_text())["train"]["steps"] == 5  # a later end: trained on to it

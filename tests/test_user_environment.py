@@ -104,3 +104,24 @@ def test_interactive_with_its_input_closed_says_so(monkeypatch, capsys):
     assert capsys.readouterr().err == ("accelbatch: error: interactive reads the messages from standard input, which "
                                        "is closed; give it a terminal or a file (accelbatch interactive ... < "
                                        "messages.txt)\n")
+
+
+@pytest.mark.parametrize("where", ["stderr", "both"])
+def test_a_standard_error_that_cannot_be_written_never_stops_the_run(where, tmp_path, monkeypatch):
+    """`accelbatch train ... > log 2>&1` on a full disk, or `2>&1 | head`: the notes and the bar failed."""
+    monkeypatch.setattr(sys, "stderr", _DiskFull())
+    if where == "both":
+        monkeypatch.setattr(sys, "stdout", _ReaderGone())
+    model = tmp_path / "m.pt"
+    assert main([*TINY, "--progress", "--display-examples", "-mf", str(model), "--eval-splits", "", "-veps",
+                 "-1"]) == 0
+    assert model.is_file()
+
+
+@pytest.mark.multiprocess
+@pytest.mark.timeout(120)
+def test_a_training_piped_to_head_with_its_errors_saves_its_model(tmp_path):
+    run = subprocess.run(f"{sys.executable} -m accelbatch {' '.join(TINY)} -tstep 30 --progress --display-examples "
+                         f"-mf {tmp_path}/m.pt --eval-splits '' 2>&1 | head -c 100", shell=True, capture_output=True,
+                         text=True, timeout=100, cwd=tmp_path)
+    assert len(run.stdout) == 100 and (tmp_path / "m.pt").is_file()

@@ -141,6 +141,19 @@ def test_parlai_short_forms_are_read_and_an_option_value_is_never_judged_as_an_o
     parser = build_parser()
     parser.add_argument("-k", type=int)  # a script's own one-letter option takes a glued value as argparse does
     assert parser.parse_args(["-k5", "-bs", "4"]).k == 5
+    parsed = build_parser().parse_args(["-lr", "-1e-3", "-vcut", "-inf", "--seed", "-2"])  # argparse: -5, -.5 only
+    assert (parsed.learning_rate, parsed.validation_cutoff, parsed.seed) == (-1e-3, float("-inf"), -2)
+
+
+@pytest.mark.parametrize("argv, said", [
+    (["-tstep5"], "a value is not read glued to -tstep: if -tstep 5 is meant, write `-tstep 5`"),
+    (["-mfm1.pt"], "a value is not read glued to -mf: if -mf m1.pt is meant, write `-mf m1.pt`"),
+    (["-mf", "-x.pt"], "-mf: expected one argument; a value that begins with '-' is written -mf=-x.pt"),
+])
+def test_a_misread_option_is_said_naming_the_option_meant(argv, said, capsys):
+    with pytest.raises(SystemExit):
+        main(["train", *argv])
+    assert said in capsys.readouterr().err
 
 
 def test_plain_babi_is_refused_naming_the_tasks_and_eval_examples_show_eval_labels(capsys):
