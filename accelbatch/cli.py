@@ -71,7 +71,8 @@ def build_cli() -> argparse.ArgumentParser:
                                  ("display-model", "print examples with a model's replies (-mf or -m)", "valid"),
                                  ("interactive", "type messages, read a model's replies (-mf or -m)", "valid")):
         sub = verbs.add_parser(verb, help=text, allow_abbrev=False)
-        add_arguments(sub, training=False, hide=tuple(SET_BY_VERB[verb]))
+        unread = [f.name for f in fields(Opts) if f.name not in DISPLAY_DATA_READS] if verb == "display-data" else []
+        add_arguments(sub, training=False, hide=(*SET_BY_VERB[verb], *unread))
         add_verb_arguments(sub, verb)
         if "datatype" not in SET_BY_VERB[verb]:
             sub.set_defaults(datatype=datatype)
@@ -169,6 +170,8 @@ def _main(argv: Sequence[str] | None) -> int:
         return 0
     try:
         _refuse_options_not_read(args)
+        if args.verb == "display-data":
+            _refuse_unused_by_display_data(args)
         opts = eval_opts(args) if args.verb == "eval" else Opts.from_namespace(args)
         if args.verb == "train" and not is_training(opts.datatype):
             raise OptionError(f"-dt/--datatype {opts.datatype}: train trains on a training datatype (train, "
@@ -176,8 +179,6 @@ def _main(argv: Sequence[str] | None) -> int:
                               f"{opts.datatype}")
         if args.verb in ("display-model", "interactive"):  # they evaluate: a train split in eval mode
             opts = opts.replace(datatype=eval_datatype(opts.datatype))
-        if args.verb == "display-data":
-            _refuse_unused_by_display_data(opts)
         from accelbatch.model_opts import with_model_opts
 
         opts, taken = with_model_opts(opts, given)  # -mf names its model
@@ -218,10 +219,10 @@ DISPLAY_DATA_READS = ("task", "datatype", "datapath", "seed", "context_length", 
                       "display_examples", "host_allocator")
 
 
-def _refuse_unused_by_display_data(opts: Opts) -> None:
-    """display-data prints a task's examples: a model, batching, device or plan option given to it is
-    refused in one line rather than ignored."""
-    given = [f for f in fields(Opts) if f.name not in DISPLAY_DATA_READS and getattr(opts, f.name) != f.default]
+def _refuse_unused_by_display_data(args: argparse.Namespace) -> None:
+    """display-data prints a task's examples: a model, batching, device or plan option given to it (hidden from
+    its --help) is refused in one line rather than ignored."""
+    given = [f for f in fields(Opts) if f.name not in DISPLAY_DATA_READS and f.name in vars(args)]
     if given:
         flags = ", ".join("/".join(f.metadata["flags"]) for f in given)
         raise OptionError(f"{flags}: display-data prints a task's examples and uses no model, batching, device "

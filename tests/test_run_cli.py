@@ -568,7 +568,9 @@ def test_a_training_example_with_eval_labels_only_is_refused(tmp_path, capsys, d
     data.write_text('{"text": "q1", "labels": ["a"]}\n{"text": "q2", "eval_labels": ["b"]}\n')
     assert main(["train", "-t", f"jsonl:{data}", "-dt", datatype, "-m", "repeat_label", "-tstep", "1",
                  "--no-progress", "--eval-splits", "", "-veps", "-1"]) == 2
-    assert "a training example has eval_labels and no labels (text 'q2')" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "a training example has eval_labels and no labels (text 'q2')" in err
+    assert (f"{data}: the episode at line 2: " if "stream" in datatype else f"-t jsonl:{data}: ") in err  # where
     assert main(["eval", "-t", f"jsonl:{data}", "-m", "repeat_label", "--no-progress"]) == 0
 
 

@@ -107,6 +107,15 @@ def test_the_printing_verbs_refuse_output_files_they_would_not_write(verb, flag,
     assert not target.exists()
 
 
+def test_display_data_help_lists_only_what_it_reads(capsys):
+    with pytest.raises(SystemExit):
+        main(["display-data", "--help"])
+    listed = {word.strip(",[]") for word in capsys.readouterr().out.split() if word.startswith(("-", "[-"))}
+    assert {"-t", "-dt", "-dp", "-n", "--seed"} <= listed and not listed & {"-bs", "-m", "--device", "-rf", "-mcs"}
+    assert main(["display-data", "-t", "babi:1", "-n", "1", "-m", "memnn"]) == 2  # the default -m, given
+    assert capsys.readouterr().err.startswith("accelbatch: error: -m/--model: display-data prints a task's examples")
+
+
 def test_display_data_refuses_the_options_it_would_ignore(capsys):
     assert main(["display-data", "-t", "babi:1", "-n", "1", "-mf", "/nonexistent.pt", "-bs", "4", "--device",
                  "cuda", "-di", "3", "--num-workers", "2", "--mixed-precision", "fp16"]) == 2

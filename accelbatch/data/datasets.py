@@ -252,7 +252,12 @@ class FileStore(Store):
         self.__init__(state["index"], state["speaker"], state["training"])
 
     def _read_episode(self, index: int) -> list[FrozenMessage]:
-        return prepare_episode(self.index.read(index), self.speaker, self.training)
+        turns = self.index.read(index)
+        try:
+            return prepare_episode(turns, self.speaker, self.training)
+        except DataFileError as exc:  # the turn's own fault: say where it is, as the loaded file's reader does
+            raise DataFileError(f"{self.index.path}: the episode at line {int(self.index.lines[index])}: "
+                                f"{exc}") from None
 
     def episode(self, index: int) -> list[FrozenMessage]:
         return self._read(index)
