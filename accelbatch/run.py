@@ -357,7 +357,7 @@ def _train(world: World, opts: Opts, log: MetricsLog, runtime: Runtime, stop: St
     if checkpoints is not None:
         save()  # training is done: a resume (after a stop in the evaluations below) only evaluates
     if bar is not None:
-        bar.total = max(bar.total or 0, bar.n)  # the last step's rows pass the target: the bar ends full
+        bar.total = bar.n  # the bar ends full: at -ne's end (the last step's rows pass it) or at -tstep's, -ttim's
         bar.close()
     if opts.model_file and state.validations == 0 and state.best > -math.inf:
         validation_stops()  # -mf holds a validated model: this run's replaces it only when it validates better

@@ -35,6 +35,17 @@ def test_the_bar_ends_at_the_reported_examples(tmp_path, threads):
     assert int(shown[-1][0]) == reported, shown[-3:]
 
 
+@pytest.mark.timeout(120)
+def test_a_run_stopped_by_its_step_limit_ends_its_bar_full(tmp_path):
+    """-tstep 3 of 4 rows: the bar ended at 12/25000 (its total is -ne's) where it says training ended."""
+    env = {**os.environ, "PYTHONPATH": ROOT, "OMP_NUM_THREADS": "1"}
+    done = subprocess.run([sys.executable, "-m", "accelbatch", "train", "-m", "bag", "-esz", "8", "-bs", "4",
+                           "-tstep", "3", "--eval-splits", "", "-veps", "-1", "--progress"],
+                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=100)
+    assert done.returncode == 0, done.stderr
+    assert re.findall(r"train:.*?(\d+)/(\d+) \[", done.stderr)[-1] == ("12", "12"), done.stderr[-500:]
+
+
 @pytest.mark.parametrize("given, terminal, drawn", [(None, True, True), (None, False, False), (True, False, True),
                                                     (False, True, False)])
 def test_the_bar_option_against_whether_stderr_is_a_terminal(monkeypatch, given, terminal, drawn):

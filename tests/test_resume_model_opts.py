@@ -62,14 +62,12 @@ def _copy(stopped, tmp_path):
     return tmp_path / "m.pt"
 
 
-@pytest.mark.timeout(180)
-def test_the_printed_resume_command_continues_with_the_checkpoints_model(stopped, tmp_path, capsys):
-    """`train -mf PATH --resume` (what the interrupt prints) takes -t, -m, -esz and the run's limit (-tstep)
-    from the checkpoint and ends with the weights of the same run never stopped."""
+def _printed_resume_ends_with_the_uninterrupted_weights(model_file, tmp_path, capsys) -> None:
+    """`train -mf PATH --resume` runs to the stopped run's -tstep and ends with the weights of that run never
+    stopped (made here with the same options)."""
     from accelbatch.build import create_world
     from accelbatch.run import run
 
-    model_file = _copy(stopped, tmp_path)
     report = tmp_path / "report.json"
     assert main(["train", "-mf", str(model_file), "--resume", "--report-json", str(report), *QUIET]) == 0, \
         capsys.readouterr().err
@@ -77,8 +75,15 @@ def test_the_printed_resume_command_continues_with_the_checkpoints_model(stopped
     whole = _opts(tmp_path / "whole" / "m.pt")
     run(create_world(whole), whole)
     ref, got = (torch.load(p, weights_only=True)["model"] for p in (whole.model_file, model_file))
-    assert ref.keys() == got.keys()
-    assert all(torch.equal(ref[k], got[k]) for k in ref)
+    assert ref.keys() == got.keys() and all(torch.equal(ref[k], got[k]) for k in ref)
+
+
+@pytest.mark.timeout(180)
+def test_the_printed_resume_command_continues_with_the_checkpoints_model(stopped, tmp_path, capsys):
+    """`train -mf PATH --resume` (what the interrupt prints) takes -t, -m, -esz and the run's limit (-tstep)
+    from the checkpoint and ends with the weights of the same run never stopped."""
+    model_file = _copy(stopped, tmp_path)
+    _printed_resume_ends_with_the_uninterrupted_weights(model_file, tmp_path, capsys)
     # with PATH written too, a different -esz is still named with the checkpoint's value
     capsys.readouterr()
     assert main(["train", "-mf", str(model_file), "--resume", "-esz", "32", *QUIET]) == 2
@@ -219,14 +224,7 @@ def test_the_printed_resume_command_continues_a_run_fed_by_the_async_loader(tmp_
     opts = _opts(model_file).replace(dataloader_mode="async")
     with pytest.raises(KeyboardInterrupt, match="checkpoint saved"):
         run(create_world(opts, agent=SignalsInTheMainProcess), opts)
-    report = tmp_path / "report.json"
-    assert main(["train", "-mf", str(model_file), "--resume", "--report-json", str(report), *QUIET]) == 0, \
-        capsys.readouterr().err
-    assert json.loads(report.read_text())["train"]["steps"] == STEPS
-    whole = _opts(tmp_path / "whole" / "m.pt")
-    run(create_world(whole), whole)
-    ref, got = (torch.load(p, weights_only=True)["model"] for p in (whole.model_file, model_file))
-    assert all(torch.equal(ref[k], got[k]) for k in ref)
+    _printed_resume_ends_with_the_uninterrupted_weights(model_file, tmp_path, capsys)
 
 
 class SignalsInTheMainProcess(_signalling_bag().__base__):  # type: ignore[misc]

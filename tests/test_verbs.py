@@ -150,6 +150,9 @@ def test_parlai_short_forms_are_read_and_an_option_value_is_never_judged_as_an_o
     parser = build_parser()
     parser.add_argument("-k", type=int)  # a script's own one-letter option takes a glued value as argparse does
     assert parser.parse_args(["-k5", "-bs", "4"]).k == 5
+    optional = build_parser()  # a script's option whose value is optional takes none before another option
+    optional.add_argument("--o", nargs="?", const="C")
+    assert optional.parse_known_args(["--o", "-lr=0.1"])[0].o == "C"
     parsed = build_parser().parse_args(["-lr", "-1e-3", "-vcut", "-inf", "--seed", "-2"])  # argparse: -5, -.5 only
     assert (parsed.learning_rate, parsed.validation_cutoff, parsed.seed) == (-1e-3, float("-inf"), -2)
 

@@ -29,8 +29,9 @@ class RepeatLabelAgent(Agent):
 
 
 class RandomCandidateAgent(Agent):
-    """Replies with a random label candidate (seeded per clone, so runs are repeatable); without candidates
-    "I don't know.", as ParlAI's RandomCandidateAgent: never the labels, so its accuracy is chance level."""
+    """Replies with a random label candidate (one seeded stream for all its clones, so runs are repeatable);
+    without candidates "I don't know.", as ParlAI's RandomCandidateAgent: never the labels, so its accuracy is
+    chance level."""
 
     reported_metrics: frozenset[str] | None = frozenset()
 
