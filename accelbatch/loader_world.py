@@ -213,10 +213,13 @@ class LoaderWorld(World):
         return rep
 
     def reset(self) -> None:
-        if self._shut_at is not None:  # a new pass: the loader opened at the next fetch starts from the start
-            self._shut_at = {}
+        """Serve from the start of the first pass again, as a teacher's reset rewinds its feed."""
         if self._iter is not None:
             self._iter.close()
+        if self._shut_at is not None:  # the loader opened at the next fetch starts from the start
+            self._shut_at = {}
+        else:
+            self.loader.load_state_dict({"pass": 0, "steps": 0, "digest": self.loader.steps.digest(0)})
         self._iter, self._done, self._ahead, self._ordered_pass_over = None, False, None, False
         self.padded_tokens = self.real_tokens = self.dropped_exs = 0
         super().reset()

@@ -89,3 +89,26 @@ def test_hogwild_display_prints_no_blank_line_for_rows_of_padding(tmp_path, capf
                  "--no-progress"]) == 0
     shown = capfd.readouterr().out.splitlines()
     assert sum(line.startswith("[") for line in shown) > 7 and "" not in shown
+
+
+def _after_a_reset(data, workers: int) -> list[str]:
+    """What a training world serves in three parleys after five parleys and a reset()."""
+    world = ab.create_world(ab.Opts(task=f"jsonl:{data}", model="bag", batchsize=4, seed=1, num_workers=workers))
+    try:
+        for _ in range(5):
+            world.parley()
+        world.reset()
+        shown = []
+        for _ in range(3):
+            world.parley()
+            shown.append(world.display())
+        return shown
+    finally:
+        world.shutdown()
+
+
+@pytest.mark.multiprocess
+@pytest.mark.timeout(120)
+def test_a_reset_training_world_serves_the_same_examples_with_data_workers(coin):
+    """The batched loader's reset went on to the next pass's order where the teacher rewinds to the first."""
+    assert _after_a_reset(coin, 1) == _after_a_reset(coin, 0)
