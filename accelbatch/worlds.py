@@ -270,8 +270,8 @@ class BatchWorld(World):
             if index == 0:  # the teacher's acts and the model clones' observe (vectorize): data work
                 self.data_time_s += perf_counter() - start
         shown = display_rows([w.get_acts() for w in self.worlds]) if self.opts.display_examples else ""
-        if shown:  # nothing when every row is padding (a hogwild process past its share)
-            print(shown)
+        if shown:  # nothing when every row is padding (a hogwild process past its share); one write, flushed:
+            print(shown, flush=True)  # hogwild processes share the output, and a block interleaved cut lines
 
     def _model_replies(self, examples: list[Message]) -> list[Message]:
         """The model's replies to one example per row: one batch_act, else each row's clone acts."""
