@@ -268,6 +268,7 @@ def _train(world: World, opts: Opts, log: MetricsLog, runtime: Runtime, stop: St
         stops = _validate(valid_world, opts, log, state, model, backend, position(), stop)
         last_validation = time.monotonic()  # -vtim is training time since a validation ended (ParlAI's)
         window_start += last_validation - began  # a train record's exs_per_s: training time only
+        state.validating_s += last_validation - began  # and the report's
         return stops
 
     def save(validation_cut: bool = False) -> None:
@@ -380,7 +381,7 @@ def _train(world: World, opts: Opts, log: MetricsLog, runtime: Runtime, stop: St
         else world.get_total_exs()
     report: dict[str, Any] = {"train": {**train_report, "exs": state.exs, "steps": state.steps,
                                         "epochs": round(passed() / per_epoch, 4),
-                                        "exs_per_s": round(state.exs / max(state.elapsed(), 1e-9), 1),
+                                        "exs_per_s": round(state.exs_per_s(), 1),
                                         "time_s": round(state.elapsed(), 3), "stopped_by": stop_reason}}
     for split, teacher in teachers.items():
         eval_world = create_world(_eval_opts(opts, split), agent=model, runtime=runtime, teacher=teacher)

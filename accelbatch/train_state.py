@@ -1,6 +1,7 @@
 """A training run's counters, as its checkpoint keeps them: steps, examples, validations, the best validation
 so far (and the -vmt/-vmm it was judged by), the validations without improvement, the training time, and
-what ended the training once it has ended (so a resume of a finished run only evaluates)."""
+what ended the training once it has ended (so a resume of a finished run only evaluates), and the part of
+the time spent validating (left out of the examples per second trained)."""
 
 from __future__ import annotations
 
@@ -23,14 +24,20 @@ class TrainState:
     started: float = field(default_factory=time.monotonic)
     judged_by: str = ""
     ended_by: str = ""  # what stopped the training, once it has stopped ("" while it goes on)
+    validating_s: float = 0.0  # of elapsed(): the time spent in validations
+
 
     def elapsed(self) -> float:
         return time.monotonic() - self.started
 
+    def exs_per_s(self) -> float:
+        """Examples trained per second of training: the validations' time left out."""
+        return self.exs / max(self.elapsed() - self.validating_s, 1e-9)
+
     def to_json(self) -> dict[str, Any]:
         return {"steps": self.steps, "exs": self.exs, "validations": self.validations, "best": self.best,
                 "stale": self.stale, "elapsed_s": self.elapsed(), "judged_by": self.judged_by,
-                "ended_by": self.ended_by}
+                "ended_by": self.ended_by, "validating_s": self.validating_s}
 
     def load_json(self, data: dict[str, Any]) -> str | None:
         """Take a checkpoint's counters. A best judged by another -vmt/-vmm than this run's is dropped (the
@@ -38,6 +45,7 @@ class TrainState:
         self.steps, self.exs, self.validations = data["steps"], data["exs"], data["validations"]
         self.started = time.monotonic() - data["elapsed_s"]
         self.ended_by = data.get("ended_by", "")
+        self.validating_s = data.get("validating_s", 0.0)
         then = data.get("judged_by", self.judged_by)
         if then == self.judged_by or data["best"] == -math.inf:
             self.best, self.stale = data["best"], data["stale"]

@@ -126,15 +126,18 @@ def test_a_resume_judging_by_another_metric_starts_the_best_afresh(tmp_path, mon
                                                                       "value": last["loss"]}
 
 
-def test_a_train_records_speed_leaves_out_the_validations_in_its_window(tmp_path, monkeypatch):
+def test_the_train_speed_leaves_out_the_validations(tmp_path, monkeypatch):
     """Steps of at least 0.05 s of 32 examples train at most 640 examples/s; validations of 0.2 s each inside
-    the window took it to a third of that."""
+    the window took a train record's, and the report's, to a third of that."""
     _slowed(monkeypatch, train_s=0.05, eval_s=0.2)
-    log = tmp_path / "log.jsonl"
-    assert main([*BASE, "-tstep", "6", "-veps", "0.0001", "-vme", "32", "--metrics-log", str(log), *QUIET]) == 0
+    log, report = tmp_path / "log.jsonl", tmp_path / "r.json"
+    assert main([*BASE, "-tstep", "6", "-veps", "0.0001", "-vme", "32", "--metrics-log", str(log),
+                 "--report-json", str(report), *QUIET]) == 0
     assert len(_validations(log)) >= 5
     (train,) = [r for r in _records(log) if r["split"] == "train"]
     assert 0.4 * 640 < train["exs_per_s"] <= 640, train  # with the validations: about 128
+    ran = json.loads(report.read_text())["train"]   # the report's row too, its time_s the whole run's
+    assert ran["exs"] == 6 * 32 and 0.4 * 640 < ran["exs_per_s"] <= 640 and ran["time_s"] >= 5 * 0.2 + 6 * 0.05, ran
 
 
 def test_a_resume_of_an_ended_run_says_it_only_evaluates_and_a_later_limit_trains_on(tmp_path, capsys):
