@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
-from accelbatch.data.schedule import EpisodeTable, Gather, Order, PassOrder, RowSchedule, make_order
+from accelbatch.data.schedule import EpisodeTable, Gather, Order, PassOrder, RowSchedule, make_order, mixes_tasks
 from accelbatch.loader_world import LoaderWorld
 from accelbatch.teachers import FixedTeacher, PassFeed, shuffles
 from accelbatch.worlds import BatchWorld, MultiWorld, World
@@ -68,11 +68,14 @@ Position = Callable[[], "tuple[int, int, int, int] | None"]
 def serve_passes(world: World) -> Position:
     """Training: have the FixedTeacher of a hogwild process's world (its rows teacher clones) serve its shard
     in passes. Returns where the process is in its shard's passes: the feed's position, a LoaderWorld's
-    ``plan_position`` (a batch plan's), or None (not known: several worlds, teachers of other kinds)."""
+    ``plan_position`` (a batch plan's), or None (not known: several worlds, teachers of other kinds; multitask
+    training draws episodes by task, so that a pass of draws is not each example once)."""
     base = world.world if isinstance(world, BatchWorld) else world
     teacher = None if isinstance(base, (LoaderWorld, MultiWorld)) else base.get_task_agent()
     if not isinstance(teacher, FixedTeacher) or not teacher.training or teacher.serving.layout:
         return getattr(world, "plan_position", lambda: None)
+    if mixes_tasks(teacher.store.table, shuffles(teacher.datatype)):
+        return lambda: None  # multitask draws: the examples trained measure the passes, as in one process
     return shard_passes(teacher).position
 
 

@@ -157,14 +157,20 @@ def make_order(table: EpisodeTable, shuffle: bool, seed: int, balance_tasks: boo
         if balance_tasks and len(table.tasks) > 1:
             return TaskBalancedOrder(table.turns, table.tasks)
         return DataOrder(table.num_episodes)
-    if len(table.tasks) > 1:
+    if mixes_tasks(table, shuffle):
         return MixedOrder(table.tasks, seed)
     return ShuffledOrder(table.num_episodes, seed)
 
 
+def mixes_tasks(table: EpisodeTable, shuffle: bool) -> bool:
+    """Whether ``table``'s epochs are multitask draws (:class:`MixedOrder`), not each episode once."""
+    return shuffle and len(table.tasks) > 1
+
+
 class MixedOrder:
     """Multitask training: each position of an epoch (as many as there are episodes) draws a task uniformly
-    at random and takes that task's next episode; each task goes through its own seeded permutations."""
+    at random (of those with episodes: a process's share may have none of a small task) and takes that task's
+    next episode; each task goes through its own seeded permutations."""
 
     def __init__(self, sizes: Sequence[int], seed: int):
         self.sizes = [int(s) for s in sizes]
@@ -177,7 +183,8 @@ class MixedOrder:
 
     def _choices(self, epoch: int) -> np.ndarray:
         gen = np.random.default_rng([abs(self.seed), 7919, epoch])
-        return gen.integers(0, len(self.sizes), size=sum(self.sizes))
+        live = np.flatnonzero(np.asarray(self.sizes) > 0)
+        return live[gen.integers(0, len(live), size=sum(self.sizes))]
 
     def _task_offsets(self, epoch: int) -> np.ndarray:
         """Episodes each task had served before ``epoch``."""
@@ -489,4 +496,4 @@ def _pairs(examples: np.ndarray, lengths: np.ndarray, chunk: int = 8192) -> Iter
 
 
 __all__ = ["BatchPlan", "EpisodeTable", "MixedOrder", "PassOrder", "RowFeed", "RowSchedule", "TaskBalancedOrder",
-           "make_order", "permutation"]
+           "make_order", "mixes_tasks", "permutation"]

@@ -15,7 +15,7 @@ from torch.utils.data import Sampler
 from accelbatch.data.batching import Batch, BatchingConfig, default_max_tokens, plan_buckets, token_cache_size
 from accelbatch.data.config import LoaderConfig
 from accelbatch.data.datasets import Store
-from accelbatch.data.schedule import BatchPlan, PassOrder, RowSchedule, make_order
+from accelbatch.data.schedule import BatchPlan, PassOrder, RowSchedule, make_order, mixes_tasks
 
 __all__ = ["PassSteps", "Step", "batching_config"]
 
@@ -45,7 +45,9 @@ class PassSteps(Sampler):
         self.pass_, self.skip = 0, 0
         self._current: tuple[int, int] | None = None  # (pass, first index) of the pass under way
         # a hogwild process's share of the episodes (it steps on its own: no replica's rows, no cut of them)
-        self.own_share = training and shard[1] > 1 and serve is None and cut is None
+        # (multitask draws are not each episode once: such a share runs on as one process's rows do)
+        self.own_share = training and shard[1] > 1 and serve is None and cut is None and \
+            not mixes_tasks(self.table, config.shuffle)
         if batching is None:
             # shuffled training data cycles: a row's episodes run on into the next pass. Ordered data (ParlAI's
             # train:ordered) does not, its pass ends padded as an evaluation's does; nor does a hogwild

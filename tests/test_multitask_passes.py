@@ -1,0 +1,54 @@
+"""Multitask training draws each new episode's task uniformly (ParlAI's rule), so a pass of draws is not each
+example once: hogwild processes (-nt) count -ne in examples trained, as one process does, whatever the tasks'
+episode lengths; a process whose share holds no episode of a small task draws from the others."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from accelbatch.cli import main
+from accelbatch.data.schedule import MixedOrder, permutation
+
+
+def _files(tmp_path, short: int):
+    """A task of 5-turn episodes (40 examples) and one of ``short`` 1-turn episodes."""
+    long, one = tmp_path / "long.txt", tmp_path / "short.txt"
+    long.write_text("".join(f"text:q{e} t{t}\tlabels:a{t % 2}\tlabel_candidates:a0|a1"
+                            f"{chr(9) + 'episode_done:True' if t == 4 else ''}\n" for e in range(8) for t in range(5)))
+    one.write_text("".join(f"text:only {i}\tlabels:x\tlabel_candidates:x|y\tepisode_done:True\n" for i in range(short)))
+    return f"parlai:{long},parlai:{one}", 8 * 5 + short
+
+
+@pytest.mark.multiprocess
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("short", [1, 4])  # 1: the second process's share holds none of that task
+def test_hogwild_counts_a_multitask_epoch_in_examples_as_one_process(tmp_path, short):
+    task, examples = _files(tmp_path, short)
+    reports = {}
+    for name, extra in (("one", []), ("hogwild", ["-nt", "2"])):
+        out = tmp_path / f"{name}.json"
+        assert main(["train", "-t", task, "-m", "bag", "-esz", "8", "-bs", "2", "-ne", "3", "--eval-splits", "",
+                     "--no-progress", "--report-json", str(out), *extra]) == 0
+        reports[name] = json.loads(out.read_text())["train"]
+    for name, train in reports.items():  # a pass of draws: as many draws as episodes
+        assert 3 * examples <= train["exs"] <= 3 * examples + 2 * 2, (name, train)
+        assert train["epochs"] == pytest.approx(train["exs"] / examples, abs=1e-3), (name, train)
+
+
+def test_mixed_order_draws_only_the_tasks_a_share_holds():
+    order = MixedOrder([4, 0, 3], seed=5)
+    for epoch in range(3):
+        drawn = order(epoch)
+        assert len(drawn) == 7 and set(drawn.tolist()) <= set(range(7))
+    # with every task present the draws are numpy's uniform integers of the seed, as before
+    full = MixedOrder([4, 2], seed=5)(0)
+    choices = np.random.default_rng([5, 7919, 0]).integers(0, 2, size=6)
+    expect, served = [], [0, 0]
+    for task in choices.tolist():
+        size, start = (4, 0) if task == 0 else (2, 4)
+        expect.append(start + int(permutation(size, 5, task, served[task] // size)[served[task] % size]))
+        served[task] += 1
+    assert full.tolist() == expect
