@@ -13,7 +13,8 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
-from accelbatch.data.schedule import EpisodeTable, Gather, Order, PassOrder, RowSchedule, make_order, mixes_tasks
+from accelbatch.data.orders import Order, PassOrder, make_order, mixes_tasks
+from accelbatch.data.schedule import EpisodeTable, Gather, RowSchedule
 from accelbatch.loader_world import LoaderWorld
 from accelbatch.teachers import FixedTeacher, PassFeed, shuffles
 from accelbatch.worlds import BatchWorld, MultiWorld, World

@@ -17,7 +17,8 @@ import numpy as np
 
 from accelbatch.agents import Agent
 from accelbatch.data.datasets import PADDING, ConcatStore, EpisodeStore, FileStore, Store, episodes_of
-from accelbatch.data.schedule import RowFeed, RowSchedule, make_order
+from accelbatch.data.orders import make_order
+from accelbatch.data.schedule import RowFeed, RowSchedule
 from accelbatch.messages import Message
 from accelbatch.metrics import Metrics, merge_reports, wants_bleu
 from accelbatch.names import UnknownNameError, import_path

@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 
 from accelbatch.cli import main
-from accelbatch.data.schedule import EpisodeTable, make_order
+from accelbatch.data.orders import make_order
+from accelbatch.data.schedule import EpisodeTable
 
 
 def _write(path, rows):

@@ -15,7 +15,8 @@ import pytest
 from recording_agent import RecordingBag
 from shared_runs import shared_dir
 
-from accelbatch.data.schedule import EpisodeTable, ShuffledOrder
+from accelbatch.data.orders import ShuffledOrder
+from accelbatch.data.schedule import EpisodeTable
 from accelbatch.hogwild_passes import ShardPasses
 from accelbatch.models.bag import BagAgent
 

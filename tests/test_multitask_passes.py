@@ -1,6 +1,7 @@
 """Multitask training draws each new episode's task uniformly (ParlAI's rule), so a pass of draws is not each
 example once: hogwild processes (-nt) count -ne in examples trained, as one process does, whatever the tasks'
-episode lengths; a process whose share holds no episode of a small task draws from the others."""
+episode lengths; a process whose share holds no episode of a small task draws from the others; dynamic
+batching draws the tasks by the same rule."""
 
 from __future__ import annotations
 
@@ -10,7 +11,8 @@ import numpy as np
 import pytest
 
 from accelbatch.cli import main
-from accelbatch.data.schedule import MixedOrder, permutation
+from accelbatch.data.episodes import EpisodeTable
+from accelbatch.data.orders import MixedOrder, mixed_examples, permutation
 
 
 def _files(tmp_path, short: int):
@@ -52,3 +54,33 @@ def test_mixed_order_draws_only_the_tasks_a_share_holds():
         expect.append(start + int(permutation(size, 5, task, served[task] // size)[served[task] % size]))
         served[task] += 1
     assert full.tolist() == expect
+
+
+def _task_shares(report: dict) -> float:
+    """The short task's share of the examples trained."""
+    counts = {key.rsplit("/", 1)[0]: value for key, value in report.items() if key.endswith("/exs")}
+    (short,) = [n for task, n in counts.items() if "short" in task]
+    return short / sum(counts.values())
+
+
+def test_dynamic_batching_draws_the_tasks_as_the_other_feeds_do(tmp_path):
+    """Each new episode's task is drawn uniformly: 1-turn episodes against 5-turn ones make 1/6 of the examples
+    (in proportion to the tasks' sizes they would be 4/44), with or without dynamic batching."""
+    task, _ = _files(tmp_path, 4)
+    for extra in ([], ["--dynamic-batching", "full"]):
+        out = tmp_path / "r.json"
+        assert main(["train", "-t", task, "-m", "bag", "-esz", "8", "-bs", "4", "-ne", "40", "--eval-splits", "",
+                     "--no-progress", "--report-json", str(out), *extra]) == 0
+        assert _task_shares(json.loads(out.read_text())["train"]) == pytest.approx(1 / 6, abs=0.03), extra
+
+
+def test_a_dynamic_batching_epoch_of_multitask_draws_holds_the_datas_number_of_examples():
+    table = EpisodeTable.of_lengths([5] * 8 + [1] * 4 + [2] * 3, tasks=(8, 4, 3))
+    first = {tuple(mixed_examples(table, 3, epoch, 0).tolist()) for _ in range(2) for epoch in (0,)}
+    assert len(first) == 1  # a function of the seed and the epoch
+    for epoch in range(5):
+        drawn = mixed_examples(table, 3, epoch, 0)
+        assert len(drawn) == table.num_examples and 0 <= drawn.min() and drawn.max() < table.num_examples
+    assert mixed_examples(table, 3, 0, 0).tolist() != mixed_examples(table, 3, 1, 0).tolist()
+    empty = EpisodeTable.of_lengths([5] * 8 + [2] * 3, tasks=(8, 0, 3))  # a share without the middle task
+    assert len(mixed_examples(empty, 3, 0, 0)) == empty.num_examples

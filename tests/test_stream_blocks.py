@@ -13,7 +13,8 @@ import json
 import pytest
 
 from accelbatch.data.datasets import EpisodeStore, FileStore
-from accelbatch.data.schedule import RowFeed, RowSchedule, make_order
+from accelbatch.data.orders import make_order
+from accelbatch.data.schedule import RowFeed, RowSchedule
 from accelbatch.tasks.files import FileIndex, load_episodes
 
 EXAMPLES, CANDIDATES, ROWS = 1000, 400, 4

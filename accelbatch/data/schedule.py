@@ -7,208 +7,32 @@ the seed and the epoch only, so it is the same whether the batch is built in thi
 BatchWorld of teacher and agent clones) or by data workers, and a data position is a count of steps.
 
 :class:`RowSchedule` (no dynamic batching): ``rows`` rows, each serving whole episodes turn by turn. The
-episodes of epoch ``e`` come in ``order(e)`` (a seeded permutation in training, data order in evaluation);
+episodes of epoch ``e`` come in ``order(e)`` (:mod:`accelbatch.data.orders`: a seeded permutation in training,
+data order in evaluation);
 the stream of all epochs, ``order(0) ++ order(1) ++ ...`` (one epoch without ``loop``), is dealt to the rows
 in turn: row ``r`` serves stream positions ``r, r + rows, r + 2 rows, ...``. In training a row goes on into
 the next epoch when its part of this one ends, so no row ever idles; in evaluation a row that has served
 its part serves padding (``pad``) and the schedule ends with the longest row.
 
 :class:`BatchPlan` (``--dynamic-batching``): per epoch, the shard's examples (squashed turns) in a seeded
-order are cut into batches by a strategy of :mod:`accelbatch.data.batching` (rows vary, padded lengths too).
+order (multitask: drawn by task, :func:`~accelbatch.data.orders.mixed_examples`) are cut into batches by a
+strategy of :mod:`accelbatch.data.batching` (rows vary, padded lengths too).
 """
 
 from __future__ import annotations
 
-import hashlib
 import random
-from dataclasses import dataclass
 from itertools import islice
 from typing import Any, Callable, Iterator, Sequence, Tuple
 
 import numpy as np
 
 from accelbatch.data.batching import Batch, BatchingConfig
+from accelbatch.data.episodes import EpisodeTable
+from accelbatch.data.orders import Order, mixed_examples, mixes_tasks, permutation
 
-Order = Callable[[int], np.ndarray]
 BLOCK_ELEMENTS = 1 << 16  # flat indices a RowFeed lays out at once (steps x rows)
 BLOCK_BYTES = 8 << 20  # and of a file read on demand, at most about this much of its text
-
-
-@dataclass(frozen=True)
-class EpisodeTable:
-    """Episodes by the flat index of their first turn and their number of turns (int64 arrays)."""
-
-    first: np.ndarray
-    turns: np.ndarray
-    tasks: tuple[int, ...] = ()  # multitask: episodes per task, tasks one after another (empty: one task)
-
-    @classmethod
-    def of_lengths(cls, turns: Sequence[int], tasks: Sequence[int] = ()) -> "EpisodeTable":
-        turns_ = np.asarray(turns, dtype=np.int64)
-        first = np.zeros(len(turns_), dtype=np.int64)
-        np.cumsum(turns_[:-1], out=first[1:])
-        return cls(first, turns_, tuple(tasks))
-
-    @property
-    def num_episodes(self) -> int:
-        return len(self.turns)
-
-    @property
-    def num_examples(self) -> int:
-        return int(self.turns.sum())
-
-    def shard(self, index: int, count: int) -> "EpisodeTable":
-        """Episodes ``index, index + count, ...`` (a replica's or a process's share); per task when multitask."""
-        if count == 1:
-            return self
-        if not self.tasks:
-            return EpisodeTable(self.first[index::count], self.turns[index::count])
-        bounds = np.concatenate([[0], np.cumsum(self.tasks)])
-        keep = [np.arange(a, b)[index::count] for a, b in zip(bounds[:-1], bounds[1:])]
-        chosen = np.concatenate(keep)
-        return EpisodeTable(self.first[chosen], self.turns[chosen], tuple(len(k) for k in keep))
-
-    def flat(self, episodes: np.ndarray) -> np.ndarray:
-        """Flat indices of every turn of ``episodes`` (positions in this table), episode after episode."""
-        lengths = self.turns[episodes]
-        dtype = _index_dtype(int(self.first[-1]) + int(self.turns[-1]) if len(self.first) else 0)
-        if not len(lengths):
-            return np.empty(0, dtype=dtype)
-        starts = self.first[episodes]
-        ends = np.cumsum(lengths)
-        flat = np.repeat(starts - (ends - lengths), lengths)
-        flat += np.arange(int(ends[-1]), dtype=np.int64)
-        return flat.astype(dtype, copy=False)
-
-    def digest(self) -> str:
-        return hashlib.sha256(self.first.tobytes() + self.turns.tobytes()).hexdigest()[:16]
-
-
-def permutation(size: int, seed: int, *key: int) -> np.ndarray:
-    """A seeded permutation of ``range(size)`` (numpy's generator: fast and the same on every machine), as
-    int32 when that holds it (an epoch's order of a big streamed file: 4 bytes per example)."""
-    return np.random.default_rng([abs(seed), *key]).permutation(np.arange(size, dtype=_index_dtype(size)))
-
-
-def _index_dtype(size: int) -> type:
-    return np.int32 if size < 2 ** 31 - 1 else np.int64
-
-
-@dataclass(frozen=True)
-class DataOrder:
-    """Every epoch in data order (evaluation, ``:ordered``)."""
-
-    size: int
-
-    def __call__(self, epoch: int) -> np.ndarray:
-        return np.arange(self.size, dtype=np.int64)
-
-
-@dataclass(frozen=True)
-class ShuffledOrder:
-    """A seeded permutation per epoch (training)."""
-
-    size: int
-    seed: int
-
-    def __call__(self, epoch: int) -> np.ndarray:
-        return permutation(self.size, self.seed, epoch)
-
-
-@dataclass(frozen=True)
-class PassOrder:
-    """``order``'s epoch ``first`` as the one epoch of a schedule that does not loop (a pass of several)."""
-
-    order: Order
-    first: int
-
-    def __call__(self, epoch: int) -> np.ndarray:
-        return self.order(self.first + epoch)
-
-    def __repr__(self) -> str:
-        return repr(self.order)  # a position's key; the pass is kept beside it
-
-
-@dataclass(frozen=True, eq=False)
-class TaskBalancedOrder:
-    """Several tasks evaluated under a cap on examples (``-vme``): each task's episodes in data order, the
-    next episode always from the task that has served the fewest examples so far (ties: the first task), so
-    a capped evaluation scores every task about equally, as ParlAI's one capped world per task does."""
-
-    turns: np.ndarray
-    tasks: tuple[int, ...]
-
-    def __call__(self, epoch: int) -> np.ndarray:
-        task = np.repeat(np.arange(len(self.tasks)), self.tasks)
-        bounds = np.concatenate([[0], np.cumsum(self.tasks)])
-        served = np.cumsum(self.turns) - self.turns  # examples before each episode: per task below
-        served -= np.repeat(served[bounds[:-1]], self.tasks)
-        return np.lexsort((task, served)).astype(np.int64)
-
-    def __repr__(self) -> str:  # a data position's key (beside the table's digest)
-        return f"TaskBalancedOrder(tasks={list(self.tasks)})"
-
-
-def make_order(table: EpisodeTable, shuffle: bool, seed: int, balance_tasks: bool = False) -> Order:
-    """The episode order of each epoch: data order, a seeded permutation, or for several tasks in training
-    ParlAI's multitask rule (each new episode from a task drawn uniformly, :class:`MixedOrder`); with
-    ``balance_tasks`` (a capped evaluation) several tasks' episodes interleave (:class:`TaskBalancedOrder`)."""
-    if not shuffle:
-        if balance_tasks and len(table.tasks) > 1:
-            return TaskBalancedOrder(table.turns, table.tasks)
-        return DataOrder(table.num_episodes)
-    if mixes_tasks(table, shuffle):
-        return MixedOrder(table.tasks, seed)
-    return ShuffledOrder(table.num_episodes, seed)
-
-
-def mixes_tasks(table: EpisodeTable, shuffle: bool) -> bool:
-    """Whether ``table``'s epochs are multitask draws (:class:`MixedOrder`), not each episode once."""
-    return shuffle and len(table.tasks) > 1
-
-
-class MixedOrder:
-    """Multitask training: each position of an epoch (as many as there are episodes) draws a task uniformly
-    at random (of those with episodes: a process's share may have none of a small task) and takes that task's
-    next episode; each task goes through its own seeded permutations."""
-
-    def __init__(self, sizes: Sequence[int], seed: int):
-        self.sizes = [int(s) for s in sizes]
-        self.starts = np.concatenate([[0], np.cumsum(self.sizes)[:-1]]).astype(np.int64)
-        self.seed = seed
-        self._offsets: dict[int, np.ndarray] = {0: np.zeros(len(self.sizes), dtype=np.int64)}
-
-    def __repr__(self) -> str:
-        return f"MixedOrder(sizes={self.sizes}, seed={self.seed})"
-
-    def _choices(self, epoch: int) -> np.ndarray:
-        gen = np.random.default_rng([abs(self.seed), 7919, epoch])
-        live = np.flatnonzero(np.asarray(self.sizes) > 0)
-        return live[gen.integers(0, len(live), size=sum(self.sizes))]
-
-    def _task_offsets(self, epoch: int) -> np.ndarray:
-        """Episodes each task had served before ``epoch``."""
-        known = max(e for e in self._offsets if e <= epoch)
-        offsets = self._offsets[known]
-        for e in range(known, epoch):
-            offsets = offsets + np.bincount(self._choices(e), minlength=len(self.sizes))
-        self._offsets = {0: self._offsets[0], epoch: offsets}
-        return offsets
-
-    def __call__(self, epoch: int) -> np.ndarray:
-        choices = self._choices(epoch)
-        offsets = self._task_offsets(epoch)
-        out = np.empty(len(choices), dtype=np.int64)
-        for task, size in enumerate(self.sizes):
-            where = np.flatnonzero(choices == task)
-            served = offsets[task] + np.arange(len(where))
-            rounds = served // size
-            picked = np.empty(len(where), dtype=np.int64)
-            for q in np.unique(rounds):
-                mask = rounds == q
-                picked[mask] = permutation(size, self.seed, task, int(q))[served[mask] % size]
-            out[where] = self.starts[task] + picked
-        return out
 
 
 class RowSchedule:
@@ -456,7 +280,10 @@ class BatchPlan:
         self._counts: dict[int, tuple[int, int]] = {}
 
     def _batches(self, epoch: int) -> Iterator[Batch[int]]:
-        examples = self.table.flat(np.arange(self.table.num_episodes))
+        if mixes_tasks(self.table, self.shuffle):  # multitask training: ParlAI's draw of tasks
+            examples = mixed_examples(self.table, self.seed, epoch, self.rank)
+        else:
+            examples = self.table.flat(np.arange(self.table.num_episodes))
         rng = None
         if self.shuffle:
             examples = examples[permutation(len(examples), self.seed, epoch, self.rank)]
@@ -485,7 +312,7 @@ class BatchPlan:
     def key(self) -> str:
         """What decides every epoch's batches (the data, the shard, the strategy and the seed)."""
         return (f"{self.table.digest()}:{self.rank}/1:{self.batching}:{self.seed}:"
-                f"{self.shuffle}:{self.training and self.drop_last}")
+                f"{self.shuffle}:{self.training and self.drop_last}" + ":mixed" * mixes_tasks(self.table, self.shuffle))
 
 
 def _pairs(examples: np.ndarray, lengths: np.ndarray, chunk: int = 8192) -> Iterator[tuple[int, int]]:
@@ -495,5 +322,4 @@ def _pairs(examples: np.ndarray, lengths: np.ndarray, chunk: int = 8192) -> Iter
         yield from zip(part.tolist(), lengths[part].tolist())
 
 
-__all__ = ["BatchPlan", "EpisodeTable", "MixedOrder", "PassOrder", "RowFeed", "RowSchedule", "TaskBalancedOrder",
-           "make_order", "mixes_tasks", "permutation"]
+__all__ = ["BatchPlan", "EpisodeTable", "RowFeed", "RowSchedule"]

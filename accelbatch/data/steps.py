@@ -15,7 +15,8 @@ from torch.utils.data import Sampler
 from accelbatch.data.batching import Batch, BatchingConfig, default_max_tokens, plan_buckets, token_cache_size
 from accelbatch.data.config import LoaderConfig
 from accelbatch.data.datasets import Store
-from accelbatch.data.schedule import BatchPlan, PassOrder, RowSchedule, make_order, mixes_tasks
+from accelbatch.data.orders import PassOrder, make_order, mixes_tasks
+from accelbatch.data.schedule import BatchPlan, RowSchedule
 
 __all__ = ["PassSteps", "Step", "batching_config"]
 
