@@ -69,7 +69,12 @@ class MyAgent(ab.TorchAgent):
 
     def replies(self, outputs: dict[str, torch.Tensor], observations: list[ab.Message]) -> list[dict]:
         best = outputs["scores"].argmax(-1).tolist()
-        return [{"text": o["label_candidates"][i]} for o, i in zip(observations, best)]
+        out = []
+        for o, i in zip(observations, best):
+            cands = o.get("label_candidates") or []
+            # a row without candidates replies "": scored as a miss, as the bundled rankers do
+            out.append({"text": cands[i] if i < len(cands) else ""})
+        return out
 
 
 def main(argv: list[str] | None = None) -> dict:

@@ -4,13 +4,15 @@ A *ranker over label candidates*, not a classifier over a fixed label vocabulary
 ``label_candidates`` by a dot product between the encoded text and each encoded candidate, and replies with
 the best one. So it needs no label vocabulary built from the data, works on any task whose examples carry
 candidates (``dialogues``, ``babi:1``), and every reply carries text the teacher scores (accuracy, F1).
-Training minimises cross entropy over the candidates (the row's first label is the target). In evaluation a
-row whose label is not among its candidates is scored as a miss and left out of the loss, which is the mean
-over the other rows exactly, whatever the batch size (:func:`candidate_loss`).
+Training minimises cross entropy over the candidates; the target is the first of the row's labels that is
+one of them (:func:`target_index`). In evaluation a row whose labels are not among its candidates (or that has
+none) is scored as a miss (an empty reply) and left out of the loss, which is the mean over the other rows
+exactly, whatever the batch size (:func:`candidate_loss`).
 
 :class:`RankerAgent` holds what the bag and conv models share: hashed words (:data:`VOCAB` buckets, 0 is
 padding), the text truncated to ``--text-truncate`` tokens keeping the end (ParlAI's rule: the latest turn
-matters most), candidate tensors, replies. Subclasses give only the text encoder (``build_model``).
+matters most), each candidate cut to its first ``--label-truncate`` words (:func:`candidate_words`: 8 at -1),
+candidate tensors, replies. Subclasses give only the text encoder (``build_model``).
 
 Optimizer: ``--optimizer`` at ``--learning-rate``, as for every TorchAgent (fused on --device cuda). The
 defaults (Adam, 0.01) learn: 2 epochs of ``dialogues:4000`` reach valid accuracy 0.84 (bag) and 0.69 (conv),
@@ -22,6 +24,7 @@ and rate: a bag of words, or max-pooled 5-word windows, cannot tell which of a p
 from __future__ import annotations
 
 from array import array
+from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -34,7 +37,7 @@ from accelbatch.messages import EVAL_LABELS, LABEL_CANDIDATES, LABELS, TEXT, Mes
 from accelbatch.tasks.files import DataFileError
 
 VOCAB = 8192
-MAX_CANDIDATE_WORDS = 8
+MAX_CANDIDATE_WORDS = 8  # words a candidate keeps, its first, when --label-truncate is -1 (bag and conv)
 INIT_STD = 1.0
 
 
@@ -110,12 +113,34 @@ def pad_rows(rows: list[list[int]], multiple: int = 1) -> torch.Tensor:
     return long_tensor(flat, (len(rows), width))
 
 
-def unrankable(task: str, obs: Message, candidates: Any, label: str | None) -> DataFileError:
-    """The error for a training example whose label is not among its label_candidates: a ranker learns to
+def candidate_words(opts: Any, default: int = MAX_CANDIDATE_WORDS) -> int:
+    """Words each label candidate keeps, its first (as ParlAI truncates labels): ``--label-truncate``, or the
+    model's ``default`` when it is -1."""
+    return default if opts.label_truncate == -1 else opts.label_truncate  # Opts refuses other values < 1
+
+
+def target_index(candidates: Any, labels: Sequence[str] | None) -> int:
+    """The position among ``candidates`` of the first of ``labels`` that is one of them (its first position),
+    -1 when none is: the candidate a ranker learns to pick, and evaluation's loss scores."""
+    for label in labels or ():
+        found = _index(candidates, label)
+        if found >= 0:
+            return found
+    return -1
+
+
+def unrankable(task: str, obs: Message, candidates: Any, labels: Sequence[str] | None) -> DataFileError:
+    """The error for a training example none of whose labels is among its label_candidates: a ranker learns to
     pick the label from them, so it cannot learn from it (ParlAI refuses such an example in training too;
     evaluation scores it, as a miss)."""
-    what = f"label {label!r} is not among its {len(candidates)} label_candidates" if label is not None else \
-        "labels are empty"
+    labels = list(labels or ())
+    count = f"{len(candidates)} label_candidates"
+    if not labels:
+        what = "labels are empty"
+    elif len(labels) == 1:
+        what = f"label {labels[0]!r} is not among its {count}"
+    else:
+        what = f"labels {labels!r}: none is among its {count}"
     return DataFileError(f"-t {task}: a training example's {what} (text {str(obs.get(TEXT))[:60]!r}); "
                          "a ranking model learns to pick the label from the candidates: add the label to the "
                          "example's label_candidates, or leave the example out")
@@ -165,11 +190,11 @@ class RankerAgent(SharedDictionary, TorchAgent):
         words = self.dictionary
         obs["text_vec"] = words.text_ids(text, self.opts.text_truncate)
         cands = obs.get(LABEL_CANDIDATES) or []
-        obs["cand_vecs"] = words.short_texts_ids(cands, MAX_CANDIDATE_WORDS)
+        obs["cand_vecs"] = words.short_texts_ids(cands, candidate_words(self.opts))
         targets = obs.get(LABELS) or obs.get(EVAL_LABELS)
-        obs["label_index"] = _index(cands, targets[0]) if targets else -1
+        obs["label_index"] = target_index(cands, targets)
         if obs["label_index"] < 0 and LABELS in obs:
-            raise unrankable(self.opts.task, obs, cands, targets[0] if targets else None)
+            raise unrankable(self.opts.task, obs, cands, targets)
         return obs
 
     def batchify(self, observations: list[Message]) -> dict[str, torch.Tensor]:
@@ -193,11 +218,13 @@ class RankerAgent(SharedDictionary, TorchAgent):
         }
 
     def replies(self, outputs: dict[str, torch.Tensor], observations: list[Message]) -> list[dict[str, Any]]:
+        """The best candidate of each row; an empty text where a row has none, which the metrics score as a
+        miss (a reply without text would not be scored at all)."""
         best = outputs["scores"].argmax(dim=-1).tolist()
         out = []
         for obs, k in zip(observations, best):
             cands = obs.get(LABEL_CANDIDATES) or []
-            out.append({"text": cands[k]} if k < len(cands) else {})
+            out.append({"text": cands[k] if k < len(cands) else ""})
         return out
 
 

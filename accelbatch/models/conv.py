@@ -5,8 +5,8 @@ padding costs real compute: this is the model that shows what dynamic batching s
 (padding positions never win the max) and the padding embedding is zero, so a row's scores do not depend on
 how much padding its batch has: batching changes the speed, never the answers.
 
-Candidates, truncation, the loss, replies and the optimizer (``--optimizer``) are
-:class:`~accelbatch.models.bag.RankerAgent`'s.
+Candidates (each its first ``--label-truncate`` words, 8 at -1), text truncation, the target, the loss,
+replies and the optimizer (``--optimizer``) are :class:`~accelbatch.models.bag.RankerAgent`'s.
 """
 
 from __future__ import annotations

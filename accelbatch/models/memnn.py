@@ -5,12 +5,18 @@ lines ago it was said); the last line is the question. One attention hop over th
 candidates are scored by a dot product with the answer vector. Learns the bundled ``babi:1`` task to
 over 95% validation accuracy within a few epochs on a laptop CPU. The loss is the rankers'
 (:func:`~accelbatch.models.bag.candidate_loss`): in evaluation, the mean over the rows whose label is among
-their candidates, whatever the batch size.
+their candidates, whatever the batch size; the target is the first of a row's labels among its candidates.
+
+Limits: the last :data:`MAX_MEMORIES` lines before the question are its memories (fixed: the time embeddings
+have a row per age). Each memory and the question keep their last ``--text-truncate`` words (-1: all), as
+ParlAI's memnn truncates each memory and the query; each candidate keeps its first ``--label-truncate`` words
+(:data:`MAX_WORDS` at -1), as ParlAI's rankers truncate candidates.
 """
 
 from __future__ import annotations
 
 from array import array
+from collections.abc import Iterable
 from typing import Any
 
 import torch
@@ -19,11 +25,11 @@ from torch import nn
 from accelbatch.agents import TorchAgent
 from accelbatch.dictionary import SharedDictionary
 from accelbatch.messages import EVAL_LABELS, LABEL_CANDIDATES, LABELS, Message
-from accelbatch.models.bag import candidate_loss, long_tensor, unrankable
+from accelbatch.models.bag import candidate_loss, candidate_words, long_tensor, target_index, unrankable
 
 VOCAB = 4096
-MAX_MEMORIES = 32
-MAX_WORDS = 16
+MAX_MEMORIES = 32  # lines before the question kept as memories, the latest (fixed: the time embeddings' rows)
+MAX_WORDS = 16  # words a candidate keeps (its first) at --label-truncate -1; word widths are multiples of it
 
 
 class MemoryNetwork(nn.Module):
@@ -76,14 +82,16 @@ class MemNNAgent(SharedDictionary, TorchAgent):
 
     def vectorize(self, obs: Message) -> Message:
         lines = obs.get("full_text", obs.get("text", "")).split("\n")
-        vecs = self.dictionary.short_texts_ids(lines[-MAX_MEMORIES - 1:], MAX_WORDS)
+        # each line keeps its last -tr words (-1: all), as ParlAI's memnn truncates each memory and the query
+        line_ids, keep = self.dictionary.text_ids, self.opts.text_truncate
+        vecs = [line_ids(line, keep) for line in lines[-MAX_MEMORIES - 1:]]
         obs["query_vec"], obs["memory_vecs"] = vecs[-1], vecs[:-1]  # the last line asks, the ones before remember
         cands = obs.get(LABEL_CANDIDATES) or []
-        obs["cand_vecs"] = self.dictionary.short_texts_ids(cands, MAX_WORDS)
-        targets = obs.get(LABELS) or obs.get(EVAL_LABELS) or []
-        obs["label_index"] = next((i for i, c in enumerate(cands) if c in targets), -1)
+        obs["cand_vecs"] = self.dictionary.short_texts_ids(cands, candidate_words(self.opts, MAX_WORDS))
+        targets = obs.get(LABELS) or obs.get(EVAL_LABELS)
+        obs["label_index"] = target_index(cands, targets)
         if obs["label_index"] < 0 and LABELS in obs:
-            raise unrankable(self.opts.task, obs, cands, targets[0] if targets else None)
+            raise unrankable(self.opts.task, obs, cands, targets)
         return obs
 
     def batchify(self, observations: list[Message]) -> dict[str, torch.Tensor]:
@@ -97,10 +105,13 @@ class MemNNAgent(SharedDictionary, TorchAgent):
             ages.extend(range(count, 0, -1))  # 1 = the most recent line
             ages.frombytes(bytes(8 * (n_mem - count)))
         counts = torch.tensor([len(o["cand_vecs"]) for o in observations])
-        batch = {"memories": _padded([o["memory_vecs"] for o in observations], n_mem),
+        memories, queries = [o["memory_vecs"] for o in observations], [[o["query_vec"]] for o in observations]
+        cands = [o["cand_vecs"] for o in observations]
+        words = _width(memories + queries)  # one width for the lines, memories and questions
+        batch = {"memories": _padded(memories, n_mem, words),
                  "memory_age": long_tensor(ages, (rows, n_mem)),
-                 "query": _padded([[o["query_vec"]] for o in observations], 1).view(rows, MAX_WORDS),
-                 "candidates": _padded([o["cand_vecs"] for o in observations], n_cand),
+                 "query": _padded(queries, 1, words).view(rows, words),
+                 "candidates": _padded(cands, n_cand, _width(cands)),
                  "cand_mask": (torch.arange(n_cand) < counts.unsqueeze(1)).long()}
         labels = [o["label_index"] for o in observations]
         if any(i >= 0 for i in labels):  # -1: an evaluation example whose label no candidate holds
@@ -116,14 +127,20 @@ class MemNNAgent(SharedDictionary, TorchAgent):
         return out
 
 
-def _padded(groups: list[list[list[int]]], count: int) -> torch.Tensor:
-    """[len(groups), count, MAX_WORDS] LongTensor: each group's id rows right-padded with 0 to MAX_WORDS
-    words, each group to ``count`` rows (one copy from a flat array, no tensor made per row)."""
-    flat = array("q")
-    pads = [array("q", bytes(8 * (MAX_WORDS - k))) for k in range(MAX_WORDS + 1)]
+def _width(groups: Iterable[list[list[int]]]) -> int:
+    """Word width for these groups of id rows: the longest row rounded up to a multiple of :data:`MAX_WORDS`,
+    at least MAX_WORDS (few distinct shapes; the 0 padding ids add nothing to the sums)."""
+    longest = max((len(ids) for group in groups for ids in group), default=0)
+    return max(1, -(-longest // MAX_WORDS)) * MAX_WORDS
+
+
+def _padded(groups: list[list[list[int]]], count: int, width: int) -> torch.Tensor:
+    """[len(groups), count, width] LongTensor: each group's id rows right-padded with 0 to ``width`` words,
+    each group to ``count`` rows (one copy from a flat array, no tensor made per row)."""
+    flat, zeros = array("q"), array("q", bytes(8 * width))
     for group in groups:
         for ids in group:
             flat.extend(ids)
-            flat.extend(pads[len(ids)])
-        flat.frombytes(bytes(8 * MAX_WORDS * (count - len(group))))
-    return long_tensor(flat, (len(groups), count, MAX_WORDS))
+            flat.extend(zeros[len(ids):])
+        flat.frombytes(bytes(8 * width * (count - len(group))))
+    return long_tensor(flat, (len(groups), count, width))

@@ -23,19 +23,21 @@ def ref_vectorize(obs: dict) -> dict:
     question, story = lines[-1], lines[:-1][-MAX_MEMORIES:]
     cands = obs.get("label_candidates") or []
     targets = obs.get("labels") or obs.get("eval_labels") or []
-    return {"query_vec": hash_tokens(tokenize(question)[:MAX_WORDS], VOCAB),
-            "memory_vecs": [hash_tokens(tokenize(line)[:MAX_WORDS], VOCAB) for line in story],
+    return {"query_vec": hash_tokens(tokenize(question)[-256:], VOCAB),
+            "memory_vecs": [hash_tokens(tokenize(line)[-256:], VOCAB) for line in story],
             "cand_vecs": [hash_tokens(tokenize(c)[:MAX_WORDS], VOCAB) for c in cands],
-            "label_index": next((i for i, c in enumerate(cands) if c in targets), -1)}
+            "label_index": next((cands.index(t) for t in targets if t in cands), -1)}
 
 
 def ref_batchify(vecs: list[dict]) -> dict[str, torch.Tensor]:
     rows = len(vecs)
     n_mem = min(MAX_MEMORIES, -(-max(1, max(len(v["memory_vecs"]) for v in vecs)) // 8) * 8)
     n_cand = max(1, max(len(v["cand_vecs"]) for v in vecs))
-    memories = torch.zeros(rows, n_mem, MAX_WORDS, dtype=torch.long)
+    longest = max([1] + [len(m) for v in vecs for m in v["memory_vecs"] + [v["query_vec"]]])
+    words = -(-longest // MAX_WORDS) * MAX_WORDS
+    memories = torch.zeros(rows, n_mem, words, dtype=torch.long)
     age = torch.zeros(rows, n_mem, dtype=torch.long)
-    query = torch.zeros(rows, MAX_WORDS, dtype=torch.long)
+    query = torch.zeros(rows, words, dtype=torch.long)
     cands = torch.zeros(rows, n_cand, MAX_WORDS, dtype=torch.long)
     mask = torch.zeros(rows, n_cand, dtype=torch.long)
     for r, v in enumerate(vecs):

@@ -36,11 +36,7 @@ def ref_vectorize(obs: dict, truncate: int) -> dict:
         ids = ids[len(ids) - truncate:]
     cands = obs.get("label_candidates") or []
     targets = obs.get("labels") or obs.get("eval_labels") or []
-    index = -1
-    for i, c in enumerate(cands):
-        if targets and c == targets[0]:
-            index = i
-            break
+    index = next((cands.index(t) for t in targets if t in cands), -1)  # the first label among the candidates
     return {"text_vec": ids, "cand_vecs": [ref_ids(c)[:MAX_CANDIDATE_WORDS] for c in cands], "label_index": index}
 
 
