@@ -214,9 +214,9 @@ def _main(argv: Sequence[str] | None) -> int:
     return 0
 
 
-# what display-data reads: the task's teacher and how the examples are shown (a user's teacher may read more)
-DISPLAY_DATA_READS = ("task", "datatype", "datapath", "seed", "context_length", "include_labels", "progress",
-                      "display_examples", "host_allocator")
+# what display-data reads: the task's teacher and how the examples are shown (a user's teacher may read more);
+# not --context-length or --include-labels: it shows each turn as the teacher serves it, no history added
+DISPLAY_DATA_READS = ("task", "datatype", "datapath", "seed", "progress", "display_examples", "host_allocator")
 
 
 def _refuse_unused_by_display_data(args: argparse.Namespace) -> None:
@@ -225,8 +225,9 @@ def _refuse_unused_by_display_data(args: argparse.Namespace) -> None:
     given = [f for f in fields(Opts) if f.name not in DISPLAY_DATA_READS and f.name in vars(args)]
     if given:
         flags = ", ".join("/".join(f.metadata["flags"]) for f in given)
-        raise OptionError(f"{flags}: display-data prints a task's examples and uses no model, batching, device "
-                          "or plan option; leave it out (display-model shows a model's replies)")
+        raise OptionError(f"{flags}: display-data prints a task's examples as its teacher serves them and uses no "
+                          "model, history, batching, device or plan option; leave it out (display-model shows a "
+                          "model's replies)")
 
 
 def _run_verb(args: argparse.Namespace, opts: Opts) -> int:

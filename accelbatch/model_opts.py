@@ -1,9 +1,10 @@
 """The options that make the model in ``-mf PATH``, kept beside it in ``PATH.opt`` (as ParlAI's MODEL.opt): which
-agent, its sizes, its learning rate and optimizer. eval, display-model, interactive and a training that continues
-PATH take them from there (the learning rate and optimizer only a training), so ``-mf`` alone names the model; a
-training from ``--init-model FILE`` takes FILE.opt's agent and sizes; ``--resume`` continues with the interrupted
-run's learning rate and the options its resume compares (the model's among them), from its checkpoint. An option
-given on the command line still wins, but a resume refuses a model option other than its checkpoint's."""
+agent, its sizes, the history it reads, its learning rate and optimizer. eval, display-model, interactive and a
+training that continues PATH take them from there (the learning rate and optimizer only a training), so ``-mf``
+alone names the model; a training from ``--init-model FILE`` takes FILE.opt's agent and sizes; ``--resume``
+continues with the interrupted run's learning rate and the options its resume compares (the model's among them),
+from its checkpoint. An option given on the command line still wins, but a resume refuses a model option other
+than its checkpoint's."""
 
 from __future__ import annotations
 
@@ -31,8 +32,11 @@ from accelbatch.names import resolve_agent_class
 from accelbatch.opts import OptionError, Opts
 from accelbatch.teachers import given_file, is_training, portable_task, task_files
 
+# the history a model reads (as ParlAI's -histsz in MODEL.opt): not its weights' shapes, but what it was trained
+# to answer from, so a verb given only -mf feeds it the same (a resume compares them with RESUME_OPTS)
+HISTORY = ("context_length", "include_labels")
 # PATH.opt: a continued training keeps its optimizer too; every verb given only -mf works on the model's task
-KEPT = SHAPING + ("learning_rate", "optimizer", "task")
+KEPT = SHAPING + HISTORY + ("learning_rate", "optimizer", "task")
 # the run's limits, validation and logs: a resume goes on to the same end unless the command line says
 # otherwise; the limits go together: one given (e.g. a larger -ne) sets the end, the others keep their defaults
 LIMITS = ("num_epochs", "max_train_steps", "max_train_time")
@@ -119,7 +123,7 @@ def recorded_task(opts: Opts) -> str | None:
 
 
 def write_model_opts(model_file: str, opts: Opts, model: str | None) -> None:
-    """Keep ``opts``' shaping options and task beside the model just saved to ``model_file``, with ``model`` the
+    """Write ``opts``' :data:`KEPT` options beside the model just saved to ``model_file``, with ``model`` the
     name that rebuilds its agent (either left out when None: nothing can import it, which the first save of a
     run says)."""
     task = recorded_task(opts)
@@ -150,11 +154,13 @@ def read_model_opts(model_file: str) -> dict[str, Any]:
 
 
 def given_on_command_line(argv: Sequence[str]) -> set[str]:
-    """The option fields whose flags ``argv`` holds (abbreviations are refused, so a flag is written whole)."""
+    """The option fields whose flags ``argv`` holds (abbreviations are refused, so a flag is written whole; a
+    switch's ``--no-`` form counts)."""
     given = set()
     for f in dataclasses.fields(Opts):
         flags = f.metadata.get("flags", ())
-        if any(arg in flags or arg.split("=", 1)[0] in flags for arg in argv if arg.startswith("-")):
+        if any(arg in flags or arg.split("=", 1)[0] in flags or arg.startswith("--no-") and f"--{arg[5:]}" in flags
+               for arg in argv if arg.startswith("-")):
             given.add(f.name)
     return given
 
@@ -194,7 +200,7 @@ def with_model_opts(opts: Opts, argv: Sequence[str]) -> tuple[Opts, str | None]:
         check_resumed_opts(Checkpoint(path=found, model_state={}, opts=saved), opts, opts.model, SHAPING)
         return opts, None  # said by the resume (-lr) or not at all: the run goes on as it was
     if path and os.path.isfile(path):
-        source, flag, names = path, "-mf", KEPT if training else (*SHAPING, "task")
+        source, flag, names = path, "-mf", KEPT if training else (*SHAPING, *HISTORY, "task")
     elif opts.init_model and os.path.isfile(opts.init_model):
         source, flag, names = opts.init_model, "--init-model", SHAPING
     else:
@@ -208,13 +214,20 @@ def with_model_opts(opts: Opts, argv: Sequence[str]) -> tuple[Opts, str | None]:
     if not taken:
         return opts, untold_task
     flags = {f.name: f.metadata["flags"][0] for f in dataclasses.fields(Opts)}
-    said = " ".join(f"{flags[k]} {v}" for k, v in taken.items())
+    said = " ".join(_said(flags[k], v) for k, v in taken.items())
     if "task" in taken:
         _check_task_files(opts.replace(task=taken["task"]), f"{opt_path(source)}: the model's task",
                           "give -t naming the data to use")
     return _taking(opts, taken, opt_path(source), "fix or delete that file"), "\n".join(filter(None, (
         f"accelbatch: {flag} {source} was trained with {said} ({opt_path(source)}); using them (give them to "
         "override)", untold_task)))
+
+
+def _said(flag: str, value: Any) -> str:
+    """An option as the command line gives it: ``-esz 16``, a switch ``--include-labels`` or ``--no-...``."""
+    if isinstance(value, bool):
+        return flag if value else f"--no-{flag[2:]}"
+    return f"{flag} {value}"
 
 
 def _check_task_files(opts: Opts, where: str, what_to_do: str) -> None:

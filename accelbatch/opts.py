@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any, Iterator, Sequence
 
 from accelbatch.split_points import parse_split_points
-from accelbatch.strict_args import StrictParser, refuse_glued_values
+from accelbatch.strict_args import OnOff, StrictParser, refuse_glued_values, refused_option
 
 DEVICES = ("cpu", "cuda", "ipu")
 DATATYPES = ("train", "train:ordered", "train:stream", "train:stream:ordered", "valid", "test",
@@ -115,8 +115,9 @@ class Opts:
                               help="keep at most this many tokens of input text, its end (-1: all; "
                                    "generators: the last 1024)")
     label_truncate: int = _opt(-1, "--label-truncate",
-                               help="label truncation length (-1: as --text-truncate, ParlAI's default; "
-                                    "generators keep and generate 32); with --text-truncate it sets the default "
+                               help="label truncation length, a label's first tokens (-1: as --text-truncate, ParlAI's "
+                                    "default; generators keep and generate 32; rankers keep each candidate's "
+                                    "first 8 words, memnn 16); with --text-truncate it sets the default "
                                     "--max-batch-tokens")
     inference: str = _opt("greedy", "--inference", choices=INFERENCE,
                           help="generators: decoding at evaluation, greedy or beam; it runs a fixed number of "
@@ -143,10 +144,13 @@ class Opts:
     display_examples: bool = _opt(False, "--display-examples", help="print each parley (debugging)")
 
     # --- data pipeline -----------------------------------------------------------------------
-    context_length: int = _opt(-1, "--context-length",
-                               help="episode squashing: previous turns kept in the text (-1: all)", group="data")
-    include_labels: bool = _opt(True, "--include-labels",
-                                help="episode squashing: put earlier labels in the context", group="data")
+    context_length: int = _opt(-1, "-histsz", "--history-size", "--context-length", group="data",
+                               help="utterances of the dialogue history the model reads, the current text "
+                                    "included: 1 keeps it alone, 2 adds the utterance before it (the previous "
+                                    "label; the previous text with --no-include-labels) (-1: all)")
+    include_labels: bool = _opt(True, "--include-labels", group="data",
+                                help="earlier labels (in a conversation, the model's own replies) are utterances "
+                                     "of the history; --no-include-labels: the texts alone")
     dynamic_batching: str = _opt("none", "-dynb", "--dynamic-batching", choices=DYNAMIC_BATCHING, group="data",
                                  help="none, batchsort (sort by length), full (token budget), "
                                       "buckets (few static shapes)")
@@ -405,19 +409,6 @@ def _validate_input_grouping(opts: Opts) -> None:
                           "the groups of --ipu-input-replica-grouping N; give N > 1 too, or leave it out")
 
 
-class _OnOff(argparse.Action):
-    """``--flag`` / ``--no-flag``: argparse.BooleanOptionalAction for Python 3.8 (the Poplar SDK's)."""
-
-    def __init__(self, option_strings: Sequence[str], dest: str, default: Any = None, help: str | None = None,
-                 **_: Any) -> None:
-        strings = [s for flag in option_strings for s in (flag, "--no-" + flag[2:]) if flag.startswith("--")]
-        super().__init__(strings, dest, nargs=0, default=default, help=help)
-
-    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any,
-                 option_string: str | None = None) -> None:
-        setattr(namespace, self.dest, not (option_string or "").startswith("--no-"))
-
-
 def _field_type(f: dataclasses.Field) -> type:
     text = str(f.type)
     for name, typ in (("bool", bool), ("int", int), ("float", float), ("str", str)):
@@ -469,7 +460,7 @@ def add_arguments(parser: argparse.ArgumentParser, training: bool = True, hide: 
         kwargs: dict[str, Any] = {"dest": f.name, "default": argparse.SUPPRESS if hidden else f.default,
                                   "help": argparse.SUPPRESS if hidden else text}
         if typ is bool:
-            kwargs["action"] = getattr(argparse, "BooleanOptionalAction", _OnOff)
+            kwargs["action"] = getattr(argparse, "BooleanOptionalAction", OnOff)
         else:
             kwargs["type"] = os.path.expanduser if f.name in PATHS else typ if typ is not object else str
             if meta.get("choices"):
@@ -479,6 +470,8 @@ def add_arguments(parser: argparse.ArgumentParser, training: bool = True, hide: 
             group.add_argument(*[fl for fl in meta["flags"] if fl.startswith("--")], **kwargs)
         else:
             refuse_glued_values(group.add_argument(*meta["flags"], **kwargs))
+    refused_option(parser, "--truncate", "ParlAI's truncation of text and label together; accelbatch truncates "
+                   "them apart: give -tr/--text-truncate N and --label-truncate N")
 
 
 def split_of(datatype: str) -> str:

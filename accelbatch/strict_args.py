@@ -6,7 +6,9 @@ token as a known short option with its value glued on (ParlAI's ``-mtw 1,3`` as 
 :class:`StrictParser` refuses both in one line before argparse reads them. A glued value is refused only for
 the options marked by :func:`refuse_glued_values` (accelbatch's own, whose short forms are ParlAI's): a
 script's own ``-k`` still reads ``-k5`` as argparse does. A token that is an option's value is never read as
-an option here (``--report-json -my.json`` is argparse's to judge)."""
+an option here (``--report-json -my.json`` is argparse's to judge). An unknown token that begins with a switch
+(``-histsz`` before accelbatch took it: argparse named ``-h``) is refused naming the token. :func:`refused_option`
+answers another program's option with what to give instead; :class:`OnOff` is ``--flag``/``--no-flag``."""
 
 from __future__ import annotations
 
@@ -47,8 +49,8 @@ def misread_option(parser: argparse.ArgumentParser, argv: Sequence[str]) -> str 
     known = parser._option_string_actions
     values_ahead = 0
     for i, token in enumerate(argv):
-        if token == "--":
-            break  # what follows is positional
+        if token == "--" or not token.startswith("-") and parser._subparsers is not None:
+            break  # what follows is positional, or the subcommand's own (its parser judges it)
         if values_ahead:
             values_ahead -= 1
             continue
@@ -69,6 +71,10 @@ def misread_option(parser: argparse.ArgumentParser, argv: Sequence[str]) -> str 
             return f"unrecognized option {token} (options are not abbreviated; {token} begins {', '.join(longer)})"
         glued = max((flag for flag, action in known.items() if not flag.startswith("--")  # -tstep5: -tstep's
                      and token.startswith(flag) and getattr(action, _GLUED_REFUSED, False)), key=len, default=None)
+        switch = next((flag for flag, action in known.items() if not flag.startswith("--") and action.nargs == 0
+                       and token.startswith(flag)), None)  # argparse reads -histsz as -h with 'istsz' glued on
+        if glued is None and switch is not None and any(f"-{c}" not in known for c in token[len(switch):]):
+            return f"unrecognized option {token}: no option is named so (see --help)"
         if glued is not None:
             rest = token[len(glued):]
             return (f"unrecognized option {token}: no option is named so (see --help); a value is not read glued "
@@ -111,3 +117,34 @@ def _negatives_joined(parser: argparse.ArgumentParser, argv: list[str]) -> list[
         out.append(token)
         i += 1
     return out
+
+
+class OnOff(argparse.Action):
+    """``--flag`` / ``--no-flag``: argparse.BooleanOptionalAction for Python 3.8 (the Poplar SDK's)."""
+
+    def __init__(self, option_strings: Sequence[str], dest: str, default: Any = None, help: str | None = None,
+                 **_: Any) -> None:
+        strings = [s for flag in option_strings for s in (flag, "--no-" + flag[2:]) if flag.startswith("--")]
+        super().__init__(strings, dest, nargs=0, default=default, help=help)
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any,
+                 option_string: str | None = None) -> None:
+        setattr(namespace, self.dest, not (option_string or "").startswith("--no-"))
+
+
+class _Refused(argparse.Action):
+    """An option that is not taken: refused in one line saying what to give instead (its value is not read)."""
+
+    def __init__(self, option_strings: Sequence[str], dest: str, instead: str, **kwargs: Any) -> None:
+        super().__init__(option_strings, dest, nargs="?", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
+        self.instead = instead
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any,
+                 option_string: str | None = None) -> None:
+        parser.error(f"{option_string}: {self.instead}")
+
+
+def refused_option(parser: argparse.ArgumentParser, flag: str, instead: str) -> None:
+    """Make ``parser`` refuse ``flag`` (hidden from --help) in one line saying ``instead`` what to give, where
+    argparse would say only "unrecognized arguments" (another program's option, with another meaning here)."""
+    parser.add_argument(flag, action=_Refused, instead=instead)

@@ -156,6 +156,7 @@ def test_init_model_takes_the_shaping_options_of_its_opt_file(data, tmp_path, ca
     assert json.loads((tmp_path / "im" / "x.pt.opt").read_text()) == {"model": "bag", "embedding_size": 16,
                                                                        "text_truncate": 256, "label_truncate": -1,
                                                                        "learning_rate": 0.01, "optimizer": "adam",
-                                                                       "task": f"jsonl:{data}"}
+                                                                       "task": f"jsonl:{data}",
+                                                                       "context_length": -1, "include_labels": True}
     assert main([*args, "-m", "memnn", "-mf", str(tmp_path / "y.pt")]) == 2  # given: it wins, and is refused
     assert "its weights are not a MemNNAgent's" in capsys.readouterr().err
