@@ -118,7 +118,7 @@ class EngineSlot:
 class History:
     """One conversation's turns squashed into one text, as :mod:`accelbatch.data.squash` does.
 
-    ``context_length`` counts utterances, the current text included (-1: all of them).
+    ``context_length`` counts utterances (an empty label is one), the current text included (-1: all of them).
     """
 
     context_length: int = -1
@@ -126,7 +126,7 @@ class History:
     turns: list[str] = field(default_factory=list)
 
     def add(self, text: str | None, previous_label: str | None) -> str:
-        if self.include_labels and previous_label:
+        if self.include_labels and previous_label is not None:  # an empty label "" is an utterance, as ParlAI's
             self.turns.append(previous_label)
         if text:
             self.turns.append(text)
@@ -289,8 +289,7 @@ class TorchAgent(Agent):
 
     def state_dict(self) -> dict[str, Any]:
         """This clone's episode in progress (history, last label) as JSON data, for checkpoints."""
-        return {"turns": list(self.history.turns), "last_label": self._last_label,
-                "previous_done": self._previous_done}
+        return {"turns": list(self.history.turns), "last_label": self._last_label, "previous_done": self._previous_done}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Continue an episode from :meth:`state_dict`'s data."""
@@ -323,6 +322,9 @@ class TorchAgent(Agent):
         if result.extras.get("skipped_updates"):
             self.metrics.add("skipped_updates", result.extras["skipped_updates"])
         outputs, real = result.outputs, len(observations)
+        # the examples the report's exs counts (every training row, each evaluation row with labels): see loss_exs
+        self.metrics.add_examples(real if training else sum(
+            obs.get(LABELS) is not None or obs.get(EVAL_LABELS) is not None for obs in observations))
         row_ids: list[int] | None = None  # the real rows the outputs are of (None: no per-row outputs)
         if outputs:
             if result.rows is None:
@@ -339,12 +341,10 @@ class TorchAgent(Agent):
                 if len(row_ids) < len(result.rows):
                     outputs = {k: v[keep] for k, v in outputs.items()}
         if not training and row_ids is not None and ROW_LOSS in outputs:
-            # evaluation with per-row losses: the mean over the real rows the loss counts, whatever the batch
-            # size, micro-batches or padding rows (a mean of batch means would weigh a batch's rows by its size)
+            # evaluation with per-row losses: the mean over the real rows the loss counts, however they are batched
             self._add_row_losses(outputs)
         elif result.loss is not None and _leading(batch) == real:
-            # weighted by rows: a per-example mean. A batch with padding rows (static shapes) mixes them
-            # into the model's mean loss, so its loss is left out rather than reported wrong.
+            # weighted by rows; a batch with padding rows (static shapes) mixes them into its mean: left out
             self.metrics.add_loss(result.loss, real)
         if row_ids is None:
             return []

@@ -23,6 +23,7 @@ import numpy as np
 from accelbatch.messages import TEXT
 from accelbatch.report_merge import (  # noqa: F401
     AVERAGED_METRICS,
+    LOSS_COUNT,
     SCORED,
     SHARED_COUNTS,
     TOKEN_WEIGHTED,
@@ -349,6 +350,10 @@ class Metrics:
         self.loss_sum += float(loss) * count
         self.loss_count += count
 
+    def add_examples(self, examples: int) -> None:
+        """Count ``examples`` examples that are not scored here (an agent's rows, which its loss may leave out)."""
+        self.exs += examples
+
     def add(self, name: str, value: float) -> None:
         self.extra[name] = self.extra.get(name, 0.0) + float(value)
 
@@ -394,6 +399,8 @@ class Metrics:
                 out[SCORED] = self.scored
         if self.loss_count:
             out["loss"] = self.loss_sum / self.loss_count
+            if self.loss_count != self.exs and "token_nll" not in self.extra:  # rows left out of the loss: its
+                out[LOSS_COUNT] = self.loss_count  # own count, which weighs it where reports merge (report_merge)
         out.update(self.extra)
         return token_report(out)
 

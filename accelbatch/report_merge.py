@@ -3,8 +3,10 @@
 
 A report holds averages, so each is merged weighted by what it averages over: accuracy, f1 and bleu-4 by the
 rows scored (``scored_exs``, said in a report only where some examples were not scored: a reply without text,
-as ParlAI's teacher leaves such a row out of its averages; otherwise ``exs``), token metrics by tokens (ltpb by
-batches), pad_fraction by tokens fed; counts are summed and stay whole numbers.
+as ParlAI's teacher leaves such a row out of its averages; otherwise ``exs``), a row-weighted loss by the rows it
+counts (``loss_exs``, said only where they are not the ``exs``: a ranker leaves out a row whose label is not
+among its candidates), token metrics by tokens (ltpb by batches), pad_fraction by tokens fed; counts are summed
+and stay whole numbers.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from typing import Any, Iterable
 AVERAGED_METRICS = frozenset({"accuracy", "f1", "loss", "ppl", "token_acc", "ltpb", "bleu-4", "pad_fraction"})
 SCORED_METRICS = frozenset({"accuracy", "f1", "bleu-4"})  # averages over the rows scored
 SCORED = "scored_exs"
+LOSS_COUNT = "loss_exs"  # the rows a row-weighted loss (no "tokens" beside it) averages over
 TOKEN_WEIGHTED = frozenset({"loss", "token_acc", "ltpb"})  # weighted by tokens (ltpb: batches) with token metrics
 # counts every replica holds alike (each applies, or skips, the same shared update): merged once, not summed
 SHARED_COUNTS = frozenset({"skipped_updates"})
@@ -27,22 +30,36 @@ def _scopes(report: dict[str, Any]) -> list[str]:
     return [""] + [key[:-len("exs")] for key in report if key.endswith("/exs")]
 
 
+def _row_loss(report: dict[str, Any], scope: str) -> bool:
+    """Whether the row ``scope`` of ``report`` has a loss averaged over rows (not over tokens)."""
+    return scope + "loss" in report and scope + "tokens" not in report
+
+
+def _averaged(report: dict[str, Any], scope: str, count: str) -> bool:
+    """Whether the row ``scope`` of ``report`` has an average that ``count`` (scored_exs, loss_exs) weighs."""
+    return _row_loss(report, scope) if count == LOSS_COUNT else any(scope + name in report for name in SCORED_METRICS)
+
+
 def with_scored(report: dict[str, Any]) -> dict[str, Any]:
-    """``report`` with each row's ``scored_exs`` said: its exs where it has a scored average but not the count."""
+    """``report`` with each row's ``scored_exs`` and ``loss_exs`` said: its exs where it has the average they
+    weigh but not the count."""
     out = dict(report)
     for scope in _scopes(report):
-        if scope + SCORED not in out and any(scope + name in out for name in SCORED_METRICS):
-            out[scope + SCORED] = out.get(scope + "exs", 1)
+        for count in (SCORED, LOSS_COUNT):
+            if scope + count not in out and _averaged(out, scope, count):
+                out[scope + count] = out.get(scope + "exs", 1)
     return out
 
 
 def drop_full_scored(report: dict[str, Any]) -> dict[str, Any]:
-    """``report`` without the ``scored_exs`` that say nothing: every example scored, or none (no average)."""
+    """``report`` without the ``scored_exs`` and ``loss_exs`` that say nothing: every example counted, or none
+    (no average)."""
     for scope in _scopes(report):
-        scored = report.get(scope + SCORED)
-        if scored is not None and (scored == report.get(scope + "exs") or not scored
-                                   or not any(scope + name in report for name in SCORED_METRICS)):
-            del report[scope + SCORED]
+        for count in (SCORED, LOSS_COUNT):
+            rows = report.get(scope + count)
+            if rows is not None and (rows == report.get(scope + "exs") or not rows
+                                     or not _averaged(report, scope, count)):
+                del report[scope + count]
     return report
 
 
@@ -68,7 +85,9 @@ def _weight(report: dict[str, float], key: str, shared: frozenset[str]) -> float
         return float(report.get(scope + "batch_tokens", exs))
     tokens = report.get(scope + "tokens")
     per_batch = report.get(scope + "ltpb") if name == "ltpb" else 1.0
-    return float(tokens) / per_batch if tokens is not None and name in TOKEN_WEIGHTED and per_batch else exs
+    if tokens is not None and name in TOKEN_WEIGHTED and per_batch:
+        return float(tokens) / per_batch
+    return float(report.get(scope + LOSS_COUNT, exs)) if name == "loss" else exs
 
 
 _WEIGHT = "\0weight"  # the suffix of an average's weight among the sums (no report key holds a NUL)
@@ -121,7 +140,7 @@ def merge_reports(reports: Iterable[tuple[str, dict[str, float]]]) -> dict[str, 
             merged[f"{name}/{key}"] = value
             if key in AVERAGED_METRICS:
                 averages.setdefault(key, []).append(value)
-            elif key != SCORED:  # the macro averages do not weigh by it
+            elif key not in (SCORED, LOSS_COUNT):  # the macro averages do not weigh by them
                 merged[key] = merged.get(key, 0) + value
     for key, values in averages.items():
         merged[key] = math.fsum(values) / len(values)

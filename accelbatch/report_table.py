@@ -17,7 +17,8 @@ from accelbatch.tensorboard_log import TensorBoardLog
 LEADING = ("exs", "accuracy", "f1", "bleu-4", "loss", "ppl", "token_acc")
 TRAILING = ("exs_per_s", "time_s")
 NOT_COLUMNS = frozenset({"steps", "epochs", "stopped_by"})  # the run's own counts, said by --report-json
-COUNTS = frozenset({"tokens", "batch_tokens", "skipped_updates", "dropped_exs", "scored_exs"})  # sums of whole numbers
+# sums of whole numbers
+COUNTS = frozenset({"tokens", "batch_tokens", "skipped_updates", "dropped_exs", "scored_exs", "loss_exs"})
 WIDTH = 12
 
 

@@ -16,7 +16,9 @@ settings               texts of the four examples
 =====================  ==========================================================
 
 The label put in the history is the turn's first label (``labels``, else ``eval_labels``), so squashing is
-deterministic. A turn without text adds nothing to the history (its label still does).
+deterministic; an empty label ``""`` is an utterance too (an empty line, counted by ``context_length``), as in
+ParlAI and in an agent's :class:`~accelbatch.agents.History`. A turn without text adds nothing to the history
+(its label still does).
 """
 
 from __future__ import annotations
@@ -62,7 +64,7 @@ def histories(episode: Sequence[Message], context_length: int = -1, include_labe
         out.append(delimiter.join(history))
         if include_labels:
             answers = turn.get(LABELS) or turn.get(EVAL_LABELS)
-            if answers:
+            if answers:  # its first label, "" included
                 history.append(answers[0])
     return out
 
