@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import importlib
 import inspect
+import logging
 import pickle
 from abc import ABC, abstractmethod
 from collections.abc import Mapping
@@ -30,6 +31,7 @@ if TYPE_CHECKING:
     from accelbatch.opts import Opts
 
 TensorBatch = Dict[str, torch.Tensor]
+log = logging.getLogger("accelbatch")
 
 # name -> "module:Class", imported only when asked for, so the core never imports torch.cuda or poptorch.
 BACKEND_PATHS: dict[str, str] = {
@@ -243,6 +245,10 @@ class Engine(ABC):
         optimizer = self.host_optimizer()
         if optimizer is not None and "optimizer" in state:
             optimizer.load_state_dict(state["optimizer"])
+            if "ipu_state" in state["optimizer"]:  # what the IPU kept: its own format, no torch state beside it
+                log.warning(f"the checkpoint's {type(optimizer).__name__} state was kept by an IPU (the "
+                            "device's format), which this device cannot read: it starts afresh (resume with "
+                            "--device ipu to continue it)")
         scaler = self.loss_scaler()
         if scaler is not None and scaler.is_enabled() and state.get("scaler"):
             scaler.load_state_dict(state["scaler"])

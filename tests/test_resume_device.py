@@ -1,0 +1,46 @@
+"""A --resume goes on where and how the run ran: a stopped IPU run resumes on the IPU with the optimizer state
+the device kept (same weights as the run never stopped); resumed on another device, that state cannot be read
+there, which is said in one line."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from accelbatch.cli import main
+
+RUN = ["train", "-t", "babi:1", "-m", "bag", "-esz", "8", "-bs", "4", "-di", "2", "-opt", "adam", "--seed", "9",
+       "--no-progress", "--eval-splits", ""]
+IPU = ["--device", "ipu", "--ipu-emulator"]
+
+
+def _weights(path) -> dict[str, torch.Tensor]:
+    saved = torch.load(path, weights_only=True)
+    return saved.get("model", saved)
+
+
+def _uninterrupted(tmp_path) -> dict[str, torch.Tensor]:
+    assert main([*RUN, *IPU, "-tstep", "6", "-mf", str(tmp_path / "full.pt")]) == 0
+    return _weights(tmp_path / "full.pt")
+
+
+@pytest.mark.slow
+def test_a_stopped_ipu_run_resumes_on_the_ipu_with_its_optimizer_state(tmp_path, capfd):
+    full = _uninterrupted(tmp_path)
+    part = tmp_path / "part.pt"
+    assert main([*RUN, *IPU, "-tstep", "3", "-mf", str(part)]) == 0
+    capfd.readouterr()
+    assert main(["train", "-mf", str(part), "--resume", "-tstep", "6"]) == 0
+    out, err = capfd.readouterr()
+    assert out.rstrip().splitlines()[-2] == "device: ipu" and "starts afresh" not in err, (out, err)
+    resumed = _weights(part)
+    assert all(torch.equal(full[k], resumed[k]) for k in full)
+
+
+@pytest.mark.slow
+def test_resumed_on_another_device_the_ipus_optimizer_state_is_said_to_start_afresh(tmp_path, caplog):
+    part = tmp_path / "part.pt"
+    assert main([*RUN, *IPU, "-tstep", "3", "-mf", str(part)]) == 0
+    assert main(["train", "-mf", str(part), "--resume", "-tstep", "6", "--device", "cpu"]) == 0
+    assert "the checkpoint's Adam state was kept by an IPU (the device's format), which this device cannot read: " \
+           "it starts afresh (resume with --device ipu to continue it)" in caplog.text
