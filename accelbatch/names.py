@@ -3,8 +3,11 @@ the error that lists the known names."""
 
 from __future__ import annotations
 
+import difflib
 import importlib
 import os
+import pkgutil
+import sys
 from typing import TYPE_CHECKING, Any, Sequence
 
 if TYPE_CHECKING:
@@ -47,18 +50,36 @@ def import_object(path: str, kind: str, known: Sequence[str]) -> Any:
     try:
         module = importlib.import_module(module_name)
     except ModuleNotFoundError as exc:
-        if exc.name and module_name.startswith(exc.name):
-            top = exc.name.partition(".")[0]
-            here = os.path.isdir(top) or os.path.isfile(f"{top}.py")
-            where = (f" ({top} is in the current folder, which the accelbatch command does not search: run "
-                     "`PYTHONPATH=. accelbatch ...` or `python -m accelbatch ...`)") if here else ""
+        if exc.name and (module_name == exc.name or module_name.startswith(exc.name + ".")):
             listed = f"; known {kind}s: {', '.join(known)}" if known else ""
-            raise UnknownNameError(f"{kind} {path!r}: no module named {exc.name!r}{where}{listed}") from None
-        raise
+            raise UnknownNameError(f"{kind} {path!r}: no module named {exc.name!r}{_missing(exc.name)}{listed}"
+                                   ) from None
+        raise  # a module the user's module imports is missing: its own error says which
     try:
         return getattr(module, attr)
     except AttributeError:
         raise UnknownNameError(f"{kind} {path!r}: module {module_name!r} has no {attr!r}") from None
+
+
+def _missing(name: str) -> str:
+    """Why module ``name`` was not found, in parentheses: the top package is not importable (the current folder
+    is not searched by the accelbatch command, said when it is there), or a package has no such submodule."""
+    parent, _, child = name.rpartition(".")
+    if not parent:  # the top package itself: importable only from where Python looks
+        here = os.path.isdir(name) or os.path.isfile(f"{name}.py")
+        return (f" ({name} is in the current folder, which the accelbatch command does not search: run "
+                "`PYTHONPATH=. accelbatch ...` or `python -m accelbatch ...`)") if here else ""
+    folders = list(getattr(sys.modules.get(parent), "__path__", []))  # imported just now: the import got past it
+    if not folders:
+        return f" ({parent} is a module, not a package: it has no submodules; give {parent}:Name)"
+    there = sorted(m.name for m in pkgutil.iter_modules(folders))
+    close = difflib.get_close_matches(child, there, n=3)
+    if close:
+        hint = f"did you mean {' or '.join(repr(f'{parent}.{c}') for c in close)}?"
+    else:
+        hint = f"its modules: {', '.join(there[:8])}{', ...' if len(there) > 8 else ''}" if there else "it has none"
+    at = f", in {folders[0]}," if len(folders) == 1 else ""
+    return f" (the package {parent}{at} has no module {child!r}; {hint})"
 
 
 TORCH_MODEL_AGENT = "accelbatch.tasks.torch_data:TorchModelAgent"  # -m torch:pkg.mod:Model

@@ -18,12 +18,15 @@ or a regression's float target) has no label and is not scored: the report has i
 
 A factory that raises or returns None, and an item that cannot be read (``__getitem__`` or the iterator
 raises, or ``__len__`` counts more items than there are) or is not tensors, end the run with one line naming
-``-t``, the split, the item index and the user's exception (chained as the cause).
+``-t``, the split, the item index and the user's exception (chained as the cause). A model whose forward
+cannot be called so with the items' parts (its signature does not bind them) is one line naming ``-m`` and
+``-t``, said before the engine calls it.
 """
 
 from __future__ import annotations
 
 import functools
+import inspect
 import os
 import traceback
 from collections.abc import Callable, Sequence
@@ -179,7 +182,7 @@ class ModuleAdapter(torch.nn.Module):
         self.module = module
 
     def forward(self, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        inputs = [batch[k] for k in sorted(batch) if k.startswith("input")]
+        inputs = [batch[k] for k in input_keys(batch)]
         if "target" not in batch:
             result = self.module(*inputs)
             if isinstance(result, (tuple, list)) and len(result) == 2 and isinstance(result[1], torch.Tensor) \
@@ -217,6 +220,44 @@ class ModuleAdapter(torch.nn.Module):
 
 class TorchModelAgent(TorchAgent):
     """``-m torch:pkg.mod:MyModel``: the user's module, batches collated with torch's default_collate."""
+
+    _fitting_calls: frozenset[tuple[int, bool]] = frozenset()  # (inputs, has a target) forward was checked for
+
+    def step(self, observations: Sequence[Message], batch: dict[str, torch.Tensor]) -> list[tuple[int, dict]]:
+        """Check (once per layout) that the module's forward takes the batch's parts before the engine calls it:
+        a misfit is one line naming -m and -t, not a TypeError from deep inside the step."""
+        layout = (len(input_keys(batch)), "target" in batch)
+        if layout not in self._fitting_calls and isinstance(self.model, ModuleAdapter):
+            self._check_call(self.model.module, *layout)
+            self._fitting_calls = self._fitting_calls | {layout}
+        return super().step(observations, batch)
+
+    def _check_call(self, module: torch.nn.Module, inputs: int, target: bool) -> None:
+        """An OptionError unless ``module.forward`` binds ``inputs`` positional inputs (then the target)."""
+        try:
+            signature = inspect.signature(module.forward)
+        except (TypeError, ValueError):  # no readable signature (a builtin forward): the call itself will tell
+            return
+        try:
+            signature.bind(*range(inputs + target))
+            return
+        except TypeError as exc:
+            why = str(exc)
+        source = f"--collate {self.opts.collate}'s batches" if self.opts.collate else f"-t {self.opts.task}'s items"
+        names = [f"x{i}" if inputs > 1 else "x" for i in range(inputs)] + ["target=None"] * target
+        example = f" (e.g. def forward(self, {', '.join(names)}))" if inputs <= 4 else ""
+        if target:
+            parts = (f"the {inputs} input{'s' * (inputs != 1)} and the target of {source} ({inputs + 1} parts: "
+                     "the inputs, then the target last)")
+            what = (f"give forward one parameter per input, then the target{example}, or make the items hold "
+                    "just the inputs the model reads and the target last")
+        else:
+            parts = f"the {inputs} input{'s' * (inputs != 1)} of {source} (no target: one part each)"
+            what = (f"give forward one parameter per input{example}, or, to train on targets, make them each "
+                    "item's last part")
+        call = "forward(*inputs, target)" if target else "forward(*inputs)"
+        raise OptionError(f"-m {self.opts.model}: {type(module).__name__}.forward{signature} cannot take {parts} "
+                          f"({why}); accelbatch calls {call} with them: {what}")
 
     def build_model(self) -> torch.nn.Module:
         factory = load(self.opts.model, "-m", "model class or factory")
@@ -305,6 +346,11 @@ def _as_batch(columns: Any, made_by: str) -> dict[str, torch.Tensor]:
     if target is not None:
         batch["target"] = target
     return batch
+
+
+def input_keys(batch: dict[str, torch.Tensor]) -> list[str]:
+    """The batch's input keys in the items' order: ``input2`` before ``input10`` (by number, not as text)."""
+    return sorted((k for k in batch if k.startswith("input")), key=lambda k: int(k[len("input"):]))
 
 
 def _items(observations: list[Message]) -> str:
