@@ -278,8 +278,8 @@ class TorchAgent(Agent):
         """After an unlabelled turn (a conversation, as interactive's), this clone's own reply joins its history
         as that turn's answer, as a label would (ParlAI's self_observe); worlds call it for batch_act's rows.
         An override that keeps this calls ``super().self_observe(reply)``."""
-        if self._last_label is None and isinstance(reply, dict):  # (a reply that is not is refused by the world)
-            self._last_label = reply.get(TEXT)
+        if self._last_label is None and isinstance(reply, dict) and reply.get(TEXT):  # "": said nothing (a ranker
+            self._last_label = reply[TEXT]  # without candidates); a reply that is no dict is refused by the world
 
     def reset(self) -> None:
         super().reset()

@@ -73,3 +73,14 @@ def test_num_workers_trains_the_same_weights_on_empty_labels(tmp_path):
     assert rows.keys() == workers.keys()
     assert all(torch.equal(rows[key], workers[key]) for key in rows), "--num-workers 1 trained other weights"
     assert reports[0] == {**reports[1], "time_s": reports[0]["time_s"]}
+
+
+def test_an_empty_reply_to_a_context_turn_is_no_utterance():
+    """A context turn (no labels, no candidates) answered "" by a ranker (scored as a miss where it counts) says
+    nothing: the next turn's history keeps the context turn within -histsz 2, as the loader's squashing does."""
+    agent = _TextAgent(Opts(model="x", context_length=2, include_labels=True))
+    turns = [Message(text="remember red", episode_done=False),
+             Message(text="what colour", labels=["red"], episode_done=True)]
+    agent.observe(Message(turns[0]))
+    agent.self_observe(Message(text=""))
+    assert agent.observe(Message(turns[1]))["full_text"] == "remember red\nwhat colour" == histories(turns, 2)[1]
