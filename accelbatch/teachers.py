@@ -187,7 +187,7 @@ class FixedTeacher(Teacher):
         """The feed every clone of this teacher reads (built on first use)."""
         serving = self.serving
         if serving.feed is None:
-            table = self.store.table.shard(*serving.shard)
+            table = self.store.table.shard(*serving.shard, whole_small_tasks=self.training and self.cycles)
             capped = not self.training and self.opts.get("validation_max_exs", -1) > 0
             order = make_order(table, shuffles(self.datatype), self.opts.seed, balance_tasks=capped)
             layout = serving.layout if serving.layout and len(serving.layout[1]) == serving.rows else None

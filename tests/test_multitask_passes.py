@@ -84,3 +84,17 @@ def test_a_dynamic_batching_epoch_of_multitask_draws_holds_the_datas_number_of_e
     assert mixed_examples(table, 3, 0, 0).tolist() != mixed_examples(table, 3, 1, 0).tolist()
     empty = EpisodeTable.of_lengths([5] * 8 + [2] * 3, tasks=(8, 0, 3))  # a share without the middle task
     assert len(mixed_examples(empty, 3, 0, 0)) == empty.num_examples
+
+
+@pytest.mark.slow
+@pytest.mark.multiprocess
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("batching", [[], ["--dynamic-batching", "full"]])
+def test_hogwild_processes_draw_a_task_of_fewer_episodes_than_processes_as_one_process(tmp_path, batching):
+    """A 1-episode task under -nt 2: each process draws it (the share one process gives it: 1/6 of the
+    examples), not only the process whose share of the episodes holds it (1/12)."""
+    task, _ = _files(tmp_path, 1)
+    out = tmp_path / "r.json"
+    assert main(["train", "-t", task, "-m", "bag", "-esz", "8", "-bs", "4", "-ne", "30", "-nt", "2", "--eval-splits",
+                 "", "--no-progress", "--report-json", str(out), *batching]) == 0
+    assert _task_shares(json.loads(out.read_text())["train"]) == pytest.approx(1 / 6, abs=0.04)

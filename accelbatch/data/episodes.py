@@ -37,14 +37,17 @@ class EpisodeTable:
     def num_examples(self) -> int:
         return int(self.turns.sum())
 
-    def shard(self, index: int, count: int) -> "EpisodeTable":
-        """Episodes ``index, index + count, ...`` (a replica's or a process's share); per task when multitask."""
+    def shard(self, index: int, count: int, whole_small_tasks: bool = False) -> "EpisodeTable":
+        """Episodes ``index, index + count, ...`` (a replica's or a process's share); per task when multitask.
+        ``whole_small_tasks`` (multitask draws in hogwild processes): a task of fewer episodes than ``count`` is
+        kept whole in every share, so that each process draws it as often as one process would."""
         if count == 1:
             return self
         if not self.tasks:
             return EpisodeTable(self.first[index::count], self.turns[index::count])
         bounds = np.concatenate([[0], np.cumsum(self.tasks)])
-        keep = [np.arange(a, b)[index::count] for a, b in zip(bounds[:-1], bounds[1:])]
+        keep = [np.arange(a, b)[0 if whole_small_tasks and b - a < count else index::count]
+                for a, b in zip(bounds[:-1], bounds[1:])]
         chosen = np.concatenate(keep)
         return EpisodeTable(self.first[chosen], self.turns[chosen], tuple(len(k) for k in keep))
 

@@ -42,7 +42,8 @@ class PassSteps(Sampler):
         index, count = shard
         self.shard, self.cut = shard, cut
         self.training, self.pad, self.static_rows = training, store.pad, config.static_rows
-        self.table = store.table.shard(index, count)
+        self.table = store.table.shard(index, count, whole_small_tasks=training and config.shuffle and serve is None
+                                       and cut is None)  # a hogwild process's multitask draws: see shard
         self.pass_, self.skip = 0, 0
         self._current: tuple[int, int] | None = None  # (pass, first index) of the pass under way
         # a hogwild process's share of the episodes (it steps on its own: no replica's rows, no cut of them)
