@@ -216,7 +216,7 @@ def _train(world: World, opts: Opts, log: MetricsLog, runtime: Runtime, stop: St
         valid_world = valid_world_made()
     teachers = _eval_teachers(opts, {"valid"} if valid_world is not None else set())  # their data fails now too
     state.started += time.monotonic() - reading  # reading the evaluation data is not training time (-ttim)
-    last_log, window_exs, window_start = time.monotonic(), 0, time.monotonic()
+    last_log, window_exs, window_start, log_next = time.monotonic(), 0, time.monotonic(), False
     window_data = getattr(world, "data_time_s", 0.0)
     last_validation = time.monotonic()
     stop_reason = "num_epochs"
@@ -245,7 +245,7 @@ def _train(world: World, opts: Opts, log: MetricsLog, runtime: Runtime, stop: St
     def log_window(now: float) -> None:
         """One train record: the metrics of the examples since the last one."""
         nonlocal logged, last_log, window_exs, window_start, window_data
-        cumulative = world.report()
+        cumulative = reduce_report(world.report(), backend)  # every replica's rows (a collective: all call it)
         window, logged = combine_reports(cumulative, logged, sign=-1), cumulative
         speed = window_exs / max(now - window_start, 1e-9)
         data_time = getattr(world, "data_time_s", 0.0)
@@ -255,6 +255,9 @@ def _train(world: World, opts: Opts, log: MetricsLog, runtime: Runtime, stop: St
         if bar is not None:
             bar.set_postfix(postfix(window, speed, wait_share))
         last_log, window_exs, window_start, window_data = now, 0, now, data_time
+
+    def log_due(now: float) -> bool:
+        return opts.log_every_n_secs != -1 and now - last_log >= opts.log_every_n_secs
 
     def trained() -> dict[str, float]:
         return combine_reports(before_resume, reduce_report(world.report(), backend))
@@ -279,7 +282,7 @@ def _train(world: World, opts: Opts, log: MetricsLog, runtime: Runtime, stop: St
         """A stop signal: save the checkpoint (a resume goes on from this step), say where, end the run."""
         if checkpoints is not None:
             save(validation_cut=bool(cut_short))
-        if window_exs:
+        if backend.decide(window_exs > 0)[0]:
             log_window(time.monotonic())  # the log holds every example trained, as after a resume it will
         where = _saved_where(opts.model_file) if checkpoints else \
             "nothing was saved (" + ("no --model-file)" if not opts.model_file else
@@ -317,8 +320,9 @@ def _train(world: World, opts: Opts, log: MetricsLog, runtime: Runtime, stop: St
         if bar is not None:
             bar.update(new_exs)
         now = time.monotonic()
-        if opts.log_every_n_secs != -1 and now - last_log >= opts.log_every_n_secs:
+        if log_next or replicas == 1 and log_due(now):
             log_window(now)
+            log_next = False
         if opts.max_train_steps > 0 and state.steps >= opts.max_train_steps:
             stop_reason = "max_train_steps"
             break
@@ -336,8 +340,9 @@ def _train(world: World, opts: Opts, log: MetricsLog, runtime: Runtime, stop: St
         stopping = stop.requested is not None
         timed = 0 < opts.validation_every_n_secs <= time.monotonic() - last_validation
         out_of_time = 0 < opts.max_train_time <= state.elapsed()
-        want_save, stopping, timed, out_of_time = backend.decide(saver.due() or stopping, stopping, timed,
-                                                                 out_of_time)
+        # replicas log a window together (it merges their rows), at the step after the one that found it due
+        want_save, stopping, timed, out_of_time, log_next = backend.decide(
+            saver.due() or stopping, stopping, timed, out_of_time, replicas > 1 and log_due(time.monotonic()))
         if out_of_time:  # before a timed validation, as ParlAI's: the time is up, and the end evaluates
             stop_reason = "max_train_time"
             break
@@ -351,7 +356,7 @@ def _train(world: World, opts: Opts, log: MetricsLog, runtime: Runtime, stop: St
     world.finish_parleys()  # what is saved and evaluated below holds every update trained
     if bar is not None:  # the examples of parleys still in flight at the last step (hogwild) are counted now
         bar.update(max(0, world.get_total_exs() * replicas - state.exs))
-    if window_exs:
+    if backend.decide(window_exs > 0)[0]:
         log_window(time.monotonic())  # the examples since the last train record
     stop.at_safe_point()  # the final save is not cut short; the evaluations below stop at their next step
     state.ended_by = stop_reason

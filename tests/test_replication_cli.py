@@ -173,3 +173,19 @@ def test_real_replicas_report_an_agents_own_count_and_the_shared_skips_as_one_pr
     assert reports["1"]["train"]["skipped_updates"] == reports["2"]["train"]["skipped_updates"] == 1
     assert emulated["train"]["skipped_updates"] == 1
     assert not multiprocessing.active_children()
+
+
+@pytest.mark.multiprocess
+@pytest.mark.timeout(240)
+def test_the_metrics_logs_train_windows_hold_every_replicas_rows(tmp_path):
+    """Each train record merges the replicas' rows of its window, so the windows add up to the train row (they
+    held rank 0's rows alone: half the examples)."""
+    log, report = tmp_path / "log.jsonl", tmp_path / "r.json"
+    assert main(["train", "-t", "babi:1", "-m", "bag", "-esz", "8", "-rf", "2", "-bs", "2", "-tstep", "6",
+                 "-ltim", "0", "-veps", "-1", "--eval-splits", "", "--no-progress", "--metrics-log", str(log),
+                 "--report-json", str(report)]) == 0
+    windows = [r for r in map(json.loads, log.read_text().splitlines()) if r["split"] == "train"]
+    train = json.loads(report.read_text())["train"]
+    assert sum(w["exs"] for w in windows) == train["exs"] == 6 * 2 * 2
+    merged_loss = sum(w["loss"] * w["exs"] for w in windows) / train["exs"]
+    assert merged_loss == pytest.approx(train["loss"], rel=1e-6)
