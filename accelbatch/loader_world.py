@@ -22,7 +22,7 @@ from accelbatch.messages import Message
 from accelbatch.opts import OptionError, Opts
 from accelbatch.plan import ExecutionPlan
 from accelbatch.teachers import FixedTeacher, is_training, shuffles
-from accelbatch.worlds import World, checked_batch_act, display_rows, refuse_non_messages
+from accelbatch.worlds import World, checked_batch_act, display_rows, refuse_non_messages, show
 
 
 class LoaderWorld(World):
@@ -89,7 +89,7 @@ class LoaderWorld(World):
         teacher.score(replies, teacher.store.answer_ids(ids), len(messages), tasks)  # type: ignore[attr-defined]
         self._last_rows = (messages, replies)
         if self.opts.display_examples:
-            print(self.display())
+            show(self.display())
         self.total_exs += len(messages)
         self.real_tokens += sum(batch.lengths)
         self.padded_tokens += batch.rows * batch.padded_len

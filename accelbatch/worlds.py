@@ -16,6 +16,7 @@ conversations, the loader's step), taken between parleys.
 from __future__ import annotations
 
 import random
+import sys
 from collections import deque
 from functools import partial
 from itertools import repeat
@@ -149,7 +150,7 @@ class DialogPartnerWorld(World):
         refuse_non_messages(model, "act()", [reply])
         teacher.observe(reply)
         if self.opts.display_examples:
-            print(display(self.acts))
+            show(display(self.acts))
 
 
 def checked_batch_act(agent: Agent, observations: list[Message]) -> list[Message]:
@@ -173,6 +174,13 @@ def with_model_report(task_report: dict[str, float], model: Agent) -> dict[str, 
     rep = dict(task_report)
     rep.update((name, value) for name, value in model.report().items() if name != "exs" or "exs" not in rep)
     return rep
+
+
+def show(block: str) -> None:
+    """Print ``block`` and its newline in one write, flushed: hogwild processes share the output, and a block
+    or its newline written apart lets another process's lines in between."""
+    sys.stdout.write(block + "\n")
+    sys.stdout.flush()
 
 
 def display(acts: Sequence[Message | None]) -> str:
@@ -270,8 +278,8 @@ class BatchWorld(World):
             if index == 0:  # the teacher's acts and the model clones' observe (vectorize): data work
                 self.data_time_s += perf_counter() - start
         shown = display_rows([w.get_acts() for w in self.worlds]) if self.opts.display_examples else ""
-        if shown:  # nothing when every row is padding (a hogwild process past its share); one write, flushed:
-            print(shown, flush=True)  # hogwild processes share the output, and a block interleaved cut lines
+        if shown:  # nothing when every row is padding (a hogwild process past its share)
+            show(shown)
 
     def _model_replies(self, examples: list[Message]) -> list[Message]:
         """The model's replies to one example per row: one batch_act, else each row's clone acts."""

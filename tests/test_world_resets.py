@@ -112,3 +112,37 @@ def _after_a_reset(data, workers: int) -> list[str]:
 def test_a_reset_training_world_serves_the_same_examples_with_data_workers(coin):
     """The batched loader's reset went on to the next pass's order where the teacher rewinds to the first."""
     assert _after_a_reset(coin, 1) == _after_a_reset(coin, 0)
+
+
+class _Writes:
+    """A stdout that records each write call."""
+
+    def __init__(self):
+        self.calls: list[str] = []
+
+    def write(self, text: str) -> int:
+        self.calls.append(text)
+        return len(text)
+
+    def flush(self) -> None:
+        pass
+
+
+@pytest.mark.parametrize("extra", [{"batchsize": 1}, {"batchsize": 2}, {"batchsize": 2, "dynamic_batching": "full"}],
+                         ids=["one-row", "batch", "loader"])
+def test_each_displayed_block_is_one_write_ending_its_line(tmp_path, monkeypatch, extra):
+    """Hogwild processes share the output: a block written apart from its newline let another process's lines in
+    between ('[BagAgent]: blue[FileTeacher]: ...')."""
+    data = tmp_path / "d.jsonl"
+    data.write_text("".join(json.dumps({"text": f"q{i}", "labels": ["x"], "label_candidates": ["x", "y"],
+                                        "episode_done": True}) + "\n" for i in range(4)))
+    world = ab.create_world(ab.Opts(task=f"jsonl:{data}", model="bag", datatype="valid", display_examples=True,
+                                    **extra))
+    writes = _Writes()
+    monkeypatch.setattr("sys.stdout", writes)
+    try:
+        world.parley()
+    finally:
+        monkeypatch.undo()
+        world.shutdown()
+    assert writes.calls and all(call.endswith("\n") and call.count("[") >= 2 for call in writes.calls), writes.calls
