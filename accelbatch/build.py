@@ -430,6 +430,9 @@ def create_hogwild_world(opts: Opts, agent: Agent | type[Agent] | None = None, r
         runtime = runtime or setup_runtime(opts)
         compile_agent(model, runtime)
     main = build_world(opts.replace(numthreads=1), model, rows=1, teacher=teacher)
+    served = main.get_task_agent() if hasattr(main, "get_task_agent") else None
+    if isinstance(served, FixedTeacher):  # before any process starts (each would refuse its share)
+        served.check_shareable(processes or opts.numthreads)
     agent_class = agent if isinstance(agent, type) else (None if agent is None else type(agent))
     # a training parley of a static-row world trains its rows: known before it runs
     per_parley = None if opts.dynamic_batching != "none" else \

@@ -171,11 +171,16 @@ class FixedTeacher(Teacher):
 
     def keep_shard(self, index: int, count: int) -> None:
         """Serve only episodes ``index, index + count, ...`` (this replica's or process's share)."""
-        if count > 1 and self.training and self.num_episodes() < count:
-            raise OptionError(f"-t {self.opts.task}: {self.num_episodes()} training episode(s) cannot be shared "
-                              f"by {count} replicas or processes (-rf / -nt): {index} would have none; use "
-                              "fewer, or train on more data")
+        self.check_shareable(count)
         self.serving.shard, self.serving.feed = (index, count), None
+
+    def check_shareable(self, count: int) -> None:
+        """Refuse in one line to share training data of fewer episodes than ``count`` replicas or processes."""
+        episodes = self.num_episodes()
+        if count > 1 and self.training and episodes < count:
+            raise OptionError(f"-t {self.opts.task}: {episodes} training episode(s) cannot be shared by {count} "
+                              f"replicas or processes (-rf / -nt): {count - episodes} would have none; use fewer, "
+                              "or train on more data")
 
     def serve_replica(self, layout_rows: int, rows: Sequence[int]) -> None:
         """Serve rows ``rows`` of the schedule laid out for ``layout_rows`` rows (a replica's share of the
