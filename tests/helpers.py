@@ -256,3 +256,16 @@ def _cpu_half_matmul() -> bool:
 
 needs_cpu_half = pytest.mark.skipif(not _cpu_half_matmul(), reason=f"torch {torch.__version__} has no float16 "
                                     "matmul on the CPU, which the emulator's fp16 runs on (a real IPU does not)")
+
+
+class TwoReplicas:
+    """reduce_report's backend: this replica's sums added to the other replica's."""
+
+    world_size = 2
+
+    def __init__(self, other: dict | None = None):
+        self.other, self.sent = other or {}, None
+
+    def reduce_metrics(self, sums: dict) -> dict:
+        self.sent = dict(sums)
+        return {k: sums.get(k, 0) + self.other.get(k, 0) for k in {*sums, *self.other}}

@@ -10,6 +10,7 @@ import sys
 
 import pytest
 import torch
+from helpers import TwoReplicas
 
 import accelbatch as ab
 from accelbatch.metric_names import select_metrics
@@ -43,23 +44,10 @@ def test_log_windows_and_a_resumed_train_row_use_the_scored_rows():
     assert resumed == {"exs": 6, "scored_exs": 4, "accuracy": 0.75, "f1": 0.75}
 
 
-class _TwoReplicas:
-    """reduce_report's backend: this replica's sums added to the other replica's."""
-
-    world_size = 2
-
-    def __init__(self, other: dict | None = None):
-        self.other, self.sent = other or {}, None
-
-    def reduce_metrics(self, sums: dict) -> dict:
-        self.sent = dict(sums)
-        return {k: sums.get(k, 0) + self.other.get(k, 0) for k in {*sums, *self.other}}
-
-
 def _reduce(first: dict, second: dict) -> dict:
-    recorder = _TwoReplicas()
+    recorder = TwoReplicas()
     reduce_report(second, recorder)
-    return reduce_report(first, _TwoReplicas(recorder.sent))
+    return reduce_report(first, TwoReplicas(recorder.sent))
 
 
 def test_replica_reports_merge_as_one_process():

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 
 import pytest
+from helpers import TwoReplicas
 
 from accelbatch.build import create_world
 from accelbatch.cli import main
@@ -39,19 +40,6 @@ def _counted(rows: list[dict]) -> int:
     return sum(r["eval_labels"][0] in r["label_candidates"] for r in rows)
 
 
-class _TwoReplicas:
-    """reduce_report's backend: this replica's sums added to the other replica's."""
-
-    world_size = 2
-
-    def __init__(self, other: dict | None = None):
-        self.other, self.sent = other or {}, None
-
-    def reduce_metrics(self, sums: dict) -> dict:
-        self.sent = dict(sums)
-        return {k: sums.get(k, 0) + self.other.get(k, 0) for k in {*sums, *self.other}}
-
-
 def _same(got: dict, want: dict, rel: float = 1e-9) -> None:
     assert set(got) == set(want), (got, want)
     assert got == pytest.approx(want, rel=rel), (got, want)
@@ -78,9 +66,9 @@ def test_a_split_of_the_rows_merges_into_the_one_process_loss(parts):
     (a, a_state, a_counted), (b, b_state, b_counted), (full, full_state, counted) = parts.values()
     for rep in (a, b, full):
         rep.pop("time_s")
-    recorder = _TwoReplicas()
+    recorder = TwoReplicas()
     reduce_report(b, recorder)
-    _same(reduce_report(a, _TwoReplicas(recorder.sent)), full)  # replicas (was weighted by exs)
+    _same(reduce_report(a, TwoReplicas(recorder.sent)), full)  # replicas (was weighted by exs)
     _same(combine_reports(a, b), full)  # a resumed run: the rows before it, then since
     _same(combine_reports(full, a, sign=-1), b)  # a log window: the cumulative report less an earlier one
     _same(combine_reports(full, b, sign=-1), a)
