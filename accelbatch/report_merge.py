@@ -101,7 +101,10 @@ def to_sums(report: dict[str, Any], shared: frozenset[str] = SHARED_COUNTS, sign
     for key, weight in report_weights(report, shared).items():
         value = report[key]
         if isinstance(value, (int, float)) and not isinstance(value, bool):
-            sums[key] = sign * (value if weight is None else value * weight)
+            total = value if weight is None else value * weight
+            if key.rpartition("/")[2] == "accuracy" and abs(total - round(total)) < 1e-6:
+                total = round(total)  # the count of exact matches: whole, so a window taken away stays exact
+            sums[key] = sign * total
             if weight is not None:
                 sums[key + _WEIGHT] = sign * weight
     return sums

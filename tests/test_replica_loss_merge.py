@@ -103,3 +103,15 @@ def test_cli_replicas_and_hogwild_report_the_one_process_loss(tmp_path):
     _same(valid("-bs", "2", "-rf", "2", "--device", "cpu"), one, rel=1e-6)  # was weighted by exs
     _same(valid("-bs", "1", "-nt", "2"), one, rel=1e-6)
     assert (one["exs"], one["loss_exs"]) == (36, _counted(rows))
+
+
+@pytest.mark.parametrize("seen", [5, 37, 120, 389])
+def test_a_windows_accuracy_taken_from_two_cumulative_reports_is_exact(seen):
+    """A metrics log's window is the cumulative report less the one before: its accuracy is a count of exact
+    matches over the window's rows, so it comes out exactly (3 of 4 right: 0.75, not 0.7500000000000036)."""
+    for rows in (1, 2, 3, 4):
+        for right in range(rows + 1):
+            for before in range(0, seen - rows + 1, 3):
+                cumulative = {"exs": seen, "accuracy": (before + right) / seen}
+                earlier = {"exs": seen - rows, "accuracy": before / (seen - rows)}
+                assert combine_reports(cumulative, earlier, sign=-1)["accuracy"] == right / rows
