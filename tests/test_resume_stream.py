@@ -239,7 +239,8 @@ def test_a_killed_stream_run_resumes_to_the_same_batches_and_weights(tmp_path, c
 
     expected = _trained(ref_log)
     assert before + _trained(resumed_log) == expected, (steps, position)
-    _assert_clean_first_epochs(expected, files)
+    if len(files) == 1:  # several tasks' epochs are ParlAI's draws by task (tests/test_multitask_passes.py)
+        _assert_clean_first_epochs(expected, files)
     ref, now = _weights(ref_model), _weights(cut_model)
     assert ref.keys() == now.keys()
     for key in ref:
