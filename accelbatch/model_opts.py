@@ -48,11 +48,9 @@ FRONT_END = ("num_workers", "dataloader_mode")
 # where and how the steps ran: the device and its precision, compilation and outputs, the batching budget, the
 # NaN policy, the collate and how validations generate (a resume of an IPU run goes on on the IPU, with the
 # optimizer state the device kept: on another device it would start afresh)
-PLACE = ("device", "ipu_emulator", "mixed_precision", "compile", "ddp_static_graph", "output_mode",
-         "output_return_period", "pipeline", "ipu_execution_strategy", "ipu_loss_scaling", "ipu_cache_dir",
-         "ipu_available_memory_proportion", "ipu_synthetic_data", "max_batch_tokens", "num_buckets",
-         "batch_sort_cache_size", "skip_nan", "collate", "inference", "beam_size", "beam_min_length",
-         "beam_block_ngram", "skip_generation", "metrics")
+PLACE = (*(f.name for f in dataclasses.fields(Opts) if f.metadata.get("group") == "plan" and f.name not in RESUME_OPTS),
+         "max_batch_tokens", "num_buckets", "batch_sort_cache_size", "skip_nan", "collate", "inference", "beam_size",
+         "beam_min_length", "beam_block_ngram", "skip_generation", "metrics")
 RESUMED = ("learning_rate", *RESUME_OPTS, *RUN_COURSE, *FRONT_END, *PLACE)  # what --resume takes from the checkpoint
 
 

@@ -26,7 +26,6 @@ class TrainState:
     ended_by: str = ""  # what stopped the training, once it has stopped ("" while it goes on)
     validating_s: float = 0.0  # of elapsed(): the time spent in validations
 
-
     def elapsed(self) -> float:
         return time.monotonic() - self.started
 

@@ -76,8 +76,7 @@ def test_dynamic_batching_draws_the_tasks_as_the_other_feeds_do(tmp_path):
 
 def test_a_dynamic_batching_epoch_of_multitask_draws_holds_the_datas_number_of_examples():
     table = EpisodeTable.of_lengths([5] * 8 + [1] * 4 + [2] * 3, tasks=(8, 4, 3))
-    first = {tuple(mixed_examples(table, 3, epoch, 0).tolist()) for _ in range(2) for epoch in (0,)}
-    assert len(first) == 1  # a function of the seed and the epoch
+    assert mixed_examples(table, 3, 0, 0).tolist() == mixed_examples(table, 3, 0, 0).tolist()  # the seed's, the epoch's
     for epoch in range(5):
         drawn = mixed_examples(table, 3, epoch, 0)
         assert len(drawn) == table.num_examples and 0 <= drawn.min() and drawn.max() < table.num_examples
