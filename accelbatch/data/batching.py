@@ -42,6 +42,7 @@ from typing import Any, Generic, Iterable, Iterator, Sequence, TypeVar
 import numpy as np
 
 from accelbatch.data.buckets import BucketShape, check_positive, plan_buckets
+from accelbatch.dictionary import tokenize
 
 T = TypeVar("T")
 STRATEGIES = ("none", "batchsort", "full", "buckets")
@@ -123,14 +124,17 @@ def word_count(text: str | None) -> int:
 
 
 class MessageLength:
-    """Picklable length function for Messages: words of the history (``full_text``, else ``text``), clipped
-    at ``truncate`` when > 0."""
+    """Picklable length function for Messages, the default of an agent without ``example_length``: tokens of
+    the history (``full_text``, else ``text``), clipped at ``truncate`` when > 0. An agent may split on
+    whitespace or with :func:`~accelbatch.dictionary.tokenize` (which also splits ``don't`` and drops a lone
+    ``,``), so this counts the larger of the two: a static shape planned from it holds either."""
 
     def __init__(self, truncate: int = -1):
         self.truncate = truncate
 
     def __call__(self, msg: Any) -> int:
-        n = word_count(msg.get("full_text", msg.get("text")) if isinstance(msg, dict) else msg)
+        text = msg.get("full_text", msg.get("text")) if isinstance(msg, dict) else msg
+        n = max(word_count(text), len(tokenize(text))) if text else 0
         return min(n, self.truncate) if self.truncate and self.truncate > 0 else n
 
 

@@ -19,6 +19,7 @@ from accelbatch.data.accessor import pickle_batch
 from accelbatch.data.datasets import Store
 from accelbatch.data.rebatch import tree_map
 from accelbatch.data.steps import Step
+from accelbatch.layout import PlanError
 from accelbatch.messages import Message
 from accelbatch.orphans import end_with_parent
 from accelbatch.procs import FailureRecord, ProcessDied, ProcessTimeout, describe_exit, raised_as
@@ -102,9 +103,10 @@ def pad_to_shape(tensors: Any, num_real: int, rows: int, padded_len: int | None 
             t = tensors.get(key)
             if isinstance(t, torch.Tensor) and t.dim() >= 2 and t.shape[1] != padded_len:
                 if t.shape[1] > padded_len:
-                    raise ValueError(f"static shapes: '{key}' has length {t.shape[1]} but the batch was planned "
-                                     f"for {padded_len}; the loader's length_fn undercounts the collate's "
-                                     "sequence length (give make_loader a length_fn that counts the same tokens)")
+                    raise PlanError(f"static shapes (--dynamic-batching buckets): '{key}' has {t.shape[1]} tokens "
+                                    f"where the batch was planned for {padded_len}: the agent's example_length "
+                                    "(make_loader's length_fn) counts fewer tokens than its batchify makes; give "
+                                    "the agent an example_length(message) that counts the tokens it vectorizes")
                 extra = t.new_zeros((t.shape[0], padded_len - t.shape[1], *t.shape[2:]))
                 tensors[key] = torch.cat([t, extra], dim=1)
     return tree_map(pad_rows, tensors)
