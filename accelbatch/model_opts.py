@@ -35,8 +35,9 @@ from accelbatch.teachers import given_file, is_training, portable_task, task_fil
 # the history a model reads (as ParlAI's -histsz in MODEL.opt): not its weights' shapes, but what it was trained
 # to answer from, so a verb given only -mf feeds it the same (a resume compares them with RESUME_OPTS)
 HISTORY = ("context_length", "include_labels")
-# PATH.opt: a continued training keeps its optimizer too; every verb given only -mf works on the model's task
-KEPT = SHAPING + HISTORY + ("learning_rate", "optimizer", "task")
+# PATH.opt: a continued training keeps its optimizer too; every verb given only -mf works on the model's task,
+# with its seed (the data of the generated tasks dialogues and reverse is drawn by --seed)
+KEPT = SHAPING + HISTORY + ("learning_rate", "optimizer", "task", "seed")
 # the run's limits, validation and logs: a resume goes on to the same end unless the command line says
 # otherwise; the limits go together: one given (e.g. a larger -ne) sets the end, the others keep their defaults
 LIMITS = ("num_epochs", "max_train_steps", "max_train_time")
@@ -206,7 +207,7 @@ def with_model_opts(opts: Opts, argv: Sequence[str]) -> tuple[Opts, str | None]:
         check_resumed_opts(Checkpoint(path=found, model_state={}, opts=saved), opts, opts.model, SHAPING)
         return opts, None  # said by the resume (-lr) or not at all: the run goes on as it was
     if path and os.path.isfile(path):
-        source, flag, names = path, "-mf", KEPT if training else (*SHAPING, *HISTORY, "task")
+        source, flag, names = path, "-mf", KEPT if training else (*SHAPING, *HISTORY, "task", "seed")
     elif opts.init_model and os.path.isfile(opts.init_model):
         source, flag, names = opts.init_model, "--init-model", SHAPING
     else:

@@ -2,8 +2,9 @@
 
 ``-t dialogues`` serves 10,000 training episodes and 3,000 validation (and 3,000 test) episodes;
 ``-t dialogues:N`` serves N training episodes and ``max(1, 3N // 10)`` in valid and test (quick runs).
-The data seed is ``--seed``; each split has its own stream, so the splits never overlap by construction and
-the same seed gives the same data on every machine (numpy's PCG64 generator, fixed vocabulary).
+The data seed is ``--seed``; each split has its own random stream (numpy's PCG64 generator, fixed vocabulary),
+so the same seed gives the same data on every machine. The splits are independent draws of one distribution,
+so a short episode may occur in two of them (a model file keeps its seed: eval scores the data it was made for).
 
 Shape of the data (the benchmark's spec):
 
