@@ -95,13 +95,24 @@ def make_agent(opts: Opts, agent: Agent | type[Agent] | None) -> Agent:
         found = resolve_agent_class(opts.model)
         if not (isinstance(found, type) and issubclass(found, Agent)):
             raise OptionError(_not_an_agent(f"-m {opts.model}", found))
-        return found(opts)
+        return _noting_unknown_options(found(opts), opts)
     if isinstance(agent, type):
-        return agent(opts)
+        return _noting_unknown_options(agent(opts), opts)
     forked = agent.fork()
     if is_training(opts.datatype) and isinstance(forked, TorchAgent):
         _continue_training(forked, opts)
     return forked
+
+
+def _noting_unknown_options(agent: Agent, opts: Opts) -> Agent:
+    """``agent``, whose load notes say so when it loaded -mf from a file without the PATH.opt that keeps the
+    options the model was trained with (nothing else can tell that it runs with others)."""
+    path = opts.model_file
+    if path and os.path.isfile(path) and not os.path.exists(f"{path}.opt") and hasattr(agent, "load_notes"):
+        agent.load_notes.append(f"-mf {path}: no {path}.opt beside it (the options the model was trained with): "
+                                "running with the options given and the defaults; give those it was trained with "
+                                "(-m, -t, -esz, -tr, --label-truncate, -histsz, --seed)")
+    return agent
 
 
 def _continue_training(agent: TorchAgent, opts: Opts) -> None:

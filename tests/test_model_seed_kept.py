@@ -41,3 +41,15 @@ def test_eval_given_only_mf_scores_the_data_of_the_models_seed(trained, tmp_path
     assert "--seed 7" in err and "was trained with" in err
     other, err = _eval(path, tmp_path, capsys, "--seed", "0")  # given, it wins: another seed's valid split
     assert other != scores and "--seed" not in err
+
+
+@pytest.mark.timeout(180)
+def test_a_model_file_without_its_opt_file_is_said_to_run_on_defaults(trained, tmp_path, capsys):
+    """Without PATH.opt nothing says what the model was trained with: eval ran on the defaults silently."""
+    path, _ = trained
+    bare = tmp_path / "bare.pt"
+    bare.write_bytes(open(path, "rb").read())
+    _, err = _eval(str(bare), tmp_path, capsys, "-m", "bag", "-t", "dialogues:60")
+    assert f"-mf {bare}: no {bare}.opt beside it" in err and "running with the options given and the defaults" in err
+    _, err = _eval(path, tmp_path, capsys)
+    assert "beside it" not in err
