@@ -258,8 +258,8 @@ def test_generation_options_are_checked():
         TransformerGeneratorAgent(ab.Opts(beam_block_ngram=0, embedding_size=8))
     with pytest.raises(ab.opts.OptionError, match=r"--label-truncate: must be at least 1, or -1 .*, got 0"):
         TransformerGeneratorAgent(ab.Opts(label_truncate=0, embedding_size=8))
-    default = TransformerGeneratorAgent(ab.Opts(embedding_size=8))  # -1: 32 label tokens kept, 33 steps
-    assert default.model.max_len == 33
+    default = TransformerGeneratorAgent(ab.Opts(embedding_size=8))  # -1: 32 label tokens kept and generated
+    assert default.model.max_len == 32
     assert len(default.vectorize(ab.Message(text="q", labels=["x" * 40]))["label_vec"]) == 32  # cut: no end
 
 
@@ -423,4 +423,17 @@ def test_all_of_a_long_text_is_its_last_1024_bytes_the_positions_the_generator_h
     assert obs["text_vec"] == VOCAB.encode(text)[-1024:]
     assert agent.example_length(obs) == 1024
     out = agent.model.eval()(agent.batchify([obs]))
-    assert torch.isfinite(out["loss"]) and out["preds"].shape == (1, 5)
+    assert torch.isfinite(out["loss"]) and out["preds"].shape == (1, 4)
+
+
+@pytest.mark.parametrize("inference,beam", [("greedy", 1), ("beam", 3)])
+def test_a_reply_is_at_most_label_truncate_tokens_and_min_length_beyond_it_is_refused(inference, beam):
+    """ParlAI generates --label-truncate tokens at most (a reply was one longer); a --beam-min-length above
+    that could never hold and was capped silently."""
+    agent = TransformerGeneratorAgent(ab.Opts(embedding_size=8, label_truncate=3, beam_min_length=3,
+                                              inference=inference, beam_size=beam))
+    batch = agent.batchify([agent.vectorize(ab.Message(text=t, eval_labels=["x"])) for t in ("abc", "q")])
+    preds = agent.model.eval()(batch)["preds"].tolist()
+    assert [len(_until_end(row)) for row in preds] == [3, 3]  # min length 3 = the most a reply holds
+    with pytest.raises(ab.opts.OptionError, match="--beam-min-length: must be 0 to the 3 tokens a reply may have"):
+        TransformerGeneratorAgent(ab.Opts(embedding_size=8, label_truncate=3, beam_min_length=4))

@@ -53,9 +53,9 @@ def test_a_label_cut_at_label_truncate_keeps_no_end_token():
     assert label["uv"] == VOCAB.encode("uv") + [EOS]
     batch = agent.batchify([agent.vectorize(ab.Message(text="q", labels=[t])) for t in ("uvwxyz", "u", "uv")])
     assert batch[LOSS_TOKENS].tolist() == [3, 2, 3] and batch["label_vec"].shape == (3, 8)
-    # generation still runs --label-truncate + 1 steps, within the positions the core has
+    # generation runs --label-truncate steps (ParlAI's), within the positions the core has
     out = agent.model.eval()(batch)
-    assert agent.model.max_len == 4 and out["preds"].shape == (3, 4) and int(out["tokens"].sum()) == 8
+    assert agent.model.max_len == 3 and out["preds"].shape == (3, 3) and int(out["tokens"].sum()) == 8
 
 
 def test_a_position_table_of_another_size_names_the_truncation_options_and_their_trained_values(tmp_path):

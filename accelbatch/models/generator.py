@@ -4,7 +4,8 @@
 Tokens are UTF-8 bytes (:class:`~accelbatch.generation.ByteVocab`), so no dictionary is built and any task's
 text round-trips. ``--text-truncate`` keeps the last tokens of the text (the latest turn matters most, as in
 ParlAI), ``--label-truncate`` the first tokens of the label and its end token (32 when it is -1,
-:func:`label_tokens`; a label cut there has no end token, as in ParlAI); generation runs that many steps + 1.
+:func:`label_tokens`; a label cut there has no end token, as in ParlAI); generation runs that many steps, so
+a reply is at most as long as a label kept.
 Training minimises the token loss (teacher forcing); evaluation also generates (``--inference greedy|beam``,
 ``--beam-size``, ``--beam-min-length``, ``--beam-block-ngram``) unless ``--skip-generation``.
 
@@ -99,11 +100,12 @@ class GeneratorAgent(TorchAgent):
 
     def build_model(self) -> nn.Module:
         o = self.opts
-        if o.beam_min_length < 0:
-            raise OptionError(f"--beam-min-length: must be 0 or more, got {o.beam_min_length}")
+        if not 0 <= o.beam_min_length <= label_tokens(o):
+            raise OptionError(f"--beam-min-length: must be 0 to the {label_tokens(o)} tokens a reply may have "
+                              f"(--label-truncate), got {o.beam_min_length}")
         if o.beam_block_ngram == 0 or o.beam_block_ngram < -1:
             raise OptionError(f"--beam-block-ngram: must be -1 (no blocking) or at least 1, got {o.beam_block_ngram}")
-        return GeneratorModel(self.build_core(), label_tokens(o) + 1, o.inference, o.beam_size, o.skip_generation,
+        return GeneratorModel(self.build_core(), label_tokens(o), o.inference, o.beam_size, o.skip_generation,
                               o.beam_min_length, o.beam_block_ngram)
 
     def vectorize(self, obs: Message) -> Message:
