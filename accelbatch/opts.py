@@ -16,6 +16,7 @@ import os
 from dataclasses import dataclass, field
 from typing import Any, Iterator, Sequence
 
+from accelbatch.help_texts import show_default
 from accelbatch.split_points import parse_split_points
 from accelbatch.strict_args import OnOff, StrictParser, refuse_glued_values, refused_option
 
@@ -59,9 +60,11 @@ class Opts:
     model_file: str | None = _opt(None, "-mf", "--model-file",
                                   help="save the model here after training; loaded when it exists")
     datatype: str = _opt("train", "-dt", "--datatype", choices=DATATYPES,
-                         help="split and mode: train (shuffled), valid, test; ':stream' reads lazily from disk")
+                         help="split and mode: train (shuffled), valid, test; ':stream' reads lazily from disk, "
+                              "':ordered' in data order, each pass whole (no cycling), ':evalmode' scores the "
+                              "train split as an evaluation")
     datapath: str | None = _opt(None, "-dp", "--datapath", help="where file tasks are looked up")
-    seed: int = _opt(0, "--seed", help="seed for data order, model init and generated tasks")
+    seed: int = _opt(0, "--seed", help="seed for data order, model init and the data of dialogues and reverse")
 
     # --- training loop -----------------------------------------------------------------------
     batchsize: int = _opt(32, "-bs", "--batchsize",
@@ -82,10 +85,11 @@ class Opts:
     validation_metric: str = _opt("accuracy", "-vmt", "--validation-metric", train_only=True,
                                   help="metric of the valid report that decides the best model (accuracy, f1, "
                                        "loss or an agent's own)")
+    # its default names the metrics best_valid.metric_mode minimises (tests/test_help_texts.py keeps them equal)
     validation_metric_mode: str | None = _opt(None, "-vmm", "--validation-metric-mode", choices=("max", "min"),
                                               train_only=True,
                                               help="max or min: whether a larger or a smaller -vmt is better "
-                                                   "(default: min for loss, max otherwise)")
+                                                   "(default: min for loss, ppl or mean_rank; max otherwise)")
     validation_max_exs: int = _opt(-1, "-vme", "--validation-max-exs", train_only=True,
                                    help="validations during training stop after the step that reaches this "
                                         "many examples, several tasks sharing them equally (the final "
@@ -96,9 +100,9 @@ class Opts:
                             help="comma-separated splits evaluated at the end of training (a train split: "
                                  "each example once, in order, as train:evalmode)")
     metrics: str = _opt("default", "-mcs", "--metrics",
-                        help="metrics the report shows: 'default' or 'all' (every metric, bleu-4 of the replies "
-                             "included), or a comma-separated list such as accuracy,loss,bleu-4 (exs is always "
-                             "shown)")
+                        help="metrics the report shows: 'default' (the default) or 'all' (every metric, bleu-4 of "
+                             "the replies included), or a comma-separated list such as accuracy,loss,bleu-4 (exs "
+                             "is always shown)")
     numthreads: int = _opt(1, "-nt", "--numthreads", help="hogwild processes sharing one model (cpu)")
     host_allocator: str = _opt("reuse", "--host-allocator", choices=("reuse", "system"),
                                help="reuse: glibc keeps up to 256 MiB of freed host memory for the next step "
@@ -112,8 +116,8 @@ class Opts:
                                        "when --model-file exists, which is continued instead")
     embedding_size: int = _opt(64, "-esz", "--embedding-size", help="embedding size of reference models")
     text_truncate: int = _opt(256, "-tr", "--text-truncate",
-                              help="keep at most this many tokens of input text, its end (-1: all; "
-                                   "generators: the last 1024)")
+                              help="keep at most this many tokens of input text, its end (-1: all of it; a "
+                                   "generator then keeps the last 1024, its positions)")
     label_truncate: int = _opt(-1, "--label-truncate",
                                help="label truncation length, a label's first tokens (-1: as --text-truncate, ParlAI's "
                                     "default; generators keep and generate 32; rankers keep each candidate's "
@@ -121,7 +125,7 @@ class Opts:
                                     "--max-batch-tokens")
     inference: str = _opt("greedy", "--inference", choices=INFERENCE,
                           help="generators: decoding at evaluation, greedy or beam; it runs a fixed number of "
-                               "steps, --label-truncate + 1 (32 + 1 when it is -1)")
+                               "steps, --label-truncate (32 when it is -1)")
     beam_size: int = _opt(1, "--beam-size", help="generators: hypotheses kept by --inference beam")
     beam_min_length: int = _opt(1, "--beam-min-length",
                                 help="generators: tokens generated before the end token may come (greedy too)")
@@ -467,9 +471,12 @@ def add_arguments(parser: argparse.ArgumentParser, training: bool = True, hide: 
                 kwargs["choices"] = meta["choices"]
                 kwargs["metavar"] = "{" + ",".join(meta["choices"]) + "}"
         if typ is bool:
-            group.add_argument(*[fl for fl in meta["flags"] if fl.startswith("--")], **kwargs)
+            action = group.add_argument(*[fl for fl in meta["flags"] if fl.startswith("--")], **kwargs)
+            action.help = kwargs["help"]  # Python 3.9-3.10's switch adds "(default: True)": shown as on/off
         else:
-            refuse_glued_values(group.add_argument(*meta["flags"], **kwargs))
+            action = refuse_glued_values(group.add_argument(*meta["flags"], **kwargs))
+        if not hidden:
+            show_default(action)  # the default the parser holds when --help prints (a verb's own too)
     refused_option(parser, "--truncate", "ParlAI's truncation of text and label together; accelbatch truncates "
                    "them apart: give -tr/--text-truncate N and --label-truncate N")
 

@@ -16,6 +16,8 @@ import argparse
 from collections.abc import Sequence
 from typing import Any
 
+from accelbatch.help_texts import DefaultsShown
+
 
 def _is_number(token: str) -> bool:
     try:
@@ -85,10 +87,12 @@ def misread_option(parser: argparse.ArgumentParser, argv: Sequence[str]) -> str 
 
 
 class StrictParser(argparse.ArgumentParser):
-    """An ArgumentParser (abbreviations off) that refuses a misread single-dash option (see the module)."""
+    """An ArgumentParser (abbreviations off) that refuses a misread single-dash option (see the module); its
+    --help shows the defaults of the options marked by :func:`accelbatch.help_texts.show_default`."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         kwargs["allow_abbrev"] = False
+        kwargs.setdefault("formatter_class", DefaultsShown)
         super().__init__(*args, **kwargs)
 
     def parse_known_args(self, args: Sequence[str] | None = None, namespace: Any = None) -> Any:
