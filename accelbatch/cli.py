@@ -13,12 +13,12 @@ from typing import Any, NoReturn
 import accelbatch
 from accelbatch.checkpoint import CheckpointError
 from accelbatch.names import AGENT_PATHS, UnknownNameError
-from accelbatch.opts import OptionError, Opts, add_arguments, is_training, train_only_flags
+from accelbatch.opts import DATATYPES, OptionError, Opts, add_arguments, is_training, train_only_flags
 from accelbatch.plan import PlanError
 from accelbatch.procs import ProcessFailure
 from accelbatch.strict_args import StrictParser
 from accelbatch.tasks.files import DataFileError
-from accelbatch.teachers import eval_datatype, list_tasks
+from accelbatch.teachers import FILE_TASKS, FileTeacher, comma_in_path, eval_datatype, list_tasks
 
 USAGE_ERRORS: tuple[type[BaseException], ...] = (OptionError, UnknownNameError, DataFileError,
                                                   CheckpointError)
@@ -34,11 +34,13 @@ class _Parser(StrictParser):
 _PRINTS = "prints to the terminal and writes no report or log; leave it out (accelbatch eval writes them)"
 _ONE_PROCESS = "does not take it: it runs in this process"
 _TYPED = "does not take it: it answers one typed message at a time"
+_SHOWS_ALL = "does not take it: it shows every example"
 # what a printing verb decides itself: hidden from its --help, and refused, saying why, when given
 SET_BY_VERB: dict[str, dict[str, str]] = {
-    "display-data": dict.fromkeys(("report_json", "metrics_log", "tensorboard_logdir"), _PRINTS),
+    "display-data": {**dict.fromkeys(("report_json", "metrics_log", "tensorboard_logdir"), _PRINTS),
+                     "display_examples": _SHOWS_ALL},
     "display-model": {"report_json": _PRINTS, "metrics_log": _PRINTS, "tensorboard_logdir": _PRINTS,
-                      "numthreads": _ONE_PROCESS, "display_examples": "does not take it: it shows every example"},
+                      "numthreads": _ONE_PROCESS, "display_examples": _SHOWS_ALL},
     "interactive": {"report_json": _PRINTS, "metrics_log": _PRINTS, "tensorboard_logdir": _PRINTS,
                     "numthreads": _ONE_PROCESS, "display_examples": _TYPED, "datatype": _TYPED,
                     "batchsize": _TYPED, "num_workers": _ONE_PROCESS, "dataloader_mode": _TYPED,
@@ -47,6 +49,7 @@ SET_BY_VERB: dict[str, dict[str, str]] = {
                     "device_iterations": _TYPED, "ipu_synthetic_data": _TYPED, "replication_factor": _ONE_PROCESS,
                     "replica_timeout_s": _ONE_PROCESS, "ipu_input_replica_grouping": _ONE_PROCESS,
                     "ipu_input_replica_grouping_type": _ONE_PROCESS, "metrics": _PRINTS,
+                    "skip_generation": "answers with generated replies; leave it out",
                     "collate": "does not take it: it types text to the model, and a batch of dataset items "
                                "needs --collate"},
 }
@@ -174,9 +177,9 @@ def _main(argv: Sequence[str] | None) -> int:
             _refuse_unused_by_display_data(args)
         opts = eval_opts(args) if args.verb == "eval" else Opts.from_namespace(args)
         if args.verb == "train" and not is_training(opts.datatype):
-            raise OptionError(f"-dt/--datatype {opts.datatype}: train trains on a training datatype (train, "
-                              "train:ordered, train:stream); to evaluate, use accelbatch eval -dt "
-                              f"{opts.datatype}")
+            trained = ", ".join(d for d in DATATYPES if is_training(d))
+            raise OptionError(f"-dt/--datatype {opts.datatype}: train trains on a training datatype ({trained}); "
+                              f"to evaluate, use accelbatch eval -dt {opts.datatype}")
         if args.verb in ("display-model", "interactive"):  # they evaluate: a train split in eval mode
             opts = opts.replace(datatype=eval_datatype(opts.datatype))
         from accelbatch.model_opts import with_model_opts
@@ -184,13 +187,18 @@ def _main(argv: Sequence[str] | None) -> int:
         opts, taken = with_model_opts(opts, given)  # -mf names its model
         if taken:
             print(taken, file=sys.stderr)
+        from accelbatch.model_opts import given_on_command_line
+        from accelbatch.unused_options import unused_option_notes
+
+        for note in unused_option_notes(opts, given_on_command_line(given)):
+            print(note, file=sys.stderr)
         from accelbatch.run_control import check_output_paths
 
         check_output_paths(opts)  # a path the run could not write fails now, not after the training
+        if not (args.verb == "interactive" and args.candidates is not None):  # else -t is not read
+            check_datapath_files(opts)
         from accelbatch.report_table import format_report
 
-        if args.verb == "interactive" and opts.skip_generation:
-            raise OptionError("--skip-generation: interactive answers with generated replies; leave it out")
         if args.verb in ("display-model", "interactive"):
             check_model_file_exists(opts, f"{args.verb} answers with")
             if getattr(args, "num_examples", 1) >= 1 and not opts.model_file and _is_torch_agent(opts.model):
@@ -216,7 +224,7 @@ def _main(argv: Sequence[str] | None) -> int:
 
 # what display-data reads: the task's teacher and how the examples are shown (a user's teacher may read more);
 # not --context-length or --include-labels: it shows each turn as the teacher serves it, no history added
-DISPLAY_DATA_READS = ("task", "datatype", "datapath", "seed", "progress", "display_examples", "host_allocator")
+DISPLAY_DATA_READS = ("task", "datatype", "datapath", "seed", "progress", "host_allocator")
 
 
 def _refuse_unused_by_display_data(args: argparse.Namespace) -> None:
@@ -293,6 +301,19 @@ def check_model_file_exists(opts: Opts, what: str) -> None:
                     f"it at its first validation, or at its end; a stopped one goes on with `accelbatch train "
                     f"-mf {path} --resume`)")
         raise OptionError(f"-mf/--model-file {path}: {problem}; {what} the model saved there ({todo})")
+
+
+def check_datapath_files(opts: Opts) -> None:
+    """A relative ``jsonl:``/``parlai:`` path of -t is read under -dp: when no file is there, one line saying
+    so (the data's own message names only the joined path, which -t never wrote)."""
+    for part in opts.task.split(",") if opts.datapath else ():
+        kind, _, path = part.strip().partition(":")
+        if kind not in FILE_TASKS or not path or os.path.isabs(os.path.expanduser(path)):
+            continue
+        found = FileTeacher.resolve_path(opts.replace(task=f"{kind}:{path}"))
+        if not os.path.exists(found) and comma_in_path(opts, part.strip()) is None:  # else the teacher says it
+            raise DataFileError(f"{found}: no such file; it is -dp/--datapath {opts.datapath} joined with -t's "
+                                f"relative path {path}: check both, or give -t an absolute path")
 
 
 def train_or_eval(opts: Opts) -> dict | None:
