@@ -35,6 +35,7 @@ from accelbatch.main_guard import check_main_guard, refuse_script_rerun
 from accelbatch.names import AGENT_PATHS, resolve_agent_class
 from accelbatch.optimizers import learning_rates, set_learning_rates
 from accelbatch.opts import OptionError, Opts
+from accelbatch.ordered_pass import check_ordered_pass
 from accelbatch.plan import ExecutionPlan
 from accelbatch.start_method import keeps_default_start_method
 from accelbatch.teachers import (
@@ -231,6 +232,11 @@ def build_world(opts: Opts, model: Agent, shard: tuple[int, int] = (0, 1), rows:
     teacher = teacher or create_teacher(opts)
     check_required_fields(opts, model, teacher)
     check_collate(opts, model)
+    if isinstance(teacher, FixedTeacher) and teacher.training and not teacher.cycles and opts.numthreads <= 1 \
+            and opts.dynamic_batching == "none":  # an ordered pass: its partial last steps, checked before any
+        runtime = getattr(getattr(model, "slot", None), "runtime", None)
+        check_ordered_pass(opts, plan, teacher.store.table, runtime is None or runtime.backend.runs_partial_tails,
+                           None if serve is None else [replica_rows(plan, r, replicas) for r in range(replicas)])
     # an engine that stages batches (CUDA) gets the loader front end even without workers: it builds the
     # same schedule's steps and fetches one ahead, whose copy then overlaps the current step (not for stored
     # episodes whose histories hold the model's replies, which the loader cannot squash ahead)

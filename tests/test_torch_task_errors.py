@@ -106,4 +106,4 @@ def test_drop_last_help_tells_what_an_ordered_pass_ends_with(tmp_path, capsys):
     assert _train_exs(tmp_path, capsys, "-di", "2", "-tstep", str(calls), "--no-drop-last") == items
     err = _one_line_error(capsys, ["train", *COMMON, "-m", MODEL, "-dt", "train:ordered", "-bs", "4", "-di", "2",
                                    "-tstep", str(calls), "--drop-last"])
-    assert f"batch dimension ({items % 8})" in err
+    assert f"a step of {items % 8} rows" in err and "add --no-drop-last" in err  # before the first step

@@ -1,0 +1,76 @@
+"""An ordered training pass whose episodes do not fill its last steps: what this run cannot train as one
+process would is refused in one line before the first step (replica processes trained 16 examples of 14,
+starting the next pass early; a plan that cannot lay a partial step out failed after the whole pass)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from accelbatch.cli import main
+from accelbatch.data.episodes import EpisodeTable
+from accelbatch.ordered_pass import partial_steps
+
+QUIET = ["--no-progress", "--eval-splits", "", "-veps", "-1", "-ne", "1", "-dt", "train:ordered"]
+
+
+def _rows(path, count: int) -> str:
+    with open(path, "w") as f:
+        for i in range(count):
+            f.write(json.dumps({"text": f"q {i}", "labels": [f"a {i % 2}"], "label_candidates": ["a 0", "a 1"],
+                                "episode_done": True}) + "\n")
+    return f"jsonl:{path}"
+
+
+def test_partial_steps_are_where_some_rows_have_served_their_part():
+    # 14 one-turn episodes dealt to 4 rows in turn: rows 0, 1 serve 4, rows 2, 3 serve 3
+    table = EpisodeTable.of_lengths([1] * 14)
+    steps = partial_steps(table, 4, seed=0)
+    assert [(step, real.tolist()) for step, real in steps] == [(3, [0, 1])]
+    assert partial_steps(EpisodeTable.of_lengths([1] * 16), 4, seed=0) == []
+    # episodes of 2, 1, 3 turns over 2 rows: row 0 serves 2 + 3 turns, row 1 serves 1 turn
+    uneven = partial_steps(EpisodeTable.of_lengths([2, 1, 3]), 2, seed=0)
+    assert [(step, real.tolist()) for step, real in uneven] == [(1, [0]), (2, [0]), (3, [0]), (4, [0])]
+
+
+def _err_lines(capfd) -> list[str]:
+    return [line for line in capfd.readouterr().err.splitlines() if line.strip()]
+
+
+@pytest.mark.timeout(120)
+def test_a_step_the_plan_cannot_lay_out_is_refused_before_training_naming_no_drop_last(tmp_path, capfd):
+    task = _rows(tmp_path / "d13.jsonl", 13)
+    model = tmp_path / "m.pt"
+    args = ["train", "-t", task, "-m", "bag", "-bs", "2", "-ga", "3", *QUIET]
+    assert main([*args, "-mf", str(model)]) == 2
+    err = _err_lines(capfd)
+    assert len(err) == 1 and "a step of 1 rows (step 3)" in err[0] and "add --no-drop-last" in err[0], err
+    assert not model.exists()  # refused before any step, not after the pass
+    report = tmp_path / "r.json"
+    assert main([*args, "--no-drop-last", "--report-json", str(report)]) == 0
+    assert json.loads(report.read_text())["train"]["exs"] == 13  # the tail trains
+
+
+@pytest.mark.timeout(120)
+def test_a_partial_step_on_the_ipu_is_refused_before_training(tmp_path, capfd):
+    task = _rows(tmp_path / "d13.jsonl", 13)
+    for drop in ("--drop-last", "--no-drop-last"):
+        assert main(["train", "-t", task, "-m", "bag", "-bs", "2", "-ga", "3", *QUIET, drop, "--device", "ipu",
+                     "--ipu-emulator"]) == 2
+        err = _err_lines(capfd)
+        assert len(err) == 1 and "-dt train:ordered" in err[0] and "train shuffled (-dt train" in err[0], err
+
+
+@pytest.mark.multiprocess
+@pytest.mark.slow
+@pytest.mark.timeout(240)
+def test_replica_processes_refuse_a_pass_whose_last_step_they_hold_unevenly(tmp_path, capfd):
+    uneven = _rows(tmp_path / "d14.jsonl", 14)
+    assert main(["train", "-t", uneven, "-m", "repeat_label", "-bs", "2", "-rf", "2", *QUIET]) == 2
+    err = _err_lines(capfd)
+    assert len(err) == 1 and "replica processes hold as [2, 0] where one process lays them out as [1, 1]" in err[0]
+    even, report = _rows(tmp_path / "d16.jsonl", 16), tmp_path / "r.json"
+    assert main(["train", "-t", even, "-m", "repeat_label", "-bs", "2", "-rf", "2", *QUIET,
+                 "--report-json", str(report)]) == 0
+    assert json.loads(report.read_text())["train"]["exs"] == 16  # one pass: each example once
