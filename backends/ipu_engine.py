@@ -275,8 +275,8 @@ class IPUEngine(Engine):
         if lay.partial:
             raise PlanError(
                 f"a training call of {n} rows is a partial tail (not a multiple of D x R x G = "
-                f"{plan.factor}); an IPU graph has static shapes and cannot run it: train with "
-                "--drop-last (the default), which drops the tail and says so")
+                f"{plan.factor}); an IPU graph has static shapes and cannot run it: with --drop-last (the "
+                "default) dynamic batching drops such batches and says so; an ordered pass needs -dt train")
         batch = self._with_loss_scale(batch, lay)
         entry = self._executor_for(True, batch)
         self._activate(entry)
