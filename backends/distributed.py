@@ -330,8 +330,9 @@ def _failure(replicas: Supervisor, group_timeout_s: float, judge: bool) -> Proce
         killed = code is not None and -code in signal.valid_signals()
         how = f"was killed by {signal.Signals(-code).name}" if killed else describe_exit(code)
         why = (f"(a C++ abort: NCCL's watchdog aborts a replica whose collective waited past "
-               f"--replica-timeout-s={group_timeout_s:g} s or whose peer failed; raise that option if steps "
-               f"really take that long, NCCL_DEBUG=INFO says more)" if index in aborted
+               f"--replica-timeout-s={group_timeout_s:g} s or whose peer failed, raise that option if steps "
+               "really take that long; gloo aborts when the replicas' collectives do not match, e.g. tensors of "
+               "other sizes; NCCL_DEBUG=INFO or TORCH_DISTRIBUTED_DEBUG=DETAIL says more)" if index in aborted
                else "(out of memory? killed?)")
         return ProcessDied(f"replica {index} of {replicas.nprocs} (pid {replicas.pids[index]}) {how} without "
                            f"a Python traceback {why}; the other replicas were ended"
