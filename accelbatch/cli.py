@@ -201,9 +201,11 @@ def _main(argv: Sequence[str] | None) -> int:
 
         if args.verb in ("display-model", "interactive"):
             check_model_file_exists(opts, f"{args.verb} answers with")
-            if getattr(args, "num_examples", 1) >= 1 and not opts.model_file and _is_torch_agent(opts.model):
-                print(f"accelbatch: no -mf/--model-file: {args.verb} answers with an untrained -m {opts.model} "
-                      "(give -mf PATH of a model trained with `accelbatch train -mf PATH`)", file=sys.stderr)
+        if args.verb in ("eval", "display-model", "interactive") and getattr(args, "num_examples", 1) >= 1 \
+                and not opts.model_file and _is_torch_agent(opts.model):
+            what = "scores" if args.verb == "eval" else "answers with"
+            print(f"accelbatch: no -mf/--model-file: {args.verb} {what} an untrained -m {opts.model} "
+                  "(give -mf PATH of a model trained with `accelbatch train -mf PATH`)", file=sys.stderr)
         if args.verb in ("display-data", "display-model", "interactive"):
             return _run_verb(args, opts)
         report = run_replicas(opts) if _spawns_replicas(opts) else train_or_eval(opts)

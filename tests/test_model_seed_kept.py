@@ -53,3 +53,16 @@ def test_a_model_file_without_its_opt_file_is_said_to_run_on_defaults(trained, t
     assert f"-mf {bare}: no {bare}.opt beside it" in err and "running with the options given and the defaults" in err
     _, err = _eval(path, tmp_path, capsys)
     assert "beside it" not in err
+
+
+@pytest.mark.timeout(180)
+def test_eval_of_an_untrained_model_says_so(trained, tmp_path, capsys):
+    """display-model and interactive said it; eval scored an untrained model silently."""
+    path, _ = trained
+    _, err = _eval(path, tmp_path, capsys)
+    assert "untrained" not in err
+    capsys.readouterr()
+    assert main(["eval", "-t", "dialogues:60", "-m", "bag", *QUIET]) == 0
+    assert "no -mf/--model-file: eval scores an untrained -m bag" in capsys.readouterr().err
+    assert main(["eval", "-t", "dialogues:60", "-m", "repeat_label", *QUIET]) == 0  # nothing to train: no note
+    assert "untrained" not in capsys.readouterr().err
