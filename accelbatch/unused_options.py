@@ -31,6 +31,22 @@ def _loads_elsewhere(opts: Opts) -> bool:
     return opts.num_workers > 0 or opts.dataloader_mode != "sync"
 
 
+def _generates(opts: Opts) -> bool:
+    """Whether -m may read the generation options: a generator, or an agent from outside accelbatch."""
+    from accelbatch.models.generator import GeneratorAgent
+    from accelbatch.names import resolve_agent_class
+
+    try:
+        found = resolve_agent_class(opts.model)
+    except Exception:  # noqa: BLE001 - an -m that does not resolve is refused later, saying why
+        return True
+    return not isinstance(found, type) or issubclass(found, GeneratorAgent) \
+        or not found.__module__.startswith("accelbatch.")
+
+
+GENERATOR = "a generator (-m transformer/generator, or a GeneratorAgent of yours)"
+
+
 READERS: dict[str, Reader] = {
     "num_buckets": Reader(lambda o: o.dynamic_batching == "buckets", "--dynamic-batching buckets"),
     "max_batch_tokens": Reader(lambda o: o.dynamic_batching in ("full", "buckets"),
@@ -38,7 +54,9 @@ READERS: dict[str, Reader] = {
     "batch_sort_cache_size": Reader(lambda o: o.dynamic_batching != "none", "--dynamic-batching"),
     "buffer_size": Reader(lambda o: o.dataloader_mode != "sync", "--dataloader-mode async or async-rebatched"),
     "data_timeout_s": Reader(_loads_elsewhere, "data workers (--num-workers) or --dataloader-mode async"),
-    "beam_size": Reader(lambda o: o.inference == "beam", "--inference beam"),
+    "beam_size": Reader(lambda o: o.inference == "beam" and _generates(o), f"--inference beam of {GENERATOR}"),
+    **{name: Reader(_generates, GENERATOR)
+       for name in ("inference", "beam_min_length", "beam_block_ngram", "skip_generation")},
     "replica_timeout_s": Reader(_replicated, "replicas (-rf/--replication-factor above 1, or torchrun)"),
     "validation_patience": Reader(_periodic_validation, "validations during training (-veps or -vtim)"),
     "validation_cutoff": Reader(_periodic_validation, "validations during training (-veps or -vtim)"),
@@ -48,5 +66,5 @@ READERS: dict[str, Reader] = {
 def unused_option_notes(opts: Opts, given: Collection[str]) -> list[str]:
     """A line for each option of ``given`` (field names) that ``opts`` never reads, naming what would."""
     flags = {f.name: "/".join(f.metadata["flags"]) for f in fields(Opts)}
-    return [f"accelbatch: {flags[name]}: not used by this run: only {reader.what} read it"
+    return [f"accelbatch: {flags[name]}: not used by this run: it is read only with {reader.what}"
             for name, reader in READERS.items() if name in given and not reader.reads(opts)]
