@@ -269,3 +269,17 @@ class TwoReplicas:
     def reduce_metrics(self, sums: dict) -> dict:
         self.sent = dict(sums)
         return {k: sums.get(k, 0) + self.other.get(k, 0) for k in {*sums, *self.other}}
+
+
+def eval_valid(path: str, tmp_path, capsys, *given: str) -> tuple[dict, str]:
+    """``accelbatch eval -mf path`` (in this process): its valid scores (accuracy, f1, loss, exs: not its
+    timings) and its stderr."""
+    import json
+
+    from accelbatch.cli import main
+
+    capsys.readouterr()
+    report = tmp_path / "eval.json"
+    assert main(["eval", "-mf", path, "--report-json", str(report), *given, "--no-progress"]) == 0
+    scores = json.loads(report.read_text())["valid"]
+    return {k: scores[k] for k in ("accuracy", "f1", "loss", "exs")}, capsys.readouterr().err

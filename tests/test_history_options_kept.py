@@ -9,6 +9,7 @@ import io
 import json
 
 import pytest
+from helpers import eval_valid
 
 from accelbatch.agents import History
 from accelbatch.cli import main
@@ -32,28 +33,21 @@ def trained(tmp_path_factory) -> tuple[str, dict]:
     return path, json.loads(report.read_text())["valid"]
 
 
-def _eval(path: str, tmp_path, capsys, *given: str) -> tuple[dict, str]:
-    """eval's valid scores and its stderr."""
-    capsys.readouterr()
-    report = tmp_path / "eval.json"
-    assert main(["eval", "-mf", path, "--report-json", str(report), *given, *QUIET]) == 0
-    scores = json.loads(report.read_text())["valid"]
-    return {k: scores[k] for k in SCORES}, capsys.readouterr().err
 
 
 def test_eval_given_only_mf_reads_the_history_the_model_was_trained_with(trained, tmp_path, capsys):
     """eval -mf alone scored the model with the whole history, labels included (the defaults): valid loss
     1.9723 where the training's own valid report said 1.9003."""
     path, valid = trained
-    scores, err = _eval(path, tmp_path, capsys)
+    scores, err = eval_valid(path, tmp_path, capsys)
     assert scores == {k: valid[k] for k in SCORES}
     assert json.loads(open(f"{path}.opt").read())["context_length"] == 2
     assert (f"accelbatch: -mf {path} was trained with -m bag -histsz 2 --no-include-labels ({path}.opt); using "
             "them (give them to override)") in err
     # given on the command line, an option wins and is not said taken; --no-/-histsz forms count as given
-    given, err = _eval(path, tmp_path, capsys, "-m", "bag", "-histsz", "2", "--no-include-labels")
+    given, err = eval_valid(path, tmp_path, capsys, "-m", "bag", "-histsz", "2", "--no-include-labels")
     assert given == scores and "was trained with" not in err
-    other, err = _eval(path, tmp_path, capsys, "-m", "bag", "--include-labels", "--history-size", "-1")
+    other, err = eval_valid(path, tmp_path, capsys, "-m", "bag", "--include-labels", "--history-size", "-1")
     assert other != scores and "was trained with" not in err
 
 

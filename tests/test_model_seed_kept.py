@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 
 import pytest
+from helpers import eval_valid
 
 from accelbatch.cli import main
 
@@ -24,22 +25,16 @@ def trained(tmp_path_factory) -> tuple[str, dict]:
     return path, json.loads(report.read_text())["valid"]
 
 
-def _eval(path: str, tmp_path, capsys, *given: str) -> tuple[dict, str]:
-    capsys.readouterr()
-    report = tmp_path / "eval.json"
-    assert main(["eval", "-mf", path, "--report-json", str(report), *given, *QUIET]) == 0
-    scores = json.loads(report.read_text())["valid"]
-    return {k: scores[k] for k in SCORES}, capsys.readouterr().err
 
 
 @pytest.mark.timeout(180)
 def test_eval_given_only_mf_scores_the_data_of_the_models_seed(trained, tmp_path, capsys):
     path, valid = trained
     assert json.loads(open(f"{path}.opt").read())["seed"] == 7
-    scores, err = _eval(path, tmp_path, capsys)
+    scores, err = eval_valid(path, tmp_path, capsys)
     assert scores == {k: valid[k] for k in SCORES}
     assert "--seed 7" in err and "was trained with" in err
-    other, err = _eval(path, tmp_path, capsys, "--seed", "0")  # given, it wins: another seed's valid split
+    other, err = eval_valid(path, tmp_path, capsys, "--seed", "0")  # given, it wins: another seed's valid split
     assert other != scores and "--seed" not in err
 
 
@@ -49,9 +44,9 @@ def test_a_model_file_without_its_opt_file_is_said_to_run_on_defaults(trained, t
     path, _ = trained
     bare = tmp_path / "bare.pt"
     bare.write_bytes(open(path, "rb").read())
-    _, err = _eval(str(bare), tmp_path, capsys, "-m", "bag", "-t", "dialogues:60")
+    _, err = eval_valid(str(bare), tmp_path, capsys, "-m", "bag", "-t", "dialogues:60")
     assert f"-mf {bare}: no {bare}.opt beside it" in err and "running with the options given and the defaults" in err
-    _, err = _eval(path, tmp_path, capsys)
+    _, err = eval_valid(path, tmp_path, capsys)
     assert "beside it" not in err
 
 
@@ -59,7 +54,7 @@ def test_a_model_file_without_its_opt_file_is_said_to_run_on_defaults(trained, t
 def test_eval_of_an_untrained_model_says_so(trained, tmp_path, capsys):
     """display-model and interactive said it; eval scored an untrained model silently."""
     path, _ = trained
-    _, err = _eval(path, tmp_path, capsys)
+    _, err = eval_valid(path, tmp_path, capsys)
     assert "untrained" not in err
     capsys.readouterr()
     assert main(["eval", "-t", "dialogues:60", "-m", "bag", *QUIET]) == 0
