@@ -108,7 +108,7 @@ def test_the_defaults_the_tester_missed_are_shown(verb, name, shown):
 def test_text_truncate_help_says_its_default_and_what_a_generator_keeps_with_minus_one():
     text = _helps("train")["text_truncate"]
     assert text.endswith(f"(default: {Opts().text_truncate})")
-    minus_one = re.search(r"\(-1: ([^)]*)\)", text).group(1)
+    minus_one = re.search(r"-1: ([^)]*)\)", text).group(1)
     assert "all" in minus_one and str(text_tokens(Opts(text_truncate=-1))) in minus_one
     assert text_tokens(Opts()) == Opts().text_truncate  # the default is what a generator keeps too
 
