@@ -16,7 +16,7 @@ from accelbatch.names import AGENT_PATHS, UnknownNameError
 from accelbatch.opts import DATATYPES, OptionError, Opts, add_arguments, is_training, train_only_flags
 from accelbatch.plan import PlanError
 from accelbatch.procs import ProcessFailure
-from accelbatch.strict_args import StrictParser
+from accelbatch.strict_args import OnOff, StrictParser
 from accelbatch.tasks.files import DataFileError
 from accelbatch.teachers import FILE_TASKS, FileTeacher, comma_in_path, eval_datatype, list_tasks
 
@@ -81,9 +81,11 @@ def build_cli() -> argparse.ArgumentParser:
             sub.set_defaults(datatype=datatype)
     from accelbatch.plots import add_report_arguments
 
-    add_report_arguments(verbs.add_parser("report", help="plot a run's loss and throughput to a PNG",
-                                          allow_abbrev=False))
-    verbs.add_parser("tasks", help="list the registered tasks and models", allow_abbrev=False)
+    report = verbs.add_parser("report", help="plot a run's loss and throughput to a PNG", allow_abbrev=False)
+    add_report_arguments(report)
+    tasks = verbs.add_parser("tasks", help="list the registered tasks and models", allow_abbrev=False)
+    for quick in (report, tasks):  # scripts pass --progress to every verb; these show no progress
+        quick.add_argument("--progress", action=OnOff, default=None, help="taken, as every verb takes it (no effect)")
     parser.set_defaults(verb_parsers=verbs.choices)  # an unknown option is refused by its verb's parser
     return parser
 

@@ -146,3 +146,13 @@ def test_a_comma_in_a_file_name_under_datapath_keeps_its_own_message(tmp_path, m
     (tmp_path / "w" / "d" / "a,b.jsonl").write_text('{"text": "q", "labels": ["a"]}\n', encoding="utf-8")
     assert main(["display-data", "-t", "jsonl:d/a,b.jsonl", "-dp", "w"]) == 2
     assert "rename it without the comma" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("verb, rest", [("train", []), ("eval", []), ("display-data", []), ("display-model", []),
+                                        ("interactive", []), ("report", ["runs"]), ("tasks", [])])
+def test_every_verb_takes_progress_as_scripts_pass_it_to_all(verb, rest):
+    from accelbatch.cli import build_cli
+
+    for flag in ("--progress", "--no-progress"):
+        args = build_cli().parse_args([verb, *rest, flag])
+        assert args.progress is (flag == "--progress")
