@@ -175,9 +175,10 @@ class Opts:
                                 "multiple of D x R x G (micro-batches of -bs rows, more in a tail longer than the "
                                 "combined batch; at most D updates). Without --dynamic-batching rows run on into "
                                 "the next pass, no batch is partial and this option changes nothing, but -dt "
-                                "train:ordered ends each pass with a partial batch (ParlAI's order): --no-drop-last "
-                                "runs it as a tail; --drop-last runs it if its rows are a multiple of D x R x G, "
-                                "else refuses it")
+                                "train:ordered ends a pass with partial steps where its episodes do not fill them: "
+                                "--no-drop-last runs them as tails; --drop-last runs one whose rows are a multiple "
+                                "of D x R x G and refuses the others before training (on the IPU and with -rf "
+                                "processes, refused either way: use -dt train)")
     data_timeout_s: float = _opt(60.0, "--data-timeout-s", group="data",
                                  help="seconds to wait for one batch from the data workers before failing")
 

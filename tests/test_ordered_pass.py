@@ -10,7 +10,8 @@ import pytest
 
 from accelbatch.cli import main
 from accelbatch.data.episodes import EpisodeTable
-from accelbatch.ordered_pass import partial_steps
+from accelbatch.opts import Opts
+from accelbatch.ordered_pass import partial_steps, reached
 
 QUIET = ["--no-progress", "--eval-splits", "", "-veps", "-1", "-ne", "1", "-dt", "train:ordered"]
 
@@ -34,6 +35,17 @@ def test_partial_steps_are_where_some_rows_have_served_their_part():
     assert [(step, real.tolist()) for step, real in uneven] == [(1, [0]), (2, [0]), (3, [0]), (4, [0])]
 
 
+def test_only_the_partial_steps_the_run_reaches_are_checked():
+    # 13 one-turn episodes over 6 rows: steps 0, 1 full (12 examples), step 2 holds 1 row
+    steps = partial_steps(EpisodeTable.of_lengths([1] * 13), 6, seed=0)
+    assert [step for step, _ in steps] == [2]
+    assert reached(Opts(max_train_steps=2), steps, 6, 13) == []  # stops after step 2 of the pass
+    assert len(reached(Opts(max_train_steps=3), steps, 6, 13)) == 1
+    assert reached(Opts(num_epochs=12 / 13), steps, 6, 13) == []  # 12 examples: the full steps only
+    assert len(reached(Opts(num_epochs=0.95), steps, 6, 13)) == 1  # 12.35 examples: step 2 runs
+    assert len(reached(Opts(num_epochs=-1, max_train_steps=-1), steps, 6, 13)) == 1
+
+
 def _err_lines(capfd) -> list[str]:
     return [line for line in capfd.readouterr().err.splitlines() if line.strip()]
 
@@ -50,6 +62,9 @@ def test_a_step_the_plan_cannot_lay_out_is_refused_before_training_naming_no_dro
     report = tmp_path / "r.json"
     assert main([*args, "--no-drop-last", "--report-json", str(report)]) == 0
     assert json.loads(report.read_text())["train"]["exs"] == 13  # the tail trains
+    for limit in (["-tstep", "2"], ["-ne", "0.4"]):  # a run that stops before the partial step needs no check
+        assert main([*args, *limit, "--report-json", str(report)]) == 0
+        assert json.loads(report.read_text())["train"]["exs"] == (12 if limit[0] == "-tstep" else 6)
 
 
 @pytest.mark.timeout(120)
@@ -70,6 +85,13 @@ def test_replica_processes_refuse_a_pass_whose_last_step_they_hold_unevenly(tmp_
     assert main(["train", "-t", uneven, "-m", "repeat_label", "-bs", "2", "-rf", "2", *QUIET]) == 2
     err = _err_lines(capfd)
     assert len(err) == 1 and "replica processes hold as [2, 0] where one process lays them out as [1, 1]" in err[0]
+    nine = _rows(tmp_path / "d9.jsonl", 9)  # 6 rows: step 2 holds rows 0-2, all replica 0's
+    assert main(["train", "-t", nine, "-m", "repeat_label", "-bs", "3", "-rf", "2", *QUIET]) == 2
+    err = _err_lines(capfd)
+    assert len(err) == 1 and "--no-drop-last" not in err[0], err  # replica processes: it would not help
+    assert main(["train", "-t", nine, "-m", "repeat_label", "-bs", "3", "-rf", "2", "--no-drop-last", *QUIET]) == 2
+    err = _err_lines(capfd)
+    assert len(err) == 1 and "a step of 3 rows (step 2) of which replica 1 holds none" in err[0], err
     even, report = _rows(tmp_path / "d16.jsonl", 16), tmp_path / "r.json"
     assert main(["train", "-t", even, "-m", "repeat_label", "-bs", "2", "-rf", "2", *QUIET,
                  "--report-json", str(report)]) == 0

@@ -97,7 +97,7 @@ def test_drop_last_help_tells_what_an_ordered_pass_ends_with(tmp_path, capsys):
     """The help's claims, checked: with train:ordered a pass of 37 items ends in a partial batch, trained with
     D=1 either way; with D=2 (8 rows a call, 5 left) --no-drop-last runs it as a tail, --drop-last refuses it."""
     text = next(a.help for a in build_parser()._actions if "--drop-last" in a.option_strings)
-    assert "train:ordered ends each pass with a partial batch" in text and "--no-drop-last runs it as a tail" in text
+    assert "train:ordered ends a pass with partial steps" in text and "--no-drop-last runs them as tails" in text
     items = torch_task.SIZES["train"]
     steps = math.ceil(items / 4)
     assert _train_exs(tmp_path, capsys, "-tstep", str(steps), "--drop-last") == items
