@@ -203,14 +203,19 @@ def _main(argv: Sequence[str] | None) -> int:
 
         if args.verb in ("display-model", "interactive"):
             check_model_file_exists(opts, f"{args.verb} answers with")
+        untrained = None
         if args.verb in ("eval", "display-model", "interactive") and getattr(args, "num_examples", 1) >= 1 \
                 and not opts.model_file and _is_torch_agent(opts.model):
-            what = "scores" if args.verb == "eval" else "answers with"
-            print(f"accelbatch: no -mf/--model-file: {args.verb} {what} an untrained -m {opts.model} "
-                  "(give -mf PATH of a model trained with `accelbatch train -mf PATH`)", file=sys.stderr)
+            what = "scored" if args.verb == "eval" else "answers with"
+            untrained = (f"accelbatch: no -mf/--model-file: {args.verb} {what} an untrained -m {opts.model} "
+                         "(give -mf PATH of a model trained with `accelbatch train -mf PATH`)")
         if args.verb in ("display-data", "display-model", "interactive"):
+            if untrained:
+                print(untrained, file=sys.stderr)
             return _run_verb(args, opts)
         report = run_replicas(opts) if _spawns_replicas(opts) else train_or_eval(opts)
+        if untrained:  # said with the scores (an eval that fails has its own one line)
+            print(untrained, file=sys.stderr)
     except Exception as exc:
         known = error_message(exc)
         if known is None:

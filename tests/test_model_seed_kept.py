@@ -58,6 +58,6 @@ def test_eval_of_an_untrained_model_says_so(trained, tmp_path, capsys):
     assert "untrained" not in err
     capsys.readouterr()
     assert main(["eval", "-t", "dialogues:60", "-m", "bag", *QUIET]) == 0
-    assert "no -mf/--model-file: eval scores an untrained -m bag" in capsys.readouterr().err
+    assert "no -mf/--model-file: eval scored an untrained -m bag" in capsys.readouterr().err
     assert main(["eval", "-t", "dialogues:60", "-m", "repeat_label", *QUIET]) == 0  # nothing to train: no note
     assert "untrained" not in capsys.readouterr().err
