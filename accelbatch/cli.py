@@ -55,6 +55,11 @@ SET_BY_VERB: dict[str, dict[str, str]] = {
 }
 
 
+# a switch given the way the verb runs anyway (interactive --no-skip-generation) is taken, not refused
+AS_THE_VERB_DOES = {("interactive", "skip_generation"): False, ("display-data", "display_examples"): True,
+                    ("display-model", "display_examples"): True}
+
+
 def build_cli() -> argparse.ArgumentParser:
     parser = _Parser(prog="accelbatch", description="ParlAI-style worlds on cpu, cuda and ipu.", allow_abbrev=False)
     parser.add_argument("-V", "--version", action="version", version=f"accelbatch {accelbatch.__version__}")
@@ -187,13 +192,12 @@ def _main(argv: Sequence[str] | None) -> int:
         from accelbatch.model_opts import with_model_opts
 
         opts, taken = with_model_opts(opts, given)  # -mf names its model
-        if taken:
-            print(taken, file=sys.stderr)
         from accelbatch.model_opts import given_on_command_line
         from accelbatch.unused_options import unused_option_notes
 
-        for note in unused_option_notes(opts, given_on_command_line(given)):
-            print(note, file=sys.stderr)
+        if os.environ.get("RANK", "0") == "0":  # said once: torchrun starts this in every replica
+            for note in filter(None, [taken, *unused_option_notes(opts, given_on_command_line(given))]):
+                print(note, file=sys.stderr)
         from accelbatch.run_control import check_output_paths
 
         check_output_paths(opts)  # a path the run could not write fails now, not after the training
@@ -233,7 +237,7 @@ def _main(argv: Sequence[str] | None) -> int:
 
 # what display-data reads: the task's teacher and how the examples are shown (a user's teacher may read more);
 # not --context-length or --include-labels: it shows each turn as the teacher serves it, no history added
-DISPLAY_DATA_READS = ("task", "datatype", "datapath", "seed", "progress", "host_allocator")
+DISPLAY_DATA_READS = ("task", "datatype", "datapath", "seed", "progress", "host_allocator", "display_examples")
 
 
 def _refuse_unused_by_display_data(args: argparse.Namespace) -> None:
@@ -272,7 +276,8 @@ def _refuse_options_not_read(args: argparse.Namespace) -> None:
     if given:
         raise OptionError(f"{given[0]}: a training option; `accelbatch {args.verb}` trains nothing (it never "
                           "accumulates gradients, changes weights or saves) and does not take it: drop it")
-    set_here = [name for name in SET_BY_VERB.get(args.verb, {}) if name in vars(args)]
+    set_here = [name for name in SET_BY_VERB.get(args.verb, {})
+                if name in vars(args) and vars(args)[name] is not AS_THE_VERB_DOES.get((args.verb, name))]
     if set_here:
         raise OptionError(f"{flags[set_here[0]]}: {args.verb} {SET_BY_VERB[args.verb][set_here[0]]}")
 

@@ -437,3 +437,9 @@ def test_a_reply_is_at_most_label_truncate_tokens_and_min_length_beyond_it_is_re
     assert [len(_until_end(row)) for row in preds] == [3, 3]  # min length 3 = the most a reply holds
     with pytest.raises(ab.opts.OptionError, match="--beam-min-length: must be 0 to the 3 tokens a reply may have"):
         TransformerGeneratorAgent(ab.Opts(embedding_size=8, label_truncate=3, beam_min_length=4))
+
+
+def test_beam_min_length_is_not_checked_where_nothing_is_generated():
+    agent = TransformerGeneratorAgent(ab.Opts(embedding_size=8, label_truncate=3, beam_min_length=40,
+                                              skip_generation=True))
+    assert agent.model.skip_generation

@@ -4,6 +4,7 @@ a run uses, and what it says about -vmm, -tr, -dt and -dp is what the code does.
 from __future__ import annotations
 
 import argparse
+import io
 import re
 from dataclasses import fields
 from types import CodeType
@@ -46,12 +47,20 @@ def test_interactive_neither_lists_nor_takes_skip_generation(capsys):
                                        "replies; leave it out\n")
 
 
-@pytest.mark.parametrize("flag", ["--display-examples", "--no-display-examples"])
-def test_display_data_neither_lists_nor_ignores_display_examples(flag, capsys):
+def test_display_data_neither_lists_nor_ignores_display_examples(capsys):
     assert "display-examples" not in _help(capsys, "display-data")
-    assert main(["display-data", "-t", "babi:1", "-n", "1", flag]) == 2
+    assert main(["display-data", "-t", "babi:1", "-n", "1", "--no-display-examples"]) == 2
     err = capsys.readouterr().err.splitlines()
     assert err == ["accelbatch: error: --display-examples: display-data does not take it: it shows every example"]
+    assert main(["display-data", "-t", "babi:1", "-n", "1"]) == 0
+    shown = capsys.readouterr().out
+    assert main(["display-data", "-t", "babi:1", "-n", "1", "--display-examples"]) == 0  # what it does anyway
+    assert capsys.readouterr().out == shown
+
+
+def test_a_switch_given_as_the_verb_runs_anyway_is_taken(monkeypatch, capsys):
+    monkeypatch.setattr("sys.stdin", io.StringIO("hello\n"))
+    assert main(["interactive", "-m", "repeat_label", "--no-skip-generation", "--no-progress"]) == 0
 
 
 def _code_strings(code: CodeType) -> set[str]:

@@ -69,3 +69,10 @@ def test_each_reader_reads_where_its_note_says(name):
     unread = Opts(validation_every_n_epochs=-1)  # -m memnn: a ranker
     assert len(unused_option_notes(unread, {name})) == 1
     assert unused_option_notes(unread.replace(**reading), {name}) == []
+
+
+def test_a_replica_other_than_rank_0_says_nothing(tmp_path, capsys, monkeypatch):
+    """torchrun runs the command in every replica: the notes are said once, by rank 0."""
+    monkeypatch.setenv("RANK", "1")
+    _, notes = _train(tmp_path, capsys, "--num-buckets", "3")
+    assert notes == []

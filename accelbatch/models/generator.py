@@ -100,7 +100,7 @@ class GeneratorAgent(TorchAgent):
 
     def build_model(self) -> nn.Module:
         o = self.opts
-        if not 0 <= o.beam_min_length <= label_tokens(o):
+        if o.beam_min_length < 0 or o.beam_min_length > label_tokens(o) and not o.skip_generation:
             raise OptionError(f"--beam-min-length: must be 0 to the {label_tokens(o)} tokens a reply may have "
                               f"(--label-truncate), got {o.beam_min_length}")
         if o.beam_block_ngram == 0 or o.beam_block_ngram < -1:
