@@ -60,9 +60,9 @@ class Opts:
     model_file: str | None = _opt(None, "-mf", "--model-file",
                                   help="save the model here after training; loaded when it exists")
     datatype: str = _opt("train", "-dt", "--datatype", choices=DATATYPES,
-                         help="split and mode: train (shuffled), valid, test; ':stream' reads lazily from disk, "
-                              "':ordered' in data order, each pass whole (no cycling), ':evalmode' scores the "
-                              "train split as an evaluation")
+                         help="split and mode: train (shuffled; evaluated: in order, once), valid, test; ':stream' "
+                              "reads lazily from disk, ':ordered' in data order, each pass whole (no cycling), "
+                              "':evalmode' scores the train split as an evaluation")
     datapath: str | None = _opt(None, "-dp", "--datapath", help="where file tasks are looked up")
     seed: int = _opt(0, "--seed", help="seed for data order, model init and the data of dialogues and reverse")
 
