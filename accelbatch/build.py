@@ -232,11 +232,11 @@ def build_world(opts: Opts, model: Agent, shard: tuple[int, int] = (0, 1), rows:
     teacher = teacher or create_teacher(opts)
     check_required_fields(opts, model, teacher)
     check_collate(opts, model)
-    if isinstance(teacher, FixedTeacher) and teacher.training and not teacher.cycles and opts.numthreads <= 1 \
-            and opts.dynamic_batching == "none":  # an ordered pass: its partial last steps, checked before any
-        runtime = getattr(getattr(model, "slot", None), "runtime", None)
-        check_ordered_pass(opts, plan, teacher.store.table, runtime is None or runtime.backend.runs_partial_tails,
-                           None if serve is None else [replica_rows(plan, r, replicas) for r in range(replicas)])
+    if serve is None:  # this process's rows over its share of the episodes (a hogwild process's)
+        _check_ordered_tail(opts, model, teacher, shard, rows)
+    else:  # the combined batch's rows over all of them, each replica process holding its own
+        _check_ordered_tail(opts, model, teacher, (0, 1), plan.combined_batch,
+                            [replica_rows(plan, r, replicas) for r in range(replicas)])
     # an engine that stages batches (CUDA) gets the loader front end even without workers: it builds the
     # same schedule's steps and fetches one ahead, whose copy then overlaps the current step (not for stored
     # episodes whose histories hold the model's replies, which the loader cannot squash ahead)
@@ -260,6 +260,16 @@ def build_world(opts: Opts, model: Agent, shard: tuple[int, int] = (0, 1), rows:
             _share_data(teacher, shard, serve, plan.combined_batch)
         world = DialogPartnerWorld(opts, [teacher, model])
     return BatchWorld(opts, world, rows) if rows > 1 else world
+
+
+def _check_ordered_tail(opts: Opts, model: Agent, teacher: Any, shard: tuple[int, int], rows: int,
+                        replica_rows_: list[list[int]] | None = None) -> None:
+    """An ordered training pass's partial last steps, checked before any step (accelbatch/ordered_pass.py)."""
+    if isinstance(teacher, FixedTeacher) and teacher.training and not teacher.cycles \
+            and opts.dynamic_batching == "none":
+        runtime = getattr(getattr(model, "slot", None), "runtime", None)
+        check_ordered_pass(opts, ExecutionPlan.from_opts(opts, training=True), teacher.store.table.shard(*shard),
+                           rows, runtime is None or runtime.backend.runs_partial_tails, replica_rows_)
 
 
 def check_required_fields(opts: Opts, model: Agent, teacher: Any, scan: int = 1000) -> None:
@@ -450,6 +460,9 @@ def create_hogwild_world(opts: Opts, agent: Agent | type[Agent] | None = None, r
     served = main.get_task_agent() if hasattr(main, "get_task_agent") else None
     if isinstance(served, FixedTeacher):  # before any process starts (each would refuse its share)
         served.check_shareable(processes or opts.numthreads)
+        for rank in range(processes or opts.numthreads):
+            _check_ordered_tail(opts, model, served, (rank, processes or opts.numthreads),
+                                rows or ExecutionPlan.from_opts(opts, training=True).combined_batch)
     agent_class = agent if isinstance(agent, type) else (None if agent is None else type(agent))
     # a training parley of a static-row world trains its rows: known before it runs
     per_parley = None if opts.dynamic_batching != "none" else \

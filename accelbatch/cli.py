@@ -195,7 +195,7 @@ def _main(argv: Sequence[str] | None) -> int:
         from accelbatch.model_opts import given_on_command_line
         from accelbatch.unused_options import unused_option_notes
 
-        if os.environ.get("RANK", "0") == "0":  # said once: torchrun starts this in every replica
+        if _first_replica():  # said once: torchrun starts this in every replica
             for note in filter(None, [taken, *unused_option_notes(opts, given_on_command_line(given))]):
                 print(note, file=sys.stderr)
         from accelbatch.run_control import check_output_paths
@@ -218,7 +218,7 @@ def _main(argv: Sequence[str] | None) -> int:
                 print(untrained, file=sys.stderr)
             return _run_verb(args, opts)
         report = run_replicas(opts) if _spawns_replicas(opts) else train_or_eval(opts)
-        if untrained:  # said with the scores (an eval that fails has its own one line)
+        if untrained and _first_replica():  # said with the scores (an eval that fails has its own one line)
             print(untrained, file=sys.stderr)
     except Exception as exc:
         known = error_message(exc)
@@ -265,6 +265,17 @@ def _run_verb(args: argparse.Namespace, opts: Opts) -> int:
     else:
         verbs.interactive(opts, args.candidates)
     return 0
+
+
+def _first_replica() -> bool:
+    """Whether this process says what the run says once: not one of torchrun's other replicas."""
+    from accelbatch.backends.distributed import env_info
+
+    try:
+        info = env_info()
+    except ValueError:  # a malformed RANK / WORLD_SIZE: the backend's setup says so
+        return True
+    return info is None or info.rank == 0
 
 
 def _refuse_options_not_read(args: argparse.Namespace) -> None:

@@ -3,9 +3,8 @@ episodes do not fill every row of every step: some rows have served their part w
 rows are real at each step follows from the data and the plan alone, so what the device and the replicas
 cannot train is refused before the first step (it failed at the end of the pass, or, with replica processes,
 a replica that ran out of rows started the next pass early and trained other weights than one process).
-Only steps the run's limits reach are checked (``-tstep``, ``-ne``: a run that stops before its pass's tail
-needs none); a run that ``-ttim`` may stop earlier is checked only for replica processes, whose failure is
-silent (elsewhere such a step fails when it comes)."""
+Only steps the run's step and epoch limits reach are checked (``-tstep``, ``-ne``: a run that stops before its
+pass's tail needs none; ``-ttim``, a time, is taken as not stopping it earlier)."""
 
 from __future__ import annotations
 
@@ -42,24 +41,23 @@ def reached(opts: Opts, steps: list[tuple[int, np.ndarray]], rows: int, examples
     return out
 
 
-def _plan_shares(plan: ExecutionPlan, rows: int, replicas: int) -> list[int]:
-    """The rows one process's call of ``rows`` rows gives each replica."""
-    return [len(plan.shard({"row": torch.arange(rows)}, r)["row"]) for r in range(replicas)]
+def _plan_rows(plan: ExecutionPlan, real: np.ndarray, replicas: int) -> list[list[int]]:
+    """The laid-out rows ``real`` of a step as one process's call gives them to each replica, in order."""
+    rows = torch.arange(len(real))
+    return [real[plan.shard({"row": rows}, r)["row"].numpy()].tolist() for r in range(replicas)]
 
 
-def check_ordered_pass(opts: Opts, plan: ExecutionPlan, table: EpisodeTable, runs_partial_tails: bool,
-                       replica_rows: Sequence[Sequence[int]] | None = None) -> None:
+def check_ordered_pass(opts: Opts, plan: ExecutionPlan, table: EpisodeTable, layout_rows: int,
+                       runs_partial_tails: bool, replica_rows: Sequence[Sequence[int]] | None = None) -> None:
     """Refuse in one line an ordered pass whose partial steps this run cannot train as one process would:
     a step the plan cannot lay out (``--drop-last`` keeps no tail of an ordered pass: its steps are its data),
     a partial tail on a device of static shapes, or replica processes holding other rows of a step than the
-    plan's layout gives them, or none (``replica_rows``: each replica's laid-out rows)."""
-    if replica_rows is None and opts.max_train_time > 0:
-        return  # -ttim may end the run before its tail: such a step is refused when it comes
-    pass_of = (f"-dt {opts.datatype}: a pass of {table.num_episodes} episodes over {plan.combined_batch} rows "
+    plan's layout gives them, or none (``replica_rows``: each replica's rows of the ``layout_rows`` laid out)."""
+    pass_of = (f"-dt {opts.datatype}: a pass of {table.num_episodes} episodes over {layout_rows} rows "
                f"(-bs x -di x -rf x -ga)")
     whole = "train shuffled (-dt train: every step is full), or choose -bs so that the episodes fill every step"
-    steps = partial_steps(table, plan.combined_batch, opts.seed)
-    for step, real in reached(opts, steps, plan.combined_batch, table.num_examples):
+    steps = partial_steps(table, layout_rows, opts.seed)
+    for step, real in reached(opts, steps, layout_rows, table.num_examples):
         rows = len(real)
         if plan.drop_last and rows % plan.factor:
             fix = "add --no-drop-last to train it as a partial tail, or " \
@@ -71,16 +69,17 @@ def check_ordered_pass(opts: Opts, plan: ExecutionPlan, table: EpisodeTable, run
                               f"{opts.device} runs graphs of static shapes, which cannot train it: {whole}")
         if replica_rows is None:
             continue
-        held = [int(np.isin(real, mine).sum()) for mine in replica_rows]
+        held = [[row for row in mine if row in set(real.tolist())] for mine in replica_rows]
         try:
-            shares = _plan_shares(plan, rows, len(replica_rows))
+            given = _plan_rows(plan, real, len(replica_rows))
         except PlanError:
-            shares = []
-        if held != shares:
-            raise OptionError(f"{pass_of} has a step of {rows} rows (step {step + 1}) that the {len(held)} replica "
-                              f"processes hold as {held} where one process lays them out as {shares or 'none'}: "
-                              f"{whole}")
-        if 0 in held:
+            given = []
+        if held != given:
+            differ = next((r for r in range(len(held)) if not given or held[r] != given[r]), 0)
+            raise OptionError(f"{pass_of} has a step of {rows} rows (step {step + 1}) of which replica process "
+                              f"{differ} holds rows {held[differ]} where one process gives it "
+                              f"{given[differ] if given else 'none'}: {whole}")
+        if any(not mine for mine in held):
             raise OptionError(f"{pass_of} has a step of {rows} rows (step {step + 1}) of which replica "
-                              f"{held.index(0)} holds none: a replica process runs every step with rows of its "
-                              f"own: {whole}")
+                              f"{[len(m) for m in held].index(0)} holds none: a replica process runs every step "
+                              f"with rows of its own: {whole}")

@@ -84,7 +84,7 @@ def test_replica_processes_refuse_a_pass_whose_last_step_they_hold_unevenly(tmp_
     uneven = _rows(tmp_path / "d14.jsonl", 14)
     assert main(["train", "-t", uneven, "-m", "repeat_label", "-bs", "2", "-rf", "2", *QUIET]) == 2
     err = _err_lines(capfd)
-    assert len(err) == 1 and "replica processes hold as [2, 0] where one process lays them out as [1, 1]" in err[0]
+    assert len(err) == 1 and "replica process 0 holds rows [0, 1] where one process gives it [0]" in err[0], err
     nine = _rows(tmp_path / "d9.jsonl", 9)  # 6 rows: step 2 holds rows 0-2, all replica 0's
     assert main(["train", "-t", nine, "-m", "repeat_label", "-bs", "3", "-rf", "2", *QUIET]) == 2
     err = _err_lines(capfd)
@@ -92,7 +92,24 @@ def test_replica_processes_refuse_a_pass_whose_last_step_they_hold_unevenly(tmp_
     assert main(["train", "-t", nine, "-m", "repeat_label", "-bs", "3", "-rf", "2", "--no-drop-last", *QUIET]) == 2
     err = _err_lines(capfd)
     assert len(err) == 1 and "a step of 3 rows (step 2) of which replica 1 holds none" in err[0], err
+    twelve = _rows(tmp_path / "d12.jsonl", 12)  # 8 rows (-bs 2 -di 2 -rf 2): step 2 holds rows 0-3
+    assert main(["train", "-t", twelve, "-m", "repeat_label", "-bs", "2", "-di", "2", "-rf", "2", *QUIET]) == 2
+    err = _err_lines(capfd)  # 2 rows each, as the plan gives, but not the rows one process gives each replica
+    assert len(err) == 1 and "replica process 0 holds rows [0, 1] where one process gives it [0, 2]" in err[0], err
     even, report = _rows(tmp_path / "d16.jsonl", 16), tmp_path / "r.json"
     assert main(["train", "-t", even, "-m", "repeat_label", "-bs", "2", "-rf", "2", *QUIET,
                  "--report-json", str(report)]) == 0
     assert json.loads(report.read_text())["train"]["exs"] == 16  # one pass: each example once
+
+
+@pytest.mark.multiprocess
+@pytest.mark.timeout(120)
+def test_hogwild_processes_are_checked_on_their_own_share_before_they_start(tmp_path, capfd):
+    """14 episodes over 4 rows end with a 2-row step, which D = 2 lays out; each of 2 processes serves 7,
+    ending with 3 rows, which it cannot: refused before any process starts, not after the pass."""
+    task = _rows(tmp_path / "d14.jsonl", 14)
+    assert main(["train", "-t", task, "-m", "bag", "-bs", "2", "-di", "2", *QUIET, "-tstep", "-1"]) == 0
+    capfd.readouterr()
+    assert main(["train", "-t", task, "-m", "bag", "-bs", "2", "-di", "2", "-nt", "2", *QUIET]) == 2
+    err = _err_lines(capfd)
+    assert len(err) == 1 and "a pass of 7 episodes over 4 rows" in err[0] and "add --no-drop-last" in err[0], err

@@ -73,6 +73,18 @@ def test_each_reader_reads_where_its_note_says(name):
 
 def test_a_replica_other_than_rank_0_says_nothing(tmp_path, capsys, monkeypatch):
     """torchrun runs the command in every replica: the notes are said once, by rank 0."""
-    monkeypatch.setenv("RANK", "1")
+    monkeypatch.setattr("accelbatch.cli._first_replica", lambda: False)
     _, notes = _train(tmp_path, capsys, "--num-buckets", "3")
     assert notes == []
+
+
+@pytest.mark.parametrize("env, first", [({}, True), ({"RANK": "1"}, True), ({"RANK": "0", "WORLD_SIZE": "2"}, True),
+                                        ({"RANK": "1", "WORLD_SIZE": "2"}, False)])
+def test_the_first_replica_is_torchruns_rank_0_or_a_plain_run(env, first, monkeypatch):
+    from accelbatch.cli import _first_replica
+
+    for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK"):
+        monkeypatch.delenv(name, raising=False)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    assert _first_replica() is first  # RANK alone (no WORLD_SIZE) is not torchrun's: a plain run
