@@ -233,9 +233,9 @@ def build_world(opts: Opts, model: Agent, shard: tuple[int, int] = (0, 1), rows:
     check_required_fields(opts, model, teacher)
     check_collate(opts, model)
     if serve is None:  # this process's rows over its share of the episodes (a hogwild process's)
-        _check_ordered_tail(opts, model, teacher, shard, rows)
+        _check_ordered_tail(opts, plan, model, teacher, shard, rows)
     else:  # the combined batch's rows over all of them, each replica process holding its own
-        _check_ordered_tail(opts, model, teacher, (0, 1), plan.combined_batch,
+        _check_ordered_tail(opts, plan, model, teacher, (0, 1), plan.combined_batch,
                             [replica_rows(plan, r, replicas) for r in range(replicas)])
     # an engine that stages batches (CUDA) gets the loader front end even without workers: it builds the
     # same schedule's steps and fetches one ahead, whose copy then overlaps the current step (not for stored
@@ -262,14 +262,14 @@ def build_world(opts: Opts, model: Agent, shard: tuple[int, int] = (0, 1), rows:
     return BatchWorld(opts, world, rows) if rows > 1 else world
 
 
-def _check_ordered_tail(opts: Opts, model: Agent, teacher: Any, shard: tuple[int, int], rows: int,
-                        replica_rows_: list[list[int]] | None = None) -> None:
+def _check_ordered_tail(opts: Opts, plan: ExecutionPlan, model: Agent, teacher: Any, shard: tuple[int, int],
+                        rows: int, replica_rows_: list[list[int]] | None = None) -> None:
     """An ordered training pass's partial last steps, checked before any step (accelbatch/ordered_pass.py)."""
     if isinstance(teacher, FixedTeacher) and teacher.training and not teacher.cycles \
             and opts.dynamic_batching == "none":
         runtime = getattr(getattr(model, "slot", None), "runtime", None)
-        check_ordered_pass(opts, ExecutionPlan.from_opts(opts, training=True), teacher.store.table.shard(*shard),
-                           rows, runtime is None or runtime.backend.runs_partial_tails, replica_rows_)
+        check_ordered_pass(opts, plan, teacher.store.table.shard(*shard), rows,
+                           runtime is None or runtime.backend.runs_partial_tails, replica_rows_)
 
 
 def check_required_fields(opts: Opts, model: Agent, teacher: Any, scan: int = 1000) -> None:
@@ -459,10 +459,10 @@ def create_hogwild_world(opts: Opts, agent: Agent | type[Agent] | None = None, r
     main = build_world(opts.replace(numthreads=1), model, rows=1, teacher=teacher)
     served = main.get_task_agent() if hasattr(main, "get_task_agent") else None
     if isinstance(served, FixedTeacher):  # before any process starts (each would refuse its share)
-        served.check_shareable(processes or opts.numthreads)
-        for rank in range(processes or opts.numthreads):
-            _check_ordered_tail(opts, model, served, (rank, processes or opts.numthreads),
-                                rows or ExecutionPlan.from_opts(opts, training=True).combined_batch)
+        count, plan = processes or opts.numthreads, ExecutionPlan.from_opts(opts, training=True)
+        served.check_shareable(count)
+        for rank in range(count):
+            _check_ordered_tail(opts, plan, model, served, (rank, count), rows or plan.combined_batch)
     agent_class = agent if isinstance(agent, type) else (None if agent is None else type(agent))
     # a training parley of a static-row world trains its rows: known before it runs
     per_parley = None if opts.dynamic_batching != "none" else \

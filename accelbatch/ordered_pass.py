@@ -69,7 +69,8 @@ def check_ordered_pass(opts: Opts, plan: ExecutionPlan, table: EpisodeTable, lay
                               f"{opts.device} runs graphs of static shapes, which cannot train it: {whole}")
         if replica_rows is None:
             continue
-        held = [[row for row in mine if row in set(real.tolist())] for mine in replica_rows]
+        serving = set(real.tolist())
+        held = [[row for row in mine if row in serving] for mine in replica_rows]
         try:
             given = _plan_rows(plan, real, len(replica_rows))
         except PlanError:
