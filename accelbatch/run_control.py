@@ -7,6 +7,7 @@ from __future__ import annotations
 import math
 import os
 import signal
+import stat
 import sys
 import tempfile
 import threading
@@ -135,6 +136,9 @@ def check_output_paths(opts: Any) -> None:
         if os.path.exists(target) and os.path.isdir(target) != is_dir:
             kind = "a folder" if is_dir else "a file"
             raise OptionError(f"{flag}: {path} exists and is not {kind}; give the path of {kind}")
+        if flag in REPLACED and os.path.exists(target) and not stat.S_ISREG(os.stat(target).st_mode):
+            raise OptionError(f"{flag} {path}: {_kind(target)}, not a regular file, which a save would replace "
+                              "with one; give the path of a regular file")
         if not is_dir and path.endswith(("/", os.sep)):
             raise OptionError(f"{flag} {path}: names a folder (it ends with /); give the path of a file in it")
         folder = target if is_dir else os.path.dirname(target)
@@ -150,6 +154,21 @@ def check_output_paths(opts: Any) -> None:
             raise OptionError(f"{flag}: cannot write {path} (its folder {folder}: {exc.strerror}); give a path "
                               "in a folder you can write") from None
         _check_name_length(flag, target, folder, is_dir)
+
+
+# the outputs a save replaces (a new file renamed over the path's target): --report-json and --metrics-log
+# are written in place, so a pipe or a device (--report-json /dev/stdout) stays one
+REPLACED = ("-mf/--model-file",)
+
+
+def _kind(path: str) -> str:
+    """What an existing path that is neither a file nor a folder is, in words (a link's target is told)."""
+    mode = os.stat(path).st_mode
+    kinds = ((stat.S_ISFIFO, "a FIFO (named pipe)"), (stat.S_ISCHR, "a character device"),
+             (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"))
+    found = next((name for test, name in kinds if test(mode)), "a special file")
+    real = os.path.realpath(path)
+    return found if real == os.path.abspath(path) else f"a link to {found} at {real}"
 
 
 # the longest name written beside each output: PATH.trainstats's staging file (a pid of up to 7 digits)
@@ -197,15 +216,22 @@ class ModelFileLock:
             import fcntl
         except ImportError:  # not a POSIX system
             return
-        handle = open(self.path, "a+")  # noqa: SIM115 - held for the run's life
-        try:
-            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError:
-            handle.seek(0)
-            holder = handle.read().strip() or "another process"
-            handle.close()
-            raise OptionError(f"-mf/--model-file {model_file}: another training run ({holder}) is writing it "
-                              f"now ({self.path} is locked); wait for it, or give another -mf") from None
+        for _ in range(LOCK_TRIES):
+            handle = open(self.path, "a+")  # noqa: SIM115 - held for the run's life
+            try:
+                fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError:
+                handle.seek(0)
+                holder = handle.read().strip() or "another process"
+                handle.close()
+                raise OptionError(f"-mf/--model-file {model_file}: another training run ({holder}) is writing it "
+                                  f"now ({self.path} is locked); wait for it, or give another -mf") from None
+            if _still_named(handle, self.path):
+                break
+            handle.close()  # a run that ended removed it between the open and the lock: lock the file there now
+        else:
+            raise OptionError(f"-mf/--model-file {model_file}: {self.path} was removed {LOCK_TRIES} times as it was "
+                              "locked (runs starting and ending on it); try again, or give another -mf")
         handle.seek(0)
         handle.truncate()
         handle.write(f"pid {os.getpid()}")
@@ -213,8 +239,24 @@ class ModelFileLock:
         self._handle = handle
 
     def release(self) -> None:
+        """Remove PATH.lock, then unlock it: a run that opened it before the removal finds it is no longer the
+        file named PATH.lock once it locks it, and locks the file there now instead."""
         if self._handle is not None:
             with suppress(OSError):
                 os.unlink(self.path)
             self._handle.close()
             self._handle = None
+
+
+LOCK_TRIES = 100  # a lock file removed under a run that locked it: it opens the new one, so many times at most
+
+
+def _still_named(handle: Any, path: str) -> bool:
+    """Whether the file ``handle`` locked is still the one named ``path`` (not removed, nor replaced by
+    another since it was opened)."""
+    try:
+        named = os.stat(path)
+    except FileNotFoundError:
+        return False
+    held = os.fstat(handle.fileno())
+    return (held.st_dev, held.st_ino) == (named.st_dev, named.st_ino)

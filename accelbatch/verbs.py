@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import argparse
 import sys
-from typing import TYPE_CHECKING, TextIO
+from typing import TYPE_CHECKING, Sequence, TextIO
 
 from accelbatch.messages import Message
 from accelbatch.metric_names import metric_names_problem, select_metrics
@@ -33,31 +33,56 @@ def add_verb_arguments(parser: argparse.ArgumentParser, verb: str) -> None:
 
 
 def display_data(opts: Opts, num_examples: int, out: TextIO | None = None) -> int:
-    """Print the first ``num_examples`` examples of each task of ``opts`` as its teacher serves them, a line
-    between episodes. Returns how many were shown."""
+    """Print the first ``num_examples`` examples of each task of ``opts`` as its teacher serves them (their
+    label candidates under them), a line between episodes. Returns how many were shown; it stops early once
+    ``out`` is lost (its reader left: ``| head -1``)."""
     _check_count(num_examples)
     out = out or sys.stdout
     shown = 0
     for teacher in create_teachers(opts):
         last = shown + teacher.num_examples()  # once each: training data would go round again
-        while shown < min(num_examples, last) and not teacher.epoch_done():
+        while shown < min(num_examples, last) and not teacher.epoch_done() and not _lost(out):
             act = teacher.act()
             if act is None or act.get("text") is None and not act.get("labels") and not act.get("eval_labels"):
                 break  # padding: the pass is over
             print(display([act]), file=out)
+            if act.get("label_candidates"):
+                print(candidates_line(act["label_candidates"]), file=out)
             teacher.observe(Message())
             shown += 1
             if act.get("episode_done"):
                 print(EPISODE_END, file=out)
-        if shown >= num_examples:
+        if shown >= num_examples or _lost(out):
             break
-    print(f"[shown {shown} example{'s' * (shown != 1)} of -t {opts.task} ({opts.datatype})]", file=out)
+    if not _lost(out):
+        print(f"[shown {shown} example{'s' * (shown != 1)} of -t {opts.task} ({opts.datatype})]", file=out)
     return shown
+
+
+SHOWN_CANDIDATES = 10  # more are cut to the first CUT_CANDIDATES and a count, as ParlAI's display does
+CUT_CANDIDATES = 5
+
+
+def candidates_line(candidates: Sequence[str]) -> str:
+    """An example's label candidates, as ParlAI's display shows them: ``    [label_candidates: a|b|c]``, or the
+    first five and how many more when there are over ten."""
+    found = list(candidates)
+    if len(found) <= SHOWN_CANDIDATES:
+        return f"    [label_candidates: {'|'.join(map(str, found))}]"
+    more = len(found) - CUT_CANDIDATES
+    return f"    [label_candidates: {'|'.join(map(str, found[:CUT_CANDIDATES]))}| ...and {more} more]"
+
+
+def _lost(out: TextIO | None) -> bool:
+    """Whether ``out`` can no longer be written (the command line's guarded stdout, once its reader left or
+    its disk is full): what is still to be shown would go nowhere."""
+    return bool(getattr(out, "lost", False))
 
 
 def display_model(opts: Opts, num_examples: int, out: TextIO | None = None) -> dict[str, float]:
     """Evaluate ``opts``'s model (-mf, or a fresh -m) on the first ``num_examples`` examples of ``opts.datatype``,
-    printing each example with the model's reply; returns the report of those examples."""
+    printing each example with the model's reply; returns the report of those examples (those run before
+    ``out`` was lost, when its reader left)."""
     from contextlib import redirect_stdout
 
     from accelbatch.build import create_world
@@ -70,8 +95,9 @@ def display_model(opts: Opts, num_examples: int, out: TextIO | None = None) -> d
         problem = metric_names_problem(world, opts)
         if problem is not None:
             raise OptionError(problem)
-        with redirect_stdout(out or sys.stdout):
-            while world.get_total_exs() < num_examples and not world.epoch_done():
+        target = out or sys.stdout
+        with redirect_stdout(target):
+            while world.get_total_exs() < num_examples and not world.epoch_done() and not _lost(target):
                 world.parley()
         return select_metrics({"shown": dict(world.report())}, opts.metrics)["shown"]
     finally:
