@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 from collections.abc import Callable, Sequence
@@ -13,7 +14,7 @@ from typing import Any, NoReturn
 import accelbatch
 from accelbatch.checkpoint import CheckpointError
 from accelbatch.names import AGENT_PATHS, UnknownNameError
-from accelbatch.opts import DATATYPES, OptionError, Opts, add_arguments, is_training, train_only_flags
+from accelbatch.opts import DATATYPES, PATHS, OptionError, Opts, add_arguments, is_training, train_only_flags
 from accelbatch.plan import PlanError
 from accelbatch.procs import ProcessFailure
 from accelbatch.strict_args import OnOff, StrictParser
@@ -140,12 +141,21 @@ def bad_input_message(exc: BaseException) -> str | None:
     """The one-line message of a usage error (bad option, file, plan, checkpoint, device), also when another
     process raised it (a ProcessFailure whose ``error_types`` hold a usage error); None for other errors."""
     usage = _usage_errors()
-    if isinstance(exc, usage):
+    if isinstance(exc, usage) or _marked_usage_error(exc):
         return str(exc)
+    child = getattr(exc, "child_exception", None)  # another process's, when it survived pickling
+    if isinstance(exc, ProcessFailure) and child is not None and _marked_usage_error(child):
+        return exc.error_message or str(child)
     names = {f"{t.__module__}.{t.__qualname__}" for t in usage}
     if isinstance(exc, ProcessFailure) and names & set(exc.error_types):
         return exc.error_message or str(exc)
     return None
+
+
+def _marked_usage_error(exc: BaseException) -> bool:
+    """Whether ``exc``'s class says it is bad input (a class attribute ``usage_error = True``): a contract the
+    user's code broke (an agent missing batchify), told in one line as the other usage errors are."""
+    return getattr(type(exc), "usage_error", False) is True
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -162,15 +172,19 @@ def _main(argv: Sequence[str] | None) -> int:
     verb_parser, given = args.verb_parsers.get(args.verb, parser), sys.argv[1:] if argv is None else argv
     if unknown:  # named with the verb's own --help, as argparse names the verb's other errors
         verb_parser.error(f"unrecognized arguments: {' '.join(unknown)}")
+    if args.verb is None:  # `accelbatch $VERB` with VERB unset must fail, as argparse fails a missing argument
+        parser.print_usage(sys.stderr)
+        parser.error(f"no verb given: give one of {', '.join(args.verb_parsers)}")
+    empty = _empty_path(args)
+    if empty is not None:  # `-mf "$MODEL"` with MODEL unset: refused, not taken as no -mf (nothing saved)
+        verb_parser.error(f"argument {empty}: an empty path (an unset shell variable?); give a path, or leave "
+                          "the option out")
     del args.verb_parsers
     if args.verb == "report":
         from accelbatch.plots import report_command
 
         return report_command(args)
-    if args.verb in (None, "tasks"):
-        if args.verb is None:
-            parser.print_help()
-            return 0
+    if args.verb == "tasks":
         tasks, models = list(list_tasks()), list(AGENT_PATHS.items())
         width = max(len(name) for name, _ in tasks + models)
         for title, rows in (("tasks:", tasks), ("models:", models)):
@@ -200,11 +214,11 @@ def _main(argv: Sequence[str] | None) -> int:
                 print(note, file=sys.stderr)
         from accelbatch.run_control import check_output_paths
 
+        to_stdout = opts.report_json == REPORT_TO_STDOUT  # the JSON is printed here, not written by the run
+        opts = opts.replace(report_json=None) if to_stdout else opts
         check_output_paths(opts)  # a path the run could not write fails now, not after the training
         if not (args.verb == "interactive" and args.candidates is not None):  # else -t is not read
             check_datapath_files(opts)
-        from accelbatch.report_table import format_report
-
         if args.verb in ("display-model", "interactive"):
             check_model_file_exists(opts, f"{args.verb} answers with")
         untrained = None
@@ -217,9 +231,19 @@ def _main(argv: Sequence[str] | None) -> int:
             if untrained:
                 print(untrained, file=sys.stderr)
             return _run_verb(args, opts)
-        report = run_replicas(opts) if _spawns_replicas(opts) else train_or_eval(opts)
+        from accelbatch.run import ReportNotWritten
+
+        unwritten = None
+        try:
+            report = run_replicas(opts) if _spawns_replicas(opts) else train_or_eval(opts)
+        except ReportNotWritten as exc:  # the run finished: its report is printed, then the file's failure
+            report, unwritten = exc.report, exc
         if untrained and _first_replica():  # said with the scores (an eval that fails has its own one line)
             print(untrained, file=sys.stderr)
+        if report is not None:
+            print_report(report, to_stdout)
+        if unwritten is not None:
+            raise unwritten
     except Exception as exc:
         known = error_message(exc)
         if known is None:
@@ -230,9 +254,28 @@ def _main(argv: Sequence[str] | None) -> int:
     except KeyboardInterrupt as exc:
         print(f"accelbatch: interrupted{': ' + str(exc) if str(exc) else ''}", file=sys.stderr)
         return 130
-    if report is not None:
-        print(format_report(report))
     return 0
+
+
+REPORT_TO_STDOUT = "-"  # --report-json -: the report's JSON on stdout (for jq), its table on stderr
+
+
+def print_report(report: dict[str, Any], as_json: bool = False) -> None:
+    """The report as a table on stdout; ``as_json`` (--report-json -): as JSON on stdout, alone there (a
+    script reads it whole), and the table on stderr for a person watching."""
+    from accelbatch.report_table import format_report, json_ready
+
+    if as_json:
+        print(json.dumps(json_ready(report), indent=2, sort_keys=True, allow_nan=False), flush=True)
+    print(format_report(report), file=sys.stderr if as_json else sys.stdout)
+
+
+def _empty_path(args: argparse.Namespace) -> str | None:
+    """The flags of the first path option given an empty value, or None: an empty path names no file."""
+    paths = {f.name: "/".join(f.metadata["flags"]) for f in fields(Opts) if f.name in PATHS}
+    if args.verb == "report":
+        paths = {"run_dir": "RUN_DIR", "out": "-o/--out"}
+    return next((flag for name, flag in paths.items() if vars(args).get(name) == ""), None)
 
 
 # what display-data reads: the task's teacher and how the examples are shown (a user's teacher may read more);
@@ -360,8 +403,13 @@ def _spawns_replicas(opts: Opts) -> bool:
     return opts.device in ("cpu", "cuda") and opts.replication_factor > 1 and distributed.env_info() is None
 
 
-def _replica(rank: int, opts: Opts) -> dict | None:
-    report = train_or_eval(opts)
+def _replica(rank: int, opts: Opts) -> dict | BaseException | None:
+    from accelbatch.run import ReportNotWritten
+
+    try:
+        report = train_or_eval(opts)
+    except ReportNotWritten as exc:  # rank 0's report reaches the parent with the file's failure, to print
+        return exc
     return report if rank == 0 else None
 
 
@@ -370,11 +418,14 @@ def run_replicas(opts: Opts) -> dict | None:
     if opts.device == "cuda":
         from accelbatch.backends.cuda import spawn_cuda_replicas
 
-        return spawn_cuda_replicas(_replica, opts.replication_factor, opts,
-                                   group_timeout_s=opts.replica_timeout_s)[0]
-    from accelbatch.backends.distributed import spawn_replicas
+        first = spawn_cuda_replicas(_replica, opts.replication_factor, opts, group_timeout_s=opts.replica_timeout_s)[0]
+    else:
+        from accelbatch.backends.distributed import spawn_replicas
 
-    return spawn_replicas(_replica, opts.replication_factor, opts, group_timeout_s=opts.replica_timeout_s)[0]
+        first = spawn_replicas(_replica, opts.replication_factor, opts, group_timeout_s=opts.replica_timeout_s)[0]
+    if isinstance(first, BaseException):  # --report-json not written: raised here, with the report
+        raise first
+    return first
 
 
 if __name__ == "__main__":

@@ -93,15 +93,10 @@ def run(world: World, opts: Opts) -> dict[str, Any]:
     training run of it is refused; to train its model further, build a new world on it,
     ``create_world(opts, agent=world.get_model_agent())``."""
     opts = with_agent_shape(as_opts(opts, "run(world, opts)"), world)
-    problem = _world_problem(world, opts)
-    if problem is not None:
-        world.shutdown()
-        raise OptionError(problem)
-    if not is_training(opts.datatype) and opts.gradient_accumulation > 1:
-        world.shutdown()
-        raise OptionError(f"-ga/--gradient-accumulation {opts.gradient_accumulation}: gradient accumulation is a "
-                          f"training option and -dt {opts.datatype} trains nothing; evaluate with -ga 1")
-    problem = metric_names_problem(world, opts)
+    problem = _world_problem(world, opts) or (
+        f"-ga/--gradient-accumulation {opts.gradient_accumulation}: gradient accumulation is a training option "
+        f"and -dt {opts.datatype} trains nothing; evaluate with -ga 1"
+        if not is_training(opts.datatype) and opts.gradient_accumulation > 1 else metric_names_problem(world, opts))
     if problem is not None:
         world.shutdown()
         raise OptionError(problem)
@@ -473,13 +468,33 @@ def _save(model: Agent, opts: Opts) -> None:
         write_model_opts(opts.model_file, opts, agent_name(model, opts))
 
 
+class ReportNotWritten(OptionError):
+    """--report-json could not be written once the run had finished; ``report`` is its report, to print."""
+
+    def __init__(self, message: str, report: dict[str, Any] | None = None) -> None:
+        super().__init__(message)
+        self.report = report  # pickled with it: a replica's reaches the parent
+
+
 def _finish(report: dict[str, Any], opts: Opts) -> dict[str, Any]:
-    if opts.report_json:
-        try:
-            os.makedirs(os.path.dirname(os.path.abspath(opts.report_json)), exist_ok=True)
-            with open(opts.report_json, "w", encoding="utf-8") as handle:
-                json.dump(json_ready(report), handle, indent=2, sort_keys=True, allow_nan=False)
-        except OSError as exc:  # the run itself is done (and its -mf saved): only this file is missing
-            raise OptionError(f"--report-json {opts.report_json}: cannot be written ({exc.strerror}); the run "
-                              "finished (its -mf, if given, is saved): choose another path") from None
+    """``report``, written to --report-json as JSON: a file whole or not at all (a temporary file beside it, synced,
+    renamed over it: a failed write leaves an earlier report intact); what is not a file (/dev/stdout) in place."""
+    if not opts.report_json:
+        return report
+    replaced = not os.path.exists(opts.report_json) or os.path.isfile(opts.report_json)  # else a device, a pipe
+    target = os.path.realpath(opts.report_json) if replaced else opts.report_json  # a link's target is replaced
+    tmp = f"{target}.tmp-{os.getpid()}" if replaced else target
+    try:
+        with open(tmp, "w", encoding="utf-8") as handle:
+            handle.write(json.dumps(json_ready(report), indent=2, sort_keys=True, allow_nan=False) + "\n")
+            if replaced:  # on disk before it replaces an earlier report
+                handle.flush()
+                os.fsync(handle.fileno())
+        if replaced:
+            os.replace(tmp, target)
+    except OSError as exc:  # the run itself is done (and its -mf saved): only this file is missing
+        if replaced and os.path.lexists(tmp):
+            os.remove(tmp)
+        raise ReportNotWritten(f"--report-json {opts.report_json}: cannot be written ({exc.strerror or exc}); the "
+                               "run finished (its -mf, if given, is saved): choose another path", report) from None
     return report

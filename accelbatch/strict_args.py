@@ -60,7 +60,8 @@ def misread_option(parser: argparse.ArgumentParser, argv: Sequence[str]) -> str 
             values_ahead = _values_taken(known[token])
             following = argv[i + 1] if i + 1 < len(argv) else None
             if known[token].nargs is None and following is not None and following.startswith("-") \
-                    and following != "--" and following.split("=", 1)[0] not in known and not _is_number(following):
+                    and following not in ("-", "--") and following.split("=", 1)[0] not in known \
+                    and not _is_number(following):  # a lone "-" is a value (stdout), as argparse reads it
                 return (f"{token}: expected one argument; a value that begins with '-' is written "
                         f"{token}={following}")
             continue
