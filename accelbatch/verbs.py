@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import argparse
 import sys
-from typing import TYPE_CHECKING, Sequence, TextIO
+from typing import TYPE_CHECKING, TextIO
 
 from accelbatch.messages import Message
 from accelbatch.metric_names import metric_names_problem, select_metrics
@@ -46,8 +46,6 @@ def display_data(opts: Opts, num_examples: int, out: TextIO | None = None) -> in
             if act is None or act.get("text") is None and not act.get("labels") and not act.get("eval_labels"):
                 break  # padding: the pass is over
             print(display([act]), file=out)
-            if act.get("label_candidates"):
-                print(candidates_line(act["label_candidates"]), file=out)
             teacher.observe(Message())
             shown += 1
             if act.get("episode_done"):
@@ -57,20 +55,6 @@ def display_data(opts: Opts, num_examples: int, out: TextIO | None = None) -> in
     if not _lost(out):
         print(f"[shown {shown} example{'s' * (shown != 1)} of -t {opts.task} ({opts.datatype})]", file=out)
     return shown
-
-
-SHOWN_CANDIDATES = 10  # more are cut to the first CUT_CANDIDATES and a count, as ParlAI's display does
-CUT_CANDIDATES = 5
-
-
-def candidates_line(candidates: Sequence[str]) -> str:
-    """An example's label candidates, as ParlAI's display shows them: ``    [label_candidates: a|b|c]``, or the
-    first five and how many more when there are over ten."""
-    found = list(candidates)
-    if len(found) <= SHOWN_CANDIDATES:
-        return f"    [label_candidates: {'|'.join(map(str, found))}]"
-    more = len(found) - CUT_CANDIDATES
-    return f"    [label_candidates: {'|'.join(map(str, found[:CUT_CANDIDATES]))}| ...and {more} more]"
 
 
 def _lost(out: TextIO | None) -> bool:

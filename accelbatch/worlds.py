@@ -184,6 +184,7 @@ def show(block: str) -> None:
 
 
 def display(acts: Sequence[Message | None]) -> str:
+    """The acts as ParlAI's display shows them: each one's text and labels, its label candidates under it."""
     lines = []
     for act in acts:
         if act:
@@ -191,7 +192,23 @@ def display(acts: Sequence[Message | None]) -> str:
             golds = act.get(key)
             lines.append(f"[{act.get('id', '?')}]: {act.get('text', '')}"
                          + (f"  ({key}: {'|'.join(golds)})" if golds else ""))
+            if act.get("label_candidates"):
+                lines.append(candidates_line(act["label_candidates"]))
     return "\n".join(lines)
+
+
+SHOWN_CANDIDATES = 10  # more are cut to the first CUT_CANDIDATES and a count, as ParlAI's display does
+CUT_CANDIDATES = 5
+
+
+def candidates_line(candidates: Sequence[str]) -> str:
+    """An example's label candidates, as ParlAI's display shows them: ``    [label_candidates: a|b|c]``, or the
+    first five and how many more when there are over ten."""
+    found = list(candidates)
+    if len(found) <= SHOWN_CANDIDATES:
+        return f"    [label_candidates: {'|'.join(map(str, found))}]"
+    more = len(found) - CUT_CANDIDATES
+    return f"    [label_candidates: {'|'.join(map(str, found[:CUT_CANDIDATES]))}| ...and {more} more]"
 
 
 def display_rows(rows: Sequence[Sequence[Message | None]]) -> str:

@@ -239,3 +239,12 @@ def test_display_data_shows_the_label_candidates_cut_with_a_count(tmp_path, caps
                                                         "    [label_candidates: a0|c0|c1]"]
     assert main(["display-data", "-t", f"jsonl:{many}", "-n", "1", "--no-progress"]) == 0
     assert capsys.readouterr().out.splitlines()[1] == "    [label_candidates: a0|c0|c1|c2|c3| ...and 7 more]"
+
+
+def test_display_model_shows_the_teachers_label_candidates(tmp_path, capsys):
+    few = _write_jsonl(tmp_path / "few.jsonl", 1)
+    assert main(["display-model", "-t", f"jsonl:{few}", "-dt", "valid", "-m", "repeat_label", "-n", "1",
+                 "--no-progress"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    teacher = next(i for i, line in enumerate(lines) if line.startswith("[FileTeacher]: q0"))
+    assert lines[teacher + 1] == "    [label_candidates: a0|c0|c1]"
