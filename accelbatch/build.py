@@ -25,6 +25,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from accelbatch.agent_files import construct
 from accelbatch.agents import Agent, TorchAgent
 from accelbatch.checkpoint import has_saved_position
 from accelbatch.data.accessor import start_worker_server
@@ -32,7 +33,7 @@ from accelbatch.hogwild import HogwildWorld
 from accelbatch.host_memory import apply_host_allocator
 from accelbatch.loader_world import LoaderWorld, awaits_replies
 from accelbatch.main_guard import check_main_guard, refuse_script_rerun
-from accelbatch.names import AGENT_PATHS, resolve_agent_class
+from accelbatch.names import resolve_agent_class
 from accelbatch.optimizers import learning_rates, set_learning_rates
 from accelbatch.opts import OptionError, Opts
 from accelbatch.ordered_pass import check_ordered_pass
@@ -96,24 +97,13 @@ def make_agent(opts: Opts, agent: Agent | type[Agent] | None) -> Agent:
         found = resolve_agent_class(opts.model)
         if not (isinstance(found, type) and issubclass(found, Agent)):
             raise OptionError(_not_an_agent(f"-m {opts.model}", found))
-        return _noting_unknown_options(found(opts), opts)
+        return construct(found, opts)
     if isinstance(agent, type):
-        return _noting_unknown_options(agent(opts), opts)
+        return construct(agent, opts)
     forked = agent.fork()
     if is_training(opts.datatype) and isinstance(forked, TorchAgent):
         _continue_training(forked, opts)
     return forked
-
-
-def _noting_unknown_options(agent: Agent, opts: Opts) -> Agent:
-    """``agent``, whose load notes say so when it loaded -mf from a file without the PATH.opt that keeps the
-    options the model was trained with (nothing else can tell that it runs with others)."""
-    path = opts.model_file
-    if path and os.path.isfile(path) and not os.path.exists(f"{path}.opt") and hasattr(agent, "load_notes"):
-        agent.load_notes.append(f"-mf {path}: no {path}.opt beside it (the options the model was trained with): "
-                                "running with the options given and the defaults; give those it was trained with "
-                                "(-m, -t, -esz, -tr, --label-truncate, -histsz, --seed)")
-    return agent
 
 
 def _continue_training(agent: TorchAgent, opts: Opts) -> None:
@@ -276,10 +266,9 @@ def check_required_fields(opts: Opts, model: Agent, teacher: Any, scan: int = 10
     """Refuse data the agent cannot learn from: an agent naming ``required_fields`` (e.g. rankers need
     ``label_candidates``) whose task has none of them in its first ``scan`` episodes (per task) would train
     on a zero loss and reply nothing."""
-    torch_tasks = [name for name in task_names(opts) if name.startswith("torch:")]
-    if torch_tasks and opts.model in AGENT_PATHS:  # a registered agent reads text messages, not tensors
-        raise OptionError(f"-t {torch_tasks[0]}: a torch Dataset task is trained by your model, -m "
-                          f"torch:pkg.mod:Model (an nn.Module, see the README), not by -m {opts.model}")
+    from accelbatch.tasks.torch_data import check_pairing  # items are read by -m torch:... alone, and only it
+
+    check_pairing(opts, model, task_names(opts))
     fields = getattr(model, "required_fields", ())
     store = getattr(teacher, "store", None) if isinstance(teacher, FixedTeacher) else None
     if not fields or store is None:

@@ -14,6 +14,10 @@ in eval mode it also generates ``preds [rows, max_len]`` (never padding or the b
 Decoding is a Python loop of exactly ``max_len`` steps over tensors whose shapes depend only on the step
 number: no data-dependent branch and no host read per token, so a graph compiler (IPU) traces one graph per
 input shape and CUDA never syncs mid-decoding. A row that emitted the end token keeps emitting padding.
+
+A core without ``encode``/``decode`` is refused when the model is made, and logits of another shape than
+[rows, T, vocab.size] where they are first met (the loss, the first decoding steps), each as a
+:class:`CoreError` in one line naming who built the core (``MyAgent.build_core()``) and the shapes.
 """
 
 from __future__ import annotations
@@ -23,6 +27,8 @@ from typing import Any
 import torch
 from torch import nn
 from torch.nn import functional as F
+
+from accelbatch.messages import ReplyError
 
 PAD, BOS, EOS = 0, 1, 2
 BYTE_OFFSET = 3
@@ -47,6 +53,42 @@ class ByteVocab:
             if i >= BYTE_OFFSET:
                 out.append(i - BYTE_OFFSET)
         return out.decode("utf-8", errors="replace")
+
+
+class CoreError(ReplyError):
+    """A generator's core breaks the contract above (no encode/decode, or logits of another shape): the user's
+    code to fix, told in one line (a usage error: exit 2)."""
+
+    usage_error = True
+
+
+CONTRACT = ("a core is an nn.Module with encode(text_vec [rows, S]) -> state and decode(state, prefix [rows, T]) "
+            "-> logits [rows, T, vocab.size] (accelbatch/generation.py)")
+
+
+def check_core(core: Any, source: str) -> None:
+    """A :class:`CoreError` naming ``source`` (who made the core: ``MyAgent.build_core()``) unless ``core`` is
+    an nn.Module with callable ``encode`` and ``decode``."""
+    name = type(core).__name__
+    kind = f"{'an' if name[:1].lower() in 'aeiou' else 'a'} {name}"
+    if not isinstance(core, nn.Module):
+        raise CoreError(f"{source}: the core is {kind}, not an nn.Module; {CONTRACT}")
+    missing = [method for method in ("encode", "decode") if not callable(getattr(core, method, None))]
+    if missing:
+        raise CoreError(f"{source}: the core is {kind}, which has no {' and no '.join(missing)}(); {CONTRACT}")
+
+
+def _shape_hint(got: tuple[int, ...], expected: tuple[int, int, Any]) -> str:
+    """What a decode returning logits of shape ``got`` (not ``expected``) most likely did."""
+    rows, steps, vocab = expected
+    if len(got) == 2:
+        return "the logits of every prefix position are needed (the loss reads them all), not only the last one's"
+    if len(got) == 3 and got[:2] == (steps, rows):
+        return "rows come first: a time-major [T, rows, vocab] output (an RNN or transformer without " \
+               "batch_first=True) needs batch_first=True or a transpose(0, 1)"
+    if len(got) == 3 and got[:2] == (rows, steps):
+        return f"its output layer must have vocab.size = {vocab} classes (nn.Linear(dim, self.vocab.size))"
+    return "one row per prefix row, one position per prefix token, one score per vocabulary token"
 
 
 def repeat_rows(state: Any, times: int) -> Any:
@@ -74,11 +116,14 @@ class GeneratorModel(nn.Module):
     """
 
     def __init__(self, core: nn.Module, max_len: int, inference: str = "greedy", beam_size: int = 1,
-                 skip_generation: bool = False, min_length: int = 0, block_ngram: int = -1):
+                 skip_generation: bool = False, min_length: int = 0, block_ngram: int = -1,
+                 vocab_size: int | None = None, source: str = "GeneratorModel(core)"):
         super().__init__()
         if inference not in ("greedy", "beam"):
             raise ValueError(f"--inference {inference!r}: expected greedy or beam")
-        self.core = core
+        check_core(core, source)
+        self.core, self.source = core, source
+        self.vocab_size = vocab_size  # the logits' last dim, checked with their shape (None: not checked)
         self.max_len, self.inference, self.beam_size = max_len, inference, beam_size
         self.skip_generation = skip_generation
         self.min_length, self.block_ngram = min_length, block_ngram
@@ -96,10 +141,35 @@ class GeneratorModel(nn.Module):
                 out["preds"] = self.greedy(state, text.shape[0])
         return out
 
+    def decode(self, state: Any, prefix: torch.Tensor) -> torch.Tensor:
+        """The core's logits [rows, T, vocab] for ``prefix`` [rows, T]; a :class:`CoreError` for another shape
+        (shapes only: no host read, the same graph)."""
+        logits = self.core.decode(state, prefix)
+        if not isinstance(logits, torch.Tensor) or logits.shape[:-1] != prefix.shape \
+                or self.vocab_size is not None and logits.shape[-1] != self.vocab_size:
+            self._refuse_logits(logits, prefix)
+        return logits
+
+    def _step(self, state: Any, prefix: torch.Tensor, t: int) -> torch.Tensor:
+        """Decoding step ``t``'s logits, their shape checked at the first two steps (prefixes of 1 and 2 tokens
+        tell a [rows, T] layout from a [T, rows] one even for one row); later steps call the core alone, as the
+        check's microseconds would show on a small model's steps."""
+        return self.core.decode(state, prefix) if t > 1 else self.decode(state, prefix)
+
+    def _refuse_logits(self, logits: Any, prefix: torch.Tensor) -> None:
+        """A :class:`CoreError` saying what decode returned for ``prefix`` instead of [rows, T, vocab] logits."""
+        got = tuple(logits.shape) if isinstance(logits, torch.Tensor) else None
+        rows, steps = prefix.shape
+        vocab = self.vocab_size or (got[-1] if got else "vocab.size")
+        said = f"logits of shape {list(got)}" if got is not None else type(logits).__name__
+        hint = _shape_hint(got, (rows, steps, vocab)) if got is not None else "return the logits tensor itself"
+        raise CoreError(f"{self.source}: its decode(state, prefix [{rows}, {steps}]) returned {said}, expected "
+                        f"[{rows}, {steps}, {vocab}] ([rows, T, vocab.size]); {hint}")
+
     def token_loss(self, state: Any, labels: torch.Tensor) -> dict[str, torch.Tensor]:
         """Teacher forcing: the decoder reads [BOS, labels[:-1]] and is scored on every non-pad label token."""
         begin = torch.full_like(labels[:, :1], BOS)
-        logits = self.core.decode(state, torch.cat([begin, labels[:, :-1]], dim=1))
+        logits = self.decode(state, torch.cat([begin, labels[:, :-1]], dim=1))
         nll = F.cross_entropy(logits.transpose(1, 2).float(), labels, ignore_index=PAD, reduction="none")
         mask = labels != PAD
         tokens = mask.sum(dim=1)
@@ -137,7 +207,7 @@ class GeneratorModel(nn.Module):
         positions = torch.arange(self.max_len + 1, device=device).unsqueeze(0)
         for t in range(self.max_len):
             # in float32: a float16 decoder (fp16 autocast) cannot hold NEG, and the argmax is the same
-            logits = self.constrain(self.core.decode(state, buf[:, : t + 1])[:, -1].float(), buf[:, 1: t + 1])
+            logits = self.constrain(self._step(state, buf[:, : t + 1], t)[:, -1].float(), buf[:, 1: t + 1])
             token = logits.argmax(dim=-1).masked_fill(done, PAD)
             buf = torch.where(positions == t + 1, token.unsqueeze(1), buf)
             done = done | (token == EOS)
@@ -159,7 +229,7 @@ class GeneratorModel(nn.Module):
         base = (torch.arange(rows, device=device) * beam).unsqueeze(1)
         finished = None  # what a finished hypothesis extends with: padding at no cost, nothing else
         for t in range(self.max_len):
-            logp = F.log_softmax(self.core.decode(state, buf[:, : t + 1])[:, -1].float(), dim=-1)
+            logp = F.log_softmax(self._step(state, buf[:, : t + 1], t)[:, -1].float(), dim=-1)
             logp = self.constrain(logp, buf[:, 1: t + 1])
             vocab = logp.shape[-1]
             if finished is None:  # a mask made on the device: an item assignment would be a host wait on a GPU

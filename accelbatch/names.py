@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import difflib
 import importlib
+import inspect
 import os
 import pkgutil
 import sys
@@ -58,7 +59,21 @@ def import_object(path: str, kind: str, known: Sequence[str]) -> Any:
     try:
         return getattr(module, attr)
     except AttributeError:
-        raise UnknownNameError(f"{kind} {path!r}: module {module_name!r} has no {attr!r}") from None
+        raise UnknownNameError(f"{kind} {path!r}: module {module_name!r} has no {attr!r}{_close_names(module, attr)}"
+                               ) from None
+
+
+def _close_names(module: Any, attr: str) -> str:
+    """In parentheses, the module's public classes and functions closest to ``attr`` (did you mean), else those
+    it defines itself; "" when it has none."""
+    names = sorted(name for name, value in vars(module).items()
+                   if not name.startswith("_") and (isinstance(value, type) or inspect.isroutine(value)))
+    lowered = {name.lower(): name for name in names}  # MyAgent for myagent too
+    close = [lowered[c] for c in difflib.get_close_matches(attr.lower(), list(lowered), n=3)]
+    if close:
+        return f" (did you mean {' or '.join(map(repr, close))}?)"
+    own = [name for name in names if getattr(vars(module)[name], "__module__", None) == module.__name__]
+    return f" (its classes and functions: {', '.join(own[:8])}{', ...' if len(own) > 8 else ''})" if own else ""
 
 
 def _missing(name: str) -> str:

@@ -106,7 +106,8 @@ class GeneratorAgent(TorchAgent):
         if o.beam_block_ngram == 0 or o.beam_block_ngram < -1:
             raise OptionError(f"--beam-block-ngram: must be -1 (no blocking) or at least 1, got {o.beam_block_ngram}")
         return GeneratorModel(self.build_core(), label_tokens(o), o.inference, o.beam_size, o.skip_generation,
-                              o.beam_min_length, o.beam_block_ngram)
+                              o.beam_min_length, o.beam_block_ngram, vocab_size=self.vocab.size,
+                              source=f"{type(self).__name__}.build_core()")
 
     def vectorize(self, obs: Message) -> Message:
         text = self.vocab.encode(obs.get("full_text", obs.get(TEXT)) or "")

@@ -20,7 +20,9 @@ A factory that raises or returns None, and an item that cannot be read (``__geti
 raises, or ``__len__`` counts more items than there are) or is not tensors, end the run with one line naming
 ``-t``, the split, the item index and the user's exception (chained as the cause). A model whose forward
 cannot be called so with the items' parts (its signature does not bind them) is one line naming ``-m`` and
-``-t``, said before the engine calls it.
+``-t``, said before the engine calls it. Items are read by ``-m torch:...`` alone, and it reads nothing else:
+a text task with it, or a ``torch:`` task with another model, is refused before the first step
+(:func:`check_pairing`; a user's own teacher serving text to it, at its first batch).
 """
 
 from __future__ import annotations
@@ -37,9 +39,9 @@ from torch.utils.data import IterableDataset, default_collate
 
 from accelbatch.agents import TorchAgent
 from accelbatch.messages import Message
-from accelbatch.names import import_object
+from accelbatch.names import AGENT_PATHS, import_object
 from accelbatch.opts import OptionError
-from accelbatch.teachers import FixedTeacher, split_of
+from accelbatch.teachers import TASK_PATHS, FixedTeacher, split_of
 
 PREFIX = "torch:"
 ITEM, INDEX = "item", "item_index"
@@ -273,7 +275,12 @@ class TorchModelAgent(TorchAgent):
         return ModuleAdapter(module)
 
     def batchify(self, observations: list[Message]) -> dict[str, torch.Tensor]:
-        items = [obs[ITEM] for obs in observations]
+        try:
+            items = [obs[ITEM] for obs in observations]
+        except KeyError:  # a user's teacher (-t module:Class) serving text: known only now (others: check_pairing)
+            text = next(str(obs.get("text", ""))[:40] for obs in observations if ITEM not in obs)
+            raise OptionError(f"{_reads_items(self.opts.model)}; -t {self.opts.task} gives text messages (this one "
+                              f"has no item: {text!r}): {_text_way_out(self.opts.task)}") from None
         if self.opts.collate:
             batch = _as_batch(self._user_collate(items, observations), f"--collate {self.opts.collate}")
             odd = next((t for t in batch.values() if t.dim() == 0 or t.shape[0] != len(items)), None)
@@ -321,6 +328,34 @@ class TorchModelAgent(TorchAgent):
                 for p, obs in zip(out.argmax(dim=1).tolist(), observations)]
 
 
+def check_pairing(opts: Any, model: Any, tasks: Sequence[str]) -> None:
+    """An OptionError, before any step, for a model that cannot read its task: -m torch:... reads the items of
+    -t torch:... tasks, which no other model reads (they have no text). A user's teacher (-t module:Class) may
+    serve either: with -m torch:... it is checked at the first batch (:meth:`TorchModelAgent.batchify`)."""
+    torch_tasks = [t for t in tasks if t.startswith(PREFIX)]
+    if torch_tasks and not isinstance(model, TorchModelAgent):
+        path = AGENT_PATHS.get(opts.model, opts.model)
+        who = f"-m {opts.model}" if path.rpartition(":")[2] == type(model).__name__ else type(model).__name__
+        raise OptionError(f"-t {torch_tasks[0]} gives items (tensors, no 'text'), which {who} cannot read: a torch "
+                          "Dataset task is trained by your model, -m torch:pkg.mod:Model (an nn.Module whose "
+                          "forward takes the items' tensors, see the README)")
+    text_tasks = [t for t in tasks if not t.startswith(PREFIX) and t.partition(":")[0] in TASK_PATHS]
+    if text_tasks and isinstance(model, TorchModelAgent):
+        raise OptionError(f"{_reads_items(opts.model)}; -t {text_tasks[0]} gives text messages: "
+                          f"{_text_way_out(text_tasks[0])}")
+
+
+def _reads_items(model: str) -> str:
+    """What -m torch:... reads, for the refusals of other tasks."""
+    return f"-m {model} reads the items of a -t torch:pkg.mod:make_dataset task (your torch Dataset)"
+
+
+def _text_way_out(task: str) -> str:
+    """The ways on for a text task given to -m torch:...: a Dataset task, or a text model."""
+    return (f"give -t your Dataset's factory (torch:pkg.mod:make_dataset), or give -t {task} a model that reads "
+            "text (-m memnn, transformer/generator, or your own TorchAgent as -m module:Class)")
+
+
 @functools.lru_cache(maxsize=None)
 def _collate_function(path: str) -> Callable[[list[Any]], Any]:
     """``--collate``'s function, imported once per process (batchify runs once per step)."""
@@ -366,4 +401,5 @@ def _first_mismatch(shapes: dict[int, tuple[int, ...]]) -> tuple[int, int]:
     return first, next((i for i, s in rest if s != shape), first)
 
 
-__all__: Sequence[str] = ["TorchDatasetTeacher", "TorchModelAgent", "ModuleAdapter", "items_of", "label_of"]
+__all__: Sequence[str] = ["TorchDatasetTeacher", "TorchModelAgent", "ModuleAdapter", "check_pairing", "items_of",
+                           "label_of"]
