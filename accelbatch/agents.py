@@ -12,12 +12,12 @@ from __future__ import annotations
 
 import copy
 import os
-import re
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Sequence
 
 import torch
 
+from accelbatch import agent_checks
 from accelbatch.checkpoint import read_json_file, write_error, write_torch
 from accelbatch.dictionary import hash_tokens, tokenize  # noqa: F401 - agents' public helpers
 from accelbatch.messages import EPISODE_DONE, EVAL_LABELS, LABELS, TEXT, Message, checked_replies, is_padding
@@ -155,9 +155,13 @@ class TorchAgent(Agent):
       the rows) and per-row outputs; a model whose loss leaves some rows out (rows without a target) also
       returns each row's loss as :data:`ROW_LOSS` and 1/0 for the rows it counts as :data:`ROW_COUNTED`, so
       evaluation reports the mean over exactly those rows, however they are batched;
-    - ``vectorize(obs)`` -> the observation with whatever per-row features batchify needs;
+    - ``vectorize(obs)`` -> the observation with whatever per-row features batchify needs (a dict; a new
+      dict of features alone is read as the observation with them added: a row is judged by what observe saw);
     - ``batchify(observations)`` -> dict of tensors, dim 0 = rows;
     - ``replies(outputs, observations)`` -> one reply dict per row.
+
+    A method returning something else, or a model's outputs with other rows than its batch's, is refused in
+    one line naming it (:mod:`accelbatch.agent_checks`).
     """
 
     use_batch_act = True
@@ -179,7 +183,7 @@ class TorchAgent(Agent):
         self._previous_done = True
         if shared is None:
             torch.manual_seed(opts.seed)
-            self.model = _built_model(self)
+            self.model = agent_checks.built_model(self)
             self.optimizer = self.build_optimizer(self.model)
             self.slot = EngineSlot()
             self.metrics = Metrics()
@@ -202,16 +206,16 @@ class TorchAgent(Agent):
 
     # --- what subclasses give ------------------------------------------------------------------
     def build_model(self) -> torch.nn.Module:
-        raise NotImplementedError(_must_give(self, "build_model()"))
+        raise agent_checks.missing(self, "build_model()")
 
     def vectorize(self, observation: Message) -> Message:
         return observation
 
     def batchify(self, observations: list[Message]) -> dict[str, torch.Tensor]:
-        raise NotImplementedError(_must_give(self, "batchify(observations)"))
+        raise agent_checks.missing(self, "batchify(observations)")
 
     def replies(self, outputs: dict[str, torch.Tensor], observations: list[Message]) -> list[dict[str, Any]]:
-        raise NotImplementedError(_must_give(self, "replies(outputs, observations)"))
+        raise agent_checks.missing(self, "replies(outputs, observations)")
 
     def summed_metrics(self, outputs: dict[str, torch.Tensor]) -> None:
         """Metrics from a call's outputs under --output-mode sum (summed over its micro-batches, so no row
@@ -266,7 +270,7 @@ class TorchAgent(Agent):
         targets = obs.get(LABELS) or obs.get(EVAL_LABELS)
         self._last_label = targets[0] if targets else None
         self._previous_done = bool(obs.get(EPISODE_DONE, False))
-        self.observation = self.vectorize(obs)
+        self.observation = self._vectorized(obs)  # a dict, judged by obs (see agent_checks.vectorized)
         return self.observation
 
     def act(self) -> Message:
@@ -314,36 +318,24 @@ class TorchAgent(Agent):
         Rows past ``len(observations)`` are padding (static shapes) and get no reply. Training when the
         rows carry ``labels``. Returns (row, reply) for the rows the output mode returned.
         """
+        rows, real = agent_checks.batch_rows(self, batch, len(observations)), len(observations)
         training = any(LABELS in obs for obs in observations)
-        if training and _leading(batch) != len(observations):
-            raise ValueError(f"a training batch has {_leading(batch)} rows but {len(observations)} examples: "
+        if training and rows != real:
+            raise ValueError(f"a training batch has {rows} rows but {real} examples: "
                              "padding rows would enter the loss; train with --drop-last (the default)")
         result = self.engine.train_step(batch) if training else self.engine.eval_step(batch)
         if result.extras.get("skipped_updates"):
             self.metrics.add("skipped_updates", result.extras["skipped_updates"])
-        outputs, real = result.outputs, len(observations)
         # the examples the report's exs counts (every training row, each evaluation row with labels): see loss_exs
         self.metrics.add_examples(real if training else sum(
             obs.get(LABELS) is not None or obs.get(EVAL_LABELS) is not None for obs in observations))
-        row_ids: list[int] | None = None  # the real rows the outputs are of (None: no per-row outputs)
-        if outputs:
-            if result.rows is None:
-                produced_rows = _leading(outputs)
-                if produced_rows >= real:
-                    row_ids = list(range(real))
-                    if produced_rows > real:
-                        outputs = {k: v[:real] for k, v in outputs.items()}
-                else:  # not per row (Sum mode: each output summed over micro-batches), nothing to reply with
-                    self.summed_metrics(outputs)
-            else:
-                keep = result.rows < real
-                row_ids = result.rows[keep].tolist()
-                if len(row_ids) < len(result.rows):
-                    outputs = {k: v[keep] for k, v in outputs.items()}
+        outputs, row_ids = agent_checks.per_row_outputs(self, result, rows, real)  # None: not per row (sum)
+        if outputs and row_ids is None:
+            self.summed_metrics(outputs)
         if not training and row_ids is not None and ROW_LOSS in outputs:
             # evaluation with per-row losses: the mean over the real rows the loss counts, however they are batched
             self._add_row_losses(outputs)
-        elif result.loss is not None and _leading(batch) == real:
+        elif result.loss is not None and rows == real:
             # weighted by rows; a batch with padding rows (static shapes) mixes them into its mean: left out
             self.metrics.add_loss(result.loss, real)
         if row_ids is None:
@@ -366,7 +358,17 @@ class TorchAgent(Agent):
         light = copy.copy(self)
         for name in ("model", "optimizer", "slot", "metrics"):
             light.__dict__[name] = None
-        return AgentCollate(light.vectorize, light.batchify)
+        return AgentCollate(light._vectorized, light._batchified)  # checked as in this process
+
+    def _vectorized(self, observation: Message) -> dict:
+        """``vectorize``, checked (:func:`~accelbatch.agent_checks.vectorized`), here and in data workers."""
+        return agent_checks.vectorized(self, observation)
+
+    def _batchified(self, observations: list[Message]) -> dict[str, torch.Tensor]:
+        """``batchify``, checked (:func:`~accelbatch.agent_checks.batch_rows`) where a data worker runs it."""
+        batch = self.batchify(observations)
+        agent_checks.batch_rows(self, batch, len(observations))
+        return batch
 
     # --- metrics and persistence -----------------------------------------------------------------
     def report(self) -> dict[str, float]:
@@ -465,35 +467,8 @@ def check_weights(saved: dict[str, Any], wanted: dict[str, torch.Tensor], what: 
                                  "them from PATH.opt)")
 
 
-def _must_give(agent: TorchAgent, method: str) -> str:
-    return (f"{type(agent).__name__} must implement {method}: a TorchAgent subclass gives build_model(), "
-            "batchify() and replies() (vectorize() optional)")
-
-
-def _built_model(agent: TorchAgent) -> torch.nn.Module:
-    """``agent.build_model()``, checked: a torch Module, and a model too large for memory said in one line."""
-    try:
-        model = agent.build_model()
-    except (torch.OutOfMemoryError, RuntimeError) as exc:
-        if not isinstance(exc, torch.OutOfMemoryError) and "can't allocate memory" not in str(exc):
-            raise
-        asked = re.search(r"tried to allocate (\S+ [a-zA-Z]+)", str(exc), re.IGNORECASE)
-        raise OptionError(f"-m {agent.opts.model}: its model does not fit in memory (torch "
-                          f"{'tried to allocate ' + asked.group(1) if asked else 'ran out'}); make it smaller "
-                          f"(-esz/--embedding-size is {agent.opts.embedding_size})") from None
-    if not isinstance(model, torch.nn.Module):
-        raise TypeError(f"{type(agent).__name__}.build_model() returned {type(model).__name__}: it must return the "
-                        "torch.nn.Module to train (see examples/custom_agent.py)")
-    return model
-
-
 def _opt_names_no_model(path: str) -> bool:
     """Whether the options kept beside model file ``path`` (PATH.opt, see :mod:`accelbatch.model_opts`) exist
     and name no ``-m`` model."""
     saved = read_json_file(f"{path}.opt")
     return isinstance(saved, dict) and "model" not in saved
-
-
-def _leading(outputs: dict[str, torch.Tensor]) -> int:
-    first = next(iter(outputs.values()))
-    return first.shape[0] if first.dim() else 1

@@ -136,7 +136,24 @@ def lone_surrogate(value: Any, field: str = "") -> tuple[str, int, str] | None:
     return None
 
 
+# the fields that list choices: a str there is one choice, never several (ParlAI iterates it letter by letter)
+CANDIDATE_FIELDS = (LABEL_CANDIDATES, TEXT_CANDIDATES)
+
+
+def str_candidates(key: str, value: Any) -> str | None:
+    """The one-line refusal of ``value`` given as a bare str for a :data:`CANDIDATE_FIELDS` ``key``; None for
+    anything else. A str label is one answer (ParlAI's convenience); a str of candidates is no list of them."""
+    if key not in CANDIDATE_FIELDS or not isinstance(value, str):
+        return None
+    parts = [p for p in value.split("|") if p] if "|" in value else [value]
+    return (f"{key!r} is str {value[:40]!r}; give a list of str, e.g. {key!r}: {parts[:3]!r} (one str is one "
+            "candidate, which no model can rank)")
+
+
 def _str_list(value: Any, key: str, where: str) -> list[str]:
+    refused = str_candidates(key, value)
+    if refused is not None:
+        raise TypeError(f"{where}: {refused}")
     if isinstance(value, str):
         return [value]
     if isinstance(value, Iterable) and not isinstance(value, (Mapping, Set)):  # keys or no order: not a list
@@ -155,8 +172,17 @@ def _bool(value: Any, where: str) -> bool:
 
 
 class ReplyError(TypeError, ValueError):
-    """An agent's act()/batch_act() broke its contract (a reply that is not a Message, or not one reply per
-    observation): the user's code to fix, told in one line."""
+    """An agent broke its contract: act()/batch_act() (a reply that is not a Message, or not one reply per
+    observation), or a TorchAgent method returning the wrong kind of value (vectorize, batchify, build_model,
+    the model's forward rows): the user's code to fix, told in one line naming the class and method. The
+    command line takes it as bad input (exit 2), also when a data worker or another process raised it."""
+
+    usage_error = True
+
+
+class AgentMethodMissing(ReplyError, NotImplementedError):
+    """A method a subclass must define (a TorchAgent's build_model, batchify, replies) is missing: one line
+    naming the subclass and the method; still a NotImplementedError for code that catches that."""
 
 
 def refuse_non_messages(agent: Any, method: str, replies: Sequence[Any]) -> None:

@@ -10,16 +10,17 @@ rows at once; a clone acting alone reads its own row: the same examples in the s
 from __future__ import annotations
 
 import os
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any, Sequence
 
 import numpy as np
 
 from accelbatch.agents import Agent
-from accelbatch.data.datasets import PADDING, ConcatStore, EpisodeStore, FileStore, Store, episodes_of
+from accelbatch.data.datasets import PADDING, ConcatStore, EpisodeStore, FileStore, Store, _is_pair, episodes_of
 from accelbatch.data.orders import make_order
 from accelbatch.data.schedule import RowFeed, RowSchedule
-from accelbatch.messages import Message
+from accelbatch.messages import CANDIDATE_FIELDS, Message, str_candidates
 from accelbatch.metrics import Metrics, merge_reports, wants_bleu
 from accelbatch.names import UnknownNameError, import_path
 from accelbatch.opts import OptionError, Opts, eval_datatype, is_training, split_of  # noqa: F401 (re-exported)
@@ -147,7 +148,9 @@ class FixedTeacher(Teacher):
                                   "list of episodes or ParlAI's (message, new_episode) pairs")
 
     def build_store(self) -> Store:
-        return EpisodeStore(episodes_of(self.setup_data(), type(self).__name__), self.id, self.training)
+        owner = type(self).__name__
+        return EpisodeStore(episodes_of(candidates_checked(self.setup_data(), owner), owner), self.id,
+                            self.training)
 
     @property
     def episodes(self) -> list[list[Message]]:
@@ -245,6 +248,33 @@ class FixedTeacher(Teacher):
 
     def reset_metrics(self) -> None:
         self.metrics.clear()
+
+
+def candidates_checked(data: Any, owner: str) -> Any:
+    """``owner.setup_data()``'s ``data`` as it is, its turns read as they pass: a turn giving its candidates as
+    one str ('red|blue|green', which ParlAI's conveniences leave a str and a ranker reads as one candidate) is a
+    one-line DataFileError naming ``owner``, the item as :func:`episodes_of` names it, and the field."""
+    return _checked_items(data, owner) if isinstance(data, Iterable) and not isinstance(data, (str, dict)) else data
+
+
+def _checked_items(data: Iterable, owner: str) -> Iterator[Any]:
+    episode, turn = -1, 0  # the pairs' episode and turn, counted as episodes_of counts them
+    for i, item in enumerate(data):
+        if _is_pair(item):
+            episode, turn = (episode + 1, 0) if item[1] or episode < 0 else (episode, turn + 1)
+            _refuse_str_candidates(item[0], f"{owner}.setup_data(): item {i} (episode {episode}, turn {turn})")
+        elif isinstance(item, (list, tuple)):
+            for t, msg in enumerate(item):
+                if isinstance(msg, dict):
+                    _refuse_str_candidates(msg, f"{owner}.setup_data(): episode {i}, turn {t}")
+        yield item
+
+
+def _refuse_str_candidates(msg: dict, where: str) -> None:
+    for key in CANDIDATE_FIELDS:
+        refused = str_candidates(key, msg.get(key))
+        if refused is not None:
+            raise DataFileError(f"{where}: {refused}")
 
 
 class FileTeacher(FixedTeacher):
