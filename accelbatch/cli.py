@@ -231,7 +231,7 @@ def _main(argv: Sequence[str] | None) -> int:
             if untrained:
                 print(untrained, file=sys.stderr)
             return _run_verb(args, opts)
-        from accelbatch.run import ReportNotWritten
+        from accelbatch.report_json import ReportNotWritten
 
         unwritten = None
         try:
@@ -404,7 +404,7 @@ def _spawns_replicas(opts: Opts) -> bool:
 
 
 def _replica(rank: int, opts: Opts) -> dict | BaseException | None:
-    from accelbatch.run import ReportNotWritten
+    from accelbatch.report_json import ReportNotWritten
 
     try:
         report = train_or_eval(opts)

@@ -8,7 +8,6 @@ printed as a table and written to --report-json.
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import sys
@@ -26,8 +25,9 @@ from accelbatch.model_opts import agent_name, with_agent_shape, write_model_opts
 from accelbatch.optimizers import learning_rates, set_learning_rates
 from accelbatch.opts import OptionError, Opts
 from accelbatch.progress_bar import postfix, progress_bar
+from accelbatch.report_json import write_report_json
 from accelbatch.report_merge import from_sums, to_sums
-from accelbatch.report_table import MetricsLog, json_ready
+from accelbatch.report_table import MetricsLog
 from accelbatch.run_control import ModelFileLock, PeriodicSaver, StopSignals, check_output_paths
 from accelbatch.start_method import keeps_default_start_method
 from accelbatch.state import Checkpointer
@@ -93,10 +93,11 @@ def run(world: World, opts: Opts) -> dict[str, Any]:
     training run of it is refused; to train its model further, build a new world on it,
     ``create_world(opts, agent=world.get_model_agent())``."""
     opts = with_agent_shape(as_opts(opts, "run(world, opts)"), world)
-    problem = _world_problem(world, opts) or (
-        f"-ga/--gradient-accumulation {opts.gradient_accumulation}: gradient accumulation is a training option "
-        f"and -dt {opts.datatype} trains nothing; evaluate with -ga 1"
-        if not is_training(opts.datatype) and opts.gradient_accumulation > 1 else metric_names_problem(world, opts))
+    problem = _world_problem(world, opts)
+    if problem is None and not is_training(opts.datatype) and opts.gradient_accumulation > 1:
+        problem = (f"-ga/--gradient-accumulation {opts.gradient_accumulation}: gradient accumulation is a training "
+                   f"option and -dt {opts.datatype} trains nothing; evaluate with -ga 1")
+    problem = problem or metric_names_problem(world, opts)
     if problem is not None:
         world.shutdown()
         raise OptionError(problem)
@@ -468,33 +469,7 @@ def _save(model: Agent, opts: Opts) -> None:
         write_model_opts(opts.model_file, opts, agent_name(model, opts))
 
 
-class ReportNotWritten(OptionError):
-    """--report-json could not be written once the run had finished; ``report`` is its report, to print."""
-
-    def __init__(self, message: str, report: dict[str, Any] | None = None) -> None:
-        super().__init__(message)
-        self.report = report  # pickled with it: a replica's reaches the parent
-
-
 def _finish(report: dict[str, Any], opts: Opts) -> dict[str, Any]:
-    """``report``, written to --report-json as JSON: a file whole or not at all (a temporary file beside it, synced,
-    renamed over it: a failed write leaves an earlier report intact); what is not a file (/dev/stdout) in place."""
-    if not opts.report_json:
-        return report
-    replaced = not os.path.exists(opts.report_json) or os.path.isfile(opts.report_json)  # else a device, a pipe
-    target = os.path.realpath(opts.report_json) if replaced else opts.report_json  # a link's target is replaced
-    tmp = f"{target}.tmp-{os.getpid()}" if replaced else target
-    try:
-        with open(tmp, "w", encoding="utf-8") as handle:
-            handle.write(json.dumps(json_ready(report), indent=2, sort_keys=True, allow_nan=False) + "\n")
-            if replaced:  # on disk before it replaces an earlier report
-                handle.flush()
-                os.fsync(handle.fileno())
-        if replaced:
-            os.replace(tmp, target)
-    except OSError as exc:  # the run itself is done (and its -mf saved): only this file is missing
-        if replaced and os.path.lexists(tmp):
-            os.remove(tmp)
-        raise ReportNotWritten(f"--report-json {opts.report_json}: cannot be written ({exc.strerror or exc}); the "
-                               "run finished (its -mf, if given, is saved): choose another path", report) from None
+    if opts.report_json:
+        write_report_json(report, opts.report_json)
     return report
