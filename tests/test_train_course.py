@@ -47,13 +47,14 @@ def _slowed(monkeypatch, train_s: float, eval_s: float) -> None:
 
 def test_a_timed_validation_waits_for_training_time_since_the_last_one_ended(tmp_path, monkeypatch):
     """A validation (0.3 s) longer than -vtim 0.2 ran after every step, training starved; now each waits for
-    0.2 s of training (at least 4 steps of 0.05 s)."""
+    0.2 s of training: 4 steps of 0.05 s on a quiet machine, never fewer than 2 unless one step alone took the
+    0.2 s (a loaded machine stretches steps, so 4 is not a bound)."""
     _slowed(monkeypatch, train_s=0.05, eval_s=0.3)
     log = tmp_path / "log.jsonl"
     assert main([*BASE, "-tstep", "12", "-vtim", "0.2", "-veps", "-1", "-vme", "64", "--metrics-log", str(log),
                  *QUIET]) == 0
     steps = _validations(log)
-    assert steps and all(b - a >= 4 for a, b in zip([0, *steps], steps)), steps
+    assert steps and all(b - a >= 2 for a, b in zip([0, *steps], steps)), steps
 
 
 def test_a_run_out_of_time_stops_before_a_timed_validation(tmp_path, monkeypatch):
