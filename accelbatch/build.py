@@ -465,9 +465,14 @@ def create_hogwild_world(opts: Opts, agent: Agent | type[Agent] | None = None, r
 def build_hogwild_child(opts: Opts, agent_class: type[Agent] | None, rank: int, processes: int,
                         rows: int | None) -> World:
     """Hogwild process ``rank``'s world (in that process): its own model agent and engine on the CPU (the
-    caller points the parameters at the shared ones), its shard of the episodes, the whole combined batch."""
+    caller points the parameters at the shared ones), its shard of the episodes, the whole combined batch.
+
+    A training process without dynamic batching serves its shard in passes whose last steps are padded
+    (accelbatch/hogwild_passes.py): its engine trains a step of rows D x R x G does not divide by the
+    partial-tail policy, as ``--no-drop-last`` does, so that each pass trains the shard once."""
     single = opts.replace(numthreads=1)
-    runtime = setup_runtime(single)
+    passes = is_training(single.datatype) and single.dynamic_batching == "none"
+    runtime = setup_runtime(single.replace(drop_last=False) if passes else single)
     model = make_agent(single, agent_class)
     compile_agent(model, runtime)
     world = build_world(single, model, (rank, processes), rows)
