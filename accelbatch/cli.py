@@ -175,10 +175,9 @@ def _main(argv: Sequence[str] | None) -> int:
     if args.verb is None:  # `accelbatch $VERB` with VERB unset must fail, as argparse fails a missing argument
         parser.print_usage(sys.stderr)
         parser.error(f"no verb given: give one of {', '.join(args.verb_parsers)}")
-    empty = _empty_path(args)
-    if empty is not None:  # `-mf "$MODEL"` with MODEL unset: refused, not taken as no -mf (nothing saved)
-        verb_parser.error(f"argument {empty}: an empty path (an unset shell variable?); give a path, or leave "
-                          "the option out")
+    bad_path = _bad_path(args)
+    if bad_path is not None:
+        verb_parser.error(bad_path)
     del args.verb_parsers
     if args.verb == "report":
         from accelbatch.plots import report_command
@@ -270,12 +269,21 @@ def print_report(report: dict[str, Any], as_json: bool = False) -> None:
     print(format_report(report), file=sys.stderr if as_json else sys.stdout)
 
 
-def _empty_path(args: argparse.Namespace) -> str | None:
-    """The flags of the first path option given an empty value, or None: an empty path names no file."""
+def _bad_path(args: argparse.Namespace) -> str | None:
+    """The line refusing the first path option given an empty value (`-mf "$MODEL"` with MODEL unset: taken as
+    no -mf, nothing would be saved) or ``-`` where only --report-json writes to stdout (`-mf -` would write a
+    file named '-'); None when the paths are fine."""
     paths = {f.name: "/".join(f.metadata["flags"]) for f in fields(Opts) if f.name in PATHS}
     if args.verb == "report":
         paths = {"run_dir": "RUN_DIR", "out": "-o/--out"}
-    return next((flag for name, flag in paths.items() if vars(args).get(name) == ""), None)
+    for name, flag in paths.items():
+        value = vars(args).get(name)
+        if value == "":
+            return f"argument {flag}: an empty path (an unset shell variable?); give a path, or leave the option out"
+        if value == REPORT_TO_STDOUT and name != "report_json":
+            return (f"argument {flag}: '-' (standard input or output) is not a path this option can use; give a "
+                    "file's path (./- for a file named '-')")
+    return None
 
 
 # what display-data reads: the task's teacher and how the examples are shown (a user's teacher may read more);

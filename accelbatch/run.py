@@ -15,6 +15,7 @@ import time
 from contextlib import ExitStack
 from typing import Any
 
+from accelbatch.agent_files import loads_itself
 from accelbatch.agents import Agent, TorchAgent
 from accelbatch.best_valid import BestValid, continued_best, forget_best, metric_mode, write_best
 from accelbatch.build import Runtime, as_opts, attach_runtime, create_world
@@ -374,7 +375,8 @@ def _train(world: World, opts: Opts, log: MetricsLog, runtime: Runtime, stop: St
         print(f"accelbatch: -mf/--model-file {opts.model_file}: {type(model).__name__} is not a TorchAgent and has "
               "no save(path); nothing was written there", file=sys.stderr)
     backend.barrier()
-    if opts.model_file and os.path.isfile(opts.model_file) and isinstance(model, TorchAgent):
+    if opts.model_file and os.path.isfile(opts.model_file) and (
+            isinstance(model, TorchAgent) or loads_itself(type(model))):
         model.load(opts.model_file)  # evaluate the best model
     train_report = trained()
     # after the report: steps still in flight (hogwild) are done; replicas' shares of a tail may differ

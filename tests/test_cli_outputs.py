@@ -149,6 +149,26 @@ def test_an_empty_path_is_refused_naming_the_option(tmp_path, capsys, monkeypatc
     assert sorted(p.name for p in tmp_path.iterdir()) == ["tiny.jsonl"]
 
 
+@pytest.mark.parametrize("verb, given, flag", [
+    ("train", ["-mf", "-"], "-mf/--model-file"),
+    ("train", ["--metrics-log", "-"], "--metrics-log"),
+    ("train", ["--init-model", "-"], "-im/--init-model"),
+    ("eval", ["-mf", "-"], "-mf/--model-file"),
+])
+def test_a_lone_dash_is_refused_where_only_report_json_means_stdout(tmp_path, capsys, monkeypatch, verb, given,
+                                                                     flag):
+    """`-mf -` trained and wrote a 12 KB file named '-' in the current directory."""
+    monkeypatch.chdir(tmp_path)
+    argv = [verb, "-t", f"jsonl:{_data(tmp_path)}", "-m", "bag", "--no-progress", *given]
+    with pytest.raises(SystemExit) as ended:
+        main(argv + (["-tstep", "1"] if verb == "train" else []))
+    out, err = capsys.readouterr()
+    assert (ended.value.code, out) == (2, "")
+    assert err.startswith(f"accelbatch {verb}: error: argument {flag}: '-' (standard input or output) is not a "
+                          "path this option can use; give a file's path (./- for a file named '-')")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["tiny.jsonl"]
+
+
 @pytest.mark.parametrize("given, flag", [(["", "-o", "x.png"], "RUN_DIR"), ([".", "-o", ""], "-o/--out")])
 def test_report_refuses_an_empty_path(tmp_path, capsys, monkeypatch, given, flag):
     monkeypatch.chdir(tmp_path)

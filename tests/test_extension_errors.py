@@ -304,6 +304,33 @@ def test_eval_loads_a_plain_agent_saved_by_training_once(tmp_path, capsys, model
     assert "load" not in vars(InheritedLoad) and vars(Memorizer)["load"].__qualname__ == "Memorizer.load"
 
 
+class Forgetter(Memorizer):
+    """Forgets everything once it has trained on 600 turns and learns nothing more: with -veps 0.1 its best
+    validation is the first, after 500 of babi:1's 5,000 training turns."""
+
+    def act(self):
+        obs = self.observation or {}
+        if obs.get("labels"):
+            self.trained = getattr(self, "trained", 0) + 1
+            if self.trained > 600:
+                self.memory.clear()
+                return {"text": "?"}
+        return super().act()
+
+
+def test_training_s_final_evaluation_scores_the_best_saved_plain_agent(tmp_path):
+    """-veps 0.1: the first validation (after 500 turns) is the best and is saved; the agent then forgets. The
+    final valid scores the file's memory (reloaded as a TorchAgent's best weights are), not the empty one."""
+    path, report = str(tmp_path / "memo.json"), tmp_path / "r.json"
+    assert main(["train", "-t", "babi:1", "-m", f"{ME}:Forgetter", "-mf", path, "-ne", "1", "-veps", "0.1",
+                 "--no-progress", "--eval-splits", "valid", "--report-json", str(report)]) == 0
+    saved = json.load(open(path, encoding="utf-8"))
+    assert 0 < len(saved) <= 600  # the memory of the first validation, kept as the best
+    assert main(["eval", "-mf", path, "--no-progress", "--report-json", str(tmp_path / "e.json")]) == 0
+    best = json.loads((tmp_path / "e.json").read_text())["valid"]["accuracy"]
+    assert best > 0.1 and json.loads(report.read_text())["valid"]["accuracy"] == best
+
+
 def test_a_plain_agent_without_a_model_file_is_not_loaded(tmp_path):
     agent = ab.create_world(ab.Opts(task="babi:1", model_file=str(tmp_path / "none.json"), datatype="valid"),
                             agent=Memorizer).get_model_agent()
