@@ -11,13 +11,16 @@ import os
 from collections.abc import Iterator
 from typing import Any
 
+from accelbatch.agent_args import with_agent_defaults
 from accelbatch.agents import Agent, TorchAgent
 from accelbatch.opts import Opts
 
 
 def construct(cls: type[Agent], opts: Opts) -> Agent:
     """``cls(opts)``, loaded from an existing ``-mf`` (a plain agent with ``load(path)`` that did not load in
-    ``__init__``), with a load note when ``-mf`` has no ``PATH.opt`` beside it."""
+    ``__init__``), with a load note when ``-mf`` has no ``PATH.opt`` beside it; its own options (declared by its
+    ``add_cmdline_args``) in ``opts.agent_args``, the given ones and the defaults of the rest."""
+    opts = with_agent_defaults(cls, opts)
     path = opts.model_file
     if not (path and os.path.isfile(path) and loads_itself(cls)):
         return noting_unknown_options(cls(opts), opts)

@@ -52,6 +52,11 @@ class Agent:
         self.id = type(self).__name__
         self.observation: Message | None = None
 
+    @classmethod
+    def add_cmdline_args(cls, parser: Any, partial_opt: Any = None) -> Any:
+        """Declare the agent's own options on ``parser`` (ParlAI's hook; see accelbatch/agent_args.py): none."""
+        return parser
+
     def observe(self, observation: Message) -> Message:
         self.observation = observation
         return observation

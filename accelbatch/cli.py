@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import argparse
+import inspect
 import json
 import os
 import sys
@@ -12,6 +13,7 @@ from dataclasses import fields
 from typing import Any, NoReturn
 
 import accelbatch
+from accelbatch.agent_args import add_agent_arguments, agent_named_in, given_agent_args
 from accelbatch.checkpoint import CheckpointError
 from accelbatch.names import AGENT_PATHS, UnknownNameError
 from accelbatch.opts import DATATYPES, PATHS, OptionError, Opts, add_arguments, is_training, train_only_flags
@@ -168,7 +170,11 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _main(argv: Sequence[str] | None) -> int:
     parser = build_cli()
+    _add_agent_options(parser, sys.argv[1:] if argv is None else list(argv))
     args, unknown = parser.parse_known_args(argv)
+    agent_args = given_agent_args(args)
+    if agent_args:
+        args.agent_args = agent_args
     verb_parser, given = args.verb_parsers.get(args.verb, parser), sys.argv[1:] if argv is None else argv
     if unknown:  # named with the verb's own --help, as argparse names the verb's other errors
         verb_parser.error(f"unrecognized arguments: {' '.join(unknown)}")
@@ -267,6 +273,29 @@ def print_report(report: dict[str, Any], as_json: bool = False) -> None:
     if as_json:
         print(json.dumps(json_ready(report), indent=2, sort_keys=True, allow_nan=False), flush=True)
     print(format_report(report), file=sys.stderr if as_json else sys.stdout)
+
+
+AGENT_VERBS = ("train", "eval", "display-model", "interactive")  # the verbs that build the -m agent
+
+
+def _add_agent_options(parser: argparse.ArgumentParser, argv: list[str]) -> None:
+    """The options the agent named by ``argv`` (-m, or -mf's PATH.opt) declares with its add_cmdline_args, on
+    its verb's parser (an agent that does not resolve is refused later, saying why)."""
+    verb = next((arg for arg in argv if arg in parser.get_default("verb_parsers")), None)
+    if verb not in AGENT_VERBS:
+        return
+    from accelbatch.agents import Agent
+    from accelbatch.model_opts import read_model_opts
+    from accelbatch.names import resolve_agent_class
+
+    name = agent_named_in(argv[argv.index(verb) + 1:], lambda path: read_model_opts(path).get("model"))
+    try:
+        found = resolve_agent_class(name) if name else None
+    except Exception:  # noqa: BLE001 - refused when the agent is built, naming what is wrong
+        return
+    if isinstance(found, type) and issubclass(found, Agent) and \
+            inspect.getattr_static(found, "add_cmdline_args") is not vars(Agent)["add_cmdline_args"]:
+        add_agent_arguments(parser.get_default("verb_parsers")[verb], found)
 
 
 def _bad_path(args: argparse.Namespace) -> str | None:

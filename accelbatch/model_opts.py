@@ -37,7 +37,7 @@ from accelbatch.teachers import given_file, is_training, portable_task, task_fil
 HISTORY = ("context_length", "include_labels")
 # PATH.opt: a continued training keeps its optimizer too; every verb given only -mf works on the model's task,
 # with its seed (the data of the generated tasks dialogues and reverse is drawn by --seed)
-KEPT = SHAPING + HISTORY + ("learning_rate", "optimizer", "task", "seed")
+KEPT = SHAPING + HISTORY + ("learning_rate", "optimizer", "task", "seed", "agent_args")
 # the run's limits, validation and logs: a resume goes on to the same end unless the command line says
 # otherwise; the limits go together: one given (e.g. a larger -ne) sets the end, the others keep their defaults
 LIMITS = ("num_epochs", "max_train_steps", "max_train_time")
@@ -52,7 +52,8 @@ FRONT_END = ("num_workers", "dataloader_mode")
 PLACE = (*(f.name for f in dataclasses.fields(Opts) if f.metadata.get("group") == "plan" and f.name not in RESUME_OPTS),
          "max_batch_tokens", "num_buckets", "batch_sort_cache_size", "skip_nan", "collate", "inference", "beam_size",
          "beam_min_length", "beam_block_ngram", "skip_generation", "metrics")
-RESUMED = ("learning_rate", *RESUME_OPTS, *RUN_COURSE, *FRONT_END, *PLACE)  # what --resume takes from the checkpoint
+# what --resume takes from the checkpoint
+RESUMED = ("learning_rate", "agent_args", *RESUME_OPTS, *RUN_COURSE, *FRONT_END, *PLACE)
 
 
 def opt_path(model_file: str) -> str:
@@ -135,7 +136,8 @@ def write_model_opts(model_file: str, opts: Opts, model: str | None) -> None:
     run says)."""
     task = recorded_task(opts)
     kept = {**({} if model is None else {"model": model}),
-            **{name: getattr(opts, name) for name in KEPT if name not in ("model", "task")},
+            **{name: getattr(opts, name) for name in KEPT if name not in ("model", "task", "agent_args")},
+            **({"agent_args": opts.agent_args} if opts.agent_args else {}),
             **({} if task is None else {"task": task})}
     if read_json_file(opt_path(model_file)) != kept:  # said at a run's first save only
         if model is None:
@@ -185,7 +187,10 @@ def run_opts(model_file: str) -> dict[str, Any]:
 
 
 def _untold(saved: dict[str, Any], names: Sequence[str], given: set[str], opts: Opts) -> dict[str, Any]:
-    """The options of ``saved`` among ``names`` that the command line does not give and ``opts`` lacks."""
+    """The options of ``saved`` among ``names`` that the command line does not give and ``opts`` lacks (the
+    agent's own options one by one: those the command line gives win)."""
+    if isinstance(saved.get("agent_args"), dict):
+        saved = {**saved, "agent_args": {**saved["agent_args"], **opts.agent_args}}
     return {k: v for k, v in saved.items() if k in names and k not in given and getattr(opts, k) != v}
 
 
@@ -207,7 +212,7 @@ def with_model_opts(opts: Opts, argv: Sequence[str]) -> tuple[Opts, str | None]:
         check_resumed_opts(Checkpoint(path=found, model_state={}, opts=saved), opts, opts.model, SHAPING)
         return opts, None  # said by the resume (-lr) or not at all: the run goes on as it was
     if path and os.path.isfile(path):
-        source, flag, names = path, "-mf", KEPT if training else (*SHAPING, *HISTORY, "task", "seed")
+        source, flag, names = path, "-mf", KEPT if training else (*SHAPING, *HISTORY, "task", "seed", "agent_args")
     elif opts.init_model and os.path.isfile(opts.init_model):
         source, flag, names = opts.init_model, "--init-model", SHAPING
     else:
@@ -220,8 +225,10 @@ def with_model_opts(opts: Opts, argv: Sequence[str]) -> tuple[Opts, str | None]:
         f"by an older accelbatch); working on -t {opts.task}, the default: give -t to name the task")
     if not taken:
         return opts, untold_task
-    flags = {f.name: f.metadata["flags"][0] for f in dataclasses.fields(Opts)}
-    said = " ".join(_said(flags[k], v) for k, v in taken.items())
+    flags = {f.name: f.metadata["flags"][0] for f in dataclasses.fields(Opts) if f.metadata["flags"]}
+    said = " ".join(_said(flags[k], v) if k in flags else " ".join(_said(f"--{name.replace('_', '-')}", value)
+                                                                    for name, value in v.items())
+                    for k, v in taken.items())
     if "task" in taken:
         _check_task_files(opts.replace(task=taken["task"]), f"{opt_path(source)}: the model's task",
                           "give -t naming the data to use")

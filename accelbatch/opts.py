@@ -17,7 +17,8 @@ from dataclasses import dataclass, field
 from typing import Any, Iterator, Sequence
 
 from accelbatch.help_texts import show_default
-from accelbatch.split_points import parse_split_points
+from accelbatch.ipu_opts import validate_ipu_options
+from accelbatch.option_error import OptionError
 from accelbatch.strict_args import OnOff, StrictParser, refuse_glued_values, refused_option
 
 DEVICES = ("cpu", "cuda", "ipu")
@@ -256,18 +257,24 @@ class Opts:
                                     help="seconds a replica (-rf) waits in a collective for the others before "
                                          "the run fails naming the stuck replica")
 
-    # ParlAI-style dict access -----------------------------------------------------------------
+    # --- the agent's own options (its add_cmdline_args: accelbatch/agent_args.py) -------------------
+    agent_args: dict = _opt({}, group="agent",
+                            help="the -m agent's own options by name, as its add_cmdline_args declares them")
+
+    # ParlAI-style dict access (an agent's own options too) -------------------------------------
     def __getitem__(self, key: str) -> Any:
-        try:
+        if key in self.__dataclass_fields__:
             return getattr(self, key)
-        except AttributeError:
+        try:
+            return self.agent_args[key]
+        except KeyError:
             raise KeyError(key) from None
 
     def get(self, key: str, default: Any = None) -> Any:
-        return getattr(self, key, default)
+        return self[key] if key in self else default
 
     def __contains__(self, key: str) -> bool:
-        return hasattr(self, key)
+        return key in self.__dataclass_fields__ or key in self.agent_args
 
     def keys(self) -> Iterator[str]:
         return iter(f.name for f in dataclasses.fields(self))
@@ -296,10 +303,6 @@ class Opts:
         return cls(**{k: v for k, v in vars(ns).items() if k in {f.name for f in dataclasses.fields(cls)}})
 
 
-class OptionError(ValueError):
-    """An option has a value that cannot work; the message names the option and what to do."""
-
-
 def validate(opts: Opts) -> None:
     """Check types and ranges; raise :class:`OptionError` naming the option at fault."""
     for f in dataclasses.fields(opts):
@@ -322,6 +325,8 @@ def validate(opts: Opts) -> None:
             raise OptionError(f"{flag}: expected a finite number, got {value!r}{hint}")
         if expected is str and not isinstance(value, str):
             raise OptionError(f"{flag}: expected a string, got {value!r}")
+    if not isinstance(opts.agent_args, dict) or not all(isinstance(k, str) for k in opts.agent_args):
+        raise OptionError(f"agent_args: expected a dict of the agent's options by name, got {opts.agent_args!r}")
     for name in ("batchsize", "device_iterations", "replication_factor", "gradient_accumulation",
                  "ipu_input_replica_grouping", "numthreads", "output_return_period", "buffer_size", "num_buckets",
                  "embedding_size", "beam_size", "batch_sort_cache_size"):
@@ -363,55 +368,13 @@ def validate(opts: Opts) -> None:
     if opts.ddp_static_graph and opts.device != "cuda":
         raise OptionError(f"--ddp-static-graph: applies to --device cuda (DDP through accelerate); "
                           f"--device {opts.device} does not use DDP: leave it out")
-    _validate_pipeline(opts)
-    _validate_ipu_only(opts)
-    _validate_input_grouping(opts)
+    validate_ipu_options(opts)
     wrong = [s.strip() for s in opts.eval_splits.split(",") if s.strip() and s.strip() not in DATATYPES]
     if wrong:
         raise OptionError(f"--eval-splits: {wrong[0]!r} is not a split; give comma-separated ones of "
                           f"{', '.join(DATATYPES)} (a train split is scored once, in order, as train:evalmode)")
     if not [m for m in opts.metrics.split(",") if m.strip()]:
         raise OptionError("--metrics: give 'default', 'all' or comma-separated metric names such as accuracy,loss")
-
-
-def _validate_pipeline(opts: Opts) -> None:
-    """--pipeline names IPU split points: well formed, and only with --device ipu."""
-    try:
-        points = parse_split_points(opts.pipeline)
-    except ValueError as exc:
-        raise OptionError(f"--pipeline: {exc}") from None
-    if points and opts.device != "ipu":
-        raise OptionError(f"--pipeline splits the model over IPUs and applies to --device ipu only (this run is "
-                          f"--device {opts.device}, where the model runs whole): drop it, or use --device ipu")
-    if not points and opts.ipu_execution_strategy != "pipelined":
-        raise OptionError(f"--ipu-execution-strategy {opts.ipu_execution_strategy}: places the stages of --pipeline; "
-                          "give --pipeline NAME,... too, or leave it out")
-
-
-IPU_ONLY = ("ipu_loss_scaling", "ipu_cache_dir", "ipu_available_memory_proportion", "ipu_synthetic_data",
-            "ipu_input_replica_grouping", "ipu_input_replica_grouping_type")  # the IPU's plan and compiler
-
-
-def _validate_ipu_only(opts: Opts) -> None:
-    """The IPU's options are refused on another device, which would not use them."""
-    given = [f for f in dataclasses.fields(Opts) if f.name in IPU_ONLY and getattr(opts, f.name) != f.default]
-    if given and opts.device != "ipu":
-        value = getattr(opts, given[0].name)
-        raise OptionError(f"{given[0].metadata['flags'][0]}{'' if value is True else f' {value}'}: applies to "
-                          f"--device ipu only (this run is --device {opts.device}, which does not use it): drop it, "
-                          "or use --device ipu")
-
-
-def _validate_input_grouping(opts: Opts) -> None:
-    """--ipu-input-replica-grouping N: a factor of -rf, only with --device ipu; its type only with N > 1."""
-    n, r = opts.ipu_input_replica_grouping, opts.replication_factor
-    if r % n:
-        fits = ", ".join(str(k) for k in range(1, r + 1) if r % k == 0)
-        raise OptionError(f"--ipu-input-replica-grouping {n}: groups of replicas must divide "
-                          f"-rf/--replication-factor {r}; use one of {fits}")
-    if n == 1 and opts.ipu_input_replica_grouping_type != "consecutive":
-        raise OptionError(f"--ipu-input-replica-grouping-type {opts.ipu_input_replica_grouping_type}: arranges "
-                          "the groups of --ipu-input-replica-grouping N; give N > 1 too, or leave it out")
 
 
 def _field_type(f: dataclasses.Field) -> type:
@@ -458,6 +421,8 @@ def add_arguments(parser: argparse.ArgumentParser, training: bool = True, hide: 
               "faults": "checkpoints and faults"}
     for f in dataclasses.fields(Opts):
         meta = f.metadata
+        if not meta["flags"]:  # set in code or by the agent's own options, not a flag of accelbatch's
+            continue
         group = groups.setdefault(meta["group"], parser.add_argument_group(titles[meta["group"]]))
         typ = _field_type(f)
         hidden = meta["train_only"] and not training or f.name in hide

@@ -1,0 +1,141 @@
+"""An agent's own command-line options, declared as ParlAI declares them: a classmethod
+``add_cmdline_args(parser, partial_opt=None)`` (or the older ``add_cmdline_args(parser)``) that adds
+arguments to the parser, in argument groups or not. accelbatch offers it an :class:`AgentArgParser`, which
+takes ParlAI's spellings (``type='bool'``, ``hidden=``, ``recommended=``) and leaves out any flag accelbatch
+has itself (``-esz``, ``-lr``: the run's own option serves, read as ``opts["embedding_size"]``). The values
+live in ``Opts.agent_args`` (given ones from the command line or ``PATH.opt``; each agent built gets the
+defaults of the rest), and ``opts["hidden"]`` reads them as ParlAI's ``opt["hidden"]`` does."""
+
+from __future__ import annotations
+
+import argparse
+import inspect
+import os
+from typing import Any, Callable, Sequence
+
+from accelbatch.opts import OptionError, Opts
+
+PREFIX = "agent_args."  # the namespace dest of an agent's option: apart from Opts' fields of the same name
+
+
+def _to_bool(text: str) -> bool:
+    """ParlAI's ``type='bool'``: yes/true/t/1 or no/false/f/0."""
+    lowered = str(text).lower()
+    if lowered in ("yes", "true", "t", "1", "y"):
+        return True
+    if lowered in ("no", "false", "f", "0", "n"):
+        return False
+    raise argparse.ArgumentTypeError(f"expected true or false, got {text!r}")
+
+
+def _own_flags() -> set[str]:
+    """Every flag accelbatch's own options take (a switch's ``--no-`` form too)."""
+    flags: set[str] = set()
+    for f in Opts.__dataclass_fields__.values():
+        for flag in f.metadata.get("flags", ()):
+            flags.update((flag, f"--no-{flag[2:]}") if flag.startswith("--") else (flag,))
+    return flags
+
+
+class AgentArgParser:
+    """What ``add_cmdline_args`` is given: ParlAI's parser surface over an argparse container. Each argument's
+    dest is prefixed with :data:`PREFIX` and its default kept aside, so that parsing yields the given values
+    alone (the defaults are applied to the agent's options when it is built)."""
+
+    def __init__(self, container: Any, defaults: dict[str, Any], own: set[str], make_group: Callable[[str], Any]):
+        self._container, self._defaults, self._own, self._make_group = container, defaults, own, make_group
+
+    def add_argument(self, *flags: str, **kwargs: Any) -> Any:
+        if kwargs.pop("hidden", False):  # ParlAI's: left out of --help
+            kwargs["help"] = argparse.SUPPRESS
+        kwargs.pop("recommended", None)
+        if kwargs.get("type") == "bool":
+            kwargs["type"] = _to_bool
+        if any(flag in self._own for flag in flags) or not any(flag.startswith("-") for flag in flags):
+            return None  # accelbatch's own option of that flag serves (positional arguments are not offered)
+        dest = kwargs.pop("dest", None) or next(
+            (f for f in flags if f.startswith("--")), flags[0]).lstrip("-").replace("-", "_")
+        unset = {"store_true": False, "store_false": True}.get(kwargs.get("action"))  # argparse's own defaults
+        default = self._defaults.setdefault(dest, kwargs.pop("default", unset))
+        if kwargs.get("help") not in (None, argparse.SUPPRESS):
+            kwargs["help"] += f" (default: {default})"
+        if kwargs.get("action") not in ("store_true", "store_false", "count"):
+            kwargs.setdefault("metavar", dest.upper())
+        return self._container.add_argument(*flags, dest=PREFIX + dest, default=argparse.SUPPRESS, **kwargs)
+
+    def add_argument_group(self, title: str | None = None, description: str | None = None,
+                           **_: Any) -> "AgentArgParser":
+        return AgentArgParser(self._make_group(title or "agent options"), self._defaults, self._own,
+                              self._make_group)
+
+    def set_defaults(self, **defaults: Any) -> None:
+        self._defaults.update(defaults)
+
+    def get_default(self, dest: str) -> Any:
+        return self._defaults.get(dest)
+
+
+def declare(cls: type, container: Any, make_group: Callable[[str], Any]) -> dict[str, Any]:
+    """Have ``cls.add_cmdline_args`` add its options to ``container``; their defaults."""
+    declare_args = getattr(cls, "add_cmdline_args", None)
+    defaults: dict[str, Any] = {}
+    if not callable(declare_args):
+        return defaults
+    parser = AgentArgParser(container, defaults, _own_flags(), make_group)
+    try:
+        takes_opt = len(inspect.signature(declare_args).parameters) >= 2
+    except (TypeError, ValueError):
+        takes_opt = True
+    declare_args(parser, None) if takes_opt else declare_args(parser)
+    return defaults
+
+
+def add_agent_arguments(parser: argparse.ArgumentParser, cls: type) -> None:
+    """The options of agent class ``cls`` on a verb's parser (listed by --help under the agent's name)."""
+    own = f"the own options of -m {cls.__name__} (its add_cmdline_args)"
+    declare(cls, parser.add_argument_group(own),
+            lambda title: parser.add_argument_group(f"{title} (-m {cls.__name__}'s own options)"))
+
+
+def given_agent_args(namespace: argparse.Namespace) -> dict[str, Any]:
+    """The agent options given on the command line, taken out of ``namespace`` (dest without the prefix)."""
+    given = {key[len(PREFIX):]: value for key, value in vars(namespace).items() if key.startswith(PREFIX)}
+    for key in list(vars(namespace)):
+        if key.startswith(PREFIX):
+            delattr(namespace, key)
+    return given
+
+
+def with_agent_defaults(cls: type, opts: Opts) -> Opts:
+    """``opts`` whose ``agent_args`` hold every option ``cls`` declares: the given value, else its default."""
+    scratch = argparse.ArgumentParser(add_help=False)
+    defaults = declare(cls, scratch, lambda title: scratch)
+    unknown = sorted(set(opts.agent_args) - set(defaults))
+    if unknown:
+        declared = f"its add_cmdline_args declares {', '.join(sorted(defaults))}" if defaults else \
+            "it has no add_cmdline_args of its own"
+        raise OptionError(f"agent_args: {cls.__name__} declares no option {unknown[0]!r} ({declared})")
+    if not defaults:
+        return opts
+    return opts.replace(agent_args={**defaults, **opts.agent_args})
+
+
+def agent_named_in(argv: Sequence[str], saved_model: Callable[[str], str | None]) -> str | None:
+    """The agent an argv names: its ``-m``/``--model``, else the model ``-mf PATH``'s PATH.opt records
+    (``saved_model(path)``); None when neither (the default model declares no options)."""
+    scan = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
+    scan.add_argument("-m", "--model")
+    scan.add_argument("-mf", "--model-file")
+    try:
+        known, _ = scan.parse_known_args([a for a in argv if a not in ("-h", "--help")])
+    except SystemExit:
+        return None
+    if known.model:
+        return known.model
+    if known.model_file and os.path.isfile(known.model_file):
+        return saved_model(known.model_file)
+    return None
+
+
+__all__ = ["AgentArgParser", "add_agent_arguments", "agent_named_in", "declare", "given_agent_args",
+           "with_agent_defaults"]
