@@ -38,6 +38,16 @@ def loads_itself(cls: type[Agent]) -> bool:
     return not issubclass(cls, TorchAgent) and callable(getattr(cls, "load", None))
 
 
+def unread_model_file(agent: Agent, opts: Opts) -> str | None:
+    """The note for an existing ``-mf`` that ``agent`` cannot read: a plain Agent without ``load(path)`` runs
+    as built (an eval of it would score an empty agent), else None."""
+    path = opts.model_file
+    if not path or not os.path.isfile(path) or isinstance(agent, TorchAgent) or loads_itself(type(agent)):
+        return None
+    return (f"-mf {path}: {type(agent).__name__} has no load(path), so it runs as built, without what the file "
+            "holds; give it a load(path) (called right after the agent is built)")
+
+
 @contextlib.contextmanager
 def _recording_loads(cls: type[Agent], calls: list[tuple[Any, ...]]) -> Iterator[None]:
     """While constructing: ``cls.load`` records its calls (then runs as written); restored afterwards."""

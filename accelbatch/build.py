@@ -25,7 +25,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from accelbatch.agent_files import construct
+from accelbatch.agent_files import construct, unread_model_file
 from accelbatch.agents import Agent, TorchAgent
 from accelbatch.checkpoint import has_saved_position
 from accelbatch.data.accessor import start_worker_server
@@ -399,9 +399,9 @@ def create_world(opts: Opts | Mapping[str, Any], agent: Agent | type[Agent] | st
     # a checkpoint to resume replaces what loading -mf did (and the resume says itself what it changes)
     resuming = opts.resume and opts.model_file and has_saved_position(opts.model_file)
     if first and runtime.topology.rank == 0 and not resuming:
-        for note in getattr(model, "load_notes", ()):
-
-            print(f"accelbatch: {note}", file=sys.stderr)
+        for note in [*getattr(model, "load_notes", ()), unread_model_file(model, opts)]:
+            if note:
+                print(f"accelbatch: {note}", file=sys.stderr)
     if opts.numthreads > 1:
         world: World = create_hogwild_world(opts, agent, rows, runtime=runtime, model=model, teacher=teacher)
     else:

@@ -331,6 +331,33 @@ def test_training_s_final_evaluation_scores_the_best_saved_plain_agent(tmp_path)
     assert best > 0.1 and json.loads(report.read_text())["valid"]["accuracy"] == best
 
 
+class SaveOnly(ab.Agent):
+    """Writes its memory with save(path) and has no load(path)."""
+
+    def act(self):
+        return {"text": "?"}
+
+    def save(self, path):
+        with open(path, "w", encoding="utf-8") as handle:
+            handle.write("{}")
+
+
+def test_eval_of_a_plain_agent_that_cannot_load_its_file_says_so(tmp_path, capsys):
+    """Its eval -mf scored an agent as built, silently; one line names the missing load(path) (once, and not
+    for an agent that has one)."""
+    path = str(tmp_path / "m.json")
+    assert main(["train", "-t", "babi:1", "-m", f"{ME}:SaveOnly", "-mf", path, "-tstep", "1", "--no-progress",
+                 "--eval-splits", ""]) == 0
+    assert "no load(path)" not in capsys.readouterr().err  # no file yet: nothing to read
+    assert main(["eval", "-mf", path, "--no-progress"]) == 0
+    err = capsys.readouterr().err
+    assert err.count(f"accelbatch: -mf {path}: SaveOnly has no load(path), so it runs as built, without what the "
+                     "file holds; give it a load(path)") == 1
+    assert main(["train", "-t", "babi:1", "-m", f"{ME}:Memorizer", "-mf", path, "-tstep", "1", "--no-progress",
+                 "--eval-splits", ""]) == 0
+    assert "no load(path)" not in capsys.readouterr().err
+
+
 def test_a_plain_agent_without_a_model_file_is_not_loaded(tmp_path):
     agent = ab.create_world(ab.Opts(task="babi:1", model_file=str(tmp_path / "none.json"), datatype="valid"),
                             agent=Memorizer).get_model_agent()
