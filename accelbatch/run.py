@@ -386,6 +386,10 @@ def _train(world: World, opts: Opts, log: MetricsLog, runtime: Runtime, stop: St
                                         "epochs": round(passed() / per_epoch, 4),
                                         "exs_per_s": round(state.exs_per_s(), 1),
                                         "time_s": round(state.elapsed(), 3), "stopped_by": stop_reason}}
+    if main and replicas > 1 and not opts.drop_last and train_report.get("dropped_exs"):
+        print(f"accelbatch: --no-drop-last: {train_report['dropped_exs']:g} examples left out (dropped_exs): batches "
+              f"of fewer rows than the -rf {replicas} replica processes, one of which would have no row of its own; "
+              "train with -rf 1 to keep every example", file=sys.stderr)
     for split, teacher in teachers.items():
         eval_world = create_world(_eval_opts(opts, split), agent=model, runtime=runtime, teacher=teacher)
         try:
