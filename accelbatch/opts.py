@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any, Iterator, Sequence
 
 from accelbatch.help_texts import show_default
-from accelbatch.ipu_opts import validate_ipu_options
+from accelbatch.ipu_opts import IPU_ONLY, validate_ipu_options  # noqa: F401 - IPU_ONLY: examples read it here
 from accelbatch.option_error import OptionError
 from accelbatch.strict_args import OnOff, StrictParser, refuse_glued_values, refused_option
 
