@@ -215,7 +215,7 @@ def _main(argv: Sequence[str] | None) -> int:
         from accelbatch.unused_options import unused_option_notes
 
         if _first_replica():  # said once: torchrun starts this in every replica
-            for note in filter(None, [taken, *unused_option_notes(opts, given_on_command_line(given))]):
+            for note in filter(None, [taken, *unused_option_notes(opts, given_on_command_line(given), args.verb)]):
                 print(note, file=sys.stderr)
         from accelbatch.run_control import check_output_paths
 

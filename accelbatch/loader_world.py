@@ -19,7 +19,7 @@ from accelbatch.data.datasets import EpisodeStore
 from accelbatch.data.loader import LoadedBatch, make_loader
 from accelbatch.data.squash import awaits_reply, keeps_answers
 from accelbatch.messages import Message
-from accelbatch.opts import OptionError, Opts
+from accelbatch.opts import OptionError, Opts, eval_datatype
 from accelbatch.plan import ExecutionPlan
 from accelbatch.teachers import FixedTeacher, is_training, shuffles
 from accelbatch.worlds import World, checked_batch_act, display_rows, refuse_non_messages, show
@@ -82,7 +82,7 @@ class LoaderWorld(World):
         self._ordered_pass_over = pass_over and not self.loader.config.shuffle
         teacher, messages = self.agents[0], batch.messages
         if self._checks_replies and any(map(awaits_reply, messages)):
-            raise OptionError(_replies_unknown(self.opts))
+            raise OptionError(_replies_unknown(self.opts, streamed=_stages(self.agents[1])))
         ids = np.asarray(batch.ids, dtype=np.int64)
         tasks = self._tasks(ids) if self._tasks is not None else None
         replies = self._replies(messages, batch)
@@ -252,17 +252,41 @@ def awaits_replies(opts: Opts, teacher: Any) -> bool:
     return any(map(awaits_reply, store.examples[:-1]))
 
 
-def _replies_unknown(opts: Opts) -> str:
-    """The line refusing a turn without a label that more turns of its episode follow (see ``awaits_reply``)."""
+def _replies_unknown(opts: Opts, streamed: bool = False) -> str:
+    """The line refusing a turn without a label that more turns of its episode follow (see ``awaits_reply``),
+    naming the options without which this world would not build histories ahead of the model: those that ask
+    for the loader front end, and with ``streamed`` (a streamed file, its engine staging batches) the
+    ``:stream`` too, since a staging engine keeps the clones for episodes in memory that await replies."""
     chosen = ([f"--num-workers {opts.num_workers}"] if opts.num_workers else []) \
         + ([f"--dataloader-mode {opts.dataloader_mode}"] if opts.dataloader_mode != "sync" else []) \
-        + ([f"--dynamic-batching {opts.dynamic_batching}"] if opts.dynamic_batching != "none" else []) \
-        + ([f"-dt {opts.datatype}"] if ":stream" in opts.datatype else [])
-    why = " ".join(chosen) or f"the loader front end (which --device {opts.device} stages batches through)"
+        + ([f"--dynamic-batching {opts.dynamic_batching}"] if opts.dynamic_batching != "none" else [])
+    staged = f"the loader front end (which --device {opts.device} stages batches through)"
+    if streamed:
+        stream = _stream_option(opts)
+        why = " ".join([*chosen, stream]) if chosen else f"{stream}, read through {staged},"
+        chosen.append(stream)
+    else:
+        why = " ".join(chosen) or staged
     without = f"run without {'it' if len(chosen) == 1 else 'them'}, or " if chosen else "run "
     return (f"-t {opts.task}: a turn without a label is followed by more turns of its episode, whose history holds "
             f"the model's reply to it; {why} builds histories ahead of the model and cannot: {without}with "
             "--context-length 1 or --no-include-labels")
+
+
+def _stream_option(opts: Opts) -> str:
+    """The option that streams this world's file: a training world's -dt as given; an evaluation's datatype is
+    derived (from training's -dt, an --eval-splits split, or eval's -dt), so the :stream is named with it."""
+    if is_training(opts.datatype):
+        return f"-dt {opts.datatype}"
+    split_streams = any("stream" in s and eval_datatype(s.strip()) == opts.datatype
+                        for s in opts.eval_splits.split(","))
+    return f"{'-dt or --eval-splits' if split_streams else '-dt'} ...:stream (this evaluation reads {opts.datatype})"
+
+
+def _stages(agent: Agent) -> bool:
+    """Whether ``agent``'s engine copies batches to a device ahead of their step (what ``_next_batch`` asks)."""
+    engine = getattr(getattr(agent, "slot", None), "engine", None)
+    return bool(getattr(engine, "stages", False))
 
 
 def _replica_cut(opts: Opts, shard: tuple[int, int], rows: int) -> Callable[[int], list[list[int]]] | None:

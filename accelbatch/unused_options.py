@@ -31,21 +31,95 @@ def _loads_elsewhere(opts: Opts) -> bool:
     return opts.num_workers > 0 or opts.dataloader_mode != "sync"
 
 
-def _generates(opts: Opts) -> bool:
-    """Whether -m may read the generation options: a generator, or an agent from outside accelbatch."""
-    from accelbatch.models.generator import GeneratorAgent
+def _agent_class(opts: Opts) -> type | None:
+    """The class -m names; None when it does not resolve to a class (refused later, saying why) or is a factory."""
     from accelbatch.names import resolve_agent_class
 
     try:
         found = resolve_agent_class(opts.model)
     except Exception:  # noqa: BLE001 - an -m that does not resolve is refused later, saying why
-        return True
-    return not isinstance(found, type) or issubclass(found, GeneratorAgent) \
-        or not found.__module__.startswith("accelbatch.")
+        return None
+    return found if isinstance(found, type) else None
+
+
+def _theirs(opts: Opts) -> bool:
+    """Whether -m may read any option: an agent from outside accelbatch (or one that does not resolve)."""
+    found = _agent_class(opts)
+    return found is None or not found.__module__.startswith("accelbatch.")
+
+
+def _generates(opts: Opts) -> bool:
+    """Whether -m may read the generation options: a generator, or an agent from outside accelbatch."""
+    from accelbatch.models.generator import GeneratorAgent
+
+    found = _agent_class(opts)
+    return _theirs(opts) or found is not None and issubclass(found, GeneratorAgent)
+
+
+def _decodes(opts: Opts) -> bool:
+    """Whether -m may generate replies (read the decoding options): a generator without --skip-generation,
+    whose model then scores the token loss alone (generation.GeneratorModel.forward), or an agent of yours."""
+    return _generates(opts) and (not opts.skip_generation or _theirs(opts))
+
+
+def _has_weights(opts: Opts) -> bool:
+    """Whether -m may read the model options (-esz, -tr, -lr, ...): a TorchAgent, or an agent of yours; accelbatch's
+    other agents (repeat_label, random_candidate) build no model, no optimizer and no batches."""
+    from accelbatch.agents import TorchAgent
+
+    found = _agent_class(opts)
+    return _theirs(opts) or found is not None and issubclass(found, TorchAgent)
+
+
+def _sums_micro_batches(opts: Opts) -> bool:
+    """Whether an update may have several micro-batches (G x R of them), the only place where their weights
+    (--reduction, --loss-normalization) differ; with G = R = 1 each update is one micro-batch, weighted 1."""
+    return opts.gradient_accumulation > 1 or _replicated(opts)
+
+
+def _reduces(opts: Opts) -> bool:
+    """Whether --reduction changes a weight (layout.compute_layout: MEAN n_j / N_u, SUM n_j / b): with several
+    micro-batches an update, or in a partial call of -di > 1 (a tail: --no-drop-last, or a hogwild process's
+    pass end), where a short micro-batch has n_j < b; also read against --loss-normalization token (refused with
+    sum) and compared with a checkpoint's on --resume."""
+    tails = opts.device_iterations > 1 and (not opts.drop_last or opts.numthreads > 1)
+    return _sums_micro_batches(opts) or tails or opts.loss_normalization == "token" or opts.resume
+
+
+def _normalizes(opts: Opts) -> bool:
+    """Whether --loss-normalization changes a weight: token weighs micro-batch j by t_j / T_u over its update's
+    micro-batches, which is 1 for a lone micro-batch with tokens (0 without: accelbatch's generator then has
+    loss 0, an agent of yours may not); also read against --reduction sum and on --resume."""
+    return _sums_micro_batches(opts) or opts.reduction == "sum" or opts.resume or _theirs(opts)
+
+
+def _validates_at_all(opts: Opts) -> bool:
+    """Whether -vmt/-vmm judge anything: validations during training, or -mf (a model there is continued from
+    its best validation, checkpoints record the judge, and a resume compares it)."""
+    return _periodic_validation(opts) or bool(opts.model_file)
+
+
+def _caps_evaluations(opts: Opts) -> bool:
+    """Whether -vme changes anything: a validation caps its examples; besides, every evaluation of several
+    tasks interleaves them when it is above 0 (orders.make_order's balance_tasks)."""
+    return _validates_at_all(opts) or "," in opts.task
+
+
+def _orders_by_seed(opts: Opts) -> bool:
+    """display-data: whether --seed is read: a shuffled datatype's order, or a task that generates its data by
+    it (dialogues, reverse) or may read it (a teacher of yours); babi, files and torch datasets in data order
+    read none (no model is built)."""
+    from accelbatch.teachers import shuffles
+
+    seedless = ("babi", "jsonl", "parlai", "torch")
+    return shuffles(opts.datatype) or any(t.strip().partition(":")[0] not in seedless for t in opts.task.split(","))
 
 
 GENERATOR = "a generator (-m transformer/generator, or a GeneratorAgent of yours)"
-
+DECODER = f"{GENERATOR} without --skip-generation"
+VALIDATED = "validations during training (-veps or -vtim) or -mf"
+MODEL = "a model with weights (a TorchAgent such as -m memnn, or an agent of yours)"
+SEVERAL = "updates of several micro-batches (-ga or -rf above 1)"
 
 READERS: dict[str, Reader] = {
     "num_buckets": Reader(lambda o: o.dynamic_batching == "buckets", "--dynamic-batching buckets"),
@@ -54,17 +128,33 @@ READERS: dict[str, Reader] = {
     "batch_sort_cache_size": Reader(lambda o: o.dynamic_batching != "none", "--dynamic-batching"),
     "buffer_size": Reader(lambda o: o.dataloader_mode != "sync", "--dataloader-mode async or async-rebatched"),
     "data_timeout_s": Reader(_loads_elsewhere, "data workers (--num-workers) or --dataloader-mode async"),
-    "beam_size": Reader(lambda o: o.inference == "beam" and _generates(o), f"--inference beam of {GENERATOR}"),
-    **{name: Reader(_generates, GENERATOR)
-       for name in ("inference", "beam_min_length", "beam_block_ngram", "skip_generation")},
+    "beam_size": Reader(lambda o: o.inference == "beam" and _decodes(o), f"--inference beam of {DECODER}"),
+    **{name: Reader(_decodes, DECODER) for name in ("inference", "beam_min_length", "beam_block_ngram")},
+    "skip_generation": Reader(_generates, GENERATOR),
     "replica_timeout_s": Reader(_replicated, "replicas (-rf/--replication-factor above 1, or torchrun)"),
     "validation_patience": Reader(_periodic_validation, "validations during training (-veps or -vtim)"),
     "validation_cutoff": Reader(_periodic_validation, "validations during training (-veps or -vtim)"),
+    "validation_metric": Reader(_validates_at_all, VALIDATED),
+    "validation_metric_mode": Reader(_validates_at_all, VALIDATED),
+    "validation_max_exs": Reader(_caps_evaluations, f"{VALIDATED}, or several tasks (their evaluations "
+                                                    "interleave)"),
+    "reduction": Reader(_reduces, f"{SEVERAL}, partial calls of -di above 1 (--no-drop-last, or -nt), "
+                                  "--loss-normalization token, or --resume"),
+    "loss_normalization": Reader(_normalizes, f"{SEVERAL}, --reduction sum, --resume, or an agent of yours"),
+    **{name: Reader(_has_weights, MODEL)
+       for name in ("embedding_size", "text_truncate", "label_truncate", "learning_rate", "optimizer")},
+}
+# a verb that reads options otherwise than train does: its own readers (the other verbs use READERS)
+VERB_READERS: dict[str, dict[str, Reader]] = {
+    "display-data": {"seed": Reader(_orders_by_seed, "a shuffled -dt (such as train), or -t dialogues, reverse "
+                                                     "or a teacher of yours")},
 }
 
 
-def unused_option_notes(opts: Opts, given: Collection[str]) -> list[str]:
-    """A line for each option of ``given`` (field names) that ``opts`` never reads, naming what would."""
+def unused_option_notes(opts: Opts, given: Collection[str], verb: str | None = None) -> list[str]:
+    """A line for each option of ``given`` (field names) that ``opts`` never reads, naming what would;
+    ``verb``: the command's (display-data reads its own few options: :data:`VERB_READERS`)."""
     flags = {f.name: "/".join(f.metadata["flags"]) for f in fields(Opts)}
+    readers = VERB_READERS.get(verb or "", READERS)
     return [f"accelbatch: {flags[name]}: not used by this run: it is read only with {reader.what}"
-            for name, reader in READERS.items() if name in given and not reader.reads(opts)]
+            for name, reader in readers.items() if name in given and not reader.reads(opts)]

@@ -160,7 +160,7 @@ def test_loading_a_file_whose_opt_names_no_model_says_so(tmp_path):
 @pytest.mark.parametrize("change, named", [
     ({"num_workers": 2}, "--num-workers 2 builds histories ahead of the model and cannot: run without it,"),
     ({"dataloader_mode": "async", "datatype": "valid:stream"},
-     "--dataloader-mode async -dt valid:stream builds histories ahead of the model and cannot: run without them,"),
+     "--dataloader-mode async builds histories ahead of the model and cannot: run without it,"),
     ({"device": "cuda"}, "the loader front end (which --device cuda stages batches through) builds histories ahead "
                          "of the model and cannot: run with --context-length 1")])
 def test_refusal_names_the_option_that_chose_the_loader(change, named):

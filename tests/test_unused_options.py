@@ -12,17 +12,17 @@ from accelbatch.opts import Opts
 from accelbatch.unused_options import READERS, unused_option_notes
 
 BASE = ["-t", "babi:1", "-m", "bag", "-tstep", "4", "-bs", "4", "--no-progress", "--eval-splits", "valid",
-        "-vme", "20", "-veps", "-1", "-ltim", "-1"]
+        "-veps", "-1", "-ltim", "-1"]
 SCORES = ("accuracy", "f1", "loss", "exs")
 
 
-def _train(tmp_path, capsys, *extra: str) -> tuple[dict, list[str]]:
+def _train(tmp_path, capsys, *extra: str, base: list[str] = BASE) -> tuple[dict, list[str]]:
     capsys.readouterr()
     report = tmp_path / "r.json"
-    assert main(["train", *BASE, "--report-json", str(report), *extra]) == 0
+    assert main(["train", *base, "--report-json", str(report), *extra]) == 0
     got = json.loads(report.read_text())
     notes = [line for line in capsys.readouterr().err.splitlines() if "not used by this run" in line]
-    return {split: {k: got[split][k] for k in SCORES} for split in ("train", "valid")}, notes
+    return {split: {k: got[split].get(k) for k in SCORES} for split in ("train", "valid")}, notes
 
 
 @pytest.mark.timeout(120)
@@ -38,11 +38,19 @@ def _train(tmp_path, capsys, *extra: str) -> tuple[dict, list[str]]:
     (["--replica-timeout-s", "5"], "--replica-timeout-s"),
     (["--beam-min-length", "3"], "--beam-min-length"),  # -m bag ranks candidates: it generates nothing
     (["--skip-generation"], "--skip-generation"),
+    (["-vme", "10"], "-vme/--validation-max-exs"),  # no validation while training, one task, no -mf
+    (["-vmt", "loss"], "-vmt/--validation-metric"),
+    (["-vmm", "min"], "-vmm/--validation-metric-mode"),
+    (["--reduction", "sum"], "--reduction"),  # G = R = D = 1: each update is one micro-batch, weighted 1
+    (["-di", "2", "--reduction", "sum"], "--reduction"),  # D = 2 in whole calls: each micro-batch its update
+    (["--loss-normalization", "token"], "--loss-normalization"),
 ])
 def test_an_option_the_run_does_not_read_is_said_and_changes_nothing(extra, flag, tmp_path, capsys):
     plain, notes = _train(tmp_path, capsys)
     assert notes == []
     given, notes = _train(tmp_path, capsys, *extra)
+    if extra[0] == "-di":  # the same run with -di 2 alone, which reads nothing of --reduction
+        plain, _ = _train(tmp_path, capsys, *extra[:2])
     assert given == plain  # not read: the run is the same
     said = f"accelbatch: {flag}: not used by this run: it is read only with "
     assert len(notes) == 1 and notes[0].startswith(said), notes
@@ -56,19 +64,114 @@ def test_an_option_read_by_the_run_is_not_said(tmp_path, capsys):
     assert notes == []
 
 
-@pytest.mark.parametrize("name", sorted(READERS))
+GENERATOR = {"model": "transformer/generator"}
+THEIRS = {"model": "tests.counting_agent:CountingLine"}  # an agent of the user's: it may read any option
+MODEL_READS = ([{"model": "repeat_label"}, {"model": "random_candidate"}], [{}, GENERATOR, THEIRS])
+BEAMS_READ = ([{}, {**GENERATOR, "skip_generation": True}], [GENERATOR, {**THEIRS, "skip_generation": True}])
+VALIDATED = [{"validation_every_n_epochs": 0.5}, {"validation_every_n_secs": 5}, {"model_file": "m"},
+             {"resume": True, "model_file": "m"}]
+# name -> (where it is unread, where it is read), each on top of -veps -1
+WHERE_READ: dict[str, tuple[list[dict], list[dict]]] = {
+    "num_buckets": ([{}], [{"dynamic_batching": "buckets"}]),
+    "max_batch_tokens": ([{}], [{"dynamic_batching": "full"}]),
+    "batch_sort_cache_size": ([{}], [{"dynamic_batching": "batchsort"}]),
+    "buffer_size": ([{}], [{"dataloader_mode": "async"}]),
+    "data_timeout_s": ([{}], [{"num_workers": 1}]),
+    "replica_timeout_s": ([{}], [{"replication_factor": 2}]),
+    "validation_patience": ([{}, {"model_file": "m"}], [{"validation_every_n_secs": 5}]),
+    "validation_cutoff": ([{}], [{"validation_every_n_epochs": 0.5}]),
+    "skip_generation": ([{}], [GENERATOR, THEIRS]),
+    "beam_size": ([{**GENERATOR, "skip_generation": True}, GENERATOR], [{**GENERATOR, "inference": "beam"}]),
+    **dict.fromkeys(("inference", "beam_min_length", "beam_block_ngram"), BEAMS_READ),
+    **dict.fromkeys(("validation_metric", "validation_metric_mode"), ([{}], VALIDATED)),
+    "validation_max_exs": ([{}, {"task": "babi:1"}], [*VALIDATED, {"task": "babi:1,babi:2"}]),
+    "reduction": ([{}, {"device_iterations": 2}],  # whole calls of D micro-batches: each one its update
+                  [{"gradient_accumulation": 2}, {"replication_factor": 2}, {"loss_normalization": "token"},
+                   {"device_iterations": 2, "drop_last": False}, {"device_iterations": 2, "numthreads": 2},
+                   {"resume": True, "model_file": "m"}]),
+    "loss_normalization": ([{}, {"device_iterations": 2, "drop_last": False}, GENERATOR],
+                           [{"gradient_accumulation": 2}, {"replication_factor": 2}, {"reduction": "sum"},
+                            {"resume": True, "model_file": "m"}, THEIRS]),
+    **dict.fromkeys(("embedding_size", "text_truncate", "label_truncate", "learning_rate", "optimizer"),
+                    MODEL_READS),
+}
+
+
+def test_every_reader_is_checked_here():
+    assert set(WHERE_READ) == set(READERS)
+
+
+@pytest.mark.parametrize("name", sorted(WHERE_READ))
 def test_each_reader_reads_where_its_note_says(name):
-    """The conditions, option by option: unread at the defaults, read under the options the note names."""
-    generator = {"model": "transformer/generator"}
-    reading = {"num_buckets": {"dynamic_batching": "buckets"}, "max_batch_tokens": {"dynamic_batching": "full"},
-               "batch_sort_cache_size": {"dynamic_batching": "batchsort"}, "buffer_size": {"dataloader_mode": "async"},
-               "data_timeout_s": {"num_workers": 1}, "beam_size": {"inference": "beam", **generator},
-               "replica_timeout_s": {"replication_factor": 2}, "validation_patience": {"validation_every_n_secs": 5},
-               "validation_cutoff": {"validation_every_n_epochs": 0.5}, "inference": generator,
-               "beam_min_length": generator, "skip_generation": generator, "beam_block_ngram": generator}[name]
-    unread = Opts(validation_every_n_epochs=-1)  # -m memnn: a ranker
-    assert len(unused_option_notes(unread, {name})) == 1
-    assert unused_option_notes(unread.replace(**reading), {name}) == []
+    """The conditions, option by option: a note where it is unread (the code that reads it does not run or
+    weighs alike), none under each of the options the note names."""
+    unread, reading = WHERE_READ[name]
+    base = Opts(validation_every_n_epochs=-1)  # -m memnn: a ranker with weights
+    for where in unread:
+        assert len(unused_option_notes(base.replace(**where), {name})) == 1, where
+    for where in reading:
+        assert unused_option_notes(base.replace(**where), {name}) == [], where
+
+
+@pytest.mark.timeout(120)
+def test_model_options_of_an_agent_without_a_model_are_said(tmp_path, capsys):
+    """-m repeat_label builds no model, no optimizer and no batches: -esz, -tr, --label-truncate, -lr and -opt
+    change nothing (same scores) and are said; -m bag reads them (other scores, no note)."""
+    base = [*BASE, "-m", "repeat_label"]
+    model = ["-esz", "8", "-tr", "3", "--label-truncate", "2", "-lr", "0.5", "-opt", "sgd"]
+    plain, notes = _train(tmp_path, capsys, base=base)
+    assert notes == []
+    given, notes = _train(tmp_path, capsys, *model, base=base)
+    assert given == plain
+    assert [n.split(":")[1].strip() for n in notes] == ["-esz/--embedding-size", "-tr/--text-truncate",
+                                                       "--label-truncate", "-lr/--learning-rate", "-opt/--optimizer"]
+    bag, _ = _train(tmp_path, capsys)
+    read, notes = _train(tmp_path, capsys, *model)
+    assert notes == [] and read != bag
+
+
+@pytest.mark.timeout(180)
+def test_decoding_options_with_skip_generation_are_said(tmp_path, capsys):
+    """--skip-generation: the generator scores the token loss alone and decodes nothing, so --inference and the
+    beam options change nothing; without it they are read."""
+    base = [*BASE, "-m", "transformer/generator", "-t", "reverse:8", "-esz", "16", "--label-truncate", "4"]
+    beams = ["--inference", "beam", "--beam-size", "2", "--beam-min-length", "3", "--beam-block-ngram", "1"]
+    plain, notes = _train(tmp_path, capsys, "--skip-generation", base=base)
+    assert notes == []
+    given, notes = _train(tmp_path, capsys, "--skip-generation", *beams, base=base)
+    assert {k: v for k, v in given["valid"].items() if k in ("loss", "exs")} == \
+        {k: v for k, v in plain["valid"].items() if k in ("loss", "exs")} and given["train"] == plain["train"]
+    assert [n.split(":")[1].strip() for n in notes] == ["--beam-size", "--inference", "--beam-min-length",
+                                                       "--beam-block-ngram"]
+    _, notes = _train(tmp_path, capsys, *beams, base=base)
+    assert notes == []
+
+
+@pytest.mark.timeout(120)
+def test_reduction_is_read_with_several_micro_batches_an_update(tmp_path, capsys):
+    """-ga 2: MEAN weighs each micro-batch 1/2, SUM 1: another training, and no note."""
+    mean, _ = _train(tmp_path, capsys, "-ga", "2")
+    summed, notes = _train(tmp_path, capsys, "-ga", "2", "--reduction", "sum")
+    assert notes == [] and summed["train"]["loss"] != mean["train"]["loss"]
+
+
+@pytest.mark.parametrize("datatype, task, read", [("train:ordered", "babi:1", False), ("valid", "babi:1", False),
+                                                  ("train", "babi:1", True), ("train:ordered", "reverse:8", True)])
+def test_display_data_reads_the_seed_only_for_a_shuffled_order_or_a_generated_task(datatype, task, read):
+    """display-data builds no model: --seed is read by a shuffled order and by the tasks generated from it."""
+    import io
+
+    from accelbatch.verbs import display_data
+
+    def shown(seed: int) -> str:
+        out = io.StringIO()
+        display_data(Opts(task=task, datatype=datatype, seed=seed), 12, out)
+        return out.getvalue()
+
+    assert (shown(0) != shown(5)) is read
+    opts = Opts(task=task, datatype=datatype, seed=5)
+    assert len(unused_option_notes(opts, {"seed"}, verb="display-data")) == (0 if read else 1)
+    assert unused_option_notes(opts, {"seed"}) == []  # the other verbs build a model from it
 
 
 def test_a_replica_other_than_rank_0_says_nothing(tmp_path, capsys, monkeypatch):
