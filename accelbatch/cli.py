@@ -288,10 +288,10 @@ def _add_agent_options(parser: argparse.ArgumentParser, argv: list[str]) -> None
     from accelbatch.model_opts import read_model_opts
     from accelbatch.names import resolve_agent_class
 
-    name = agent_named_in(argv[argv.index(verb) + 1:], lambda path: read_model_opts(path).get("model"))
     try:
+        name = agent_named_in(argv[argv.index(verb) + 1:], lambda path: read_model_opts(path).get("model"))
         found = resolve_agent_class(name) if name else None
-    except Exception:  # noqa: BLE001 - refused when the agent is built, naming what is wrong
+    except Exception:  # noqa: BLE001 - a bad -m or PATH.opt is refused later, in one line naming what is wrong
         return
     if isinstance(found, type) and issubclass(found, Agent) and \
             inspect.getattr_static(found, "add_cmdline_args") is not vars(Agent)["add_cmdline_args"]:

@@ -3,3 +3,6 @@
 
 class OptionError(ValueError):
     """An option has a value that cannot work; the message names the option and what to do."""
+
+
+OptionError.__module__ = "accelbatch.opts"  # its public home (tracebacks and pickles name it there)
