@@ -448,10 +448,11 @@ def create_hogwild_world(opts: Opts, agent: Agent | type[Agent] | None = None, r
     main = build_world(opts.replace(numthreads=1), model, rows=1, teacher=teacher)
     served = main.get_task_agent() if hasattr(main, "get_task_agent") else None
     if isinstance(served, FixedTeacher):  # before any process starts (each would refuse its share)
-        count, plan = processes or opts.numthreads, ExecutionPlan.from_opts(opts, training=True)
+        count, one = processes or opts.numthreads, hogwild_process_opts(opts)
+        plan = ExecutionPlan.from_opts(one, training=True)
         served.check_shareable(count)
         for rank in range(count):
-            _check_ordered_tail(opts, plan, model, served, (rank, count), rows or plan.combined_batch)
+            _check_ordered_tail(one, plan, model, served, (rank, count), rows or plan.combined_batch)
     agent_class = agent if isinstance(agent, type) else (None if agent is None else type(agent))
     # a training parley of a static-row world trains its rows: known before it runs
     per_parley = None if opts.dynamic_batching != "none" else \
@@ -462,17 +463,20 @@ def create_hogwild_world(opts: Opts, agent: Agent | type[Agent] | None = None, r
     return world
 
 
+def hogwild_process_opts(opts: Opts) -> Opts:
+    """A hogwild process's options: one process, and without dynamic batching (its shard served in passes
+    whose last steps are padded) a partial step trained as a tail, as ``--no-drop-last`` trains it."""
+    passes = is_training(opts.datatype) and opts.dynamic_batching == "none"
+    return opts.replace(numthreads=1, **({"drop_last": False} if passes else {}))
+
+
 def build_hogwild_child(opts: Opts, agent_class: type[Agent] | None, rank: int, processes: int,
                         rows: int | None) -> World:
     """Hogwild process ``rank``'s world (in that process): its own model agent and engine on the CPU (the
-    caller points the parameters at the shared ones), its shard of the episodes, the whole combined batch.
-
-    A training process without dynamic batching serves its shard in passes whose last steps are padded
-    (accelbatch/hogwild_passes.py): its engine trains a step of rows D x R x G does not divide by the
-    partial-tail policy, as ``--no-drop-last`` does, so that each pass trains the shard once."""
-    single = opts.replace(numthreads=1)
-    passes = is_training(single.datatype) and single.dynamic_batching == "none"
-    runtime = setup_runtime(single.replace(drop_last=False) if passes else single)
+    caller points the parameters at the shared ones), its shard of the episodes, the whole combined batch,
+    with :func:`hogwild_process_opts` (its shard's passes: accelbatch/hogwild_passes.py)."""
+    single = hogwild_process_opts(opts)
+    runtime = setup_runtime(single)
     model = make_agent(single, agent_class)
     compile_agent(model, runtime)
     world = build_world(single, model, (rank, processes), rows)

@@ -179,8 +179,9 @@ class Opts:
                                 "the next pass, no batch is partial and this option changes nothing, but -dt "
                                 "train:ordered ends a pass with partial steps where its episodes do not fill them: "
                                 "--no-drop-last runs them as tails; --drop-last runs one whose rows are a multiple "
-                                "of D x R x G and refuses the others before training (on the IPU and with -rf "
-                                "processes, refused either way: use -dt train)")
+                                "of D x R x G and refuses the others before training (hogwild -nt processes train "
+                                "them either way; on the IPU and with -rf processes, refused either way: use -dt "
+                                "train)")
     data_timeout_s: float = _opt(60.0, "--data-timeout-s", group="data",
                                  help="seconds to wait for one batch from the data workers before failing")
 

@@ -194,14 +194,14 @@ class LayoutEngine(Engine):
                                           lay.num_updates - skipped[0] - 1))
         # the reported loss: the micro-batches the output mode returns (all of them for Sum), as an IPU
         # returns them, in applied updates; with R processes this replica's, averaged over replicas later
-        shown = [v for j, v in zip(reported, packed[2 * len(losses):]) if not bad_flags[lay.update[j]]]
+        shown = [(j, v) for j, v in zip(reported, packed[2 * len(losses):]) if not bad_flags[lay.update[j]]]
         outputs, rows = self._outputs(mine, outputs)
         extras: dict[str, Any] = {"micro_batches": lay.num_micro_batches, "partial": lay.partial,
                                   "skipped_updates": len(skipped), "host_syncs": 1 + reads}
         if self.world_size > 1:
             extras.update(replica=self.rank, shard_rows=mine.rows)
         return StepResult(outputs=outputs, rows=rows, updates=lay.num_updates - len(skipped), extras=extras,
-                          loss=sum(shown) / len(shown) if shown else None)
+                          loss=_reported_loss(lay, shown))
 
     def _token_weights(self, mine: _Mine, loss_tokens: torch.Tensor
                        ) -> tuple[tuple[tuple[int, int, float, int], ...], ...]:
@@ -406,6 +406,17 @@ def _nan_text(value: float, update: int, updates: int, after: int) -> str:
         "the update was not applied"
     return (f"non-finite training loss ({value}) in weight update {update + 1} of {updates} of this call; "
             f"{what}. Lower --learning-rate, or pass --skip-nan to skip such steps")
+
+
+def _reported_loss(lay: CallLayout, shown: list[tuple[int, float]]) -> float | None:
+    """The loss a step reports from its shown micro-batches' (index, mean loss): their mean, each weighted by
+    its rows in a tail (whose micro-batches differ in rows), so that it is the mean loss of the rows trained."""
+    if not shown:
+        return None
+    if not lay.partial:
+        return sum(v for _, v in shown) / len(shown)
+    rows = [lay.stops[j] - lay.starts[j] for j, _ in shown]
+    return sum(n * v for n, (_, v) in zip(rows, shown)) / sum(rows)
 
 
 __all__ = ["LayoutEngine", "check_trainable", "loss_of", "slice_rows"]
