@@ -336,7 +336,8 @@ def fit_batch_to_data(opts: Opts, teacher: Teacher | None) -> tuple[Opts, str | 
     whose = " per hogwild process" if opts.numthreads > 1 else ""
     note = (f"accelbatch: -bs {opts.batchsize}: a step of {plan.combined_batch} rows is more than the {episodes} "
             f"episodes of -t {opts.task} ({split_of(opts.datatype)}){whose} can fill; using -bs {fitted} "
-            f"({fitted * per_micro_row} rows)")
+            f"({fitted * per_micro_row} rows)" + (f": the fewest, in multiples of D x R x G = {per_micro_row}, that "
+                                                  "serve every episode in one step" if per_micro_row > 1 else ""))
     return opts.replace(batchsize=fitted), note
 
 

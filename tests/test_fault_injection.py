@@ -407,6 +407,8 @@ def test_training_with_a_batch_larger_than_the_split_takes_the_rows_the_data_fil
     said = (f"accelbatch: -bs 64: a step of {64 * (3 if '-ga' in extra else 1)} rows is more than the "
             f"{10 if '-nt' not in extra else 5} episodes of -t jsonl:{lab}/qa10.jsonl (train)")
     assert said in ran.err and f"using -bs {fitted} ({rows} rows)" in ran.err, ran.err
+    assert ("the fewest, in multiples of D x R x G = 3, that serve every episode in one step" in ran.err) \
+        == ("-ga" in extra), ran.err
     train = _report(ran, report)["train"]
     assert train["steps"] == (2 if "-nt" in extra else 1), train  # hogwild: one parley per process
     assert train["exs"] == (10 if "-nt" in extra else rows), train
