@@ -375,9 +375,10 @@ def _train(world: World, opts: Opts, log: MetricsLog, runtime: Runtime, stop: St
         print(f"accelbatch: -mf/--model-file {opts.model_file}: {type(model).__name__} is not a TorchAgent and has "
               "no save(path); nothing was written there", file=sys.stderr)
     backend.barrier()
-    if opts.model_file and os.path.isfile(opts.model_file) and (
-            isinstance(model, TorchAgent) or loads_itself(type(model))):
-        model.load(opts.model_file)  # evaluate the best model
+    if opts.model_file and os.path.isfile(opts.model_file) and isinstance(model, TorchAgent):
+        model.load(opts.model_file, optimizer=False)  # evaluate the best weights (the evaluations train nothing)
+    elif opts.model_file and os.path.isfile(opts.model_file) and loads_itself(type(model)):
+        model.load(opts.model_file)
     train_report = trained()
     # after the report: steps still in flight (hogwild) are done; replicas' shares of a tail may differ
     state.exs = int(backend.reduce_metrics({"exs": world.get_total_exs()})["exs"]) if replicas > 1 \

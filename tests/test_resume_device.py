@@ -4,6 +4,8 @@ there, which is said in one line."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 
@@ -45,3 +47,16 @@ def test_resumed_on_another_device_the_ipus_optimizer_state_is_said_to_start_afr
     assert main(["train", "-mf", str(part), "--resume", "-tstep", "6", "--device", "cpu"]) == 0
     assert "the checkpoint's Adam state was kept by an IPU (the device's format), which this device cannot read: " \
            "it starts afresh (resume with --device ipu to continue it)" in caplog.text
+
+
+def test_a_cpu_model_continued_on_the_ipu_that_stays_the_best_is_evaluated_from_its_file(tmp_path):
+    """The file's model validates better than the continued run's (-lr 1.0): the final valid reloads the file's
+    weights into the IPU's engine, whose optimizer cannot take a CPU optimizer state (the run failed with
+    RuntimeError 'Only IPU optimizer states can be loaded onto the IPU', its report lost)."""
+    path, first, later = tmp_path / "m.pt", tmp_path / "first.json", tmp_path / "later.json"
+    common = ["train", "-t", "babi:1", "-m", "bag", "-esz", "8", "-mf", str(path), "--eval-splits", "valid",
+              "--no-progress"]
+    assert main([*common, "-tstep", "40", "-veps", "0.2", "--report-json", str(first)]) == 0
+    assert main([*common, *IPU, "-tstep", "3", "-veps", "-1", "-lr", "1.0", "--report-json", str(later)]) == 0
+    read = [json.loads(p.read_text())["valid"] for p in (first, later)]
+    assert read[1]["accuracy"] == read[0]["accuracy"] and read[1]["loss"] == pytest.approx(read[0]["loss"], 1e-5)
