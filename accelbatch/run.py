@@ -140,13 +140,20 @@ def run(world: World, opts: Opts) -> dict[str, Any]:
     return report
 
 
+# what a world is built with and run() cannot change: its data, model, device, plan, feed and seed (-bs may be
+# lowered to the data when the world is built; -lr and -opt are the optimizer's, checked apart)
+WORLD_SHAPING = ("task", "datatype", "model", "device", "numthreads", "seed", "embedding_size", "context_length",
+                 "include_labels", "device_iterations", "gradient_accumulation", "replication_factor",
+                 "mixed_precision", "dynamic_batching", "num_workers", "dataloader_mode")
+
+
 def _world_problem(world: World, opts: Opts) -> str | None:
-    """Why ``run(world, opts)`` cannot run: ``opts`` names another task or datatype than the world serves (an
-    evaluation of a training world would never end), trains with another -lr or -opt than the world's
-    optimizer has, or trains a world that has trained already."""
+    """Why ``run(world, opts)`` cannot run: ``opts`` differ from the world's in what built it
+    (:data:`WORLD_SHAPING`; another datatype than the world serves would never end an evaluation), train
+    with another -lr or -opt than the world's optimizer has, or train a world that has trained already."""
     built = getattr(world, "opts", None) or {}  # Opts, or a world built by hand with a dict
-    for name, flag in (("task", "-t/--task"), ("datatype", "-dt/--datatype")):
-        own = built.get(name, getattr(opts, name))
+    for name in WORLD_SHAPING:
+        own, flag = built.get(name, getattr(opts, name)), "/".join(Opts.__dataclass_fields__[name].metadata["flags"])
         if own != getattr(opts, name):
             return (f"run(world, opts): {flag} {getattr(opts, name)!r}, but the world was built with {own!r}; "
                     f"build the world with these opts (create_world(opts)), or run it with its own, "

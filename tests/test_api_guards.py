@@ -39,8 +39,15 @@ def _opts(task: str, **changes) -> Opts:
     (dict(datatype="valid"), dict(datatype="train"), "-dt/--datatype 'train', but the world was built with 'valid'"),
     (dict(datatype="valid"), dict(datatype="test"), "-dt/--datatype 'test', but the world was built with 'valid'"),
     (dict(), dict(task="babi:1"), "-t/--task 'babi:1', but the world was built with 'jsonl:"),
-], ids=["train-world-evaluated", "valid-world-trained", "valid-world-as-test", "other-task"])
-def test_run_refuses_a_task_or_datatype_that_is_not_the_worlds(qa, built, given, flag):
+    (dict(), dict(model="bag"), "-m/--model 'bag', but the world was built with 'repeat_label'"),
+    (dict(), dict(seed=5), "--seed 5, but the world was built with 0"),
+    (dict(), dict(device="ipu", ipu_emulator=True), "--device 'ipu', but the world was built with 'cpu'"),
+    (dict(), dict(device_iterations=2), "-di/--device-iterations 2, but the world was built with 1"),
+    (dict(), dict(num_workers=1), "--num-workers 1, but the world was built with 0"),
+], ids=["train-world-evaluated", "valid-world-trained", "valid-world-as-test", "other-task", "other-model",
+        "other-seed", "other-device", "other-plan", "other-feed"])
+def test_run_refuses_options_that_built_another_world(qa, built, given, flag):
+    """run() ran the world as built, silently, with another -m, --device, --seed, plan or feed in its opts."""
     opts = _opts(qa, **built)
     world = create_world(opts)
     with pytest.raises(OptionError, match="run\\(world, opts\\): " + flag.replace("(", "\\(")) as info:
