@@ -131,6 +131,7 @@ READERS: dict[str, Reader] = {
     "beam_size": Reader(lambda o: o.inference == "beam" and _decodes(o), f"--inference beam of {DECODER}"),
     **{name: Reader(_decodes, DECODER) for name in ("inference", "beam_min_length", "beam_block_ngram")},
     "skip_generation": Reader(_generates, GENERATOR),
+    "ipu_emulator": Reader(lambda o: o.device == "ipu", "--device ipu"),
     "replica_timeout_s": Reader(_replicated, "replicas (-rf/--replication-factor above 1, or torchrun)"),
     "validation_patience": Reader(_periodic_validation, "validations during training (-veps or -vtim)"),
     "validation_cutoff": Reader(_periodic_validation, "validations during training (-veps or -vtim)"),

@@ -78,6 +78,7 @@ WHERE_READ: dict[str, tuple[list[dict], list[dict]]] = {
     "buffer_size": ([{}], [{"dataloader_mode": "async"}]),
     "data_timeout_s": ([{}], [{"num_workers": 1}]),
     "replica_timeout_s": ([{}], [{"replication_factor": 2}]),
+    "ipu_emulator": ([{}], [{"device": "ipu"}]),
     "validation_patience": ([{}, {"model_file": "m"}], [{"validation_every_n_secs": 5}]),
     "validation_cutoff": ([{}], [{"validation_every_n_epochs": 0.5}]),
     "skip_generation": ([{}], [GENERATOR, THEIRS]),
