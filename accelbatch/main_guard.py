@@ -127,7 +127,13 @@ def check_main_guard(what: str, needs: Iterable[object] = ()) -> None:
     """Refuse, before any process starts, a run whose ``what`` (e.g. "--dataloader-mode async") starts
     processes that would run the calling script's unguarded top-level code again, or that must import one of
     ``needs`` (classes, functions, instances, ``-m`` paths they unpickle or import by name) from a
-    ``__main__`` they do not import (``python -c``, a REPL, a notebook): see :func:`children_import_main`."""
+    ``__main__`` they do not import (``python -c``, a REPL, a notebook): see :func:`children_import_main`; or a
+    script read from standard input (``python - < script.py``), whose file they would look for to start."""
+    read_from = getattr(sys.modules.get("__main__"), "__file__", None)
+    if isinstance(read_from, str) and read_from.startswith("<") and read_from.endswith(">"):
+        raise OptionError(f"{what} starts processes that run the calling script's file to start (Python's spawn "
+                          f"and forkserver start methods), but this script was read from {read_from} (python -), "
+                          "which they cannot: save the script to a file and run that")
     found = unguarded_line()
     if found is not None:
         path, line = found

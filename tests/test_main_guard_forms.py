@@ -125,6 +125,23 @@ def test_an_agent_class_defined_in_python_c_is_refused_in_one_line_before_any_pr
     assert ran.stderr.count("Traceback") == 1 and "Can't get attribute" not in ran.stderr  # none from a child
 
 
+@pytest.mark.multiprocess
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("kind, option", [('{"numthreads": 2}', "-nt/--numthreads 2"),
+                                          ('{"dataloader_mode": "async"}', "--dataloader-mode async")])
+def test_a_script_read_from_stdin_is_refused_in_one_line_before_any_process_starts(kind, option):
+    """`python - < script.py` with a built-in agent: each child looked for a file named '<stdin>' and the run
+    ended with 'hogwild process 0 ... exited with code 1 without reporting an error'."""
+    ran = subprocess.run([sys.executable, "-"], input=INLINE.format(kind=kind, agent="None"), capture_output=True,
+                         text=True, timeout=100, env=ENV)
+    assert ran.returncode != 0 and "trained" not in ran.stdout
+    last = ran.stderr.strip().splitlines()[-1]
+    assert last.startswith(f"accelbatch.opts.OptionError: {option} starts processes that run the calling "
+                           "script's file to start"), ran.stderr[-3000:]
+    assert "read from <stdin> (python -)" in last and "save the script to a file" in last
+    assert ran.stderr.count("Traceback") == 1 and "FileNotFoundError" not in ran.stderr  # none from a child
+
+
 GUARDED_FILE = """\
 import sys
 import accelbatch as ab
