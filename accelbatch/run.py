@@ -107,6 +107,7 @@ def run(world: World, opts: Opts) -> dict[str, Any]:
         opts = opts.replace(batchsize=world.opts.batchsize)
     runtime = attach_runtime(world, opts)
     backend = runtime.backend
+    backend.begin_run()
     main = backend.is_main_process()
     tb_dir = opts.tensorboard_logdir
     log = MetricsLog(opts.metrics_log if main else None,

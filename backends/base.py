@@ -298,6 +298,9 @@ class Backend(ABC):
     def compile(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer | None, plan: Any) -> Engine:
         """Wrap model and optimizer into an engine running the given execution plan."""
 
+    def begin_run(self) -> None:
+        """A run of ``accelbatch.run`` starts: what :meth:`report_extras` counts starts from here."""
+
     def report_extras(self) -> dict[str, Any]:
         """Entries this backend adds to the run's report (the IPU's compilations, for one); none here."""
         return {}

@@ -32,7 +32,7 @@ from accelbatch.plan import ExecutionPlan, PlanError, reserved_ipus
 
 from .base import Backend, BackendUnavailable, Engine, TensorBatch
 from .ipu_engine import IPUEngine, plan_options
-from .ipu_latency import combined
+from .ipu_latency import LatencyStats, combined
 from .ipu_settings import IPUSettings
 
 MAX_IPUS = 64  # IPUs one PopTorch process drives (more need distributed execution)
@@ -95,6 +95,7 @@ class IPUBackend(Backend):
         self.implementation: str | None = None  # "poptorch" or "poptorch-emulator" once selected
         self.seed: int | None = None
         self.engines: list[IPUEngine] = []
+        self._counted_from = (0, 0)  # (compilations, cache loads) before this run: see begin_run
         self.settings = IPUSettings()
         self.replicas = 1
 
@@ -160,14 +161,22 @@ class IPUBackend(Backend):
         """Graphs loaded from --ipu-cache-dir instead of compiled."""
         return sum(e.cache_loads for e in self.engines)
 
+    def begin_run(self) -> None:
+        """Report this run's compilations, cache loads and latencies alone: an agent's engines serve every run
+        of worlds built on it (``create_world(opts, agent=...)``)."""
+        self._counted_from = (self.compilations, self.cache_loads)
+        for engine in self.engines:
+            engine.latency = LatencyStats()
+
     def report_extras(self) -> dict[str, Any]:
         """The report's ``ipu`` entry: which poptorch ran, graphs compiled (and loaded from --ipu-cache-dir),
         latency when the poptorch has getLatency (host-timed: it varies from run to run), --pipeline's
         stages, strategy and the IPUs the run holds."""
-        out: dict[str, Any] = {"poptorch": self.implementation, "compilations": self.compilations}
+        out: dict[str, Any] = {"poptorch": self.implementation,
+                               "compilations": self.compilations - self._counted_from[0]}
         out.update(self.latency or {})
         if self.settings.cache_dir is not None:
-            out["cached"] = self.cache_loads
+            out["cached"] = self.cache_loads - self._counted_from[1]
         pipeline = self.settings.pipeline
         if pipeline.stages > 1:
             out.update(stages=pipeline.stages, strategy=pipeline.strategy,

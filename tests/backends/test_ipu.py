@@ -605,3 +605,17 @@ def test_more_ipus_than_one_process_drives_are_refused_at_setup(replicas, stages
                                         rf"PopTorch drives at most 64 .*; use -rf {64 // stages} or fewer$"):
         IPUBackend().setup(opts)
     IPUBackend().setup(opts.replace(replication_factor=64 // stages))
+
+
+def test_a_run_reports_its_own_compilations_when_its_agent_ran_before(tmp_path):
+    """Worlds built on one agent share its engines: a second run of them compiles no graph (the graphs it
+    needs afresh come from --ipu-cache-dir), and its report says 0 (it said the first run's, the cache loads
+    summed over both runs likewise)."""
+    opts = ab.Opts(task="babi:1", max_train_steps=4, num_epochs=-1, validation_every_n_epochs=-1,
+                   eval_splits="valid", device="ipu", ipu_emulator=True, ipu_cache_dir=str(tmp_path / "cache"),
+                   progress=False)
+    world = ab.create_world(opts)
+    first = ab.run(world, opts)["ipu"]
+    second = ab.run(ab.create_world(opts, agent=world.get_model_agent()), opts)["ipu"]
+    assert first["compilations"] >= 2 and first["cached"] == 0
+    assert second["compilations"] == 0 and second["cached"] <= first["compilations"]
