@@ -183,6 +183,8 @@ class Checkpointer:
         ckpt = load_checkpoint(path)
         # other options (a model's among them) refused before any weight is loaded, and weights of another shape
         check_resumed_opts(ckpt, self.opts, _model_trained(world, self.opts))
+        if self.backend.is_main_process() and untold_limits(self.opts, ckpt.opts):
+            print(f"accelbatch: --resume: {untold_limits(self.opts, ckpt.opts)}", file=sys.stderr)
         check_weights(ckpt.model_state, engine.model.state_dict(), f"--resume: {ckpt.path}: cannot load",
                        type(engine.model).__name__)
         _check_optimizer_kind(ckpt, engine.host_optimizer(), self.opts)
@@ -224,6 +226,23 @@ def _check_optimizer_kind(ckpt: Any, optimizer: Any, opts: Any) -> None:
         raise CheckpointError(f"--resume: {ckpt.path}: its optimizer state is not {type(optimizer).__name__}'s "
                               f"(-opt {opts.optimizer}), so the run cannot continue as it was; start afresh "
                               "without --resume")
+
+
+def untold_limits(opts: Any, then: Mapping[str, Any]) -> str | None:
+    """What to say when a resume's limits (-ne, -tstep, -ttim) are all their defaults but the interrupted run's
+    were not: Opts built in Python take nothing from the checkpoint (the command line takes them), so the run
+    would go on to another end than the one it was stopped on its way to; None otherwise."""
+    limits = {"num_epochs": "-ne", "max_train_steps": "-tstep", "max_train_time": "-ttim"}
+    fields = type(opts).__dataclass_fields__
+    if any(getattr(opts, name) != fields[name].default for name in limits):
+        return None
+    differ = {name: then[name] for name in limits if name in then and then[name] != getattr(opts, name)}
+    if not differ:
+        return None
+    said = " ".join(f"{limits[name]} {value}" for name, value in differ.items())
+    given = ", ".join(f"{name}={value!r}" for name, value in differ.items())
+    return (f"the interrupted run was to end at {said}; this one goes on to the defaults (Opts made in Python take "
+            f"no option from the checkpoint: give {given} to end where it would have)")
 
 
 def _model_trained(world: Any, opts: Any) -> str:
