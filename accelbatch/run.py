@@ -142,9 +142,10 @@ def run(world: World, opts: Opts) -> dict[str, Any]:
 
 
 # what a world is built with and run() cannot change: its data, model, device, plan, feed and seed (-bs may be
-# lowered to the data when the world is built; -lr and -opt are the optimizer's, checked apart)
-WORLD_SHAPING = ("task", "datatype", "model", "device", "numthreads", "seed", "embedding_size", "context_length",
-                 "include_labels", "device_iterations", "gradient_accumulation", "replication_factor",
+# lowered to the data when the world is built, an agent may shape its model itself: -esz; -lr and -opt are the
+# optimizer's, checked apart)
+WORLD_SHAPING = ("task", "datatype", "model", "device", "numthreads", "seed", "context_length", "include_labels",
+                 "device_iterations", "gradient_accumulation", "replication_factor",
                  "mixed_precision", "dynamic_batching", "num_workers", "dataloader_mode")
 
 
