@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import argparse
 import inspect
-import os
 from typing import Any, Callable, Sequence
 
 from accelbatch.opts import OptionError, Opts
@@ -55,13 +54,22 @@ class AgentArgParser:
             return None  # accelbatch's own option of that flag serves (positional arguments are not offered)
         dest = kwargs.pop("dest", None) or next(
             (f for f in flags if f.startswith("--")), flags[0]).lstrip("-").replace("-", "_")
+        if dest in Opts.__dataclass_fields__:  # opts[dest] would read accelbatch's option, never this one
+            raise OptionError(f"add_cmdline_args: {'/'.join(flags)} stores to {dest!r}, the name of an option of "
+                              f"accelbatch's own (opts[{dest!r}] reads that one): give it another dest")
         unset = {"store_true": False, "store_false": True}.get(kwargs.get("action"))  # argparse's own defaults
         default = self._defaults.setdefault(dest, kwargs.pop("default", unset))
-        if kwargs.get("help") not in (None, argparse.SUPPRESS):
-            kwargs["help"] += f" (default: {default})"
+        text = kwargs.get("help")
+        if text not in (None, argparse.SUPPRESS):
+            kwargs["help"] = text.replace("%(default)s", str(default)) if "%(default)" in text else \
+                f"{text} (default: {default})"
         if kwargs.get("action") not in ("store_true", "store_false", "count"):
             kwargs.setdefault("metavar", dest.upper())
-        return self._container.add_argument(*flags, dest=PREFIX + dest, default=argparse.SUPPRESS, **kwargs)
+        try:
+            return self._container.add_argument(*flags, dest=PREFIX + dest, default=argparse.SUPPRESS, **kwargs)
+        except argparse.ArgumentError:  # a flag of the verb's own (interactive's --candidates): that one serves
+            self._defaults.pop(dest, None)
+            return None
 
     def add_argument_group(self, title: str | None = None, description: str | None = None,
                            **_: Any) -> "AgentArgParser":
@@ -69,10 +77,15 @@ class AgentArgParser:
                               self._make_group)
 
     def set_defaults(self, **defaults: Any) -> None:
-        self._defaults.update(defaults)
+        """Defaults of the agent's options (those named as accelbatch's own options keep accelbatch's)."""
+        self._defaults.update({k: v for k, v in defaults.items() if k not in Opts.__dataclass_fields__})
 
     def get_default(self, dest: str) -> Any:
         return self._defaults.get(dest)
+
+    def __getattr__(self, name: str) -> Any:
+        raise AttributeError(f"add_cmdline_args: the parser accelbatch gives has no {name}() (ParlAI's parser "
+                             "has): it offers add_argument, add_argument_group, set_defaults and get_default")
 
 
 def declare(cls: type, container: Any, make_group: Callable[[str], Any]) -> dict[str, Any]:
@@ -114,27 +127,29 @@ def with_agent_defaults(cls: type, opts: Opts) -> Opts:
     if unknown:
         declared = f"its add_cmdline_args declares {', '.join(sorted(defaults))}" if defaults else \
             "it has no add_cmdline_args of its own"
-        raise OptionError(f"agent_args: {cls.__name__} declares no option {unknown[0]!r} ({declared})")
+        kept = f"; remove it from {opts.model_file}.opt, which keeps it" if opts.model_file else ""
+        raise OptionError(f"agent_args: {cls.__name__} declares no option {unknown[0]!r} ({declared}){kept}")
     if not defaults:
         return opts
     return opts.replace(agent_args={**defaults, **opts.agent_args})
 
 
 def agent_named_in(argv: Sequence[str], saved_model: Callable[[str], str | None]) -> str | None:
-    """The agent an argv names: its ``-m``/``--model``, else the model ``-mf PATH``'s PATH.opt records
-    (``saved_model(path)``); None when neither (the default model declares no options)."""
+    """The agent an argv names: its ``-m``/``--model``, else the model ``-mf PATH`` (its PATH.opt or
+    checkpoint) or ``--init-model FILE`` records (``saved_model(path)``: None when none); None when neither
+    (the default model declares no options)."""
     scan = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
     scan.add_argument("-m", "--model")
     scan.add_argument("-mf", "--model-file")
+    scan.add_argument("-im", "--init-model")
     try:
         known, _ = scan.parse_known_args([a for a in argv if a not in ("-h", "--help")])
     except SystemExit:
         return None
     if known.model:
         return known.model
-    if known.model_file and os.path.isfile(known.model_file):
-        return saved_model(known.model_file)
-    return None
+    return next((saved_model(path) for path in (known.model_file, known.init_model) if path and saved_model(path)),
+                None)
 
 
 __all__ = ["AgentArgParser", "add_agent_arguments", "agent_named_in", "declare", "given_agent_args",

@@ -170,12 +170,16 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _main(argv: Sequence[str] | None) -> int:
     parser = build_cli()
-    _add_agent_options(parser, sys.argv[1:] if argv is None else list(argv))
+    unresolved = _add_agent_options(parser, sys.argv[1:] if argv is None else list(argv))
     args, unknown = parser.parse_known_args(argv)
     agent_args = given_agent_args(args)
     if agent_args:
         args.agent_args = agent_args
     verb_parser, given = args.verb_parsers.get(args.verb, parser), sys.argv[1:] if argv is None else argv
+    if unknown and unresolved is not None:  # perhaps the agent's own options: why it was not found comes first
+        said = bad_input_message(unresolved)
+        print(f"accelbatch: error: {said or f'{type(unresolved).__name__}: {unresolved}'}", file=sys.stderr)
+        return 2
     if unknown:  # named with the verb's own --help, as argparse names the verb's other errors
         verb_parser.error(f"unrecognized arguments: {' '.join(unknown)}")
     if args.verb is None:  # `accelbatch $VERB` with VERB unset must fail, as argparse fails a missing argument
@@ -278,24 +282,37 @@ def print_report(report: dict[str, Any], as_json: bool = False) -> None:
 AGENT_VERBS = ("train", "eval", "display-model", "interactive")  # the verbs that build the -m agent
 
 
-def _add_agent_options(parser: argparse.ArgumentParser, argv: list[str]) -> None:
-    """The options the agent named by ``argv`` (-m, or -mf's PATH.opt) declares with its add_cmdline_args, on
-    its verb's parser (an agent that does not resolve is refused later, saying why)."""
+def _add_agent_options(parser: argparse.ArgumentParser, argv: list[str]) -> BaseException | None:
+    """The options the agent named by ``argv`` (-m, or the model -mf or --init-model recorded) declares with its
+    add_cmdline_args, on its verb's parser; a declaration that fails is refused in one line. Returns why the
+    agent could not be found (said if options are left unrecognized; else the run says it itself)."""
     verb = next((arg for arg in argv if arg in parser.get_default("verb_parsers")), None)
     if verb not in AGENT_VERBS:
-        return
+        return None
     from accelbatch.agents import Agent
-    from accelbatch.model_opts import read_model_opts
     from accelbatch.names import resolve_agent_class
 
     try:
-        name = agent_named_in(argv[argv.index(verb) + 1:], lambda path: read_model_opts(path).get("model"))
+        name = agent_named_in(argv[argv.index(verb) + 1:], _saved_model)
         found = resolve_agent_class(name) if name else None
-    except Exception:  # noqa: BLE001 - a bad -m or PATH.opt is refused later, in one line naming what is wrong
-        return
+    except Exception as exc:  # noqa: BLE001 - a bad -m or PATH.opt is refused later, in one line naming it
+        return exc
+    verb_parser = parser.get_default("verb_parsers")[verb]
     if isinstance(found, type) and issubclass(found, Agent) and \
             inspect.getattr_static(found, "add_cmdline_args") is not vars(Agent)["add_cmdline_args"]:
-        add_agent_arguments(parser.get_default("verb_parsers")[verb], found)
+        try:
+            add_agent_arguments(verb_parser, found)
+        except Exception as exc:  # noqa: BLE001 - the agent's own code: said in one line, naming it
+            verb_parser.error(f"-m {name}: {found.__name__}.add_cmdline_args failed: {type(exc).__name__}: {exc}")
+    return None
+
+
+def _saved_model(path: str) -> str | None:
+    """The -m that ``path`` (a model file's PATH.opt, or its checkpoint before the file is written) records."""
+    from accelbatch.model_opts import read_model_opts, run_opts
+
+    model = read_model_opts(path).get("model") if os.path.isfile(path) else run_opts(path).get("model")
+    return model if isinstance(model, str) else None
 
 
 def _bad_path(args: argparse.Namespace) -> str | None:

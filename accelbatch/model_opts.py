@@ -118,7 +118,8 @@ def with_agent_shape(opts: Opts, world: Any) -> Opts:
         return opts
     if not isinstance(built, Opts):
         return opts
-    differ = {k: getattr(built, k) for k in SHAPING if k != "model" and getattr(built, k) != getattr(opts, k)}
+    differ = {k: getattr(built, k) for k in (*SHAPING, "agent_args") if k != "model" and getattr(built, k) !=
+              getattr(opts, k)}  # the agent's own options with their defaults: what PATH.opt keeps
     return opts.replace(**differ) if differ else opts
 
 
@@ -159,6 +160,8 @@ def read_model_opts(model_file: str) -> dict[str, Any]:
         raise unreadable_sidecar(opt_path(model_file), f"a JSON {type(saved).__name__}, not an object of options")
     if saved is not None and "task" in saved and not (isinstance(saved["task"], str) and saved["task"].strip()):
         raise unreadable_sidecar(opt_path(model_file), f"its task is {saved['task']!r}, not a task's name")
+    if saved is not None and not isinstance(saved.get("agent_args", {}), dict):
+        raise unreadable_sidecar(opt_path(model_file), f"its agent_args are {saved['agent_args']!r}, not an object")
     return {k: v for k, v in saved.items() if k in KEPT} if saved is not None else {}
 
 
@@ -214,7 +217,7 @@ def with_model_opts(opts: Opts, argv: Sequence[str]) -> tuple[Opts, str | None]:
     if path and os.path.isfile(path):
         source, flag, names = path, "-mf", KEPT if training else (*SHAPING, *HISTORY, "task", "seed", "agent_args")
     elif opts.init_model and os.path.isfile(opts.init_model):
-        source, flag, names = opts.init_model, "--init-model", SHAPING
+        source, flag, names = opts.init_model, "--init-model", (*SHAPING, "agent_args")
     else:
         return opts, None
     saved = read_model_opts(source)
@@ -226,9 +229,9 @@ def with_model_opts(opts: Opts, argv: Sequence[str]) -> tuple[Opts, str | None]:
     if not taken:
         return opts, untold_task
     flags = {f.name: f.metadata["flags"][0] for f in dataclasses.fields(Opts) if f.metadata["flags"]}
-    said = " ".join(_said(flags[k], v) if k in flags else " ".join(_said(f"--{name.replace('_', '-')}", value)
-                                                                    for name, value in v.items())
-                    for k, v in taken.items())
+    said = " ".join(_said(flags[k], v) if k in flags else "the agent's " + ", ".join(
+        f"{name}={value!r}" for name, value in v.items() if name not in opts.agent_args)
+        for k, v in taken.items())
     if "task" in taken:
         _check_task_files(opts.replace(task=taken["task"]), f"{opt_path(source)}: the model's task",
                           "give -t naming the data to use")

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
 import math
 import os
 from dataclasses import dataclass, field
@@ -329,6 +330,12 @@ def validate(opts: Opts) -> None:
             raise OptionError(f"{flag}: expected a string, got {value!r}")
     if not isinstance(opts.agent_args, dict) or not all(isinstance(k, str) for k in opts.agent_args):
         raise OptionError(f"agent_args: expected a dict of the agent's options by name, got {opts.agent_args!r}")
+    for key, value in opts.agent_args.items():  # PATH.opt and checkpoints keep them as JSON
+        try:
+            json.dumps(value)
+        except (TypeError, ValueError):
+            raise OptionError(f"agent_args: {key} = {value!r} is not JSON data (str, number, bool, list, dict), "
+                              "which PATH.opt keeps: declare it with type=str") from None
     for name in ("batchsize", "device_iterations", "replication_factor", "gradient_accumulation",
                  "ipu_input_replica_grouping", "numthreads", "output_return_period", "buffer_size", "num_buckets",
                  "embedding_size", "beam_size", "batch_sort_cache_size"):

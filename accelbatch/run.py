@@ -93,8 +93,12 @@ def run(world: World, opts: Opts) -> dict[str, Any]:
     own optimizer; its plan, -bs and the rest, is the one it was built with). A world trains once: a second
     training run of it is refused; to train its model further, build a new world on it,
     ``create_world(opts, agent=world.get_model_agent())``."""
-    opts = with_agent_shape(as_opts(opts, "run(world, opts)"), world)
-    problem = _world_problem(world, opts)
+    given = as_opts(opts, "run(world, opts)")
+    opts = with_agent_shape(given, world)  # the agent's own options too: given ones must be the built agent's
+    other = next((k for k, v in given.agent_args.items() if opts.agent_args.get(k) != v), None)
+    problem = _world_problem(world, opts) if other is None else (
+        f"run(world, opts): the agent's option {other}={given.agent_args[other]!r}, but the world's agent was built "
+        f"with {opts.agent_args.get(other)!r}; build the world with these opts (create_world(opts))")
     if problem is None and not is_training(opts.datatype) and opts.gradient_accumulation > 1:
         problem = (f"-ga/--gradient-accumulation {opts.gradient_accumulation}: gradient accumulation is a training "
                    f"option and -dt {opts.datatype} trains nothing; evaluate with -ga 1")

@@ -72,15 +72,18 @@ def test_given_options_train_the_agent_and_are_kept_for_eval(tmp_path, capsys):
                  "--no-progress", "--eval-splits", ""]) == 0
     assert _embedding_width(path) == 8  # the default would give 16
     kept = json.loads((tmp_path / "m.pt.opt").read_text())
-    assert kept["agent_args"] == {"width": 8, "shout": True}
+    assert kept["agent_args"] == {"width": 8, "shout": True, "tag": "plain"}  # as the agent was built
     capsys.readouterr()
     report = tmp_path / "r.json"
     assert main(["eval", "-mf", str(path), "--tag", "loud", "--no-progress", "-dt", "valid",
                  "--report-json", str(report)]) == 0  # -m, --width 8 and --shout from PATH.opt; --tag given
-    assert "--width 8 --shout" in capsys.readouterr().err  # said as the other options taken from PATH.opt
+    assert "the agent's width=8, shout=True (" in capsys.readouterr().err  # the given --tag is not said
     assert json.loads(report.read_text())["valid"]["exs"] == 1000
     agent = _agent(ab.Opts(model=f"{ME}:WideBag", model_file=str(path), datatype="valid",
                            agent_args={**kept["agent_args"], "tag": "loud"}))
+    assert main(["train", "--init-model", str(path), "-mf", str(tmp_path / "n.pt"), "--width", "8", "-tstep", "1",
+                 "--no-progress", "--eval-splits", ""]) == 0  # -m and the agent's options from the file's .opt
+    assert _embedding_width(tmp_path / "n.pt") == 8
     assert agent.seen == {"width": 8, "tag": "loud", "shout": True}
 
 
@@ -113,3 +116,97 @@ def test_opts_without_agent_options_read_as_before():
         opts["hidden"]
     with pytest.raises(OptionError, match="agent_args"):
         ab.Opts(agent_args=["width"])
+
+
+class Ranker(WideBag):
+    """Declares ParlAI's TorchRankerAgent -cands/--candidates, a flag interactive has itself, and -n."""
+
+    @classmethod
+    def add_cmdline_args(cls, parser, partial_opt=None):
+        super().add_cmdline_args(parser, partial_opt=partial_opt)
+        parser.add_argument("-cands", "--candidates", type=str, default="inline", choices=["batch", "inline"])
+        parser.add_argument("-n", "--n-things", type=int, default=1, help="things, %(default)s of them")
+
+
+class StoresToBatchsize(BagAgent):
+    @classmethod
+    def add_cmdline_args(cls, parser, partial_opt=None):
+        parser.add_argument("--my-bs", dest="batchsize", type=int, default=4)
+
+
+class ParlAIOnly(BagAgent):
+    @classmethod
+    def add_cmdline_args(cls, parser, partial_opt=None):
+        parser.add_parlai_data_path()
+
+
+def _error(capsys, argv) -> str:
+    with pytest.raises(SystemExit) as ended:
+        main(argv)
+    assert ended.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) <= 2 and "Traceback" not in "".join(err), err
+    return err[-1]
+
+
+def test_a_flag_the_verb_has_itself_is_the_verb_s(tmp_path, capsys):
+    """interactive's --candidates and display-model's -n: an argparse conflict traceback, --help included."""
+    path = tmp_path / "r.pt"
+    assert main(["train", "-m", f"{ME}:Ranker", "--candidates", "batch", "-tstep", "1", "-mf", str(path),
+                 "--no-progress", "--eval-splits", ""]) == 0
+    for verb in ("interactive", "display-model"):
+        with pytest.raises(SystemExit):
+            main([verb, "-mf", str(path), "--help"])
+        out = capsys.readouterr().out
+        assert "--width WIDTH" in out and ("things, 1 of them" in out) == (verb == "interactive")
+    assert main(["display-model", "-mf", str(path), "-n", "1", "--no-progress"]) == 0
+
+
+def test_declarations_and_values_accelbatch_cannot_keep_are_refused_in_one_line(tmp_path, capsys):
+    assert "--my-bs stores to 'batchsize', the name of an option of accelbatch's own" in _error(
+        capsys, ["train", "-m", f"{ME}:StoresToBatchsize", "-tstep", "1"])
+    assert "ParlAIOnly.add_cmdline_args failed: AttributeError: add_cmdline_args: the parser accelbatch gives " \
+           "has no add_parlai_data_path()" in _error(capsys, ["train", "-m", f"{ME}:ParlAIOnly", "--help"])
+    with pytest.raises(OptionError, match="agent_args: width = PosixPath.* is not JSON data"):
+        ab.Opts(agent_args={"width": tmp_path})
+
+
+def test_an_agent_that_is_not_found_is_said_before_its_options_are_called_unknown(capsys):
+    assert main(["train", "-m", f"{ME}:WideBg", "--width", "3", "-tstep", "1"]) == 2
+    assert "has no 'WideBg'" in capsys.readouterr().err
+
+
+def test_a_model_file_s_stale_or_malformed_agent_options_are_named(tmp_path, capsys):
+    path = tmp_path / "m.pt"
+    assert main(["train", "-m", f"{ME}:WideBag", "-tstep", "1", "-mf", str(path), "--no-progress",
+                 "--eval-splits", ""]) == 0
+    opt_file = tmp_path / "m.pt.opt"
+    kept = json.loads(opt_file.read_text())
+    opt_file.write_text(json.dumps({**kept, "agent_args": {"wdth": 3}}))
+    capsys.readouterr()
+    assert main(["eval", "-mf", str(path), "--no-progress"]) == 2
+    err = capsys.readouterr().err
+    assert "declares no option 'wdth'" in err and f"remove it from {path}.opt" in err, err
+    opt_file.write_text(json.dumps({**kept, "agent_args": [1]}))
+    assert main(["eval", "-mf", str(path), "--no-progress"]) == 2
+    assert "its agent_args are [1], not an object" in capsys.readouterr().err
+
+
+def test_a_resume_before_the_model_file_is_written_takes_the_agent_s_options(tmp_path, capsys):
+    """The checkpoint names the agent when -mf PATH is not written yet (a run stopped before its first save)."""
+    path = tmp_path / "m.pt"
+    assert main(["train", "-m", f"{ME}:WideBag", "--width", "8", "-tstep", "1", "-mf", str(path), "-veps", "-1",
+                 "--no-progress", "--eval-splits", ""]) == 0
+    path.unlink()
+    (tmp_path / "m.pt.opt").unlink()
+    assert main(["train", "-mf", str(path), "--resume", "--shout", "true", "-tstep", "2", "--no-progress",
+                 "--eval-splits", ""]) == 0
+    assert _embedding_width(path) == 8
+
+
+def test_run_refuses_agent_options_other_than_its_world_s_agent_was_built_with():
+    opts = ab.Opts(model=f"{ME}:WideBag", agent_args={"width": 4}, max_train_steps=1, num_epochs=-1,
+                   validation_every_n_epochs=-1, eval_splits="", progress=False)
+    world = ab.create_world(opts)
+    with pytest.raises(OptionError, match="the agent's option width=12, but the world's agent was built with 4"):
+        ab.run(world, opts.replace(agent_args={"width": 12}))
