@@ -283,3 +283,16 @@ def eval_valid(path: str, tmp_path, capsys, *given: str) -> tuple[dict, str]:
     assert main(["eval", "-mf", path, "--report-json", str(report), *given, "--no-progress"]) == 0
     scores = json.loads(report.read_text())["valid"]
     return {k: scores[k] for k in ("accuracy", "f1", "loss", "exs")}, capsys.readouterr().err
+
+
+class StagingEngine:
+    """An engine that copies batches to a device ahead of their step (CUDA's), which picks the loader front
+    end itself: wraps a real engine and says it stages."""
+
+    stages = True
+
+    def __init__(self, engine):
+        self.engine = engine
+
+    def __getattr__(self, name):
+        return getattr(self.engine, name)

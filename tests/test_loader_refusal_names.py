@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from helpers import StagingEngine
 from torch import nn
 
 import accelbatch as ab
@@ -94,21 +95,9 @@ class Plain(ab.TorchAgent):
         return [{"text": "R"} for _ in observations]
 
 
-class _Staging:
-    """An engine that copies batches to a device ahead of their step (CUDA's), which picks the loader itself."""
-
-    stages = True
-
-    def __init__(self, engine):
-        self.engine = engine
-
-    def __getattr__(self, name):
-        return getattr(self.engine, name)
-
-
 def _staged_world(opts: ab.Opts):
     agent = ab.create_world(opts.replace(datatype="valid", dynamic_batching="none"), agent=Plain).get_model_agent()
-    agent.slot.engine = _Staging(agent.engine)
+    agent.slot.engine = StagingEngine(agent.engine)
     return build_world(opts, agent)
 
 

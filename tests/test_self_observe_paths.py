@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from helpers import StagingEngine
 from torch import nn
 
 import accelbatch as ab
@@ -169,18 +170,6 @@ def test_refusal_names_the_option_that_chose_the_loader(change, named):
     assert named in _replies_unknown(ab.Opts(task="t", **change))
 
 
-class _Staging:
-    """An engine that copies batches to a device ahead of their step (CUDA's): the loader front end's case."""
-
-    stages = True
-
-    def __init__(self, engine):
-        self.engine = engine
-
-    def __getattr__(self, name):
-        return getattr(self.engine, name)
-
-
 @pytest.mark.parametrize("labelled, kind", [(False, BatchWorld), (True, LoaderWorld)])
 def test_a_staging_engine_keeps_clones_for_episodes_whose_histories_hold_replies(episodes_file, write_jsonl,
                                                                                labelled, kind):
@@ -192,5 +181,5 @@ def test_a_staging_engine_keeps_clones_for_episodes_whose_histories_hold_replies
         if labelled else episodes_file
     opts = ab.Opts(task=f"jsonl:{path}", datatype="valid", batchsize=2)
     agent = ab.create_world(opts, agent=Recorder).get_model_agent()
-    agent.slot.engine = _Staging(agent.engine)
+    agent.slot.engine = StagingEngine(agent.engine)
     assert type(build_world(opts, agent)) is kind
