@@ -12,7 +12,7 @@ import argparse
 import inspect
 from typing import Any, Callable, Sequence
 
-from accelbatch.opts import OptionError, Opts
+from accelbatch.opts import OptionError, Opts, command_line_flags
 
 PREFIX = "agent_args."  # the namespace dest of an agent's option: apart from Opts' fields of the same name
 
@@ -25,15 +25,6 @@ def _to_bool(text: str) -> bool:
     if lowered in ("no", "false", "f", "0", "n"):
         return False
     raise argparse.ArgumentTypeError(f"expected true or false, got {text!r}")
-
-
-def _own_flags() -> set[str]:
-    """Every flag accelbatch's own options take (a switch's ``--no-`` form too)."""
-    flags: set[str] = set()
-    for f in Opts.__dataclass_fields__.values():
-        for flag in f.metadata.get("flags", ()):
-            flags.update((flag, f"--no-{flag[2:]}") if flag.startswith("--") else (flag,))
-    return flags
 
 
 class AgentArgParser:
@@ -94,7 +85,7 @@ def declare(cls: type, container: Any, make_group: Callable[[str], Any]) -> dict
     defaults: dict[str, Any] = {}
     if not callable(declare_args):
         return defaults
-    parser = AgentArgParser(container, defaults, _own_flags(), make_group)
+    parser = AgentArgParser(container, defaults, command_line_flags(), make_group)
     try:
         takes_opt = len(inspect.signature(declare_args).parameters) >= 2
     except (TypeError, ValueError):

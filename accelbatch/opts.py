@@ -409,6 +409,11 @@ def train_only_flags() -> dict[str, str]:
     return {f.name: "/".join(_flags(f)) for f in dataclasses.fields(Opts) if f.metadata["train_only"]}
 
 
+def command_line_flags() -> set[str]:
+    """Every flag the options of accelbatch take on the command line (a switch's ``--no-`` form too)."""
+    return {flag for f in dataclasses.fields(Opts) for flag in _flags(f)}
+
+
 def _flags(f: dataclasses.Field) -> list[str]:
     """The flags of an option as the command line takes them: a switch's ``--no-`` form too."""
     flags = list(f.metadata["flags"])

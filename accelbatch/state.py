@@ -183,8 +183,9 @@ class Checkpointer:
         ckpt = load_checkpoint(path)
         # other options (a model's among them) refused before any weight is loaded, and weights of another shape
         check_resumed_opts(ckpt, self.opts, _model_trained(world, self.opts))
-        if self.backend.is_main_process() and untold_limits(self.opts, ckpt.opts):
-            print(f"accelbatch: --resume: {untold_limits(self.opts, ckpt.opts)}", file=sys.stderr)
+        untold = untold_limits(self.opts, ckpt.opts)
+        if untold and self.backend.is_main_process():
+            print(f"accelbatch: --resume: {untold}", file=sys.stderr)
         check_weights(ckpt.model_state, engine.model.state_dict(), f"--resume: {ckpt.path}: cannot load",
                        type(engine.model).__name__)
         _check_optimizer_kind(ckpt, engine.host_optimizer(), self.opts)
