@@ -24,6 +24,7 @@ if TYPE_CHECKING:
     from accelbatch.loader_world import LoaderWorld
     from accelbatch.messages import Message
     from accelbatch.metrics import Metrics
+    from accelbatch.model_opts import opts_from_model_file
     from accelbatch.opts import Opts
     from accelbatch.report_table import format_report
     from accelbatch.run import evaluate, run
@@ -35,14 +36,14 @@ __version__ = "0.1.0"
 _WHERE = {
     "Agent": "agents", "TorchAgent": "agents", "create_world": "build", "LoaderWorld": "loader_world",
     "Message": "messages", "Metrics": "metrics", "Opts": "opts", "evaluate": "run", "format_report": "report_table",
-    "run": "run", "FixedTeacher": "teachers", "Teacher": "teachers", "BatchWorld": "worlds",
-    "DialogPartnerWorld": "worlds", "MultiWorld": "worlds", "World": "worlds",
+    "opts_from_model_file": "model_opts", "run": "run", "FixedTeacher": "teachers", "Teacher": "teachers",
+    "BatchWorld": "worlds", "DialogPartnerWorld": "worlds", "MultiWorld": "worlds", "World": "worlds",
 }
 
 __all__ = [
     "Agent", "TorchAgent", "Message", "Metrics", "Opts", "run", "evaluate", "format_report",
     "FixedTeacher", "Teacher", "World", "DialogPartnerWorld", "BatchWorld", "LoaderWorld", "MultiWorld",
-    "create_world",
+    "create_world", "opts_from_model_file",
 ]
 
 

@@ -212,14 +212,14 @@ def _main(argv: Sequence[str] | None) -> int:
                               f"to evaluate, use accelbatch eval -dt {opts.datatype}")
         if args.verb in ("display-model", "interactive"):  # they evaluate: a train split in eval mode
             opts = opts.replace(datatype=eval_datatype(opts.datatype))
-        from accelbatch.model_opts import with_model_opts
-
-        opts, taken = with_model_opts(opts, given)  # -mf names its model
-        from accelbatch.model_opts import given_on_command_line
+        from accelbatch.model_opts import given_on_command_line, with_model_opts
         from accelbatch.unused_options import unused_option_notes
 
+        given_fields = given_on_command_line(given)
+        opts, taken = with_model_opts(opts, given_fields)  # -mf names its model
+
         if _first_replica():  # said once: torchrun starts this in every replica
-            for note in filter(None, [taken, *unused_option_notes(opts, given_on_command_line(given), args.verb)]):
+            for note in filter(None, [taken, *unused_option_notes(opts, given_fields, args.verb)]):
                 print(note, file=sys.stderr)
         from accelbatch.run_control import check_output_paths
 

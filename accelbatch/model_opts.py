@@ -197,13 +197,30 @@ def _untold(saved: dict[str, Any], names: Sequence[str], given: set[str], opts: 
     return {k: v for k, v in saved.items() if k in names and k not in given and getattr(opts, k) != v}
 
 
-def with_model_opts(opts: Opts, argv: Sequence[str]) -> tuple[Opts, str | None]:
-    """``opts`` with the saved options that ``argv`` does not give: a ``--resume``'s from its checkpoint
+def opts_from_model_file(model_file: str, **changes: Any) -> Opts:
+    """The options of the model saved at ``model_file`` for Python, as ``-mf`` alone gives them on the command
+    line: its agent, sizes, history, task and seed from ``PATH.opt`` (a ``resume=True`` training's from its
+    checkpoint), ``changes`` (Opts' fields) winning. What was taken is said on stderr, as the command line says it.
+
+        opts = ab.opts_from_model_file("/tmp/m.pt", datatype="valid")
+    """
+    opts = Opts(model_file=model_file, **changes)
+    if not (os.path.isfile(model_file) or opts.resume and has_saved_position(model_file)):
+        raise OptionError(f"opts_from_model_file: no model file {model_file} (nor, with resume=True, a checkpoint "
+                          "of it); give the -mf path a training saved to")
+    opts, taken = with_model_opts(opts, set(changes))
+    if taken:
+        print(taken, file=sys.stderr)
+    return opts
+
+
+def with_model_opts(opts: Opts, given: set[str]) -> tuple[Opts, str | None]:
+    """``opts`` with the saved options that are not ``given`` (Opts' field names): a ``--resume``'s from its checkpoint
     (:data:`RESUMED`, unsaid: the run continues as it was, as ParlAI's resume does; a model option given
     otherwise is refused in one line), else those of an existing ``-mf`` (the learning rate only when ``opts``
     trains), else the shaping ones of its ``--init-model``; and a line saying which of these were taken (None
     when none). A bad value in the file they come from is an OptionError naming that file."""
-    given, training, path = given_on_command_line(argv), is_training(opts.datatype), opts.model_file
+    training, path = is_training(opts.datatype), opts.model_file
     if opts.resume and path and training and has_saved_position(path):  # the checkpoint's options win
         saved, found = run_opts(path), find_checkpoint(path)
         taken = RESUMED if given.isdisjoint(LIMITS) else tuple(k for k in RESUMED if k not in LIMITS)

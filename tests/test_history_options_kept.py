@@ -111,3 +111,22 @@ def test_display_data_refuses_the_history_options_it_would_ignore(argv, capsys):
     assert len(err) == 1 and err[0].startswith("accelbatch: error: ") and \
         "display-data prints a task's examples as its teacher serves them" in err[0], err
     assert main(["display-data", "-t", "babi:1", "-n", "3", *QUIET]) == 0
+
+
+def test_python_opts_from_model_file_scores_the_model_as_eval_mf_does(trained, tmp_path, capsys):
+    """From Python, Opts(model_file=PATH) read nothing from PATH.opt: a bag model built with the defaults failed
+    to load the saved weights. ab.opts_from_model_file takes what -mf alone takes on the command line."""
+    import accelbatch as ab
+    from accelbatch.opts import OptionError
+
+    path, valid = trained
+    capsys.readouterr()
+    opts = ab.opts_from_model_file(path, datatype="valid", progress=False)
+    assert (opts.model, opts.context_length, opts.include_labels) == ("bag", 2, False)
+    assert "was trained with -m bag -histsz 2 --no-include-labels" in capsys.readouterr().err
+    report = ab.evaluate(ab.create_world(opts))
+    assert {k: report[k] for k in SCORES} == {k: valid[k] for k in SCORES}
+    # a change given wins and is not said taken
+    assert ab.opts_from_model_file(path, datatype="valid", context_length=-1).context_length == -1
+    with pytest.raises(OptionError, match="no model file .*missing.pt"):
+        ab.opts_from_model_file(str(tmp_path / "missing.pt"))
