@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import inspect
+import json
 from typing import Any, Callable, Sequence
 
 from accelbatch.opts import OptionError, Opts, command_line_flags
@@ -111,18 +112,61 @@ def given_agent_args(namespace: argparse.Namespace) -> dict[str, Any]:
 
 
 def with_agent_defaults(cls: type, opts: Opts) -> Opts:
-    """``opts`` whose ``agent_args`` hold every option ``cls`` declares: the given value, else its default."""
+    """``opts`` whose ``agent_args`` hold every option ``cls`` declares: the given value (read as the command
+    line reads it: a text through the declared type, then checked against the choices), else its default."""
     scratch = argparse.ArgumentParser(add_help=False)
     defaults = declare(cls, scratch, lambda title: scratch)
     unknown = sorted(set(opts.agent_args) - set(defaults))
     if unknown:
         declared = f"its add_cmdline_args declares {', '.join(sorted(defaults))}" if defaults else \
             "it has no add_cmdline_args of its own"
-        kept = f"; remove it from {opts.model_file}.opt, which keeps it" if opts.model_file else ""
+        kept = f"; remove it from {opts.model_file}.opt, which keeps it" if unknown[0] in _kept(opts) else ""
         raise OptionError(f"agent_args: {cls.__name__} declares no option {unknown[0]!r} ({declared}){kept}")
     if not defaults:
         return opts
-    return opts.replace(agent_args={**defaults, **opts.agent_args})
+    actions = {action.dest[len(PREFIX):]: action for action in scratch._actions if action.dest.startswith(PREFIX)}
+    given = {key: _read_as_declared(cls, key, value, actions.get(key)) for key, value in opts.agent_args.items()}
+    return opts.replace(agent_args={**defaults, **given})
+
+
+def _kept(opts: Opts) -> dict[str, Any]:
+    """The agent options ``PATH.opt`` of ``opts.model_file`` keeps (empty when there is none to read)."""
+    try:
+        with open(f"{opts.model_file}.opt", encoding="utf-8") as file:
+            kept = json.load(file).get("agent_args")
+    except (OSError, ValueError, TypeError, AttributeError):
+        return {}
+    return kept if isinstance(kept, dict) else {}
+
+
+_TEXT_READERS = (int, float, str, _to_bool)  # the types whose reading of a text is plain and repeatable
+
+
+def _read_as_declared(cls: type, key: str, value: Any, action: argparse.Action | None) -> Any:
+    """``value`` of agent option ``key`` as the command line would have read it: a text through its declared
+    type (int, float, 'bool'), a number where a number is declared, one of its choices; else OptionError."""
+    if action is None or action.nargs not in (None, "?") or isinstance(action, argparse._AppendAction):
+        return value  # a list of values (nargs, append): taken as given
+    kind, said = action.type, f"agent_args: {cls.__name__}'s option {key!r} is {value!r}"
+    if isinstance(value, str) and kind in _TEXT_READERS:
+        try:
+            value = kind(value)
+        except (ValueError, argparse.ArgumentTypeError):
+            raise OptionError(f"{said}, not {_type_name(kind)}: give {_type_name(kind)}") from None
+    elif kind in (int, float) and (isinstance(value, bool) or not isinstance(value, (int, float)) or
+                                   kind is int and isinstance(value, float) and not value.is_integer()):
+        raise OptionError(f"{said}, not {_type_name(kind)}: give {_type_name(kind)}")
+    elif kind is int and isinstance(value, float):
+        value = int(value)
+    elif kind is _to_bool and not isinstance(value, bool):
+        raise OptionError(f"{said}, not true or false: give a bool")
+    if action.choices is not None and value not in action.choices:
+        raise OptionError(f"{said}: choose from {', '.join(map(repr, action.choices))}")
+    return value
+
+
+def _type_name(kind: Any) -> str:
+    return {int: "an integer", float: "a number", str: "a text", _to_bool: "true or false"}[kind]
 
 
 def agent_named_in(argv: Sequence[str], saved_model: Callable[[str], str | None]) -> str | None:

@@ -210,3 +210,39 @@ def test_run_refuses_agent_options_other_than_its_world_s_agent_was_built_with()
     world = ab.create_world(opts)
     with pytest.raises(OptionError, match="the agent's option width=12, but the world's agent was built with 4"):
         ab.run(world, opts.replace(agent_args={"width": 12}))
+
+
+class Chooser(BagAgent):
+    """An agent with a choice, a number and a switch of its own."""
+
+    @classmethod
+    def add_cmdline_args(cls, parser, partial_opt=None):
+        parser.add_argument("--mode", choices=["sum", "mean"], default="sum")
+        parser.add_argument("--scale", type=float, default=1.0)
+        parser.add_argument("--width", type=int, default=16)
+        parser.add_argument("--fast", type="bool", default=False)
+
+
+def test_python_values_are_read_and_checked_as_the_command_line_reads_them(tmp_path):
+    """From Python, agent_args={"width": "8"} reached the agent as the text '8' (torch failed later, deep in
+    the model) and a value outside the declared choices was taken: now a text is read through the declared
+    type, as the command line reads it, and a value the declaration refuses is one line naming the option."""
+    agent = _agent(ab.Opts(agent_args={"width": "8", "scale": "0.5", "fast": "yes"}), cls=Chooser)
+    assert {k: agent.opts[k] for k in ("width", "scale", "fast", "mode")} == \
+        {"width": 8, "scale": 0.5, "fast": True, "mode": "sum"}
+    assert type(_agent(ab.Opts(agent_args={"scale": 2}), cls=Chooser).opts["scale"]) is int  # a number stays
+    for bad, said in (({"mode": "max"}, r"'mode' is 'max': choose from 'sum', 'mean'"),
+                      ({"width": "wide"}, r"'width' is 'wide', not an integer"),
+                      ({"width": 2.5}, r"'width' is 2.5, not an integer"),
+                      ({"scale": [1]}, r"'scale' is \[1\], not a number"),
+                      ({"fast": 3}, r"'fast' is 3, not true or false")):
+        with pytest.raises(OptionError, match=f"Chooser's option {said}"):
+            _agent(ab.Opts(agent_args=bad), cls=Chooser)
+    # an undeclared option is said to be kept by PATH.opt only when PATH.opt keeps it
+    path = tmp_path / "m.pt"
+    with pytest.raises(OptionError) as refused:
+        _agent(ab.Opts(model_file=str(path), agent_args={"depth": 1}), cls=Chooser)
+    assert "declares no option 'depth'" in str(refused.value) and "m.pt.opt" not in str(refused.value)
+    (tmp_path / "m.pt.opt").write_text(json.dumps({"agent_args": {"depth": 1}}))
+    with pytest.raises(OptionError, match="remove it from .*m.pt.opt, which keeps it"):
+        _agent(ab.Opts(model_file=str(path), agent_args={"depth": 1}), cls=Chooser)
