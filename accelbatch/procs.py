@@ -186,6 +186,7 @@ def _end(children: _Children) -> None:
                 if step and proc.exitcode is None:
                     getattr(proc, step)()
     children.exitcodes = [proc.exitcode for proc in procs]
+    _remove_shared_memory_of([proc.pid for proc in procs if (proc.exitcode or 0) < 0])
     for item in (*children.conns, *procs):
         with contextlib.suppress(Exception):
             item.close()
@@ -194,6 +195,18 @@ def _end(children: _Children) -> None:
             os.unlink(where) if isinstance(where, str) else where.close()
     if children.stack_dir:
         shutil.rmtree(children.stack_dir, ignore_errors=True)
+
+
+def _remove_shared_memory_of(pids: Sequence[int]) -> None:
+    """Remove the /dev/shm names torch made in children killed by a signal. Under the ``file_descriptor``
+    strategy a name is unlinked right after it is made (the segment travels as a descriptor), so a name of a
+    dead child is one it was killed while making, in use by no process, and would stay until reboot."""
+    if not pids or tmp.get_sharing_strategy() != "file_descriptor" or not os.path.isdir("/dev/shm"):
+        return
+    for name in os.listdir("/dev/shm"):
+        if name.startswith("torch_") and name.split("_")[1] in {str(pid) for pid in pids}:
+            with contextlib.suppress(OSError):
+                os.unlink(os.path.join("/dev/shm", name))
 
 
 def _torch_errors(context: Any) -> list[Any]:

@@ -47,6 +47,12 @@ def kills_itself(index: int) -> None:
     os.kill(os.getpid(), signal.SIGKILL)
 
 
+def killed_making_shared_memory(index: int) -> None:
+    """As a child killed while torch makes a shared-memory segment: its /dev/shm name made, not yet unlinked."""
+    open(f"/dev/shm/torch_{os.getpid()}_{index}_made", "wb").close()
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
 def never_answers(index: int, conn) -> None:
     conn.send("started")
     time.sleep(60)
@@ -146,6 +152,24 @@ def test_a_child_killed_by_a_signal_is_process_died_naming_it():
         sup.receive(30)
     assert info.value.exitcode == -signal.SIGKILL and info.value.error_types == ()
     assert_gone(sup.pids)
+
+
+@pytest.mark.multiprocess
+@pytest.mark.timeout(60)
+def test_a_child_killed_while_making_shared_memory_leaves_nothing_in_dev_shm():
+    """A /dev/shm name torch made in a child killed before unlinking it stayed until reboot (a 0-byte
+    torch_<pid>_* file after a suite's SIGKILL cases); the supervisor removes the names of its killed children,
+    no other process's."""
+    mine = f"/dev/shm/torch_{os.getpid()}_0_kept"
+    open(mine, "wb").close()
+    try:
+        with Supervisor(FAST, killed_making_shared_memory, 2) as sup, pytest.raises(ProcessDied):
+            sup.wait(30)
+            sup.receive(30)
+        assert [name for name in os.listdir("/dev/shm") if name.endswith("_made")] == []
+        assert os.path.exists(mine)
+    finally:
+        os.unlink(mine)
 
 
 @pytest.mark.slow
