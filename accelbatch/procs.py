@@ -20,6 +20,7 @@ import contextlib
 import dataclasses
 import math
 import multiprocessing
+import multiprocessing.connection
 import os
 import pickle
 import select
@@ -176,11 +177,13 @@ def _end(children: _Children) -> None:
         if spec.stop_request is not None and proc.exitcode is None:
             with contextlib.suppress(Exception):
                 conn.send(spec.stop_request)
+    readers = [conn.reader for conn in children.conns]
     for grace, step in ((spec.stop_grace_s, "terminate"), (3.0, "kill"), (None, None)):
-        deadline = None if grace is None else time.monotonic() + grace
+        if grace is not None:  # what they send now goes unread: one blocked on a full pipe reads its stop
+            _wait_dropping_messages(procs, readers, time.monotonic() + grace)
         for proc in procs:
             with contextlib.suppress(Exception):
-                proc.join(None if deadline is None else max(0.0, deadline - time.monotonic()))
+                proc.join(0.0 if grace is not None else None)
         for proc in procs:
             with contextlib.suppress(Exception):
                 if step and proc.exitcode is None:
@@ -195,6 +198,25 @@ def _end(children: _Children) -> None:
             os.unlink(where) if isinstance(where, str) else where.close()
     if children.stack_dir:
         shutil.rmtree(children.stack_dir, ignore_errors=True)
+
+
+def _wait_dropping_messages(procs: Sequence[Any], readers: list[Any], deadline: float) -> None:
+    """Wait until every child of ``procs`` has exited or ``deadline``, reading and dropping what comes on
+    ``readers`` meanwhile (a child blocked writing to a full pipe never reads its stop request)."""
+    readers = [reader for reader in readers if not reader.closed]
+    while (left := deadline - time.monotonic()) > 0:
+        try:
+            alive = [proc.sentinel for proc in procs if proc.exitcode is None]
+        except ValueError:  # closed by an end under way (a second Ctrl-C): nothing left to wait for here
+            return
+        if not alive:
+            return
+        for ready in multiprocessing.connection.wait([*readers, *alive], timeout=left):
+            if ready in readers:
+                try:
+                    ready.recv_bytes()
+                except (EOFError, OSError):
+                    readers.remove(ready)
 
 
 def _remove_shared_memory_of(pids: Sequence[int]) -> None:

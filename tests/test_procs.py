@@ -330,3 +330,25 @@ def test_a_message_to_a_child_whose_end_already_ran_is_its_failure_not_a_closed_
         with pytest.raises(ProcessDied, match=r"worker 0 \(pid \d+\)"):
             sup.send(0, "more")
     assert_gone(sup.pids)
+
+
+def floods_until_stopped(index: int, conn) -> None:
+    """Sends messages larger than a pipe holds until it reads a stop request."""
+    blob = b"x" * (1 << 20)
+    while not conn.poll(0):
+        conn.send(blob)
+    assert conn.recv() == ("stop",)
+
+
+@pytest.mark.multiprocess
+@pytest.mark.timeout(60)
+def test_a_child_blocked_sending_to_a_stopping_parent_reads_its_stop_request():
+    """A child blocked writing to a full pipe never read its stop request: each stop waited out the grace and
+    ended it with SIGTERM (an async loader whose worker was sending its next batch: 1 s at the end of every
+    pass). What children send once they are asked to stop is now read and dropped, so they stop as asked."""
+    spec = ChildSpec(role="worker", start_method="forkserver", pipe=True, stop_request=("stop",), stop_grace_s=20.0)
+    with Supervisor(spec, floods_until_stopped, 2) as sup:
+        while len(sup._inbox) < 2:  # both are sending
+            sup.wait(5)
+    assert sup.exitcodes == [0, 0]
+    assert_gone(sup.pids)
