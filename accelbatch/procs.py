@@ -20,11 +20,9 @@ import contextlib
 import dataclasses
 import math
 import multiprocessing
-import multiprocessing.connection
 import os
 import pickle
 import select
-import shutil
 import signal
 import sys
 import threading
@@ -40,6 +38,7 @@ import torch.multiprocessing as tmp
 
 from accelbatch import stack_files
 from accelbatch.orphans import end_with_parent, parent_for
+from accelbatch.proc_end import Children, end
 from accelbatch.proc_errors import (
     SCRIPT_RAN_AGAIN,
     FailureRecord,
@@ -156,81 +155,6 @@ def _child_main(_: int, index: int, spec: ChildSpec, target: Callable[..., Any],
         sys.exit(code)
 
 
-@dataclasses.dataclass
-class _Children:
-    """What stopping the children needs; the finalizer holds it, so it must not refer to the Supervisor."""
-
-    spec: ChildSpec
-    conns: list[Any]
-    stack_dir: str | None
-    processes: list[Any] = dataclasses.field(default_factory=list)
-    # where torch's wrapper leaves a child's traceback when it raised before ours could report: a file per
-    # child (torch >= 2.1) or a queue (torch 2.0, the Poplar SDK's)
-    errors: list[Any] = dataclasses.field(default_factory=list)
-    exitcodes: list[int | None] | None = None  # once stopped
-
-
-def _end(children: _Children) -> None:
-    """Stop request, grace, SIGTERM, 3 s, SIGKILL; reap the children, close the pipes, remove the files."""
-    procs, spec = children.processes, children.spec
-    for conn, proc in zip(children.conns, procs):
-        if spec.stop_request is not None and proc.exitcode is None:
-            with contextlib.suppress(Exception):
-                conn.send(spec.stop_request)
-    readers = [conn.reader for conn in children.conns]
-    for grace, step in ((spec.stop_grace_s, "terminate"), (3.0, "kill"), (None, None)):
-        if grace is not None:  # what they send now goes unread: one blocked on a full pipe reads its stop
-            _wait_dropping_messages(procs, readers, time.monotonic() + grace)
-        for proc in procs:
-            with contextlib.suppress(Exception):
-                proc.join(0.0 if grace is not None else None)
-        for proc in procs:
-            with contextlib.suppress(Exception):
-                if step and proc.exitcode is None:
-                    getattr(proc, step)()
-    children.exitcodes = [proc.exitcode for proc in procs]
-    _remove_shared_memory_of([proc.pid for proc in procs if (proc.exitcode or 0) < 0])
-    for item in (*children.conns, *procs):
-        with contextlib.suppress(Exception):
-            item.close()
-    for where in children.errors:
-        with contextlib.suppress(OSError, AttributeError):
-            os.unlink(where) if isinstance(where, str) else where.close()
-    if children.stack_dir:
-        shutil.rmtree(children.stack_dir, ignore_errors=True)
-
-
-def _wait_dropping_messages(procs: Sequence[Any], readers: list[Any], deadline: float) -> None:
-    """Wait until every child of ``procs`` has exited or ``deadline``, reading and dropping what comes on
-    ``readers`` meanwhile (a child blocked writing to a full pipe never reads its stop request)."""
-    readers = [reader for reader in readers if not reader.closed]
-    while (left := deadline - time.monotonic()) > 0:
-        try:
-            alive = [proc.sentinel for proc in procs if proc.exitcode is None]
-        except ValueError:  # closed by an end under way (a second Ctrl-C): nothing left to wait for here
-            return
-        if not alive:
-            return
-        for ready in multiprocessing.connection.wait([*readers, *alive], timeout=left):
-            if ready in readers:
-                try:
-                    ready.recv_bytes()
-                except (EOFError, OSError):
-                    readers.remove(ready)
-
-
-def _remove_shared_memory_of(pids: Sequence[int]) -> None:
-    """Remove the /dev/shm names torch made in children killed by a signal. Under the ``file_descriptor``
-    strategy a name is unlinked right after it is made (the segment travels as a descriptor), so a name of a
-    dead child is one it was killed while making, in use by no process, and would stay until reboot."""
-    if not pids or tmp.get_sharing_strategy() != "file_descriptor" or not os.path.isdir("/dev/shm"):
-        return
-    for name in os.listdir("/dev/shm"):
-        if name.startswith("torch_") and name.split("_")[1] in {str(pid) for pid in pids}:
-            with contextlib.suppress(OSError):
-                os.unlink(os.path.join("/dev/shm", name))
-
-
 def _torch_errors(context: Any) -> list[Any]:
     """The error files (torch >= 2.1) or error queues (torch 2.0) of a torch ProcessContext."""
     files = getattr(context, "error_files", None)
@@ -327,8 +251,8 @@ class Supervisor:
             pipes.append((Channel(up_r, down_w), Channel(down_r, up_w)))
         self._conns, self._open = [parent for parent, _ in pipes], set(range(nprocs))  # open: not at EOF
         stack_dir = stack_files.make_folder(nprocs) if spec.stack_dumps else None
-        self._children = _Children(spec, self._conns, stack_dir)
-        self._finalizer = weakref.finalize(self, _end, self._children)
+        self._children = Children(spec, self._conns, stack_dir)
+        self._finalizer = weakref.finalize(self, end, self._children)
         try:
             parent = parent_for(spec.start_method)
             with _starting(spec):
