@@ -33,8 +33,10 @@ class AgentArgParser:
     dest is prefixed with :data:`PREFIX` and its default kept aside, so that parsing yields the given values
     alone (the defaults are applied to the agent's options when it is built)."""
 
-    def __init__(self, container: Any, defaults: dict[str, Any], own: set[str], make_group: Callable[[str], Any]):
+    def __init__(self, container: Any, defaults: dict[str, Any], own: set[str], make_group: Callable[[str], Any],
+                 helps: list[tuple[argparse.Action, str, str]] | None = None):
         self._container, self._defaults, self._own, self._make_group = container, defaults, own, make_group
+        self.helps = [] if helps is None else helps  # (action, dest, help as declared): see finish_help
 
     def add_argument(self, *flags: str, **kwargs: Any) -> Any:
         if kwargs.pop("hidden", False):  # ParlAI's: left out of --help
@@ -50,23 +52,30 @@ class AgentArgParser:
             raise OptionError(f"add_cmdline_args: {'/'.join(flags)} stores to {dest!r}, the name of an option of "
                               f"accelbatch's own (opts[{dest!r}] reads that one): give it another dest")
         unset = {"store_true": False, "store_false": True}.get(kwargs.get("action"))  # argparse's own defaults
-        default = self._defaults.setdefault(dest, kwargs.pop("default", unset))
-        text = kwargs.get("help")
-        if text not in (None, argparse.SUPPRESS):
-            kwargs["help"] = text.replace("%(default)s", str(default)) if "%(default)" in text else \
-                f"{text} (default: {default})"
+        self._defaults.setdefault(dest, kwargs.pop("default", unset))
         if kwargs.get("action") not in ("store_true", "store_false", "count"):
             kwargs.setdefault("metavar", dest.upper())
         try:
-            return self._container.add_argument(*flags, dest=PREFIX + dest, default=argparse.SUPPRESS, **kwargs)
+            action = self._container.add_argument(*flags, dest=PREFIX + dest, default=argparse.SUPPRESS, **kwargs)
         except argparse.ArgumentError:  # a flag of the verb's own (interactive's --candidates): that one serves
             self._defaults.pop(dest, None)
             return None
+        if kwargs.get("help") not in (None, argparse.SUPPRESS):
+            self.helps.append((action, dest, kwargs["help"]))
+        return action
+
+    def finish_help(self) -> None:
+        """Each option's help with its default, once every ``set_defaults`` has been made (argparse is given
+        no default, so that parsing yields the given values alone)."""
+        for action, dest, text in self.helps:
+            default = self._defaults.get(dest)
+            action.help = text.replace("%(default)s", str(default)) if "%(default)" in text else \
+                f"{text} (default: {default})"
 
     def add_argument_group(self, title: str | None = None, description: str | None = None,
                            **_: Any) -> "AgentArgParser":
         return AgentArgParser(self._make_group(title or "agent options"), self._defaults, self._own,
-                              self._make_group)
+                              self._make_group, self.helps)
 
     def set_defaults(self, **defaults: Any) -> None:
         """Defaults of the agent's options (those named as accelbatch's own options keep accelbatch's)."""
@@ -92,6 +101,7 @@ def declare(cls: type, container: Any, make_group: Callable[[str], Any]) -> dict
     except (TypeError, ValueError):
         takes_opt = True
     declare_args(parser, None) if takes_opt else declare_args(parser)
+    parser.finish_help()
     return defaults
 
 

@@ -246,3 +246,22 @@ def test_python_values_are_read_and_checked_as_the_command_line_reads_them(tmp_p
     (tmp_path / "m.pt.opt").write_text(json.dumps({"agent_args": {"depth": 1}}))
     with pytest.raises(OptionError, match="remove it from .*m.pt.opt, which keeps it"):
         _agent(ab.Opts(model_file=str(path), agent_args={"depth": 1}), cls=Chooser)
+
+
+class LateDefaults(WideBag):
+    """ParlAI's pattern: a subclass changes an inherited option's default by set_defaults after declaring."""
+
+    @classmethod
+    def add_cmdline_args(cls, parser, partial_opt=None):
+        super().add_cmdline_args(parser, partial_opt=partial_opt)
+        parser.set_defaults(width=24)
+
+
+def test_help_shows_a_default_set_after_the_argument(capsys):
+    """--help said "(default: 16)" for a width the agent was built with at 24: the help text was fixed when
+    the argument was added, before the subclass's set_defaults."""
+    with pytest.raises(SystemExit):
+        main(["train", "-m", f"{ME}:LateDefaults", "--help"])
+    out = " ".join(capsys.readouterr().out.split())
+    assert "the embedding width (default: 24)" in out and "(default: 16)" not in out
+    assert _agent(ab.Opts(), cls=LateDefaults).seen["width"] == 24
