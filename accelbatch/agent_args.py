@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import argparse
 import inspect
-import json
 from typing import Any, Callable, Sequence
 
+from accelbatch.model_opts import read_model_opts
 from accelbatch.opts import OptionError, Opts, command_line_flags
 
 PREFIX = "agent_args."  # the namespace dest of an agent's option: apart from Opts' fields of the same name
@@ -140,13 +140,12 @@ def with_agent_defaults(cls: type, opts: Opts) -> Opts:
 
 
 def _kept(opts: Opts) -> dict[str, Any]:
-    """The agent options ``PATH.opt`` of ``opts.model_file`` keeps (empty when there is none to read)."""
+    """The agent options ``PATH.opt`` of ``opts.model_file`` keeps (empty when there is none to read: a
+    malformed file is refused where it is read for the run)."""
     try:
-        with open(f"{opts.model_file}.opt", encoding="utf-8") as file:
-            kept = json.load(file).get("agent_args")
-    except (OSError, ValueError, TypeError, AttributeError):
+        return read_model_opts(opts.model_file).get("agent_args", {}) if opts.model_file else {}
+    except ValueError:  # CheckpointError, OptionError
         return {}
-    return kept if isinstance(kept, dict) else {}
 
 
 _TEXT_READERS = (int, float, str, _to_bool)  # the types whose reading of a text is plain and repeatable

@@ -88,7 +88,8 @@ def remove_shared_memory_of(pids: Sequence[int]) -> None:
     dead child is one it was killed while making, in use by no process, and would stay until reboot."""
     if not pids or tmp.get_sharing_strategy() != "file_descriptor" or not os.path.isdir("/dev/shm"):
         return
+    killed = {str(pid) for pid in pids}
     for name in os.listdir("/dev/shm"):
-        if name.startswith("torch_") and name.split("_")[1] in {str(pid) for pid in pids}:
+        if name.startswith("torch_") and name.split("_")[1] in killed:
             with contextlib.suppress(OSError):
                 os.unlink(os.path.join("/dev/shm", name))
