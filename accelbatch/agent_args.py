@@ -9,116 +9,22 @@ defaults of the rest), and ``opts["hidden"]`` reads them as ParlAI's ``opt["hidd
 from __future__ import annotations
 
 import argparse
-import inspect
 from typing import Any, Callable, Sequence
 
+from accelbatch import agent_parser
+from accelbatch.agent_parser import PREFIX, given_agent_args, read_bool
 from accelbatch.model_opts import read_model_opts
-from accelbatch.opts import OptionError, Opts, command_line_flags
-
-PREFIX = "agent_args."  # the namespace dest of an agent's option: apart from Opts' fields of the same name
-
-
-def _to_bool(text: str) -> bool:
-    """ParlAI's ``type='bool'``: yes/true/t/1 or no/false/f/0."""
-    lowered = str(text).lower()
-    if lowered in ("yes", "true", "t", "1", "y"):
-        return True
-    if lowered in ("no", "false", "f", "0", "n"):
-        return False
-    raise argparse.ArgumentTypeError(f"expected true or false, got {text!r}")
-
-
-class AgentArgParser:
-    """What ``add_cmdline_args`` is given: ParlAI's parser surface over an argparse container. Each argument's
-    dest is prefixed with :data:`PREFIX` and its default kept aside, so that parsing yields the given values
-    alone (the defaults are applied to the agent's options when it is built)."""
-
-    def __init__(self, container: Any, defaults: dict[str, Any], own: set[str], make_group: Callable[[str], Any],
-                 helps: list[tuple[argparse.Action, str, str]] | None = None):
-        self._container, self._defaults, self._own, self._make_group = container, defaults, own, make_group
-        self.helps = [] if helps is None else helps  # (action, dest, help as declared): see finish_help
-
-    def add_argument(self, *flags: str, **kwargs: Any) -> Any:
-        if kwargs.pop("hidden", False):  # ParlAI's: left out of --help
-            kwargs["help"] = argparse.SUPPRESS
-        kwargs.pop("recommended", None)
-        if kwargs.get("type") == "bool":
-            kwargs["type"] = _to_bool
-        if any(flag in self._own for flag in flags) or not any(flag.startswith("-") for flag in flags):
-            return None  # accelbatch's own option of that flag serves (positional arguments are not offered)
-        dest = kwargs.pop("dest", None) or next(
-            (f for f in flags if f.startswith("--")), flags[0]).lstrip("-").replace("-", "_")
-        if dest in Opts.__dataclass_fields__:  # opts[dest] would read accelbatch's option, never this one
-            raise OptionError(f"add_cmdline_args: {'/'.join(flags)} stores to {dest!r}, the name of an option of "
-                              f"accelbatch's own (opts[{dest!r}] reads that one): give it another dest")
-        unset = {"store_true": False, "store_false": True}.get(kwargs.get("action"))  # argparse's own defaults
-        self._defaults.setdefault(dest, kwargs.pop("default", unset))
-        if kwargs.get("action") not in ("store_true", "store_false", "count"):
-            kwargs.setdefault("metavar", dest.upper())
-        try:
-            action = self._container.add_argument(*flags, dest=PREFIX + dest, default=argparse.SUPPRESS, **kwargs)
-        except argparse.ArgumentError:  # a flag of the verb's own (interactive's --candidates): that one serves
-            self._defaults.pop(dest, None)
-            return None
-        if kwargs.get("help") not in (None, argparse.SUPPRESS):
-            self.helps.append((action, dest, kwargs["help"]))
-        return action
-
-    def finish_help(self) -> None:
-        """Each option's help with its default, once every ``set_defaults`` has been made (argparse is given
-        no default, so that parsing yields the given values alone)."""
-        for action, dest, text in self.helps:
-            default = self._defaults.get(dest)
-            action.help = text.replace("%(default)s", str(default)) if "%(default)" in text else \
-                f"{text} (default: {default})"
-
-    def add_argument_group(self, title: str | None = None, description: str | None = None,
-                           **_: Any) -> "AgentArgParser":
-        return AgentArgParser(self._make_group(title or "agent options"), self._defaults, self._own,
-                              self._make_group, self.helps)
-
-    def set_defaults(self, **defaults: Any) -> None:
-        """Defaults of the agent's options (those named as accelbatch's own options keep accelbatch's)."""
-        self._defaults.update({k: v for k, v in defaults.items() if k not in Opts.__dataclass_fields__})
-
-    def get_default(self, dest: str) -> Any:
-        return self._defaults.get(dest)
-
-    def __getattr__(self, name: str) -> Any:
-        raise AttributeError(f"add_cmdline_args: the parser accelbatch gives has no {name}() (ParlAI's parser "
-                             "has): it offers add_argument, add_argument_group, set_defaults and get_default")
+from accelbatch.opts import OptionError, Opts, reserved_options
 
 
 def declare(cls: type, container: Any, make_group: Callable[[str], Any]) -> dict[str, Any]:
     """Have ``cls.add_cmdline_args`` add its options to ``container``; their defaults."""
-    declare_args = getattr(cls, "add_cmdline_args", None)
-    defaults: dict[str, Any] = {}
-    if not callable(declare_args):
-        return defaults
-    parser = AgentArgParser(container, defaults, command_line_flags(), make_group)
-    try:
-        takes_opt = len(inspect.signature(declare_args).parameters) >= 2
-    except (TypeError, ValueError):
-        takes_opt = True
-    declare_args(parser, None) if takes_opt else declare_args(parser)
-    parser.finish_help()
-    return defaults
+    return agent_parser.declare(cls, container, make_group, reserved_options())
 
 
 def add_agent_arguments(parser: argparse.ArgumentParser, cls: type) -> None:
     """The options of agent class ``cls`` on a verb's parser (listed by --help under the agent's name)."""
-    own = f"the own options of -m {cls.__name__} (its add_cmdline_args)"
-    declare(cls, parser.add_argument_group(own),
-            lambda title: parser.add_argument_group(f"{title} (-m {cls.__name__}'s own options)"))
-
-
-def given_agent_args(namespace: argparse.Namespace) -> dict[str, Any]:
-    """The agent options given on the command line, taken out of ``namespace`` (dest without the prefix)."""
-    given = {key[len(PREFIX):]: value for key, value in vars(namespace).items() if key.startswith(PREFIX)}
-    for key in list(vars(namespace)):
-        if key.startswith(PREFIX):
-            delattr(namespace, key)
-    return given
+    agent_parser.add_agent_arguments(parser, cls, reserved_options())
 
 
 def with_agent_defaults(cls: type, opts: Opts) -> Opts:
@@ -148,7 +54,7 @@ def _kept(opts: Opts) -> dict[str, Any]:
         return {}
 
 
-_TEXT_READERS = (int, float, str, _to_bool)  # the types whose reading of a text is plain and repeatable
+_TEXT_READERS = (int, float, str, read_bool)  # the types whose reading of a text is plain and repeatable
 
 
 def _read_as_declared(cls: type, key: str, value: Any, action: argparse.Action | None) -> Any:
@@ -167,7 +73,7 @@ def _read_as_declared(cls: type, key: str, value: Any, action: argparse.Action |
         raise OptionError(f"{said}, not {_type_name(kind)}: give {_type_name(kind)}")
     elif kind is int and isinstance(value, float):
         value = int(value)
-    elif kind is _to_bool and not isinstance(value, bool):
+    elif kind is read_bool and not isinstance(value, bool):
         raise OptionError(f"{said}, not true or false: give a bool")
     if action.choices is not None and value not in action.choices:
         raise OptionError(f"{said}: choose from {', '.join(map(repr, action.choices))}")
@@ -175,7 +81,7 @@ def _read_as_declared(cls: type, key: str, value: Any, action: argparse.Action |
 
 
 def _type_name(kind: Any) -> str:
-    return {int: "an integer", float: "a number", str: "a text", _to_bool: "true or false"}[kind]
+    return {int: "an integer", float: "a number", str: "a text", read_bool: "true or false"}[kind]
 
 
 def agent_named_in(argv: Sequence[str], saved_model: Callable[[str], str | None]) -> str | None:
@@ -196,5 +102,5 @@ def agent_named_in(argv: Sequence[str], saved_model: Callable[[str], str | None]
                 None)
 
 
-__all__ = ["AgentArgParser", "add_agent_arguments", "agent_named_in", "declare", "given_agent_args",
+__all__ = ["PREFIX", "add_agent_arguments", "agent_named_in", "declare", "given_agent_args",
            "with_agent_defaults"]

@@ -17,6 +17,7 @@ import os
 from dataclasses import dataclass, field
 from typing import Any, Iterator, Sequence
 
+from accelbatch.agent_parser import Reserved, add_agent_arguments, given_agent_args
 from accelbatch.help_texts import show_default
 from accelbatch.ipu_opts import IPU_ONLY, validate_ipu_options  # noqa: F401 - IPU_ONLY: examples read it here
 from accelbatch.option_error import OptionError
@@ -293,13 +294,22 @@ class Opts:
         validate(self)
 
     @classmethod
-    def from_args(cls, argv: Sequence[str] | None = None, **defaults: Any) -> "Opts":
+    def from_args(cls, argv: Sequence[str] | None = None, agent: type | None = None, **defaults: Any) -> "Opts":
+        """Options read from a command line (``sys.argv[1:]`` when ``argv`` is None), ``defaults`` in place of
+        accelbatch's; with ``agent`` (an agent class), its own ``add_cmdline_args`` options too, kept in
+        ``agent_args`` and listed by ``--help``, as ``accelbatch train -m`` takes them."""
         unknown = sorted(set(defaults) - {f.name for f in dataclasses.fields(cls)})
         if unknown:
             raise OptionError(f"Opts.from_args: no option named {', '.join(unknown)} (the names are Opts' fields)")
         parser = build_parser()
         parser.set_defaults(**defaults)
-        return cls.from_namespace(parser.parse_args(argv))
+        if agent is None:
+            return cls.from_namespace(parser.parse_args(argv))
+        add_agent_arguments(parser, agent, reserved_options())
+        namespace = parser.parse_args(argv)
+        given = given_agent_args(namespace)
+        opts = cls.from_namespace(namespace)
+        return opts.replace(agent_args={**opts.agent_args, **given}) if given else opts
 
     @classmethod
     def from_namespace(cls, ns: argparse.Namespace) -> "Opts":
@@ -407,6 +417,11 @@ def build_parser(prog: str = "accelbatch") -> argparse.ArgumentParser:
 def train_only_flags() -> dict[str, str]:
     """Field name -> flags of the options only training reads."""
     return {f.name: "/".join(_flags(f)) for f in dataclasses.fields(Opts) if f.metadata["train_only"]}
+
+
+def reserved_options() -> Reserved:
+    """The flags and names of accelbatch's options, which an agent's own options may not take."""
+    return Reserved(frozenset(command_line_flags()), frozenset(f.name for f in dataclasses.fields(Opts)))
 
 
 def command_line_flags() -> set[str]:

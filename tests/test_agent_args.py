@@ -265,3 +265,18 @@ def test_help_shows_a_default_set_after_the_argument(capsys):
     out = " ".join(capsys.readouterr().out.split())
     assert "the embedding width (default: 24)" in out and "(default: 16)" not in out
     assert _agent(ab.Opts(), cls=LateDefaults).seen["width"] == 24
+
+
+def test_a_script_s_command_line_takes_its_agent_s_options(capsys):
+    """``Opts.from_args(argv, agent=cls)``, a script's own command line, reads cls's options as ``accelbatch
+    train -m`` does (typed, ParlAI's 'bool', --help under the agent's name) and the agent is built with them."""
+    opts = ab.Opts.from_args(["--width", "8", "--shout", "yes", "-bs", "4"], agent=WideBag, task="babi:1")
+    assert opts.agent_args == {"width": 8, "shout": True} and (opts.batchsize, opts.task) == (4, "babi:1")
+    assert _agent(opts).seen == {"width": 8, "tag": "plain", "shout": True}
+    assert ab.Opts.from_args([], agent=WideBag).agent_args == {}   # the agent fills its defaults when built
+    with pytest.raises(SystemExit):
+        ab.Opts.from_args(["--help"], agent=WideBag)
+    assert "the embedding width (default: 16)" in capsys.readouterr().out
+    with pytest.raises(SystemExit) as ended:   # without agent=, its options are not the script's
+        ab.Opts.from_args(["--width", "8"])
+    assert ended.value.code == 2 and "unrecognized arguments: --width 8" in capsys.readouterr().err
