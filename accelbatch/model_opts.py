@@ -36,8 +36,10 @@ from accelbatch.teachers import given_file, is_training, portable_task, task_fil
 # to answer from, so a verb given only -mf feeds it the same (a resume compares them with RESUME_OPTS)
 HISTORY = ("context_length", "include_labels")
 # PATH.opt: a continued training keeps its optimizer too; every verb given only -mf works on the model's task,
-# with its seed (the data of the generated tasks dialogues and reverse is drawn by --seed)
-KEPT = SHAPING + HISTORY + ("learning_rate", "optimizer", "task", "seed", "agent_args")
+# with its seed (the data of the generated tasks dialogues and reverse is drawn by --seed), and a torch: task's
+# --collate (the batches the model was trained on)
+KEPT = SHAPING + HISTORY + ("collate", "learning_rate", "optimizer", "task", "seed", "agent_args")
+EVALUATING = tuple(name for name in KEPT if name not in ("learning_rate", "optimizer"))  # what eval -mf takes
 # the run's limits, validation and logs: a resume goes on to the same end unless the command line says
 # otherwise; the limits go together: one given (e.g. a larger -ne) sets the end, the others keep their defaults
 LIMITS = ("num_epochs", "max_train_steps", "max_train_time")
@@ -137,8 +139,9 @@ def write_model_opts(model_file: str, opts: Opts, model: str | None) -> None:
     run says)."""
     task = recorded_task(opts)
     kept = {**({} if model is None else {"model": model}),
-            **{name: getattr(opts, name) for name in KEPT if name not in ("model", "task", "agent_args")},
+            **{name: getattr(opts, name) for name in KEPT if name not in ("model", "task", "agent_args", "collate")},
             **({"agent_args": opts.agent_args} if opts.agent_args else {}),
+            **({"collate": opts.collate} if opts.collate else {}),
             **({} if task is None else {"task": task})}
     if read_json_file(opt_path(model_file)) != kept:  # said at a run's first save only
         if model is None:
@@ -232,7 +235,7 @@ def with_model_opts(opts: Opts, given: set[str]) -> tuple[Opts, str | None]:
         check_resumed_opts(Checkpoint(path=found, model_state={}, opts=saved), opts, opts.model, SHAPING)
         return opts, None  # said by the resume (-lr) or not at all: the run goes on as it was
     if path and os.path.isfile(path):
-        source, flag, names = path, "-mf", KEPT if training else (*SHAPING, *HISTORY, "task", "seed", "agent_args")
+        source, flag, names = path, "-mf", KEPT if training else EVALUATING
     elif opts.init_model and os.path.isfile(opts.init_model):
         source, flag, names = opts.init_model, "--init-model", (*SHAPING, "agent_args")
     else:

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import io
+import json
 
 import pytest
 import torch
@@ -25,6 +26,13 @@ def dict_collate(items: list) -> dict:
     """A user's collate that returns a dict of tensors (the model takes a tensor or a tuple of them)."""
     xs, ys = zip(*items)
     return {"x": torch.stack(xs), "y": torch.stack(ys)}
+
+
+def scaled_collate(items: list) -> tuple:
+    """A user's collate that feeds the model its inputs scaled: a model trained on them scores otherwise on
+    default_collate's."""
+    xs, ys = zip(*items)
+    return torch.stack(xs) * 10 - 3, torch.stack(ys)
 
 
 def _errors(err: str) -> list[str]:
@@ -79,3 +87,19 @@ def test_collate_for_a_model_that_builds_its_own_batches_is_refused(capsys):
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "--collate zzz.nothing:fn: only -m torch:pkg.mod:Model" in err \
         and "leave --collate out" in err, err
+
+
+def test_the_collate_a_model_was_trained_with_is_kept_for_eval_mf(tmp_path, capsys):
+    """PATH.opt keeps --collate: eval -mf PATH batches the items as the training did (it used default_collate,
+    scoring the model on inputs it was not trained on), and says it took it."""
+    model, trained, evaluated = tmp_path / "m.pt", tmp_path / "train.json", tmp_path / "eval.json"
+    collate = f"{__name__}:scaled_collate"
+    assert main([*TORCH_RUN[:-4], "-tstep", "6", "--collate", collate, "-mf", str(model), "--eval-splits", "valid",
+                 "--report-json", str(trained)]) == 0
+    assert json.loads((tmp_path / "m.pt.opt").read_text())["collate"] == collate
+    capsys.readouterr()
+    assert main(["eval", "-mf", str(model), "-dt", "valid", "--no-progress", "--report-json", str(evaluated)]) == 0
+    assert f"--collate {collate}" in capsys.readouterr().err
+    want, got = json.loads(trained.read_text())["valid"], json.loads(evaluated.read_text())["valid"]
+    assert (got["exs"], got["accuracy"]) == (want["exs"], want["accuracy"])
+    assert got["loss"] == pytest.approx(want["loss"], rel=1e-6)  # summed in batches of another size
