@@ -216,7 +216,8 @@ def _main(argv: Sequence[str] | None) -> int:
         from accelbatch.unused_options import unused_option_notes
 
         given_fields = given_on_command_line(given)
-        opts, taken = with_model_opts(opts, given_fields)  # -mf names its model
+        # -mf names its model; interactive reads the task only for the candidates of a ranker, if at all
+        opts, taken = with_model_opts(opts, given_fields, reads_task=args.verb != "interactive")
 
         if _first_replica():  # said once: torchrun starts this in every replica
             for note in filter(None, [taken, *unused_option_notes(opts, given_fields, args.verb)]):

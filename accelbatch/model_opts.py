@@ -217,12 +217,13 @@ def opts_from_model_file(model_file: str, **changes: Any) -> Opts:
     return opts
 
 
-def with_model_opts(opts: Opts, given: set[str]) -> tuple[Opts, str | None]:
+def with_model_opts(opts: Opts, given: set[str], reads_task: bool = True) -> tuple[Opts, str | None]:
     """``opts`` with the saved options that are not ``given`` (Opts' field names): a ``--resume``'s from its checkpoint
     (:data:`RESUMED`, unsaid: the run continues as it was, as ParlAI's resume does; a model option given
     otherwise is refused in one line), else those of an existing ``-mf`` (the learning rate only when ``opts``
     trains), else the shaping ones of its ``--init-model``; and a line saying which of these were taken (None
-    when none). A bad value in the file they come from is an OptionError naming that file."""
+    when none). A bad value in the file they come from is an OptionError naming that file, and so is a task
+    taken from ``PATH.opt`` whose data is gone, when the verb ``reads_task`` (interactive may not)."""
     training, path = is_training(opts.datatype), opts.model_file
     if opts.resume and path and training and has_saved_position(path):  # the checkpoint's options win
         saved, found = run_opts(path), find_checkpoint(path)
@@ -230,7 +231,7 @@ def with_model_opts(opts: Opts, given: set[str]) -> tuple[Opts, str | None]:
         opts = _taking(opts, _untold(saved, taken, given, opts), f"{found}: the checkpoint's options",
                        "start afresh without --resume")
         if "task" not in given:
-            _check_task_files(opts, f"{found}: the checkpoint's task", "put the data back there to resume, or "
+            check_task_files(opts, f"{found}: the checkpoint's task", "put the data back there to resume, or "
                               "start afresh without --resume")
         check_resumed_opts(Checkpoint(path=found, model_state={}, opts=saved), opts, opts.model, SHAPING)
         return opts, None  # said by the resume (-lr) or not at all: the run goes on as it was
@@ -252,8 +253,8 @@ def with_model_opts(opts: Opts, given: set[str]) -> tuple[Opts, str | None]:
     said = " ".join(_said(flags[k], v) if k in flags else "the agent's " + ", ".join(
         f"{name}={value!r}" for name, value in v.items() if name not in opts.agent_args)
         for k, v in taken.items())
-    if "task" in taken:
-        _check_task_files(opts.replace(task=taken["task"]), f"{opt_path(source)}: the model's task",
+    if "task" in taken and reads_task:
+        check_task_files(opts.replace(task=taken["task"]), f"{opt_path(source)}: the model's task",
                           "give -t naming the data to use")
     return _taking(opts, taken, opt_path(source), "fix or delete that file"), "\n".join(filter(None, (
         f"accelbatch: {flag} {source} was trained with {said} ({opt_path(source)}); using them (give them to "
@@ -267,7 +268,7 @@ def _said(flag: str, value: Any) -> str:
     return f"{flag} {value}"
 
 
-def _check_task_files(opts: Opts, where: str, what_to_do: str) -> None:
+def check_task_files(opts: Opts, where: str, what_to_do: str) -> None:
     """A task taken from a file whose data is gone: one line naming that file, not a -t the user never gave."""
     for path in task_files(opts.task):
         if not os.path.exists(given_file(path, opts.datapath)):

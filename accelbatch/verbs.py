@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, TextIO
 
 from accelbatch.messages import Message
 from accelbatch.metric_names import metric_names_problem, select_metrics
+from accelbatch.model_opts import check_task_files
 from accelbatch.opts import OptionError, Opts
 from accelbatch.teachers import create_teachers
 from accelbatch.worlds import display
@@ -108,7 +109,7 @@ def interactive(opts: Opts, candidates: str | None = None, stdin: TextIO | None 
     prompt = stdin.isatty()
     replies = 0
     try:
-        fixed = given if given is not None else _task_candidates(opts, agent)
+        fixed = _candidates(opts, agent, given)
         while True:
             if prompt:
                 print("Enter Your Message: ", end="", file=out, flush=True)
@@ -155,6 +156,23 @@ def _given_candidates(given: str | None) -> list[str] | None:
         raise OptionError(f"--candidates {given!r}: names no candidate; give the replies to choose from, "
                           "separated by '|' (e.g. --candidates 'kitchen|garden'), or leave it out to use -t's")
     return found
+
+
+def _candidates(opts: Opts, agent: Agent, given: list[str] | None) -> list[str] | None:
+    """The candidates offered with each message: those given, else the task's; none to a generator, which
+    writes its replies (given ones are said to be unused)."""
+    from accelbatch.models.generator import GeneratorAgent
+
+    if isinstance(agent, GeneratorAgent):
+        if given is not None:
+            print(f"accelbatch: --candidates: not used by this run: -m {opts.model} generates its replies "
+                  "(a ranker such as -m bag chooses among candidates)", file=sys.stderr)
+        return None
+    if given is not None:
+        return given
+    check_task_files(opts, "interactive offers the candidates of the task:",
+                     "give --candidates 'reply one|reply two|...', or -t naming the data")
+    return _task_candidates(opts, agent)
 
 
 def _task_candidates(opts: Opts, agent: Agent) -> list[str]:

@@ -103,3 +103,33 @@ def test_the_collate_a_model_was_trained_with_is_kept_for_eval_mf(tmp_path, caps
     want, got = json.loads(trained.read_text())["valid"], json.loads(evaluated.read_text())["valid"]
     assert (got["exs"], got["accuracy"]) == (want["exs"], want["accuracy"])
     assert got["loss"] == pytest.approx(want["loss"], rel=1e-6)  # summed in batches of another size
+
+
+@pytest.mark.parametrize("model", ["transformer/generator", "bag"])
+def test_interactive_mf_needs_the_task_s_data_only_for_a_ranker_without_candidates(model, tmp_path, monkeypatch,
+                                                                                     capsys):
+    """The training data moved: a generator (which writes its replies) and a ranker given --candidates still
+    answer; a ranker without them is told, in one line, that the task's data is gone and to give them. A
+    generator given --candidates is told they are not used (it took them silently)."""
+    data = tmp_path / "data"
+    data.mkdir()
+    rows = "".join(json.dumps({**row, "label_candidates": ["kitchen", "garden"]}) + "\n" for row in ROWS)
+    for split in ("train", "valid", "test"):
+        (data / f"{split}.jsonl").write_text(rows)
+    model_file = tmp_path / "m.pt"
+    assert main(["train", "-t", f"jsonl:{data}", "-m", model, "-esz", "8", "-tstep", "1", "-bs", "2",
+                 "-mf", str(model_file), "--no-progress", "--eval-splits", ""]) == 0
+    data.rename(tmp_path / "moved")
+    capsys.readouterr()
+    assert _interactive(monkeypatch, ["Where is Mary?"], "-mf", str(model_file), "--candidates", "kitchen|garden") == 0
+    captured = capsys.readouterr()
+    assert len([line for line in captured.out.splitlines() if "]: " in line]) == 1
+    unused = "--candidates: not used by this run: -m transformer/generator generates its replies"
+    assert (unused in captured.err) == (model != "bag"), captured.err
+    rc = _interactive(monkeypatch, ["Where is Mary?"], "-mf", str(model_file))
+    errors = _errors(capsys.readouterr().err)
+    if model == "bag":
+        assert rc == 2 and len(errors) == 1 and f"reads {data}, which does not exist" in errors[0], errors
+        assert "give --candidates" in errors[0]
+    else:
+        assert rc == 0 and not errors, errors
