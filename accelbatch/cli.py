@@ -43,7 +43,9 @@ SET_BY_VERB: dict[str, dict[str, str]] = {
     "display-data": {**dict.fromkeys(("report_json", "metrics_log", "tensorboard_logdir"), _PRINTS),
                      "display_examples": _SHOWS_ALL},
     "display-model": {"report_json": _PRINTS, "metrics_log": _PRINTS, "tensorboard_logdir": _PRINTS,
-                      "numthreads": _ONE_PROCESS, "display_examples": _SHOWS_ALL},
+                      "numthreads": _ONE_PROCESS, "display_examples": _SHOWS_ALL,
+                      "skip_generation": "shows the generated replies; leave it out (eval --skip-generation scores "
+                                         "the loss alone)"},
     "interactive": {"report_json": _PRINTS, "metrics_log": _PRINTS, "tensorboard_logdir": _PRINTS,
                     "numthreads": _ONE_PROCESS, "display_examples": _TYPED, "datatype": _TYPED,
                     "batchsize": _TYPED, "num_workers": _ONE_PROCESS, "dataloader_mode": _TYPED,
@@ -60,7 +62,7 @@ SET_BY_VERB: dict[str, dict[str, str]] = {
 
 # a switch given the way the verb runs anyway (interactive --no-skip-generation) is taken, not refused
 AS_THE_VERB_DOES = {("interactive", "skip_generation"): False, ("display-data", "display_examples"): True,
-                    ("display-model", "display_examples"): True}
+                    ("display-model", "display_examples"): True, ("display-model", "skip_generation"): False}
 
 
 def build_cli() -> argparse.ArgumentParser:

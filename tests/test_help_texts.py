@@ -47,6 +47,14 @@ def test_interactive_neither_lists_nor_takes_skip_generation(capsys):
                                        "replies; leave it out\n")
 
 
+def test_display_model_neither_lists_nor_takes_skip_generation(capsys):
+    """display-model shows the model's replies: with --skip-generation a generator's were empty, unsaid."""
+    assert "--skip-generation" not in _help(capsys, "display-model")
+    assert main(["display-model", "-m", "transformer/generator", "-t", "reverse:20", "--skip-generation"]) == 2
+    assert capsys.readouterr().err == ("accelbatch: error: --skip-generation: display-model shows the generated "
+                                       "replies; leave it out (eval --skip-generation scores the loss alone)\n")
+
+
 def test_display_data_neither_lists_nor_ignores_display_examples(capsys):
     assert "display-examples" not in _help(capsys, "display-data")
     assert main(["display-data", "-t", "babi:1", "-n", "1", "--no-display-examples"]) == 2
