@@ -39,6 +39,9 @@ HISTORY = ("context_length", "include_labels")
 # with its seed (the data of the generated tasks dialogues and reverse is drawn by --seed), and a torch: task's
 # --collate (the batches the model was trained on)
 KEPT = SHAPING + HISTORY + ("collate", "learning_rate", "optimizer", "task", "seed", "agent_args")
+# what a text model reads and a -m torch:... module does not (it builds itself and takes its dataset's tensors):
+# neither kept for it nor compared on its --resume
+TEXT_ONLY = ("embedding_size", "text_truncate", "label_truncate", *HISTORY)
 EVALUATING = tuple(name for name in KEPT if name not in ("learning_rate", "optimizer"))  # what eval -mf takes
 # the run's limits, validation and logs: a resume goes on to the same end unless the command line says
 # otherwise; the limits go together: one given (e.g. a larger -ne) sets the end, the others keep their defaults
@@ -103,6 +106,8 @@ def check_resumed_opts(checkpoint: Checkpoint, opts: Opts, model: str,
     ``model`` names the agent trained now, which matches the checkpoint's -m when it names the same class."""
     saved = checkpoint.opts.get("model")
     then = checkpoint.opts
+    if model.startswith("torch:"):
+        keys = [key for key in keys if key not in TEXT_ONLY]
     if isinstance(then.get("task"), str):  # a file task given relative to the folder it ran in, or under -dp
         checkpoint = dataclasses.replace(checkpoint, opts={**then, "task": portable_task(then["task"],
                                                                                           then.get("datapath"))})
@@ -137,9 +142,10 @@ def write_model_opts(model_file: str, opts: Opts, model: str | None) -> None:
     """Write ``opts``' :data:`KEPT` options beside the model just saved to ``model_file``, with ``model`` the
     name that rebuilds its agent (either left out when None: nothing can import it, which the first save of a
     run says)."""
-    task = recorded_task(opts)
+    task, unread = recorded_task(opts), TEXT_ONLY if opts.model.startswith("torch:") else ()
     kept = {**({} if model is None else {"model": model}),
-            **{name: getattr(opts, name) for name in KEPT if name not in ("model", "task", "agent_args", "collate")},
+            **{name: getattr(opts, name) for name in KEPT
+               if name not in ("model", "task", "agent_args", "collate", *unread)},
             **({"agent_args": opts.agent_args} if opts.agent_args else {}),
             **({"collate": opts.collate} if opts.collate else {}),
             **({} if task is None else {"task": task})}

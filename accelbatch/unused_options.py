@@ -71,6 +71,16 @@ def _has_weights(opts: Opts) -> bool:
     return _theirs(opts) or found is not None and issubclass(found, TorchAgent)
 
 
+def _reads_text(opts: Opts) -> bool:
+    """Whether -m reads text (the text and history options): any model but -m torch:..., a module of yours
+    that takes its dataset's tensors and builds itself."""
+    return not opts.model.startswith("torch:")
+
+
+def _has_text_weights(opts: Opts) -> bool:
+    return _has_weights(opts) and _reads_text(opts)
+
+
 def _sums_micro_batches(opts: Opts) -> bool:
     """Whether an update may have several micro-batches (G x R of them), the only place where their weights
     (--reduction, --loss-normalization) differ; with G = R = 1 each update is one micro-batch, weighted 1."""
@@ -119,6 +129,8 @@ GENERATOR = "a generator (-m transformer/generator, or a GeneratorAgent of yours
 DECODER = f"{GENERATOR} without --skip-generation"
 VALIDATED = "validations during training (-veps or -vtim) or -mf"
 MODEL = "a model with weights (a TorchAgent such as -m memnn, or an agent of yours)"
+TEXT_MODEL = "a model of text with weights (-m memnn, or an agent of yours; not -m torch:..., which builds itself)"
+TEXT = "a model of text (not -m torch:..., which reads its dataset's tensors)"
 SEVERAL = "updates of several micro-batches (-ga or -rf above 1)"
 
 READERS: dict[str, Reader] = {
@@ -142,8 +154,9 @@ READERS: dict[str, Reader] = {
     "reduction": Reader(_reduces, f"{SEVERAL}, partial calls of -di above 1 (--no-drop-last, or -nt), "
                                   "--loss-normalization token, or --resume"),
     "loss_normalization": Reader(_normalizes, f"{SEVERAL}, --reduction sum, --resume, or an agent of yours"),
-    **{name: Reader(_has_weights, MODEL)
-       for name in ("embedding_size", "text_truncate", "label_truncate", "learning_rate", "optimizer")},
+    **{name: Reader(_has_text_weights, TEXT_MODEL) for name in ("embedding_size", "text_truncate", "label_truncate")},
+    **{name: Reader(_has_weights, MODEL) for name in ("learning_rate", "optimizer")},
+    **{name: Reader(_reads_text, TEXT) for name in ("context_length", "include_labels")},
 }
 # a verb that reads options otherwise than train does: its own readers (the other verbs use READERS)
 VERB_READERS: dict[str, dict[str, Reader]] = {
@@ -158,4 +171,18 @@ def unused_option_notes(opts: Opts, given: Collection[str], verb: str | None = N
     flags = {f.name: "/".join(f.metadata["flags"]) for f in fields(Opts)}
     readers = VERB_READERS.get(verb or "", READERS)
     return [f"accelbatch: {flags[name]}: not used by this run: it is read only with {reader.what}"
-            for name, reader in readers.items() if name in given and not reader.reads(opts)]
+            for name, reader in readers.items() if name in given and not reader.reads(opts)] + \
+        ([_STREAM_UNUSED.format(opts=opts)] if "datatype" in given and _streams_nothing(opts) else [])
+
+
+_STREAM_UNUSED = ("accelbatch: -dt/--datatype {opts.datatype}: ':stream' not used by this run: -t {opts.task} is held "
+                  "in memory (jsonl: and parlai: files stream, and a teacher of yours may)")
+
+
+def _streams_nothing(opts: Opts) -> bool:
+    """Whether ':stream' is given to tasks of which none streams: accelbatch's generated ones and torch: datasets
+    (an IterableDataset is read lazily either way)."""
+    from accelbatch.teachers import FILE_TASKS, TASK_PATHS
+
+    kinds = {part.strip().partition(":")[0] for part in opts.task.split(",")}
+    return ":stream" in opts.datatype and kinds <= set(TASK_PATHS) - set(FILE_TASKS)

@@ -65,6 +65,7 @@ def test_an_option_read_by_the_run_is_not_said(tmp_path, capsys):
 
 
 GENERATOR = {"model": "transformer/generator"}
+TORCH_MODEL = {"model": "torch:torch_task:Classifier", "task": "torch:torch_task:make_dataset"}
 THEIRS = {"model": "tests.counting_agent:CountingLine"}  # an agent of the user's: it may read any option
 MODEL_READS = ([{"model": "repeat_label"}, {"model": "random_candidate"}], [{}, GENERATOR, THEIRS])
 BEAMS_READ = ([{}, {**GENERATOR, "skip_generation": True}], [GENERATOR, {**THEIRS, "skip_generation": True}])
@@ -93,8 +94,10 @@ WHERE_READ: dict[str, tuple[list[dict], list[dict]]] = {
     "loss_normalization": ([{}, {"device_iterations": 2, "drop_last": False}, GENERATOR],
                            [{"gradient_accumulation": 2}, {"replication_factor": 2}, {"reduction": "sum"},
                             {"resume": True, "model_file": "m"}, THEIRS]),
-    **dict.fromkeys(("embedding_size", "text_truncate", "label_truncate", "learning_rate", "optimizer"),
-                    MODEL_READS),
+    **dict.fromkeys(("learning_rate", "optimizer"), (MODEL_READS[0], [*MODEL_READS[1], TORCH_MODEL])),
+    **dict.fromkeys(("embedding_size", "text_truncate", "label_truncate"), ([*MODEL_READS[0], TORCH_MODEL],
+                                                                            MODEL_READS[1])),
+    **dict.fromkeys(("context_length", "include_labels"), ([TORCH_MODEL], [{}, GENERATOR, THEIRS])),
 }
 
 
@@ -192,3 +195,41 @@ def test_the_first_replica_is_torchruns_rank_0_or_a_plain_run(env, first, monkey
     for name, value in env.items():
         monkeypatch.setenv(name, value)
     assert _first_replica() is first  # RANK alone (no WORLD_SIZE) is not torchrun's: a plain run
+
+
+@pytest.mark.timeout(120)
+def test_text_options_of_a_torch_model_are_said_neither_kept_nor_compared_on_resume(tmp_path, capsys):
+    """-m torch:... builds its module itself from its dataset's tensors: -esz, -tr, --label-truncate and
+    --context-length change nothing (the same weights) and are said; PATH.opt does not keep them, and a
+    --resume given another -esz goes on (it was refused: 'saved with other options: -esz')."""
+    import torch
+
+    base = ["-t", "torch:torch_task:make_dataset", "-m", "torch:torch_task:Classifier", "-bs", "4", "-tstep", "3",
+            "--no-progress", "--eval-splits", "", "-veps", "-1"]
+    text = ["-esz", "8", "-tr", "5", "--label-truncate", "3", "--context-length", "2"]
+    capsys.readouterr()
+    assert main(["train", *base, "-mf", str(tmp_path / "plain.pt")]) == 0
+    assert "not used by this run" not in capsys.readouterr().err
+    assert main(["train", *base, *text, "-mf", str(tmp_path / "text.pt"), "-stim", "0.0001"]) == 0
+    notes = [line.split(":")[1].strip() for line in capsys.readouterr().err.splitlines() if "not used by" in line]
+    assert notes == ["-esz/--embedding-size", "-tr/--text-truncate", "--label-truncate",
+                     "-histsz/--history-size/--context-length"]
+    plain, given = (torch.load(tmp_path / f"{name}.pt", weights_only=True)["model"] for name in ("plain", "text"))
+    assert plain.keys() == given.keys() and all(torch.equal(plain[k], given[k]) for k in plain)
+    kept = json.loads((tmp_path / "text.pt.opt").read_text())
+    assert not {"embedding_size", "text_truncate", "label_truncate", "context_length"} & set(kept), kept
+    assert main(["train", *base[:-7], "-tstep", "5", "--no-progress", "-mf", str(tmp_path / "text.pt"), "--resume",
+                 "-esz", "64"]) == 0
+
+
+def test_stream_given_to_tasks_that_hold_their_data_in_memory_is_said():
+    """':stream' reads jsonl: and parlai: files lazily (a teacher of the user's may read it); accelbatch's
+    generated tasks and torch: datasets hold their data either way."""
+    for task, said in [("babi:1", True), ("dialogues:50,reverse:20", True), ("torch:torch_task:make_dataset", True),
+                       ("jsonl:/data/x", False), ("babi:1,parlai:/data/y", False), ("tests.mine:Teacher", False)]:
+        notes = unused_option_notes(Opts(task=task, datatype="train:stream"), {"datatype"})
+        assert len(notes) == int(said), (task, notes)
+        assert not said or notes[0] == (f"accelbatch: -dt/--datatype train:stream: ':stream' not used by this run: "
+                                        f"-t {task} is held in memory (jsonl: and parlai: files stream, and a "
+                                        "teacher of yours may)")
+    assert unused_option_notes(Opts(task="babi:1", datatype="train"), {"datatype"}) == []
