@@ -217,7 +217,7 @@ def opts_from_model_file(model_file: str, **changes: Any) -> Opts:
     if not (os.path.isfile(model_file) or opts.resume and has_saved_position(model_file)):
         raise OptionError(f"opts_from_model_file: no model file {model_file} (nor, with resume=True, a checkpoint "
                           "of it); give the -mf path a training saved to")
-    opts, taken = with_model_opts(opts, set(changes))
+    opts, taken = with_model_opts(opts, set(changes) - {"agent_args"})  # the agent's options merge one by one
     if taken:
         print(taken, file=sys.stderr)
     return opts

@@ -280,3 +280,16 @@ def test_a_script_s_command_line_takes_its_agent_s_options(capsys):
     with pytest.raises(SystemExit) as ended:   # without agent=, its options are not the script's
         ab.Opts.from_args(["--width", "8"])
     assert ended.value.code == 2 and "unrecognized arguments: --width 8" in capsys.readouterr().err
+
+
+def test_python_opts_from_model_file_merges_the_agent_s_options_one_by_one(tmp_path, capsys):
+    """``ab.opts_from_model_file(PATH, agent_args={...})`` keeps PATH.opt's other agent options, the given ones
+    winning, as ``eval -mf PATH --tag loud`` does (it took the given dict alone: the rest fell to defaults)."""
+    path = tmp_path / "m.pt"
+    assert main(["train", "-m", f"{ME}:WideBag", "--width", "8", "--shout", "true", "-tstep", "1", "-mf", str(path),
+                 "--no-progress", "--eval-splits", ""]) == 0
+    capsys.readouterr()
+    opts = ab.opts_from_model_file(str(path), datatype="valid", agent_args={"tag": "loud"})
+    assert opts.agent_args == {"width": 8, "shout": True, "tag": "loud"}
+    assert "the agent's width=8, shout=True (" in capsys.readouterr().err
+    assert _agent(opts).seen == {"width": 8, "tag": "loud", "shout": True}
