@@ -14,6 +14,7 @@ from typing import Any, Callable, Sequence
 from accelbatch import agent_parser
 from accelbatch.agent_parser import PREFIX, given_agent_args, read_bool
 from accelbatch.model_opts import read_model_opts
+from accelbatch.names import resolve_agent_class
 from accelbatch.opts import OptionError, Opts, reserved_options
 
 
@@ -36,8 +37,8 @@ def with_agent_defaults(cls: type, opts: Opts) -> Opts:
     if unknown:
         declared = f"its add_cmdline_args declares {', '.join(sorted(defaults))}" if defaults else \
             "it has no add_cmdline_args of its own"
-        kept = f"; remove it from {opts.model_file}.opt, which keeps it" if unknown[0] in _kept(opts) else ""
-        raise OptionError(f"agent_args: {cls.__name__} declares no option {unknown[0]!r} ({declared}){kept}")
+        raise OptionError(f"agent_args: {cls.__name__} declares no option {unknown[0]!r} ({declared})"
+                          f"{_kept_hint(cls, opts, unknown[0])}")
     if not defaults:
         return opts
     actions = {action.dest[len(PREFIX):]: action for action in scratch._actions if action.dest.startswith(PREFIX)}
@@ -45,11 +46,31 @@ def with_agent_defaults(cls: type, opts: Opts) -> Opts:
     return opts.replace(agent_args={**defaults, **given})
 
 
-def _kept(opts: Opts) -> dict[str, Any]:
-    """The agent options ``PATH.opt`` of ``opts.model_file`` keeps (empty when there is none to read: a
-    malformed file is refused where it is read for the run)."""
+def _kept_hint(cls: type, opts: Opts, key: str) -> str:
+    """What to do about an undeclared agent option ``key`` that ``PATH.opt`` keeps ("" when it keeps none): the
+    file of an agent whose class it could not record (defined in ``__main__``) built -m's default instead."""
+    saved = _saved(opts)
+    if key not in saved.get("agent_args", {}):
+        return ""
+    if "model" in saved or not _named(cls, opts):
+        return f"; remove it from {opts.model_file}.opt, which keeps it"
+    return (f"; {opts.model_file}.opt keeps it for an agent whose class it could not record (one defined in "
+            "__main__): give -m module:Class naming an importable copy of that class")
+
+
+def _named(cls: type, opts: Opts) -> bool:
+    """Whether ``cls`` is the agent ``-m`` names (not one given as a class to ``create_world``)."""
     try:
-        return read_model_opts(opts.model_file).get("agent_args", {}) if opts.model_file else {}
+        return resolve_agent_class(opts.model) is cls
+    except Exception:  # noqa: BLE001 - an -m that does not resolve names no class
+        return False
+
+
+def _saved(opts: Opts) -> dict[str, Any]:
+    """What ``PATH.opt`` of ``opts.model_file`` keeps (empty when there is none to read: a malformed file is
+    refused where it is read for the run)."""
+    try:
+        return read_model_opts(opts.model_file) if opts.model_file else {}
     except ValueError:  # CheckpointError, OptionError
         return {}
 

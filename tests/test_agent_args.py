@@ -293,3 +293,19 @@ def test_python_opts_from_model_file_merges_the_agent_s_options_one_by_one(tmp_p
     assert opts.agent_args == {"width": 8, "shout": True, "tag": "loud"}
     assert "the agent's width=8, shout=True (" in capsys.readouterr().err
     assert _agent(opts).seen == {"width": 8, "tag": "loud", "shout": True}
+
+
+def test_agent_options_kept_for_a_class_the_file_could_not_record_name_m_module_class(tmp_path, capsys):
+    """PATH.opt of an agent defined in __main__ keeps its options but not its class: eval -mf PATH builds the
+    default agent, and the line says to give -m module:Class (it said to remove the option from the file)."""
+    path = tmp_path / "m.pt"
+    assert main(["train", "-m", f"{ME}:WideBag", "--width", "8", "-tstep", "1", "-mf", str(path), "--no-progress",
+                 "--eval-splits", ""]) == 0
+    kept = json.loads((tmp_path / "m.pt.opt").read_text())
+    del kept["model"]  # as a training of a class in __main__ writes it
+    (tmp_path / "m.pt.opt").write_text(json.dumps(kept))
+    capsys.readouterr()
+    assert main(["eval", "-mf", str(path), "--no-progress"]) == 2
+    err = capsys.readouterr().err
+    assert "keeps it for an agent whose class it could not record" in err and "give -m module:Class" in err, err
+    assert "remove it from" not in err
