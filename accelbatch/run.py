@@ -149,8 +149,8 @@ def run(world: World, opts: Opts) -> dict[str, Any]:
 # lowered to the data when the world is built, an agent may shape its model itself: -esz; -lr and -opt are the
 # optimizer's, checked apart)
 WORLD_SHAPING = ("task", "datatype", "model", "device", "numthreads", "seed", "context_length", "include_labels",
-                 "device_iterations", "gradient_accumulation", "replication_factor",
-                 "mixed_precision", "dynamic_batching", "num_workers", "dataloader_mode")
+                 "batchsize", "device_iterations", "gradient_accumulation", "replication_factor", "mixed_precision",
+                 "dynamic_batching", "num_workers", "dataloader_mode")
 
 
 def _world_problem(world: World, opts: Opts) -> str | None:
@@ -160,7 +160,7 @@ def _world_problem(world: World, opts: Opts) -> str | None:
     built = getattr(world, "opts", None) or {}  # Opts, or a world built by hand with a dict
     for name in WORLD_SHAPING:
         own, flag = built.get(name, getattr(opts, name)), "/".join(Opts.__dataclass_fields__[name].metadata["flags"])
-        if own != getattr(opts, name):
+        if own != getattr(opts, name) and not (name == "batchsize" and own < opts.batchsize):  # -bs fitted
             return (f"run(world, opts): {flag} {getattr(opts, name)!r}, but the world was built with {own!r}; "
                     f"build the world with these opts (create_world(opts)), or run it with its own, "
                     f"opts.replace({name}={own!r})")

@@ -44,8 +44,9 @@ def _opts(task: str, **changes) -> Opts:
     (dict(), dict(device="ipu", ipu_emulator=True), "--device 'ipu', but the world was built with 'cpu'"),
     (dict(), dict(device_iterations=2), "-di/--device-iterations 2, but the world was built with 1"),
     (dict(), dict(num_workers=1), "--num-workers 1, but the world was built with 0"),
+    (dict(batchsize=4), dict(batchsize=2), "-bs/--batchsize 2, but the world was built with 4"),
 ], ids=["train-world-evaluated", "valid-world-trained", "valid-world-as-test", "other-task", "other-model",
-        "other-seed", "other-device", "other-plan", "other-feed"])
+        "other-seed", "other-device", "other-plan", "other-feed", "smaller-batch"])
 def test_run_refuses_options_that_built_another_world(qa, built, given, flag):
     """run() ran the world as built, silently, with another -m, --device, --seed, plan or feed in its opts."""
     opts = _opts(qa, **built)
