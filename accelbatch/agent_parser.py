@@ -61,7 +61,7 @@ class AgentArgParser:
                               f"accelbatch's own (opts[{dest!r}] reads that one): give it another dest")
         unset = {"store_true": False, "store_false": True}.get(kwargs.get("action"))  # argparse's own defaults
         self._defaults.setdefault(dest, kwargs.pop("default", unset))
-        if kwargs.get("action") not in ("store_true", "store_false", "count"):
+        if kwargs.get("action") not in ("store_true", "store_false", "count") and "choices" not in kwargs:
             kwargs.setdefault("metavar", dest.upper())
         try:
             action = self._container.add_argument(*flags, dest=PREFIX + dest, default=argparse.SUPPRESS, **kwargs)

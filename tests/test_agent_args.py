@@ -309,3 +309,11 @@ def test_agent_options_kept_for_a_class_the_file_could_not_record_name_m_module_
     err = capsys.readouterr().err
     assert "keeps it for an agent whose class it could not record" in err and "give -m module:Class" in err, err
     assert "remove it from" not in err
+
+
+def test_help_lists_an_option_s_choices(capsys):
+    """A declared choices= option reads {sum,mean} in usage and --help, as argparse writes it (it read MODE)."""
+    with pytest.raises(SystemExit):
+        ab.Opts.from_args(["--help"], agent=Chooser)
+    out = capsys.readouterr().out
+    assert "--mode {sum,mean}" in out and "MODE" not in out
