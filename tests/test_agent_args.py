@@ -316,4 +316,4 @@ def test_help_lists_an_option_s_choices(capsys):
     with pytest.raises(SystemExit):
         ab.Opts.from_args(["--help"], agent=Chooser)
     out = capsys.readouterr().out
-    assert "--mode {sum,mean}" in out and "MODE" not in out
+    assert "--mode {sum,mean}" in out and "--mode MODE" not in out and "[--mode MODE]" not in out
