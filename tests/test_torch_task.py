@@ -112,6 +112,27 @@ def test_a_collate_function_batches_what_default_collate_cannot(tmp_path, capsys
     assert err.count("\n") == 1 and "--collate torch_task:broken_collate failed on the batch of items" in err
 
 
+def naming_collate(items: list) -> tuple:
+    """A user's collate that fails, saying the first input feature of each item it was given."""
+    xs, _ = zip(*items)
+    raise KeyError(" ".join(f"{x[0].item():.6f}" for x in xs))
+
+
+def test_a_failing_collate_names_the_items_of_its_batch_and_where_it_raised(capsys):
+    """The shuffled batch's items, each (it named the first and last index as a range: 6..9 for 6, 7, 24, 9),
+    and the line of the collate that raised."""
+    assert main(["train", "-t", TASK, "-m", MODEL, "-bs", "4", "--no-progress", "--eval-splits", "",
+                 "--collate", f"{__name__}:naming_collate"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1, err
+    named = err.split("failed on the batch of items ")[1].split(":")[0]
+    given = err.split("KeyError: '")[1].split("'")[0].split()
+    first_features = [f"{v:.6f}" for v in torch_task.tensors("train")[0][:, 0].tolist()]
+    assert [int(i) for i in named.split(", ")] == [first_features.index(v) for v in given]
+    assert named != "0, 1, 2, 3"  # a shuffled batch: the indices are its own, not a range
+    assert f"at test_torch_task.py:{naming_collate.__code__.co_firstlineno + 3}; fix the collate function" in err
+
+
 @pytest.mark.slow
 def test_a_resumed_run_ends_with_the_weights_of_one_run(tmp_path):
     """A checkpoint after 4 of 8 steps and --resume: the user's dataset and model end as if never stopped."""

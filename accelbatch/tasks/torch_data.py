@@ -312,10 +312,10 @@ class TorchModelAgent(TorchAgent):
         try:
             return collate([item if len(item) > 1 else item[0] for item in items])
         except Exception as exc:
-            first, last = observations[0][INDEX], observations[-1][INDEX]
+            indices = [obs[INDEX] for obs in observations]
+            named = ", ".join(map(str, indices[:8])) + (f", ... ({len(indices)} in all)" if len(indices) > 8 else "")
             raise OptionError(f"-t {self.opts.task}: --collate {self.opts.collate} failed on the batch of items "
-                              f"{first}..{last} ({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''})"
-                              ) from None
+                              f"{named}: {_said(exc)}; fix the collate function") from None
 
     def replies(self, outputs: dict[str, torch.Tensor], observations: list[Message]) -> list[dict[str, Any]]:
         """The arg max of each row's class scores (outputs of shape (rows, classes >= 2), float), for the rows
