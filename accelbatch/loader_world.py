@@ -22,7 +22,8 @@ from accelbatch.messages import Message
 from accelbatch.opts import OptionError, Opts, eval_datatype
 from accelbatch.plan import ExecutionPlan
 from accelbatch.teachers import FixedTeacher, is_training, shuffles
-from accelbatch.worlds import World, checked_batch_act, display_rows, refuse_non_messages, show
+from accelbatch.world_display import display_rows, show
+from accelbatch.worlds import World, checked_batch_act, refuse_non_messages
 
 
 class LoaderWorld(World):

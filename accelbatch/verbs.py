@@ -12,7 +12,7 @@ from accelbatch.metric_names import metric_names_problem, select_metrics
 from accelbatch.model_opts import check_task_files
 from accelbatch.opts import OptionError, Opts
 from accelbatch.teachers import create_teachers
-from accelbatch.worlds import display
+from accelbatch.world_display import display
 
 if TYPE_CHECKING:
     from accelbatch.agents import Agent

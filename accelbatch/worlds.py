@@ -16,7 +16,6 @@ conversations, the loader's step), taken between parleys.
 from __future__ import annotations
 
 import random
-import sys
 from collections import deque
 from functools import partial
 from itertools import repeat
@@ -28,6 +27,7 @@ from accelbatch.messages import TEXT, Message, ReplyError, is_padding, refuse_no
 from accelbatch.metrics import merge_reports
 from accelbatch.opts import Opts
 from accelbatch.teachers import FixedTeacher, Teacher, is_training
+from accelbatch.world_display import display, display_rows, show
 
 _consume = partial(deque, maxlen=0)  # runs an iterator to its end in C
 
@@ -72,6 +72,19 @@ class World:
 
     def get_acts(self) -> list[Message | None]:
         return self.acts
+
+    def episode_done(self) -> bool:
+        """ParlAI's: whether the last parley ended an episode (a plain world cannot tell: False)."""
+        return False
+
+    def getID(self) -> str:  # noqa: N802 - ParlAI's name
+        return type(self).__name__
+
+    def __enter__(self) -> "World":
+        return self
+
+    def __exit__(self, *exc_info: Any) -> None:
+        self.shutdown()
 
     def get_task_agent(self) -> Teacher:
         return self.get_agents()[0]  # type: ignore[return-value]
@@ -152,6 +165,10 @@ class DialogPartnerWorld(World):
         if self.opts.display_examples:
             show(display(self.acts))
 
+    def episode_done(self) -> bool:
+        """ParlAI's: whether the teacher's last act ended its episode."""
+        return self.acts[0] is not None and bool(self.acts[0].get("episode_done", False))
+
 
 def checked_batch_act(agent: Agent, observations: list[Message]) -> list[Message]:
     """``agent.batch_act(observations)``, refused when it does not return one reply per observation (the
@@ -174,48 +191,6 @@ def with_model_report(task_report: dict[str, float], model: Agent) -> dict[str, 
     rep = dict(task_report)
     rep.update((name, value) for name, value in model.report().items() if name != "exs" or "exs" not in rep)
     return rep
-
-
-def show(block: str) -> None:
-    """Print ``block`` and its newline in one write, flushed: hogwild processes share the output, and a block
-    or its newline written apart lets another process's lines in between."""
-    sys.stdout.write(block + "\n")
-    sys.stdout.flush()
-
-
-def display(acts: Sequence[Message | None]) -> str:
-    """The acts as ParlAI's display shows them: each one's text and labels, its label candidates under it."""
-    lines = []
-    for act in acts:
-        if act:
-            key = "labels" if act.get("labels") else "eval_labels"  # named as ParlAI's display names them
-            golds = act.get(key)
-            lines.append(f"[{act.get('id', '?')}]: {act.get('text', '')}"
-                         + (f"  ({key}: {'|'.join(golds)})" if golds else ""))
-            if act.get("label_candidates"):
-                lines.append(candidates_line(act["label_candidates"]))
-    return "\n".join(lines)
-
-
-SHOWN_CANDIDATES = 10  # more are cut to the first CUT_CANDIDATES and a count, as ParlAI's display does
-CUT_CANDIDATES = 5
-
-
-def candidates_line(candidates: Sequence[str]) -> str:
-    """An example's label candidates, as ParlAI's display shows them: ``    [label_candidates: a|b|c]``, or the
-    first five and how many more when there are over ten."""
-    found = list(candidates)
-    if len(found) <= SHOWN_CANDIDATES:
-        return f"    [label_candidates: {'|'.join(map(str, found))}]"
-    more = len(found) - CUT_CANDIDATES
-    return f"    [label_candidates: {'|'.join(map(str, found[:CUT_CANDIDATES]))}| ...and {more} more]"
-
-
-def display_rows(rows: Sequence[Sequence[Message | None]]) -> str:
-    """Each row's acts (teacher's, then the model's), the rows of one batched step one after the other; a
-    padding row (no example: past the end of the data) shows nothing."""
-    shown = (display(row) for row in rows if row and not is_padding(row[0]))
-    return "\n".join(text for text in shown if text)
 
 
 def _fixed_teachers(world: World) -> list[FixedTeacher]:
@@ -341,6 +316,13 @@ class BatchWorld(World):
         if source == 0:
             self.total_exs += sum(1 for act in acts if not is_padding(act))
         return [agent.observe(act) for agent, act in zip(self._row_agents(index), acts)]
+
+    def get_acts(self) -> list[list[Message | None]]:  # type: ignore[override]
+        """ParlAI's: each agent's acts of the last parley, one per row (the teacher's examples, then the model's
+        replies; a padding row's example is None)."""
+        if self._teacher is not None:
+            return [list(acts) for acts in self._last_rows]
+        return [[w.get_acts()[index] for w in self.worlds] for index in range(len(self.world.get_agents()))]
 
     def display(self) -> str:
         """The last parley's rows: each row's example, then the model's reply to it."""
