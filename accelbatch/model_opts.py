@@ -238,7 +238,7 @@ def with_model_opts(opts: Opts, given: set[str], reads_task: bool = True) -> tup
                        "start afresh without --resume")
         if "task" not in given:
             check_task_files(opts, f"{found}: the checkpoint's task", "put the data back there to resume, or "
-                              "start afresh without --resume")
+                             "start afresh without --resume")
         check_resumed_opts(Checkpoint(path=found, model_state={}, opts=saved), opts, opts.model, SHAPING)
         return opts, None  # said by the resume (-lr) or not at all: the run goes on as it was
     if path and os.path.isfile(path):
@@ -261,7 +261,7 @@ def with_model_opts(opts: Opts, given: set[str], reads_task: bool = True) -> tup
         for k, v in taken.items())
     if "task" in taken and reads_task:
         check_task_files(opts.replace(task=taken["task"]), f"{opt_path(source)}: the model's task",
-                          "give -t naming the data to use")
+                         "give -t naming the data to use")
     return _taking(opts, taken, opt_path(source), "fix or delete that file"), "\n".join(filter(None, (
         f"accelbatch: {flag} {source} was trained with {said} ({opt_path(source)}); using them (give them to "
         "override)", untold_task)))
