@@ -40,12 +40,17 @@ class World:
         self.agents = list(agents)
         self.acts: list[Message | None] = [None] * len(self.agents)
         self.total_exs = 0  # examples (non-padding teacher turns) parleyed so far
+        self.total_parleys = 0  # parley() calls so far
         self.data_time_s = 0.0  # seconds spent producing the model's inputs (the device waits meanwhile)
         self.runtime: Any = None  # what the build attached (backend, plan): run() reads it, the world never does
 
     def get_total_exs(self) -> int:
         """Examples parleyed since the world was made (padding rows excluded)."""
         return self.total_exs
+
+    def get_total_parleys(self) -> int:
+        """ParlAI's: parley() calls since the world was made (or reset)."""
+        return self.total_parleys
 
     def get_total_epochs(self) -> float:
         """Epochs parleyed (ParlAI's): examples so far over the examples of one epoch. In a data-parallel run
@@ -78,9 +83,11 @@ class World:
         return False
 
     def getID(self) -> str:  # noqa: N802 - ParlAI's name
+        """ParlAI's: the world's name, its class's."""
         return type(self).__name__
 
     def __enter__(self) -> "World":
+        """``with world:`` shuts the world down at the block's end (ParlAI's)."""
         return self
 
     def __exit__(self, *exc_info: Any) -> None:
@@ -124,7 +131,7 @@ class World:
         for agent in self.agents:
             agent.reset()
         self.acts = [None] * len(self.agents)
-        self.total_exs = 0  # ParlAI's World.reset: the counts (get_total_exs, epochs) start again
+        self.total_exs = self.total_parleys = 0  # ParlAI's World.reset: the counts (exs, epochs, parleys) restart
 
     def state_dict(self) -> dict[str, Any]:
         """The data position: the teacher's, the model agent's conversation, the examples count."""
@@ -155,6 +162,7 @@ class DialogPartnerWorld(World):
 
     def parley(self) -> None:
         teacher, model = self.agents
+        self.total_parleys += 1
         self.acts[0] = teacher.act()
         if not is_padding(self.acts[0]):
             self.total_exs += 1
@@ -229,8 +237,6 @@ class BatchWorld(World):
                  and type(teacher).act is FixedTeacher.act and type(teacher).observe is FixedTeacher.observe
                  and not self._parley_init and not opts.display_examples)
         self._teacher: FixedTeacher | None = teacher if plain else None  # type: ignore[assignment]
-        self._last_rows: tuple[Sequence[Message], Sequence[Message]] = ((), ())  # the last whole-batch parley's
-
 
     def clone(self) -> "BatchWorld":
         """Another BatchWorld of as many rows over a clone of the world it batches (the same model agent's
@@ -240,6 +246,9 @@ class BatchWorld(World):
         return self.world.get_agents()
 
     def parley(self) -> None:
+        """One step of every row; then get_acts() is [the rows' teacher acts, the model's replies], one per row
+        (a padding row: the teacher's padding act and the model's reply to it), as ParlAI's BatchWorld."""
+        self.total_parleys += 1
         teacher = self._teacher
         if teacher is not None:  # the teachers' side for all rows at once (ParlAI's four steps per row)
             start = perf_counter()
@@ -253,7 +262,9 @@ class BatchWorld(World):
                 examples = [agent.observe(example) for agent, example in zip(self._model_rows, examples)]
             self.data_time_s += perf_counter() - start
             replies = self._model_replies(examples)
-            self._last_rows = (step[0], replies)
+            self.acts = [step[0], replies]
+            for w, example, reply in zip(self.worlds, step[0], replies):  # each row world's get_acts() too
+                w.acts[0], w.acts[1] = example, reply
             teacher.score(replies, answers, real, step[2] if len(step) > 3 else None)
             return
         if self._parley_init:
@@ -309,6 +320,7 @@ class BatchWorld(World):
             refuse_non_messages(original, "batch_act()" if batched else "act()", acts)
         for w, act in zip(self.worlds, acts):
             w.get_acts()[index] = act
+        self.acts[index] = acts
         return acts
 
     def batch_observe(self, index: int, acts: list[Message], source: int) -> list[Message | None]:
@@ -317,17 +329,10 @@ class BatchWorld(World):
             self.total_exs += sum(1 for act in acts if not is_padding(act))
         return [agent.observe(act) for agent, act in zip(self._row_agents(index), acts)]
 
-    def get_acts(self) -> list[list[Message | None]]:  # type: ignore[override]
-        """ParlAI's: each agent's acts of the last parley, one per row (the teacher's examples, then the model's
-        replies; a padding row's example is None)."""
-        if self._teacher is not None:
-            return [list(acts) for acts in self._last_rows]
-        return [[w.get_acts()[index] for w in self.worlds] for index in range(len(self.world.get_agents()))]
-
     def display(self) -> str:
         """The last parley's rows: each row's example, then the model's reply to it."""
         if self._teacher is not None:
-            return display_rows(list(zip(*self._last_rows)))
+            return display_rows(list(zip(*self.acts))) if self.acts[0] is not None else ""
         return display_rows([w.get_acts() for w in self.worlds])
 
     def epoch_done(self) -> bool:
@@ -351,7 +356,8 @@ class BatchWorld(World):
         for w in self.worlds:
             w.reset()
         self.world.reset()
-        self.total_exs = 0
+        self.acts = [None] * len(self.acts)
+        self.total_exs = self.total_parleys = 0
 
     def state_dict(self) -> dict[str, Any]:
         """The teacher's feed once and each row's conversation; rows that act one by one (custom worlds,
@@ -415,6 +421,7 @@ class MultiWorld(World):
         self.parley_init()
         world = self.worlds[self.current]
         before = world.get_total_exs()
+        self.total_parleys += 1
         world.parley()
         self.total_exs += world.get_total_exs() - before
 
@@ -447,7 +454,7 @@ class MultiWorld(World):
         for w in self.worlds:
             w.reset()
         self.current = 0
-        self.total_exs = 0
+        self.total_exs = self.total_parleys = 0
 
     def state_dict(self) -> dict[str, Any]:
         last = self.worlds[self.current].get_acts()[0]

@@ -4,6 +4,8 @@ BatchWorld's get_acts() was [None, None] and episode_done() an AttributeError.""
 
 from __future__ import annotations
 
+import pytest
+
 import accelbatch as ab
 from accelbatch.agents import Agent
 from accelbatch.messages import Message, is_padding
@@ -62,3 +64,102 @@ def test_with_world_shuts_it_down(write_jsonl, monkeypatch):
     with world as entered:
         assert entered is world
     assert calls == [1]
+
+
+# 7 episodes of 2, 1, 3, 1, 2, 1 and 2 turns (12 turns); a turn's text ends in a word, the label of 8 of them
+EPISODES = [[("one red", "red"), ("two blue", "green")], [("three red", "red")],
+            [("four green", "green"), ("five red", "blue"), ("six blue", "blue")], [("seven red", "blue")],
+            [("eight green", "green"), ("nine blue", "blue")], [("ten red", "red")],
+            [("eleven green", "red"), ("twelve blue", "blue")]]
+TURNS, EPISODE_COUNT, LAST_WORD_RIGHT = 12, 7, 8  # counted by hand from EPISODES
+
+
+def _turns() -> list[dict]:
+    return [{"text": text, "labels": [label], "episode_done": turn == len(episode) - 1}
+            for episode in EPISODES for turn, (text, label) in enumerate(episode)]
+
+
+def _last_word(observation: Message | None) -> Message:
+    words = (observation or {}).get("text", "").split()
+    return Message(id="LastWord", text=words[-1] if words else "")
+
+
+class LastWord(Agent):
+    """Replies the last word of the text, by its own act and by batch_act."""
+
+    def act(self) -> Message:
+        return _last_word(self.observation)
+
+    def batch_act(self, observations: list[Message]) -> list[Message]:
+        return [_last_word(observation) for observation in observations]
+
+
+def _last_word_world(write_jsonl, rows: int, display_examples: bool = False):
+    path = write_jsonl(_turns(), name="valid.jsonl")
+    return ab.create_world(ab.Opts(task=f"jsonl:{path}", datatype="valid", batchsize=rows, progress=False,
+                                   display_examples=display_examples), agent=LastWord)
+
+
+@pytest.mark.parametrize("row_by_row", [False, True], ids=["whole-batch", "clones"])
+def test_a_4_row_hand_loop_over_get_acts_scores_what_the_report_scores(write_jsonl, row_by_row):
+    """w.parley(); for ex, reply in zip(*w.get_acts()) over 4 rows: every row each step (padding rows are the
+    teacher's padding acts), each row world's get_acts() the same pair; 8 of the 12 turns right, as counted by
+    hand and as the report says. The clone path is the one -de (display_examples) takes."""
+    world = _last_word_world(write_jsonl, 4, display_examples=row_by_row)
+    assert (world._teacher is None) == row_by_row  # the path this case means to take
+    scored = right = steps = 0
+    while not world.epoch_done():
+        world.parley()
+        steps += 1
+        examples, replies = world.get_acts()
+        assert len(examples) == len(replies) == 4
+        assert [w.get_acts() for w in world.worlds] == [[e, r] for e, r in zip(examples, replies)]
+        for example, reply in zip(examples, replies):
+            if not is_padding(example):
+                scored += 1
+                right += reply["text"] in example["eval_labels"]
+    report = world.report()
+    assert (scored, right) == (TURNS, LAST_WORD_RIGHT) == (report["exs"], round(report["accuracy"] * TURNS))
+    assert world.get_total_parleys() == steps
+
+
+def test_episode_done_counts_the_episodes_in_a_1_row_loop(write_jsonl):
+    """episode_done() after each parley is True at the 7 episodes' last turns (turns 2, 3, 6, 7, 9, 10, 12)."""
+    world = _last_word_world(write_jsonl, 1)
+    ends = []
+    while not world.epoch_done():
+        world.parley()
+        ends.append(world.episode_done())
+    assert [turn for turn, end in enumerate(ends, 1) if end] == [2, 3, 6, 7, 9, 10, 12]
+    assert sum(ends) == EPISODE_COUNT and len(ends) == TURNS
+
+
+@pytest.mark.parametrize("rows", [1, 4])
+def test_get_total_parleys_counts_parley_calls_and_reset_restarts_it(write_jsonl, rows):
+    world = _last_word_world(write_jsonl, rows)
+    assert world.get_total_parleys() == 0
+    for _ in range(3):
+        world.parley()
+    assert world.get_total_parleys() == 3
+    world.reset()
+    assert world.get_total_parleys() == 0 and world.get_acts() == [None, None]
+
+
+class RecordsShutdown(LastWord):
+    calls: list[str] = []  # shared by the clones
+
+    def shutdown(self) -> None:
+        RecordsShutdown.calls.append("shutdown")
+
+
+@pytest.mark.parametrize("rows", [1, 4])
+def test_leaving_a_with_block_shuts_the_world_s_agents_down_even_on_an_error(write_jsonl, rows):
+    path = write_jsonl(_turns(), name="valid.jsonl")
+    RecordsShutdown.calls = []
+    with pytest.raises(KeyError):
+        with ab.create_world(ab.Opts(task=f"jsonl:{path}", datatype="valid", batchsize=rows, progress=False),
+                             agent=RecordsShutdown) as world:
+            assert world.getID() == ("DialogPartnerWorld" if rows == 1 else "BatchWorld")
+            world.parley()
+            raise KeyError("the block failed")
+    assert RecordsShutdown.calls == ["shutdown"]  # the model agent's, once
