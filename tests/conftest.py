@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import tempfile
 
 import pytest
 
@@ -16,17 +15,6 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 # would wait in vain. Give this process Python's usual Ctrl-C: its children then start with it too.
 if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
     signal.signal(signal.SIGINT, signal.default_int_handler)
-
-
-@pytest.fixture(scope="session", autouse=True)
-def _temporary_files_in_pytest_s_folder(tmp_path_factory):
-    """The runs this suite kills on purpose (SIGKILL) cannot remove their temporary folders (multiprocessing's
-    pymp-*, torchrun's torchelastic_*): every process of the suite makes them under pytest's own folder,
-    which pytest deletes three sessions later, not in the machine's /tmp."""
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setenv("TMPDIR", str(tmp_path_factory.mktemp("tmp")))
-        patch.setattr(tempfile, "tempdir", None)  # gettempdir() reads TMPDIR again
-        yield
 
 
 @pytest.fixture
