@@ -11,6 +11,7 @@ Agents are duck-typed here (no import of :mod:`accelbatch.agents`, which imports
 
 from __future__ import annotations
 
+import inspect
 import re
 from typing import Any
 
@@ -27,6 +28,21 @@ def missing(agent: Any, method: str) -> AgentMethodMissing:
     """The error for a TorchAgent subclass that does not define ``method`` (the base class's is called)."""
     return AgentMethodMissing(f"{type(agent).__name__} must implement {method}: a TorchAgent subclass defines "
                               "build_model(), batchify() and replies() (vectorize() optional)")
+
+
+def from_shared(shared: dict[str, Any]) -> Any:
+    """A clone built from ``share()``'s dict as ParlAI builds one, ``Class(opts, shared)``; a class whose
+    ``__init__`` cannot take ``shared`` is told so in one line."""
+    cls = shared["class"]
+    try:
+        inspect.signature(cls).bind(shared["opts"], shared)
+    except TypeError:
+        raise ReplyError(f"{cls.__name__}.__init__ takes no shared argument: accelbatch builds its clones (one "
+                         f"per batch row, and validation's) as {cls.__name__}(opts, shared), as ParlAI does; declare "
+                         "__init__(self, opts, shared=None) and pass shared on to super().__init__") from None
+    except ValueError:  # no signature to read (a builtin): let the call itself say what is wrong
+        pass
+    return cls(shared["opts"], shared)
 
 
 def built_model(agent: Any) -> torch.nn.Module:

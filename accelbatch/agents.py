@@ -71,8 +71,7 @@ class Agent:
         return {"class": type(self), "opts": self.opts}
 
     def clone(self) -> "Agent":
-        shared = self.share()
-        return shared["class"](shared["opts"], shared)
+        return agent_checks.from_shared(self.share())
 
     # ParlAI's name for opts: ported code reads (and sets) self.opt
     opt = property(lambda self: self.opts, lambda self, value: setattr(self, "opts", value))
@@ -83,7 +82,7 @@ class Agent:
         shared = self.share()
         if "metrics" in shared:
             shared = {**shared, "metrics": type(shared["metrics"])()}
-        return shared["class"](shared["opts"], shared)
+        return agent_checks.from_shared(shared)
 
     def reset(self) -> None:
         """Forget the conversation and the metrics (ParlAI's reset: a new pass reports afresh)."""

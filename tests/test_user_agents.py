@@ -11,6 +11,7 @@ from helpers import list_teacher
 
 import accelbatch as ab
 from accelbatch.build import create_world
+from accelbatch.cli import main
 from accelbatch.opts import OptionError, Opts
 from accelbatch.run import evaluate, run
 from accelbatch.worlds import DialogPartnerWorld, ReplyError
@@ -113,6 +114,30 @@ def test_a_class_not_derived_from_agent_is_refused_naming_it(write_jsonl):
         create_world(opts, agent=Duck)
     with pytest.raises(OptionError, match=r"-m test_user_agents:Duck: Duck is not an accelbatch Agent; derive"):
         create_world(opts.replace(model="test_user_agents:Duck"))
+
+
+class NoShared(ab.Agent):
+    """An agent whose __init__ cannot take the clones' ``shared`` argument."""
+
+    def __init__(self, opts):
+        super().__init__(opts)
+
+    def act(self):
+        return {"text": "x"}
+
+
+NO_SHARED = ("NoShared.__init__ takes no shared argument: accelbatch builds its clones (one per batch row, and "
+             "validation's) as NoShared(opts, shared), as ParlAI does; declare __init__(self, opts, shared=None)")
+
+
+def test_an_agent_whose_init_takes_no_shared_is_told_how_to_declare_it(write_jsonl, capsys):
+    opts = Opts(task=_qa(write_jsonl), batchsize=2, datatype="valid")
+    with pytest.raises(ReplyError, match=re.escape(NO_SHARED)):
+        create_world(opts, NoShared(opts))
+    assert main(["eval", "-t", _qa(write_jsonl), "-m", "test_user_agents:NoShared", "-bs", "2",
+                    "--no-progress"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and NO_SHARED in err, err
 
 
 def test_opt_is_parlais_name_for_opts():
