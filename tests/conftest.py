@@ -7,8 +7,10 @@ import os
 import signal
 
 import pytest
+import zygote
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
+zygote.install()
 
 # A run started with Ctrl-C ignored (a background job of a non-interactive shell: `.ci/run &` in a script,
 # some CI runners) would pass that on to every process it starts, and the tests that press Ctrl-C on a child
@@ -27,6 +29,18 @@ def write_jsonl(tmp_path):
         return str(path)
 
     return _write
+
+
+def pytest_sessionfinish(session, exitstatus):
+    zygote.CLIENT.stop()
+
+
+@pytest.fixture(autouse=True)
+def _fresh_processes_when_marked(request):
+    """Tests marked ``fresh_processes`` start their command-line runs in a fresh interpreter (tests/zygote.py)."""
+    zygote.CLIENT.paused = request.node.get_closest_marker("fresh_processes") is not None
+    yield
+    zygote.CLIENT.paused = False
 
 
 @pytest.fixture(autouse=True)

@@ -169,17 +169,21 @@ TAG_ENV = "ACCELBATCH_TEST_TAG"
 
 def tagged_pids(tag: str) -> set[int]:
     """Live (non-zombie) processes whose environment holds ``ACCELBATCH_TEST_TAG=tag``: a process tree
-    started with that variable, orphans included, since children inherit the environment."""
+    started with that variable, orphans included, since children inherit the environment. (A command-line run
+    forked by tests/zygote.py is known by its pid: /proc shows its preloader's environment.)"""
     import os
 
+    import zygote
+
     marker = f"{TAG_ENV}={tag}".encode()
+    forked = zygote.forked_pids_with(marker.decode())
     found = set()
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
             continue
         try:
             with open(f"/proc/{entry}/environ", "rb") as handle:
-                if marker not in handle.read().split(b"\0"):
+                if marker not in handle.read().split(b"\0") and int(entry) not in forked:
                     continue
             with open(f"/proc/{entry}/stat") as handle:
                 state = handle.read().rsplit(")", 1)[1].split()[0]

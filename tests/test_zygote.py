@@ -1,0 +1,89 @@
+"""The suite's forked command-line runs (tests/zygote.py) behave as fresh ``python -m accelbatch`` processes:
+the same output, exit status, working folder, environment and sys.path, and signals end them the same way."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+
+import pytest
+import zygote
+from helpers import wait_for_first_checkpoint
+
+PROBE = """
+import json, os, sys
+from accelbatch.cli import main as _main  # noqa: F401 - the module the runs import
+print(json.dumps({"cwd": os.getcwd(), "path0": sys.path[0], "tag": os.environ.get("ZYGOTE_PROBE"),
+                  "argv0": os.path.basename(sys.argv[0]), "stdout_tty": sys.stdout.isatty(),
+                  "buffering": sys.stdout.line_buffering, "in_path": "probe_agent" in sys.modules}))
+"""
+
+
+def _both(command: list[str], **kwargs) -> tuple[subprocess.CompletedProcess, subprocess.CompletedProcess]:
+    """The command run forked and in a fresh interpreter."""
+    forked = subprocess.run(command, capture_output=True, text=True, timeout=120, **kwargs)
+    zygote.CLIENT.paused = True
+    try:
+        fresh = subprocess.run(command, capture_output=True, text=True, timeout=120, **kwargs)
+    finally:
+        zygote.CLIENT.paused = False
+    return forked, fresh
+
+
+@pytest.mark.multiprocess
+@pytest.mark.timeout(300)
+def test_a_forked_run_prints_and_exits_as_a_fresh_one(tmp_path):
+    if not zygote.CLIENT.enabled:
+        pytest.skip("forked runs are off (ACCELBATCH_TEST_FRESH_PROCESSES=1 or no socket.send_fds)")
+    (tmp_path / "data.jsonl").write_text('{"text": "a b", "labels": ["c"]}\n', encoding="utf-8")
+    for argv in (["display-data", "-t", "jsonl:data.jsonl", "-n", "1"], ["train", "-t", "jsonl:missing.jsonl"],
+                 ["train", "--no-such-option"]):
+        forked, fresh = _both([sys.executable, "-m", "accelbatch", *argv], cwd=tmp_path,
+                              env={**os.environ, "ZYGOTE_PROBE": "1"})
+        assert (forked.returncode, forked.stdout, forked.stderr) == (fresh.returncode, fresh.stdout, fresh.stderr)
+    assert forked.returncode == 2 and "--no-such-option" in forked.stderr
+
+
+@pytest.mark.multiprocess
+@pytest.mark.timeout(300)
+def test_a_forked_run_has_the_fresh_runs_folder_environment_and_path(tmp_path, monkeypatch):
+    """Checked from inside: a probe module imported by `-m` from the working folder, as a user's agent is."""
+    if not zygote.CLIENT.enabled:
+        pytest.skip("forked runs are off")
+    (tmp_path / "probe_agent.py").write_text(PROBE + "import accelbatch\nclass Probe(accelbatch.Agent):\n    pass\n",
+                                             encoding="utf-8")
+    command = [sys.executable, "-m", "accelbatch", "display-model", "-m", "probe_agent:Probe", "-t", "reverse"]
+    forked, fresh = _both(command, cwd=tmp_path, env={**os.environ, "ZYGOTE_PROBE": "seen"})
+    said = [json.loads(r.stdout.splitlines()[0]) for r in (forked, fresh)]
+    assert said[0] == said[1], said
+    assert said[0]["cwd"] == str(tmp_path) and said[0]["path0"] == str(tmp_path) and said[0]["tag"] == "seen"
+
+
+@pytest.mark.multiprocess
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGKILL])
+def test_a_signalled_forked_run_ends_as_a_fresh_one(tmp_path, sig):
+    if not zygote.CLIENT.enabled:
+        pytest.skip("forked runs are off")
+    command = [sys.executable, "-m", "accelbatch", "train", "-t", "babi:1", "-ne", "1000", "--no-progress",
+               "-mf", "model.pt", "--save-every-n-secs", "0.01"]
+    codes = []
+    for paused in (False, True):
+        zygote.CLIENT.paused = paused
+        try:
+            proc = subprocess.Popen(command, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                    text=True, start_new_session=True)
+        finally:
+            zygote.CLIENT.paused = False
+        assert (proc.pid in zygote.CLIENT.forked_env) != paused
+        assert os.getsid(proc.pid) == proc.pid  # start_new_session: a session of its own
+        wait_for_first_checkpoint(proc, tmp_path / "model.pt", max_delay_s=0.2)
+        proc.send_signal(sig)
+        proc.communicate(timeout=60)
+        codes.append(proc.returncode)
+        for path in tmp_path.glob("model.pt*"):
+            subprocess.run(["rm", "-rf", str(path)], check=True)
+    assert codes[0] == codes[1] and codes[0] in ((130, -signal.SIGINT) if sig == signal.SIGINT else (-sig,))
