@@ -81,8 +81,9 @@ class LabelEchoTorchAgent(TorchAgent):
         return [{"text": (o.get("labels") or o.get("eval_labels") or [""])[0]} for o in observations]
 
 
-# multiprocessing's long-lived helpers (one per parent, shared by every pool/accessor): not leaks
-_MP_HELPERS = (b"resource_tracker", b"forkserver")
+# long-lived helpers, not leaks: multiprocessing's (one per parent, shared by every pool/accessor) and the
+# suite's own preloader of command-line runs (tests/zygote.py)
+_MP_HELPERS = (b"resource_tracker", b"forkserver", b"zygote.py")
 
 
 def process_table() -> dict[int, tuple[int, str, bytes]]:
@@ -106,8 +107,8 @@ def process_table() -> dict[int, tuple[int, str, bytes]]:
 
 
 def live_children(pid: int | None = None) -> list[tuple[int, str]]:
-    """(pid, state) of a process's children from /proc, zombies included, multiprocessing's own
-    long-lived helpers (resource tracker, forkserver) left out."""
+    """(pid, state) of a process's children from /proc, zombies included, long-lived helpers (resource
+    tracker, forkserver, the suite's preloader) left out."""
     import os
 
     pid = os.getpid() if pid is None else pid
