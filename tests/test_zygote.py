@@ -1,4 +1,4 @@
-"""The suite's forked command-line runs (tests/zygote.py) behave as fresh ``python -m accelbatch`` processes:
+"""The suite's forked runs (tests/zygote.py) behave as fresh ``python -m accelbatch`` and ``python script.py``:
 the same output, exit status, working folder, environment and sys.path, and signals end them the same way."""
 
 from __future__ import annotations
@@ -24,7 +24,9 @@ print(json.dumps({"cwd": os.getcwd(), "path0": sys.path[0], "tag": os.environ.ge
 
 def _both(command: list[str], **kwargs) -> tuple[subprocess.CompletedProcess, subprocess.CompletedProcess]:
     """The command run forked and in a fresh interpreter."""
+    forks = zygote.CLIENT.forks
     forked = subprocess.run(command, capture_output=True, text=True, timeout=120, **kwargs)
+    assert zygote.CLIENT.forks == forks + 1
     zygote.CLIENT.paused = True
     try:
         fresh = subprocess.run(command, capture_output=True, text=True, timeout=120, **kwargs)
@@ -45,6 +47,14 @@ def test_a_forked_run_prints_and_exits_as_a_fresh_one(tmp_path):
                               env={**os.environ, "ZYGOTE_PROBE": "1"})
         assert (forked.returncode, forked.stdout, forked.stderr) == (fresh.returncode, fresh.stdout, fresh.stderr)
     assert forked.returncode == 2 and "--no-such-option" in forked.stderr
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "sub" / "script.py").write_text(
+        "import os, sys\nprint(__name__, __file__, sys.path[0], os.getcwd(), sys.argv[1:])\nraise SystemExit(3)\n",
+        encoding="utf-8")
+    forked, fresh = _both([sys.executable, "sub/script.py", "x"], cwd=tmp_path)
+    assert (forked.returncode, forked.stdout, forked.stderr) == (fresh.returncode, fresh.stdout, fresh.stderr)
+    assert forked.returncode == 3 and forked.stdout.split()[:4] == ["__main__", str(tmp_path / "sub" / "script.py"),
+                                                                    str(tmp_path / "sub"), str(tmp_path)]
 
 
 @pytest.mark.multiprocess

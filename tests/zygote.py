@@ -1,19 +1,19 @@
-"""Faster command-line subprocesses for the suite: ``python -m accelbatch ...`` forked from a process that has
-already imported torch and accelbatch's command line, in place of a fresh interpreter each time.
+"""Faster subprocesses for the suite: ``python -m accelbatch ...`` and ``python script.py ...`` forked from a
+process that has already imported torch and accelbatch's command line, in place of a fresh interpreter.
 
 About half of the suite's CPU time went to importing torch (2 s per process on CI's cores), and the suite
-starts about 140 command-line runs. A forked run is still a real process: its own pid, session (when asked),
-standard streams, working folder and environment, a child of the preloading process; tests signal, kill, wait
-for and read it through ``subprocess.Popen`` as before. It shares with a fresh interpreter everything but
-what was imported before the fork (torch, ``accelbatch.cli`` and what they import) and the hash seed.
+starts about 190 such runs. A forked run is still a real process: its own pid, session (when asked), standard
+streams, working folder, environment and sys.path, a child of the preloading process; tests signal, kill, wait
+for and read it through ``subprocess.Popen`` as before. It differs from a fresh interpreter in what was
+imported before the fork (torch, ``accelbatch.cli`` and what they import), the hash seed, and a script's
+``sys.argv[0]`` (its absolute path).
 
-Only a plain ``[sys.executable, "-m", "accelbatch", ...]`` is forked. Anything that depends on more of a
-fresh interpreter starts one as before: a preexec_fn, pass_fds, close_fds=False, a user or group change, other
-interpreter flags, ``PYTHON*`` variables other than this process's. So do tests marked ``fresh_processes``,
-and every test when ``ACCELBATCH_TEST_FRESH_PROCESSES=1``.
+Anything that depends on more of a fresh interpreter starts one as before: other interpreter flags (``-c``,
+``-X``, ...), a preexec_fn, pass_fds, close_fds=False, a user or group change, ``PYTHON*`` or locale variables
+other than this process's. So do tests marked ``fresh_processes``, and every test when
+``ACCELBATCH_TEST_FRESH_PROCESSES=1``.
 
-The preloading process is started by the first forked run of a pytest process and ends with it.
-"""
+The preloading process is started by the first forked run of a pytest process and ends with it."""
 
 from __future__ import annotations
 
@@ -43,6 +43,7 @@ class _Client:
         self.enabled = hasattr(socket, "send_fds") and os.environ.get(OFF_ENV) != "1"
         self.paused = False
         self.forked_env: dict[int, dict[str, str]] = {}
+        self.forks = 0  # runs forked so far
 
     def start(self) -> None:
         folder = tempfile.mkdtemp(prefix="accelbatch-zygote-")
@@ -92,11 +93,21 @@ def _python_vars(env: Any) -> dict[str, str]:
     return {k: v for k, v in env.items() if k.startswith(("PYTHON", "LC_")) or k == "LANG"}
 
 
+def _entry(args: Any, cwd: Any) -> dict[str, str] | None:
+    """What the command runs: the accelbatch module, or a script file (its absolute path); None for others."""
+    if [str(a) for a in args[1:3]] == ["-m", "accelbatch"]:
+        return {"module": "accelbatch"}
+    script = os.path.join(os.fspath(cwd or os.getcwd()), os.fspath(args[1]))
+    if str(args[1]).endswith(".py") and os.path.isfile(script):
+        return {"script": os.path.abspath(script)}
+    return None
+
+
 def _forkable(args: Any, call: dict[str, Any]) -> bool:
-    """A plain ``python -m accelbatch`` the preloader can fork (see the module docstring)."""
-    if not (CLIENT.enabled and not CLIENT.paused and isinstance(args, (list, tuple)) and len(args) >= 3):
+    """A command the preloader can fork (see the module docstring)."""
+    if not (CLIENT.enabled and not CLIENT.paused and isinstance(args, (list, tuple)) and len(args) >= 2):
         return False
-    if [str(a) for a in args[:3]] != [sys.executable, "-m", "accelbatch"] or call["shell"]:
+    if str(args[0]) != sys.executable or call["shell"] or _entry(args, call["cwd"]) is None:
         return False
     if call["preexec_fn"] is not None or call["pass_fds"] or not call["close_fds"]:
         return False
@@ -126,7 +137,9 @@ def _execute_child(self: subprocess.Popen, args, executable, preexec_fn, close_f
     if CLIENT.process is None:
         CLIENT.start()
     env = dict(os.environ if env is None else env)
-    request = {"argv": [str(a) for a in args[3:]], "cwd": os.path.abspath(os.fspath(cwd or os.getcwd())),
+    entry = _entry(args, cwd)
+    request = {**entry, "argv": [str(a) for a in args[3 if "module" in entry else 2:]],
+               "cwd": os.path.abspath(os.fspath(cwd or os.getcwd())),
                "env": env, "new_session": bool(extra.get("start_new_session"))}
     streams = [p2cread if p2cread != -1 else 0, c2pwrite if c2pwrite != -1 else 1,
                errwrite if errwrite != -1 else 2]
@@ -146,6 +159,7 @@ def _execute_child(self: subprocess.Popen, args, executable, preexec_fn, close_f
     self.pid = reply["pid"]
     self._child_created = True  # type: ignore[attr-defined]
     CLIENT.forked_env[self.pid] = env
+    CLIENT.forks += 1
     status_of = _Status(self, conn)
     self._internal_poll = status_of.poll  # type: ignore[method-assign]
     self._wait = status_of.wait  # type: ignore[method-assign]
@@ -219,8 +233,8 @@ def _fresh_stdio() -> None:
 
 
 def _run_forked(request: dict[str, Any], streams: list[int], started: int) -> None:
-    """In the forked child: become ``python -m accelbatch ARGV`` started with the request's streams, folder,
-    environment and session, run it, and exit as the interpreter would."""
+    """In the forked child: become ``python -m accelbatch ARGV`` (or ``python SCRIPT ARGV``) started with the
+    request's streams, folder, environment and session, run it, and exit as the interpreter would."""
     import atexit
     import runpy
     import threading
@@ -236,12 +250,17 @@ def _run_forked(request: dict[str, Any], streams: list[int], started: int) -> No
     os.chdir(request["cwd"])
     os.environ.clear()
     os.environ.update(request["env"])
-    sys.argv = ["-m", *request["argv"]]
-    sys.path[:] = [request["cwd"], *_FRESH_PATH]  # as `python -m` has it: the working folder first
+    script = request.get("script")
+    sys.argv = [script or "-m", *request["argv"]]
+    # as the interpreter has it: a script's folder first, or (`python -m`) the working folder
+    sys.path[:] = [os.path.dirname(script) if script else request["cwd"], *_FRESH_PATH]
     os.close(started)
     code, interrupted = 0, False
     try:
-        runpy.run_module("accelbatch", run_name="__main__", alter_sys=True)
+        if script:
+            runpy.run_path(script, run_name="__main__")
+        else:
+            runpy.run_module(request["module"], run_name="__main__", alter_sys=True)
     except SystemExit as exc:
         code = _exit_code(exc)
     except KeyboardInterrupt:
