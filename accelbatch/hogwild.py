@@ -288,6 +288,7 @@ class HogwildWorld(World):
         self._send(rank, _PARLEY)
         self._outstanding[rank] += 1
         self._parleys += 1
+        self.total_parleys += 1
 
     def get_total_exs(self) -> int:
         """Examples parleyed by all processes so far (a shared counter; no waiting); in training with a fixed
@@ -320,7 +321,7 @@ class HogwildWorld(World):
         """Reset every process's world (its episodes rewound) before the next parley."""
         self._broadcast("reset")
         self._prefer = set()
-        self.acts = [None] * len(self.agents)
+        self.acts, self.total_parleys = [None] * len(self.agents), 0
 
     def epoch_done(self) -> bool:
         """Evaluation: every process's world is done (its share of the episodes served)."""

@@ -70,6 +70,8 @@ class LoaderWorld(World):
         raise TypeError("a LoaderWorld is not cloned: it batches through its loader")
 
     def parley(self) -> None:
+        """One batch; then get_acts() is [the batch's examples, the model's replies], one per row."""
+        self.total_parleys += 1
         batch = self._next_batch()
         if batch is None:
             return
@@ -94,7 +96,7 @@ class LoaderWorld(World):
         self.total_exs += len(messages)
         self.real_tokens += sum(batch.lengths)
         self.padded_tokens += batch.rows * batch.padded_len
-        self.acts = [messages[-1] if messages else None, None]
+        self.acts = [list(messages), replies]
 
     def _next_batch(self) -> LoadedBatch | None:
         """The next batch; when the engine copies batches to a device, the one after it is fetched now and

@@ -350,6 +350,7 @@ def test_a_child_error_reaches_the_parent_after_the_messages_it_sent_before(tmp_
     world = create_world(opts, agent=BadDataInChildAgent)
     for _ in range(4):  # two parleys to each process, none waited for: process 1's first answer stays unread
         world.parley()
+    assert world.get_total_parleys() == 4  # ParlAI's count: the parleys released
     deadline = time.monotonic() + 60
     while not failed.exists() and time.monotonic() < deadline:
         time.sleep(0.05)

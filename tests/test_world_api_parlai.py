@@ -5,9 +5,11 @@ BatchWorld's get_acts() was [None, None] and episode_done() an AttributeError.""
 from __future__ import annotations
 
 import pytest
+from helpers import LabelEchoTorchAgent
 
 import accelbatch as ab
 from accelbatch.agents import Agent
+from accelbatch.loader_world import LoaderWorld
 from accelbatch.messages import Message, is_padding
 
 # 3 episodes of 3, 1 and 2 turns; the labels of 4 of the 6 turns are "yes"
@@ -163,3 +165,35 @@ def test_leaving_a_with_block_shuts_the_world_s_agents_down_even_on_an_error(wri
             world.parley()
             raise KeyError("the block failed")
     assert RecordsShutdown.calls == ["shutdown"]  # the model agent's, once
+
+
+class LastWordTorch(LabelEchoTorchAgent):
+    """A TorchAgent (batched by the loader front end) replying the last word of each row's text."""
+
+    def replies(self, outputs, observations):
+        return [_last_word(observation) for observation in observations]
+
+
+@pytest.mark.parametrize("batching", ["full", "buckets"])
+def test_the_batched_front_end_keeps_acts_and_parleys_as_a_batch_world(write_jsonl, batching):
+    """The loader front end (dynamic batching here) answers the same hand loop: each parley's examples and
+    replies, one per row; 8 of the 12 turns right; get_total_parleys() the loop's count, 0 after reset()."""
+    path = write_jsonl(_turns(), name="valid.jsonl")
+    world = ab.create_world(ab.Opts(task=f"jsonl:{path}", datatype="valid", batchsize=4, progress=False,
+                                    dynamic_batching=batching), agent=LastWordTorch)
+    assert isinstance(world, LoaderWorld)
+    scored = right = steps = 0
+    while not world.epoch_done():
+        world.parley()
+        steps += 1
+        examples, replies = world.get_acts()
+        assert len(examples) == len(replies) > 0
+        for example, reply in zip(examples, replies):
+            if not is_padding(example):
+                scored += 1
+                right += reply["text"] in example["eval_labels"]
+    report = world.report()
+    assert (scored, right) == (TURNS, LAST_WORD_RIGHT) == (report["exs"], round(report["accuracy"] * TURNS))
+    assert world.get_total_parleys() == steps >= 1
+    world.reset()
+    assert world.get_total_parleys() == 0 and world.get_acts() == [None, None]
