@@ -102,6 +102,22 @@ def _last_word_world(write_jsonl, rows: int, display_examples: bool = False):
                                    display_examples=display_examples), agent=LastWord)
 
 
+def _hand_loop(world, check) -> tuple[int, int, int]:
+    """ParlAI's hand loop to the epoch's end: (examples scored, replies right, parleys); ``check`` sees each
+    parley's get_acts()."""
+    scored = right = steps = 0
+    while not world.epoch_done():
+        world.parley()
+        steps += 1
+        examples, replies = world.get_acts()
+        check(examples, replies)
+        for example, reply in zip(examples, replies):
+            if not is_padding(example):
+                scored += 1
+                right += reply["text"] in example["eval_labels"]
+    return scored, right, steps
+
+
 @pytest.mark.parametrize("row_by_row", [False, True], ids=["whole-batch", "clones"])
 def test_a_4_row_hand_loop_over_get_acts_scores_what_the_report_scores(write_jsonl, row_by_row):
     """w.parley(); for ex, reply in zip(*w.get_acts()) over 4 rows: every row each step (padding rows are the
@@ -109,17 +125,12 @@ def test_a_4_row_hand_loop_over_get_acts_scores_what_the_report_scores(write_jso
     hand and as the report says. The clone path is the one -de (display_examples) takes."""
     world = _last_word_world(write_jsonl, 4, display_examples=row_by_row)
     assert (world._teacher is None) == row_by_row  # the path this case means to take
-    scored = right = steps = 0
-    while not world.epoch_done():
-        world.parley()
-        steps += 1
-        examples, replies = world.get_acts()
+
+    def check(examples, replies):
         assert len(examples) == len(replies) == 4
         assert [w.get_acts() for w in world.worlds] == [[e, r] for e, r in zip(examples, replies)]
-        for example, reply in zip(examples, replies):
-            if not is_padding(example):
-                scored += 1
-                right += reply["text"] in example["eval_labels"]
+
+    scored, right, steps = _hand_loop(world, check)
     report = world.report()
     assert (scored, right) == (TURNS, LAST_WORD_RIGHT) == (report["exs"], round(report["accuracy"] * TURNS))
     assert world.get_total_parleys() == steps
@@ -182,16 +193,11 @@ def test_the_batched_front_end_keeps_acts_and_parleys_as_a_batch_world(write_jso
     world = ab.create_world(ab.Opts(task=f"jsonl:{path}", datatype="valid", batchsize=4, progress=False,
                                     dynamic_batching=batching), agent=LastWordTorch)
     assert isinstance(world, LoaderWorld)
-    scored = right = steps = 0
-    while not world.epoch_done():
-        world.parley()
-        steps += 1
-        examples, replies = world.get_acts()
+
+    def check(examples, replies):
         assert len(examples) == len(replies) > 0
-        for example, reply in zip(examples, replies):
-            if not is_padding(example):
-                scored += 1
-                right += reply["text"] in example["eval_labels"]
+
+    scored, right, steps = _hand_loop(world, check)
     report = world.report()
     assert (scored, right) == (TURNS, LAST_WORD_RIGHT) == (report["exs"], round(report["accuracy"] * TURNS))
     assert world.get_total_parleys() == steps >= 1
