@@ -35,6 +35,15 @@ def pytest_sessionfinish(session, exitstatus):
     zygote.CLIENT.stop()
 
 
+@pytest.fixture(autouse=True, scope="session")
+def _preloader_started_first():
+    """The preloader of subprocesses (tests/zygote.py) starts before this process's first test, so that tests
+    that compare this process's children before and after see it in both."""
+    if zygote.CLIENT.enabled:
+        zygote.CLIENT.start()
+    yield
+
+
 @pytest.fixture(autouse=True)
 def _fresh_processes_when_marked(request):
     """Tests marked ``fresh_processes`` start their command-line runs in a fresh interpreter (tests/zygote.py)."""

@@ -116,11 +116,15 @@ class FailsInChildAgent(Agent):
 
 # --- leak checks ----------------------------------------------------------------------------------------
 def _helper_pids() -> set[int]:
-    """Long-lived helpers multiprocessing starts once per interpreter (not ours to stop)."""
+    """Long-lived helpers started once per interpreter (not ours to stop): multiprocessing's resource
+    tracker, the suite's preloader of subprocesses (tests/zygote.py)."""
     from multiprocessing import resource_tracker
 
-    pid = getattr(resource_tracker._resource_tracker, "_pid", None)
-    return {pid} if pid else set()
+    import zygote
+
+    pids = {getattr(resource_tracker._resource_tracker, "_pid", None)}
+    pids.add(zygote.CLIENT.process.pid if zygote.CLIENT.process is not None else None)
+    return pids - {None}
 
 
 def _child_pids(parent: int) -> set[int]:
