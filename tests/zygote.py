@@ -103,24 +103,27 @@ def _entry(args: Any, cwd: Any) -> dict[str, str] | None:
     return None
 
 
-def _forkable(args: Any, call: dict[str, Any]) -> bool:
-    """A command the preloader can fork (see the module docstring)."""
+def _forkable(args: Any, call: dict[str, Any]) -> dict[str, str] | None:
+    """What the preloader would run (:func:`_entry`) for a command it can fork (see the module docstring);
+    None for one that needs a fresh interpreter."""
     if not (CLIENT.enabled and not CLIENT.paused and isinstance(args, (list, tuple)) and len(args) >= 2):
-        return False
-    if str(args[0]) != sys.executable or call["shell"] or _entry(args, call["cwd"]) is None:
-        return False
+        return None
+    if str(args[0]) != sys.executable or call["shell"]:
+        return None
     if call["preexec_fn"] is not None or call["pass_fds"] or not call["close_fds"]:
-        return False
+        return None
     if call["executable"] not in (None, sys.executable) or not call.get("restore_signals", True):
-        return False
+        return None
     if call["cwd"] is not None and not os.path.isdir(call["cwd"]):  # Popen's own error for a missing folder
-        return False
+        return None
     if any(call.get(k) not in (None, -1) for k in ("gid", "gids", "uid", "umask", "process_group")):
-        return False
+        return None
     env = os.environ if call["env"] is None else call["env"]
     if not all(isinstance(k, str) and isinstance(v, str) for k, v in env.items()):
-        return False
-    return _python_vars(dict(env)) == _python_vars(dict(os.environ))
+        return None
+    if _python_vars(dict(env)) != _python_vars(dict(os.environ)):
+        return None
+    return _entry(args, call["cwd"])
 
 
 def _execute_child(self: subprocess.Popen, args, executable, preexec_fn, close_fds, pass_fds, cwd, env,
@@ -130,14 +133,14 @@ def _execute_child(self: subprocess.Popen, args, executable, preexec_fn, close_f
     extra = dict(zip(names, rest), **kw)
     call = dict(executable=executable, preexec_fn=preexec_fn, close_fds=close_fds, pass_fds=pass_fds, env=env,
                 cwd=cwd, shell=shell, restore_signals=restore_signals, **extra)
-    if not _forkable(args, call):
+    entry = _forkable(args, call)
+    if entry is None:
         return _ORIGINAL_EXECUTE_CHILD(self, args, executable, preexec_fn, close_fds, pass_fds, cwd, env,
                                        startupinfo, creationflags, shell, p2cread, p2cwrite, c2pread, c2pwrite,
                                        errread, errwrite, restore_signals, *rest, **kw)
     if CLIENT.process is None:
         CLIENT.start()
     env = dict(os.environ if env is None else env)
-    entry = _entry(args, cwd)
     request = {**entry, "argv": [str(a) for a in args[3 if "module" in entry else 2:]],
                "cwd": os.path.abspath(os.fspath(cwd or os.getcwd())),
                "env": env, "new_session": bool(extra.get("start_new_session"))}
@@ -155,7 +158,8 @@ def _execute_child(self: subprocess.Popen, args, executable, preexec_fn, close_f
         self._close_pipe_fds(p2cread, p2cwrite, c2pread, c2pwrite, errread, errwrite)  # type: ignore[attr-defined]
     if "pid" not in reply:
         conn.close()
-        raise OSError(f"the preloading process could not fork {args!r}: {reply.get('error')}")
+        raise OSError(f"the preloading process ended before forking {args!r} "
+                      f"(its log: {os.path.join(os.path.dirname(CLIENT.path), 'log')})")
     self.pid = reply["pid"]
     self._child_created = True  # type: ignore[attr-defined]
     CLIENT.forked_env[self.pid] = env
