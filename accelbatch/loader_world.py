@@ -96,7 +96,7 @@ class LoaderWorld(World):
         self.total_exs += len(messages)
         self.real_tokens += sum(batch.lengths)
         self.padded_tokens += batch.rows * batch.padded_len
-        self.acts = [list(messages), replies]
+        self.acts = [messages, replies]
 
     def _next_batch(self) -> LoadedBatch | None:
         """The next batch; when the engine copies batches to a device, the one after it is fetched now and
