@@ -18,6 +18,7 @@ ROOT = str(Path(__file__).resolve().parent.parent)
 TRAIN = ["train", "-t", "babi:1", "-m", "memnn", "-bs", "8", "--no-progress", "-veps", "-1", "--eval-splits", ""]
 
 
+@pytest.mark.slow
 @pytest.mark.multiprocess
 @pytest.mark.timeout(180)
 def test_a_second_run_on_the_same_model_file_is_refused_while_the_first_trains(tmp_path, capsys):

@@ -301,6 +301,7 @@ def test_a_ctrl_c_while_holding_sigint_is_raised_at_the_end_not_lost():
         signal.signal(signal.SIGINT, before)
 
 
+@pytest.mark.slow
 @pytest.mark.multiprocess
 @pytest.mark.timeout(90)
 def test_a_ctrl_c_while_spawned_children_start_is_an_interrupt_or_ignored_never_a_traceback(capfd):

@@ -35,6 +35,7 @@ def test_the_bar_ends_at_the_reported_examples(tmp_path, threads):
     assert int(shown[-1][0]) == reported, shown[-3:]
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_a_run_stopped_by_its_step_limit_ends_its_bar_full(tmp_path):
     """-tstep 3 of 4 rows: the bar ended at 12/25000 (its total is -ne's) where it says training ended."""

@@ -175,6 +175,7 @@ def test_real_replicas_report_an_agents_own_count_and_the_shared_skips_as_one_pr
     assert not multiprocessing.active_children()
 
 
+@pytest.mark.slow
 @pytest.mark.multiprocess
 @pytest.mark.timeout(240)
 def test_the_metrics_logs_train_windows_hold_every_replicas_rows(tmp_path):

@@ -170,6 +170,7 @@ def _train_memnn(path: str, **changes) -> Opts:
     return opts
 
 
+@pytest.mark.slow
 def test_continuing_a_model_file_replaces_it_only_with_a_model_that_validates_better(tmp_path, capsys):
     """As ParlAI's best_valid: the model in -mf keeps its validation score (PATH.trainstats), and a run that
     continues from it saves only a model whose validation beats that score (here a rate of 0.5 makes the

@@ -61,6 +61,7 @@ def test_a_report_json_fifo_is_still_written_in_place(tmp_path):
 
 
 # 2. a closed stderr (2>&-): the run goes on, its notes go nowhere (not into stdout)
+@pytest.mark.slow
 @pytest.mark.multiprocess
 @pytest.mark.timeout(180)
 def test_a_closed_stderr_runs_and_keeps_stdout_for_the_report(tmp_path):
@@ -116,7 +117,8 @@ FULL = "/dev/full"
 @pytest.mark.multiprocess
 @pytest.mark.timeout(240)
 @pytest.mark.skipif(not os.path.exists(FULL), reason="no /dev/full here")
-@pytest.mark.parametrize("verb", ["train", "display-data", "tasks", "broken-pipe"])
+@pytest.mark.parametrize("verb", [pytest.param("train", marks=pytest.mark.slow), "display-data", "tasks",
+                                  "broken-pipe"])
 def test_a_stdout_on_a_full_disk_exits_1_after_the_work(tmp_path, verb):
     data = _write_jsonl(tmp_path / "tiny.jsonl", 8)
     argv = {"train": ["train", "-t", f"jsonl:{data}", "-m", "bag", "-tstep", "2", "-mf", "m.pt", *QUIET],

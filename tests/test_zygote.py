@@ -35,6 +35,7 @@ def _both(command: list[str], **kwargs) -> tuple[subprocess.CompletedProcess, su
     return forked, fresh
 
 
+@pytest.mark.slow
 @pytest.mark.multiprocess
 @pytest.mark.timeout(300)
 def test_a_forked_run_prints_and_exits_as_a_fresh_one(tmp_path):
@@ -72,6 +73,7 @@ def test_a_forked_run_has_the_fresh_runs_folder_environment_and_path(tmp_path, m
     assert said[0]["cwd"] == str(tmp_path) and said[0]["path0"] == str(tmp_path) and said[0]["tag"] == "seen"
 
 
+@pytest.mark.slow
 @pytest.mark.multiprocess
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGKILL])

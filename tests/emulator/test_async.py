@@ -368,6 +368,7 @@ def test_miss_sleep_time_delays_refilling_a_full_ring():
         poptorch.AsynchronousDataAccessor(IncrementDataset([1], 4), miss_sleep_time_in_ms=-1)
 
 
+@pytest.mark.slow
 def test_an_async_loader_left_open_when_the_script_ends_exits_quietly(tmp_path):
     """A script that iterates an Async DataLoader and never terminates it (as PopTorch's examples do) ends
     with the loader's finalizer while the interpreter exits: no 'Exception ignored' traceback, exit 0."""
