@@ -21,14 +21,31 @@ from .accessor import AsynchronousDataAccessor
 from .blocks import BeginBlock, Block, BlockFunction, module_repr, removeBlocks
 from .custom_args import ICustomArgParser, registerCustomArgParser
 from .dataloader import DataLoader
+from .device_ops import (
+    NOT_EMULATED,
+    cond,
+    dynamic_slice,
+    dynamic_update,
+    for_loop,
+    ipu_print_tensor,
+    nop,
+    not_emulated,
+    recomputationCheckpoint,
+    serializedMatMul,
+    set_available_memory,
+    set_overlap_for_input,
+    set_overlap_for_output,
+)
 from .enums import (
     AutoStage,
     CommGroupType,
     ConnectionType,
     DataLoaderMode,
     Liveness,
+    MatMulSerializationMode,
     MeanReductionStrategy,
     OutputMode,
+    OverlapMode,
     ReductionType,
     SharingStrategy,
     SyncPattern,
@@ -60,6 +77,13 @@ def setLogLevel(level: str | int) -> None:
     """Accepted for compatibility; the emulator logs through the ``poptorch_emulator`` logger."""
 
 
+def __getattr__(name: str) -> object:
+    """A PopTorch name the emulator leaves out is named in one line (not a bare AttributeError)."""
+    if name in NOT_EMULATED:
+        raise not_emulated(name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
 __all__ = [
     "AsynchronousDataAccessor", "AutoStage", "BeginBlock", "Block", "BlockFunction",
     "CommGroupType", "ConfigFileError", "ConnectionType", "DataLoader", "DataLoaderMode", "Error", "ICustomArgParser",
@@ -69,5 +93,7 @@ __all__ = [
     "SharingStrategy", "SyncPattern", "TensorLocationSettings", "UnrecoverableError", "enums", "identity_loss",
     "inferenceModel",
     "ipuHardwareIsAvailable", "isRunningOnIpu", "optim", "poptorch_core", "registerCustomArgParser", "setLogLevel",
-    "trainingModel",
+    "trainingModel", "MatMulSerializationMode", "OverlapMode", "cond", "dynamic_slice", "dynamic_update", "for_loop",
+    "ipu_print_tensor", "nop", "recomputationCheckpoint", "serializedMatMul", "set_available_memory",
+    "set_overlap_for_input", "set_overlap_for_output",
 ]

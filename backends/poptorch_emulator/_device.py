@@ -14,13 +14,19 @@ Semantics taken from PopTorch (python/optim.py, python/_optimizer_attributes.py,
   ``<hash>.popef`` record and says whether it was there already.
 - ``enableSyntheticData(True)``: no host I/O. :func:`synthetic` makes inputs of the compiled shapes
   (normal floats, zeros otherwise).
+- A graph is compiled with each module's train/eval mode of that moment (dropout, batch-norm statistics are
+  in the graph); a later ``model.train()`` / ``model.eval()`` on the host does not reach a compiled model
+  (PopTorch's wrapper is a copy whose flags are not synced). :func:`compiled_modes` records the modes and
+  :func:`in_compiled_modes` runs a call in them.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -87,14 +93,47 @@ class HalfUpdates:
         self._acc.clear()
 
 
-def cache_key(model: torch.nn.Module, training: bool, shapes: dict[str, Any], options: Options) -> str:
-    """A hash of what an executable depends on: the model's structure and weight types, the inputs and the
-    options (the cache path itself left out)."""
+def compiled_modes(model: torch.nn.Module) -> list[tuple[torch.nn.Module, bool]]:
+    """Each module of ``model`` with the mode (training or not) a graph compiled now holds."""
+    return [(module, module.training) for module in model.modules()]
+
+
+@contextlib.contextmanager
+def in_compiled_modes(modes: list[tuple[torch.nn.Module, bool]]) -> Iterator[None]:
+    """Run a call with every module in its compiled mode, then give the host its own modes back."""
+    host = [(module, module.training) for module, _ in modes]
+    for module, training in modes:
+        module.training = training
+    try:
+        yield
+    finally:
+        for module, training in host:
+            module.training = training
+
+
+def _optimizer_key(optimizer: torch.optim.Optimizer | None) -> Any:
+    """What of an optimizer a graph holds: its type, its structural flags (nesterov, amsgrad, ...) and the
+    values of the attributes marked constant; variable attributes (learning rate, ...) are graph inputs."""
+    if optimizer is None:
+        return None
+    attrs = getattr(optimizer, "variable_attrs", None)
+
+    def held(name: str, value: Any) -> bool:
+        return isinstance(value, (bool, str, type(None))) or (attrs is not None and attrs.isConstant(name))
+    groups = [{k: repr(v) if held(k, v) else "variable" for k, v in sorted(g.items()) if k != "params"}
+              for g in optimizer.param_groups]
+    return {"type": type(optimizer).__qualname__, "groups": groups}
+
+
+def cache_key(model: torch.nn.Module, training: bool, shapes: dict[str, Any], options: Options,
+              optimizer: torch.optim.Optimizer | None = None) -> str:
+    """A hash of what an executable depends on: the model's structure and weight types, the inputs, the
+    options (the cache path itself left out) and, for training, the optimizer's graph."""
     opts = {k: v for k, v in options.toDict().items() if k not in ("cachePath", "enableEngineCaching")}
     desc = {"model": type(model).__qualname__, "training": training,
             "params": [(n, list(p.shape), str(p.dtype)) for n, p in model.named_parameters()],
             "inputs": {k: [list(s), str(d)] for k, (s, d) in shapes.items()},
-            "options": repr(sorted(opts.items(), key=lambda kv: kv[0]))}
+            "options": repr(sorted(opts.items(), key=lambda kv: kv[0])), "optimizer": _optimizer_key(optimizer)}
     return hashlib.sha256(json.dumps(desc, sort_keys=True, default=str).encode()).hexdigest()[:32]
 
 
@@ -126,4 +165,5 @@ def synthetic(t: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
     return torch.zeros_like(t)
 
 
-__all__ = ["HalfUpdates", "cache_key", "cache_lookup", "loss_scaling", "synthetic", "synthetic_mode"]
+__all__ = ["HalfUpdates", "cache_key", "cache_lookup", "compiled_modes", "in_compiled_modes", "loss_scaling",
+           "synthetic", "synthetic_mode"]

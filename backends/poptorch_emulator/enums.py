@@ -111,9 +111,28 @@ class Liveness(enum.IntEnum):
     OffChipAfterEachPhase = 3
 
 
+class MatMulSerializationMode(enum.Enum):
+    """Which dimension ``serializedMatMul`` splits (the emulator multiplies in one piece: same numbers)."""
+
+    InputChannels = "input_channels"
+    ReducingDim = "reducing_dim"
+    OutputChannels = "output_channels"
+    Disabled = "none"
+
+
+class OverlapMode(enum.Enum):
+    """How far host I/O of a tensor overlaps computation (``set_overlap_for_input``; recorded only)."""
+
+    NoOverlap = "no_overlap"
+    OverlapAccumulationLoop = "overlap_accumulation_loop"
+    OverlapDeviceIterationLoop = "overlap_device_iteration_loop"
+
+
 __all__ = [
     "AutoStage",
     "Liveness",
+    "MatMulSerializationMode",
+    "OverlapMode",
     "CommGroupType",
     "ConnectionType",
     "DataLoaderMode",

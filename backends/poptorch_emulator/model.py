@@ -151,10 +151,8 @@ class PoplarExecutor(PerfCounterMethods):
     @property
     def batching(self) -> Batching:
         o = self._options
-        return Batching(device_iterations=o.device_iterations,
-                        gradient_accumulation=o.Training.gradient_accumulation,
-                        replication_factor=o.replication_factor,
-                        input_group_size=o.input_group_size,
+        return Batching(device_iterations=o.device_iterations, gradient_accumulation=o.Training.gradient_accumulation,
+                        replication_factor=o.replication_factor, input_group_size=o.input_group_size,
                         orthogonal_groups=o.input_cgt == CommGroupType.Orthogonal)
 
     # -- compilation --------------------------------------------------------------------------------
@@ -201,7 +199,9 @@ class PoplarExecutor(PerfCounterMethods):
         self._compiled = CompiledInputs(inputs)
         self._replicas.reset()
         self._half_state = has_half_state(self._model)  # PopTorch's mixed-precision casts
-        key = _device.cache_key(self._user_model, self._training, self._compiled.shapes(), self._options)
+        self._modes = _device.compiled_modes(self._model)
+        key = _device.cache_key(self._user_model, self._training, self._compiled.shapes(), self._options,
+                                self._optimizer)
         self._loaded_from_cache = bool(_device.cache_lookup(self._options, key))
         if self._loaded_from_cache:
             logger.info("Loaded the executable from the cache (%s)", self._options._Popart.options["cachePath"])
@@ -372,7 +372,8 @@ class PoplarExecutor(PerfCounterMethods):
             inputs = inputs.map(lambda t, gen=self._synthetic: _device.synthetic(t, gen))
         if self._training:
             self._write_optimizer_state()
-        with _running_on_device(), self._perf_counters.recording(self._options, self.batching):
+        with _running_on_device(), self._perf_counters.recording(self._options, self.batching), \
+                _device.in_compiled_modes(self._modes):
             if self._training:
                 per_micro, structure = self._run_training(inputs)
                 self._anchors.end_call()

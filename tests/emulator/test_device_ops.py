@@ -1,0 +1,117 @@
+"""PopTorch's operations for a model's forward (ipu_print_tensor, set_available_memory, serializedMatMul,
+for_loop, cond, dynamic_slice/update, ...) run on the emulator with the numbers an IPU computes: each is
+checked against the plain torch expression it stands for."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from accelbatch.backends import poptorch_emulator as poptorch
+
+
+class Annotated(torch.nn.Module):
+    """A linear model whose forward goes through the annotations a ported IPU model carries."""
+
+    def __init__(self, annotate: bool) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.weight = torch.nn.Parameter(torch.randn(3, 2))
+        self.annotate = annotate
+
+    def forward(self, x: torch.Tensor, y: torch.Tensor):
+        if self.annotate:
+            x = poptorch.set_overlap_for_input(x, poptorch.OverlapMode.OverlapAccumulationLoop)
+            out = poptorch.serializedMatMul(x, self.weight, poptorch.MatMulSerializationMode.OutputChannels, 2)
+            out = poptorch.set_available_memory(poptorch.nop(out), 0.3)
+            out = poptorch.recomputationCheckpoint(out)
+        else:
+            out = x @ self.weight
+        return out, F.mse_loss(out, y)
+
+
+def test_a_model_with_ipu_annotations_trains_the_weights_of_the_plain_model():
+    gen = torch.Generator().manual_seed(1)
+    x, y = torch.randn(8, 3, generator=gen), torch.randn(8, 2, generator=gen)
+    weights = []
+    for annotate in (True, False):
+        model = Annotated(annotate)
+        training = poptorch.trainingModel(model, poptorch.Options(), torch.optim.SGD(model.parameters(), lr=0.1))
+        for _ in range(3):
+            training(x, y)
+        training.copyWeightsToHost()
+        weights.append(model.weight.detach().clone())
+    plain = Annotated(False)
+    optimizer = torch.optim.SGD(plain.parameters(), lr=0.1)
+    for _ in range(3):
+        optimizer.zero_grad()
+        plain(x, y)[1].backward()
+        optimizer.step()
+    assert torch.equal(weights[0], weights[1])
+    torch.testing.assert_close(weights[0], plain.weight.detach())
+
+
+def test_ipu_print_tensor_prints_the_tensor_and_its_gradient_and_returns_it(capsys):
+    x = torch.tensor([1.0, 2.0], requires_grad=True)
+    out = poptorch.ipu_print_tensor(x * 3, "tripled")
+    (out * torch.tensor([5.0, 7.0])).sum().backward()
+    assert torch.equal(out.detach(), torch.tensor([3.0, 6.0]))
+    printed = capsys.readouterr().out.splitlines()
+    assert printed == ["tripled: (3., 6.)", "tripled_gradient: (5., 7.)"]
+    poptorch.ipu_print_tensor(torch.tensor([0.5]), "fixed", float_format="fixed", digits=2)
+    assert capsys.readouterr().out == "fixed: (0.50)\n"
+
+
+def test_dynamic_slice_and_update_equal_python_slicing():
+    t = torch.arange(24.0).reshape(4, 6)
+    start = torch.tensor([1])
+    assert torch.equal(poptorch.dynamic_slice(t, 1, start, 4, 2), t[:, 1:5:2])
+    assert torch.equal(poptorch.dynamic_slice(t, 0, start, 2, 1), t[1:3])
+    src = -torch.ones(4, 2)
+    want = t.clone()
+    want[:, 3:5] = src
+    assert torch.equal(poptorch.dynamic_update(t, src, 1, torch.tensor(3), 2), want)
+    assert torch.equal(t, torch.arange(24.0).reshape(4, 6))  # the input is not changed
+
+
+def test_for_loop_and_cond_run_their_bodies_as_python_would():
+    def body(total, step):
+        return total + step, step * 2
+
+    total, step = torch.zeros(2), torch.ones(2)
+    for _ in range(4):
+        total, step = body(total, step)
+    looped = poptorch.for_loop(4, body, [torch.zeros(2), torch.ones(2)])
+    assert [t.tolist() for t in looped] == [total.tolist(), step.tolist()] == [[15.0, 15.0], [16.0, 16.0]]
+    x = torch.tensor([2.0])
+    assert poptorch.cond(torch.tensor(True), lambda a: a + 1, [x], lambda a: a - 1, [x])[0].item() == 3.0
+    assert poptorch.cond(torch.tensor(False), lambda a: (a + 1, a), [x], lambda a: (a - 1, a), [x])[0].item() == 1.0
+
+
+@pytest.mark.parametrize("call, error, text", [
+    (lambda: poptorch.ipu_print_tensor([1.0]), poptorch.Error,
+     "ipu print tensor must take a torch.tensor argument. <class 'list'> is not supported."),
+    (lambda: poptorch.set_available_memory(1.0, 0.5), poptorch.Error,
+     "You may only set available memory for torch.tensor values. <class 'float'> is not supported."),
+    (lambda: poptorch.dynamic_slice(torch.ones(3), 0, 1, 1, 1), poptorch.Error,
+     "Slice start argument to dynamic_slice must be a torch.tensor. <class 'int'> is not supported."),
+    (lambda: poptorch.dynamic_update(torch.ones(3), torch.ones(3, 1), 0, torch.tensor(0), 1), poptorch.Error,
+     "input and src tensors must have same dimensionality. (1) vs (2)"),
+    (lambda: poptorch.for_loop(2, lambda a: a, (torch.ones(1),)), ValueError,
+     "poptorch.for_loop expects input tensors (inputs) to be a list of tensors. (Object is not list)"),
+    (lambda: poptorch.for_loop(2, lambda a: (a, a), [torch.ones(1)]), poptorch.Error,
+     "the body returned 2 tensors for 1 inputs"),
+    (lambda: poptorch.recomputationCheckpoint(torch.ones(1), 2.0), ValueError, "All inputs must be tensors"),
+])
+def test_bad_arguments_get_poptorchs_errors(call, error, text):
+    with pytest.raises(error) as raised:
+        call()
+    assert text in str(raised.value)
+
+
+def test_a_poptorch_name_the_emulator_leaves_out_names_itself_in_one_line():
+    with pytest.raises(AttributeError) as raised:
+        poptorch.custom_op
+    assert str(raised.value).startswith("poptorch.custom_op is not emulated: it needs IPU hardware")
+    assert "\n" not in str(raised.value) and "IS_EMULATOR" in str(raised.value)
+    assert not hasattr(poptorch, "no_such_name") and hasattr(poptorch, "ipu_print_tensor")
