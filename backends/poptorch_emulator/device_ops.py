@@ -1,23 +1,25 @@
 """PopTorch's operations for a model's ``forward`` (python/ops.py), run as their host equivalents.
 
 On an IPU these are graph annotations or on-device control flow; on the CPU each computes what the IPU
-computes: ``ipu_print_tensor`` prints the tensor (and, in the backward pass, its gradient) and returns it;
-``set_available_memory``, ``nop``, ``recomputationCheckpoint`` and ``set_overlap_for_input/output`` return
-their tensors unchanged; ``serializedMatMul`` is one matmul (splitting it changes memory, not values);
-``for_loop``, ``cond``, ``dynamic_slice`` and ``dynamic_update`` run their loop, branch or slice eagerly.
+computes: ``ipu_print_tensor`` prints the tensor to stderr in Poplar's layout (and, in the backward pass, its
+gradient) and returns it; ``set_available_memory``, ``nop``, ``recomputationCheckpoint`` and
+``set_overlap_for_input/output`` return their tensors unchanged; ``serializedMatMul`` is one matmul
+(splitting it changes memory, not values); ``for_loop``, ``cond`` (inference only, as on an IPU),
+``dynamic_slice`` and ``dynamic_update`` run their loop, branch or slice eagerly.
 The argument checks and their error texts are PopTorch's.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 from typing import Any, Callable
 
-import numpy as np
 import torch
 from torch.utils import _pytree
 
 from .enums import MatMulSerializationMode, OverlapMode
+from .ops import isRunningOnIpu
 from .poptorch_core import py_error
 
 _FLOAT_FORMATS = ("auto", "fixed", "scientific", "none")
@@ -28,17 +30,67 @@ def _need_tensor(value: Any, message: str) -> None:
         raise py_error(f"{message} {type(value)} is not supported.")
 
 
-def _tensor_text(tensor: torch.Tensor, summarise_threshold: int, edge_items: int, max_line_width: int,
-                 digits: int, float_format: str, separator: str, open_bracket: str, close_bracket: str) -> str:
-    """The tensor as PopTorch's print options lay it out (numpy does the layout)."""
-    values = tensor.detach().cpu()
-    values = values.float().numpy() if values.is_floating_point() else values.numpy()
-    formats = {"fixed": lambda v: f"{v:.{digits}f}", "scientific": lambda v: f"{v:.{digits}e}"}
-    text = np.array2string(values, precision=digits or None, separator=separator,
-                           threshold=summarise_threshold or sys.maxsize, edgeitems=edge_items,
-                           max_line_width=max_line_width or sys.maxsize,
-                           formatter={"float_kind": formats[float_format]} if float_format in formats else None)
-    return text.replace("[", open_bracket).replace("]", close_bracket)
+def _number(value: float | int, digits: int, float_format: str) -> str:
+    """One element as Poplar prints it: ``digits`` significant digits."""
+    if isinstance(value, int):
+        return str(value)
+    if float_format == "scientific":
+        return f"{value:.{max(digits - 1, 0)}e}"
+    if float_format == "fixed":
+        whole = len(str(int(abs(value)))) if abs(value) >= 1 else 1
+        return f"{value:.{max(digits - whole, 0)}f}"
+    return f"{value:.{digits}g}" if digits else repr(value)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Layout:
+    """PopTorch's print options (ipu_print_tensor's arguments)."""
+
+    summarise_threshold: int
+    edge_items: int
+    max_line_width: int
+    digits: int
+    float_format: str
+    separator: str
+    open_bracket: str
+    close_bracket: str
+
+    def items(self, values: list[Any], summarise: bool) -> list[Any]:
+        """``values``, or its edge items around an ellipsis when the tensor is summarised."""
+        if summarise and len(values) > 2 * self.edge_items:
+            return [*values[:self.edge_items], "...", *values[-self.edge_items:]]
+        return values
+
+    def row(self, values: list[Any], indent: int, summarise: bool) -> str:
+        """One innermost dimension, wrapped after a separator past ``max_line_width``."""
+        words = [v if v == "..." else _number(v, self.digits, self.float_format)
+                 for v in self.items(values, summarise)]
+        lines, line = [], " " * indent + self.open_bracket
+        for k, word in enumerate(words):
+            piece = word if k == 0 else self.separator + word
+            if k and self.max_line_width and len(line) + len(piece) > self.max_line_width:
+                lines.append((line + self.separator).rstrip())
+                line = " " * (indent + 2) + word
+            else:
+                line += piece
+        return "\n".join([*lines, line + self.close_bracket])
+
+    def text(self, values: Any, indent: int, summarise: bool) -> str:
+        """A nested list of values: rows on lines of their own, one space deeper a dimension."""
+        if not isinstance(values, list):
+            return " " * indent + _number(values, self.digits, self.float_format)
+        if not values or not isinstance(values[0], list):
+            return self.row(values, indent, summarise)
+        inner = [" " * (indent + 1) + "..." if v == "..." else self.text(v, indent + 1, summarise)
+                 for v in self.items(values, summarise)]
+        pad = " " * indent
+        return "\n".join([pad + self.open_bracket, *inner, pad + self.close_bracket])
+
+    def show(self, title: str, tensor: torch.Tensor) -> None:
+        values = tensor.detach().cpu()
+        values = (values.double() if values.is_floating_point() else values).tolist()
+        summarise = bool(self.summarise_threshold) and tensor.numel() > self.summarise_threshold
+        print(f"{title}: {self.text(values, 0, summarise).lstrip()}", file=sys.stderr, flush=True)
 
 
 def ipu_print_tensor(tensor: torch.Tensor, title: str = "", print_gradient: bool = True,
@@ -50,12 +102,12 @@ def ipu_print_tensor(tensor: torch.Tensor, title: str = "", print_gradient: bool
     _need_tensor(tensor, "ipu print tensor must take a torch.tensor argument.")
     if float_format not in _FLOAT_FORMATS:
         raise KeyError(float_format)
-    layout = (summarise_threshold, edge_items, max_line_width, digits, float_format, separator, open_bracket,
-              close_bracket)
-    print(f"{title}: {_tensor_text(tensor, *layout)}", flush=True)
+    layout = _Layout(summarise_threshold, edge_items, max_line_width, digits, float_format, separator, open_bracket,
+                     close_bracket)
+    layout.show(title, tensor)
     out = tensor.view_as(tensor)
     if print_gradient and out.requires_grad:
-        out.register_hook(lambda grad: print(f"{title}_gradient: {_tensor_text(grad, *layout)}", flush=True))
+        out.register_hook(lambda grad: layout.show(f"{title}_gradient", grad))
     return out
 
 
@@ -113,6 +165,13 @@ def _as_list(outputs: Any) -> list[torch.Tensor]:
     return list(outputs) if isinstance(outputs, (list, tuple)) else [outputs]
 
 
+def _inference_only(op: str) -> None:
+    """On-device control flow compiles into inference graphs only (a training model's forward runs with
+    gradients; on the host, outside a model, PopTorch runs the op as Python)."""
+    if isRunningOnIpu() and torch.is_grad_enabled():
+        raise py_error(f"poptorch.{op}() is only supported in inference.")
+
+
 def for_loop(count: int, body: Callable[..., Any], inputs: list[torch.Tensor]) -> list[torch.Tensor]:
     """Run ``body`` ``count`` times, each time on the previous outputs (``inputs`` the first time); the
     body takes as many tensors as it returns, and its inputs are passed by value."""
@@ -123,6 +182,7 @@ def for_loop(count: int, body: Callable[..., Any], inputs: list[torch.Tensor]) -
         if not isinstance(tensor, torch.Tensor):
             raise ValueError("poptorch.for_loop expects input tensors (inputs) to be a list of tensors. "
                              f"(Object contained in list at index {index} is not torch.tensor)")
+    _inference_only("for_loop")
     values = [t.clone() for t in inputs]
     for _ in range(count):
         values = _as_list(body(*values))
@@ -138,6 +198,7 @@ def cond(condition: torch.Tensor, then_body: Callable[..., Any], then_inps: list
     if not isinstance(then_inps, list) or not isinstance(else_inps, list):
         raise ValueError("poptorch.cond expects then_inps and else_inps tensors to be a list of tensors. "
                          "(Object is not list)")
+    _inference_only("cond")
     return _as_list(then_body(*then_inps) if bool(condition) else else_body(*else_inps))
 
 
@@ -148,6 +209,21 @@ def _check_slice(dim: Any, start: Any, size: Any, op: str) -> None:
         raise py_error(f"Slice start argument to {op} must be a torch.tensor. {type(start)} is not supported.")
     if not isinstance(size, int):
         raise py_error("Size must be an integer.")
+    if size == 0:
+        raise py_error("The start and end of a slice must be different.")
+    if size < 0:
+        raise py_error("Taking a slice of a tensor with the end less than the start is not supported.")
+
+
+def _first(start: torch.Tensor, tensor: torch.Tensor, dim: int, size: int) -> int:
+    """Where a slice of ``size`` starts: the graph's start is a value of the run, brought into the tensor as
+    the device's dynamic slice does (the start a compilation traces with may lie anywhere)."""
+    return min(max(int(start.reshape(-1)[0]), 0), max(tensor.shape[dim] - size, 0))
+
+
+def _device_dtype(dtype: torch.dtype) -> torch.dtype:
+    """The type a host tensor has on the device: PopTorch runs 64-bit inputs as 32-bit ones."""
+    return {torch.int64: torch.int32, torch.float64: torch.float32}.get(dtype, dtype)
 
 
 def dynamic_slice(tensor: torch.Tensor, dim: int, start: torch.Tensor, size: int, step: int) -> torch.Tensor:
@@ -157,7 +233,10 @@ def dynamic_slice(tensor: torch.Tensor, dim: int, start: torch.Tensor, size: int
     _check_slice(dim, start, size, "dynamic_slice")
     if not isinstance(step, int):
         raise py_error("Step must be an integer.")
-    first = int(start.reshape(-1)[0])
+    if tensor.shape[dim] % size:
+        raise py_error(f"The size of the slice ({size}) must be a factor of the slicing dimension "
+                       f"({tensor.shape[dim]}).")
+    first = _first(start, tensor, dim, size)
     return tensor.narrow(dim, first, size).index_select(dim, torch.arange(0, size, step))
 
 
@@ -170,8 +249,9 @@ def dynamic_update(input: torch.Tensor, src: torch.Tensor, dim: int, start: torc
     if input.dim() != src.dim():
         raise py_error(f"input and src tensors must have same dimensionality. ({input.dim()}) vs ({src.dim()})")
     if input.dtype != src.dtype:
-        raise py_error(f"input and src tensor must have same dtype. ({input.dtype} vs {src.dtype})")
-    first = int(start.reshape(-1)[0])
+        raise py_error(f"input and src tensor must have same dtype. ({_device_dtype(input.dtype)} vs "
+                       f"{_device_dtype(src.dtype)})")
+    first = _first(start, input, dim, size)
     out = input.clone()
     out.narrow(dim, first, size).copy_(src)
     return out

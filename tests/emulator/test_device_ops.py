@@ -51,21 +51,24 @@ def test_a_model_with_ipu_annotations_trains_the_weights_of_the_plain_model():
     torch.testing.assert_close(weights[0], plain.weight.detach())
 
 
-def test_ipu_print_tensor_prints_the_tensor_and_its_gradient_and_returns_it(capsys):
-    x = torch.tensor([1.0, 2.0], requires_grad=True)
+def test_ipu_print_tensor_prints_the_tensor_and_its_gradient_in_poplars_layout_and_returns_it(capsys):
+    x = torch.tensor([1.0, 2.5], requires_grad=True)
     out = poptorch.ipu_print_tensor(x * 3, "tripled")
     (out * torch.tensor([5.0, 7.0])).sum().backward()
-    assert torch.equal(out.detach(), torch.tensor([3.0, 6.0]))
-    printed = capsys.readouterr().out.splitlines()
-    assert printed == ["tripled: (3., 6.)", "tripled_gradient: (5., 7.)"]
-    poptorch.ipu_print_tensor(torch.tensor([0.5]), "fixed", float_format="fixed", digits=2)
-    assert capsys.readouterr().out == "fixed: (0.50)\n"
+    assert torch.equal(out.detach(), torch.tensor([3.0, 7.5]))
+    assert capsys.readouterr().err.splitlines() == ["tripled: (3, 7.5)", "tripled_gradient: (5, 7)"]
+    grid = torch.tensor([[0.5, 1.25], [-2.0, 30.0]])
+    poptorch.ipu_print_tensor(grid, "fixed", float_format="fixed", digits=3, separator=" ", open_bracket="[",
+                              close_bracket="]")
+    assert capsys.readouterr().err == "fixed: [\n [0.50 1.25]\n [-2.00 30.0]\n]\n"
+    poptorch.ipu_print_tensor(torch.arange(10), "long", summarise_threshold=5, edge_items=2, max_line_width=12)
+    assert capsys.readouterr().err.splitlines() == ["long: (0, 1, ...,", "  8, 9)"]
 
 
 def test_dynamic_slice_and_update_equal_python_slicing():
-    t = torch.arange(24.0).reshape(4, 6)
+    t = torch.arange(24.0).reshape(4, 6)  # slices of a size that divides the dimension
     start = torch.tensor([1])
-    assert torch.equal(poptorch.dynamic_slice(t, 1, start, 4, 2), t[:, 1:5:2])
+    assert torch.equal(poptorch.dynamic_slice(t, 1, start, 3, 2), t[:, 1:4:2])
     assert torch.equal(poptorch.dynamic_slice(t, 0, start, 2, 1), t[1:3])
     src = -torch.ones(4, 2)
     want = t.clone()
@@ -86,6 +89,25 @@ def test_for_loop_and_cond_run_their_bodies_as_python_would():
     x = torch.tensor([2.0])
     assert poptorch.cond(torch.tensor(True), lambda a: a + 1, [x], lambda a: a - 1, [x])[0].item() == 3.0
     assert poptorch.cond(torch.tensor(False), lambda a: (a + 1, a), [x], lambda a: (a - 1, a), [x])[0].item() == 1.0
+
+
+class LoopModel(torch.nn.Module):
+    """Doubles its input three times in an on-device loop, then scales it by a weight."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.scale = torch.nn.Parameter(torch.ones(()))
+
+    def forward(self, x, y=None):
+        out = poptorch.for_loop(3, lambda t: t * 2, [x])[0] * self.scale
+        return out if y is None else (out, F.mse_loss(out, y))
+
+
+def test_on_device_loops_run_in_inference_models_and_are_refused_in_training_ones():
+    x = torch.ones(2, 2)
+    assert torch.equal(poptorch.inferenceModel(LoopModel())(x), torch.full((2, 2), 8.0))
+    with pytest.raises(poptorch.Error, match=r"poptorch.for_loop\(\) is only supported in inference"):
+        poptorch.trainingModel(LoopModel())(x, x)
 
 
 @pytest.mark.parametrize("call, error, text", [
