@@ -3,7 +3,8 @@
 A *core* is any ``nn.Module`` with two methods:
 
 - ``encode(text_vec [rows, S]) -> state``: a tensor or a tuple/list/dict of tensors with rows in dim 0
-  (a seq2seq encoder's memory; a decoder-only core returns the context itself);
+  (a seq2seq encoder's memory; a decoder-only core returns the context itself; other leaves, such as None,
+  pass along untouched);
 - ``decode(state, prefix [rows, T]) -> logits [rows, T, vocab]``: causal, so position t sees prefix[:, :t+1].
 
 :class:`GeneratorModel` wraps a core into the model a :class:`~accelbatch.agents.TorchAgent` compiles:
@@ -15,18 +16,20 @@ Decoding is a Python loop of exactly ``max_len`` steps over tensors whose shapes
 number: no data-dependent branch and no host read per token, so a graph compiler (IPU) traces one graph per
 input shape and CUDA never syncs mid-decoding. A row that emitted the end token keeps emitting padding.
 
-A core without ``encode``/``decode`` is refused when the model is made, and logits of another shape than
-[rows, T, vocab.size] where they are first met (the loss, the first decoding steps), each as a
-:class:`CoreError` in one line naming who built the core (``MyAgent.build_core()``) and the shapes.
+A core without ``encode``/``decode`` is refused when the model is made, a state tensor without the rows in
+dim 0 at each encode, and logits of another shape than [rows, T, vocab.size] where they are first met (the
+loss, the first decoding steps), each as a :class:`CoreError` in one line naming who built the core
+(``MyAgent.build_core()``) and the shapes.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable
 
 import torch
 from torch import nn
 from torch.nn import functional as F
+from torch.utils import _pytree as pytree
 
 from accelbatch.messages import ReplyError
 
@@ -103,6 +106,14 @@ def repeat_rows(state: Any, times: int) -> Any:
     return state
 
 
+def _eager(decoding: Callable[..., torch.Tensor]) -> Callable[..., torch.Tensor]:
+    """``decoding`` run eagerly under ``--compile`` (torch.compile), encode and the token loss compiled: traced,
+    its loop of max_len steps over prefixes of every length is a graph per step and shape, minutes of
+    compiling for a first batch."""
+    compiler = getattr(torch, "compiler", None)  # torch >= 2.1
+    return compiler.disable(decoding) if compiler is not None else decoding
+
+
 def length_penalty(lengths: torch.Tensor, alpha: float = 0.65) -> torch.Tensor:
     """GNMT's length penalty ((5 + length) / 6) ** alpha, which beam search divides final scores by."""
     return ((5.0 + lengths.float()) / 6.0) ** alpha
@@ -131,6 +142,7 @@ class GeneratorModel(nn.Module):
     def forward(self, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         text = batch["text_vec"]
         state = self.core.encode(text)
+        self._check_state(state, tuple(text.shape))
         out: dict[str, torch.Tensor] = {}
         if "label_vec" in batch:
             out.update(self.token_loss(state, batch["label_vec"]))
@@ -140,6 +152,17 @@ class GeneratorModel(nn.Module):
             else:
                 out["preds"] = self.greedy(state, text.shape[0])
         return out
+
+    def _check_state(self, state: Any, text_shape: tuple[int, ...]) -> None:
+        """A :class:`CoreError` unless every tensor of the state has the text's rows in dim 0 (beam search
+        repeats each row per hypothesis); shapes only."""
+        rows = text_shape[0]
+        for tensor in _tensors(state):
+            if tensor.dim() == 0 or tensor.shape[0] != rows:
+                raise CoreError(f"{self.source}: its encode(text_vec {list(text_shape)}) returned a state holding a "
+                                f"tensor of shape {list(tensor.shape)}; every tensor of the state needs the "
+                                f"{rows} rows in dim 0 (a time-major RNN state [layers, rows, dim]: "
+                                "transpose(0, 1) in encode and back in decode)")
 
     def decode(self, state: Any, prefix: torch.Tensor) -> torch.Tensor:
         """The core's logits [rows, T, vocab] for ``prefix`` [rows, T]; a :class:`CoreError` for another shape
@@ -198,6 +221,7 @@ class GeneratorModel(nn.Module):
         match = (heads == generated[:, steps - n + 1:].unsqueeze(1)).all(dim=-1)
         return scores.scatter_add(1, generated[:, n - 1:], match.to(scores.dtype) * NEG)
 
+    @_eager
     def greedy(self, state: Any, rows: int) -> torch.Tensor:
         """[rows, max_len] tokens: the most likely token at each of max_len steps; padding after the end."""
         device = _device_of(state)
@@ -213,6 +237,7 @@ class GeneratorModel(nn.Module):
             done = done | (token == EOS)
         return buf[:, 1:]
 
+    @_eager
     def beam_search(self, state: Any, rows: int, beam: int) -> torch.Tensor:
         """[rows, max_len] tokens: the best of ``beam`` hypotheses (log-probability over GNMT's length
         penalty) kept over max_len steps; a finished hypothesis only extends with padding at no cost."""
@@ -248,10 +273,12 @@ class GeneratorModel(nn.Module):
         return buf[best, 1:]
 
 
+def _tensors(state: Any) -> list[torch.Tensor]:
+    """The tensors of a state (a tensor, or tuples, lists and dicts of them; other leaves such as None are
+    passed along untouched)."""
+    return [leaf for leaf in pytree.tree_leaves(state) if isinstance(leaf, torch.Tensor)]
+
+
 def _device_of(state: Any) -> torch.device:
-    if isinstance(state, torch.Tensor):
-        return state.device
-    items = state.values() if isinstance(state, dict) else state
-    for item in items:
-        return _device_of(item)
-    return torch.device("cpu")
+    tensors = _tensors(state)
+    return tensors[0].device if tensors else torch.device("cpu")

@@ -91,8 +91,21 @@ def metric_names_problem(world: World, opts: Opts) -> str | None:
                             teachers | TEACHER_METRICS):
         return _vmt_problem(world, opts, valid_known, mute)
     asked = [m.strip() for m in opts.metrics.split(",") if m.strip() and m.strip() not in ("default", "all")]
-    unknown = unknown_metrics(asked, tasks, known | {"bleu-4"} | set(RUN_FIELDS), teachers | {"bleu-4"})
+    spoken = (lambda names: names - TEXT_METRICS) if mute else (lambda names: names)
+    unknown = unknown_metrics(asked, tasks, spoken(known | {"bleu-4"}) | set(RUN_FIELDS), spoken(teachers | {"bleu-4"}))
     if unknown:
-        return (f"--metrics: no report of this run has {', '.join(unknown)}; name metrics such as "
-                f"accuracy,f1,loss, or give 'default' or 'all'")
+        why = " (with --skip-generation no text is generated, so no accuracy, f1 or bleu-4)" if mute else ""
+        return (f"--metrics: no report of this run has {', '.join(unknown)}{why}; name metrics such as "
+                f"{'loss,ppl' if mute else 'accuracy,f1,loss'}, or give 'default' or 'all'")
     return None
+
+
+def unvalidated_metric_note(opts: Opts, valid: dict[str, Any] | None) -> str | None:
+    """The note for a chosen ``-vmt`` that the final valid report lacks, in a training run that validated
+    nothing before (a user's agent has its ``-vmt`` checked at validations: this run had none)."""
+    vmt = opts.validation_metric
+    if valid is None or vmt == VMT_DEFAULT or vmt in valid:
+        return None
+    known = ", ".join(k for k, v in valid.items() if isinstance(v, (int, float)) and k not in RUN_FIELDS)
+    return (f"accelbatch: -vmt/--validation-metric {vmt}: the final valid report has no such metric (it has "
+            f"{known}); no validation ran during training to choose a model by it")

@@ -20,7 +20,7 @@ from accelbatch.agents import Agent, TorchAgent
 from accelbatch.best_valid import BestValid, continued_best, forget_best, metric_mode, write_best
 from accelbatch.build import Runtime, as_opts, attach_runtime, create_world
 from accelbatch.checkpoint import checkpoint_dir, has_saved_position
-from accelbatch.metric_names import metric_names_problem, select_metrics
+from accelbatch.metric_names import metric_names_problem, select_metrics, unvalidated_metric_note
 from accelbatch.metrics import combine_reports
 from accelbatch.model_opts import agent_name, with_agent_shape, write_model_opts
 from accelbatch.optimizers import learning_rates, set_learning_rates
@@ -411,6 +411,8 @@ def _train(world: World, opts: Opts, log: MetricsLog, runtime: Runtime, stop: St
                                      stop=stop)
         finally:
             eval_world.shutdown()
+    if main and state.validations == 0 and (note := unvalidated_metric_note(opts, report.get("valid"))):
+        print(note, file=sys.stderr)
     return report
 
 

@@ -31,6 +31,7 @@ from accelbatch.messages import EVAL_LABELS, LABELS, TEXT, Message
 from accelbatch.model_opts import read_model_opts
 from accelbatch.opts import OptionError
 from accelbatch.plan import LOSS_TOKENS
+from accelbatch.tasks.files import DataFileError
 
 PAD_MULTIPLE = 8  # text and labels are padded to a multiple of this: few distinct shapes for graph compilers
 DEFAULT_LABEL_TOKENS = 32  # label tokens kept and generated when --label-truncate is -1 (see label_tokens)
@@ -113,6 +114,10 @@ class GeneratorAgent(TorchAgent):
         text = self.vocab.encode(obs.get("full_text", obs.get(TEXT)) or "")
         obs["text_vec"] = text[-text_tokens(self.opts):]
         targets = obs.get(LABELS) or obs.get(EVAL_LABELS)
+        if LABELS in obs and not obs[LABELS]:
+            raise DataFileError(f"-t {self.opts.task}: a training example's labels are empty (text "
+                                f"{str(obs.get(TEXT))[:60]!r}); a generator learns to write its first label: give "
+                                "the example a label, or leave it out (a turn without 'labels' is context)")
         if targets:
             # the end token first, then the cut (as ParlAI): a cut label has none, the model learns no stop there
             obs["label_vec"] = (self.vocab.encode(targets[0]) + [EOS])[: label_tokens(self.opts)]
