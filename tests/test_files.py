@@ -14,7 +14,7 @@ def test_parlai_format_fields_lists_and_escapes():
 
 def test_parlai_format_episodes_continue_until_episode_done(tmp_path):
     path = tmp_path / "d.txt"
-    path.write_text("text:a\tlabels:1\ntext:b\tlabels:2\tepisode_done:True\n# a comment\n\ntext:c\tlabels:3\n")
+    path.write_text("text:a\tlabels:1\ntext:b\tlabels:2\tepisode_done:True\n\ntext:c\tlabels:3\n")
     episodes = list(iter_episodes(str(path)))
     assert [[m["text"] for m in ep] for ep in episodes] == [["a", "b"], ["c"]]
     assert episodes[-1][-1]["episode_done"] is True  # an unfinished last episode is closed, not dropped
@@ -144,8 +144,8 @@ def test_a_field_given_twice_on_a_parlai_line_is_an_error(tmp_path):
 @pytest.mark.parametrize("name, body", [
     ("bom.txt", b"text:a\tlabels:b\tepisode_done:True\ntext:c\tlabels:d|e\n"),
     ("bom.jsonl", b'{"text": "a", "labels": ["b"]}\n{"text": "c", "labels": ["d", "e"]}\n'),
-    ("bom_comment.txt", b"# a comment\ntext:a\tlabels:b\tepisode_done:True\ntext:c\tlabels:d|e\n"),
-], ids=["parlai", "jsonl", "parlai-comment"])
+    ("bom_blank.txt", b"\ntext:a\tlabels:b\tepisode_done:True\ntext:c\tlabels:d|e\n"),
+], ids=["parlai", "jsonl", "parlai-blank-line"])
 def test_a_utf8_bom_starting_the_file_is_not_data(tmp_path, name, body):
     path = tmp_path / name
     path.write_bytes(b"\xef\xbb\xbf" + body)
@@ -225,3 +225,34 @@ def test_a_streamed_file_gives_the_examples_of_the_loaded_file(tmp_path):
     streamed = [[dict(m) for m in index.read(i)] for i in range(len(index.turns))]
     assert streamed == expected
     assert [[dict(m) for m in ep] for ep in load_episodes(str(path))] == expected
+
+
+@pytest.mark.parametrize("line", ["# a comment", "#text:commented\tlabels:x"])
+def test_a_parlai_line_starting_with_a_hash_is_no_comment_and_is_named(tmp_path, line):
+    """ParlAI's dialog teacher reads every line as an exchange (a '#' line has no text: field: an error)."""
+    path = tmp_path / "hash.txt"
+    path.write_text(f"{line}\ntext:real\tlabels:y\n")
+    with pytest.raises(DataFileError, match=f"{path}:1: .*a line starting with '#' is not a comment"):
+        load_episodes(str(path))
+
+
+@pytest.mark.parametrize("name, body", [("cr.txt", b"text:a\tlabels:x\rtext:b\tlabels:y\r"),
+                                        ("cr.jsonl", b'{"text": "a", "labels": ["x"]}\r'
+                                                     b'{"text": "b", "labels": ["y"]}\r')],
+                         ids=["parlai", "jsonl"])
+def test_lines_ending_in_a_lone_carriage_return_are_named_with_the_conversion(tmp_path, name, body):
+    path = tmp_path / name
+    path.write_bytes(body)
+    with pytest.raises(DataFileError, match=f"{path}:1: a carriage return .* convert them to"):
+        load_episodes(str(path))
+
+
+def test_a_jsonl_key_given_twice_is_an_error_and_keys_in_values_or_nested_objects_are_not(tmp_path):
+    good = tmp_path / "good.jsonl"
+    good.write_text('{"text": "say \\"x\\": y", "labels": ["a"], "meta": {"text": "inner", "labels": 1}}\n')
+    [[msg]] = load_episodes(str(good))
+    assert msg["text"] == 'say "x": y' and msg["meta"] == {"text": "inner", "labels": 1}
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"text": "a", "labels": ["x"]}\n{"text": "a", "labels": ["x"], "text": "b"}\n')
+    with pytest.raises(DataFileError, match=f"{bad}:2: the key 'text' is given twice"):
+        load_episodes(str(bad))

@@ -1,10 +1,10 @@
 """Reading dialogue files: JSONL and ParlAI's text format, line by line, lazily.
 
 Both formats hold one example per line; ``episode_done`` closes an episode. A malformed line raises
-:class:`DataFileError` naming the file and line; nothing is skipped silently (blank lines and, in the
-ParlAI format, lines starting with ``#`` are the only lines not read as examples). Files are UTF-8; a
-byte-order mark at the start of a file is not data (read as Python's ``utf-8-sig``), and a line ends in
-``\\r\\n``, ``\\n`` or, on the last line, a lone ``\\r``.
+:class:`DataFileError` naming the file and line; nothing is skipped silently (blank lines are the only lines
+not read as examples; ParlAI's format has no comment lines). Files are UTF-8; a byte-order mark at the start
+of a file is not data (read as Python's ``utf-8-sig``), and a line ends in ``\\r\\n``, ``\\n`` or, on the last
+line, a lone ``\\r`` (a file whose lines end in lone ``\\r`` is refused, naming the conversion).
 
 JSONL: ``{"text": "...", "labels": ["..."], "episode_done": true}`` per line; a line without
 ``episode_done`` is an episode of its own.
@@ -51,6 +51,8 @@ def parse_jsonl_line(line: str, path: str, lineno: int) -> Message:
         where = "column" if exc.msg.endswith(" at") else "at column"  # "Unterminated string starting at" has its at
         raise DataFileError(f"{path}:{lineno}: not valid JSON ({exc.msg} {where} {column}); "
                             "each line must be one JSON object") from None
+    if isinstance(obj, dict) and line.count('":') + line.count('" :') > len(obj):
+        _refuse_repeated_keys(line, path, lineno)  # more keys written than read: a second one replaced a first
     # a line decoded from UTF-8 holds no surrogate: only a JSON escape \ud800-\udfff makes one, so only a line
     # with such an escape has its strings searched (the search costs more than the parse)
     if _SURROGATE_ESCAPE.search(line):
@@ -61,6 +63,20 @@ def parse_jsonl_line(line: str, path: str, lineno: int) -> Message:
                                 f"at character {index} (half of a UTF-16 pair, e.g. an emoji cut in two); write the "
                                 "whole character or remove the escape")
     return _checked(obj, path, lineno, episode_done_default=True)
+
+
+def _refuse_repeated_keys(line: str, path: str, lineno: int) -> None:
+    """A DataFileError when an object of the line gives a key twice (json keeps the last silently); the
+    parse again with each object's pairs is only for lines that may have one (a key-like '\":' in a value,
+    nested objects)."""
+    def pairs(items: list[tuple[str, object]]) -> dict[str, object]:
+        keys = [key for key, _ in items]
+        for key in keys:
+            if keys.count(key) > 1:
+                raise DataFileError(f"{path}:{lineno}: the key {key!r} is given twice; JSON keeps only the last, so "
+                                    "give each key once")
+        return dict(items)
+    json.loads(line, object_pairs_hook=pairs)
 
 
 def parse_parlai_line(line: str, path: str, lineno: int) -> Message:
@@ -168,21 +184,38 @@ def _identity(info: os.stat_result) -> tuple[int, int, int]:
 
 
 def _parse(raw: bytes, path: str, lineno: int, fmt: str) -> Message | None:
-    """The example on one raw line (None for a blank or comment line); errors name path:lineno."""
+    """The example on one raw line (None for a blank line); errors name path:lineno."""
     if lineno == 1 and raw.startswith(codecs.BOM_UTF8):  # marks the file as UTF-8: not data
         raw = raw[len(codecs.BOM_UTF8):]
     elif raw.startswith(codecs.BOM_UTF8):
         raise DataFileError(f"{path}:{lineno}: the line starts with a byte-order mark (bytes EF BB BF), which only "
                             "a file's first line may have (files joined together?); remove it")
     stripped = raw.strip()
-    if not stripped or (fmt == "parlai" and stripped.startswith(b"#")):
+    if not stripped:
         return None
     try:
         line = raw.decode("utf-8")
     except UnicodeDecodeError as exc:
         raise DataFileError(f"{path}:{lineno}: not valid UTF-8 ({exc.reason} at byte {exc.start}); "
                             "save the file as UTF-8") from None
-    return (parse_jsonl_line if fmt == "jsonl" else parse_parlai_line)(line, path, lineno)
+    # a carriage return inside a line: lines ending in a lone \r (JSON may hold one as whitespace)
+    lone_cr = "\r" in _strip_line_end(line)
+    if lone_cr and fmt == "parlai":
+        raise _lone_cr(path, lineno)
+    try:
+        return (parse_jsonl_line if fmt == "jsonl" else parse_parlai_line)(line, path, lineno)
+    except DataFileError as exc:
+        if lone_cr:
+            raise _lone_cr(path, lineno) from None
+        if fmt == "parlai" and stripped.startswith(b"#"):
+            raise DataFileError(f"{exc} (a line starting with '#' is not a comment in the ParlAI format: "
+                                "remove it)") from None
+        raise
+
+
+def _lone_cr(path: str, lineno: int) -> DataFileError:
+    return DataFileError(f"{path}:{lineno}: a carriage return (\\r) inside the line: the file's lines end in a lone "
+                         "\\r (classic Mac line ends); convert them to \\n (tr '\\r' '\\n' < IN > OUT)")
 
 
 def iter_examples(path: str, fmt: str | None = None) -> Iterator[tuple[int, int, Message]]:

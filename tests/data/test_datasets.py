@@ -23,8 +23,6 @@ def write_dialogues(path, episodes=60, seed=0, fmt="jsonl", noise=True, crlf=Fal
             for t in range(turns):
                 if noise and rng.random() < 0.1:
                     f.write(end)
-                if noise and fmt == "parlai" and rng.random() < 0.1:
-                    f.write("# a comment" + end)
                 k += 1
                 text = f"x{k} " + "w " * rng.randint(0, 25) + "é"
                 if fmt == "jsonl":
