@@ -72,14 +72,21 @@ def test_empty_and_missing_files_are_errors(tmp_path):
         load_episodes(str(tmp_path / "missing.jsonl"))
 
 
-@pytest.mark.parametrize("line, missing", [("text:hello\tepisode_done:True", "no labels: field"),
-                                           ("labels:hi\tepisode_done:True", "no text: field"),
-                                           ("episode_done:True", "no text: and no labels: field"),
-                                           ("id:x\ttext:hello", "no labels: field")])
-def test_a_parlai_line_without_text_or_labels_names_file_and_line(tmp_path, line, missing):
+NEEDS_BOTH = "; every line of a ParlAI-format file needs both"
+HASH = r".* \(a line starting with '#' is not a comment in the ParlAI format: remove it\)"
+
+
+@pytest.mark.parametrize("line, error", [("text:hello\tepisode_done:True", "no labels: field" + NEEDS_BOTH),
+                                         ("labels:hi\tepisode_done:True", "no text: field" + NEEDS_BOTH),
+                                         ("episode_done:True", "no text: and no labels: field" + NEEDS_BOTH),
+                                         ("id:x\ttext:hello", "no labels: field" + NEEDS_BOTH),
+                                         # ParlAI reads every line as an exchange: a '#' line is no comment
+                                         ("#text:commented\tlabels:x", "no text: field" + NEEDS_BOTH + HASH),
+                                         ("# a comment", "field 1 '# a comment' is not 'key:value'" + HASH)])
+def test_a_parlai_line_without_text_or_labels_names_file_and_line(tmp_path, line, error):
     path = tmp_path / "train.txt"
     path.write_text(f"text:a\tlabels:b\n{line}\n")
-    with pytest.raises(DataFileError, match=f"{path}:2: {missing}; every line of a ParlAI-format file needs both"):
+    with pytest.raises(DataFileError, match=f"{path}:2: {error}"):
         load_episodes(str(path))
 
 
@@ -154,14 +161,19 @@ def test_a_utf8_bom_starting_the_file_is_not_data(tmp_path, name, body):
                         [{"text": "c", "labels": ["d", "e"], "episode_done": True}]]
 
 
-@pytest.mark.parametrize("name, body", [("joined.txt", b"text:a\tlabels:b\n\xef\xbb\xbftext:c\tlabels:d\n"),
-                                        ("joined.jsonl", b'{"text": "a", "labels": ["b"]}\n'
-                                                         b'\xef\xbb\xbf{"text": "c", "labels": ["d"]}\n')],
-                         ids=["parlai", "jsonl"])
-def test_a_bom_after_the_first_line_is_named(tmp_path, name, body):
+@pytest.mark.parametrize("name, body, error", [
+    ("joined.txt", b"text:a\tlabels:b\n\xef\xbb\xbftext:c\tlabels:d\n", ":2: the line starts with a byte-order mark"),
+    ("joined.jsonl", b'{"text": "a", "labels": ["b"]}\n\xef\xbb\xbf{"text": "c", "labels": ["d"]}\n',
+     ":2: the line starts with a byte-order mark"),
+    ("cr.txt", b"text:a\tlabels:x\rtext:b\tlabels:y\r", ":1: a carriage return .* convert them to"),
+    ("cr.jsonl", b'{"text": "a", "labels": ["x"]}\r{"text": "b", "labels": ["y"]}\r',
+     ":1: a carriage return .* convert them to"),
+], ids=["bom-parlai", "bom-jsonl", "lone-cr-parlai", "lone-cr-jsonl"])
+def test_a_bom_after_the_first_line_or_lone_carriage_return_line_ends_are_named(tmp_path, name, body, error):
+    """Files joined together (a BOM mid-file), lines ending in a lone \\r (classic Mac): named with the fix."""
     path = tmp_path / name
     path.write_bytes(body)
-    with pytest.raises(DataFileError, match=f"{path}:2: the line starts with a byte-order mark"):
+    with pytest.raises(DataFileError, match=f"{path}{error}"):
         load_episodes(str(path))
 
 
@@ -225,26 +237,6 @@ def test_a_streamed_file_gives_the_examples_of_the_loaded_file(tmp_path):
     streamed = [[dict(m) for m in index.read(i)] for i in range(len(index.turns))]
     assert streamed == expected
     assert [[dict(m) for m in ep] for ep in load_episodes(str(path))] == expected
-
-
-@pytest.mark.parametrize("line", ["# a comment", "#text:commented\tlabels:x"])
-def test_a_parlai_line_starting_with_a_hash_is_no_comment_and_is_named(tmp_path, line):
-    """ParlAI's dialog teacher reads every line as an exchange (a '#' line has no text: field: an error)."""
-    path = tmp_path / "hash.txt"
-    path.write_text(f"{line}\ntext:real\tlabels:y\n")
-    with pytest.raises(DataFileError, match=f"{path}:1: .*a line starting with '#' is not a comment"):
-        load_episodes(str(path))
-
-
-@pytest.mark.parametrize("name, body", [("cr.txt", b"text:a\tlabels:x\rtext:b\tlabels:y\r"),
-                                        ("cr.jsonl", b'{"text": "a", "labels": ["x"]}\r'
-                                                     b'{"text": "b", "labels": ["y"]}\r')],
-                         ids=["parlai", "jsonl"])
-def test_lines_ending_in_a_lone_carriage_return_are_named_with_the_conversion(tmp_path, name, body):
-    path = tmp_path / name
-    path.write_bytes(body)
-    with pytest.raises(DataFileError, match=f"{path}:1: a carriage return .* convert them to"):
-        load_episodes(str(path))
 
 
 def test_a_jsonl_key_given_twice_is_an_error_and_keys_in_values_or_nested_objects_are_not(tmp_path):
