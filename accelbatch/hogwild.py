@@ -24,12 +24,12 @@ ParlAI's semantics, in processes (started with ``spawn`` under :class:`accelbatc
   before it) and gathers each process's ``world.state_dict()``; :meth:`load_state_dict` puts a freshly built
   HogwildWorld back there, so ``--resume`` serves the rest of the interrupted epoch exactly once. The weights
   are the shared model's (hogwild itself is not deterministic).
-* A child's exception is raised with its own type (its traceback as a note, the
-  :class:`~accelbatch.procs.ProcessRaised` naming the process as its cause; that ProcessRaised itself when the
-  exception does not unpickle here, or is a KeyboardInterrupt), a child that dies
-  :class:`~accelbatch.procs.ProcessDied`, one that stops answering :class:`~accelbatch.procs.ProcessTimeout`
-  (with its Python stack); then all are stopped. :meth:`shutdown` stops them (idempotent; also on garbage
-  collection and at exit). Children ignore SIGINT: on Ctrl-C the main process stops them.
+* A child's exception is raised with its own type (its traceback as a note, the ProcessRaised naming the process as
+  its cause; that ProcessRaised itself when the exception does not unpickle here, or is a KeyboardInterrupt), a child
+  that dies ProcessDied, one that stops answering ProcessTimeout (with its Python stack), all from
+  :mod:`accelbatch.procs`; then all are stopped. :meth:`shutdown` stops them (idempotent; also at exit). Children
+  ignore SIGINT in a process group of their own: a Ctrl-C or SIGTERM to the run's group (a terminal, timeout(1), a
+  job scheduler) reaches the main process, which saves and stops them.
 """
 
 from __future__ import annotations
@@ -58,9 +58,10 @@ __all__ = ["HogwildError", "HogwildWorld"]
 
 BuildChild = Callable[[Opts, "type[Agent] | None", int, int, "int | None"], World]
 _PARLEY = ("p",)
-_CHILDREN = ChildSpec(role="hogwild process", pipe=True, ignore_sigint=True, process_name="hogwild-{index}",
-                      env={"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}, stack_dumps=True, stop_request=("stop",),
-                      died_hint=" without reporting an error; all hogwild processes were stopped")
+_CHILDREN = ChildSpec(role="hogwild process", pipe=True, ignore_sigint=True, own_process_group=True,
+                      process_name="hogwild-{index}", env={"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"},
+                      stack_dumps=True, stop_request=("stop",), died_hint=" without reporting an error; all hogwild "
+                      "processes were stopped")
 
 
 class HogwildError(RuntimeError):
@@ -189,8 +190,7 @@ def _serve(rank: int, world: World, where: Callable[[], Any], counts: torch.Tens
     """Answer the main process's messages in order until told to stop (or its pipe closes); ``where``: the
     process's place in its shard's passes (None: unknown)."""
     controls: dict[str, Callable[[Any], Any]] = {
-        "report": lambda _: metric_states(world),
-        "reset_metrics": lambda _: world.reset_metrics(),
+        "report": lambda _: metric_states(world), "reset_metrics": lambda _: world.reset_metrics(),
         "reset": lambda _: (world.reset(), done.__setitem__(rank, 0), counts.__setitem__(rank, 0)) and None,
         "epoch_done": lambda _: bool(world.epoch_done()),
         "drain": lambda _: None,  # the parleys queued before this one are done: nothing else to do

@@ -615,7 +615,9 @@ def test_a_stop_signal_reaching_one_replica_stops_all_at_the_same_step(lab, tmp_
     ("SIGINT", True, ["-rf", "2"]),
     ("SIGTERM", False, ["--dataloader-mode", "async", "--num-workers", "1"]),
     ("SIGTERM", True, ["--num-workers", "2"]),
-], ids=["ctrl-c-in-a-terminal-replicas", "SIGTERM-async-loader-with-a-worker", "SIGTERM-to-the-group-with-workers"])
+    ("SIGTERM", True, ["-nt", "2"]),  # as timeout(1) and job schedulers send it: hogwild processes died of it
+], ids=["ctrl-c-in-a-terminal-replicas", "SIGTERM-async-loader-with-a-worker", "SIGTERM-to-the-group-with-workers",
+        "SIGTERM-to-the-group-hogwild"])
 @pytest.mark.slow
 def test_a_signal_saves_a_checkpoint_and_exits_130_leaving_nothing(lab, tmp_path, how, to_group, extra):
     """A terminal's Ctrl-C reaches every process of the foreground group; ``kill`` the main one only."""
