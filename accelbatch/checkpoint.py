@@ -43,7 +43,6 @@ import json
 import os
 import re
 import shutil
-import tempfile
 import time
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
@@ -157,7 +156,7 @@ def save_checkpoint(path: str | os.PathLike, *, model: torch.nn.Module | Mapping
         generation = _next_generation(ckdir)
         gen_name = f"gen-{generation:06d}"
         gen_path = os.path.join(ckdir, gen_name)  # a fresh name: removing it on failure removes only ours
-        staging = tempfile.mkdtemp(prefix=".tmp-", dir=ckdir)
+        os.makedirs(staging := os.path.join(ckdir, f".tmp-{gen_name}-{os.getpid()}"), exist_ok=True)  # umask's mode
         write_torch(os.path.join(staging, TENSORS), tensors)
         _write_bytes(os.path.join(staging, STATE), state_bytes)
         files = {name: {"sha256": _sha256(os.path.join(staging, name)),

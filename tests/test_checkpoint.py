@@ -567,3 +567,17 @@ def test_a_position_carries_over_to_other_performance_options_of_its_front_end_a
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "holds the position of the world of teacher and agent clones" in err[0], err
     assert "through the batched loader" in err[0] and "num_workers=0" in err[0], err
+
+
+@pytest.mark.parametrize("umask, mode", [(0o022, 0o755), (0o077, 0o700)])
+def test_a_checkpoints_folders_take_the_umasks_mode_as_its_files_do(tmp_path, umask, mode):
+    """Teammates on a shared server read a checkpoint as they read the model file (the staging folder was
+    0700 whatever the umask)."""
+    previous = os.umask(umask)
+    try:
+        ckdir = _save(str(tmp_path / "model"), *_model_and_optimizer())
+    finally:
+        os.umask(previous)
+    generation = os.path.join(ckdir, "gen-000001")
+    assert os.stat(generation).st_mode & 0o777 == mode == os.stat(ckdir).st_mode & 0o777
+    assert os.stat(os.path.join(generation, "state.json")).st_mode & 0o777 == mode & 0o666
