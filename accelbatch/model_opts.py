@@ -24,6 +24,7 @@ from accelbatch.checkpoint import (
     checkpoint_dir,
     find_checkpoint,
     has_saved_position,
+    load_checkpoint,
     read_json_file,
     unreadable_sidecar,
     write_json_file,
@@ -186,15 +187,21 @@ def given_on_command_line(argv: Sequence[str]) -> set[str]:
     return given
 
 
-def run_opts(model_file: str) -> dict[str, Any]:
-    """The options of the run whose checkpoint ``-mf model_file`` holds (empty when they cannot be read: the
-    resume itself then says what is wrong with the checkpoint)."""
+def run_opts(model_file: str, strict: bool = False) -> dict[str, Any]:
+    """The options of the run whose checkpoint ``-mf model_file`` holds; when they cannot be read, empty, or
+    with ``strict`` (a resume, which builds its world from them) the CheckpointError naming the damaged file."""
     found = find_checkpoint(model_file) or checkpoint_dir(model_file)
     try:
         gen = read_json_file(os.path.join(found, MANIFEST))["directory"]
         saved = read_json_file(os.path.join(found, gen, STATE))["opts"]
-    except (CheckpointError, KeyError, TypeError):
-        return {}
+    except (CheckpointError, KeyError, TypeError) as exc:
+        if not strict:
+            return {}
+        load_checkpoint(found)  # its own words for what is damaged (the error the resume would give)
+        if isinstance(exc, CheckpointError):
+            raise
+        raise CheckpointError(f"{found}: its {MANIFEST} or {STATE} lacks what a checkpoint holds (damaged or "
+                              f"edited); delete {found} to start afresh, or restore it from a backup") from None
     return saved if isinstance(saved, dict) else {}
 
 
@@ -232,7 +239,7 @@ def with_model_opts(opts: Opts, given: set[str], reads_task: bool = True) -> tup
     taken from ``PATH.opt`` whose data is gone, when the verb ``reads_task`` (interactive may not)."""
     training, path = is_training(opts.datatype), opts.model_file
     if opts.resume and path and training and has_saved_position(path):  # the checkpoint's options win
-        saved, found = run_opts(path), find_checkpoint(path)
+        saved, found = run_opts(path, strict=True), find_checkpoint(path)
         taken = RESUMED if given.isdisjoint(LIMITS) else tuple(k for k in RESUMED if k not in LIMITS)
         opts = _taking(opts, _untold(saved, taken, given, opts), f"{found}: the checkpoint's options",
                        "start afresh without --resume")

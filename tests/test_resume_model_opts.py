@@ -268,3 +268,26 @@ def test_a_checkpoint_holding_another_optimizers_state_is_refused_in_one_line(tm
     err = capsys.readouterr().err.strip().splitlines()
     assert err[-1] == (f"accelbatch: error: --resume: {model_file}.ckpt: its optimizer state is not Adam's "
                        "(-opt adam), so the run cannot continue as it was; start afresh without --resume"), err
+
+
+@pytest.mark.parametrize("damage, said", [
+    ("truncate", "MANIFEST.json: not valid JSON"),
+    ("no-generation", "tensors.pt: missing, though"),
+], ids=["truncated-manifest", "generation-deleted"])
+def test_a_damaged_checkpoint_beside_a_written_model_file_is_named_not_called_another_model(tmp_path, capsys,
+                                                                                           damage, said):
+    """With PATH written (after a validation or the end), a resume read the damaged checkpoint's options as none,
+    built the default memnn and said the bag weights were not a MemNNAgent's."""
+    model_file = tmp_path / "m.pt"
+    assert main(["train", "-t", "babi:1", "-m", "bag", "-bs", "8", "-tstep", "2", "-mf", str(model_file), *QUIET]) == 0
+    ckdir = tmp_path / "m.pt.ckpt"
+    if damage == "truncate":
+        with open(ckdir / "MANIFEST.json", "r+b") as manifest:
+            manifest.truncate(50)
+    else:
+        shutil.rmtree(next(ckdir.glob("gen-*")))
+    capsys.readouterr()
+    assert main(["train", "-mf", str(model_file), "--resume", *QUIET]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and said in err[0] and f"delete {ckdir} to start afresh" in err[0], err
+    assert "MemNNAgent" not in err[0]
