@@ -91,8 +91,9 @@ def metric_names_problem(world: World, opts: Opts) -> str | None:
                             teachers | TEACHER_METRICS):
         return _vmt_problem(world, opts, valid_known, mute)
     asked = [m.strip() for m in opts.metrics.split(",") if m.strip() and m.strip() not in ("default", "all")]
-    spoken = (lambda names: names - TEXT_METRICS) if mute else (lambda names: names)
-    unknown = unknown_metrics(asked, tasks, spoken(known | {"bleu-4"}) | set(RUN_FIELDS), spoken(teachers | {"bleu-4"}))
+    unsaid = TEXT_METRICS if mute else frozenset()  # no text generated: none of the metrics scored on it
+    unknown = unknown_metrics(asked, tasks, (known | {"bleu-4"}) - unsaid | set(RUN_FIELDS),
+                              (teachers | {"bleu-4"}) - unsaid)
     if unknown:
         why = " (with --skip-generation no text is generated, so no accuracy, f1 or bleu-4)" if mute else ""
         return (f"--metrics: no report of this run has {', '.join(unknown)}{why}; name metrics such as "

@@ -13,7 +13,8 @@ Anything that depends on more of a fresh interpreter starts one as before: other
 other than this process's. So do tests marked ``fresh_processes``, and every test when
 ``ACCELBATCH_TEST_FRESH_PROCESSES=1``.
 
-The preloading process is started by the first forked run of a pytest process and ends with it."""
+The preloading process starts before a pytest process's first test (tests/conftest.py; else at its first forked
+run) and ends with it."""
 
 from __future__ import annotations
 
