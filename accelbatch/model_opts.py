@@ -49,7 +49,8 @@ EVALUATING = tuple(name for name in KEPT if name not in ("learning_rate", "optim
 LIMITS = ("num_epochs", "max_train_steps", "max_train_time")
 RUN_COURSE = (*LIMITS, "validation_every_n_epochs", "validation_every_n_secs", "validation_patience",
               "validation_metric", "validation_metric_mode", "validation_max_exs", "validation_cutoff",
-              "eval_splits", "save_every_n_secs", "metrics_log", "report_json", "tensorboard_logdir")
+              "eval_splits", "save_every_n_secs", "log_every_n_secs", "metrics_log", "report_json",
+              "tensorboard_logdir")
 # the feed a checkpoint's data position belongs to (batched loader or per-row clones): a resume keeps it
 FRONT_END = ("num_workers", "dataloader_mode")
 # where and how the steps ran: the device and its precision, compilation and outputs, the batching budget, the

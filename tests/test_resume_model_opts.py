@@ -200,6 +200,24 @@ def test_a_limit_given_to_the_resume_sets_the_end_alone(stopped, tmp_path):
     assert json.loads(report.read_text())["train"]["steps"] > STEPS  # 0.01 epochs of babi:1 at -bs 4: 13 steps
 
 
+def test_the_resume_keeps_the_runs_logging_interval(stopped, tmp_path):
+    """A run logged with -ltim -1 (only at the end): its resume, given only -mf and --resume, logs so too, as
+    ParlAI's resume keeps -ltim; one given -ltim takes that."""
+    from accelbatch.model_opts import with_model_opts
+    from accelbatch.opts import Opts
+
+    stopped_at = load_checkpoint(stopped)
+    model_file = tmp_path / "m.pt"
+    save_checkpoint(model_file, model=stopped_at.model_state, optimizer=stopped_at.optimizer_state,
+                    opts={**stopped_at.opts, "log_every_n_secs": -1.0}, plan=stopped_at.plan,
+                    state=stopped_at.state, rng=stopped_at.rng)
+    resumed, _ = with_model_opts(Opts(model_file=str(model_file), resume=True), given=set())
+    assert resumed.log_every_n_secs == -1.0 and resumed.embedding_size == ESZ
+    given, _ = with_model_opts(Opts(model_file=str(model_file), resume=True, log_every_n_secs=5.0),
+                               given={"log_every_n_secs"})
+    assert given.log_every_n_secs == 5.0
+
+
 @pytest.mark.timeout(60)
 def test_eval_of_a_run_that_has_not_saved_its_model_yet_says_so(stopped, tmp_path, capsys):
     """eval -mf PATH where only PATH.ckpt exists (a run not validated yet): the line names the checkpoint
