@@ -134,7 +134,8 @@ def run(world: World, opts: Opts) -> dict[str, Any]:
         if backend.world_size > 1:
             report["replicas"] = backend.world_size
         report = select_metrics(report, opts.metrics)
-        report = _finish(report, opts if main else opts.replace(report_json=None))
+        if main and opts.report_json:
+            write_report_json(report, opts.report_json)
     finally:
         worlds_made.close()
         log.close()
@@ -409,6 +410,11 @@ def _train(world: World, opts: Opts, log: MetricsLog, runtime: Runtime, stop: St
         try:
             report[split] = evaluate(eval_world, log, split, backend, at={**position(), "final": True},
                                      stop=stop)
+        except KeyboardInterrupt as exc:
+            if stop.requested is None or checkpoints is None:
+                raise
+            raise KeyboardInterrupt(f"{exc}; the training is saved: --resume -mf {opts.model_file} runs the "
+                                    "final evaluations") from None
         finally:
             eval_world.shutdown()
     if main and state.validations == 0 and (note := unvalidated_metric_note(opts, report.get("valid"))):
@@ -489,9 +495,3 @@ def _save(model: Agent, opts: Opts) -> None:
     if saves_itself(model):
         model.save(opts.model_file)  # type: ignore[attr-defined]
         write_model_opts(opts.model_file, opts, agent_name(model, opts))
-
-
-def _finish(report: dict[str, Any], opts: Opts) -> dict[str, Any]:
-    if opts.report_json:
-        write_report_json(report, opts.report_json)
-    return report

@@ -61,9 +61,9 @@ def test_report_json_and_metrics_log_hold_no_bare_nan(tmp_path):
                 validation_every_n_epochs=-1, report_json=str(tmp_path / "report.json"))
     report = run(create_world(opts), opts)
     report["train"]["loss"] = math.nan  # what a run with --skip-nan may report
-    from accelbatch.run import _finish
+    from accelbatch.report_json import write_report_json
 
-    _finish(report, opts)
+    write_report_json(report, opts.report_json)
     assert json.loads((tmp_path / "report.json").read_text(), parse_constant=_refuse)["train"]["loss"] is None
 
 

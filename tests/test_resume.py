@@ -163,6 +163,27 @@ def test_a_finished_run_leaves_a_checkpoint_whose_resume_only_evaluates(tmp_path
     assert (tmp_path / "m.pt").read_bytes() == weights
 
 
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+def test_a_stop_in_the_final_evaluation_says_the_resume_evaluates(tmp_path):
+    """Ctrl-C in the final evaluation of a training saved to -mf: the line says the training is saved and
+    names the --resume that runs the evaluations; that resume reports what the run never stopped reports."""
+    from accelbatch.build import create_world
+    from accelbatch.opts import Opts
+    from accelbatch.run import run
+
+    opts = Opts(task="babi:1", model="memnn", batchsize=32, max_train_steps=20, model_file=str(tmp_path / "m.pt"),
+                eval_splits="valid", progress=False, embedding_size=16, validation_every_n_epochs=-1)
+    whole = run(create_world(opts.replace(model_file=None)), opts.replace(model_file=None))
+    with pytest.raises(KeyboardInterrupt) as stopped:  # the first evaluation is the final one: no -veps
+        run(create_world(opts, agent=_signalling_memnn(1)), opts)
+    assert str(stopped.value).startswith("SIGINT: the valid evaluation stopped after 160 of 1000 examples; no "
+                                         f"report; the training is saved: --resume -mf {tmp_path / 'm.pt'} runs "
+                                         "the final evaluations"), stopped.value
+    resumed = run(create_world(opts.replace(resume=True)), opts.replace(resume=True))
+    assert resumed["valid"] == {**whole["valid"], "time_s": resumed["valid"]["time_s"]}
+
+
 def test_a_resume_says_a_changed_option_once(tmp_path, capsys):
     """With a checkpoint to resume, what loading -mf changed is not said: the resume says it (a new -lr, once)
     or refuses it (-opt) in one line, where two lines said it twice, or accepted then refused it."""
