@@ -49,7 +49,8 @@ class Agent:
 
     def __init__(self, opts: Opts, shared: dict[str, Any] | None = None):
         self.opts = opts
-        self.id = type(self).__name__
+        if not hasattr(self, "id"):  # as ParlAI's: an id set before (a teacher's task, a subclass's) stays
+            self.id = type(self).__name__
         self.observation: Message | None = None
 
     @classmethod

@@ -53,7 +53,14 @@ def shuffles(datatype: str) -> bool:
 
 
 class Teacher(Agent):
-    """A teacher acts with examples and observes replies to score them."""
+    """A teacher acts with examples and observes replies to score them. Its acts' ``id`` is its task when
+    ``-t`` names its class (``babi:1``, ``jsonl:PATH``, ``pkg.mod:Class``), as ParlAI's teachers', else its
+    class's name, unless the class sets ``id`` itself."""
+
+    def __init__(self, opts: Opts, shared: dict[str, Any] | None = None):
+        if not hasattr(self, "id") and _serves_task(type(self), getattr(opts, "task", "")):
+            self.id = opts.task
+        super().__init__(opts, shared)
 
     def epoch_done(self) -> bool:
         return False
@@ -373,6 +380,15 @@ def resolve_teacher_class(task: str) -> type[Teacher]:
         return import_path(task, "task", list(TASK_HELP))
     raise UnknownNameError(f"unknown task {task!r}; known tasks: {', '.join(TASK_HELP)} "
                            "(or give a path as module:Class)")
+
+
+def _serves_task(cls: type, task: str) -> bool:
+    """Whether ``task`` is one task whose teacher class is ``cls`` (a teacher made by hand with other options
+    does not take their task's name)."""
+    try:
+        return "," not in task and resolve_teacher_class(task) is cls
+    except (UnknownNameError, ImportError):
+        return False
 
 
 def task_names(opts: Opts) -> list[str]:

@@ -1,4 +1,4 @@
-"""How worlds show their parleys, as ParlAI's ``display()`` does: each act's text and labels, its label
+"""How worlds show their parleys, as ParlAI's ``display()`` does: each act's text and labels, its reward and label
 candidates under it (cut to a few past ten), the rows of a batched step one after another."""
 
 from __future__ import annotations
@@ -17,7 +17,8 @@ def show(block: str) -> None:
 
 
 def display(acts: Sequence[Message | None]) -> str:
-    """The acts as ParlAI's display shows them: each one's text and labels, its label candidates under it."""
+    """The acts as ParlAI's display shows them: each one's text and labels, its reward and label candidates under
+    it."""
     lines = []
     for act in acts:
         if act:
@@ -25,6 +26,8 @@ def display(acts: Sequence[Message | None]) -> str:
             golds = act.get(key)
             lines.append(f"[{act.get('id', '?')}]: {act.get('text', '')}"
                          + (f"  ({key}: {'|'.join(golds)})" if golds else ""))
+            if act.get("reward") is not None:
+                lines.append(f"    [reward: {act['reward']}]")
             if act.get("label_candidates"):
                 lines.append(candidates_line(act["label_candidates"]))
     return "\n".join(lines)

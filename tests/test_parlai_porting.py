@@ -178,8 +178,8 @@ def test_the_batched_front_end_displays_its_rows_and_replies(write_jsonl):
     world.parley()
     shown = world.display().splitlines()
     agent_id = world.get_model_agent().id
-    assert shown == ["[FileTeacher]: q0  (eval_labels: a0)", f"[{agent_id}]: a0",
-                     "[FileTeacher]: q1  (eval_labels: a1)", f"[{agent_id}]: a1"]
+    assert shown == [f"[jsonl:{path}]: q0  (eval_labels: a0)", f"[{agent_id}]: a0",
+                     f"[jsonl:{path}]: q1  (eval_labels: a1)", f"[{agent_id}]: a1"]
     world.shutdown()
 
 

@@ -237,10 +237,22 @@ def test_display_data_shows_the_label_candidates_cut_with_a_count(tmp_path, caps
     few = _write_jsonl(tmp_path / "few.jsonl", 1)
     many = _write_jsonl(tmp_path / "many.jsonl", 1, candidates=12)
     assert main(["display-data", "-t", f"jsonl:{few}", "-n", "1", "--no-progress"]) == 0
-    assert capsys.readouterr().out.splitlines()[:2] == ["[FileTeacher]: q0  (labels: a0)",
+    assert capsys.readouterr().out.splitlines()[:2] == [f"[jsonl:{few}]: q0  (labels: a0)",
                                                         "    [label_candidates: a0|c0|c1]"]
     assert main(["display-data", "-t", f"jsonl:{many}", "-n", "1", "--no-progress"]) == 0
     assert capsys.readouterr().out.splitlines()[1] == "    [label_candidates: a0|c0|c1|c2|c3| ...and 7 more]"
+
+
+def test_display_data_names_each_acts_task_and_shows_its_reward(tmp_path, capsys):
+    """As ParlAI's display: a teacher's act is headed by its task (the teacher's id), each task of a multitask
+    run by its own, and a reward the data gives is shown under the act."""
+    rewarded = tmp_path / "r.txt"
+    rewarded.write_text("text:hello\tlabels:hi\treward:1\tepisode_done:True\n")
+    plain = _write_jsonl(tmp_path / "few.jsonl", 1)
+    assert main(["display-data", "-t", f"parlai:{rewarded},jsonl:{plain}", "-n", "2", "--no-progress"]) == 0
+    shown = capsys.readouterr().out.splitlines()
+    assert shown[:2] == [f"[parlai:{rewarded}]: hello  (labels: hi)", "    [reward: 1]"], shown
+    assert f"[jsonl:{plain}]: q0  (labels: a0)" in shown and sum("reward" in line for line in shown) == 1, shown
 
 
 def test_display_model_shows_the_teachers_label_candidates(tmp_path, capsys):
@@ -248,5 +260,5 @@ def test_display_model_shows_the_teachers_label_candidates(tmp_path, capsys):
     assert main(["display-model", "-t", f"jsonl:{few}", "-dt", "valid", "-m", "repeat_label", "-n", "1",
                  "--no-progress"]) == 0
     lines = capsys.readouterr().out.splitlines()
-    teacher = next(i for i, line in enumerate(lines) if line.startswith("[FileTeacher]: q0"))
+    teacher = next(i for i, line in enumerate(lines) if line.startswith(f"[jsonl:{few}]: q0"))
     assert lines[teacher + 1] == "    [label_candidates: a0|c0|c1]"
