@@ -456,9 +456,9 @@ SHAPING = ("model", "embedding_size", "text_truncate", "label_truncate")  # what
 # resume must keep them, or the weights (and examples seen) would not continue the interrupted run. Not the
 # performance options (--num-workers, --dataloader-mode, streaming): the resume checks their front end instead
 # (state.position_kind)
-RESUME_OPTS = SHAPING + ("task", "datatype", "seed", "batchsize", "device_iterations", "replication_factor",
-                         "gradient_accumulation", "numthreads", "reduction", "loss_normalization", "drop_last",
-                         "dynamic_batching", "context_length", "include_labels", "optimizer",
+RESUME_OPTS = SHAPING + ("task", "multitask_weights", "datatype", "seed", "batchsize", "device_iterations",
+                         "replication_factor", "gradient_accumulation", "numthreads", "reduction", "loss_normalization",
+                         "drop_last", "dynamic_batching", "context_length", "include_labels", "optimizer",
                          "ipu_input_replica_grouping", "ipu_input_replica_grouping_type")
 
 

@@ -36,14 +36,16 @@ from accelbatch.teachers import given_file, is_training, portable_task, task_fil
 # the history a model reads (as ParlAI's -histsz in MODEL.opt): not its weights' shapes, but what it was trained
 # to answer from, so a verb given only -mf feeds it the same (a resume compares them with RESUME_OPTS)
 HISTORY = ("context_length", "include_labels")
-# PATH.opt: a continued training keeps its optimizer too; every verb given only -mf works on the model's task,
-# with its seed (the data of the generated tasks dialogues and reverse is drawn by --seed), and a torch: task's
-# --collate (the batches the model was trained on)
-KEPT = SHAPING + HISTORY + ("collate", "learning_rate", "optimizer", "task", "seed", "agent_args")
+# PATH.opt: a continued training keeps its optimizer and -mtw too; every verb given only -mf works on the
+# model's task, with its seed (the data of the generated tasks dialogues and reverse is drawn by --seed), and a
+# torch: task's --collate (the batches the model was trained on)
+KEPT = SHAPING + HISTORY + ("collate", "learning_rate", "optimizer", "task", "multitask_weights", "seed",
+                            "agent_args")
 # what a text model reads and a -m torch:... module does not (it builds itself and takes its dataset's tensors):
 # neither kept for it nor compared on its --resume
 TEXT_ONLY = ("embedding_size", "text_truncate", "label_truncate", *HISTORY)
-EVALUATING = tuple(name for name in KEPT if name not in ("learning_rate", "optimizer"))  # what eval -mf takes
+# what eval -mf takes (an evaluation draws no tasks)
+EVALUATING = tuple(name for name in KEPT if name not in ("learning_rate", "optimizer", "multitask_weights"))
 # the run's limits, validation and logs: a resume goes on to the same end unless the command line says
 # otherwise; the limits go together: one given (e.g. a larger -ne) sets the end, the others keep their defaults
 LIMITS = ("num_epochs", "max_train_steps", "max_train_time")

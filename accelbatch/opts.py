@@ -22,6 +22,7 @@ from accelbatch.help_texts import show_default
 from accelbatch.ipu_opts import IPU_ONLY, validate_ipu_options  # noqa: F401 - IPU_ONLY: examples read it here
 from accelbatch.option_error import OptionError
 from accelbatch.strict_args import OnOff, StrictParser, refuse_glued_values, refused_option
+from accelbatch.task_weights import parse_task_weights
 
 DEVICES = ("cpu", "cuda", "ipu")
 DATATYPES = ("train", "train:ordered", "train:stream", "train:stream:ordered", "valid", "test",
@@ -66,6 +67,9 @@ class Opts:
                          help="split and mode: train (shuffled; evaluated: in order, once), valid, test; ':stream' "
                               "reads lazily from disk, ':ordered' in data order, each pass whole (no cycling), "
                               "':evalmode' scores the train split as an evaluation")
+    multitask_weights: str = _opt("1", "-mtw", "--multitask-weights",
+                                  help="multitask training: comma-separated weights of drawing each task for a new "
+                                       "episode (missing ones 1), or 'stochastic' (by the tasks' episodes)")
     datapath: str | None = _opt(None, "-dp", "--datapath", help="where file tasks are looked up")
     seed: int = _opt(0, "--seed", help="seed for data order, model init and the data of dialogues and reverse")
 
@@ -388,6 +392,7 @@ def validate(opts: Opts) -> None:
         raise OptionError(f"--ddp-static-graph: applies to --device cuda (DDP through accelerate); "
                           f"--device {opts.device} does not use DDP: leave it out")
     validate_ipu_options(opts)
+    parse_task_weights(opts.multitask_weights)
     wrong = [s.strip() for s in opts.eval_splits.split(",") if s.strip() and s.strip() not in DATATYPES]
     if wrong:
         raise OptionError(f"--eval-splits: {wrong[0]!r} is not a split; give comma-separated ones of "

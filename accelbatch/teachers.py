@@ -24,6 +24,7 @@ from accelbatch.messages import CANDIDATE_FIELDS, Message, str_candidates
 from accelbatch.metrics import Metrics, merge_reports, wants_bleu
 from accelbatch.names import UnknownNameError, import_path
 from accelbatch.opts import OptionError, Opts, eval_datatype, is_training, split_of  # noqa: F401 (re-exported)
+from accelbatch.task_weights import task_weights
 from accelbatch.tasks.files import DataFileError, FileIndex, load_episodes
 
 # task name -> "module:Class"; a task string is "name" or "name:argument" (e.g. babi:1, jsonl:PATH).
@@ -337,8 +338,8 @@ def task_files(task: str) -> list[str]:
 
 class MultiTaskTeacher(FixedTeacher):
     """Several FixedTeachers' tasks served as one (``-t A,B``): one store with the tasks one after another,
-    each task scored by its own metrics. Training draws each new episode's task uniformly at random
-    (ParlAI's multitask rule); evaluation serves every task's examples once, task after task."""
+    each task scored by its own metrics. Training draws each new episode's task at random, uniformly or by
+    ``-mtw`` (ParlAI's multitask rule); evaluation serves every task's examples once, task after task."""
 
     def __init__(self, opts: Opts, shared: dict[str, Any] | None = None, *,
                  teachers: Sequence[FixedTeacher] = (), names: Sequence[str] = ()):
@@ -350,7 +351,8 @@ class MultiTaskTeacher(FixedTeacher):
         self.task_metrics = [t.metrics for t in self._parts]
 
     def build_store(self) -> Store:
-        return ConcatStore([t.store for t in self._parts])
+        stores = [t.store for t in self._parts]
+        return ConcatStore(stores, task_weights(self.opts.multitask_weights, [s.table.num_episodes for s in stores]))
 
     def share(self) -> dict[str, Any]:
         return {**super().share(), "parts": self._parts, "names": self.names}

@@ -133,7 +133,16 @@ TEXT_MODEL = "a model of text with weights (-m memnn, or an agent of yours; not 
 TEXT = "a model of text (not -m torch:..., which reads its dataset's tensors)"
 SEVERAL = "updates of several micro-batches (-ga or -rf above 1)"
 
+def _draws_tasks(opts: Opts) -> bool:
+    """Whether -mtw is read: multitask training, which draws a task for each new episode (ordered data and
+    evaluations serve each task's episodes in turn)."""
+    from accelbatch.teachers import shuffles
+
+    return "," in opts.task.strip(", ") and shuffles(opts.datatype)
+
+
 READERS: dict[str, Reader] = {
+    "multitask_weights": Reader(_draws_tasks, "multitask training (-t A,B with -dt train)"),
     "num_buckets": Reader(lambda o: o.dynamic_batching == "buckets", "--dynamic-batching buckets"),
     "max_batch_tokens": Reader(lambda o: o.dynamic_batching in ("full", "buckets"),
                                "--dynamic-batching full or buckets"),

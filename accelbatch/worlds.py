@@ -26,6 +26,7 @@ from accelbatch.agents import Agent
 from accelbatch.messages import TEXT, Message, ReplyError, is_padding, refuse_non_messages, reply_kind
 from accelbatch.metrics import merge_reports
 from accelbatch.opts import Opts
+from accelbatch.task_weights import STOCHASTIC, task_weights
 from accelbatch.teachers import FixedTeacher, Teacher, is_training
 from accelbatch.world_display import display, display_rows, show
 
@@ -384,8 +385,8 @@ class BatchWorld(World):
 class MultiWorld(World):
     """Several task worlds sharing one model agent (tasks whose teachers are not all FixedTeachers).
 
-    Training picks a task at random for each new episode; evaluation runs each task to its end, in the order
-    given. The report has each task's metrics prefixed by its name and their macro average.
+    Training picks a task at random for each new episode (uniformly, or by -mtw); evaluation runs each task to
+    its end, in the order given. The report has each task's metrics prefixed by its name and their macro average.
     """
 
     def __init__(self, opts: Opts, worlds: Sequence[World], names: Sequence[str]):
@@ -395,6 +396,9 @@ class MultiWorld(World):
         self.training = is_training(opts.datatype)
         self.rng = random.Random(opts.seed)
         self.current = 0
+        spec = opts.multitask_weights  # ParlAI's -mtw; 'stochastic' weighs each task by its episodes
+        counts = [w.num_episodes() for w in self.worlds] if spec.strip() == STOCHASTIC else [1] * len(self.worlds)
+        self.weights = task_weights(spec, counts) if self.training else ()
 
     def get_agents(self) -> list[Agent]:
         return self.worlds[self.current].get_agents()
@@ -411,7 +415,9 @@ class MultiWorld(World):
         last = self.worlds[self.current].get_acts()[0]
         if last and not last.get("episode_done", True):
             return  # finish the episode on the task it started on
-        if self.training:
+        if self.training and self.weights:
+            self.current = self.rng.choices(range(len(self.worlds)), weights=self.weights)[0]
+        elif self.training:
             self.current = self.rng.randrange(len(self.worlds))
         else:
             while self.current < len(self.worlds) - 1 and self.worlds[self.current].epoch_done():

@@ -44,6 +44,7 @@ def _train(tmp_path, capsys, *extra: str, base: list[str] = BASE) -> tuple[dict,
     (["--reduction", "sum"], "--reduction"),  # G = R = D = 1: each update is one micro-batch, weighted 1
     (["-di", "2", "--reduction", "sum"], "--reduction"),  # D = 2 in whole calls: each micro-batch its update
     (["--loss-normalization", "token"], "--loss-normalization"),
+    (["-mtw", "1,3"], "-mtw/--multitask-weights"),  # one task: nothing is drawn
 ])
 def test_an_option_the_run_does_not_read_is_said_and_changes_nothing(extra, flag, tmp_path, capsys):
     plain, notes = _train(tmp_path, capsys)

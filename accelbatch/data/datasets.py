@@ -276,9 +276,10 @@ class FileStore(Store):
 
 class ConcatStore(Store):
     """Several tasks' stores one after another (multitask): flat indices and episodes run on from one task
-    to the next; :meth:`gather` also gives each example's task."""
+    to the next; :meth:`gather` also gives each example's task. ``weights``: each task's weight in training's
+    draw (empty: equal)."""
 
-    def __init__(self, stores: Sequence[Store]):
+    def __init__(self, stores: Sequence[Store], weights: tuple[float, ...] = ()):
         self.stores = list(stores)
         self.speaker = self.stores[0].speaker
         self.example_bytes = max(s.example_bytes for s in self.stores)
@@ -289,7 +290,7 @@ class ConcatStore(Store):
         self.table = EpisodeTable(
             np.concatenate([s.table.first + off for s, off in zip(self.stores, self.offsets[:-1])]),
             np.concatenate([s.table.turns for s in self.stores]),
-            tuple(s.table.num_episodes for s in self.stores))
+            tuple(s.table.num_episodes for s in self.stores), weights)
 
     def task_of(self, indices: np.ndarray) -> np.ndarray:
         return np.searchsorted(self.offsets, indices, side="right") - 1

@@ -21,6 +21,7 @@ class EpisodeTable:
     first: np.ndarray
     turns: np.ndarray
     tasks: tuple[int, ...] = ()  # multitask: episodes per task, tasks one after another (empty: one task)
+    weights: tuple[float, ...] = ()  # multitask: each task's weight in training's draw (empty: equal)
 
     @classmethod
     def of_lengths(cls, turns: Sequence[int], tasks: Sequence[int] = ()) -> "EpisodeTable":
@@ -49,7 +50,7 @@ class EpisodeTable:
         keep = [np.arange(a, b)[0 if whole_small_tasks and b - a < count else index::count]
                 for a, b in zip(bounds[:-1], bounds[1:])]
         chosen = np.concatenate(keep)
-        return EpisodeTable(self.first[chosen], self.turns[chosen], tuple(len(k) for k in keep))
+        return EpisodeTable(self.first[chosen], self.turns[chosen], tuple(len(k) for k in keep), self.weights)
 
     def flat(self, episodes: np.ndarray) -> np.ndarray:
         """Flat indices of every turn of ``episodes`` (positions in this table), episode after episode."""

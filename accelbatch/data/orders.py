@@ -84,7 +84,7 @@ def make_order(table: EpisodeTable, shuffle: bool, seed: int, balance_tasks: boo
             return TaskBalancedOrder(table.turns, table.tasks)
         return DataOrder(table.num_episodes)
     if mixes_tasks(table, shuffle):
-        return MixedOrder(table.tasks, seed)
+        return MixedOrder(table.tasks, seed, table.weights)
     return ShuffledOrder(table.num_episodes, seed)
 
 
@@ -94,23 +94,23 @@ def mixes_tasks(table: EpisodeTable, shuffle: bool) -> bool:
 
 
 class MixedOrder:
-    """Multitask training: each position of an epoch (as many as there are episodes) draws a task uniformly
-    at random (of those with episodes: a process's share may have none of a small task) and takes that task's
-    next episode; each task goes through its own seeded permutations."""
+    """Multitask training: each position of an epoch (as many as there are episodes) draws a task at random,
+    uniformly or by ``weights`` (of those with episodes: a process's share may have none of a small task), and
+    takes that task's next episode; each task goes through its own seeded permutations."""
 
-    def __init__(self, sizes: Sequence[int], seed: int):
+    def __init__(self, sizes: Sequence[int], seed: int, weights: Sequence[float] = ()):
         self.sizes = [int(s) for s in sizes]
         self.starts = np.concatenate([[0], np.cumsum(self.sizes)[:-1]]).astype(np.int64)
-        self.seed = seed
+        self.seed, self.weights = seed, tuple(weights)
         self._offsets: dict[int, np.ndarray] = {0: np.zeros(len(self.sizes), dtype=np.int64)}
 
     def __repr__(self) -> str:
-        return f"MixedOrder(sizes={self.sizes}, seed={self.seed})"
+        weighted = f", weights={list(self.weights)}" if self.weights else ""
+        return f"MixedOrder(sizes={self.sizes}, seed={self.seed}{weighted})"
 
     def _choices(self, epoch: int) -> np.ndarray:
         gen = np.random.default_rng([abs(self.seed), 7919, epoch])
-        live = np.flatnonzero(np.asarray(self.sizes) > 0)
-        return live[gen.integers(0, len(live), size=sum(self.sizes))]
+        return draw_tasks(self.sizes, self.weights, sum(self.sizes), gen)
 
     def _task_offsets(self, epoch: int) -> np.ndarray:
         """Episodes each task had served before ``epoch``."""
@@ -137,19 +137,28 @@ class MixedOrder:
         return out
 
 
+def draw_tasks(sizes: Sequence[int], weights: Sequence[float], count: int, gen: np.random.Generator) -> np.ndarray:
+    """``count`` tasks drawn among those with episodes: uniformly, or in proportion to ``weights`` (those of
+    weight 0 never, unless every task with episodes has weight 0: a process's share of weighted tasks only)."""
+    live = np.flatnonzero(np.asarray(sizes) > 0)
+    chances = np.asarray(weights, dtype=np.float64)[live] if len(weights) else np.zeros(0)
+    if not chances.sum() > 0:
+        return live[gen.integers(0, len(live), size=count)]
+    return live[gen.choice(len(live), size=count, p=chances / chances.sum())]
+
+
 def mixed_examples(table: EpisodeTable, seed: int, *key: int) -> np.ndarray:
     """The examples of a dynamic-batching epoch of multitask training, as flat indices: episodes drawn by
-    :class:`MixedOrder`'s rule (each draw's task uniform among those with episodes, a task's episodes in
+    :class:`MixedOrder`'s rule (each draw's task among those with episodes, by -mtw, a task's episodes in
     seeded permutations, one after another) until they hold the table's number of examples, cut there. So
     each epoch has as many examples as the data, and the tasks their shares of ParlAI's draw (a task of
     longer episodes more examples), not shares in proportion to their sizes."""
     sizes, total = np.asarray(table.tasks, dtype=np.int64), table.num_examples
     starts = np.concatenate([[0], np.cumsum(sizes)[:-1]])
-    live = np.flatnonzero(sizes > 0)
     gen = np.random.default_rng([abs(seed), 7919, *key])
-    choices = live[gen.integers(0, len(live), size=total)]  # each episode holds a turn: draws enough
+    choices = draw_tasks(sizes, table.weights, total, gen)  # each episode holds a turn: draws enough
     episodes = np.empty(total, dtype=np.int64)
-    for task in live.tolist():
+    for task in np.unique(choices).tolist():
         where, size = np.flatnonzero(choices == task), int(sizes[task])
         rounds = -(-len(where) // size)
         cycles = np.argsort(np.random.default_rng([abs(seed), task, *key]).random((rounds, size)), axis=1)
@@ -158,5 +167,5 @@ def mixed_examples(table: EpisodeTable, seed: int, *key: int) -> np.ndarray:
     return table.flat(episodes[:int(np.searchsorted(ends, total)) + 1])[:total]
 
 
-__all__ = ["DataOrder", "MixedOrder", "Order", "PassOrder", "ShuffledOrder", "TaskBalancedOrder", "make_order",
-           "mixed_examples", "mixes_tasks", "permutation"]
+__all__ = ["DataOrder", "MixedOrder", "Order", "PassOrder", "ShuffledOrder", "TaskBalancedOrder", "draw_tasks",
+           "make_order", "mixed_examples", "mixes_tasks", "permutation"]
