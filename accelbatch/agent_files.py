@@ -38,6 +38,12 @@ def loads_itself(cls: type[Agent]) -> bool:
     return not issubclass(cls, TorchAgent) and callable(getattr(cls, "load", None))
 
 
+def saves_itself(agent: Agent) -> bool:
+    """Whether -mf can be written: a TorchAgent, or an agent whose class has its own save(path) (the base Agent
+    has none), which training calls as ParlAI's does."""
+    return isinstance(agent, TorchAgent) or callable(getattr(type(agent), "save", None))
+
+
 def unread_model_file(agent: Agent, opts: Opts) -> str | None:
     """The note for an existing ``-mf`` that ``agent`` cannot read: a plain Agent without ``load(path)`` runs
     as built (an eval of it would score an empty agent), else None."""

@@ -15,7 +15,7 @@ import time
 from contextlib import ExitStack
 from typing import Any
 
-from accelbatch.agent_files import loads_itself
+from accelbatch.agent_files import loads_itself, saves_itself
 from accelbatch.agents import Agent, TorchAgent
 from accelbatch.best_valid import BestValid, continued_best, forget_best, metric_mode, write_best
 from accelbatch.build import Runtime, as_opts, attach_runtime, create_world
@@ -59,7 +59,11 @@ def evaluate(world: World, log: MetricsLog | None = None, split: str = "valid",
     start = time.monotonic()
     replicas = 1 if backend is None else backend.world_size  # each serves an equal share of every step
     served = world.get_total_exs()  # a count over the world's life
-    while not world.epoch_done() and (max_exs < 0 or (world.get_total_exs() - served) * replicas < max_exs):
+
+    def scored() -> int:  # ParlAI's -vme counts the report's exs (turns with labels); each replica its share
+        return int(world.report().get("exs", world.get_total_exs() - served)) * replicas
+
+    while not world.epoch_done() and (max_exs < 0 or scored() < max_exs):
         if stop is not None and stop.requested is not None:
             stop.at_safe_point()
             share = " (this replica's share)" if backend is not None and backend.world_size > 1 else ""
@@ -204,7 +208,7 @@ def _train(world: World, opts: Opts, log: MetricsLog, runtime: Runtime, stop: St
     # the train row of the report: every example trained, before a resume (from the checkpoint) and since
     before_resume: dict[str, float] = {}
     judged_afresh: str | None = None
-    if resumed is None and opts.model_file and os.path.isfile(opts.model_file) and isinstance(model, TorchAgent):
+    if resumed is None and opts.model_file and os.path.isfile(opts.model_file) and saves_itself(model):
         state.best = continued_best(opts, main)
     if resumed is not None:
         judged_afresh = state.load_json(resumed["train"])
@@ -383,8 +387,7 @@ def _train(world: World, opts: Opts, log: MetricsLog, runtime: Runtime, stop: St
             print(f"accelbatch: -mf {opts.model_file} kept: this run's model validated {opts.validation_metric} "
                   f"{state.last_valid:.4g}, not better than the file's {held:.4g}", file=sys.stderr)
     elif opts.model_file and state.validations == 0 and main:
-        _save(model, opts)
-        forget_best(opts.model_file)
+        _save(model, opts, best=None)
     if opts.model_file and main and not saves_itself(model):
         print(f"accelbatch: -mf/--model-file {opts.model_file}: {type(model).__name__} is not a TorchAgent and has "
               "no save(path); nothing was written there", file=sys.stderr)
@@ -455,8 +458,8 @@ def _validate(world: World, opts: Opts, log: MetricsLog, state: TrainState, mode
     metric = report.get(opts.validation_metric)
     if metric is None:
         known = ", ".join(k for k, v in report.items() if isinstance(v, (int, float)) and k != "time_s")
-        capped = (f" (-vme/--validation-max-exs {opts.validation_max_exs} may have left its task unscored: raise "
-                  "it)") if opts.validation_max_exs > 0 and "/" in opts.validation_metric else ""
+        capped = (f" (-vme/--validation-max-exs {opts.validation_max_exs} may have left it unscored: raise "
+                  "it)") if opts.validation_max_exs > 0 else ""
         raise OptionError(f"-vmt/--validation-metric {opts.validation_metric}: the valid report has no such "
                           f"metric{capped}; choose one of {known}")
     state.last_valid = metric
@@ -464,9 +467,7 @@ def _validate(world: World, opts: Opts, log: MetricsLog, state: TrainState, mode
     if value > state.best:
         state.best, state.stale = value, 0
         if opts.model_file and backend.is_main_process():
-            _save(model, opts)
-            if isinstance(model, TorchAgent):
-                write_best(opts.model_file, BestValid(opts.validation_metric, metric_mode(opts), float(metric)))
+            _save(model, opts, BestValid(opts.validation_metric, metric_mode(opts), float(metric)))
     else:
         state.stale += 1
     if opts.validation_patience > 0 and state.stale >= opts.validation_patience:
@@ -484,14 +485,13 @@ def _saved_where(model_file: str) -> str:
             f"({model_file} itself: {held})")
 
 
-def saves_itself(model: Agent) -> bool:
-    """Whether -mf can be written: a TorchAgent, or an agent whose class has its own save(path) (the base Agent
-    has none), which training calls as ParlAI's does."""
-    return isinstance(model, TorchAgent) or callable(getattr(type(model), "save", None))
-
-
-def _save(model: Agent, opts: Opts) -> None:
-    """The model to -mf (the agent's save), and beside it the options that make the model (PATH.opt)."""
+def _save(model: Agent, opts: Opts, best: BestValid | None) -> None:
+    """The model to -mf (the agent's save), and beside it the options that make the model (PATH.opt) and its
+    validation (``best``; None: not validated, so a later run's first validation replaces it)."""
     if saves_itself(model):
         model.save(opts.model_file)  # type: ignore[attr-defined]
         write_model_opts(opts.model_file, opts, agent_name(model, opts))
+        if best is not None:
+            write_best(opts.model_file, best)
+        else:
+            forget_best(opts.model_file)
