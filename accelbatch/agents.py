@@ -317,6 +317,9 @@ class TorchAgent(Agent):
             replies[rows[j]].update(reply)
         return replies
 
+    def before_call(self, rows: int, training: bool) -> None:
+        """Called before each engine call of ``rows`` rows (``training``: a training step); nothing here."""
+
     def step(self, observations: Sequence[Message], batch: dict[str, torch.Tensor]) -> list[tuple[int, dict]]:
         """Run one engine call on a batchified batch whose first rows are ``observations``.
 
@@ -324,7 +327,8 @@ class TorchAgent(Agent):
         rows carry ``labels``. Returns (row, reply) for the rows the output mode returned.
         """
         rows, real = agent_checks.batch_rows(self, batch, len(observations)), len(observations)
-        training = any(LABELS in obs for obs in observations)
+        training = self.engine.trains(any(LABELS in obs for obs in observations))
+        self.before_call(rows, training)
         if training and rows != real:
             raise ValueError(f"a training batch has {rows} rows but {real} examples: "
                              "padding rows would enter the loss; train with --drop-last (the default)")

@@ -29,7 +29,7 @@ from accelbatch.progress_bar import postfix, progress_bar
 from accelbatch.report_json import write_report_json
 from accelbatch.report_merge import from_sums, to_sums
 from accelbatch.report_table import MetricsLog
-from accelbatch.run_control import ModelFileLock, PeriodicSaver, StopSignals, check_output_paths
+from accelbatch.run_control import ModelFileLock, PeriodicSaver, StopSignals, check_output_paths, steps_together
 from accelbatch.start_method import keeps_default_start_method
 from accelbatch.state import Checkpointer
 from accelbatch.tasks.files import DataFileError
@@ -63,14 +63,15 @@ def evaluate(world: World, log: MetricsLog | None = None, split: str = "valid",
     def scored() -> int:  # ParlAI's -vme counts the report's exs (turns with labels); each replica its share
         return int(world.report().get("exs", world.get_total_exs() - served)) * replicas
 
-    while not world.epoch_done() and (max_exs < 0 or scored() < max_exs):
-        if stop is not None and stop.requested is not None:
-            stop.at_safe_point()
-            share = " (this replica's share)" if backend is not None and backend.world_size > 1 else ""
-            raise KeyboardInterrupt(f"{stop.name}: the {split} evaluation stopped after "
-                                    f"{world.get_total_exs() - served} of {world.num_examples()} examples{share}; "
-                                    "no report")
-        world.parley()
+    with steps_together(world.get_model_agent(), False):  # each replica evaluates its own rows
+        while not world.epoch_done() and (max_exs < 0 or scored() < max_exs):
+            if stop is not None and stop.requested is not None:
+                stop.at_safe_point()
+                share = " (this replica's share)" if backend is not None and backend.world_size > 1 else ""
+                raise KeyboardInterrupt(f"{stop.name}: the {split} evaluation stopped after "
+                                        f"{world.get_total_exs() - served} of {world.num_examples()} "
+                                        f"examples{share}; no report")
+            world.parley()
     report = reduce_report(world.report(), backend)
     report["time_s"] = round(time.monotonic() - start, 3)
     if log is not None:
@@ -187,6 +188,7 @@ def _train(world: World, opts: Opts, log: MetricsLog, runtime: Runtime, stop: St
     backend = runtime.backend
     state = TrainState(judged_by=f"{opts.validation_metric} {metric_mode(opts)}")
     model = world.get_model_agent()
+    worlds_made.enter_context(steps_together(model, True))  # replicas train or evaluate a call together
     main = backend.is_main_process()
     replicas = backend.world_size  # each replica's world holds its share; epochs count all of them
     per_epoch = world.num_examples()

@@ -1,6 +1,7 @@
 """When a run saves and stops: :class:`PeriodicSaver` (``--save-every-n-secs``) and :class:`StopSignals`
 (SIGINT/SIGTERM become a flag the run loop checks between world steps, with a deadline); what it may write:
-:func:`check_output_paths`, and :class:`ModelFileLock` (one training run at a time per ``-mf``)."""
+:func:`check_output_paths`, and :class:`ModelFileLock` (one training run at a time per ``-mf``); whether
+replicas step together (:func:`steps_together`)."""
 
 from __future__ import annotations
 
@@ -12,8 +13,8 @@ import sys
 import tempfile
 import threading
 import time
-from contextlib import suppress
-from typing import Any, Callable, Sequence
+from contextlib import contextmanager, suppress
+from typing import Any, Callable, Iterator, Sequence
 
 STOP_GRACE_S = 5.0  # seconds from a stop signal to the next safe point, past which the run stops at once
 
@@ -117,6 +118,22 @@ class StopSignals:
         for sig, previous in self._previous.items():
             signal.signal(sig, previous)
         self._previous.clear()
+
+
+@contextmanager
+def steps_together(agent: Any, on: bool) -> Iterator[None]:
+    """The agent's engine's ``train_together`` set to ``on`` for the block (replicas of a training run decide
+    together whether a call trains; evaluations decide alone), then back; nothing for an agent without one."""
+    engine = getattr(agent, "engine", None)
+    before = getattr(engine, "train_together", None)
+    if before is None:
+        yield
+        return
+    engine.train_together = on
+    try:
+        yield
+    finally:
+        engine.train_together = before
 
 
 def check_output_paths(opts: Any) -> None:

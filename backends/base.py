@@ -202,6 +202,14 @@ class Engine(ABC):
     """A model (and optimizer) compiled for one execution plan on one backend."""
 
     model: torch.nn.Module
+    # a training run's steps (run() sets it around them, not its evaluations): replicas then decide together
+    # whether a call trains (:meth:`trains`)
+    train_together: bool = False
+
+    def trains(self, labelled: bool) -> bool:
+        """Whether a call trains: its rows have labels. Replicas of a training run decide together (see
+        :class:`~accelbatch.backends.engine.LayoutEngine`); one process alone decides by its rows."""
+        return labelled
 
     @abstractmethod
     def train_step(self, batch: TensorBatch) -> StepResult:

@@ -126,10 +126,31 @@ class LayoutEngine(Engine):
         self.host_syncs = 0       # host waits so far: one per call, plus updates whose flag the host read
         self._staged: OrderedDict[int, _Staged] = OrderedDict()
         self._mine: dict[tuple[int, int], _Mine] = {}
+        self._along = False  # this call trains with the other replicas though none of its rows has labels
 
     @property
     def skip_nan(self) -> bool:
         return self.options.skip_nan
+
+    def trains(self, labelled: bool) -> bool:
+        """A training call reduces gradients and steps the optimizer on every replica, so in a training run
+        (``train_together``) replicas train together when any replica's rows have labels (one all-reduce): a
+        replica whose rows are all context turns trains on them with the others (its loss 0, as the rows of a
+        combined batch that one process steps); elsewhere (evaluations) each decides alone."""
+        trains = labelled
+        if self.world_size > 1 and self.train_together:
+            flag = torch.tensor([1.0 if labelled else 0.0], device=self.device)
+            dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=self.group)
+            trains = bool(flag.item())
+        self._along = trains and not labelled
+        return trains
+
+    def _loss(self, out: Mapping[str, torch.Tensor]) -> torch.Tensor:
+        """The micro-batch's loss; in a call this replica trains along with (no row with labels), 0 when the
+        model gives none, its gradient 0 for every parameter (DDP then reduces them as the others')."""
+        if self._along and isinstance(out, Mapping) and out.get("loss") is None:
+            return sum(p.sum() * 0.0 for p in self.model.parameters() if p.requires_grad)  # type: ignore[return-value]
+        return loss_of(out)
 
     def train_step(self, batch: TensorBatch) -> StepResult:
         check_trainable(self.optimizer, self.plan)
@@ -154,7 +175,7 @@ class LayoutEngine(Engine):
                     sim.switch(lay.replica[j])
                 with hooks.no_sync(i == len(steps) - 1, bare):
                     out = hooks.forward(model_inputs(slice_rows(chunk, start - offset, stop - offset)), bare)
-                    loss = loss_of(out)
+                    loss = self._loss(out)
                     hooks.backward(loss if weight * factor == 1.0 else loss * (weight * factor))
                 local += loss.detach().float()
                 if j in keep:

@@ -133,11 +133,9 @@ class GeneratorAgent(TorchAgent):
             batch[LOSS_TOKENS] = torch.tensor([len(t) for t in labels], dtype=torch.long)
         return batch
 
-    def step(self, observations: Any, batch: dict[str, torch.Tensor]) -> list[tuple[int, dict]]:
-        """:meth:`TorchAgent.step`, noting first the rows of the micro-batches the engine cuts the call into."""
-        rows = batch["text_vec"].shape[0]
-        self._call = (rows, self._micro_batch(rows, any(LABELS in obs for obs in observations)))
-        return super().step(observations, batch)
+    def before_call(self, rows: int, training: bool) -> None:
+        """Note the rows of the micro-batches the engine cuts the call into."""
+        self._call = (rows, self._micro_batch(rows, training))
 
     def _micro_batch(self, rows: int, training: bool) -> int:
         """Rows a micro-batch of a call of ``rows`` rows (the last may be shorter), from the engine's plan:
