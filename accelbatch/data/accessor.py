@@ -269,13 +269,21 @@ class _Worker:
         return epoch
 
 
+def _exit_on_sigterm(*_: Any) -> None:
+    """End the worker, running cleanup (which stops the source's own workers, e.g. a DataLoader's). Their
+    deaths are expected now: torch's SIGCHLD handler, which a DataLoader installs, would report each as a
+    failure (a traceback on a run that ended well), so it goes first."""
+    signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+    sys.exit(0)
+
+
 def _worker_main(index: int, conn: Any, source: Any, transform: Callable | None, num_slots: int,
                  load_indefinitely: bool, first_epoch: tuple[int, int] | None, start_method: str | None,
                  miss_sleep_s: float = 0.0) -> None:
     """The worker process (under the supervisor's entry wrapper, which ignores SIGINT and sets one thread)."""
     # a forkserver child has 'forkserver' as its default: give the source the consumer's, as if it ran there
     mp.set_start_method(start_method or mp.get_all_start_methods()[0], force=True)
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))  # run cleanup (stops the source's own workers)
+    signal.signal(signal.SIGTERM, _exit_on_sigterm)
     gc.freeze()  # what it was handed lives as long as the process (see the module docstring)
     try:
         _Worker(source, transform, conn, num_slots, load_indefinitely, miss_sleep_s).main(first_epoch)
