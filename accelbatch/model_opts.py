@@ -47,7 +47,7 @@ TEXT_ONLY = ("embedding_size", "text_truncate", "label_truncate", *HISTORY)
 # what eval -mf takes (an evaluation draws no tasks)
 EVALUATING = tuple(name for name in KEPT if name not in ("learning_rate", "optimizer", "multitask_weights"))
 # the run's limits, validation and logs: a resume goes on to the same end unless the command line says
-# otherwise; the limits go together: one given (e.g. a larger -ne) sets the end, the others keep their defaults
+# otherwise; the limits go together: one given (e.g. a larger -ne) sets the end alone, the others lifted (-1)
 LIMITS = ("num_epochs", "max_train_steps", "max_train_time")
 RUN_COURSE = (*LIMITS, "validation_every_n_epochs", "validation_every_n_secs", "validation_patience",
               "validation_metric", "validation_metric_mode", "validation_max_exs", "validation_cutoff",
@@ -246,6 +246,8 @@ def with_model_opts(opts: Opts, given: set[str], reads_task: bool = True) -> tup
         taken = RESUMED if given.isdisjoint(LIMITS) else tuple(k for k in RESUMED if k not in LIMITS)
         opts = _taking(opts, _untold(saved, taken, given, opts), f"{found}: the checkpoint's options",
                        "start afresh without --resume")
+        if not given.isdisjoint(LIMITS):  # the limit given ends the run alone: the others are lifted
+            opts = opts.replace(**{k: -1 for k in LIMITS if k not in given})
         if "task" not in given:
             check_task_files(opts, f"{found}: the checkpoint's task", "put the data back there to resume, or "
                              "start afresh without --resume")

@@ -40,3 +40,15 @@ def test_a_python_resume_says_it_while_the_command_line_s_takes_the_limits(tmp_p
     report = ab.run(ab.create_world(opts), opts)
     assert "accelbatch: --resume: the interrupted run was to end at -ne 2" in capsys.readouterr().err
     assert report["train"]["epochs"] == 5.0  # the default end, as said
+
+
+def test_a_limit_given_to_a_resume_ends_the_run_alone(tmp_path):
+    """A run of -ne 4 -tstep 3 (5 examples, -bs 1) resumed with -tstep 30 alone trains to step 30: -ne is
+    lifted with the other limits, not put back to its default 5 (25 steps) nor kept at the checkpoint's 4."""
+    task, path, report = _tiny(tmp_path), str(tmp_path / "m.pt"), tmp_path / "r.json"
+    common = ["-t", task, "-m", "bag", "-esz", "8", "-bs", "1", "-mf", path, "--no-progress", "--eval-splits", "",
+              "-veps", "-1", "--report-json", str(report)]
+    assert main(["train", *common, "-ne", "4", "-tstep", "3"]) == 0
+    assert main(["train", *common, "--resume", "-tstep", "30"]) == 0
+    train = json.loads(report.read_text())["train"]
+    assert (train["steps"], train["stopped_by"], train["epochs"]) == (30, "max_train_steps", 6.0)
