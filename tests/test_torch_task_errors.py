@@ -107,3 +107,31 @@ def test_drop_last_help_tells_what_an_ordered_pass_ends_with(tmp_path, capsys):
     err = _one_line_error(capsys, ["train", *COMMON, "-m", MODEL, "-dt", "train:ordered", "-bs", "4", "-di", "2",
                                    "-tstep", str(calls), "--drop-last"])
     assert f"a step of {items % 8} rows" in err and "add --no-drop-last" in err  # before the first step
+
+
+def test_items_whose_target_dtypes_differ_are_one_line_naming_the_item(capsys):
+    """A float target among class indices (default_collate would make every target of its batch a float, and
+    the loss fail deep in torch whichever batch it fell in) is named when the data is read."""
+    err = _one_line_error(capsys, ["train", *COMMON, "-t", "torch:torch_task:make_mixed_dtypes", "-m", MODEL,
+                                   "-bs", "4", "-tstep", "2"])
+    assert ("-t torch:torch_task:make_mixed_dtypes (train): item 3's part 1 is torch.float32, item 0's "
+            "torch.int64; give every item's part the same dtype") in err
+
+
+def test_a_module_without_parameters_is_refused_for_training_naming_m(capsys):
+    err = _one_line_error(capsys, ["train", *COMMON, "-m", "torch:torch_task:NoParameters", "-bs", "4",
+                                   "-tstep", "2"])
+    assert "-m torch:torch_task:NoParameters: the module has no parameter that requires grad" in err
+    assert main(["eval", "-t", TASK, "-m", "torch:torch_task:NoParameters", "-bs", "4", "--no-progress"]) == 0
+
+
+def test_python_and_numpy_floats_become_float32_tensors():
+    """README: an item's Python float gives float32 (torch's default_collate would give float64); numpy's
+    float64, a float subclass, too."""
+    import numpy as np
+
+    from accelbatch.tasks.torch_data import items_of
+
+    items = items_of([(torch.zeros(2), 1.5), (torch.ones(2), np.float64(2.5)), (torch.ones(2), 3)], "t", "train")
+    assert [item[1].dtype for item in items] == [torch.float32, torch.float32, torch.int64]
+    assert [item[1].item() for item in items] == [1.5, 2.5, 3]

@@ -40,7 +40,7 @@ from torch.utils.data import IterableDataset, default_collate
 from accelbatch.agents import TorchAgent
 from accelbatch.messages import Message
 from accelbatch.names import AGENT_PATHS, import_object
-from accelbatch.opts import OptionError
+from accelbatch.opts import OptionError, is_training
 from accelbatch.teachers import TASK_PATHS, FixedTeacher, split_of
 
 PREFIX = "torch:"
@@ -95,7 +95,21 @@ def items_of(dataset: Any, task: str, split: str = "train") -> list[tuple[torch.
             if not isinstance(p, (torch.Tensor, int, float)):
                 raise OptionError(f"{where}: item {index} holds a {type(p).__name__}; items must be tensors (or "
                                   "tuples of tensors, the target last)")
-        items.append(tuple(torch.as_tensor(p) for p in parts))
+        # float(p): a float subclass (numpy's float64) becomes float32, as a Python float does
+        items.append(tuple(torch.as_tensor(float(p) if isinstance(p, float) else p) for p in parts))
+
+
+def check_dtypes(items: Sequence[tuple[torch.Tensor, ...]], where: str) -> None:
+    """Refuse items whose same part has another dtype than item 0's (a float target among class indices: torch
+    would batch it as a float, and the loss fail far from the item), naming both items and the dtypes."""
+    if not items:
+        return
+    first = [p.dtype for p in items[0]]
+    for index, item in enumerate(items):
+        odd = next((k for k, p in enumerate(item) if k < len(first) and p.dtype != first[k]), None)
+        if odd is not None:
+            raise OptionError(f"{where}: item {index}'s part {odd} is {item[odd].dtype}, item 0's {first[odd]}; "
+                              "give every item's part the same dtype (or batch them yourself: --collate)")
 
 
 def label_of(item: tuple[torch.Tensor, ...]) -> str | None:
@@ -141,6 +155,8 @@ class TorchDatasetTeacher(FixedTeacher):
             raise OptionError(f"-t {task} ({split}): the dataset factory returned None for {split!r}; return a "
                               f"Dataset for it{_leave_out(split)}")
         items = items_of(dataset, task, split)
+        if not self.opts.collate:  # default_collate would promote a part of mixed dtypes (a class index to float)
+            check_dtypes(items, f"-t {task} ({split})")
         # labels: the class index as text, or an empty list for an item without a class target (its reply has
         # no text, so it is counted in exs and not scored)
         return [[Message(text=f"{split} item {i}", labels=[] if (label := label_of(item)) is None else [label],
@@ -272,6 +288,9 @@ class TorchModelAgent(TorchAgent):
                               "or factory that takes none") from None
         if not isinstance(module, torch.nn.Module):
             raise OptionError(f"-m {self.opts.model}: made a {type(module).__name__}, not a torch.nn.Module")
+        if is_training(self.opts.datatype) and not any(p.requires_grad for p in module.parameters()):
+            raise OptionError(f"-m {self.opts.model}: the module has no parameter that requires grad: training "
+                              "would change nothing; give it parameters (or score it as it is: accelbatch eval)")
         return ModuleAdapter(module)
 
     def batchify(self, observations: list[Message]) -> dict[str, torch.Tensor]:
