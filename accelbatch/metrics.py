@@ -203,7 +203,6 @@ def score_counted(counts: dict[tuple[str, ...] | None, dict[str | None, int]]) -
 
 
 PENDING_ROWS = 16384  # rows add_rows/add_replies keep before scoring them (bounds memory; report() scores the rest)
-_VOCAB_LIMIT = 1 << 20  # numbers a prediction may have (the key space of score_pending's counting)
 _VOCAB_KEEP = 4 * PENDING_ROWS  # predictions numbered before the numbering starts again (bounds its memory)
 
 
@@ -310,11 +309,12 @@ class Metrics:
         vocab = self._vocab
         texts = np.fromiter(map(vocab.__getitem__, self._predictions), dtype=np.int64, count=len(self._predictions))
         ids = np.concatenate(self._ids).astype(np.int64, copy=False)
-        keys, counts = np.unique(ids * _VOCAB_LIMIT + texts, return_counts=True)
+        base = len(vocab) + 1  # every text number is below it, however many this chunk numbered
+        keys, counts = np.unique(ids * base + texts, return_counts=True)
         answers, words = self._table.answers, vocab.texts  # type: ignore[union-attr]
         pairs: dict[tuple[str, ...] | None, dict[str | None, int]] = {}
         for key, n in zip(keys.tolist(), counts.tolist()):
-            answer, text = divmod(key, _VOCAB_LIMIT)
+            answer, text = divmod(key, base)
             if answer >= 0:
                 pairs.setdefault(answers[answer], {})[words[text]] = n
         self._ids.clear()

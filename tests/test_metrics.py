@@ -295,3 +295,14 @@ def test_punctuation_separates_words_as_in_parlai():
     assert exact_match("hello-world", ["hello world"])
     assert f1_score("don't go", ["don t go"]) == 1.0
     assert f1_score("a,b", ["ab"]) == 0.0  # 'a' is an article: 'b' against 'ab'
+
+
+@pytest.mark.slow
+def test_a_chunk_of_over_a_million_distinct_predictions_is_scored_exactly():
+    """One call's rows hold 2**20 + 5 distinct wrong predictions and one right one: the (answer, prediction)
+    counting keyed them in a space of 2**20 predictions, and failed (IndexError) past it."""
+    wrong = (1 << 20) + 5
+    metrics = Metrics()
+    metrics.add_rows([f"p{i}" for i in range(wrong)] + ["y"], [("x",)] * wrong + [("y",)], wrong + 1)
+    report = metrics.report()
+    assert report["exs"] == wrong + 1 and report["accuracy"] == 1 / (wrong + 1)
