@@ -37,7 +37,7 @@ def test_replicas_with_an_async_rebatched_dataloader_end_without_tracebacks(tmp_
     (tmp_path / "tp.py").write_text(DATA)
     ran = subprocess.run(
         [sys.executable, "-m", "accelbatch", "train", "-t", "torch:tp:make_dataset", "-m", "torch:tp:Lin",
-         "-dt", "train:ordered", "-opt", "sgd", "-bs", "2", "-di", "2", "-ga", "3", "-ne", "2", "-vmt", "loss",
+         "-dt", "train:ordered", "-opt", "sgd", "-bs", "2", "-di", "2", "-ga", "3", "-ne", "1", "-vmt", "loss",
          "--no-progress", "--eval-splits", "valid", "--device", "cpu", "-rf", "2",
          "--dataloader-mode", "async-rebatched", "--num-workers", "2"],
         cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(tmp_path)},
