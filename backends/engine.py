@@ -145,15 +145,16 @@ class LayoutEngine(Engine):
         self._along = trains and not labelled
         return trains
 
-    def _loss(self, out: Mapping[str, torch.Tensor]) -> torch.Tensor:
-        """The micro-batch's loss; in a call this replica trains along with (no row with labels), 0 when the
+    def _loss(self, out: Mapping[str, torch.Tensor], along: bool) -> torch.Tensor:
+        """The micro-batch's loss; in a call this replica trains ``along`` with (no row with labels), 0 when the
         model gives none, its gradient 0 for every parameter (DDP then reduces them as the others')."""
-        if self._along and isinstance(out, Mapping) and out.get("loss") is None:
+        if along and isinstance(out, Mapping) and out.get("loss") is None:
             return sum(p.sum() * 0.0 for p in self.model.parameters() if p.requires_grad)  # type: ignore[return-value]
         return loss_of(out)
 
     def train_step(self, batch: TensorBatch) -> StepResult:
         check_trainable(self.optimizer, self.plan)
+        along, self._along = self._along, False  # what trains() decided for this call, for this call only
         hooks = self.hooks
         hooks.set_training(True)
         mine, batch = self._shard(batch)
@@ -175,7 +176,7 @@ class LayoutEngine(Engine):
                     sim.switch(lay.replica[j])
                 with hooks.no_sync(i == len(steps) - 1, bare):
                     out = hooks.forward(model_inputs(slice_rows(chunk, start - offset, stop - offset)), bare)
-                    loss = self._loss(out)
+                    loss = self._loss(out, along)
                     hooks.backward(loss if weight * factor == 1.0 else loss * (weight * factor))
                 local += loss.detach().float()
                 if j in keep:
