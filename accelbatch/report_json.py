@@ -7,7 +7,7 @@ import os
 from typing import Any
 
 from accelbatch.opts import OptionError
-from accelbatch.report_table import json_ready
+from accelbatch.report_table import json_ready, standard_stream
 
 
 class ReportNotWritten(OptionError):
@@ -20,8 +20,14 @@ class ReportNotWritten(OptionError):
 
 def write_report_json(report: dict[str, Any], path: str) -> None:
     """Write ``report`` to ``path`` as JSON: a file whole or not at all (a temporary file beside it, synced, renamed
-    over it: a failed write leaves an earlier report intact); what is not a file (/dev/stdout) in place. A failure
+    over it: a failed write leaves an earlier report intact); what is not a file (a pipe) in place, and the file
+    stdout or stderr writes to (/dev/stdout redirected to a file) through that stream. A failure
     is a :class:`ReportNotWritten` carrying the report, for the caller to print."""
+    stream = standard_stream(path)
+    if stream is not None:  # /dev/stdout redirected to a file: written in its place in the output, as printed
+        stream.write(json.dumps(json_ready(report), indent=2, sort_keys=True, allow_nan=False) + "\n")
+        stream.flush()
+        return
     replaced = not os.path.exists(path) or os.path.isfile(path)  # else a device, a pipe
     target = os.path.realpath(path) if replaced else path  # a link's target is replaced
     tmp = f"{target}.tmp-{os.getpid()}" if replaced else target

@@ -90,6 +90,24 @@ def _warn_unwritable(option: str, path: str, exc: OSError) -> None:
           file=sys.stderr, flush=True)
 
 
+def standard_stream(path: str) -> TextIO | None:
+    """``sys.stdout`` (or ``sys.stderr``) when ``path`` names the file it writes to (``/dev/stdout``, whatever it
+    is redirected to), else None: a log or report given that path is written through it, in its order and at its
+    offset, never by opening or replacing its file (which would write over, or delete, what it holds)."""
+    try:
+        found = os.stat(path)
+    except OSError:
+        return None
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            own = os.fstat(stream.fileno())
+        except (OSError, ValueError, AttributeError):  # closed, or not a real file (a test's capture)
+            continue
+        if (own.st_dev, own.st_ino) == (found.st_dev, found.st_ino):
+            return stream
+    return None
+
+
 @dataclass
 class MetricsLog:
     """Appends one JSON object per line to --metrics-log (nothing when no path is given). A log that cannot be
@@ -100,6 +118,7 @@ class MetricsLog:
     handle: TextIO | None = None
     tensorboard: TensorBoardLog | None = None  # the same records as TensorBoard scalars (optional)
     progress: Any = None  # the training's progress bar, which shows them: closed with the log, also on an error
+    _borrowed: bool = False  # the handle is sys.stdout or sys.stderr (standard_stream): flushed, never closed
 
     def write(self, record: dict[str, Any]) -> None:
         if self.tensorboard is not None:
@@ -110,7 +129,9 @@ class MetricsLog:
         if not self.path:
             return
         try:
-            if self.handle is None:
+            if self.handle is None and (stream := standard_stream(self.path)) is not None:
+                self.handle, self._borrowed = stream, True
+            elif self.handle is None:
                 os.makedirs(os.path.dirname(os.path.abspath(self.path)), exist_ok=True)
                 self.handle = open(self.path, "a", encoding="utf-8")
             self.handle.write(json.dumps(json_ready(record), sort_keys=True, allow_nan=False) + "\n")
@@ -133,7 +154,7 @@ class MetricsLog:
     def _close_file(self, warn: bool) -> None:
         handle, self.handle = self.handle, None
         try:
-            if handle is not None:
+            if handle is not None and not self._borrowed:
                 handle.close()
         except OSError as exc:
             if warn:
