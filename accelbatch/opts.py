@@ -67,7 +67,7 @@ class Opts:
                          help="split and mode: train (shuffled; evaluated: in order, once), valid, test; ':stream' "
                               "reads lazily from disk, ':ordered' in data order, each pass whole (no cycling), "
                               "':evalmode' scores the train split as an evaluation")
-    multitask_weights: str = _opt("1", "-mtw", "--multitask-weights",
+    multitask_weights: str = _opt("1", "-mtw", "--multitask-weights", train_only=True,
                                   help="multitask training: comma-separated weights of drawing each task for a new "
                                        "episode (missing ones 1), or 'stochastic' (by the tasks' episodes)")
     datapath: str | None = _opt(None, "-dp", "--datapath", help="where file tasks are looked up")

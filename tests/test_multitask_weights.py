@@ -105,3 +105,12 @@ def test_a_multiworld_draws_by_the_weights(tmp_path):
         world.parley()
     report = world.report()
     assert report.get("t0/exs", 0) == 0 and report["t1/exs"] == 20, report
+
+
+@pytest.mark.parametrize("verb", ["eval", "display-data"])
+def test_verbs_that_draw_no_task_refuse_the_weights(capsys, verb):
+    """eval serves each task's examples once and display-data each task's in turn: -mtw is a training option."""
+    model = ["-m", "repeat_label"] if verb == "eval" else []  # display-data builds no model
+    assert main([verb, "-t", "babi:1,babi:2", "-mtw", "1,3", *model]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("accelbatch: error: -mtw/--multitask-weights: a training option"), err
