@@ -157,6 +157,7 @@ def test_init_model_takes_the_shaping_options_of_its_opt_file(data, tmp_path, ca
                                                                        "text_truncate": 256, "label_truncate": -1,
                                                                        "learning_rate": 0.01, "optimizer": "adam",
                                                                        "task": f"jsonl:{data}",
+                                                                       "multitask_weights": "1",
                                                                        "context_length": -1, "include_labels": True,
                                                                        "seed": 0}
     assert main([*args, "-m", "memnn", "-mf", str(tmp_path / "y.pt")]) == 2  # given: it wins, and is refused

@@ -117,6 +117,7 @@ CHANGED: dict[str, tuple[str, Any]] = {
     "text_truncate": ("--text-truncate", 128),
     "label_truncate": ("--label-truncate", 10),
     "task": ("--task", "babi:2"),
+    "multitask_weights": ("--multitask-weights", "1,3"),
     "datatype": ("--datatype", "train:ordered"),
     "seed": ("--seed", 1),
     "batchsize": ("--batchsize", 16),

@@ -525,7 +525,8 @@ def test_a_model_file_names_its_model_so_eval_needs_only_mf(tmp_path, capsys):
     assert json.loads((tmp_path / "m.pt.opt").read_text()) == {"model": "bag", "embedding_size": 16,
                                                                  "text_truncate": 256, "label_truncate": -1,
                                                                  "learning_rate": 0.01, "optimizer": "adam",
-                                                                 "task": "babi:1", "seed": 0,
+                                                                 "task": "babi:1", "multitask_weights": "1",
+                                                                 "seed": 0,
                                                                  "context_length": -1, "include_labels": True}
     capsys.readouterr()
     assert main(["eval", "-mf", path, "--no-progress"]) == 0

@@ -88,6 +88,8 @@ WHERE_READ: dict[str, tuple[list[dict], list[dict]]] = {
     **dict.fromkeys(("inference", "beam_min_length", "beam_block_ngram"), BEAMS_READ),
     **dict.fromkeys(("validation_metric", "validation_metric_mode"), ([{}], VALIDATED)),
     "validation_max_exs": ([{}, {"task": "babi:1"}], [*VALIDATED, {"task": "babi:1,babi:2"}]),
+    "multitask_weights": ([{}, {"task": "babi:1,babi:2", "datatype": "train:ordered"}],
+                          [{"task": "babi:1,babi:2"}]),
     "reduction": ([{}, {"device_iterations": 2}],  # whole calls of D micro-batches: each one its update
                   [{"gradient_accumulation": 2}, {"replication_factor": 2}, {"loss_normalization": "token"},
                    {"device_iterations": 2, "drop_last": False}, {"device_iterations": 2, "numthreads": 2},

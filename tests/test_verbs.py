@@ -128,13 +128,13 @@ def test_display_data_refuses_the_options_it_would_ignore(capsys):
 
 @pytest.mark.parametrize("verb", ["train", "eval", "display-data"])
 def test_an_unknown_short_option_is_not_read_as_a_known_one_with_a_glued_value(verb, capsys):
-    # argparse reads ParlAI's -mtw (--multitask-weights) as -m tw: a model named "tw"
+    # argparse would read an unknown -mxe (say, a ParlAI option accelbatch lacks) as -m xe: a model named "xe"
     with pytest.raises(SystemExit) as exited:
-        main([verb, "-t", "babi:1", "-mtw", "1,3"])
+        main([verb, "-t", "babi:1", "-mxe", "1,3"])
     assert exited.value.code == 2
     err = capsys.readouterr().err.strip().splitlines()[-1]
-    assert "unrecognized option -mtw: no option is named so (see --help); a value is not read glued to -m: " \
-           "if -m tw is meant, write `-m tw`" in err
+    assert "unrecognized option -mxe: no option is named so (see --help); a value is not read glued to -m: " \
+           "if -m xe is meant, write `-m xe`" in err
 
 
 def test_parlai_short_forms_are_read_and_an_option_value_is_never_judged_as_an_option(tmp_path, capsys):
