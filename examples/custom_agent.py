@@ -43,7 +43,12 @@ class BagOfWordsRanker(nn.Module):
         scores = scores.masked_fill(batch["cand_ids"] == 0, torch.finfo(scores.dtype).min)
         out = {"scores": scores}
         if "label_index" in batch:
-            out["loss"] = F.cross_entropy(scores, batch["label_index"])  # mean over the rows
+            # the mean over the rows with a label (-1: a context turn, which trains nothing); a micro-batch of
+            # context turns alone has loss 0, not cross_entropy's 0/0 NaN (-ga, -di and -rf cut calls into them)
+            target = batch["label_index"]
+            labelled = target >= 0
+            per_row = F.cross_entropy(scores, target.clamp_min(0), reduction="none") * labelled
+            out["loss"] = per_row.sum() / labelled.sum().clamp_min(1)
         return out
 
 
@@ -63,7 +68,7 @@ class MyAgent(ab.TorchAgent):
     def batchify(self, observations: list[ab.Message]) -> dict[str, torch.Tensor]:
         batch = {"text_vec": pad_2d([o["text_vec"] for o in observations]),
                  "cand_ids": pad_2d([o["cand_ids"] for o in observations])}
-        if all(o["label_index"] >= 0 for o in observations):
+        if any(o["label_index"] >= 0 for o in observations):
             batch["label_index"] = torch.tensor([o["label_index"] for o in observations])
         return batch
 

@@ -6,6 +6,7 @@ the same plan's micro-batches (-ga 2 for -rf 2)."""
 from __future__ import annotations
 
 import json
+import os
 
 import pytest
 import torch
@@ -17,15 +18,23 @@ TURNS = [("c1", None), ("c2", None), ("c3", None), ("q1", "yes"), ("c4", None), 
          ("q2", "no"), ("q3", "yes"), ("q4", "no")]
 
 
+EXAMPLES = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "examples")
+
+
 @pytest.mark.slow
 @pytest.mark.multiprocess
 @pytest.mark.timeout(180)
-def test_replicas_train_on_context_turns_as_one_process_runs_the_plan(tmp_path):
+@pytest.mark.parametrize("model", ["memnn", "custom_agent:MyAgent"])
+def test_replicas_train_on_context_turns_as_one_process_runs_the_plan(tmp_path, monkeypatch, model):
+    """memnn gives no loss for rows without labels (0 is taken); examples/custom_agent.py's loss is 0 for a
+    micro-batch of context turns alone, which -ga 2 cuts too (cross_entropy's mean over no row is NaN)."""
+    monkeypatch.syspath_prepend(EXAMPLES)
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [EXAMPLES, os.environ.get("PYTHONPATH")])))
     data = tmp_path / "ctx.jsonl"
     data.write_text("".join(json.dumps({"text": text, **({"labels": [label], "label_candidates": ["yes", "no"]}
                                                          if label else {}),
                                         "episode_done": not text.startswith("c")}) + "\n" for text, label in TURNS))
-    base = ["train", "-t", f"jsonl:{data}", "-m", "memnn", "-esz", "8", "-bs", "1", "-tstep", "6", "-veps", "0.5",
+    base = ["train", "-t", f"jsonl:{data}", "-m", model, "-esz", "8", "-bs", "1", "-tstep", "6", "-veps", "0.5",
             "-vme", "2", "--eval-splits", "valid", "--no-progress"]
     reports = {}
     for name, plan in (("replicas", ["-rf", "2", "--device", "cpu"]), ("one", ["-ga", "2"])):
