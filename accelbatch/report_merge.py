@@ -160,3 +160,14 @@ def combine_reports(*reports: dict[str, float], sign: int = 1,
         for key, value in to_sums(rep, shared, sign if index else 1).items():
             total[key] = total.get(key, 0) + value
     return from_sums(total)
+
+
+def renamed_tasks(report: dict[str, Any], names: dict[str, str]) -> dict[str, Any]:
+    """``report`` with each task's rows (``TASK/metric``) named by ``names`` (``TASK`` -> new name), others kept:
+    a checkpoint keeps them under the tasks' portable names, and a resume reads them under its own."""
+    out = {}
+    for key, value in report.items():
+        task, sep, metric = key.rpartition("/")  # a metric name has no "/"; a task's path may
+        out[f"{names.get(task, task)}/{metric}" if sep else key] = value
+    return out
+

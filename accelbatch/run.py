@@ -27,13 +27,13 @@ from accelbatch.optimizers import learning_rates, set_learning_rates
 from accelbatch.opts import OptionError, Opts
 from accelbatch.progress_bar import postfix, progress_bar
 from accelbatch.report_json import write_report_json
-from accelbatch.report_merge import from_sums, to_sums
+from accelbatch.report_merge import from_sums, renamed_tasks, to_sums
 from accelbatch.report_table import MetricsLog
 from accelbatch.run_control import ModelFileLock, PeriodicSaver, StopSignals, check_output_paths, steps_together
 from accelbatch.start_method import keeps_default_start_method
 from accelbatch.state import Checkpointer
 from accelbatch.tasks.files import DataFileError
-from accelbatch.teachers import Teacher, create_teacher, eval_datatype, is_training, split_of
+from accelbatch.teachers import Teacher, create_teacher, eval_datatype, is_training, portable_task, split_of, task_names
 from accelbatch.tensorboard_log import TensorBoardLog
 from accelbatch.train_state import TrainState
 from accelbatch.worlds import World
@@ -118,9 +118,8 @@ def run(world: World, opts: Opts) -> dict[str, Any]:
     backend = runtime.backend
     backend.begin_run()
     main = backend.is_main_process()
-    tb_dir = opts.tensorboard_logdir
-    log = MetricsLog(opts.metrics_log if main else None,
-                     tensorboard=TensorBoardLog(tb_dir) if main and tb_dir else None)
+    board = TensorBoardLog(opts.tensorboard_logdir) if main and opts.tensorboard_logdir else None
+    log = MetricsLog(opts.metrics_log if main else None, tensorboard=board)
     lock: ModelFileLock | None = None
     worlds_made = ExitStack()  # the worlds a training run builds (validation): shut down however it ends
     try:
@@ -207,7 +206,8 @@ def _train(world: World, opts: Opts, log: MetricsLog, runtime: Runtime, stop: St
         if had and main:
             print(f"accelbatch: --resume: continuing with -lr {', '.join(f'{v:g}' for v in sorted(set(fresh)))} "
                   f"(the checkpoint's optimizer had {had})", file=sys.stderr)
-    # the train row of the report: every example trained, before a resume (from the checkpoint) and since
+    # the train row: every example trained, before a resume (the checkpoint's, task rows by portable name) and since
+    portable = {task: portable_task(task, opts.datapath) for task in task_names(opts)}
     before_resume: dict[str, float] = {}
     judged_afresh: str | None = None
     if resumed is None and opts.model_file and os.path.isfile(opts.model_file) and saves_itself(model):
@@ -215,7 +215,7 @@ def _train(world: World, opts: Opts, log: MetricsLog, runtime: Runtime, stop: St
     if resumed is not None:
         judged_afresh = state.load_json(resumed["train"])
         next_validation = resumed.get("next_validation", next_validation)
-        before_resume = resumed.get("train_metrics", {})
+        before_resume = renamed_tasks(resumed.get("train_metrics", {}), {v: k for k, v in portable.items()})
     saver = PeriodicSaver(opts.save_every_n_secs)
     bar = log.progress = progress_bar(opts, target_exs) if main else None
     if bar is not None and state.exs:
@@ -293,7 +293,8 @@ def _train(world: World, opts: Opts, log: MetricsLog, runtime: Runtime, stop: St
 
     def save(validation_cut: bool = False) -> None:
         checkpoints.save(world, model.engine, {"train": state.to_json(), "next_validation": next_validation,
-                                               "train_metrics": trained(), "validation_cut": validation_cut})
+                                               "train_metrics": renamed_tasks(trained(), portable),
+                                               "validation_cut": validation_cut})
 
     def stop_run(cut_short: str = "") -> None:
         """A stop signal: save the checkpoint (a resume goes on from this step), say where, end the run."""

@@ -114,3 +114,44 @@ def test_verbs_that_draw_no_task_refuse_the_weights(capsys, verb):
     assert main([verb, "-t", "babi:1,babi:2", "-mtw", "1,3", *model]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("accelbatch: error: -mtw/--multitask-weights: a training option"), err
+
+
+def _stops_at(batches: int) -> type:
+    """BagAgent that sends this process a SIGINT, as Ctrl-C would, at its ``batches``-th training batch."""
+    import os
+    import signal
+
+    from accelbatch.models.bag import BagAgent
+
+    seen = {"batches": 0}
+
+    class StopsTraining(BagAgent):
+        def batch_act(self, observations):
+            seen["batches"] += 1
+            if seen["batches"] == batches:
+                os.kill(os.getpid(), signal.SIGINT)
+            return super().batch_act(observations)
+
+    return StopsTraining
+
+
+@pytest.mark.timeout(120)
+def test_a_resume_given_no_task_keeps_one_train_row_per_task(tmp_path, monkeypatch):
+    """Tasks given as relative paths and resumed with -mf alone (the checkpoint's -t, made absolute): the rows of
+    the part before the stop were kept under the names typed, beside the resumed part's, four rows for two tasks
+    and a train accuracy averaged over the four."""
+    import accelbatch as ab
+
+    monkeypatch.chdir(tmp_path)
+    _tasks(tmp_path)
+    opts = ab.Opts(task="jsonl:A.jsonl,jsonl:B.jsonl", model="bag", batchsize=2, max_train_steps=30, seed=1,
+                   model_file=str(tmp_path / "m.pt"), validation_every_n_epochs=-1, eval_splits="", progress=False,
+                   multitask_weights="1,3")
+    with pytest.raises(KeyboardInterrupt, match="checkpoint saved"):
+        ab.run(ab.create_world(opts, agent=_stops_at(12)), opts)
+    assert main(["train", "-mf", str(tmp_path / "m.pt"), "--resume", "--no-progress", "--report-json", "r.json"]) == 0
+    train = json.loads((tmp_path / "r.json").read_text())["train"]
+    rows = sorted(key[:-len("/exs")] for key in train if key.endswith("/exs"))
+    assert rows == [f"jsonl:{tmp_path / 'A.jsonl'}", f"jsonl:{tmp_path / 'B.jsonl'}"], rows
+    assert sum(train[f"{row}/exs"] for row in rows) == train["exs"] == 60
+    assert train["accuracy"] == pytest.approx(sum(train[f"{row}/accuracy"] for row in rows) / 2)
