@@ -1,17 +1,16 @@
 """Checkpoints that never run code when loaded, written atomically, refused when damaged.
 
-Layout. ``save_checkpoint(PATH, ...)`` writes the directory ``PATH.ckpt`` (``PATH`` is the
-``--model-file`` value; a path already ending in ``.ckpt`` is used as it is)::
+Layout. ``save_checkpoint(PATH, ...)`` writes the directory ``PATH.ckpt`` (``PATH``: the ``--model-file`` value; one
+already ending in ``.ckpt`` is used as it is)::
 
     PATH.ckpt/
       MANIFEST.json        {"format": "accelbatch-checkpoint", "version": 1, "generation": 7,
                             "directory": "gen-000007",
                             "files": {"tensors.pt": {"sha256": ..., "bytes": ...}, "state.json": {...}}}
       gen-000007/
-        tensors.pt         {"model": state_dict, "optimizer": state_dict | None, "scaler": {...} (fp16
-                           only: the loss scaler's scale and growth tracker)}; read with
-                           torch.load(weights_only=True), which refuses anything but tensors and plain
-                           containers, so loading never runs code from the file
+        tensors.pt         {"model": state_dict, "optimizer": state_dict | None, "scaler": {...} (fp16 only:
+                           the loss scaler's scale and growth tracker)}; read with torch.load(weights_only=True),
+                           which refuses anything but tensors and plain containers: loading never runs code
         state.json         {"opts": {...}, "plan": {...}, "state": {...}, "rng": {...} | [...] | null}
 
 ``PATH`` itself is left to :meth:`TorchAgent.save` (the best or final model, a plain torch file) so
@@ -26,10 +25,10 @@ save the OS refuses (a full disk) is one CheckpointError, its files removed; old
 leftovers go after a successful commit. One writer per checkpoint directory (rank 0).
 
 Integrity. The manifest holds the SHA-256 and size of each file; :func:`load_checkpoint` checks both before
-reading anything and refuses a truncated, changed or missing file, naming it (the hashes catch damage, not
-malice: safety against a malicious file comes from ``weights_only`` and JSON). ``state`` holds JSON data only
-(NumPy scalars converted; another value is named in the error; non-finite floats as Python's json writes them).
-What ``state`` and ``rng`` hold (each part's state_dict(), the RNG streams) is :mod:`accelbatch.state`'s.
+reading anything and refuses a truncated, changed or missing file, naming it (the hashes catch damage, not malice:
+safety against a malicious file comes from ``weights_only`` and JSON). ``state`` holds JSON data only (NumPy
+scalars converted; another value is named in the error; non-finite floats as Python's json writes them). What
+``state`` and ``rng`` hold (each part's state_dict(), the RNG streams) is :mod:`accelbatch.state`'s.
 """
 
 from __future__ import annotations
@@ -49,6 +48,8 @@ from typing import Any, Mapping, Sequence
 
 import torch
 
+from accelbatch.task_weights import same_weights_key
+
 FORMAT = "accelbatch-checkpoint"
 VERSION = 1
 SUFFIX = ".ckpt"
@@ -57,10 +58,8 @@ TENSORS = "tensors.pt"
 STATE = "state.json"
 _GEN = re.compile(r"^gen-(\d+)$")
 
-__all__ = [
-    "Checkpoint", "CheckpointError", "checkpoint_dir", "check_resumable", "find_checkpoint", "load_checkpoint",
-    "plan_from_dict", "plan_to_dict", "save_checkpoint", "resume_mismatches", "RESUME_OPTS", "SHAPING",
-]
+__all__ = ["Checkpoint", "CheckpointError", "checkpoint_dir", "check_resumable", "find_checkpoint", "load_checkpoint",
+           "plan_from_dict", "plan_to_dict", "save_checkpoint", "resume_mismatches", "RESUME_OPTS", "SHAPING"]
 
 
 class CheckpointError(ValueError):
@@ -463,7 +462,9 @@ RESUME_OPTS = SHAPING + ("task", "multitask_weights", "datatype", "seed", "batch
 
 
 def _position_value(key: str, value: Any) -> Any:
-    """An option's value as the data position sees it: a split streamed from its file is the same split."""
+    """An option's value as the data position sees it: a streamed split is the split; -mtw, its weights."""
+    if key == "multitask_weights":
+        return same_weights_key(value)
     return value.replace(":stream", "") if key == "datatype" and isinstance(value, str) else value
 
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from typing import Sequence
+from typing import Any, Sequence
 
 from accelbatch.option_error import OptionError
 
@@ -41,4 +41,18 @@ def task_weights(spec: str, episodes: Sequence[int]) -> tuple[float, ...]:
     return () if len(set(weights)) <= 1 else tuple(weights)
 
 
-__all__ = ["STOCHASTIC", "parse_task_weights", "task_weights"]
+def same_weights_key(spec: Any) -> Any:
+    """What two ``-mtw`` values that draw alike share (a resume compares them): the weights as numbers, without
+    the trailing 1s that missing weights default to (``1,3.0,1`` is ``1,3``); a value that is no weights, as is."""
+    try:
+        weights = parse_task_weights(spec)
+    except (OptionError, AttributeError):
+        return spec
+    if weights is None:
+        return STOCHASTIC
+    while weights and weights[-1] == 1.0:
+        weights.pop()
+    return tuple(weights)
+
+
+__all__ = ["STOCHASTIC", "parse_task_weights", "same_weights_key", "task_weights"]

@@ -155,3 +155,16 @@ def test_a_resume_given_no_task_keeps_one_train_row_per_task(tmp_path, monkeypat
     assert rows == [f"jsonl:{tmp_path / 'A.jsonl'}", f"jsonl:{tmp_path / 'B.jsonl'}"], rows
     assert sum(train[f"{row}/exs"] for row in rows) == train["exs"] == 60
     assert train["accuracy"] == pytest.approx(sum(train[f"{row}/accuracy"] for row in rows) / 2)
+
+
+def test_a_resume_takes_weights_written_otherwise_as_the_same():
+    """1,3.0 and 1,3,1 draw as 1,3 (missing weights are 1): a resume compares the weights, not their text."""
+    from accelbatch import checkpoint as ck
+
+    saved = Opts(task="babi:1,babi:2", multitask_weights="1,3")
+    checkpoint = ck.Checkpoint(path="x.ckpt", model_state={}, opts=saved.to_dict())
+    for same in ("1,3.0", "1,3,1", " 1, 3"):
+        ck.check_resumable(checkpoint, saved.replace(multitask_weights=same))
+    for other in ("3,1", "1,2", "stochastic"):
+        with pytest.raises(ck.CheckpointError, match="-mtw/--multitask-weights"):
+            ck.check_resumable(checkpoint, saved.replace(multitask_weights=other))
