@@ -125,13 +125,14 @@ def test_a_module_without_parameters_is_refused_for_training_naming_m(capsys):
     assert main(["eval", "-t", TASK, "-m", "torch:torch_task:NoParameters", "-bs", "4", "--no-progress"]) == 0
 
 
-def test_python_and_numpy_floats_become_float32_tensors():
-    """README: an item's Python float gives float32 (torch's default_collate would give float64); numpy's
-    float64, a float subclass, too."""
+def test_python_and_numpy_numbers_become_tensors_as_python_numbers_do():
+    """README: an item's Python float gives float32 (torch's default_collate would give float64), an int int64;
+    numpy's scalars give what the Python number they hold does (numpy's int64 and float32 were refused)."""
     import numpy as np
 
     from accelbatch.tasks.torch_data import items_of
 
-    items = items_of([(torch.zeros(2), 1.5), (torch.ones(2), np.float64(2.5)), (torch.ones(2), 3)], "t", "train")
-    assert [item[1].dtype for item in items] == [torch.float32, torch.float32, torch.int64]
-    assert [item[1].item() for item in items] == [1.5, 2.5, 3]
+    given = [1.5, np.float64(2.5), np.float32(0.5), 3, np.int64(4), np.int32(5)]
+    items = items_of([(torch.zeros(2), t) for t in given], "t", "train")
+    assert [item[1].dtype for item in items] == [torch.float32] * 3 + [torch.int64] * 3
+    assert [item[1].item() for item in items] == [1.5, 2.5, 0.5, 3, 4, 5]

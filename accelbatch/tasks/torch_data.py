@@ -34,6 +34,7 @@ import traceback
 from collections.abc import Callable, Sequence
 from typing import Any
 
+import numpy as np
 import torch
 from torch.utils.data import IterableDataset, default_collate
 
@@ -90,13 +91,14 @@ def items_of(dataset: Any, task: str, split: str = "train") -> list[tuple[torch.
                               "without ending; items are read once per split and held in memory, so an iterable "
                               "must end within that: give a finite one, or a map-style Dataset (len and [i]), "
                               "which has no such bound")
-        parts = tuple(item) if isinstance(item, (tuple, list)) else (item,)
+        # a numpy scalar becomes the Python number it holds (numpy's float64 then float32, as a Python float)
+        parts = tuple(p.item() if isinstance(p, np.generic) else p
+                      for p in (item if isinstance(item, (tuple, list)) else (item,)))
         for p in parts:
             if not isinstance(p, (torch.Tensor, int, float)):
                 raise OptionError(f"{where}: item {index} holds a {type(p).__name__}; items must be tensors (or "
                                   "tuples of tensors, the target last)")
-        # float(p): a float subclass (numpy's float64) becomes float32, as a Python float does
-        items.append(tuple(torch.as_tensor(float(p) if isinstance(p, float) else p) for p in parts))
+        items.append(tuple(torch.as_tensor(p) for p in parts))
 
 
 def check_dtypes(items: Sequence[tuple[torch.Tensor, ...]], where: str) -> None:
