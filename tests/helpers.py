@@ -301,3 +301,22 @@ class StagingEngine:
 
     def __getattr__(self, name):
         return getattr(self.engine, name)
+
+
+def sigint_at_batch(base: type, batches: int) -> type:
+    """A ``base`` agent that sends this process a SIGINT, as a terminal's Ctrl-C would, at its ``batches``-th
+    batch_act (counted per class made: each call gives a fresh count)."""
+    import os
+    import signal
+
+    seen = {"batches": 0}
+
+    class SignalsWhileTraining(base):  # type: ignore[misc, valid-type]
+        def batch_act(self, observations):
+            seen["batches"] += 1
+            if seen["batches"] == batches:
+                os.kill(os.getpid(), signal.SIGINT)
+            return super().batch_act(observations)
+
+    return SignalsWhileTraining
+

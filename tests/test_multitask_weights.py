@@ -7,7 +7,7 @@ import json
 
 import numpy as np
 import pytest
-from helpers import RecordingAgent, list_teacher
+from helpers import RecordingAgent, list_teacher, sigint_at_batch
 
 from accelbatch.cli import main
 from accelbatch.data.orders import draw_tasks
@@ -116,31 +116,13 @@ def test_verbs_that_draw_no_task_refuse_the_weights(capsys, verb):
     assert len(err) == 1 and err[0].startswith("accelbatch: error: -mtw/--multitask-weights: a training option"), err
 
 
-def _stops_at(batches: int) -> type:
-    """BagAgent that sends this process a SIGINT, as Ctrl-C would, at its ``batches``-th training batch."""
-    import os
-    import signal
-
-    from accelbatch.models.bag import BagAgent
-
-    seen = {"batches": 0}
-
-    class StopsTraining(BagAgent):
-        def batch_act(self, observations):
-            seen["batches"] += 1
-            if seen["batches"] == batches:
-                os.kill(os.getpid(), signal.SIGINT)
-            return super().batch_act(observations)
-
-    return StopsTraining
-
-
 @pytest.mark.timeout(120)
 def test_a_resume_given_no_task_keeps_one_train_row_per_task(tmp_path, monkeypatch):
     """Tasks given as relative paths and resumed with -mf alone (the checkpoint's -t, made absolute): the rows of
     the part before the stop were kept under the names typed, beside the resumed part's, four rows for two tasks
     and a train accuracy averaged over the four."""
     import accelbatch as ab
+    from accelbatch.models.bag import BagAgent
 
     monkeypatch.chdir(tmp_path)
     _tasks(tmp_path)
@@ -148,7 +130,7 @@ def test_a_resume_given_no_task_keeps_one_train_row_per_task(tmp_path, monkeypat
                    model_file=str(tmp_path / "m.pt"), validation_every_n_epochs=-1, eval_splits="", progress=False,
                    multitask_weights="1,3")
     with pytest.raises(KeyboardInterrupt, match="checkpoint saved"):
-        ab.run(ab.create_world(opts, agent=_stops_at(12)), opts)
+        ab.run(ab.create_world(opts, agent=sigint_at_batch(BagAgent, 12)), opts)
     assert main(["train", "-mf", str(tmp_path / "m.pt"), "--resume", "--no-progress", "--report-json", "r.json"]) == 0
     train = json.loads((tmp_path / "r.json").read_text())["train"]
     rows = sorted(key[:-len("/exs")] for key in train if key.endswith("/exs"))

@@ -13,6 +13,7 @@ import signal
 
 import pytest
 import torch
+from helpers import sigint_at_batch
 
 from accelbatch.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
 from accelbatch.cli import main
@@ -32,16 +33,7 @@ def _signalling_bag() -> type:
     """BagAgent that sends this process a SIGINT, as a terminal's Ctrl-C would, at its CUT_AT-th batch."""
     from accelbatch.models.bag import BagAgent
 
-    seen = {"batches": 0}
-
-    class SignalsWhileTraining(BagAgent):
-        def batch_act(self, observations):
-            seen["batches"] += 1
-            if seen["batches"] == CUT_AT:
-                os.kill(os.getpid(), signal.SIGINT)
-            return super().batch_act(observations)
-
-    return SignalsWhileTraining
+    return sigint_at_batch(BagAgent, CUT_AT)
 
 
 @pytest.fixture(scope="module")
