@@ -143,7 +143,7 @@ class FixedTeacher(Teacher):
                 if str(exc).startswith("a training example"):  # said of an example: name its task too
                     raise DataFileError(f"-t {opts.task}: {exc}") from None
                 raise
-            if self.store.table.num_episodes == 0:
+            if self.store.table.num_examples == 0:
                 raise DataFileError(f"task {opts.task!r} ({split_of(opts.datatype)}) has no examples")
             self.metrics = Metrics(bleu=wants_bleu(opts.metrics))
             self.serving = Serving()
@@ -360,10 +360,11 @@ class MultiTaskTeacher(FixedTeacher):
     def score(self, replies: Sequence[dict], answer_ids: Sequence[int], examples: int,
               tasks: Sequence[int] | None = None) -> None:
         tasks, answer_ids = np.asarray(tasks), np.asarray(answer_ids)
-        for task in np.unique(tasks[answer_ids >= 0]).tolist():
+        counted = tasks[tasks >= 0] if self.training else tasks[answer_ids >= 0]  # padding rows have task -1
+        for task, served in zip(*(a.tolist() for a in np.unique(counted, return_counts=True))):
             rows = np.flatnonzero((tasks == task) & (answer_ids >= 0))
             self.task_metrics[task].add_replies([replies[r] for r in rows.tolist()], answer_ids[rows],
-                                                self.store.answers, len(rows))
+                                                self.store.answers, served)
 
     def report(self) -> dict[str, float]:
         return merge_reports((name, m.report()) for name, m in zip(self.names, self.task_metrics))

@@ -4,6 +4,8 @@ field of the wrong type in one line at load, naming the teacher, the episode and
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 import accelbatch as ab
@@ -123,3 +125,52 @@ def test_the_command_line_says_it_in_one_line(capsys):
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1
     assert "IntLabelTeacher.setup_data(): episode 1, turn 0: 'labels' is [3] (holding int)" in err
+
+
+class EmptyEpisodesTeacher(ab.FixedTeacher):
+    def setup_data(self):
+        return [[], []]
+
+
+class OneEmptyEpisodeTeacher(ab.FixedTeacher):
+    def setup_data(self):
+        return [[{"text": "is it", "labels": ["yes"]}], [], [{"text": "maybe", "labels": ["perhaps"]}]]
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("verb", ["train", "eval"])
+def test_an_empty_episode_is_refused_in_one_line_not_served_forever(capsys, verb):
+    """A teacher whose episodes are all empty made training loop forever looking for a turn (and evaluation
+    report 0 examples); one empty episode among others made -ne count epochs wrong. Both are refused at load."""
+    for teacher, says in [("EmptyEpisodesTeacher", "episode 0 is empty"),
+                          ("OneEmptyEpisodeTeacher", "episode 1 is empty")]:
+        assert main([verb, "-t", f"test_user_teacher_data:{teacher}", "-m", "repeat_label", "--no-progress",
+                     "-ne", "1", "--eval-splits", ""][:None if verb == "train" else 6]) == 2
+        err = capsys.readouterr().err.strip()
+        assert len(err.splitlines()) == 1 and f"{teacher}.setup_data(): {says}" in err, err
+
+
+class ContextFirstTeacher(ab.FixedTeacher):
+    def setup_data(self):  # 3 turns, one a context turn
+        return [[{"text": "maybe"}, {"text": "is it", "labels": ["yes"]}], [{"text": "is not", "labels": ["no"]}]]
+
+
+class QuestionsTeacher(ab.FixedTeacher):
+    def setup_data(self):  # 2 turns
+        return [[{"text": "is it", "labels": ["yes"]}], [{"text": "maybe", "labels": ["perhaps"]}]]
+
+
+@pytest.mark.parametrize("workers", ["0", "2"])
+def test_multitask_training_counts_each_tasks_context_turns_in_its_row(capsys, workers):
+    """The train row counts every turn served, context turns too; each task's row did not (its exs left them
+    out, so the task rows did not add up to the total). Two ordered epochs serve each turn twice: by hand,
+    6 turns (4 labelled) of the first task and 4 of the second."""
+    tasks = "test_user_teacher_data:ContextFirstTeacher,test_user_teacher_data:QuestionsTeacher"
+    assert main(["train", "-t", tasks, "-m", "repeat_label", "-ne", "2", "-bs", "2", "-dt", "train:ordered",
+                 "--num-workers", workers, "--eval-splits", "", "-veps", "-1", "--no-progress",
+                 "--report-json", "-"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    train = report["train"] if "train" in report else report
+    first, second = tasks.split(",")
+    assert (train["exs"], train[f"{first}/exs"], train[f"{second}/exs"]) == (10, 6, 4)
+    assert train[f"{first}/scored_exs"] == 4

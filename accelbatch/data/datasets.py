@@ -131,6 +131,9 @@ def episodes_of(data: Any, owner: str) -> list[list[dict]]:
                     episode.append(_parlai_message(turn))
             except DataFileError as exc:
                 raise DataFileError(f"{owner}.setup_data(): episode {i}, turn {len(episode)}: {exc}") from None
+            if not episode:
+                raise DataFileError(f"{owner}.setup_data(): episode {i} is empty; give each episode at least one "
+                                    "message dict (or leave the empty one out)")
             episodes.append(episode)
         else:
             raise DataFileError(f"{owner}.setup_data(): item {i} is {type(item).__name__} {str(item)[:60]}; give "
@@ -302,7 +305,7 @@ class ConcatStore(Store):
     def gather(self, block: np.ndarray) -> tuple[np.ndarray, ...]:
         examples = np.full(block.shape, PADDING, dtype=object)
         ids = np.full(block.shape, -1, dtype=np.int64)
-        tasks = np.minimum(self.task_of(block), len(self.stores) - 1)
+        tasks = np.where(block != self.pad, np.minimum(self.task_of(block), len(self.stores) - 1), -1)
         for task, store in enumerate(self.stores):
             mine = (tasks == task) & (block != self.pad)
             if mine.any():

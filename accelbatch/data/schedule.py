@@ -48,8 +48,8 @@ class RowSchedule:
                  serve: Sequence[int] | None = None):
         if rows < 1:
             raise ValueError(f"RowSchedule: rows must be at least 1, got {rows}")
-        if loop and table.num_episodes == 0:
-            raise ValueError("RowSchedule: no episodes to serve")
+        if loop and table.num_examples == 0:  # a loop over nothing (or over empty episodes) would never end
+            raise ValueError("RowSchedule: no examples to serve")
         serve_ = np.arange(rows, dtype=np.int64) if serve is None else np.asarray(serve, dtype=np.int64)
         if len(serve_) == 0 or serve_.min() < 0 or serve_.max() >= rows:
             raise ValueError(f"RowSchedule: rows to serve must lie in 0..{rows - 1}, got {list(serve_)}")
