@@ -18,15 +18,15 @@ from dataclasses import dataclass, field
 from typing import Any, Iterator, Sequence
 
 from accelbatch.agent_parser import Reserved, add_agent_arguments, given_agent_args
+from accelbatch.datatypes import DATATYPES, eval_datatype, is_training, split_of  # noqa: F401 (re-exported)
 from accelbatch.help_texts import show_default
 from accelbatch.ipu_opts import IPU_ONLY, validate_ipu_options  # noqa: F401 - IPU_ONLY: examples read it here
 from accelbatch.option_error import OptionError
-from accelbatch.strict_args import OnOff, StrictParser, refuse_glued_values, refused_option
+from accelbatch.parlai_flags import refuse_parlai_flags
+from accelbatch.strict_args import OnOff, StrictParser, refuse_glued_values
 from accelbatch.task_weights import parse_task_weights
 
 DEVICES = ("cpu", "cuda", "ipu")
-DATATYPES = ("train", "train:ordered", "train:stream", "train:stream:ordered", "valid", "test",
-             "valid:stream", "test:stream", "train:evalmode", "train:evalmode:stream")
 DYNAMIC_BATCHING = ("none", "batchsort", "full", "buckets")
 DATALOADER_MODES = ("sync", "async", "async-rebatched")
 OUTPUT_MODES = ("default", "all", "final", "sum", "everyn")
@@ -76,7 +76,7 @@ class Opts:
     # --- training loop -----------------------------------------------------------------------
     batchsize: int = _opt(32, "-bs", "--batchsize",
                           help="micro batch b; a world step has b x D x R x G rows (the combined batch)")
-    num_epochs: float = _opt(5.0, "-ne", "--num-epochs", train_only=True,
+    num_epochs: float = _opt(5.0, "-ne", "-eps", "--num-epochs", train_only=True,
                              help="passes over the training data (-1: no limit)")
     max_train_steps: int = _opt(-1, "-tstep", "--max-train-steps", train_only=True,
                                 help="stop after this many world steps (-1: no limit)")
@@ -278,6 +278,14 @@ class Opts:
         except KeyError:
             raise KeyError(key) from None
 
+    def __setitem__(self, key: str, value: Any) -> None:
+        """ParlAI's ``opt[key] = value`` (a ported teacher's ``opt['datafile'] = path``): an option, checked as
+        when constructed, or else one of the agent's own options (of this Opts only)."""
+        if key in self.__dataclass_fields__:
+            setattr(self, key, getattr(self.replace(**{key: value}), key))
+        else:
+            self.agent_args = {**self.agent_args, key: value}
+
     def get(self, key: str, default: Any = None) -> Any:
         return self[key] if key in self else default
 
@@ -477,22 +485,4 @@ def add_arguments(parser: argparse.ArgumentParser, training: bool = True, hide: 
             action = refuse_glued_values(group.add_argument(*meta["flags"], **kwargs))
         if not hidden:
             show_default(action)  # the default the parser holds when --help prints (a verb's own too)
-    refused_option(parser, "--truncate", "ParlAI's truncation of text and label together; accelbatch truncates "
-                   "them apart: give -tr/--text-truncate N and --label-truncate N")
-
-
-def split_of(datatype: str) -> str:
-    """'train', 'valid' or 'test' from a datatype such as 'train:stream'."""
-    return datatype.split(":")[0]
-
-
-def is_training(datatype: str) -> bool:
-    return split_of(datatype) == "train" and "evalmode" not in datatype
-
-
-def eval_datatype(datatype: str) -> str:
-    """The datatype that evaluates ``datatype``'s split: a train datatype in eval mode (each example once,
-    in data order, nothing trained), valid and test as they are."""
-    if not is_training(datatype):
-        return datatype
-    return "train:evalmode:stream" if "stream" in datatype else "train:evalmode"
+    refuse_parlai_flags(parser)

@@ -9,6 +9,7 @@ rows at once; a clone acting alone reads its own row: the same examples in the s
 
 from __future__ import annotations
 
+import inspect
 import os
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
@@ -157,8 +158,8 @@ class FixedTeacher(Teacher):
 
     def build_store(self) -> Store:
         owner = type(self).__name__
-        return EpisodeStore(episodes_of(candidates_checked(self.setup_data(), owner), owner), self.id,
-                            self.training)
+        data = self.setup_data(*_datafile_for(self.setup_data, self.opts, owner))
+        return EpisodeStore(episodes_of(candidates_checked(data, owner), owner), self.id, self.training)
 
     @property
     def episodes(self) -> list[list[Message]]:
@@ -372,6 +373,23 @@ class MultiTaskTeacher(FixedTeacher):
     def reset_metrics(self) -> None:
         for metrics in self.task_metrics:
             metrics.clear()
+
+
+def _datafile_for(setup_data: Any, opts: Opts, owner: str) -> tuple[Any, ...]:
+    """setup_data's arguments: none, or ParlAI's DialogTeacher call, ``setup_data(opt['datafile'])``, for one
+    that takes a path (a teacher ported from ParlAI sets ``opt['datafile']`` before its base __init__)."""
+    try:
+        takes = [p for p in inspect.signature(setup_data).parameters.values()
+                 if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD) and p.default is p.empty]
+    except (TypeError, ValueError):  # no signature to read (a builtin): called as it is
+        return ()
+    if not takes:
+        return ()
+    if "datafile" not in opts:
+        raise DataFileError(f"{owner}.setup_data({takes[0].name}) takes ParlAI's opt['datafile'], which is not set: "
+                            "set opt['datafile'] = PATH before calling the base class's __init__, as for ParlAI's "
+                            "DialogTeacher (or define setup_data(self))")
+    return (opts["datafile"],)
 
 
 def resolve_teacher_class(task: str) -> type[Teacher]:

@@ -4,12 +4,15 @@ field of the wrong type in one line at load, naming the teacher, the episode and
 
 from __future__ import annotations
 
+import copy
 import json
+import sys
 
 import pytest
 
 import accelbatch as ab
 from accelbatch.cli import main
+from accelbatch.opts import OptionError
 from accelbatch.tasks.files import DataFileError
 
 # the right answer to each question, written by hand: the agent answers from this, never from the labels
@@ -174,3 +177,51 @@ def test_multitask_training_counts_each_tasks_context_turns_in_its_row(capsys, w
     first, second = tasks.split(",")
     assert (train["exs"], train[f"{first}/exs"], train[f"{second}/exs"]) == (10, 6, 4)
     assert train[f"{first}/scored_exs"] == 4
+
+
+class PortedFromParlAI(ab.FixedTeacher):
+    """A DialogTeacher as ParlAI writes one: its own copy of opt with opt['datafile'] set, setup_data(path)."""
+
+    def __init__(self, opt, shared=None):
+        opt = copy.deepcopy(opt)
+        opt["datafile"] = QUESTIONS_FILE
+        super().__init__(opt, shared)
+
+    def setup_data(self, path):
+        with open(path) as f:
+            for line in f:
+                question, answer = line.rstrip("\n").split("\t")
+                yield {"text": question, "labels": [answer]}, True
+
+
+class PathWithoutDatafile(ab.FixedTeacher):
+    def setup_data(self, path):
+        yield {"text": "is it", "labels": ["yes"]}, True
+
+
+QUESTIONS_FILE = ""
+
+
+def test_a_teacher_ported_from_parlai_reads_its_datafile(tmp_path, monkeypatch):
+    """ParlAI's DialogTeacher calls setup_data(opt['datafile']) after the port set opt['datafile'] on its copy
+    of opt (item assignment); the caller's opts stay as they were. By hand: 3 questions, each answered right."""
+    path = tmp_path / "questions.txt"
+    path.write_text("is it\tyes\nis not\tno\nmaybe\tperhaps\n")
+    monkeypatch.setattr(sys.modules[__name__], "QUESTIONS_FILE", str(path))
+    opts = ab.Opts(datatype="valid", batchsize=2)
+    world = ab.create_world(opts, agent=Answerer, teacher=PortedFromParlAI(opts))
+    report = ab.evaluate(world)
+    assert (report["exs"], report["accuracy"]) == (3, 1.0)
+    assert world.get_model_agent().shown == [["yes"], ["no"], ["perhaps"]]
+    assert "datafile" not in opts  # the port changed its own copy
+    opts["batchsize"] = 4  # an option set by name is checked as when constructed
+    assert opts.batchsize == 4
+    with pytest.raises(OptionError):
+        opts["batchsize"] = 0
+    assert opts.batchsize == 4
+
+
+def test_a_setup_data_taking_a_path_without_a_datafile_is_one_line():
+    with pytest.raises(DataFileError, match=r"PathWithoutDatafile.setup_data\(path\) takes ParlAI's "
+                                            r"opt\['datafile'\], which is not set"):
+        PathWithoutDatafile(ab.Opts(datatype="valid"))
