@@ -47,10 +47,20 @@ __all__ = [
 ]
 
 
+# ParlAI's factories, and what builds the same here
+_PARLAI_FACTORIES = {
+    "create_agent": "ab.create_world(opts, agent=MyAgent) builds the agent with its world (world.get_model_agent())",
+    "create_task": "ab.create_world(opts) builds the task's teacher, the agent and their world",
+    "create_agent_from_model_file": "ab.opts_from_model_file(PATH) reads its options; ab.create_world builds them",
+}
+
+
 def __getattr__(name: str) -> Any:
     module = _WHERE.get(name)
     if module is None:
-        raise AttributeError(f"module 'accelbatch' has no attribute {name!r}")
+        instead = _PARLAI_FACTORIES.get(name)
+        raise AttributeError(f"module 'accelbatch' has no attribute {name!r}"
+                             + (f" (ParlAI's; here {instead})" if instead else ""))
     value = getattr(importlib.import_module(f"accelbatch.{module}"), name)
     globals()[name] = value
     return value

@@ -385,8 +385,10 @@ def _refuse_options_not_read(args: argparse.Namespace) -> None:
     flags = {f.name: "/".join(f.metadata["flags"]) for f in fields(Opts)}
     given = [flag for name, flag in train_only_flags().items() if name in vars(args)]
     if given:
+        count = " (ParlAI's -ne of eval and display is its count of examples: accelbatch eval scores the whole " \
+            "split, display-data and display-model take -n N)" if given[0] == flags["num_epochs"] else ""
         raise OptionError(f"{given[0]}: a training option; `accelbatch {args.verb}` trains nothing (it never "
-                          "accumulates gradients, changes weights or saves) and does not take it: drop it")
+                          f"accumulates gradients, changes weights or saves) and does not take it: drop it{count}")
     set_here = [name for name in SET_BY_VERB.get(args.verb, {})
                 if name in vars(args) and vars(args)[name] is not AS_THE_VERB_DOES.get((args.verb, name))]
     if set_here:

@@ -9,10 +9,15 @@ from typing import Any
 from accelbatch.opts import Opts
 
 
+def shows_bar(opts: Opts) -> bool:
+    """Whether a run shows its train bar: --progress, or by default where stderr is a terminal (a log file
+    would collect every redraw)."""
+    return bool(opts.progress or (opts.progress is None and sys.stderr.isatty()))
+
+
 def progress_bar(opts: Opts, total: float) -> Any:
-    """The train bar (tqdm), or None: --no-progress, or by default where stderr is not a terminal (a log
-    file would collect every redraw)."""
-    if not (opts.progress or (opts.progress is None and sys.stderr.isatty())):
+    """The train bar (tqdm), or None where :func:`shows_bar` says none is shown."""
+    if not shows_bar(opts):
         return None
     from tqdm import tqdm
 

@@ -133,6 +133,14 @@ TEXT_MODEL = "a model of text with weights (-m memnn, or an agent of yours; not 
 TEXT = "a model of text (not -m torch:..., which reads its dataset's tensors)"
 SEVERAL = "updates of several micro-batches (-ga or -rf above 1)"
 
+def _logs_windows(opts: Opts) -> bool:
+    """Whether -ltim paces anything: the progress bar's figures (shown: progress_bar.shows_bar), the train rows of
+    --metrics-log or of the TensorBoard log (-ltim -1, no windows, asks for nothing that could go unread)."""
+    from accelbatch.progress_bar import shows_bar
+
+    return opts.log_every_n_secs == -1 or shows_bar(opts) or bool(opts.metrics_log or opts.tensorboard_logdir)
+
+
 def _draws_tasks(opts: Opts) -> bool:
     """Whether -mtw is read: multitask training, which draws a task for each new episode (ordered data and
     evaluations serve each task's episodes in turn)."""
@@ -143,6 +151,8 @@ def _draws_tasks(opts: Opts) -> bool:
 
 READERS: dict[str, Reader] = {
     "multitask_weights": Reader(_draws_tasks, "multitask training (-t A,B with -dt train)"),
+    "log_every_n_secs": Reader(_logs_windows, "a progress bar (stderr a terminal, or --progress), --metrics-log or "
+                                              "--tensorboard-logdir, whose train figures it paces"),
     "num_buckets": Reader(lambda o: o.dynamic_batching == "buckets", "--dynamic-batching buckets"),
     "max_batch_tokens": Reader(lambda o: o.dynamic_batching in ("full", "buckets"),
                                "--dynamic-batching full or buckets"),

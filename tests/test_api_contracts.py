@@ -131,7 +131,7 @@ def test_a_method_a_subclass_must_give_is_named_when_missing():
 
 @pytest.mark.parametrize("name, says", [("task", "-t/--task: expected a string, got None"),
                                         ("batchsize", "-bs/--batchsize: expected an integer, got None"),
-                                        ("num_epochs", "-ne/--num-epochs: expected a number, got None"),
+                                        ("num_epochs", "-ne/-eps/--num-epochs: expected a number, got None"),
                                         ("datatype", "-dt/--datatype: expected a string, got None")])
 def test_none_for_an_option_that_needs_a_value_is_refused_naming_it(name, says):
     with pytest.raises(OptionError, match=f"^{says}$"):

@@ -548,7 +548,7 @@ def test_a_position_carries_over_to_other_performance_options_of_its_front_end_a
 
     write_qa_episodes(tmp_path)
     common = ["train", "-t", f"jsonl:{tmp_path}/data", "-m", "memnn", "-bs", "3", "-esz", "8", "--seed", "4",
-              "--no-progress", "-veps", "-1", "--eval-splits", "", "-ltim", "1000"]
+              "--no-progress", "-veps", "-1", "--eval-splits", "", "-ltim", "-1"]
 
     def weights(path):
         return torch.load(path, weights_only=True)["model"]

@@ -327,8 +327,8 @@ def test_padding_and_left_out_examples_of_a_resumed_run_and_of_log_windows_add_u
     assert main([*common, "-ltim", "0.000001", "--metrics-log", str(log),
                  "--report-json", str(tmp_path / "one.json")]) == 0
     model = tmp_path / "m" / "model.pt"
-    assert main([*common, "-ltim", "1000", "-tstep", "7", "-mf", str(model), "--save-every-n-secs", "1000"]) == 0
-    assert main([*common, "-ltim", "1000", "-mf", str(model), "--resume",
+    assert main([*common, "-ltim", "-1", "-tstep", "7", "-mf", str(model), "--save-every-n-secs", "1000"]) == 0
+    assert main([*common, "-ltim", "-1", "-mf", str(model), "--resume",
                  "--report-json", str(tmp_path / "two.json")]) == 0
     one, two = (json.loads((tmp_path / f"{n}.json").read_text())["train"] for n in ("one", "two"))
     assert one["dropped_exs"] > 0 and 0 < one["pad_fraction"] < 1

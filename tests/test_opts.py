@@ -51,10 +51,10 @@ def test_replace_returns_a_copy():
 
 
 @pytest.mark.parametrize("changes, fragment", [
-    ({"num_epochs": -5.0}, "-ne/--num-epochs: must be positive, or -1 for no limit, got -5.0"),
+    ({"num_epochs": -5.0}, "-ne/-eps/--num-epochs: must be positive, or -1 for no limit, got -5.0"),
     ({"validation_every_n_epochs": 0.0}, "-veps/--validation-every-n-epochs: must be positive, or -1 for only at "
                                          "the end, got 0.0"),
-    ({"num_epochs": 0.0}, "-ne/--num-epochs: must be positive"),
+    ({"num_epochs": 0.0}, "-ne/-eps/--num-epochs: must be positive"),
     ({"max_train_steps": 0}, "-tstep/--max-train-steps: must be positive"),
     ({"validation_max_exs": -2}, "-vme/--validation-max-exs: must be positive"),
     ({"embedding_size": 0}, "-esz/--embedding-size: must be at least 1"),

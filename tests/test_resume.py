@@ -22,7 +22,7 @@ def _dataset(root):
 
 def _command(root, model_file, *extra):
     return [sys.executable, "-m", "accelbatch", "train", "-t", f"jsonl:{root}/data", "-m", "memnn", "-bs", "3",
-            "-ne", "2", "-veps", "-1", "--eval-splits", "", "--no-progress", "-ltim", "1000",
+            "-ne", "2", "-veps", "-1", "--eval-splits", "", "--no-progress", "-ltim", "-1",
             "-mf", str(model_file), *extra]
 
 

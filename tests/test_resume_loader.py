@@ -37,7 +37,7 @@ def _dataset(root):
 def _command(root, model_file, setting, *extra):
     mode, workers, *more = MODES[setting]
     return [sys.executable, "-m", "accelbatch", "train", "-t", f"jsonl:{root}/data", "-m", "memnn", "-bs", "3",
-            "-ne", "3", "-veps", "-1", "--eval-splits", "", "--no-progress", "-ltim", "1000",
+            "-ne", "3", "-veps", "-1", "--eval-splits", "", "--no-progress", "-ltim", "-1",
             "--dynamic-batching", "batchsort", "--dataloader-mode", mode, "--num-workers", workers, *more,
             "-mf", str(model_file), *extra]
 

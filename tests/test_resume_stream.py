@@ -155,7 +155,7 @@ def _command(files, model_file, case, *extra):
     task = ",".join(f"jsonl:{f.parent}" for f in files)
     return [sys.executable, "-m", "accelbatch", "train", "-t", task, "-dt", "train:stream", "-m",
             "test_resume_stream:RecordingMemNN", "-bs", "3", "-ne", "2", "-veps", "-1", "--eval-splits", "",
-            "--no-progress", "-ltim", "1000", "--dynamic-batching", "batchsort", "--dataloader-mode", mode,
+            "--no-progress", "-ltim", "-1", "--dynamic-batching", "batchsort", "--dataloader-mode", mode,
             "--num-workers", workers, "-mf", str(model_file), *extra]
 
 

@@ -75,6 +75,8 @@ VALIDATED = [{"validation_every_n_epochs": 0.5}, {"validation_every_n_secs": 5},
 # name -> (where it is unread, where it is read), each on top of -veps -1
 WHERE_READ: dict[str, tuple[list[dict], list[dict]]] = {
     "num_buckets": ([{}], [{"dynamic_batching": "buckets"}]),
+    "log_every_n_secs": ([{"progress": False}], [{"progress": True}, {"metrics_log": "log.jsonl"},
+                                                {"tensorboard_logdir": "board"}]),
     "max_batch_tokens": ([{}], [{"dynamic_batching": "full"}]),
     "batch_sort_cache_size": ([{}], [{"dynamic_batching": "batchsort"}]),
     "buffer_size": ([{}], [{"dataloader_mode": "async"}]),

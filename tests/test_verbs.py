@@ -181,7 +181,7 @@ def test_plain_babi_is_refused_naming_the_tasks_and_eval_examples_show_eval_labe
     ("display-model", ["--resume"], "--resume/--no-resume: a training option"),
     ("display-model", ["-nt", "2"], "-nt/--numthreads: display-model does not take it"),
     ("display-model", ["--no-display-examples"], "--display-examples: display-model does not take it"),
-    ("interactive", ["-ne", "3"], "-ne/--num-epochs: a training option"),
+    ("interactive", ["-ne", "3"], "-ne/-eps/--num-epochs: a training option"),
     ("interactive", ["-bs", "8"], "-bs/--batchsize: interactive does not take it"),
     ("interactive", ["-dt", "test"], "-dt/--datatype: interactive does not take it"),
     ("interactive", ["--num-workers", "2"], "--num-workers: interactive does not take it"),

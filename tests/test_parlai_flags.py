@@ -1,0 +1,43 @@
+"""A command ported from ParlAI: its flag for the epochs (-eps) is taken; its flags accelbatch does not take are
+refused in one line naming what to give here, where argparse said only "unrecognized arguments"; ParlAI's
+factories are named with accelbatch's way."""
+
+from __future__ import annotations
+
+import pytest
+
+import accelbatch as ab
+from accelbatch.cli import main
+from accelbatch.opts import Opts
+from accelbatch.parlai_flags import PARLAI_ONLY
+
+QUIET = ["--no-progress", "-veps", "-1", "--eval-splits", ""]
+
+
+def test_parlais_eps_is_the_number_of_epochs():
+    assert Opts.from_args(["-eps", "2.5"]).num_epochs == 2.5
+    assert Opts.from_args(["-eps", "2"]) == Opts.from_args(["-ne", "2"]) == Opts(num_epochs=2.0)
+
+
+@pytest.mark.parametrize("flag", sorted(PARLAI_ONLY))
+def test_each_parlai_only_flag_is_refused_in_one_line_saying_what_to_give(capsys, flag):
+    with pytest.raises(SystemExit) as stop:
+        main(["train", "-t", "babi:1", flag, "1", *QUIET])
+    assert stop.value.code == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and f"{flag}: {PARLAI_ONLY[flag]}" in err
+    assert "unrecognized" not in err
+
+
+def test_parlais_eval_ne_is_refused_naming_its_meaning_there(capsys):
+    assert main(["eval", "-t", "babi:1", "-m", "repeat_label", "-ne", "100", "--no-progress"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "ParlAI's -ne of eval and display is its count of examples" in err
+
+
+@pytest.mark.parametrize("name", ["create_agent", "create_task"])
+def test_parlais_factories_name_accelbatchs_way(name):
+    with pytest.raises(AttributeError, match=rf"no attribute '{name}' \(ParlAI's; here ab.create_world"):
+        getattr(ab, name)
+    with pytest.raises(AttributeError, match=r"no attribute 'nothing_here'$"):
+        ab.nothing_here  # noqa: B018
