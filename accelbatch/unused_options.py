@@ -141,6 +141,15 @@ def _logs_windows(opts: Opts) -> bool:
     return opts.log_every_n_secs == -1 or shows_bar(opts) or bool(opts.metrics_log or opts.tensorboard_logdir)
 
 
+def _reads_files(opts: Opts) -> bool:
+    """Whether -dp is read: a task that names a file (jsonl:, parlai:, a folder) or may read it (a teacher or
+    torch: dataset of yours); accelbatch's generated tasks (babi, dialogues, reverse) read no file."""
+    from accelbatch.teachers import FILE_TASKS, TASK_PATHS
+
+    generated = set(TASK_PATHS) - set(FILE_TASKS) - {"torch"}
+    return any(part.strip().partition(":")[0] not in generated for part in opts.task.split(","))
+
+
 def _draws_tasks(opts: Opts) -> bool:
     """Whether -mtw is read: multitask training, which draws a task for each new episode (ordered data and
     evaluations serve each task's episodes in turn)."""
@@ -153,6 +162,7 @@ READERS: dict[str, Reader] = {
     "multitask_weights": Reader(_draws_tasks, "multitask training (-t A,B with -dt train)"),
     "log_every_n_secs": Reader(_logs_windows, "a progress bar (stderr a terminal, or --progress), --metrics-log or "
                                               "--tensorboard-logdir, whose train figures it paces"),
+    "datapath": Reader(_reads_files, "a task read from a file (jsonl:, parlai:, a folder) or a teacher of yours"),
     "num_buckets": Reader(lambda o: o.dynamic_batching == "buckets", "--dynamic-batching buckets"),
     "max_batch_tokens": Reader(lambda o: o.dynamic_batching in ("full", "buckets"),
                                "--dynamic-batching full or buckets"),
