@@ -31,6 +31,11 @@ def _loads_elsewhere(opts: Opts) -> bool:
     return opts.num_workers > 0 or opts.dataloader_mode != "sync"
 
 
+def _task_kinds(opts: Opts) -> set[str]:
+    """What each task of -t is, by the name before its first ':' (babi, jsonl, torch, pkg.mod for a class)."""
+    return {part.strip().partition(":")[0] for part in opts.task.split(",")}
+
+
 def _agent_class(opts: Opts) -> type | None:
     """The class -m names; None when it does not resolve to a class (refused later, saying why) or is a factory."""
     from accelbatch.names import resolve_agent_class
@@ -122,7 +127,7 @@ def _orders_by_seed(opts: Opts) -> bool:
     from accelbatch.teachers import shuffles
 
     seedless = ("babi", "jsonl", "parlai", "torch")
-    return shuffles(opts.datatype) or any(t.strip().partition(":")[0] not in seedless for t in opts.task.split(","))
+    return shuffles(opts.datatype) or not _task_kinds(opts) <= set(seedless)
 
 
 GENERATOR = "a generator (-m transformer/generator, or a GeneratorAgent of yours)"
@@ -147,7 +152,7 @@ def _reads_files(opts: Opts) -> bool:
     from accelbatch.teachers import FILE_TASKS, TASK_PATHS
 
     generated = set(TASK_PATHS) - set(FILE_TASKS) - {"torch"}
-    return any(part.strip().partition(":")[0] not in generated for part in opts.task.split(","))
+    return not _task_kinds(opts) <= generated
 
 
 def _draws_tasks(opts: Opts) -> bool:
@@ -213,5 +218,4 @@ def _streams_nothing(opts: Opts) -> bool:
     (an IterableDataset is read lazily either way)."""
     from accelbatch.teachers import FILE_TASKS, TASK_PATHS
 
-    kinds = {part.strip().partition(":")[0] for part in opts.task.split(",")}
-    return ":stream" in opts.datatype and kinds <= set(TASK_PATHS) - set(FILE_TASKS)
+    return ":stream" in opts.datatype and _task_kinds(opts) <= set(TASK_PATHS) - set(FILE_TASKS)

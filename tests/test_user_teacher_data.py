@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import copy
 import json
-import sys
+import os
 
 import pytest
 
@@ -180,11 +180,11 @@ def test_multitask_training_counts_each_tasks_context_turns_in_its_row(capsys, w
 
 
 class PortedFromParlAI(ab.FixedTeacher):
-    """A DialogTeacher as ParlAI writes one: its own copy of opt with opt['datafile'] set, setup_data(path)."""
+    """A DialogTeacher as ParlAI writes one: opt['datafile'] set on its own copy of opt, setup_data(path)."""
 
     def __init__(self, opt, shared=None):
         opt = copy.deepcopy(opt)
-        opt["datafile"] = QUESTIONS_FILE
+        opt["datafile"] = os.path.join(opt["datapath"], "questions.txt")
         super().__init__(opt, shared)
 
     def setup_data(self, path):
@@ -199,16 +199,12 @@ class PathWithoutDatafile(ab.FixedTeacher):
         yield {"text": "is it", "labels": ["yes"]}, True
 
 
-QUESTIONS_FILE = ""
-
-
-def test_a_teacher_ported_from_parlai_reads_its_datafile(tmp_path, monkeypatch):
+def test_a_teacher_ported_from_parlai_reads_its_datafile(tmp_path):
     """ParlAI's DialogTeacher calls setup_data(opt['datafile']) after the port set opt['datafile'] on its copy
     of opt (item assignment); the caller's opts stay as they were. By hand: 3 questions, each answered right."""
     path = tmp_path / "questions.txt"
     path.write_text("is it\tyes\nis not\tno\nmaybe\tperhaps\n")
-    monkeypatch.setattr(sys.modules[__name__], "QUESTIONS_FILE", str(path))
-    opts = ab.Opts(datatype="valid", batchsize=2)
+    opts = ab.Opts(datatype="valid", batchsize=2, datapath=str(tmp_path))
     world = ab.create_world(opts, agent=Answerer, teacher=PortedFromParlAI(opts))
     report = ab.evaluate(world)
     assert (report["exs"], report["accuracy"]) == (3, 1.0)
