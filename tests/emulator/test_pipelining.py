@@ -84,7 +84,11 @@ def test_inference_of_a_pipeline_returns_the_unsplit_outputs():
     poptorch.BeginBlock(split.layers[2], ipu_id=1)
     x, t = batch(8)
     out = poptorch.inferenceModel(split, poptorch.Options().deviceIterations(2))(x, t)
-    assert torch.equal(out[0], ref(x, t)[0])
+    # each device iteration runs its own micro-batch of 4 rows: the reference runs the same two batches (a
+    # matrix product over 8 rows may round differently from two over 4, as it does with AVX-512 kernels)
+    with torch.no_grad():
+        expected = torch.cat([ref(x[:4], t[:4])[0], ref(x[4:], t[4:])[0]])
+    assert torch.equal(out[0], expected)
 
 
 # --- the pipeline depth rule ----------------------------------------------------------------------------
