@@ -68,9 +68,12 @@ class Runtime:
 
 def setup_runtime(opts: Opts) -> Runtime:
     """Set up the --device backend (it joins the replicas' process group when there is one) and build the
-    training plan the model is compiled with."""
+    training plan the model is compiled with; before the agent is built, so that a refused option costs no model."""
     from accelbatch.backends.base import get_backend
 
+    if opts.numthreads > 1 and opts.device != "cpu":  # hogwild processes share one model in host memory
+        raise OptionError(f"--numthreads {opts.numthreads} (hogwild) runs on --device cpu only, not --device "
+                          f"{opts.device}; use --numthreads 1, or --replication-factor for data parallelism")
     plan = ExecutionPlan.from_opts(opts, training=True)  # a bad plan fails before any process or device work
     backend_class = get_backend(opts.device, opts)
     if (not opts.drop_last and opts.dynamic_batching != "none" and is_training(opts.datatype)
@@ -393,9 +396,10 @@ def create_world(opts: Opts | Mapping[str, Any], agent: Agent | type[Agent] | st
     if runtime is None and rows is None and getattr(getattr(agent, "slot", None), "runtime", None) is None:
         teacher = teacher or create_teacher(opts)
         opts, fitted = fit_batch_to_data(opts, teacher)
+    shared = getattr(getattr(agent, "slot", None), "runtime", None)  # an agent instance's, which its fork keeps
+    first = runtime is None and shared is None
+    runtime = runtime or shared or setup_runtime(opts)
     model = make_agent(opts, agent)
-    first = runtime is None and getattr(getattr(model, "slot", None), "runtime", None) is None
-    runtime = runtime or getattr(getattr(model, "slot", None), "runtime", None) or setup_runtime(opts)
     compile_agent(model, runtime)
     # a checkpoint to resume replaces what loading -mf did (and the resume says itself what it changes)
     resuming = opts.resume and opts.model_file and has_saved_position(opts.model_file)
@@ -439,12 +443,9 @@ def create_hogwild_world(opts: Opts, agent: Agent | type[Agent] | None = None, r
                          model: Agent | None = None, teacher: Teacher | None = None) -> HogwildWorld:
     """A HogwildWorld of ``processes`` (default ``--numthreads``) processes; cpu only. ``teacher``: the main
     process's, made for ``opts`` already (else it is made here)."""
-    if opts.device != "cpu":
-        raise OptionError(f"--numthreads {opts.numthreads} (hogwild) runs on --device cpu only, not --device "
-                          f"{opts.device}; use --numthreads 1, or --replication-factor for data parallelism")
     if model is None:
-        model = make_agent(opts, agent)
         runtime = runtime or setup_runtime(opts)
+        model = make_agent(opts, agent)
         compile_agent(model, runtime)
     main = build_world(opts.replace(numthreads=1), model, rows=1, teacher=teacher)
     served = main.get_task_agent() if hasattr(main, "get_task_agent") else None

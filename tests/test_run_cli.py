@@ -399,10 +399,22 @@ def test_a_module_path_that_is_no_agent_or_teacher_is_one_line(argv, fragment, c
     assert err.count("\n") == 1 and fragment in err
 
 
-def test_hogwild_on_the_ipu_emulator_is_one_line(capsys):
-    assert main(["train", "--device", "ipu", "--ipu-emulator", "-nt", "2", "-tstep", "2", "--no-progress"]) == 2
+@pytest.mark.parametrize("argv, fragment", [
+    (["-nt", "2"], "--numthreads 2 (hogwild) runs on --device cpu only"),
+    (["-rf", "3"], "-rf/--replication-factor 3: an IPU system reserves a power of 2"),
+    (["--no-drop-last", "--dynamic-batching", "batchsort"], "--no-drop-last: --device ipu runs graphs of static"),
+])
+def test_an_option_the_device_refuses_is_one_line_before_any_agent_is_built(argv, fragment, capsys, monkeypatch):
+    """Said before the agent (whose model's imports alone took seconds: a generator imports torch._dynamo)."""
+    import accelbatch.build as build
+
+    def no_agent(*args, **kwargs):
+        raise AssertionError("an agent was built")
+
+    monkeypatch.setattr(build, "make_agent", no_agent)
+    assert main(["train", "--device", "ipu", "--ipu-emulator", *argv, "-tstep", "2", "--no-progress"]) == 2
     err = capsys.readouterr().err
-    assert err.count("\n") == 1 and "--numthreads 2 (hogwild) runs on --device cpu only" in err
+    assert err.count("\n") == 1 and fragment in err, err
 
 
 def test_a_parlai_training_line_without_labels_is_one_line(tmp_path, capsys):
