@@ -21,7 +21,7 @@ SCRIPTS = sorted(p.name for p in EXAMPLES.glob("[0-9][0-9]_*.py"))
 
 
 def run_example(name: str, *args: str, timeout: float = 120) -> str:
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
     env.pop("ACCELBATCH_IPU_EMULATOR", None)
     proc = subprocess.run([sys.executable, str(EXAMPLES / name), *args], cwd=ROOT, env=env,
                           capture_output=True, text=True, timeout=timeout)

@@ -108,7 +108,7 @@ def test_01_efficient_data_loading_runs_with_gradient_accumulation(sizes, said):
     script = Path("examples/ipu/01_efficient_data_loading.py")
     args = ["--emulator", "--items", "48", "--features", "4", "--hidden", "4", "--workers", "0", "--max-batches",
             "2", "--buffer-size", "1", "--pause-s", "0", "--gradient-accumulation", "2", *sizes]
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
     proc = subprocess.run([sys.executable, str(script), *args], env=env, capture_output=True, text=True, timeout=200)
     assert proc.returncode == 0, proc.stderr
     assert "Traceback" not in proc.stderr and said in proc.stdout

@@ -73,6 +73,23 @@ def test_a_forked_run_has_the_fresh_runs_folder_environment_and_path(tmp_path, m
     assert said[0]["cwd"] == str(tmp_path) and said[0]["path0"] == str(tmp_path) and said[0]["tag"] == "seen"
 
 
+@pytest.mark.multiprocess
+@pytest.mark.timeout(300)
+def test_a_forked_run_with_a_pythonpath_has_the_fresh_runs_path(tmp_path):
+    """PYTHONPATH's folders (relative, absolute, empty) follow the script's folder as in a fresh interpreter,
+    and a module there is found (the tests' agents and tasks are found that way)."""
+    if not zygote.CLIENT.enabled or "PYTHONPATH" in os.environ:
+        pytest.skip("forked runs are off, or this process has a PYTHONPATH (such runs are not forked)")
+    (tmp_path / "lib").mkdir()
+    (tmp_path / "lib" / "helper_mod.py").write_text("WHERE = 'lib'\n", encoding="utf-8")
+    (tmp_path / "script.py").write_text("import sys\nimport helper_mod\nprint(helper_mod.WHERE, sys.path[:4])\n",
+                                        encoding="utf-8")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(["lib", "/no/such/folder", ""])}
+    forked, fresh = _both([sys.executable, "script.py"], cwd=tmp_path, env=env)
+    assert (forked.returncode, forked.stdout, forked.stderr) == (fresh.returncode, fresh.stdout, fresh.stderr)
+    assert forked.stdout.strip() == f"lib {[str(tmp_path), str(tmp_path / 'lib'), '/no/such/folder', str(tmp_path)]}"
+
+
 @pytest.mark.slow
 @pytest.mark.multiprocess
 @pytest.mark.timeout(300)

@@ -5,13 +5,13 @@ About half of the suite's CPU time went to importing torch (2 s per process on C
 starts about 190 such runs. A forked run is still a real process: its own pid, session (when asked), standard
 streams, working folder, environment and sys.path, a child of the preloading process; tests signal, kill, wait
 for and read it through ``subprocess.Popen`` as before. It differs from a fresh interpreter in what was
-imported before the fork (torch, ``accelbatch.cli`` and what they import), the hash seed, and a script's
+imported before the fork (torch, torch._dynamo, ``accelbatch.cli`` and what they import), the hash seed, and a script's
 ``sys.argv[0]`` (its absolute path).
 
 Anything that depends on more of a fresh interpreter starts one as before: other interpreter flags (``-c``,
 ``-X``, ...), a preexec_fn, pass_fds, close_fds=False, a user or group change, ``PYTHON*`` or locale variables
-other than this process's. So do tests marked ``fresh_processes``, and every test when
-``ACCELBATCH_TEST_FRESH_PROCESSES=1``.
+other than this process's (but a PYTHONPATH with no sitecustomize, where this process has none). So do tests marked
+``fresh_processes``, and every test when ``ACCELBATCH_TEST_FRESH_PROCESSES=1``.
 
 The preloading process starts before a pytest process's first test (tests/conftest.py; else at its first forked
 run) and ends with it."""
@@ -104,6 +104,17 @@ def _entry(args: Any, cwd: Any) -> dict[str, str] | None:
     return None
 
 
+def _customizes_startup(pythonpath: str, cwd: Any) -> bool:
+    """Whether a folder of ``pythonpath`` holds a sitecustomize or usercustomize module, which a fresh
+    interpreter runs as it starts."""
+    for folder in pythonpath.split(os.pathsep) if pythonpath else []:
+        path = os.path.join(os.fspath(cwd or os.getcwd()), folder)
+        if any(os.path.exists(os.path.join(path, name)) for name in
+               ("sitecustomize.py", "sitecustomize", "usercustomize.py", "usercustomize")):
+            return True
+    return False
+
+
 def _forkable(args: Any, call: dict[str, Any]) -> dict[str, str] | None:
     """What the preloader would run (:func:`_entry`) for a command it can fork (see the module docstring);
     None for one that needs a fresh interpreter."""
@@ -122,7 +133,10 @@ def _forkable(args: Any, call: dict[str, Any]) -> dict[str, str] | None:
     env = os.environ if call["env"] is None else call["env"]
     if not all(isinstance(k, str) and isinstance(v, str) for k, v in env.items()):
         return None
-    if _python_vars(dict(env)) != _python_vars(dict(os.environ)):
+    ours, theirs = _python_vars(dict(os.environ)), _python_vars(dict(env))
+    if "PYTHONPATH" not in ours and not _customizes_startup(theirs.get("PYTHONPATH", ""), call["cwd"]):
+        theirs.pop("PYTHONPATH", None)  # the forked run puts its folders where a fresh interpreter would
+    if theirs != ours:
         return None
     return _entry(args, call["cwd"])
 
@@ -253,12 +267,17 @@ def _run_forked(request: dict[str, Any], streams: list[int], started: int) -> No
             os.close(fd)
     _fresh_stdio()
     os.chdir(request["cwd"])
+    # PYTHONPATH's folders follow the script's folder, made absolute as the interpreter makes them ("" is the
+    # working folder); a preloader started with a PYTHONPATH forks only runs with that one, in _FRESH_PATH
+    added = [] if "PYTHONPATH" in os.environ else \
+        [os.path.abspath(p) for p in request["env"].get("PYTHONPATH", "").split(os.pathsep)
+         if "PYTHONPATH" in request["env"]]
     os.environ.clear()
     os.environ.update(request["env"])
     script = request.get("script")
     sys.argv = [script or "-m", *request["argv"]]
     # as the interpreter has it: a script's folder first, or (`python -m`) the working folder
-    sys.path[:] = [os.path.dirname(script) if script else request["cwd"], *_FRESH_PATH]
+    sys.path[:] = [os.path.dirname(script) if script else request["cwd"], *added, *_FRESH_PATH]
     os.close(started)
     code, interrupted = 0, False
     try:
@@ -294,6 +313,10 @@ _FRESH_PATH: list[str] = []  # the preloader's sys.path after its own script fol
 def serve(path: str) -> None:
     """Preload, then fork one run per request on ``path``; send each requester its run's pid, then its exit
     status once reaped."""
+    # torch's optimizers import torch._dynamo when the first one is made (torch._disable_dynamo): about 2 s of
+    # CPU, as much as importing torch, in every run that trains
+    import torch._dynamo  # noqa: F401
+
     import accelbatch.cli  # noqa: F401 - the preload: torch and the command line
 
     wake_r, wake_w = os.pipe()

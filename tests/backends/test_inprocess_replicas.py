@@ -124,7 +124,7 @@ def test_library_replicas_train_the_weights_of_two_gloo_processes(tmp_path):
 
 
 def run_tutorial(name: str, *args: str) -> subprocess.CompletedProcess:
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
     env.pop("ACCELBATCH_IPU_EMULATOR", None)
     return subprocess.run([sys.executable, str(EXAMPLES / name), *args], cwd=ROOT, env=env, capture_output=True,
                           text=True, timeout=240)
