@@ -84,8 +84,9 @@ def metric_names_problem(world: World, opts: Opts) -> str | None:
     validates = opts.validation_every_n_epochs > 0 or opts.validation_every_n_secs > 0
     mute = not all(agent.replies_text for agent in models)  # nothing scores accuracy, f1 or bleu-4
     valid_known = known - TEXT_METRICS if mute else known
-    # without a validation only a name no task could score is refused (the default accuracy of a regression is not)
-    if is_training(opts.datatype) and \
+    # without a validation only a name no task could score is refused (the default accuracy of a regression is
+    # not); a run that neither validates nor writes -mf does not read -vmt (it says so: unused_options)
+    if is_training(opts.datatype) and (validates or opts.model_file) and \
             unknown_metrics([vmt], tasks, valid_known if validates else known | TEACHER_METRICS,
                             (teachers - TEXT_METRICS if mute else teachers) if validates else
                             teachers | TEACHER_METRICS):

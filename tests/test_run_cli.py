@@ -281,6 +281,17 @@ def test_init_model_starts_from_its_weights_with_a_fresh_optimizer(tmp_path):
         MemNNAgent(opts.replace(model_file=None, init_model=str(tmp_path)))
 
 
+def test_a_validation_metric_of_a_run_that_does_not_read_it_is_noted_not_refused(capsys):
+    """No validation during training and no -mf: -vmt is noted as unused (and changes nothing), not refused
+    after that note; the final valid report says it lacks the name."""
+    base = ["train", "-t", "babi:1", "-tstep", "2", "-veps", "-1", "--no-progress", "--eval-splits", "valid"]
+    assert main([*base, "-vmt", "hits@1"]) == 0
+    err = capsys.readouterr().err.splitlines()
+    assert err[0].startswith("accelbatch: -vmt/--validation-metric: not used by this run")
+    assert err[1].startswith("accelbatch: -vmt/--validation-metric hits@1: the final valid report has no such "
+                             "metric") and len(err) == 2
+
+
 class _OwnRepeatLabel(RepeatLabelAgent):
     """A user's agent: it may report metrics of its own, so -vmt is checked against its first valid report."""
 
