@@ -87,7 +87,8 @@ def test_one_epoch_trains_each_example_once_and_counts_real_rows(tmp_path, monke
 @pytest.mark.timeout(180)
 def test_each_pass_trains_the_shard_once_in_an_order_of_the_seed(tmp_path, monkeypatch):
     """50 examples, -nt 3 -bs 4 -ne 2 shuffled (shards of 17, 17 and 16): each process trains its shard once
-    per pass, each pass in a fresh order; two runs with the same seed train the same sequences."""
+    per pass, each pass in a fresh order (that two runs with the same seed train the same sequences:
+    test_batches_built_by_data_workers_train_the_same_passes, each against the plain run)."""
     args = ("-nt", "3", "-bs", "4", "-ne", "2", "--seed", "5")
     batches, train = _train(tmp_path, monkeypatch, 50, *args)
     shards = _ranked(batches, 3)
@@ -98,8 +99,6 @@ def test_each_pass_trains_the_shard_once_in_an_order_of_the_seed(tmp_path, monke
         assert sorted(first) == sorted(second) == shard
         assert first != second  # shuffled afresh each pass
     assert train["exs"] == 100 and train["epochs"] == 2.0
-    again, _ = _train(tmp_path, monkeypatch, 50, *args)
-    assert _ranked(again, 3) == shards
 
 
 @pytest.mark.multiprocess

@@ -315,10 +315,16 @@ def test_a_validation_metric_no_report_has_is_refused(write_jsonl, capsys):
     assert own.get_total_exs() > 0
 
 
-def test_metric_names_nothing_reports_are_refused_before_the_run(write_jsonl, capsys):
+def test_metric_names_nothing_reports_are_refused_before_the_run(write_jsonl, capsys, tmp_path):
     """--metrics and -vmt against the names accelbatch's own pieces report: a typo is one line and exit 2
-    before any step; a multitask run's TASK/metric names and the run's counts are known."""
+    before any step; a multitask run's TASK/metric names and the run's counts are known. (-vmt is read by a
+    run that validates or writes -mf: these write one each.)"""
     data = write_jsonl(_ranking_rows(16))
+    files = iter(range(10))
+
+    def mf() -> list[str]:
+        return ["-mf", str(tmp_path / f"m{next(files)}.pt")]
+
     base = ["train", "-m", "repeat_label", "-bs", "4", "-tstep", "1", "--no-progress", "-veps", "-1",
             "--eval-splits", ""]
     assert main([*base, "-t", f"jsonl:{data}", "--metrics", "accuracy,f1-score"]) == 2
@@ -326,20 +332,20 @@ def test_metric_names_nothing_reports_are_refused_before_the_run(write_jsonl, ca
                                                "name metrics such as accuracy,f1,loss, or give 'default' or 'all'")
     two = f"jsonl:{data},babi:1"
     assert main([*base, "-t", two, "--metrics", f"jsonl:{data}/accuracy,babi:1/f1,exs_per_s",
-                 "-vmt", "babi:1/accuracy"]) == 0
+                 "-vmt", "babi:1/accuracy", *mf()]) == 0
     assert "error" not in capsys.readouterr().err
-    assert main([*base, "-t", two, "-vmt", "babi:2/accuracy"]) == 2  # not one of the run's tasks
+    assert main([*base, "-t", two, "-vmt", "babi:2/accuracy", *mf()]) == 2  # not one of the run's tasks
     assert "-vmt/--validation-metric babi:2/accuracy" in capsys.readouterr().err
     # a metric other models report: memnn has no token metrics; bleu-4 is scored when --metrics asks for it
     memnn = ["train", "-m", "memnn", "-t", "babi:1", "-tstep", "1", "--no-progress", "-veps", "-1", "--eval-splits", ""]
-    assert main([*memnn, "-vmt", "token_acc"]) == 2
+    assert main([*memnn, "-vmt", "token_acc", *mf()]) == 2
     assert "choose one of accuracy, f1, loss\n" in capsys.readouterr().err
-    assert main([*memnn, "-vmt", "bleu-4"]) == 2
+    assert main([*memnn, "-vmt", "bleu-4", *mf()]) == 2
     assert "bleu-4 is scored with --metrics bleu-4 (or all)" in capsys.readouterr().err
-    assert main([*memnn, "-vmt", "bleu-4", "--metrics", "all"]) == 0
+    assert main([*memnn, "-vmt", "bleu-4", "--metrics", "all", *mf()]) == 0
     generator = ["train", "-m", "transformer/generator", "-t", "reverse:20", "-tstep", "1", "--no-progress",
                  "-veps", "-1", "--eval-splits", "", "-bs", "4"]
-    assert main([*generator, "-vmt", "token_acc", "--metrics", "ppl,token_acc"]) == 0
+    assert main([*generator, "-vmt", "token_acc", "--metrics", "ppl,token_acc", *mf()]) == 0
 
 
 @pytest.mark.parametrize("mode, metric, stops_after", [("min", "accuracy", 2), ("max", "accuracy", 4),
