@@ -28,6 +28,8 @@ from accelbatch.state import unsupported
 ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
 MODES = {"sync": ("sync", "0"), "async": ("async", "0"), "async-rebatched": ("async-rebatched", "1"),
          "async-R2": ("async", "0", "-rf", "2", "-bs", "6")}
+REFERENCES = {"async": "sync", "async-rebatched": "sync", "async-R2": "sync-R2"}  # a loading mode changes nothing
+SETTINGS = {**MODES, "sync-R2": ("sync", "0", "-rf", "2", "-bs", "6")}
 
 
 def _dataset(root):
@@ -35,7 +37,7 @@ def _dataset(root):
 
 
 def _command(root, model_file, setting, *extra):
-    mode, workers, *more = MODES[setting]
+    mode, workers, *more = SETTINGS[setting]
     return [sys.executable, "-m", "accelbatch", "train", "-t", f"jsonl:{root}/data", "-m", "memnn", "-bs", "3",
             "-ne", "3", "-veps", "-1", "--eval-splits", "", "--no-progress", "-ltim", "-1",
             "--dynamic-batching", "batchsort", "--dataloader-mode", mode, "--num-workers", workers, *more,
@@ -89,7 +91,7 @@ def _reference(factory, setting):
     """(the data's root, the model file of an uninterrupted run of ``setting`` on it), once per session (the
     killed async run and the deterministic cuts resume to the same run). The async modes' reference is the
     sync run's: a loading mode never changes results, so each resumes to the weights of the plain run."""
-    setting = "sync" if setting in ("async", "async-rebatched") else setting
+    setting = REFERENCES.get(setting, setting)
     root = shared_dir(factory, "test_resume_loader qa-episodes filler", _dataset)
 
     def build(folder):
