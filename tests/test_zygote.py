@@ -88,6 +88,9 @@ def test_a_forked_run_with_a_pythonpath_has_the_fresh_runs_path(tmp_path):
     forked, fresh = _both([sys.executable, "script.py"], cwd=tmp_path, env=env)
     assert (forked.returncode, forked.stdout, forked.stderr) == (fresh.returncode, fresh.stdout, fresh.stderr)
     assert forked.stdout.strip() == f"lib {[str(tmp_path), str(tmp_path / 'lib'), '/no/such/folder', str(tmp_path)]}"
+    (tmp_path / "script.py").write_text("import sys\nprint(sys.path[:2])\n", encoding="utf-8")
+    forked, fresh = _both([sys.executable, "script.py"], cwd=tmp_path, env={**os.environ, "PYTHONPATH": ""})
+    assert forked.stdout == fresh.stdout and str(tmp_path) not in forked.stdout.split(",")[1]  # no entry
 
 
 @pytest.mark.slow

@@ -5,13 +5,13 @@ About half of the suite's CPU time went to importing torch (2 s per process on C
 starts about 190 such runs. A forked run is still a real process: its own pid, session (when asked), standard
 streams, working folder, environment and sys.path, a child of the preloading process; tests signal, kill, wait
 for and read it through ``subprocess.Popen`` as before. It differs from a fresh interpreter in what was
-imported before the fork (torch, torch._dynamo, ``accelbatch.cli`` and what they import), the hash seed, and a script's
-``sys.argv[0]`` (its absolute path).
+imported before the fork (torch, torch._dynamo, ``accelbatch.cli`` and what they import), the hash seed,
+and a script's ``sys.argv[0]`` (its absolute path).
 
 Anything that depends on more of a fresh interpreter starts one as before: other interpreter flags (``-c``,
 ``-X``, ...), a preexec_fn, pass_fds, close_fds=False, a user or group change, ``PYTHON*`` or locale variables
-other than this process's (but a PYTHONPATH with no sitecustomize, where this process has none). So do tests marked
-``fresh_processes``, and every test when ``ACCELBATCH_TEST_FRESH_PROCESSES=1``.
+other than this process's (but a PYTHONPATH with no sitecustomize, where this process has none). So do tests
+marked ``fresh_processes``, and every test when ``ACCELBATCH_TEST_FRESH_PROCESSES=1``.
 
 The preloading process starts before a pytest process's first test (tests/conftest.py; else at its first forked
 run) and ends with it."""
@@ -267,11 +267,11 @@ def _run_forked(request: dict[str, Any], streams: list[int], started: int) -> No
             os.close(fd)
     _fresh_stdio()
     os.chdir(request["cwd"])
-    # PYTHONPATH's folders follow the script's folder, made absolute as the interpreter makes them ("" is the
-    # working folder); a preloader started with a PYTHONPATH forks only runs with that one, in _FRESH_PATH
-    added = [] if "PYTHONPATH" in os.environ else \
-        [os.path.abspath(p) for p in request["env"].get("PYTHONPATH", "").split(os.pathsep)
-         if "PYTHONPATH" in request["env"]]
+    # PYTHONPATH's folders follow the script's folder, made absolute as the interpreter makes them (an empty
+    # entry is the working folder, an empty PYTHONPATH none); a preloader started with a PYTHONPATH forks only
+    # runs with that one, in _FRESH_PATH
+    given = "" if "PYTHONPATH" in os.environ else request["env"].get("PYTHONPATH", "")
+    added = [os.path.abspath(p) for p in given.split(os.pathsep)] if given else []
     os.environ.clear()
     os.environ.update(request["env"])
     script = request.get("script")
