@@ -11,6 +11,7 @@ from accelbatch.agents import Agent
 from accelbatch.metrics import BATCHING_METRICS, TEACHER_METRICS, unknown_metrics, wants_bleu
 from accelbatch.opts import Opts
 from accelbatch.teachers import Teacher, is_training, task_names
+from accelbatch.unused_options import reads_validation_metric
 from accelbatch.worlds import MultiWorld, World
 
 TEXT_METRICS = frozenset({"accuracy", "f1", "bleu-4"})  # scored on reply text: none without generation
@@ -85,8 +86,8 @@ def metric_names_problem(world: World, opts: Opts) -> str | None:
     mute = not all(agent.replies_text for agent in models)  # nothing scores accuracy, f1 or bleu-4
     valid_known = known - TEXT_METRICS if mute else known
     # without a validation only a name no task could score is refused (the default accuracy of a regression is
-    # not); a run that neither validates nor writes -mf does not read -vmt (it says so: unused_options)
-    if is_training(opts.datatype) and (validates or opts.model_file) and \
+    # not); a run that does not read -vmt says so (unused_options) and refuses nothing
+    if is_training(opts.datatype) and reads_validation_metric(opts) and \
             unknown_metrics([vmt], tasks, valid_known if validates else known | TEACHER_METRICS,
                             (teachers - TEXT_METRICS if mute else teachers) if validates else
                             teachers | TEACHER_METRICS):

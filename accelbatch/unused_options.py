@@ -108,7 +108,7 @@ def _normalizes(opts: Opts) -> bool:
     return _sums_micro_batches(opts) or opts.reduction == "sum" or opts.resume or _theirs(opts)
 
 
-def _validates_at_all(opts: Opts) -> bool:
+def reads_validation_metric(opts: Opts) -> bool:
     """Whether -vmt/-vmm judge anything: validations during training, or -mf (a model there is continued from
     its best validation, checkpoints record the judge, and a resume compares it)."""
     return _periodic_validation(opts) or bool(opts.model_file)
@@ -117,7 +117,7 @@ def _validates_at_all(opts: Opts) -> bool:
 def _caps_evaluations(opts: Opts) -> bool:
     """Whether -vme changes anything: a validation caps its examples; besides, every evaluation of several
     tasks interleaves them when it is above 0 (orders.make_order's balance_tasks)."""
-    return _validates_at_all(opts) or "," in opts.task
+    return reads_validation_metric(opts) or "," in opts.task
 
 
 def _orders_by_seed(opts: Opts) -> bool:
@@ -181,8 +181,8 @@ READERS: dict[str, Reader] = {
     "replica_timeout_s": Reader(_replicated, "replicas (-rf/--replication-factor above 1, or torchrun)"),
     "validation_patience": Reader(_periodic_validation, "validations during training (-veps or -vtim)"),
     "validation_cutoff": Reader(_periodic_validation, "validations during training (-veps or -vtim)"),
-    "validation_metric": Reader(_validates_at_all, VALIDATED),
-    "validation_metric_mode": Reader(_validates_at_all, VALIDATED),
+    "validation_metric": Reader(reads_validation_metric, VALIDATED),
+    "validation_metric_mode": Reader(reads_validation_metric, VALIDATED),
     "validation_max_exs": Reader(_caps_evaluations, f"{VALIDATED}, or several tasks (their evaluations "
                                                     "interleave)"),
     "reduction": Reader(_reduces, f"{SEVERAL}, partial calls of -di above 1 (--no-drop-last, or -nt), "
