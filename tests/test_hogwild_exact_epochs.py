@@ -85,25 +85,6 @@ def test_one_epoch_trains_each_example_once_and_counts_real_rows(tmp_path, monke
 @pytest.mark.multiprocess
 @pytest.mark.slow
 @pytest.mark.timeout(180)
-def test_each_pass_trains_the_shard_once_in_an_order_of_the_seed(tmp_path, monkeypatch):
-    """50 examples, -nt 3 -bs 4 -ne 2 shuffled (shards of 17, 17 and 16): each process trains its shard once
-    per pass, each pass in a fresh order (that two runs with the same seed train the same sequences:
-    test_batches_built_by_data_workers_train_the_same_passes, each against the plain run)."""
-    args = ("-nt", "3", "-bs", "4", "-ne", "2", "--seed", "5")
-    batches, train = _train(tmp_path, monkeypatch, 50, *args)
-    shards = _ranked(batches, 3)
-    for rank, seen in enumerate(shards):
-        shard = sorted(range(rank, 50, 3))
-        assert len(seen) == 2 * len(shard)
-        first, second = seen[:len(shard)], seen[len(shard):]
-        assert sorted(first) == sorted(second) == shard
-        assert first != second  # shuffled afresh each pass
-    assert train["exs"] == 100 and train["epochs"] == 2.0
-
-
-@pytest.mark.multiprocess
-@pytest.mark.slow
-@pytest.mark.timeout(180)
 @pytest.mark.parametrize("loading", [(), ("--num-workers", "1"), ("-dt", "train:ordered")])
 def test_a_pass_s_partial_step_trains_under_several_device_iterations(tmp_path, monkeypatch, loading):
     """50 examples, -nt 2 -bs 4 -di 3 -ne 1: each shard of 25 is steps of 12, 12 and 1 rows; the last is no
@@ -116,18 +97,43 @@ def test_a_pass_s_partial_step_trains_under_several_device_iterations(tmp_path, 
     assert train["exs"] == 50 and train["epochs"] == 1.0
 
 
-PASSES = ("-nt", "2", "-bs", "4", "-ne", "2", "--seed", "5")  # 50 examples: each pass twice, shuffled
+PASSES = ("-nt", "2", "-bs", "4", "-ne", "2", "--seed", "5")  # shuffled, each pass twice
+EXAMPLES = 51  # shards of 26 and 25 rows
 
 
-def _plain_passes(factory) -> list[list[int]]:
-    """Each process's trained indices (by rank) of a run of :data:`PASSES` that builds its batches in the main
-    process: run once per session (each loading option must train the same)."""
+def _plain_passes(factory) -> tuple[list[list[int]], dict]:
+    """Each process's trained indices (by rank) and the train report of a run of :data:`PASSES` that builds
+    its batches in the main process: run once per session (each loading option must train the same)."""
     def build(folder):
         with pytest.MonkeyPatch.context() as monkeypatch:
-            batches, _ = _train(folder, monkeypatch, 50, *PASSES)
+            batches, train = _train(folder, monkeypatch, EXAMPLES, *PASSES)
         (folder / "ranked.json").write_text(json.dumps(_ranked(batches, 2)))
-    folder = shared_dir(factory, "test_hogwild_exact_epochs plain passes " + " ".join(PASSES), build)
-    return json.loads((folder / "ranked.json").read_text())
+        (folder / "train.json").write_text(json.dumps(train))
+    folder = shared_dir(factory, f"test_hogwild_exact_epochs plain passes {EXAMPLES} " + " ".join(PASSES), build)
+    return json.loads((folder / "ranked.json").read_text()), json.loads((folder / "train.json").read_text())
+
+
+def _assert_each_pass_trains_the_shard_once(shards: list[list[int]]) -> None:
+    """Each process's indices: its shard (``r, r + 2, ...``) once in each of the two passes."""
+    for rank, seen in enumerate(shards):
+        shard = list(range(rank, EXAMPLES, 2))
+        assert len(seen) == 2 * len(shard)
+        assert sorted(seen[:len(shard)]) == sorted(seen[len(shard):]) == shard
+
+
+@pytest.mark.multiprocess
+@pytest.mark.slow
+@pytest.mark.timeout(180)
+def test_each_pass_trains_the_shard_once_in_an_order_of_the_seed(tmp_path_factory):
+    """51 examples, -nt 2 -bs 4 -ne 2 shuffled (shards of 26 and 25): each process trains its shard once per
+    pass, each pass in a fresh order (that another run with the same seed trains the same sequences:
+    test_batches_built_by_data_workers_train_the_same_passes, against this run)."""
+    shards, train = _plain_passes(tmp_path_factory)
+    _assert_each_pass_trains_the_shard_once(shards)
+    for rank, seen in enumerate(shards):
+        half = len(seen) // 2
+        assert seen[:half] != seen[half:]  # shuffled afresh each pass
+    assert train["exs"] == 2 * EXAMPLES and train["epochs"] == 2.0
 
 
 @pytest.mark.multiprocess
@@ -135,16 +141,14 @@ def _plain_passes(factory) -> list[list[int]]:
 @pytest.mark.timeout(240)
 @pytest.mark.parametrize("loading", [("--num-workers", "2"), ("--dataloader-mode", "async")])
 def test_batches_built_by_data_workers_train_the_same_passes(tmp_path, tmp_path_factory, monkeypatch, loading):
-    """Hogwild with its batches built in data workers or by the async accessor: 50 examples, -nt 2 -bs 4 -ne 2
+    """Hogwild with its batches built in data workers or by the async accessor: 51 examples, -nt 2 -bs 4 -ne 2
     shuffled: each process trains its shard once per pass, the same sequences as the main process builds."""
-    plain = _plain_passes(tmp_path_factory)
-    loaded, train = _train(tmp_path, monkeypatch, 50, *PASSES, *loading)
+    plain, _ = _plain_passes(tmp_path_factory)
+    loaded, train = _train(tmp_path, monkeypatch, EXAMPLES, *PASSES, *loading)
     shards = _ranked(loaded, 2)
-    for rank, seen in enumerate(shards):
-        shard = list(range(rank, 50, 2))
-        assert sorted(seen[:len(shard)]) == sorted(seen[len(shard):]) == shard
+    _assert_each_pass_trains_the_shard_once(shards)
     assert shards == plain
-    assert train["exs"] == 100 and train["epochs"] == 2.0
+    assert train["exs"] == 2 * EXAMPLES and train["epochs"] == 2.0
 
 
 def test_shard_passes_serve_each_pass_in_its_epoch_order_and_restore_the_pass():
