@@ -595,14 +595,16 @@ def test_what_a_new_user_meets_following_the_readme(tmp_path, monkeypatch, capsy
 @pytest.mark.parametrize("datatype", ["train", "train:stream"])
 def test_a_training_example_with_eval_labels_only_is_refused(tmp_path, capsys, datatype):
     """Such a row was trained on only when its batch also held labelled rows (not alone, -bs 1): ParlAI
-    refuses eval_labels in training data; evaluation reads them as before."""
+    refuses eval_labels in training data, naming the file and line whether it is loaded or streamed;
+    evaluation reads them as before."""
     data = tmp_path / "mixed.jsonl"
-    data.write_text('{"text": "q1", "labels": ["a"]}\n{"text": "q2", "eval_labels": ["b"]}\n')
+    data.write_text('{"text": "q0", "labels": ["a"]}\n{"text": "q1", "labels": ["a"]}\n'
+                    '{"text": "q2", "eval_labels": ["b"]}\n')
     assert main(["train", "-t", f"jsonl:{data}", "-dt", datatype, "-m", "repeat_label", "-tstep", "1",
                  "--no-progress", "--eval-splits", "", "-veps", "-1"]) == 2
     err = capsys.readouterr().err
     assert "a training example has eval_labels and no labels (text 'q2')" in err
-    assert (f"{data}: the episode at line 2: " if "stream" in datatype else f"-t jsonl:{data}: ") in err  # where
+    assert f"error: {data}: the episode at line 3: a training example" in err
     assert main(["eval", "-t", f"jsonl:{data}", "-m", "repeat_label", "--no-progress"]) == 0
 
 

@@ -218,11 +218,20 @@ class Store:
 
 
 class EpisodeStore(Store):
-    """Episodes held in memory, every turn prepared once."""
+    """Episodes held in memory, every turn prepared once. ``where(i)``, when given, says where episode ``i``
+    comes from (``PATH: the episode at line N``): a turn that cannot be served is refused naming it."""
 
-    def __init__(self, episodes: Sequence[Sequence[dict]], speaker: str, training: bool):
+    def __init__(self, episodes: Sequence[Sequence[dict]], speaker: str, training: bool,
+                 where: Callable[[int], str] | None = None):
         self.speaker, self.training = speaker, training
-        self.episodes = [prepare_episode(part, speaker, training) for ep in episodes for part in split_at_done(ep)]
+        self.episodes = []
+        for i, episode in enumerate(episodes):
+            try:
+                self.episodes.extend(prepare_episode(part, speaker, training) for part in split_at_done(episode))
+            except DataFileError as exc:
+                if where is None:
+                    raise
+                raise DataFileError(f"{where(i)}: {exc}") from None
         self.table = EpisodeTable.of_lengths([len(ep) for ep in self.episodes])
         flat = [turn for ep in self.episodes for turn in ep]
         self.examples = object_array(flat + [PADDING])
@@ -258,7 +267,7 @@ class FileStore(Store):
         turns = self.index.read(index)
         try:
             return prepare_episode(turns, self.speaker, self.training)
-        except DataFileError as exc:  # the turn's own fault: say where it is, as the loaded file's reader does
+        except DataFileError as exc:  # the turn's own fault: say where it is, as the loaded file's store does
             raise DataFileError(f"{self.index.path}: the episode at line {int(self.index.lines[index])}: "
                                 f"{exc}") from None
 

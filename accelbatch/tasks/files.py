@@ -231,25 +231,39 @@ def iter_examples(path: str, fmt: str | None = None) -> Iterator[tuple[int, int,
             offset += len(raw)
 
 
-def iter_episodes(path: str, fmt: str | None = None) -> Iterator[list[Message]]:
-    """Yield episodes (lists of Messages); an unfinished last episode is closed, not dropped."""
+def iter_numbered_episodes(path: str, fmt: str | None = None) -> Iterator[tuple[int, list[Message]]]:
+    """Yield (the line its first turn is on, episode) for each episode; an unfinished last episode is closed,
+    not dropped."""
     episode: list[Message] = []
-    for _, _, msg in iter_examples(path, fmt):
+    first = 0
+    for _, lineno, msg in iter_examples(path, fmt):
+        if not episode:
+            first = lineno
         episode.append(msg)
         if msg[EPISODE_DONE]:
-            yield episode
+            yield first, episode
             episode = []
     if episode:
         episode[-1][EPISODE_DONE] = True
-        yield episode
+        yield first, episode
+
+
+def iter_episodes(path: str, fmt: str | None = None) -> Iterator[list[Message]]:
+    """Yield episodes (lists of Messages); an unfinished last episode is closed, not dropped."""
+    return (episode for _, episode in iter_numbered_episodes(path, fmt))
+
+
+def load_numbered_episodes(path: str, fmt: str | None = None) -> list[tuple[int, list[Message]]]:
+    """All episodes of a file, each with the line it starts on; an empty file is an error naming it."""
+    episodes = list(iter_numbered_episodes(path, fmt))
+    if not episodes:
+        raise DataFileError(f"{path}: the file holds no examples")
+    return episodes
 
 
 def load_episodes(path: str, fmt: str | None = None) -> list[list[Message]]:
     """All episodes of a file; an empty file is an error naming it."""
-    episodes = list(iter_episodes(path, fmt))
-    if not episodes:
-        raise DataFileError(f"{path}: the file holds no examples")
-    return episodes
+    return [episode for _, episode in load_numbered_episodes(path, fmt)]
 
 
 @dataclass(frozen=True)
