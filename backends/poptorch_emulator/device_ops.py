@@ -3,7 +3,8 @@
 On an IPU these are graph annotations or on-device control flow; on the CPU each computes what the IPU
 computes: ``ipu_print_tensor`` prints the tensor to stderr in Poplar's layout (and, in the backward pass, its
 gradient) and returns it; ``set_available_memory``, ``nop``, ``recomputationCheckpoint`` and
-``set_overlap_for_input/output`` return their tensors unchanged; ``serializedMatMul`` is one matmul
+``set_overlap_for_input/output`` return their tensors' values unchanged (their compile-time rules:
+:mod:`._overlap`); ``serializedMatMul`` is one matmul
 (splitting it changes memory, not values); ``for_loop``, ``cond`` (inference only, as on an IPU),
 ``dynamic_slice`` and ``dynamic_update`` run their loop, branch or slice eagerly.
 The argument checks and their error texts are PopTorch's.
@@ -18,6 +19,7 @@ from typing import Any, Callable
 import torch
 from torch.utils import _pytree
 
+from . import _overlap
 from .enums import MatMulSerializationMode, OverlapMode
 from .ops import isRunningOnIpu
 from .poptorch_core import py_error
@@ -144,20 +146,26 @@ def serializedMatMul(lhs: torch.Tensor, rhs: torch.Tensor, mode: MatMulSerializa
 
 
 def _with_overlap(tensors: Any, mode: OverlapMode, direction: str) -> Any:
-    def check(value: Any) -> Any:
+    marks = _overlap.ACTIVE.get()
+
+    def mark(value: Any) -> Any:
         _need_tensor(value, f"You may only set overlap for torch.tensor {direction}.")
-        return value
+        if marks is None:
+            return value
+        return marks.mark_input(value, mode) if direction == "inputs" else marks.mark_output(value, mode)
     assert isinstance(mode, OverlapMode)
-    return _pytree.tree_map(check, tensors)
+    return _pytree.tree_map(mark, tensors)
 
 
 def set_overlap_for_input(input_tensors: Any, mode: OverlapMode) -> Any:
-    """Let the host's copy of these inputs overlap computation (IO tiles); returns them."""
+    """Let the host's copy of these inputs of the model overlap computation (IO tiles); returns them. The
+    compilation refuses it on a tensor that is not an input or that other ops read too (:mod:`._overlap`)."""
     return _with_overlap(input_tensors, mode, "inputs")
 
 
 def set_overlap_for_output(output_tensors: Any, mode: OverlapMode) -> Any:
-    """Let the copy of these outputs to the host overlap computation (IO tiles); returns them."""
+    """Let the copy of these outputs to the host overlap computation (IO tiles); returns them. The
+    compilation refuses it on a tensor the model does not return once (:mod:`._overlap`)."""
     return _with_overlap(output_tensors, mode, "outputs")
 
 

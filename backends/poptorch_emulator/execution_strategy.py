@@ -33,9 +33,10 @@ from torch.overrides import TorchFunctionMode
 
 from accelbatch.plan import reserved_ipus
 
-from . import blocks
+from . import _overlap, blocks
+from ._overlap import OverlapMarks
 from .enums import AutoStage, ConnectionType, Liveness
-from .poptorch_core import Error, py_error
+from .poptorch_core import compiler_error, py_error
 
 logger = logging.getLogger("poptorch_emulator")
 
@@ -45,13 +46,6 @@ PARALLEL_PHASES_ERR = ("When phases are executed in parallel: even phases must r
 # ops that read a tensor's metadata and make no node in the graph
 _METADATA = frozenset({"__get__", "__set__", "size", "dim", "numel", "__len__", "__repr__", "__format__",
                        "data_ptr", "is_floating_point", "is_complex", "element_size"})
-
-
-def compiler_error(message: str) -> Error:
-    """An error PopTorch's compiler (C++) raises: ``poptorch.Error`` with the bare message."""
-    err = Error(message)
-    err.message = message
-    return err
 
 
 class Stage:
@@ -273,6 +267,7 @@ class _Trace:
         self._stages = strategy._stage_manager()
         self._next_auto_id = 0
         self.placement = Placement(strategy.mode)
+        self.overlap: OverlapMarks | None = None
         self._active_ipu = 0
         self._last_ipu = 0
 
@@ -310,26 +305,39 @@ class _Trace:
 
 
 class _SeeOps(TorchFunctionMode):
-    def __init__(self, trace: _Trace) -> None:
+    def __init__(self, trace: _Trace, marks: OverlapMarks | None) -> None:
         super().__init__()
-        self._trace = trace
+        self._trace, self._marks = trace, marks
 
     def __torch_function__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
-        if getattr(func, "__name__", "") not in _METADATA:
+        if getattr(func, "__name__", "") not in _METADATA and not (self._marks and self._marks.marking):
             self._trace.op()
+            if self._marks is not None:
+                self._marks.saw_op(args, kwargs)
         return func(*args, **(kwargs or {}))
 
 
 @contextlib.contextmanager
-def tracing(options: Any) -> Iterator[_Trace]:
-    """Within: the model's blocks and ops are traced under ``options``' strategy; ``.placement`` after."""
+def tracing(options: Any, inputs: Any = None) -> Iterator[_Trace]:
+    """Within: the model's blocks and ops are traced under ``options``' strategy, and with ``inputs`` (the
+    forward's BoundInputs) its overlap marks; then :func:`check_trace`."""
     trace = _Trace(options._execution_strategy)
-    token = blocks.set_trace(trace)
+    trace.overlap = OverlapMarks(inputs) if inputs is not None else None
+    token, marks_token = blocks.set_trace(trace), _overlap.ACTIVE.set(trace.overlap)
     try:
-        with _SeeOps(trace):
+        with _SeeOps(trace, trace.overlap):
             yield trace
     finally:
+        _overlap.ACTIVE.reset(marks_token)
         blocks.reset_trace(token)
+
+
+def check_trace(trace: _Trace, outputs: Any, options: Any, training: bool) -> None:
+    """PopTorch's compile-time errors for a traced forward that returned ``outputs``: its overlap marks, then
+    its placement (:func:`check_placement`)."""
+    if trace.overlap is not None:
+        trace.overlap.check(outputs, options)
+    check_placement(trace.placement, options, training)
 
 
 def check_placement(placement: Placement, options: Any, training: bool) -> None:
@@ -403,5 +411,5 @@ def dry_run(model: torch.nn.Module) -> Iterator[None]:
 
 
 __all__ = ["ParallelPhasedExecution", "Phase", "PipelinedExecution", "Placement", "SerialPhasedExecution",
-           "ShardedExecution", "Stage", "check_inference_accumulation", "check_ipus", "check_placement", "dry_run",
-           "is_pipelined", "tracing"]
+           "ShardedExecution", "Stage", "check_inference_accumulation", "check_ipus", "check_placement", "check_trace",
+           "dry_run", "is_pipelined", "tracing"]

@@ -420,10 +420,10 @@ class PoplarExecutor(PerfCounterMethods):
         if self._placement is not None:
             with promoting(self._half_state, self._als.activation_hook):
                 return self._model(*micro.args, **micro.kwargs)
-        with execution_strategy.tracing(self._options) as trace, promoting(self._half_state, self._als.activation_hook):
-            with refusing_broadcast(self._model, self._options):
-                out = self._model(*micro.args, **micro.kwargs)
-        execution_strategy.check_placement(trace.placement, self._options, self._training)
+        with execution_strategy.tracing(self._options, micro) as trace, \
+                promoting(self._half_state, self._als.activation_hook), refusing_broadcast(self._model, self._options):
+            out = self._model(*micro.args, **micro.kwargs)
+        execution_strategy.check_trace(trace, out, self._options, self._training)
         self._placement = trace.placement
         return out
 

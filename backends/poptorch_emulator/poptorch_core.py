@@ -38,6 +38,13 @@ def py_error(message: str, error_type: str = PY_ERROR_TYPE) -> Error:
     return err
 
 
+def compiler_error(message: str) -> Error:
+    """An error PopTorch's compiler (C++) raises: ``poptorch.Error`` with the bare message."""
+    err = Error(message)
+    err.message = message
+    return err
+
+
 def popart_error(message: str) -> Error:
     """An error of PopART's (``type`` ``"popart_exception"``), as PopTorch passes it on."""
     return py_error(message, POPART_ERROR_TYPE)

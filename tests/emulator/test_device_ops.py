@@ -36,7 +36,8 @@ def test_a_model_with_ipu_annotations_trains_the_weights_of_the_plain_model():
     weights = []
     for annotate in (True, False):
         model = Annotated(annotate)
-        training = poptorch.trainingModel(model, poptorch.Options(), torch.optim.SGD(model.parameters(), lr=0.1))
+        training = poptorch.trainingModel(model, _overlap_options() if annotate else poptorch.Options(),
+                                          torch.optim.SGD(model.parameters(), lr=0.1))
         for _ in range(3):
             training(x, y)
         training.copyWeightsToHost()
@@ -49,6 +50,115 @@ def test_a_model_with_ipu_annotations_trains_the_weights_of_the_plain_model():
         optimizer.step()
     assert torch.equal(weights[0], weights[1])
     torch.testing.assert_close(weights[0], plain.weight.detach())
+
+
+def _overlap_options(io_tiles: int | None = 32, strategy=poptorch.ShardedExecution, output=poptorch.OutputMode.All):
+    """Options under which overlapped IO compiles: no pipelining, IO tiles, every output returned."""
+    opts = poptorch.Options()
+    if strategy is not None:
+        opts.setExecutionStrategy(strategy())
+    if io_tiles is not None:
+        opts.TensorLocations.numIOTiles(io_tiles)
+    if output is not None:
+        opts.outputMode(output)
+    return opts
+
+
+OVERLAP = poptorch.OverlapMode.OverlapAccumulationLoop
+
+
+class InputReadTwice(torch.nn.Module):
+    def forward(self, x):
+        y = x + 1
+        return y, poptorch.set_overlap_for_input(x, OVERLAP)
+
+
+class InputMarkedTwice(torch.nn.Module):
+    def forward(self, x):
+        return poptorch.set_overlap_for_input(x, OVERLAP) * poptorch.set_overlap_for_input(x, OVERLAP)
+
+
+class MarkOnAMark(torch.nn.Module):  # the second mark's tensor is the first mark's output, not the input
+    def forward(self, x):
+        return poptorch.set_overlap_for_input(poptorch.set_overlap_for_input(x, OVERLAP), OVERLAP) * 2
+
+
+class MarkOnAnOp(torch.nn.Module):
+    def forward(self, x):
+        y = x + 1
+        return y, poptorch.set_overlap_for_input(y, OVERLAP)
+
+
+class OverlappedInput(torch.nn.Module):
+    def forward(self, x):
+        return poptorch.set_overlap_for_input(x, OVERLAP) + 1
+
+
+class OutputReturnedTwice(torch.nn.Module):
+    def forward(self, x):
+        y = x * 2
+        return [poptorch.set_overlap_for_output(y, OVERLAP), (x, y)]
+
+
+class MarkNotReturned(torch.nn.Module):
+    def forward(self, x):
+        return poptorch.set_overlap_for_output(x * 2, OVERLAP) + 1
+
+
+class OverlappedOutputs(torch.nn.Module):
+    def forward(self, x, y):
+        x = poptorch.set_overlap_for_input(x, OVERLAP)
+        y = poptorch.set_overlap_for_input(y, poptorch.OverlapMode.OverlapDeviceIterationLoop)
+        out = x * y
+        return poptorch.set_overlap_for_output(out, OVERLAP), (poptorch.set_overlap_for_output(
+            x + y, poptorch.OverlapMode.NoOverlap), )
+
+
+NOT_ONLY_OP = ("poptorch.set_overlap_for_input must be the only op applied to an input. This is not the case for "
+               "input x to the model.")
+NOT_AN_INPUT = "poptorch.set_overlap_for_input applied on a node which is not a tensor input to the model."
+PIPELINED = ("Overlapped IO is not supported with poptorch.PipelinedExecution. If you are using only one IPU, please "
+             "switch to poptorch.ShardedExecution.")
+
+
+@pytest.mark.parametrize("model, options, error", [
+    # PopTorch's own cases (test_overlapped_io.py): the rules checked when the traced graph is compiled
+    (InputReadTwice, _overlap_options(), NOT_ONLY_OP),
+    (InputMarkedTwice, _overlap_options(), NOT_ONLY_OP),
+    (MarkOnAnOp, _overlap_options(), NOT_AN_INPUT),
+    (MarkOnAMark, _overlap_options(), NOT_AN_INPUT),
+    (OverlappedInput, None, PIPELINED),
+    (OverlappedInput, _overlap_options(output=None, io_tiles=None),
+     "No IO tiles allocated. You must allocate at least 32 IO tiles using "
+     "poptorch.Options().TensorLocations.numIOTiles."),
+    (OverlappedInput, _overlap_options(output=poptorch.OutputMode.Final),
+     "Unsupported output mode for overlapped IO. Please switch output mode to poptorch.OutputMode.All or "
+     "poptorch.OutputMode.Sum."),
+    (OutputReturnedTwice, _overlap_options(), "poptorch.set_overlap_for_output cannot be used with a tensor that is "
+                                              "returned twice. Please check all returned tensors including those "
+                                              "nested in tuples/lists."),
+    (MarkNotReturned, _overlap_options(), "poptorch.set_overlap_for_output applied on a node which is not a tensor "
+                                          "output to the model."),
+], ids=["input-read-twice", "input-marked-twice", "mark-on-an-op", "mark-on-a-mark", "pipelined", "no-io-tiles",
+        "output-mode-final", "output-returned-twice", "mark-not-returned"])
+def test_overlapped_io_is_refused_where_poptorch_refuses_it(model, options, error):
+    executor = poptorch.inferenceModel(model(), options)
+    with pytest.raises(poptorch.Error) as raised:
+        executor(torch.tensor([1.0]))
+    assert str(raised.value) == error
+
+
+def test_overlapped_io_runs_with_its_settings_and_returns_the_plain_values():
+    """Marks on inputs and returned outputs compile under ShardedExecution with IO tiles (inference's default
+    output mode is All) and change no value; outside a model, and with NoOverlap, a mark returns its tensor."""
+    x, y = torch.tensor([[1.0, 2.0], [3.0, 4.0]]), torch.tensor([[0.5, -1.0], [2.0, 3.0]])
+    out = poptorch.inferenceModel(OverlappedOutputs(), _overlap_options(output=None))(x, y)
+    assert torch.equal(out[0], x * y) and torch.equal(out[1][0], x + y)
+    assert poptorch.set_overlap_for_input(x, OVERLAP) is x
+    assert torch.equal(InputMarkedTwice()(x), x * x)  # on the host: no compilation, nothing refused
+    no_overlap = poptorch.inferenceModel(OverlappedOutputs(), None)  # any mode but NoOverlap needs the settings
+    with pytest.raises(poptorch.Error, match="PipelinedExecution"):
+        no_overlap(x, y)
 
 
 def test_ipu_print_tensor_prints_the_tensor_and_its_gradient_in_poplars_layout_and_returns_it(capsys):
