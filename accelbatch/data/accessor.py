@@ -289,6 +289,9 @@ def _worker_main(index: int, conn: Any, source: Any, transform: Callable | None,
         _Worker(source, transform, conn, num_slots, load_indefinitely, miss_sleep_s).main(first_epoch)
     except (_Stop, BrokenPipeError):
         pass
+    finally:
+        # a DataLoader's workers still running are ended as this process exits: no failure to report
+        signal.signal(signal.SIGCHLD, signal.SIG_DFL)
 
 
 def start_worker_server() -> None:
