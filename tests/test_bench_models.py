@@ -146,6 +146,7 @@ def _accuracy(agent, examples):
     return float((scores.argmax(-1) == batch["label_index"]).float().mean())
 
 
+@pytest.mark.slow
 def test_bag_learns_the_task():
     torch.set_num_threads(1)
     agent = BagAgent(Opts(learning_rate=0.5, seed=0))
@@ -191,6 +192,7 @@ def _reference(preds, golds):
 
 @settings(max_examples=300, deadline=None)
 @given(st.lists(st.tuples(st.one_of(st.none(), _TEXT), st.lists(_TEXT, max_size=3)), max_size=20))
+@pytest.mark.slow
 def test_one_pass_equals_per_reply_reference(rows):
     preds = [p for p, _ in rows]
     golds = [g for _, g in rows]

@@ -322,6 +322,7 @@ def test_run_evaluates_a_loader_fed_task_exactly_once_in_three_processes(tmp_pat
 
 
 @pytest.mark.timeout(90)
+@pytest.mark.slow
 def test_a_crash_in_a_child_raises_in_the_parent_with_the_child_traceback(tmp_path, log_dir):
     lines = [[f"ok{i}"] for i in range(40)] + [["boom"]] + [[f"ok{i}"] for i in range(40, 80)]
     path = _jsonl(tmp_path / "data.jsonl", lines)
@@ -342,6 +343,7 @@ def test_a_crash_in_a_child_raises_in_the_parent_with_the_child_traceback(tmp_pa
 
 
 @pytest.mark.timeout(90)
+@pytest.mark.slow
 def test_a_child_error_reaches_the_parent_after_the_messages_it_sent_before(tmp_path, monkeypatch):
     """Process 1 answers a parley ("done"), raises in the next one, reports it and closes its pipe, but has
     not exited yet when the main process next writes to it: the main process reads what the child sent up

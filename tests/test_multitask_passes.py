@@ -27,6 +27,7 @@ def _files(tmp_path, short: int):
 @pytest.mark.multiprocess
 @pytest.mark.timeout(240)
 @pytest.mark.parametrize("short", [1, 4])  # 1: the second process's share holds none of that task
+@pytest.mark.slow
 def test_hogwild_counts_a_multitask_epoch_in_examples_as_one_process(tmp_path, short):
     task, examples = _files(tmp_path, short)
     reports = {}

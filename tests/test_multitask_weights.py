@@ -64,6 +64,7 @@ def _train(tmp_path, data, *extra) -> dict:
     return json.loads(report.read_text())["train"]
 
 
+@pytest.mark.slow
 def test_a_task_of_weight_0_is_never_trained_and_stochastic_is_by_episodes(tmp_path):
     data = _tasks(tmp_path)
     a, b = (f"{t}/exs" for t in data.split(","))

@@ -104,6 +104,7 @@ def test_replica_processes_refuse_a_pass_whose_last_step_they_hold_unevenly(tmp_
 
 @pytest.mark.multiprocess
 @pytest.mark.timeout(120)
+@pytest.mark.slow
 def test_hogwild_processes_train_their_own_share_s_partial_step(tmp_path, capfd):
     """14 episodes over 4 rows end with a 2-row step, which D = 2 lays out; each of 2 processes serves 7,
     ending with 3 rows, which it trains as a tail, --drop-last or not (it was refused before training): 14

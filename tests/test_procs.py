@@ -247,6 +247,7 @@ def test_stop_and_garbage_collection_leave_no_process():
 
 @pytest.mark.multiprocess
 @pytest.mark.timeout(90)
+@pytest.mark.slow
 def test_spawned_children_get_their_own_group_name_environment_and_ignore_ctrl_c():
     spec = ChildSpec(role="hogwild process", pipe=True, ignore_sigint=True, own_process_group=True,
                      process_name="worker-{index}", env={"ACCELBATCH_TEST_VALUE": "42"}, stop_request="stop")
@@ -323,6 +324,7 @@ def test_a_ctrl_c_while_spawned_children_start_is_an_interrupt_or_ignored_never_
 
 @pytest.mark.multiprocess
 @pytest.mark.timeout(60)
+@pytest.mark.slow
 def test_a_message_to_a_child_whose_end_already_ran_is_its_failure_not_a_closed_process_error():
     """The children's end (what stop() runs) can run before a pending send, as when a second Ctrl-C lands
     while a loader's generator is closing: the send raises the child's failure, not ValueError."""

@@ -33,6 +33,7 @@ def test_two_replicas_train_and_evaluate_every_example_once(tmp_path, write_json
 
 @pytest.mark.multiprocess
 @pytest.mark.timeout(240)
+@pytest.mark.slow
 def test_bad_input_met_in_a_replica_is_one_line_and_exit_2(tmp_path, capsys):
     """The replicas read the file: its error comes back as the one line a single process prints (a crash
     keeps the replica's traceback: tests/test_fault_injection.py)."""

@@ -121,6 +121,7 @@ def _signalling_memnn(validation: int) -> type:
 
 @pytest.mark.timeout(180)
 @pytest.mark.parametrize("validation", [1, 2], ids=["mid-training", "at-the-end-of-training"])
+@pytest.mark.slow
 def test_a_stop_during_a_validation_saves_and_the_resume_validates_again(tmp_path, validation):
     """Ctrl-C while training validates (at 0.5 epochs, or at 1.0, the last step's): the validation stops at
     its next step, the run saves its checkpoint and ends; --resume runs that validation again (and then

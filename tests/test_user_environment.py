@@ -81,6 +81,7 @@ def test_an_output_that_cannot_be_written_never_stops_the_run(stream, said, tmp_
 
 @pytest.mark.multiprocess
 @pytest.mark.timeout(120)
+@pytest.mark.slow
 def test_a_reader_that_stops_reading_ends_the_listing_quietly(tmp_path):
     listing = subprocess.run(f"{sys.executable} -m accelbatch display-data -t babi:1 -n 2000 | head -1",
                              shell=True, capture_output=True, text=True, timeout=100, cwd=tmp_path)
@@ -120,6 +121,7 @@ def test_a_standard_error_that_cannot_be_written_never_stops_the_run(where, tmp_
 
 @pytest.mark.multiprocess
 @pytest.mark.timeout(120)
+@pytest.mark.slow
 def test_a_training_piped_to_head_with_its_errors_saves_its_model(tmp_path):
     run = subprocess.run(f"{sys.executable} -m accelbatch {' '.join(TINY)} -tstep 30 --progress --display-examples "
                          f"-mf {tmp_path}/m.pt --eval-splits '' 2>&1 | head -c 100", shell=True, capture_output=True,

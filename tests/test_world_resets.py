@@ -81,6 +81,7 @@ def test_setup_data_pairs_take_new_episode_for_its_truth():
 
 @pytest.mark.multiprocess
 @pytest.mark.timeout(120)
+@pytest.mark.slow
 def test_hogwild_display_prints_no_blank_line_for_rows_of_padding(tmp_path, capfd):  # the processes print
     data = tmp_path / "seven.jsonl"  # episodes of 3, 1, 2 and 1 turns: one process's share ends first
     data.write_text("".join(json.dumps({"text": t, "labels": ["x"], "episode_done": t in "cdfg"}) + "\n"

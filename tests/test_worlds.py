@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import pytest
 import torch
 from helpers import RecordingAgent, list_teacher
 from hypothesis import given, settings
@@ -50,6 +51,7 @@ def _eval(opts, teacher_cls, agent_cls):
     return evaluate(world), agent
 
 
+@pytest.mark.slow
 def test_batchworld_metrics_equal_batchsize_one_for_a_torch_model():
     torch.manual_seed(0)
     opts = Opts(task="babi:1", datatype="valid", batchsize=1)

@@ -60,6 +60,7 @@ def test_a_forked_run_prints_and_exits_as_a_fresh_one(tmp_path):
 
 @pytest.mark.multiprocess
 @pytest.mark.timeout(300)
+@pytest.mark.slow
 def test_a_forked_run_has_the_fresh_runs_folder_environment_and_path(tmp_path, monkeypatch):
     """Checked from inside: a probe module imported by `-m` from the working folder, as a user's agent is."""
     if not zygote.CLIENT.enabled:

@@ -562,6 +562,7 @@ def test_make_loader_gives_a_poptorch_dataloader_with_the_plans_combined_batch()
 
 @pytest.mark.multiprocess
 @pytest.mark.timeout(120)
+@pytest.mark.slow
 def test_make_loader_async_rebatched_mode():
     backend = emulated_backend()
     plan = ExecutionPlan(micro_batch=2, device_iterations=2)

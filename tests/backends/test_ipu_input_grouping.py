@@ -237,6 +237,7 @@ def test_eval_scores_every_row_once(group_type, rows):
 
 
 @pytest.mark.parametrize("group_type, reduction", [("consecutive", "mean"), ("orthogonal", "sum")])
+@pytest.mark.slow
 def test_memnn_with_grouped_replicas_trains_like_half_the_replicas(monkeypatch, group_type, reduction):
     """memnn on babi:1 through accelbatch.run: -rf 4 in groups of 2 feeds the rows of -rf 2 and ends with its
     weights (Sum: with half its learning rate), and evaluates every example once."""

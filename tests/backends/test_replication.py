@@ -222,6 +222,7 @@ def test_no_leak_after_gloo_run(replicated):
 
 
 @pytest.mark.timeout(120)
+@pytest.mark.slow
 def test_child_exception_propagates_and_ends_the_others():
     start = time.monotonic()
     with pytest.raises(ProcessRaised) as err:
