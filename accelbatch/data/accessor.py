@@ -270,10 +270,7 @@ class _Worker:
 
 
 def _exit_on_sigterm(*_: Any) -> None:
-    """End the worker, running cleanup (which stops the source's own workers, e.g. a DataLoader's). Their
-    deaths are expected now: torch's SIGCHLD handler, which a DataLoader installs, would report each as a
-    failure (a traceback on a run that ended well), so it goes first."""
-    signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+    """End the worker, running cleanup (which stops the source's own workers, e.g. a DataLoader's)."""
     sys.exit(0)
 
 
@@ -290,7 +287,8 @@ def _worker_main(index: int, conn: Any, source: Any, transform: Callable | None,
     except (_Stop, BrokenPipeError):
         pass
     finally:
-        # a DataLoader's workers still running are ended as this process exits: no failure to report
+        # the source's own workers (a DataLoader's) still running are ended as this process exits: expected
+        # deaths, which torch's SIGCHLD handler (installed by a DataLoader) would report as failures
         signal.signal(signal.SIGCHLD, signal.SIG_DFL)
 
 

@@ -46,6 +46,18 @@ class Marked:
             yield torch.full((2,), float(i))
 
 
+class SpawnedLoader:
+    """A DataLoader over the numbers 0..n-1 in batches of 2, its 2 workers started by spawn (as in a replica
+    process, whose start method is spawn): each pass waits seconds for them."""
+
+    def __init__(self, n):
+        self.n = n
+
+    def __iter__(self):
+        data = torch.utils.data.TensorDataset(torch.arange(float(self.n)))
+        return iter(torch.utils.data.DataLoader(data, batch_size=2, num_workers=2, multiprocessing_context="spawn"))
+
+
 class Failing:
     def __init__(self, at, how):
         self.at, self.how = at, how
@@ -306,3 +318,19 @@ def test_ctrl_c_or_a_vanished_consumer_leave_no_worker(tmp_path, how):
         assert "Traceback" not in err.split("KeyboardInterrupt")[-1]     # the worker printed nothing
     assert gone(worker, within=15)
     assert orphaned_shm(shm) == set()
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(90)
+def test_a_dataloader_source_stopped_while_its_workers_start_ends_without_a_word(capfd, no_leaks):
+    """The worker loads the next pass as soon as one ends, so a consumer that stops after a pass finds it
+    waiting for its DataLoader's workers to start; stopped then (SIGTERM, after the grace), their deaths
+    were reported as failures by torch's SIGCHLD handler: two tracebacks on a run that ended well."""
+    accessor = AsyncDataAccessor(SpawnedLoader(8), buffer_size=2)
+    try:
+        got = [batch[0].clone() for batch in accessor]
+    finally:
+        accessor.terminate()
+    assert torch.equal(torch.cat(got), torch.arange(8.0))
+    err = capfd.readouterr().err
+    assert "Traceback" not in err and "killed by signal" not in err, err
