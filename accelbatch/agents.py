@@ -189,7 +189,9 @@ class TorchAgent(Agent):
         if shared is None:
             torch.manual_seed(opts.seed)
             self.model = agent_checks.built_model(self)
-            self.optimizer = self.build_optimizer(self.model)
+            # as ParlAI's agents: an optimizer only for training (eval, display-model and interactive skip
+            # building one, and with it torch's first-optimizer import of torch._dynamo: 1.7 s of start-up)
+            self.optimizer = self.build_optimizer(self.model) if is_training(opts.datatype) else None
             self.slot = EngineSlot()
             self.metrics = Metrics()
             self.load_notes: list[str] = []  # what loading a model file changed, for the run to say once
@@ -446,14 +448,13 @@ class TorchAgent(Agent):
                 same_kind = False
         if not same_kind:
             self.optimizer = self.build_optimizer(self.model)
-            if is_training(self.opts.datatype):  # eval, display-model, interactive use no optimizer
-                self.load_notes.append(f"{option} {path}: saved with {saved_kind or 'another'} optimizer state; "
-                                       f"{kind} starts fresh (weights loaded)")
+            self.load_notes.append(f"{option} {path}: saved with {saved_kind or 'another'} optimizer state; "
+                                   f"{kind} starts fresh (weights loaded)")
             return
         if "ipu_state" in saved and self.slot.engine is None:
             self._device_optimizer_state = saved  # saved on an IPU: for the engine's optimizer (attach_engine)
         had = set_learning_rates(self.optimizer, fresh)
-        if had and is_training(self.opts.datatype):  # eval, display-model, interactive train nothing
+        if had:
             self.load_notes.append(f"{option} {path}: continuing with -lr {rates_text(fresh)} (the file's optimizer "
                                    f"had {had})")
 
