@@ -473,7 +473,11 @@ def _replica(rank: int, opts: Opts) -> dict | BaseException | None:
 
 
 def run_replicas(opts: Opts) -> dict | None:
-    """Start one process per replica (spawn, gloo) and return rank 0's report."""
+    """Start one process per replica (spawn, gloo) and return rank 0's report; a script calling :func:`main`
+    with unguarded top-level code is refused first (each replica would run it again to start)."""
+    from accelbatch.main_guard import check_main_guard
+
+    check_main_guard(f"-rf/--replication-factor {opts.replication_factor}")
     if opts.device == "cuda":
         from accelbatch.backends.cuda import spawn_cuda_replicas
 

@@ -53,6 +53,24 @@ def test_an_unguarded_script_is_refused_before_any_process_starts_and_a_guarded_
 
 
 @pytest.mark.multiprocess
+@pytest.mark.timeout(120)
+def test_a_script_calling_the_command_line_with_replicas_is_refused_before_any_process_starts(tmp_path):
+    """``accelbatch.cli.main([... -rf 2])`` at a script's top level: each replica would run the script again to
+    start (it ended with "replica 1 of 2 exited with code 1 without a Python traceback (out of memory?
+    killed?)" after Python's bootstrapping error in the replica)."""
+    script = tmp_path / "unguarded.py"
+    script.write_text("import sys\nfrom accelbatch.cli import main\n\n"
+                      "sys.exit(main(['train', '-t', 'babi:1', '-m', 'bag', '-tstep', '2', '-rf', '2', "
+                      "'--no-progress', '--eval-splits', '', '-veps', '-1']))\n")
+    ran = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=100, env=ENV,
+                         cwd=tmp_path)
+    assert ran.returncode == 2, ran.stderr[-2000:]
+    lines = ran.stderr.strip().splitlines()
+    assert len(lines) == 1 and "-rf/--replication-factor 2 starts processes that import unguarded.py" in lines[0] \
+        and "line 4" in lines[0] and "if __name__ ==" in lines[0], ran.stderr[-2000:]
+
+
+@pytest.mark.multiprocess
 @pytest.mark.timeout(60)
 def test_a_child_that_finds_itself_running_the_script_ends_with_a_code_the_parent_names():
     code = ("import multiprocessing; multiprocessing.current_process()._inheriting = True\n"
