@@ -333,7 +333,8 @@ def _failure(replicas: Supervisor, group_timeout_s: float, judge: bool) -> Proce
                f"--replica-timeout-s={group_timeout_s:g} s or whose peer failed, raise that option if steps "
                "really take that long; gloo aborts when the replicas' collectives do not match, e.g. tensors of "
                "other sizes; NCCL_DEBUG=INFO or TORCH_DISTRIBUTED_DEBUG=DETAIL says more)" if index in aborted
-               else "(out of memory? killed?)")
+               else "(out of memory? killed?)" if killed
+               else "(an exit of its own, or an error before it started: what it printed above says which)")
         return ProcessDied(f"replica {index} of {replicas.nprocs} (pid {replicas.pids[index]}) {how} without "
                            f"a Python traceback {why}; the other replicas were ended"
                            + _consequences("died, these replicas failed too (as a consequence)", records),

@@ -56,8 +56,8 @@ def test_an_unguarded_script_is_refused_before_any_process_starts_and_a_guarded_
 @pytest.mark.timeout(120)
 def test_a_script_calling_the_command_line_with_replicas_is_refused_before_any_process_starts(tmp_path):
     """``accelbatch.cli.main([... -rf 2])`` at a script's top level: each replica would run the script again to
-    start (it ended with "replica 1 of 2 exited with code 1 without a Python traceback (out of memory?
-    killed?)" after Python's bootstrapping error in the replica)."""
+    start (it ended with "replica 1 of 2 exited with code 1 without a Python traceback" after Python's
+    bootstrapping error in the replica)."""
     script = tmp_path / "unguarded.py"
     script.write_text("import sys\nfrom accelbatch.cli import main\n\n"
                       "sys.exit(main(['train', '-t', 'babi:1', '-m', 'bag', '-tstep', '2', '-rf', '2', "

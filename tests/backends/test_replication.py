@@ -208,6 +208,14 @@ def _raising_worker(rank: int):
     dist.barrier()  # rank 0 would wait here forever if nobody ended it
 
 
+def _exiting_worker(rank: int):
+    import torch.distributed as dist
+
+    if rank == 1:
+        os._exit(3)  # no exception for the parent to report: the process just ends
+    dist.barrier()
+
+
 def _sleeping_worker(rank: int, pid_dir: str | None = None):
     if pid_dir:
         with open(os.path.join(pid_dir, f"{rank}.pid"), "w") as fh:
@@ -233,6 +241,22 @@ def test_child_exception_propagates_and_ends_the_others():
     assert err.value.index == 1 and err.value.role == "replica"
     assert err.value.error_types[0] == "builtins.ValueError" and err.value.error_message == "boom from replica 1"
     assert time.monotonic() - start < 60
+    assert_no_leaked_children()
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.slow
+def test_a_replica_exiting_with_a_code_of_its_own_is_named_with_it_not_as_a_kill():
+    """A replica that ends with os._exit(3) (or Python's own exit 1 at a start-up error) was said to have
+    ended "(out of memory? killed?)", which fits a signal, not an exit code."""
+    from accelbatch.procs import ProcessDied
+
+    with pytest.raises(ProcessDied) as err:
+        spawn_replicas(_exiting_worker, 2, timeout_s=90)
+    text = str(err.value)
+    assert "replica 1 of 2" in text and "exited with code 3 without a Python traceback" in text, text
+    assert "out of memory" not in text and "what it printed above" in text, text
+    assert err.value.exitcode == 3
     assert_no_leaked_children()
 
 
