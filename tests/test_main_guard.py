@@ -53,6 +53,7 @@ def test_an_unguarded_script_is_refused_before_any_process_starts_and_a_guarded_
 
 
 @pytest.mark.multiprocess
+@pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_a_script_calling_the_command_line_with_replicas_is_refused_before_any_process_starts(tmp_path):
     """``accelbatch.cli.main([... -rf 2])`` at a script's top level: each replica would run the script again to
