@@ -26,7 +26,7 @@ from accelbatch.metrics import Metrics, merge_reports, wants_bleu
 from accelbatch.names import UnknownNameError, import_path
 from accelbatch.opts import OptionError, Opts, eval_datatype, is_training, split_of  # noqa: F401 (re-exported)
 from accelbatch.task_weights import task_weights
-from accelbatch.tasks.files import DataFileError, FileIndex, load_numbered_episodes
+from accelbatch.tasks.files import DataFileError, FileIndex, episode_at, load_numbered_episodes
 
 # task name -> "module:Class"; a task string is "name" or "name:argument" (e.g. babi:1, jsonl:PATH).
 TASK_PATHS: dict[str, str] = {
@@ -298,7 +298,7 @@ class FileTeacher(FixedTeacher):
             return FileStore(FileIndex.build(path, fmt), self.id, self.training)
         numbered = load_numbered_episodes(path, fmt)
         return EpisodeStore([episode for _, episode in numbered], self.id, self.training,
-                            where=lambda i: f"{path}: the episode at line {numbered[i][0]}")
+                            where=lambda i: episode_at(path, numbered[i][0]))
 
     @staticmethod
     def resolve_path(opts: Opts) -> str:

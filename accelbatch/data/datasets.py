@@ -28,7 +28,7 @@ from accelbatch.data.schedule import EpisodeTable
 from accelbatch.data.squash import histories
 from accelbatch.messages import EPISODE_DONE, EVAL_LABELS, ID, LABEL_CANDIDATES, LABELS, TEXT, FrozenMessage, Message
 from accelbatch.metrics import AnswerTable
-from accelbatch.tasks.files import DataFileError, FileIndex
+from accelbatch.tasks.files import DataFileError, FileIndex, episode_at
 
 PADDING = FrozenMessage({EPISODE_DONE: True})
 CACHE_BYTES = 8 << 20  # of a streamed file's text, kept parsed (FileStore)
@@ -219,7 +219,7 @@ class Store:
 
 class EpisodeStore(Store):
     """Episodes held in memory, every turn prepared once. ``where(i)``, when given, says where episode ``i``
-    comes from (``PATH: the episode at line N``): a turn that cannot be served is refused naming it."""
+    comes from (:func:`~accelbatch.tasks.files.episode_at`): a turn that cannot be served is refused naming it."""
 
     def __init__(self, episodes: Sequence[Sequence[dict]], speaker: str, training: bool,
                  where: Callable[[int], str] | None = None):
@@ -268,8 +268,7 @@ class FileStore(Store):
         try:
             return prepare_episode(turns, self.speaker, self.training)
         except DataFileError as exc:  # the turn's own fault: say where it is, as the loaded file's store does
-            raise DataFileError(f"{self.index.path}: the episode at line {int(self.index.lines[index])}: "
-                                f"{exc}") from None
+            raise DataFileError(f"{episode_at(self.index.path, int(self.index.lines[index]))}: {exc}") from None
 
     def episode(self, index: int) -> list[FrozenMessage]:
         return self._read(index)

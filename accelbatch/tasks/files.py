@@ -253,6 +253,11 @@ def iter_episodes(path: str, fmt: str | None = None) -> Iterator[list[Message]]:
     return (episode for _, episode in iter_numbered_episodes(path, fmt))
 
 
+def episode_at(path: str, line: int) -> str:
+    """Where an episode of a file is, as a refusal of one of its turns names it."""
+    return f"{path}: the episode at line {line}"
+
+
 def load_numbered_episodes(path: str, fmt: str | None = None) -> list[tuple[int, list[Message]]]:
     """All episodes of a file, each with the line it starts on; an empty file is an error naming it."""
     episodes = list(iter_numbered_episodes(path, fmt))

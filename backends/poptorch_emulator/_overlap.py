@@ -91,7 +91,7 @@ class OverlapMarks:
             return
         if getattr(options._execution_strategy, "mode", "") == "pipelined":
             raise compiler_error(_PIPELINED)
-        if not options.TensorLocations._values.get("numIOTiles"):
+        if not options.TensorLocations.toDict().get("numIOTiles"):
             raise compiler_error("No IO tiles allocated. You must allocate at least 32 IO tiles using "
                                  "poptorch.Options().TensorLocations.numIOTiles.")
         if OutputMode(options.output_mode) not in (OutputMode.All, OutputMode.Sum):  # Default: resolved by now

@@ -34,7 +34,6 @@ from torch.overrides import TorchFunctionMode
 from accelbatch.plan import reserved_ipus
 
 from . import _overlap, blocks
-from ._overlap import OverlapMarks
 from .enums import AutoStage, ConnectionType, Liveness
 from .poptorch_core import compiler_error, py_error
 
@@ -267,7 +266,7 @@ class _Trace:
         self._stages = strategy._stage_manager()
         self._next_auto_id = 0
         self.placement = Placement(strategy.mode)
-        self.overlap: OverlapMarks | None = None
+        self.overlap: _overlap.OverlapMarks | None = None
         self._active_ipu = 0
         self._last_ipu = 0
 
@@ -305,7 +304,7 @@ class _Trace:
 
 
 class _SeeOps(TorchFunctionMode):
-    def __init__(self, trace: _Trace, marks: OverlapMarks | None) -> None:
+    def __init__(self, trace: _Trace, marks: _overlap.OverlapMarks | None) -> None:
         super().__init__()
         self._trace, self._marks = trace, marks
 
@@ -322,7 +321,7 @@ def tracing(options: Any, inputs: Any = None) -> Iterator[_Trace]:
     """Within: the model's blocks and ops are traced under ``options``' strategy, and with ``inputs`` (the
     forward's BoundInputs) its overlap marks; then :func:`check_trace`."""
     trace = _Trace(options._execution_strategy)
-    trace.overlap = OverlapMarks(inputs) if inputs is not None else None
+    trace.overlap = _overlap.OverlapMarks(inputs) if inputs is not None else None
     token, marks_token = blocks.set_trace(trace), _overlap.ACTIVE.set(trace.overlap)
     try:
         with _SeeOps(trace, trace.overlap):
