@@ -473,7 +473,7 @@ def _replica(rank: int, opts: Opts) -> dict | BaseException | None:
 
 
 def run_replicas(opts: Opts) -> dict | None:
-    """Start one process per replica (spawn, gloo) and return rank 0's report; a script calling :func:`main`
+    """Start one process per replica (forkserver, gloo) and return rank 0's report; a script calling :func:`main`
     with unguarded top-level code is refused first (each replica would run it again to start)."""
     from accelbatch.main_guard import check_main_guard
 

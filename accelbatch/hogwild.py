@@ -1,6 +1,6 @@
 """Hogwild on CPU: ``--numthreads N`` processes, each with its own world, one model in shared memory.
 
-ParlAI's semantics, in processes (started with ``spawn`` under :class:`accelbatch.procs.Supervisor`):
+ParlAI's semantics, in processes (forked from the forkserver under :class:`accelbatch.procs.Supervisor`):
 
 * The main process's model agent (built and compiled by the factory) has its parameters and buffers moved to
   shared memory. Each child builds its own world with the ``build_child`` the factory hands in (its own

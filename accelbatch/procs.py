@@ -36,7 +36,7 @@ from typing import Any, NamedTuple
 import torch
 import torch.multiprocessing as tmp
 
-from accelbatch import stack_files
+from accelbatch import forkserver, stack_files
 from accelbatch.orphans import end_with_parent, parent_for
 from accelbatch.proc_end import Children, end
 from accelbatch.proc_errors import (
@@ -62,11 +62,12 @@ INTERRUPTED = 130              # exit code of a child that stopped on KeyboardIn
 class ChildSpec:
     """How a Supervisor's children start. ``label`` names child ``index`` in messages (fields role, index,
     pid, n); ``pipe``: the target is ``target(index, conn, *args)``, else ``target(index, *args)``; ``env`` is
-    set while starting (spawn children inherit it) and in the child; ``threads``: torch's threads there;
-    :meth:`Supervisor.stop` sends ``stop_request``, then waits ``stop_grace_s`` before SIGTERM."""
+    set while starting (a child takes the parent's environment as it is then) and in the child; ``threads``:
+    torch's threads there; :meth:`Supervisor.stop` sends ``stop_request``, then waits ``stop_grace_s`` before
+    SIGTERM. ``start_method``: the forkserver where there is one (:mod:`accelbatch.forkserver`), else spawn."""
 
     role: str
-    start_method: str = "spawn"
+    start_method: str = dataclasses.field(default_factory=forkserver.start_method)
     label: str = "{role} {index} (pid {pid})"
     pipe: bool = False
     ignore_sigint: bool = False
@@ -103,14 +104,18 @@ class _Report(NamedTuple):
     payload: Any
 
 
-def _child_main(_: int, index: int, spec: ChildSpec, target: Callable[..., Any], conn: Any,
-                stack_dir: str | None, parent_pid: int | None, args: tuple) -> None:
-    """Every child's entry (under torch's own wrapper): set the process up, run ``target``, report, exit.
+def _child_main(_: int, index: int, spec: ChildSpec, work: tuple[Callable[..., Any], tuple] | None, conn: Any,
+                stack_dir: str | None, parent_pid: int | None, parent: forkserver.ParentState | None) -> None:
+    """Every child's entry (under torch's own wrapper): set the process up, run its work (``target`` and
+    ``args``: given, or the first message on its pipe), report, exit. ``parent``: what a forkserver's child
+    takes from its parent.
 
     It started with SIGINT blocked (:func:`holding_sigint`): a Ctrl-C that came while it bootstrapped is
     pending. One that ignores SIGINT drops it, and a KeyboardInterrupt there is its code's, reported as an
     exception; another gets it as a KeyboardInterrupt once it runs ``target`` (reported as an interrupt, like
     any later one)."""
+    if parent is not None:
+        parent.apply()
     end_with_parent(parent_pid)
     if spec.own_process_group:
         os.setpgid(0, 0)
@@ -127,6 +132,7 @@ def _child_main(_: int, index: int, spec: ChildSpec, target: Callable[..., Any],
         stack_files.write_on_signal(stack_dir, index, STACK_SIGNAL, f"{spec.role} {index} (pid {os.getpid()}):")
     code, report = 0, None
     try:
+        target, args = conn.recv() if work is None else work
         signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})  # here: a pending one is an interrupt
         with guarded_stdout():  # a reader that left (| head) or a full disk does not stop the child's work
             result = target(index, conn, *args) if spec.pipe else target(index, *args)
@@ -144,7 +150,8 @@ def _child_main(_: int, index: int, spec: ChildSpec, target: Callable[..., Any],
         if report is not None:
             conn.send(report)
         conn.close()
-    if spec.start_method == "spawn":  # skip tearing down an interpreter with torch loaded (and gloo's aborts)
+    if spec.start_method in ("spawn", "forkserver"):  # no teardown of an interpreter with torch loaded (and
+        # gloo's aborts); a forkserver's child would skip the exit functions, which a spawned one runs
         try:
             atexit._run_exitfuncs()
             sys.stdout.flush()
@@ -184,7 +191,7 @@ class _HeldSigint:
 
 
 @contextlib.contextmanager
-def holding_sigint(start_method: str | None = None) -> Iterator[None]:
+def holding_sigint(start_method: str | None = None) -> Iterator[Callable[[], bool]]:
     """While processes start: SIGINT is blocked in this thread and, in the main thread, a SIGINT that comes
     meanwhile is held and delivered (to the handler there was) at the end.
 
@@ -195,7 +202,8 @@ def holding_sigint(start_method: str | None = None) -> Iterator[None]:
     not interrupted between starting a child and recording it either (that child would be leaked), nor
     while it sends a child its work; the Ctrl-C is not lost: it is raised when the children are recorded.
     (Where SIGINT is ignored it stays so, and the children inherit that.) ``start_method``: how they start
-    ("spawn" and "forkserver" need multiprocessing's resource tracker, started first)."""
+    ("spawn" and "forkserver" need multiprocessing's resource tracker, started first). It gives a function
+    telling whether a SIGINT came meanwhile (pending, or held: another thread may have taken it)."""
     main = threading.current_thread() is threading.main_thread()
     previous = signal.getsignal(signal.SIGINT) if main else None
     held = _HeldSigint(previous) if previous not in (None, signal.SIG_IGN) else None
@@ -206,7 +214,7 @@ def holding_sigint(start_method: str | None = None) -> Iterator[None]:
             resource_tracker.ensure_running()
     was_blocked = signal.SIGINT in signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
     try:
-        yield
+        yield lambda: signal.SIGINT in signal.sigpending() or held is not None and held.received
     finally:
         if not was_blocked:
             signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})  # a pending one: to ``held`` now
@@ -217,14 +225,14 @@ def holding_sigint(start_method: str | None = None) -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def _starting(spec: ChildSpec) -> Iterator[None]:
-    """The parent while children start: ``spec.env`` set (spawn children inherit it), SIGINT held
+def _starting(spec: ChildSpec) -> Iterator[Callable[[], bool]]:
+    """The parent while children start: ``spec.env`` set (the children take it with the environment), SIGINT held
     (:func:`holding_sigint`)."""
     saved = {key: os.environ.get(key) for key in spec.env}
     os.environ.update(spec.env)
     try:
-        with holding_sigint(spec.start_method):
-            yield
+        with holding_sigint(spec.start_method) as interrupted:
+            yield interrupted
     finally:
         os.environ.update({key: value for key, value in saved.items() if value is not None})
         for key in (key for key, value in saved.items() if value is None):
@@ -253,19 +261,30 @@ class Supervisor:
         stack_dir = stack_files.make_folder(nprocs) if spec.stack_dumps else None
         self._children = Children(spec, self._conns, stack_dir)
         self._finalizer = weakref.finalize(self, end, self._children)
+        # a forkserver's child takes its parent's state as it starts, and its work over its pipe: the server
+        # takes few descriptors with a start, and a hogwild model's shared tensors are one each
+        forked = spec.start_method == "forkserver"
+        work, parent_state = (None, forkserver.ParentState()) if forked else ((target, tuple(args)), None)
         try:
-            parent = parent_for(spec.start_method)
-            with _starting(spec):
+            parent_pid = parent_for(spec.start_method)
+            with _starting(spec) as interrupted:
+                if forked:
+                    forkserver.ensure_running()
                 for index, (_, child_end) in enumerate(pipes):  # one at a time: a failed start leaks none
                     try:
                         started = tmp.start_processes(
                             _child_main, nprocs=1, join=False, start_method=spec.start_method,
-                            args=(index, spec, target, child_end, stack_dir, parent, tuple(args)))
+                            args=(index, spec, work, child_end, stack_dir, parent_pid, parent_state))
                     except BrokenPipeError:  # it ended before it read its work: what it printed says why
-                        raise ProcessDied(f"{spec.role} {index} ended while starting (before it read its work; "
-                                          "its own output above says why)", role=spec.role, index=index) from None
+                        raise self._died_starting(index) from None
                     self._children.processes += started.processes
                     self._children.errors += _torch_errors(started)
+                # a Ctrl-C while they started (the forkserver's imports take seconds): its KeyboardInterrupt
+                # comes as the SIGINT is let through, and stops children still waiting for their work (quietly:
+                # they have set nothing up); a handler that does not raise lets them have it then
+                given = forked and not interrupted() and self._give_work(target, args)
+            if forked and not given:
+                self._give_work(target, args)
         except BaseException:
             self.stop()
             raise
@@ -279,6 +298,20 @@ class Supervisor:
         self._fds.update({proc.sentinel: ("end", i) for i, proc in enumerate(self._children.processes)})
         for fd in self._fds:
             self._poller.register(fd, select.POLLIN)
+
+    def _give_work(self, target: Callable[..., Any], args: Sequence[Any]) -> bool:
+        """Send each forked child its work (its first message)."""
+        for index, conn in enumerate(self._conns):
+            try:
+                conn.send((target, tuple(args)))
+            except BrokenPipeError:
+                raise self._died_starting(index) from None
+        return True
+
+    def _died_starting(self, index: int) -> ProcessDied:
+        """A child that ended before it read its work: what it printed says why."""
+        return ProcessDied(f"{self.spec.role} {index} ended while starting (before it read its work; its own "
+                           "output above says why)", role=self.spec.role, index=index)
 
     @property
     def exitcodes(self) -> list[int | None]:

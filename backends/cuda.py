@@ -424,8 +424,10 @@ def spawn_cuda_replicas(fn: Callable[..., Any], replicas: int, *args: Any, timeo
             raise PlanError(f"--replication-factor {replicas} on --device cuda needs {replicas} GPUs, "
                             f"{torch.cuda.device_count()} are visible: lower --replication-factor, or use "
                             f"--gradient-accumulation for the same combined batch on fewer GPUs")
+    # spawned, not forked from the forkserver: a process that has touched the CUDA driver must not fork
     return distributed.spawn_replicas(fn, replicas, *args, timeout_s=timeout_s, init_process_group=cpu,
-                                      backend="gloo", group_timeout_s=group_timeout_s)
+                                      backend="gloo", group_timeout_s=group_timeout_s,
+                                      start_method=None if cpu else "spawn")
 
 
 __all__ = ["AccelerateHooks", "CUDABackend", "CUDAEngine", "StepGuard", "cuda_unavailable_reason",

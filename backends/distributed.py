@@ -2,7 +2,8 @@
 
 What the CLI / run integration needs:
 
-* ``spawn_replicas(fn, R, *args, timeout_s=...)`` starts R processes with the ``spawn`` start method
+* ``spawn_replicas(fn, R, *args, timeout_s=...)`` starts R processes (forked from the forkserver where there is
+  one, :mod:`accelbatch.forkserver`, else spawned; ``start_method="spawn"`` spawns them) with
   (``MASTER_ADDR=127.0.0.1``, ``OMP_NUM_THREADS=1``, and torchrun's ``RANK``, ``LOCAL_RANK``, ``WORLD_SIZE``;
   ``MASTER_PORT`` is a rendezvous store the parent holds for the whole call, as torchrun's agent does, so no other
   process can take the port between its choice and the group's start), initialises the gloo process group in each
@@ -189,8 +190,8 @@ def _replica_main(index: int, fn: Callable[..., Any], nprocs: int, port: int, in
 
 def spawn_replicas(fn: Callable[..., Any], nprocs: int, *args: Any, timeout_s: float | None = None,
                    init_process_group: bool = True, backend: str = "gloo",
-                   group_timeout_s: float = DEFAULT_GROUP_TIMEOUT_S) -> list[Any]:
-    """Run ``fn(rank, *args)`` in ``nprocs`` spawned processes joined in one gloo group; return results.
+                   group_timeout_s: float = DEFAULT_GROUP_TIMEOUT_S, start_method: str | None = None) -> list[Any]:
+    """Run ``fn(rank, *args)`` in ``nprocs`` processes joined in one gloo group; return their results.
 
     See the module docstring. ``group_timeout_s`` bounds each collective: a replica that does not join one
     in time (hung, deadlocked) ends the run with :class:`~accelbatch.procs.ProcessTimeout` naming it and
@@ -203,7 +204,8 @@ def spawn_replicas(fn: Callable[..., Any], nprocs: int, *args: Any, timeout_s: f
     store = _rendezvous_store(group_timeout_s)
     port = store.port
     spec = dataclasses.replace(_REPLICAS, env={"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
-                                               _AGENT_STORE: "True", "OMP_NUM_THREADS": "1"})
+                                               _AGENT_STORE: "True", "OMP_NUM_THREADS": "1"},
+                               start_method=start_method or _REPLICAS.start_method)
     replicas = Supervisor(spec, _replica_main, nprocs,
                           args=(fn, nprocs, port, init_process_group, backend, group_timeout_s, args))
     try:

@@ -108,12 +108,15 @@ def process_table() -> dict[int, tuple[int, str, bytes]]:
 
 def live_children(pid: int | None = None) -> list[tuple[int, str]]:
     """(pid, state) of a process's children from /proc, zombies included, long-lived helpers (resource
-    tracker, forkserver, the suite's preloader) left out."""
+    tracker, forkserver, the suite's preloader) left out, and the children of its forkserver counted as its
+    own (accelbatch's children fork from there)."""
     import os
 
     pid = os.getpid() if pid is None else pid
-    return [(child, state) for child, (parent, state, cmd) in process_table().items()
-            if parent == pid and not any(h in cmd for h in _MP_HELPERS)]
+    table = process_table()
+    servers = {child for child, (parent, _, cmd) in table.items() if parent == pid and b"forkserver" in cmd}
+    return [(child, state) for child, (parent, state, cmd) in table.items()  # a forked child has its server's cmd
+            if parent in servers or parent == pid and not any(h in cmd for h in _MP_HELPERS)]
 
 
 def descendants(pid: int) -> list[int]:

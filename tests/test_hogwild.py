@@ -20,7 +20,7 @@ from collections import Counter
 
 import pytest
 import torch
-from helpers import LabelEchoTorchAgent, process_table
+from helpers import LabelEchoTorchAgent, live_children
 
 from accelbatch.agents import Agent
 from accelbatch.build import create_world
@@ -128,7 +128,8 @@ def _helper_pids() -> set[int]:
 
 
 def _child_pids(parent: int) -> set[int]:
-    return {child for child, (ppid, _, _) in process_table().items() if ppid == parent}
+    """The children of ``parent``, with those of its forkserver (where hogwild processes fork from)."""
+    return {child for child, _ in live_children(parent)}
 
 
 def _semaphore_file(name: str) -> str:

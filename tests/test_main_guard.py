@@ -1,4 +1,4 @@
-"""A script that starts accelbatch's processes (async data accessor: forkserver; hogwild: spawn) must keep
+"""A script that starts accelbatch's processes (async data accessor, hogwild, replicas: forkserver) must keep
 its top-level code under ``if __name__ == "__main__":``, as Python's start methods re-run the script in each
 child: refused in the parent naming the script and line, before any process starts."""
 

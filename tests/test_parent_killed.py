@@ -15,7 +15,7 @@ import uuid
 from pathlib import Path
 
 import pytest
-from helpers import TAG_ENV, tagged_pids, wait_for_first_checkpoint
+from helpers import TAG_ENV, process_table, tagged_pids, wait_for_first_checkpoint
 
 pytestmark = pytest.mark.multiprocess
 ROOT = str(Path(__file__).resolve().parent.parent)
@@ -48,6 +48,8 @@ def test_a_run_killed_by_sigkill_leaves_no_child(tmp_path: Path, args: list[str]
         while tagged_pids(tag) and time.monotonic() < gone_by:
             time.sleep(0.05)
         left = tagged_pids(tag)
+        table = process_table()
+        described = {pid: (table[pid][0], table[pid][2][:120]) for pid in left if pid in table}  # parent, cmd
     finally:
         for pid in tagged_pids(tag) | ({proc.pid} if proc.poll() is None else set()):
             try:
@@ -55,5 +57,5 @@ def test_a_run_killed_by_sigkill_leaves_no_child(tmp_path: Path, args: list[str]
             except OSError:
                 pass
         proc.wait(timeout=30)
-    assert not left, f"processes {sorted(left)} outlived the killed run by 3 s"
+    assert not left, f"processes {described} (parent pid, command) outlived the killed run by 3 s"
 

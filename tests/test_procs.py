@@ -95,6 +95,14 @@ def answers_once(index: int, conn) -> None:
     conn.recv()
 
 
+def reports_what_it_inherited(index: int, tensors: list) -> tuple[str | None, int]:
+    """Prints a line, adds one to each tensor in place, and returns a variable of its environment."""
+    print(f"child {index} says hello", flush=True)
+    for tensor in tensors:
+        tensor += 1
+    return os.environ.get("ACCELBATCH_TEST_LATE"), len(tensors)
+
+
 # --- helpers ---------------------------------------------------------------------------------------------
 def assert_gone(pids: list[int]) -> None:
     assert multiprocessing.active_children() == []
@@ -247,10 +255,11 @@ def test_stop_and_garbage_collection_leave_no_process():
 
 @pytest.mark.multiprocess
 @pytest.mark.timeout(90)
-@pytest.mark.slow
-def test_spawned_children_get_their_own_group_name_environment_and_ignore_ctrl_c():
-    spec = ChildSpec(role="hogwild process", pipe=True, ignore_sigint=True, own_process_group=True,
-                     process_name="worker-{index}", env={"ACCELBATCH_TEST_VALUE": "42"}, stop_request="stop")
+@pytest.mark.parametrize("start_method", [pytest.param("spawn", marks=pytest.mark.slow), "forkserver"])
+def test_children_get_their_own_group_name_environment_and_ignore_ctrl_c(start_method):
+    spec = ChildSpec(role="hogwild process", start_method=start_method, pipe=True, ignore_sigint=True,
+                     own_process_group=True, process_name="worker-{index}", env={"ACCELBATCH_TEST_VALUE": "42"},
+                     stop_request="stop")
     before = os.environ.get("ACCELBATCH_TEST_VALUE")
     with Supervisor(spec, describes_itself, 1) as sup:
         assert os.environ.get("ACCELBATCH_TEST_VALUE") == before
@@ -354,4 +363,29 @@ def test_a_child_blocked_sending_to_a_stopping_parent_reads_its_stop_request():
         while len(sup._inbox) < 2:  # both are sending
             sup.wait(5)
     assert sup.exitcodes == [0, 0]
+    assert_gone(sup.pids)
+
+
+@pytest.mark.multiprocess
+@pytest.mark.timeout(60)
+def test_a_forked_child_takes_its_parents_environment_output_and_any_number_of_shared_tensors(capfd, monkeypatch):
+    """A forkserver's child starts from the server's state: it must still see a variable set after the server
+    started, write where the parent's output goes now (here: this test's capture), and take more shared
+    tensors than the server passes descriptors with a start (252; a hogwild model's parameters, one each)."""
+    import torch
+
+    from accelbatch import forkserver
+
+    with holding_sigint("forkserver"):
+        forkserver.ensure_running()  # before the variable and the capture: the server has neither
+    monkeypatch.setenv("ACCELBATCH_TEST_LATE", "set after the server started")
+    tensors = [torch.zeros(2).share_memory_() for _ in range(300)]
+    with Supervisor(ChildSpec(role="worker", start_method="forkserver"), reports_what_it_inherited, 2,
+                    args=(tensors,)) as sup:
+        while not sup.wait(30):
+            pass
+    assert sup.failed() == [] and sup.results == [("set after the server started", 300)] * 2
+    assert all(torch.equal(tensor, torch.full((2,), 2.0)) for tensor in tensors)  # both children's updates
+    out = capfd.readouterr().out
+    assert "child 0 says hello" in out and "child 1 says hello" in out
     assert_gone(sup.pids)

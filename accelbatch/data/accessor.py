@@ -31,15 +31,15 @@ ProcessRaised; a data worker's failure passed on is raised the same way. No batc
 :class:`EmptySourceError`; the worker dies: :class:`~accelbatch.procs.ProcessDied`; no batch within
 ``timeout_s``: :class:`~accelbatch.procs.ProcessTimeout`.
 
-Processes and memory. The worker runs under :class:`accelbatch.procs.Supervisor`, forked from a ``forkserver``
-that has imported torch and this module: fast (tens of ms, against about 1.5 s for ``spawn``) and, unlike
-``fork``, without the caller's threads, locks or CUDA context. (The preload list is process-wide; it takes
-effect when the server first starts.) The worker is not a daemon, so ``source`` may start data-loader workers
-(with the consumer's default start method). It ignores SIGINT, runs torch with one thread, exits when the
-consumer dies, and freezes what it was handed (``gc.freeze()``: the source, often a whole dataset, is then not
-walked by every full collection, there and in data workers forked from there, copying its pages). The ring is
-torch shared memory; with the ``file_descriptor`` strategy its ``/dev/shm`` entries are unlinked at once.
-:meth:`terminate` (also run by ``with``, garbage collection and interpreter exit) stops the worker.
+Processes and memory. The worker runs under :class:`accelbatch.procs.Supervisor`, forked from the process's
+forkserver (:mod:`accelbatch.forkserver`), which has imported torch and this module: fast (tens of ms, against
+about 1.5 s for ``spawn``) and, unlike ``fork``, without the caller's threads, locks or CUDA context. The
+worker is not a daemon, so ``source`` may start data-loader workers (with the consumer's default start
+method). It ignores SIGINT, runs torch with one thread, exits when the consumer dies, and freezes what it
+was handed (``gc.freeze()``: the source, often a whole dataset, is then not walked by every full collection,
+there and in data workers forked from there, copying its pages). The ring is torch shared memory; with the
+``file_descriptor`` strategy its ``/dev/shm`` entries are unlinked at once. :meth:`terminate` (also run by
+``with``, garbage collection and interpreter exit) stops the worker.
 """
 
 from __future__ import annotations
@@ -55,12 +55,12 @@ import signal
 import sys
 import time
 from collections.abc import Callable, Iterator
-from multiprocessing import forkserver
 from multiprocessing.reduction import ForkingPickler
 from typing import Any
 
 import torch
 
+from accelbatch import forkserver
 from accelbatch.data.rebatch import rebatch
 from accelbatch.procs import (
     ChildSpec,
@@ -293,11 +293,10 @@ def _worker_main(index: int, conn: Any, source: Any, transform: Callable | None,
 
 
 def start_worker_server() -> None:
-    """Start the forkserver the accessor's worker forks from, now: its imports (torch, this module) then
+    """Start the forkserver the accessor's worker forks from, now: its imports (torch, this module...) then
     overlap the caller's own start-up instead of delaying the first batch. It starts with SIGINT blocked
     (:func:`~accelbatch.procs.holding_sigint`), as do the processes it forks: a Ctrl-C meanwhile cannot
     interrupt its imports (it ignores SIGINT once they are done)."""
-    mp.get_context("forkserver").set_forkserver_preload(["accelbatch.data.accessor"])
     with holding_sigint("forkserver"):
         forkserver.ensure_running()
 
@@ -341,8 +340,6 @@ class AsyncDataAccessor:
         self._in_pass = False    # an iterator has started and not finished its pass
         self._free_msgs: dict[int, bytes] = {}
         self._worker: Supervisor | None = None
-        # the forkserver imports torch and this module once; every worker forks from it
-        mp.get_context("forkserver").set_forkserver_preload(["accelbatch.data.accessor"])
         try:
             self._worker = Supervisor(_WORKER, _worker_main, 1, args=(
                 source, transform, buffer_size + 1, load_indefinitely, self._epoch if early_preload else None,
