@@ -318,7 +318,7 @@ def test_a_ctrl_c_while_spawned_children_start_is_an_interrupt_or_ignored_never_
     """A terminal's Ctrl-C reaches children still importing torch (spawn): one that takes SIGINT reports an
     interrupt once it is set up, one that ignores it goes on; neither prints a traceback."""
     for ignore in (False, True):
-        spec = ChildSpec(role="worker", pipe=True, ignore_sigint=ignore, stop_request="stop")
+        spec = ChildSpec(role="worker", start_method="spawn", pipe=True, ignore_sigint=ignore, stop_request="stop")
         with Supervisor(spec, answers_once, 1) as sup:
             sup.signal(signal.SIGINT)  # it has only just started: seconds of imports are ahead of it
             if ignore:
