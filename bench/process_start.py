@@ -66,6 +66,9 @@ def main() -> None:
     parser.add_argument("--children", type=int, default=2)
     parser.add_argument("--rounds", type=int, default=3)
     args = parser.parse_args()
+    for option in ("children", "rounds"):
+        if getattr(args, option) < 1:
+            parser.error(f"--{option} {getattr(args, option)}: give 1 or more")
     spawn = [start_round("spawn", args.children) for _ in range(args.rounds)]
     with holding_sigint("forkserver"):
         forkserver.ensure_running()  # returns at once: the first round waits for the server's imports

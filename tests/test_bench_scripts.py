@@ -140,6 +140,14 @@ def test_padding_refuses_values_below_one(bench, monkeypatch, capsys, argv, opti
     assert option in _usage_error(capsys, module.main)
 
 
+@pytest.mark.parametrize("argv, option", [(["--children", "0"], "--children"), (["--rounds", "0"], "--rounds")])
+def test_process_start_refuses_values_below_one_before_starting_a_process(bench, monkeypatch, capsys, argv, option):
+    module = bench("process_start")
+    monkeypatch.setattr(module, "start_round", lambda *a: pytest.fail("a process was started"))
+    monkeypatch.setattr(sys, "argv", ["process_start.py", *argv])
+    assert option in _usage_error(capsys, module.main)
+
+
 class _FakeWorld:
     """Enough of a world for hogwild_scaling's loop: counts parleys and its shutdown calls."""
 
