@@ -28,7 +28,6 @@ from typing import Any
 from accelbatch.agent_files import construct, unread_model_file
 from accelbatch.agents import Agent, TorchAgent
 from accelbatch.checkpoint import has_saved_position
-from accelbatch.data.accessor import start_worker_server
 from accelbatch.hogwild import HogwildWorld
 from accelbatch.host_memory import apply_host_allocator
 from accelbatch.loader_world import LoaderWorld, awaits_replies
@@ -38,6 +37,7 @@ from accelbatch.optimizers import learning_rates, set_learning_rates
 from accelbatch.opts import OptionError, Opts
 from accelbatch.ordered_pass import check_ordered_pass
 from accelbatch.plan import ExecutionPlan
+from accelbatch.procs import start_forkserver
 from accelbatch.start_method import keeps_default_start_method
 from accelbatch.teachers import (
     FixedTeacher,
@@ -389,10 +389,10 @@ def create_world(opts: Opts | Mapping[str, Any], agent: Agent | type[Agent] | st
         check_main_guard(f"--dataloader-mode {opts.dataloader_mode}", _sent_agent(opts, agent, teacher))
     fitted = None
     if runtime is None and opts.dataloader_mode != "sync" and opts.numthreads <= 1:
-        # the async accessor's process server imports torch while this process builds the agent; the
-        # allocator first, whose settings it inherits
+        # the forkserver the async accessor's worker forks from imports torch while this process builds the
+        # agent; the allocator first, whose settings it inherits
         apply_host_allocator(opts.host_allocator)
-        start_worker_server()
+        start_forkserver()
     if runtime is None and rows is None and getattr(getattr(agent, "slot", None), "runtime", None) is None:
         teacher = teacher or create_teacher(opts)
         opts, fitted = fit_batch_to_data(opts, teacher)

@@ -52,7 +52,8 @@ from accelbatch.proc_errors import (
 from accelbatch.stdout_guard import guarded_stdout
 
 __all__ = ["INTERRUPTED", "STACK_SIGNAL", "Channel", "ChildSpec", "FailureRecord", "ProcessDied", "ProcessFailure",
-           "ProcessRaised", "ProcessTimeout", "Supervisor", "describe_exit", "holding_sigint", "raised_as"]
+           "ProcessRaised", "ProcessTimeout", "Supervisor", "describe_exit", "holding_sigint", "raised_as",
+           "start_forkserver"]
 
 STACK_SIGNAL = signal.SIGUSR1  # a child started with ChildSpec.stack_dumps writes its Python stacks on it
 INTERRUPTED = 130              # exit code of a child that stopped on KeyboardInterrupt (its message was sent)
@@ -222,6 +223,16 @@ def holding_sigint(start_method: str | None = None) -> Iterator[Callable[[], boo
             signal.signal(signal.SIGINT, previous)
             if held.received:
                 signal.raise_signal(signal.SIGINT)  # as it would have been handled (KeyboardInterrupt, a flag)
+
+
+def start_forkserver() -> None:
+    """Start the forkserver children fork from (:mod:`accelbatch.forkserver`) now, where there is one: its
+    imports then overlap the caller's own start-up instead of delaying its first child. SIGINT is held
+    meanwhile (:func:`holding_sigint`): the server and what it forks inherit it blocked, so a Ctrl-C cannot
+    interrupt their imports (the server ignores it once they are done)."""
+    if forkserver.start_method() == "forkserver":
+        with holding_sigint("forkserver"):
+            forkserver.ensure_running()
 
 
 @contextlib.contextmanager

@@ -60,7 +60,6 @@ from typing import Any
 
 import torch
 
-from accelbatch import forkserver
 from accelbatch.data.rebatch import rebatch
 from accelbatch.procs import (
     ChildSpec,
@@ -68,7 +67,6 @@ from accelbatch.procs import (
     ProcessFailure,
     ProcessTimeout,
     Supervisor,
-    holding_sigint,
     raised_as,
 )
 
@@ -291,14 +289,6 @@ def _worker_main(index: int, conn: Any, source: Any, transform: Callable | None,
         # deaths, which torch's SIGCHLD handler (installed by a DataLoader) would report as failures
         signal.signal(signal.SIGCHLD, signal.SIG_DFL)
 
-
-def start_worker_server() -> None:
-    """Start the forkserver the accessor's worker forks from, now: its imports (torch, this module...) then
-    overlap the caller's own start-up instead of delaying the first batch. It starts with SIGINT blocked
-    (:func:`~accelbatch.procs.holding_sigint`), as do the processes it forks: a Ctrl-C meanwhile cannot
-    interrupt its imports (it ignores SIGINT once they are done)."""
-    with holding_sigint("forkserver"):
-        forkserver.ensure_running()
 
 
 class AsyncDataAccessor:
