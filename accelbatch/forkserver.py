@@ -20,12 +20,16 @@ import signal
 from multiprocessing import forkserver, reduction
 from typing import Any
 
+from accelbatch.orphans import parent_for
+
 __all__ = ["PRELOAD", "ParentState", "ensure_running", "start_method"]
 
-# what the server imports once: torch, what its first optimizer step imports, and the modules accelbatch's
-# children run (replicas and hogwild processes import the rest of the core through these)
-PRELOAD = ["torch", "torch._dynamo", "torch.distributed", "accelbatch.procs", "accelbatch.data.accessor",
-           "accelbatch.worlds", "accelbatch.agents"]
+# what the server imports once: first the module that makes it end with its starter (SERVER_PARENT), then
+# torch, what its first optimizer step imports, and the modules accelbatch's children run (replicas and
+# hogwild processes import the rest of the core through these)
+PRELOAD = ["accelbatch.forkserver_start", "torch", "torch._dynamo", "torch.distributed", "accelbatch.procs",
+           "accelbatch.data.accessor", "accelbatch.worlds", "accelbatch.agents"]
+SERVER_PARENT = "ACCELBATCH_FORKSERVER_PARENT"  # set while the server starts: the pid it ends with
 
 
 def start_method() -> str:
@@ -41,12 +45,21 @@ def ensure_running() -> None:
     The server starts with SIGTERM blocked too: it is in the caller's process group, and a SIGTERM to the
     whole group (a scheduler's, ``kill -TERM -PGID``) must reach the caller, which stops its children as it
     chooses (a checkpoint first), not end the server and, with it, every child. Children unblock it
-    (:meth:`ParentState.apply`)."""
+    (:meth:`ParentState.apply`).
+
+    And it ends with the caller (:mod:`accelbatch.forkserver_start`, where started from the main thread,
+    whose end is the process's): left to itself it would end only once it noticed the caller gone and then
+    tore down an interpreter with torch loaded (0.9-1.5 s on a quiet machine, more under load), and the children
+    end with the server."""
     multiprocessing.get_context("forkserver").set_forkserver_preload(PRELOAD)
     blocked = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
+    parent = parent_for("spawn")  # the server is a spawned child of this process
+    if parent:
+        os.environ[SERVER_PARENT] = str(parent)
     try:
         forkserver.ensure_running()
     finally:
+        os.environ.pop(SERVER_PARENT, None)
         if signal.SIGTERM not in blocked:
             signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})
 

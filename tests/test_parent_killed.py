@@ -59,3 +59,55 @@ def test_a_run_killed_by_sigkill_leaves_no_child(tmp_path: Path, args: list[str]
         proc.wait(timeout=30)
     assert not left, f"processes {described} (parent pid, command) outlived the killed run by 3 s"
 
+
+
+STARTS_A_SERVER = """
+import sys
+from multiprocessing import forkserver
+
+from accelbatch.procs import ChildSpec, Supervisor
+
+if __name__ == "__main__":
+    with Supervisor(ChildSpec(role="child", start_method="forkserver"), print, 1) as children:  # the server is up
+        while not children.wait(30):
+            pass
+    print(forkserver._forkserver._forkserver_pid, flush=True)
+    sys.stdin.read()  # until killed
+"""
+
+
+def _gone(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as handle:
+            return handle.read().rsplit(")", 1)[1].split()[0] == "Z"
+    except OSError:
+        return True
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(60)
+def test_the_forkserver_ends_at_once_with_the_process_that_started_it(tmp_path: Path) -> None:
+    """Children fork from the run's forkserver and end with it; the server itself, left to notice that the run
+    is gone, then tore down an interpreter with torch loaded (0.9-1.5 s on a quiet machine, over 3 s under load)
+    while every child lived on. It ends with the run at once (PDEATHSIG)."""
+    script = tmp_path / "starts_a_server.py"
+    script.write_text(STARTS_A_SERVER)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([ROOT, os.environ.get("PYTHONPATH", "")])}
+    proc = subprocess.Popen([sys.executable, str(script)], cwd=str(tmp_path), env=env, stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        lines = [proc.stdout.readline() for _ in range(2)]  # the child's print (its index), the server's pid
+        assert lines[0].strip() == "0" and lines[1].strip().isdigit(), (lines, proc.stderr.read())
+        server = int(lines[1])
+        assert not _gone(server)
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(timeout=30)
+        killed = time.monotonic()
+        while not _gone(server) and time.monotonic() - killed < 10:
+            time.sleep(0.01)
+        took = time.monotonic() - killed
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert took < 0.5, f"the forkserver outlived the process that started it by {took:.2f} s"
