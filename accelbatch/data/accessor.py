@@ -290,7 +290,6 @@ def _worker_main(index: int, conn: Any, source: Any, transform: Callable | None,
         signal.signal(signal.SIGCHLD, signal.SIG_DFL)
 
 
-
 class AsyncDataAccessor:
     """Iterate ``source`` in a background process through a shared-memory ring (see the module docstring).
 
