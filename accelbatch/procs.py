@@ -293,8 +293,10 @@ class Supervisor:
                 # a Ctrl-C while they started (the forkserver's imports take seconds): its KeyboardInterrupt
                 # comes as the SIGINT is let through, and stops children still waiting for their work (quietly:
                 # they have set nothing up); a handler that does not raise lets them have it then
-                given = forked and not interrupted() and self._give_work(target, args)
-            if forked and not given:
+                held_back = forked and interrupted()
+                if forked and not held_back:
+                    self._give_work(target, args)
+            if held_back:
                 self._give_work(target, args)
         except BaseException:
             self.stop()
@@ -310,14 +312,13 @@ class Supervisor:
         for fd in self._fds:
             self._poller.register(fd, select.POLLIN)
 
-    def _give_work(self, target: Callable[..., Any], args: Sequence[Any]) -> bool:
+    def _give_work(self, target: Callable[..., Any], args: Sequence[Any]) -> None:
         """Send each forked child its work (its first message)."""
         for index, conn in enumerate(self._conns):
             try:
                 conn.send((target, tuple(args)))
             except BrokenPipeError:
                 raise self._died_starting(index) from None
-        return True
 
     def _died_starting(self, index: int) -> ProcessDied:
         """A child that ended before it read its work: what it printed says why."""

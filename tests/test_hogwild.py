@@ -115,18 +115,6 @@ class FailsInChildAgent(Agent):
 
 
 # --- leak checks ----------------------------------------------------------------------------------------
-def _helper_pids() -> set[int]:
-    """Long-lived helpers started once per interpreter (not ours to stop): multiprocessing's resource
-    tracker, the suite's preloader of subprocesses (tests/zygote.py)."""
-    from multiprocessing import resource_tracker
-
-    import zygote
-
-    pids = {getattr(resource_tracker._resource_tracker, "_pid", None)}
-    pids.add(zygote.CLIENT.process.pid if zygote.CLIENT.process is not None else None)
-    return pids - {None}
-
-
 def _child_pids(parent: int) -> set[int]:
     """The children of ``parent``, with those of its forkserver (where hogwild processes fork from)."""
     return {child for child, _ in live_children(parent)}
@@ -167,7 +155,7 @@ def no_leaks(monkeypatch):
     earlier = _child_pids(os.getpid())  # e.g. a forkserver another test module started and keeps
 
     def new_children() -> set[int]:
-        return _child_pids(os.getpid()) - earlier - _helper_pids()
+        return _child_pids(os.getpid()) - earlier
 
     yield
     gc.collect()

@@ -73,7 +73,7 @@ from accelbatch.procs import (
 __all__ = ["AsyncDataAccessor", "EmptySourceError", "pickle_batch"]
 
 _ALIGN = 64
-_WORKER = ChildSpec(role="data accessor", start_method="forkserver", pipe=True, ignore_sigint=True,
+_WORKER = ChildSpec(role="data accessor", pipe=True, ignore_sigint=True,
                     label="a data worker (the AsyncDataAccessor process, pid {pid})", stop_request=("stop",),
                     process_name="accelbatch-async-data", stop_grace_s=1.0, died_hint=" before finishing the "
                     "pass (out of memory? a crash in the dataset or collate function?)")
