@@ -288,6 +288,9 @@ def _worker_main(index: int, conn: Any, source: Any, transform: Callable | None,
         # the source's own workers (a DataLoader's) still running are ended as this process exits: expected
         # deaths, which torch's SIGCHLD handler (installed by a DataLoader) would report as failures
         signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+        # exiting already: a stop's SIGTERM that comes while the exit functions run (a slow finalizer under
+        # load outlasts the grace) has nothing left to end, and raised in one of them it would be printed
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
 
 
 class AsyncDataAccessor:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import atexit
 import dataclasses
 import gc
 import os
@@ -56,6 +57,18 @@ class SpawnedLoader:
     def __iter__(self):
         data = torch.utils.data.TensorDataset(torch.arange(float(self.n)))
         return iter(torch.utils.data.DataLoader(data, batch_size=2, num_workers=2, multiprocessing_context="spawn"))
+
+
+class SlowToExit:
+    """Batches 0..n-1; iterating it registers an exit function that outlasts the accessor's stop grace (1 s),
+    as torch's finalizers can under load: the stop's SIGTERM then reaches the worker while it exits."""
+
+    def __init__(self, n):
+        self.n = n
+
+    def __iter__(self):
+        atexit.register(time.sleep, 1.6)
+        return iter([torch.full((2,), float(i)) for i in range(self.n)])
 
 
 class Failing:
@@ -334,3 +347,19 @@ def test_a_dataloader_source_stopped_while_its_workers_start_ends_without_a_word
     assert torch.equal(torch.cat(got), torch.arange(8.0))
     err = capfd.readouterr().err
     assert "Traceback" not in err and "killed by signal" not in err, err
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(60)
+def test_a_stop_that_reaches_an_exiting_worker_ends_it_without_a_word(capfd, no_leaks):
+    """The stop's SIGTERM came while the worker ran its exit functions (after the grace, under load): its
+    handler raised SystemExit inside one of them, and Python printed "Exception ignored in atexit callback"
+    with a traceback on a run that ended well."""
+    accessor = AsyncDataAccessor(SlowToExit(4), buffer_size=2)
+    try:
+        got = [batch.clone() for batch in accessor]
+    finally:
+        accessor.terminate()
+    assert torch.equal(torch.stack(got)[:, 0], torch.arange(4.0))
+    err = capfd.readouterr().err
+    assert "Traceback" not in err and "Exception ignored" not in err, err
