@@ -8,9 +8,10 @@ async accessor with 2 data workers), one round is:
 1. a world built by ``create_world`` (as ``accelbatch train`` builds it) runs ``--warmup`` steps untimed;
    the model and optimizer state are copied;
 2. the world runs ``--steps`` steps, timed (sync: this process's CPU time, which load from other processes
-   disturbs far less; async: wall time, as data workers run in other processes), while the
-   tensors its engine receives are recorded (a clone outside the timed region would not fit: the recording
-   is a reference to the batch, which the engine does not modify);
+   disturbs far less; async: wall time, as data workers run in other processes), each step timed alone,
+   while the tensors its engine receives are recorded (a reference to the batch, which the engine does not
+   modify, cloned after the step outside the timed region: an async batch's tensors are views of the
+   accessor's shared-memory ring, which the next batch reuses);
 3. the plain loop starts from the copied state and runs ``zero_grad / forward / backward / step`` over the
    recorded batches, timed (``--interleave``, sync only: each batch's plain step right after the world's step,
    so that load from other processes on the cores hits both sides alike).
@@ -108,10 +109,12 @@ def one_round(opts: Any, warmup: int, steps: int, now: Any, interleave: bool = F
                 _plain_steps(model, optimizer, recorded[-1:])
                 framework_s, plain_s = framework_s + middle - start, plain_s + now() - middle
         else:
-            start = now()
             for _ in range(steps):
+                start = now()
                 world.parley()
-            framework_s = now() - start
+                framework_s += now() - start
+                # an async batch's tensors are views of the accessor's ring, reused once the next is fetched
+                recorded[-1] = {k: v.clone() for k, v in recorded[-1].items()}
         del engine.train_step
         if rows is not None:
             rows.append(world.get_total_exs() - exs_before)

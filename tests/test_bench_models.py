@@ -293,15 +293,19 @@ def _framework_overhead_bench():
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("model,interleave", [("bag", False), ("conv", False), ("bag", True)])
-def test_framework_overhead_bench_replays_the_batches_the_world_trained(model, interleave):
-    """bench/framework_overhead.py compares like with like only if its plain loop trains the same weights."""
+@pytest.mark.parametrize("model,interleave,mode", [
+    ("bag", False, "sync"), ("conv", False, "sync"), ("bag", True, "sync"),
+    pytest.param("bag", False, "async", marks=[pytest.mark.multiprocess, pytest.mark.timeout(120)])])
+def test_framework_overhead_bench_replays_the_batches_the_world_trained(model, interleave, mode):
+    """bench/framework_overhead.py compares like with like only if its plain loop trains the same weights
+    (async: on copies of the batches, whose tensors are views of the accessor's ring until the next one)."""
     import argparse
     import time
 
     bench = _framework_overhead_bench()
     args = argparse.Namespace(task=None, episodes=200, seed=0)
-    opts = bench.base_opts(args, model=bench.BAG if model == "bag" else bench.CONV, batchsize=8)
+    opts = bench.base_opts(args, model=bench.BAG if model == "bag" else bench.CONV, batchsize=8,
+                           **bench.MODES[mode])
     parts: dict[str, float] = {}
     framework_s, plain_s, diff = bench.one_round(opts, warmup=2, steps=5, now=time.perf_counter,
                                                  interleave=interleave, parts=parts)

@@ -46,6 +46,7 @@ from accelbatch.data.workers import (
     init_data_worker,
     pad_to_shape,
     unpacked,
+    unpickled,
 )
 from accelbatch.messages import Message
 from accelbatch.tasks.files import FileIndex
@@ -68,7 +69,7 @@ class Loader:
     def _start_accessor(self) -> None:
         self._accessor = AsyncDataAccessor(self._dataloader, buffer_size=self.config.buffer_size,
                                            early_preload=True, load_indefinitely=True,
-                                           timeout_s=self.config.timeout_s)
+                                           timeout_s=self.config.timeout_s, transform=unpickled)
 
     @property
     def mode(self) -> str:

@@ -261,6 +261,19 @@ def identity(x: Any) -> Any:
     return x
 
 
+def unpickled(items: Iterator[Any]) -> Iterator[Any]:
+    """The data workers' pickled batches as objects: the async accessor's transform, so that its process, not
+    the consumer, unpickles them, and its shared-memory ring carries their tensors to the consumer uncopied
+    (unpickled there, each batch's tensors were copied out of its bytes on the training step's path)."""
+    try:
+        for item in items:
+            yield pickle.loads(item) if isinstance(item, bytes) else item
+    finally:
+        close = getattr(items, "close", None)
+        if close is not None:
+            close()
+
+
 def unpacked(items: Iterator[Any]) -> Iterator[Any]:
     try:
         for item in items:

@@ -279,3 +279,16 @@ def test_full_default_budget_is_parlais(no_leaks, label_truncate, rows):
     assert sorted(i for b in batches for i in b.ids) == list(range(40))
     assert all(b.padded_len == 10 for b in batches)
     assert max(b.num_real for b in batches) == rows
+
+
+@pytest.mark.multiprocess
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("workers", [0, 2])
+def test_async_batches_reach_the_caller_in_the_accessors_ring(workers, no_leaks):
+    """With or without data workers, an async batch's tensors are views of the accessor's shared-memory ring:
+    a data worker's pickled batch is unpickled in the accessor's process, not copied out of its bytes in the
+    caller's, on the training step's path."""
+    with make_loader(examples(60), collate=COLLATE, training=False, batch_size=8, mode="async",
+                     num_workers=workers) as loader:
+        shared = [t.is_shared() for batch in loader for t in batch.tensors.values()]
+    assert len(shared) == 3 * 8 and all(shared)
