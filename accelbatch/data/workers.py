@@ -264,7 +264,7 @@ def identity(x: Any) -> Any:
 def unpickled(items: Iterator[Any]) -> Iterator[Any]:
     """The data workers' pickled batches as objects: the async accessor's transform, so that its process, not
     the consumer, unpickles them, and its shared-memory ring carries their tensors to the consumer uncopied
-    (unpickled there, each batch's tensors were copied out of its bytes on the training step's path)."""
+    (unpickled in the consumer, each batch's tensors would be copied out of its bytes on the training step's path)."""
     try:
         for item in items:
             yield pickle.loads(item) if isinstance(item, bytes) else item
@@ -275,15 +275,14 @@ def unpickled(items: Iterator[Any]) -> Iterator[Any]:
 
 
 def unpacked(items: Iterator[Any]) -> Iterator[Any]:
+    """Batches as objects; a data worker's failure raised here, as the user's exception."""
+    loaded = unpickled(items)
     try:
-        for item in items:
-            item = pickle.loads(item) if isinstance(item, bytes) else item
+        for item in loaded:
             if isinstance(item, _Failed):  # the user's exception as itself (raised_as), as without workers
                 raise raised_as(item.record.to_error(
                     "data worker", item.worker, item.pid,
                     name=f"a data worker (--num-workers: worker {item.worker}, pid {item.pid})"))
             yield item
     finally:  # an early stop reaches the source (the accessor resets its pass)
-        close = getattr(items, "close", None)
-        if close is not None:
-            close()
+        loaded.close()
