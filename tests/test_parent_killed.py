@@ -60,7 +60,6 @@ def test_a_run_killed_by_sigkill_leaves_no_child(tmp_path: Path, args: list[str]
     assert not left, f"processes {described} (parent pid, command) outlived the killed run by 3 s"
 
 
-
 STARTS_A_SERVER = """
 import sys
 from multiprocessing import forkserver
