@@ -139,6 +139,43 @@ class MetricsLog:
         except OSError as exc:
             self._drop_file(exc)
 
+    def end(self) -> int | None:
+        """Where the log file ends now (bytes; every record written so far is flushed), kept by a checkpoint;
+        None when the log is not a regular file of its own (none given, stdout or stderr, a device or pipe)."""
+        if not self.path or self._borrowed or (self.handle is None and standard_stream(self.path) is not None):
+            return None
+        try:
+            return os.path.getsize(self.path) if os.path.isfile(self.path) else \
+                None if os.path.exists(self.path) else 0
+        except OSError:
+            return None
+
+    def cut_to(self, saved: dict[str, Any] | None) -> None:
+        """--resume: cuts the log file back to where it ended when the checkpoint was saved (``saved``: its path
+        and size), as TensorBoard's ``purge_step`` does, so that the records of the steps the resumed run trains
+        again (written after the checkpoint, before the run was killed) are not there twice. A resume that
+        writes another file, or a file shorter than that or with no record ending there, is left alone."""
+        if not saved or not self.path or saved.get("path") != os.path.abspath(self.path) or self.handle:
+            return
+        size = int(saved.get("bytes", -1))
+        try:
+            if size < 0 or not os.path.isfile(self.path) or os.path.getsize(self.path) <= size:
+                return
+            with open(self.path, "r+b") as handle:
+                handle.seek(max(size - 1, 0))
+                before = handle.read(1) if size else b"\n"
+                after = handle.read()
+                if before != b"\n":
+                    return
+                handle.truncate(size)
+        except OSError as exc:
+            print(f"accelbatch: --resume: --metrics-log {self.path}: cannot cut it back to the checkpoint "
+                  f"({exc.strerror or exc}); the records after it stay", file=sys.stderr)
+            return
+        count = after.count(b"\n")
+        print(f"accelbatch: --resume: --metrics-log {self.path}: {count} record{'s' * (count != 1)} written after "
+              "the checkpoint removed (this run writes them again)", file=sys.stderr)
+
     def _drop_file(self, exc: OSError) -> None:
         """Stops writing --metrics-log after a failed write, saying so once (closing it then fails the same way:
         its buffer still holds the line that failed)."""

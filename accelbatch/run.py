@@ -20,6 +20,7 @@ from accelbatch.agents import Agent, TorchAgent
 from accelbatch.best_valid import BestValid, continued_best, forget_best, metric_mode, write_best
 from accelbatch.build import Runtime, as_opts, attach_runtime, create_world
 from accelbatch.checkpoint import checkpoint_dir, has_saved_position
+from accelbatch.eval_splits import eval_opts, eval_teachers
 from accelbatch.metric_names import metric_names_problem, select_metrics, unvalidated_metric_note
 from accelbatch.metrics import combine_reports
 from accelbatch.model_opts import agent_name, with_agent_shape, write_model_opts
@@ -32,8 +33,7 @@ from accelbatch.report_table import MetricsLog
 from accelbatch.run_control import ModelFileLock, PeriodicSaver, StopSignals, check_output_paths, steps_together
 from accelbatch.start_method import keeps_default_start_method
 from accelbatch.state import Checkpointer
-from accelbatch.tasks.files import DataFileError
-from accelbatch.teachers import Teacher, create_teacher, eval_datatype, is_training, portable_task, split_of, task_names
+from accelbatch.teachers import eval_datatype, is_training, portable_task, split_of, task_names
 from accelbatch.tensorboard_log import TensorBoardLog
 from accelbatch.train_state import TrainState
 from accelbatch.worlds import World
@@ -193,8 +193,8 @@ def _train(world: World, opts: Opts, log: MetricsLog, runtime: Runtime, stop: St
     per_epoch = world.num_examples()
     target_exs = opts.num_epochs * per_epoch if opts.num_epochs > 0 else math.inf
     next_validation = opts.validation_every_n_epochs * per_epoch if opts.validation_every_n_epochs > 0 else math.inf
-    checkpoints = Checkpointer(opts, backend, runtime.plan) if opts.model_file and isinstance(model, TorchAgent) \
-        else None
+    checkpoints = Checkpointer(opts, backend, runtime.plan, log) if opts.model_file and \
+        isinstance(model, TorchAgent) else None
     if checkpoints is not None and not opts.resume and main and has_saved_position(opts.model_file):
         print(f"accelbatch: {checkpoint_dir(opts.model_file)} holds an earlier run's position; this run starts "
               "afresh and its checkpoints replace it (--resume continues that run instead)", file=sys.stderr)
@@ -223,7 +223,7 @@ def _train(world: World, opts: Opts, log: MetricsLog, runtime: Runtime, stop: St
     logged: dict[str, float] = {}  # the world's metrics (cumulative: never reset in training) at the last log
 
     def valid_world_made() -> World:
-        made = create_world(_eval_opts(opts, "valid"), agent=model, runtime=runtime)
+        made = create_world(eval_opts(opts, "valid"), agent=model, runtime=runtime)
         worlds_made.callback(made.shutdown)
         return made
 
@@ -231,7 +231,7 @@ def _train(world: World, opts: Opts, log: MetricsLog, runtime: Runtime, stop: St
     reading = time.monotonic()
     if next_validation < math.inf or opts.validation_every_n_secs > 0:  # bad valid data fails now, not an epoch on
         valid_world = valid_world_made()
-    teachers = _eval_teachers(opts, {"valid"} if valid_world is not None else set())  # their data fails now too
+    teachers = eval_teachers(opts, {"valid"} if valid_world is not None else set())  # their data fails now too
     state.started += time.monotonic() - reading  # reading the evaluation data is not training time (-ttim)
     last_log, window_exs, window_start, log_next = time.monotonic(), 0, time.monotonic(), False
     window_data = getattr(world, "data_time_s", 0.0)
@@ -292,6 +292,8 @@ def _train(world: World, opts: Opts, log: MetricsLog, runtime: Runtime, stop: St
         return stops
 
     def save(validation_cut: bool = False) -> None:
+        if backend.decide(window_exs > 0)[0]:  # the log then holds what the checkpoint holds (a resume cuts it
+            log_window(time.monotonic())        # back there: a record after it is of steps trained again)
         checkpoints.save(world, model.engine, {"train": state.to_json(), "next_validation": next_validation,
                                                "train_metrics": renamed_tasks(trained(), portable),
                                                "validation_cut": validation_cut})
@@ -412,7 +414,7 @@ def _train(world: World, opts: Opts, log: MetricsLog, runtime: Runtime, stop: St
               f"of fewer rows than the -rf {replicas} replica processes, one of which would have no row of its own; "
               "train with -rf 1 to keep every example", file=sys.stderr)
     for split, teacher in teachers.items():
-        eval_world = create_world(_eval_opts(opts, split), agent=model, runtime=runtime, teacher=teacher)
+        eval_world = create_world(eval_opts(opts, split), agent=model, runtime=runtime, teacher=teacher)
         try:
             report[split] = evaluate(eval_world, log, split, backend, at={**position(), "final": True},
                                      stop=stop)
@@ -426,30 +428,6 @@ def _train(world: World, opts: Opts, log: MetricsLog, runtime: Runtime, stop: St
     if main and state.validations == 0 and (note := unvalidated_metric_note(opts, report.get("valid"))):
         print(note, file=sys.stderr)
     return report
-
-
-def _eval_opts(opts: Opts, split: str) -> Opts:
-    """Options of an evaluation inside training: in this process even when training is hogwild (the
-    model is shared, so this sees the latest weights without starting processes); a train split in eval
-    mode (each example once, in order: the train datatype repeats its data and trains on it)."""
-    streamed = "stream" in opts.datatype and "stream" not in split  # as ParlAI's eval worlds: read as trained
-    return opts.replace(datatype=eval_datatype(split) + (":stream" if streamed else ""), numthreads=1)
-
-
-def _eval_teachers(opts: Opts, checked: set[str]) -> dict[str, Teacher | None]:
-    """The teacher of each --eval-splits split, by its report name (a train split's eval-mode datatype), made
-    before training so that missing data fails before the first step, naming the option; None for the splits
-    in ``checked`` (a world built already read their data) and for mixed tasks (made when evaluated)."""
-    given = [s.strip() for s in opts.eval_splits.split(",") if s.strip()]
-    teachers: dict[str, Teacher | None] = {}
-    for split in dict.fromkeys(eval_datatype(s) for s in given):
-        try:
-            teachers[split] = None if split in checked else create_teacher(_eval_opts(opts, split))
-        except DataFileError as exc:
-            rest = ",".join(s for s in given if eval_datatype(s) != split) or "''"
-            raise DataFileError(f"--eval-splits {opts.eval_splits}: {split}: {exc}, or leave {split} out "
-                                f"(--eval-splits {rest})") from None
-    return teachers
 
 
 def _validate(world: World, opts: Opts, log: MetricsLog, state: TrainState, model: Agent,

@@ -146,11 +146,12 @@ class Checkpointer:
     """Saves and resumes a run: world, engine, RNG and counters of every replica (rank 0 writes).
 
     ``backend`` gives the collectives (``all_gather_object``, ``barrier``) and the topology; ``engine`` the
-    model and optimizer tensors (on a real IPU read back from the device by its ``state_dict``).
+    model and optimizer tensors (on a real IPU read back from the device by its ``state_dict``); ``log`` the
+    run's --metrics-log (a checkpoint keeps where it ended, a resume cuts it back there).
     """
 
-    def __init__(self, opts: Any, backend: Any, plan: Any):
-        self.opts, self.backend, self.plan = opts, backend, plan
+    def __init__(self, opts: Any, backend: Any, plan: Any, log: Any = None):
+        self.opts, self.backend, self.plan, self.log = opts, backend, plan, log
         # a resume from another folder goes on writing the same files (their paths are resumed with the run)
         self._outputs = {name: os.path.abspath(getattr(opts, name)) for name in
                          ("metrics_log", "report_json", "tensorboard_logdir") if getattr(opts, name)}
@@ -161,6 +162,9 @@ class Checkpointer:
         rngs = self.backend.all_gather_object(capture_rng())
         if self.backend.is_main_process():
             tensors = engine.state_dict()
+            end = self.log.end() if self.log is not None else None
+            if end is not None:
+                extra = {**extra, "metrics_log": {"path": os.path.abspath(self.log.path), "bytes": end}}
             opts = self.opts.replace(model=_model_trained(world, self.opts),  # as a resume must build it
                                      task=portable_task(self.opts.task, self.opts.datapath), **self._outputs)
             save_checkpoint(self.opts.model_file, model=tensors["model"], optimizer=tensors.get("optimizer"),
@@ -216,6 +220,8 @@ class Checkpointer:
             except (ValueError, KeyError, TypeError) as exc:
                 raise CheckpointError(f"--resume: {ckpt.path}: {first_line(exc)}") from None
         restore_rng(ckpt, rank=rank)
+        if self.log is not None:
+            self.log.cut_to(ckpt.state.get("metrics_log"))
         return {k: v for k, v in ckpt.state.items() if k != "data"}
 
 

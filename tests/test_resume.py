@@ -56,9 +56,9 @@ def test_interrupted_run_resumes_to_the_same_weights(tmp_path, tmp_path_factory,
     root, ref_dir = _reference(tmp_path_factory, plan)
     reference = ref_dir / "ref" / "model.pt"
 
-    model = tmp_path / "cut" / "model.pt"
-    proc = subprocess.Popen(_command(root, model, "--save-every-n-secs", "0.01", *plan), env=ENV,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    model, log = tmp_path / "cut" / "model.pt", tmp_path / "cut" / "log.jsonl"
+    proc = subprocess.Popen(_command(root, model, "--save-every-n-secs", "0.01", "--metrics-log", str(log), *plan),
+                            env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     wait_for_first_checkpoint(proc, model, max_delay_s=0.4)
     proc.send_signal(getattr(signal, how))
     _, err = proc.communicate(timeout=60)
@@ -81,6 +81,13 @@ def test_interrupted_run_resumes_to_the_same_weights(tmp_path, tmp_path_factory,
     assert cut_train["exs"] == ref_train["exs"]
     for key in ("loss", "accuracy"):
         assert cut_train[key] == pytest.approx(ref_train[key], abs=1e-6), key
+    # and so does the --metrics-log (the resume takes it from the checkpoint): a record for each window of
+    # steps, none written twice (a kill after a record, before the checkpoint that holds its steps) and none
+    # left out (a kill after a checkpoint, before the record of its steps)
+    records = [json.loads(line) for line in log.read_text().splitlines()]
+    steps = [r["step"] for r in records if r["split"] == "train"]
+    assert steps == sorted(set(steps)) and steps[-1] == cut_train["steps"], steps
+    assert sum(r["exs"] for r in records if r["split"] == "train") == cut_train["exs"]
 
 
 def test_a_tampered_checkpoint_is_refused_with_a_clear_message(tmp_path, capsys):
