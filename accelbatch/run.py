@@ -8,6 +8,7 @@ printed as a table and written to --report-json.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 import sys
@@ -150,12 +151,12 @@ def run(world: World, opts: Opts) -> dict[str, Any]:
     return report
 
 
-# what a world is built with and run() cannot change: its data, model, device, plan, feed and seed (-bs may be
-# lowered to the data when the world is built, an agent may shape its model itself: -esz; -lr and -opt are the
-# optimizer's, checked apart)
-WORLD_SHAPING = ("task", "datatype", "model", "device", "numthreads", "seed", "context_length", "include_labels",
-                 "batchsize", "device_iterations", "gradient_accumulation", "replication_factor", "mixed_precision",
-                 "dynamic_batching", "num_workers", "dataloader_mode")
+# what a world is built with and run() cannot change: its data, model, feed, seed and every option of its plan
+# (-bs may be lowered to the data when the world is built, an agent may shape its model itself: -esz; -lr and
+# -opt are the optimizer's, checked apart)
+WORLD_SHAPING = ("task", "datatype", "model", "numthreads", "seed", "context_length", "include_labels", "batchsize",
+                 "dynamic_batching", "num_workers", "dataloader_mode",
+                 *(f.name for f in dataclasses.fields(Opts) if f.metadata["group"] == "plan"))
 
 
 def _world_problem(world: World, opts: Opts) -> str | None:

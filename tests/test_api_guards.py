@@ -45,8 +45,12 @@ def _opts(task: str, **changes) -> Opts:
     (dict(), dict(device_iterations=2), "-di/--device-iterations 2, but the world was built with 1"),
     (dict(), dict(num_workers=1), "--num-workers 1, but the world was built with 0"),
     (dict(batchsize=4), dict(batchsize=2), "-bs/--batchsize 2, but the world was built with 4"),
+    (dict(), dict(output_mode="all"), "--output-mode 'all', but the world was built with 'default'"),
+    (dict(), dict(reduction="sum"), "--reduction 'sum', but the world was built with 'mean'"),
+    (dict(), dict(loss_normalization="token"), "--loss-normalization 'token', but the world was built with 'micro'"),
 ], ids=["train-world-evaluated", "valid-world-trained", "valid-world-as-test", "other-task", "other-model",
-        "other-seed", "other-device", "other-plan", "other-feed", "smaller-batch"])
+        "other-seed", "other-device", "other-plan", "other-feed", "smaller-batch", "other-output-mode",
+        "other-reduction", "other-loss-normalization"])
 def test_run_refuses_options_that_built_another_world(qa, built, given, flag):
     """run() ran the world as built, silently, with another -m, --device, --seed, plan or feed in its opts."""
     opts = _opts(qa, **built)
