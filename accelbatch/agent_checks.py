@@ -30,6 +30,19 @@ def missing(agent: Any, method: str) -> AgentMethodMissing:
                               "build_model(), batchify() and replies() (vectorize() optional)")
 
 
+def shared_of(agent: Any) -> dict[str, Any]:
+    """``agent.share()``, checked: a dict holding at least the clone's 'class' and 'opts', as ParlAI's share()
+    returns (a subclass adds to ``super().share()``)."""
+    shared = agent.share()
+    lacks = [key for key in ("class", "opts") if key not in shared] if isinstance(shared, dict) else None
+    if lacks is None or lacks:
+        got = f"a dict without {' and '.join(map(repr, lacks))}" if lacks else type(shared).__name__
+        raise ReplyError(f"{type(agent).__name__}.share() returned {got}: it must return a dict with the clone's "
+                         "'class' and 'opts'; start from super().share() and add to it, "
+                         "{**super().share(), 'model': self.model}")
+    return shared
+
+
 def from_shared(shared: dict[str, Any]) -> Any:
     """A clone built from ``share()``'s dict as ParlAI builds one, ``Class(opts, shared)``; a class whose
     ``__init__`` cannot take ``shared`` is told so in one line."""

@@ -72,7 +72,7 @@ class Agent:
         return {"class": type(self), "opts": self.opts}
 
     def clone(self) -> "Agent":
-        return agent_checks.from_shared(self.share())
+        return agent_checks.from_shared(agent_checks.shared_of(self))
 
     # ParlAI's name for opts: ported code reads (and sets) self.opt
     opt = property(lambda self: self.opts, lambda self, value: setattr(self, "opts", value))
@@ -80,7 +80,7 @@ class Agent:
     def fork(self) -> "Agent":
         """A clone for another world (e.g. validation): same model, its own metrics (a fresh one in place of
         metrics its ``share()`` hands on, as ParlAI agents share theirs with their clones)."""
-        shared = self.share()
+        shared = agent_checks.shared_of(self)
         if "metrics" in shared:
             shared = {**shared, "metrics": type(shared["metrics"])()}
         return agent_checks.from_shared(shared)

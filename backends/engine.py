@@ -66,26 +66,37 @@ def model_inputs(batch: TensorBatch | None) -> TensorBatch | None:
     return {k: v for k, v in batch.items() if k != LOSS_TOKENS}
 
 
-def loss_of(out: Mapping[str, torch.Tensor]) -> torch.Tensor:
-    if not isinstance(out, Mapping) or "loss" not in out:  # a tensor would be indexed by the string
-        got = "" if isinstance(out, Mapping) else f" (it returned {type(out).__name__})"
-        raise PlanError(f"the model's forward(batch) must return a dict with 'loss' (the mean loss over the "
-                        f"micro-batch's rows) when training{got}")
+def check_outputs(out: Any) -> Mapping[str, torch.Tensor]:
+    """``out`` when it is what a model's forward(batch) returns: a dict of tensors, its 'loss' (None or a tensor)
+    and per-row outputs; else a PlanError naming what is not."""
+    if not isinstance(out, Mapping):
+        raise PlanError(f"the model's forward(batch) returned {type(out).__name__}: it must return a dict of "
+                        "tensors (its 'loss' and per-row outputs such as 'scores')")
+    for key, value in out.items():
+        if isinstance(value, torch.Tensor) or (key == "loss" and value is None):
+            continue
+        if key == "loss":  # e.g. loss.item(): no gradient flows through a number
+            raise PlanError(f"the model's (-m) 'loss' is a {type(value).__name__}, not a tensor: return the loss "
+                            "tensor itself (not loss.item() or float(loss)); the gradient flows through it")
+        raise PlanError(f"the model's forward(batch) returned {key!r} as a {type(value).__name__}: every output is "
+                        "a tensor with one row per row of the batch (dim 0), not a list or a number (no .tolist() "
+                        "or .item() inside forward)")
+    return out
+
+
+def loss_of(out: Any) -> torch.Tensor:
+    if "loss" not in check_outputs(out) or out["loss"] is None:
+        raise PlanError("the model's forward(batch) must return a dict with 'loss' (the mean loss over the "
+                        "micro-batch's rows) when training")
     loss = out["loss"]
-    if not isinstance(loss, torch.Tensor):  # e.g. loss.item(): no gradient flows through a number
-        raise PlanError(f"the model's (-m) 'loss' is a {type(loss).__name__}, not a tensor: return the loss "
-                        "tensor itself (not loss.item() or float(loss)); the gradient flows through it")
     if loss.dim() != 0:
         raise PlanError(f"the model's 'loss' has shape {tuple(loss.shape)}; it must be a scalar: the mean "
                         "loss over the micro-batch's rows")
     return loss
 
 
-def _detached(out: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    if not isinstance(out, Mapping):
-        raise PlanError(f"the model's forward(batch) returned {type(out).__name__}: it must return a dict of "
-                        "tensors (its 'loss' and per-row outputs such as 'scores')")
-    return {k: v.detach() for k, v in out.items() if k != "loss"}
+def _detached(out: Any) -> dict[str, torch.Tensor]:
+    return {k: v.detach() for k, v in check_outputs(out).items() if k != "loss"}
 
 
 class _Mine(NamedTuple):
@@ -441,4 +452,4 @@ def _reported_loss(lay: CallLayout, shown: list[tuple[int, float]]) -> float | N
     return sum(n * v for n, (_, v) in zip(rows, shown)) / sum(rows)
 
 
-__all__ = ["LayoutEngine", "check_trainable", "loss_of", "slice_rows"]
+__all__ = ["LayoutEngine", "check_outputs", "check_trainable", "loss_of", "slice_rows"]

@@ -6,12 +6,13 @@ from __future__ import annotations
 
 import inspect
 import keyword
-from typing import Any, Callable, Mapping
+from typing import Any, Callable
 
 import torch
 
 from accelbatch.plan import ExecutionPlan, OutputMode, PlanError, Reduction
 
+from .engine import check_outputs, loss_of
 from .ipu_settings import IPUSettings
 
 # the graph input carrying each row's loss scale under --loss-normalization token (InputsAdapter strips it)
@@ -112,19 +113,11 @@ class InputsAdapter(torch.nn.Module):
     def forward(self, *tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
         inputs = dict(zip(self.keys, tensors))
         scale = inputs.pop(LOSS_SCALE, None)
-        out = self.model(inputs)
-        if not isinstance(out, Mapping):
-            raise PlanError("the model's forward(batch) must return a dict of tensors ('loss' and per-row "
-                            f"outputs), got {type(out).__name__}")
+        out = check_outputs(self.model(inputs))
         keys = tuple(k for k in out if k != "loss")
         has_loss = "loss" in out
         if self.graph_training:
-            if not has_loss:
-                raise PlanError("the model's forward(batch) must return a dict with 'loss' (the mean loss over "
-                                "the micro-batch's rows) when training")
-            if out["loss"].dim() != 0:
-                raise PlanError(f"the model's 'loss' has shape {tuple(out['loss'].shape)}; it must be a scalar: "
-                                "the mean loss over the micro-batch's rows")
+            loss_of(out)
         meta = self.meta
         if meta["out_keys"] is None:
             meta.update(out_keys=keys, has_loss=has_loss, dtypes={k: out[k].dtype for k in keys},

@@ -13,6 +13,7 @@ import accelbatch as ab
 from accelbatch.build import create_world
 from accelbatch.cli import main
 from accelbatch.opts import OptionError, Opts
+from accelbatch.plan import PlanError
 from accelbatch.run import evaluate, run
 from accelbatch.worlds import DialogPartnerWorld, ReplyError
 
@@ -140,6 +141,24 @@ def test_an_agent_whose_init_takes_no_shared_is_told_how_to_declare_it(write_jso
     assert len(err.splitlines()) == 1 and NO_SHARED in err, err
 
 
+class ForgetsSuper(ab.Agent):
+    """An agent whose share() builds its own dict (or None) instead of adding to super().share()'s."""
+
+    def act(self):
+        return {"text": "x"}
+
+    def share(self):
+        return None if self.opts.agent_args.get("none") else {"opts": self.opts}
+
+
+@pytest.mark.parametrize("args, got", [({}, "a dict without 'class'"), ({"none": True}, "NoneType")])
+def test_an_agent_whose_share_lacks_the_class_is_told_to_start_from_super(write_jsonl, args, got):
+    opts = Opts(task=_qa(write_jsonl), batchsize=2, datatype="valid", agent_args=args)
+    with pytest.raises(ReplyError, match=re.escape(f"ForgetsSuper.share() returned {got}: it must return a dict "
+                                                   "with the clone's 'class' and 'opts'; start from super().share()")):
+        create_world(opts, ForgetsSuper(opts))
+
+
 def test_opt_is_parlais_name_for_opts():
     opts = Opts(batchsize=3)
 
@@ -164,3 +183,38 @@ def test_evaluate_given_opts_for_its_log_is_refused_before_evaluating(write_json
         evaluate(world, opts)
     assert world.get_total_exs() == 0
     assert evaluate(world)["exs"] == EXAMPLES
+
+
+def _breaking_agent(breaks: str) -> type:
+    """examples/custom_agent.py's agent with a model whose forward returns a number or a list where a tensor
+    belongs: ``breaks`` is "loss" (loss.item()) or "scores" (scores.tolist())."""
+    import runpy
+
+    example = runpy.run_path("examples/custom_agent.py", run_name="example")
+
+    class Breaking(example["BagOfWordsRanker"]):
+        def forward(self, batch):
+            out = super().forward(batch)
+            out[breaks] = out[breaks].item() if breaks == "loss" else out[breaks].tolist()
+            return out
+
+    class Agent(example["MyAgent"]):
+        def build_model(self):
+            return Breaking(8)
+
+    return Agent
+
+
+@pytest.mark.parametrize("device", ["cpu", "ipu"])
+@pytest.mark.parametrize("breaks, says", [
+    ("loss", "the model's (-m) 'loss' is a float, not a tensor: return the loss tensor itself"),
+    ("scores", "the model's forward(batch) returned 'scores' as a list: every output is a tensor with one row per "
+               "row of the batch"),
+])
+def test_a_forward_returning_a_number_or_list_for_a_tensor_is_one_line_on_every_device(breaks, says, device):
+    """The IPU's graph adapter and the engine loop check a model's outputs alike (an AttributeError deep in
+    either before)."""
+    opts = Opts(task="babi:1", batchsize=4, max_train_steps=2, device=device, ipu_emulator=device == "ipu",
+                validation_every_n_epochs=-1, eval_splits="", progress=False)
+    with pytest.raises(PlanError, match=re.escape(says)):
+        run(create_world(opts, agent=_breaking_agent(breaks)), opts)
