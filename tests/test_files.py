@@ -1,5 +1,8 @@
 from __future__ import annotations
 
+import re
+import sys
+
 import pytest
 
 from accelbatch.tasks.files import DataFileError, FileIndex, iter_episodes, load_episodes, parse_parlai_line
@@ -245,6 +248,23 @@ def test_a_jsonl_key_given_twice_is_an_error_and_keys_in_values_or_nested_object
     [[msg]] = load_episodes(str(good))
     assert msg["text"] == 'say "x": y' and msg["meta"] == {"text": "inner", "labels": 1}
     bad = tmp_path / "bad.jsonl"
-    bad.write_text('{"text": "a", "labels": ["x"]}\n{"text": "a", "labels": ["x"], "text": "b"}\n')
-    with pytest.raises(DataFileError, match=f"{bad}:2: the key 'text' is given twice"):
-        load_episodes(str(bad))
+    for second in ('{"text": "a", "labels": ["x"], "text": "b"}', '{"text" : "a", "labels" : ["x"], "text" : "b"}',
+                   '{"text"\t:"a", "labels":["x"], "text":"b"}'):  # JSON allows whitespace before the colon
+        bad.write_text('{"text": "a", "labels": ["x"]}\n' + second + "\n")
+        with pytest.raises(DataFileError, match=f"{bad}:2: the key 'text' is given twice"):
+            load_episodes(str(bad))
+    good.write_text('{"text" : "a", "labels"\t: ["x"]}\n')
+    assert load_episodes(str(good)) == [[{"text": "a", "labels": ["x"], "episode_done": True}]]
+
+
+@pytest.mark.parametrize("value, says", [
+    ("[" * 5000 + "]" * 5000, "JSON nested too deeply for Python's reader (about 1,000 levels of [ or {); flatten"),
+    ("1" * 5000, "not readable as JSON (Exceeds the limit (4300 digits) for integer string conversion"),
+], ids=["deep", "long-number"])
+def test_a_jsonl_line_json_can_parse_and_python_cannot_hold_is_one_error_naming_it(tmp_path, value, says):
+    if "digits" in says and not hasattr(sys, "get_int_max_str_digits"):
+        pytest.skip("this Python has no limit on the digits of an int")
+    path = tmp_path / "bad.jsonl"
+    path.write_text('{"text": "a", "labels": ["x"]}\n{"text": "a", "labels": ["x"], "v": ' + value + "}\n")
+    with pytest.raises(DataFileError, match=re.escape(f"{path}:2: {says}")):
+        load_episodes(str(path))

@@ -152,12 +152,14 @@ def test_named_pipe_as_data_is_refused_not_waited_on(tmp_path, stream):
     assert str(exc.value) == f"{pipe}: not a regular file (a pipe or device); give a file of the data"
 
 
-@pytest.mark.parametrize("end", ["", "\n"])  # the last line, unterminated: json says "... starting at"
+@pytest.mark.parametrize("end", ["", "\n", "\r\n"])  # an unterminated string: json says "... starting at"
 def test_json_error_message_says_at_once(tmp_path, end):
+    """The same message whatever ends the line (json.loads of the line with its break said "Invalid control
+    character" at the break)."""
     line = '{"text": "ok", "labels": ["unterminated' + end
     with pytest.raises(json.JSONDecodeError) as parsed:
-        json.loads(line)
-    assert parsed.value.msg.endswith(" at")  # json's own message ends with its "at"
+        json.loads(line.rstrip("\r\n"))
+    assert parsed.value.msg == "Unterminated string starting at"  # json's own message ends with its "at"
     path = tmp_path / "bad.jsonl"
     path.write_text(line)
     with pytest.raises(DataFileError) as exc:

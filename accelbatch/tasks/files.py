@@ -43,17 +43,24 @@ class DataFileError(ValueError):
 
 def parse_jsonl_line(line: str, path: str, lineno: int) -> Message:
     """One JSONL line -> Message; raises DataFileError naming path:lineno."""
+    text = _strip_line_end(line)  # a string left open ends at the line's end, not at its line break
     try:
-        obj = json.loads(line)
+        obj = json.loads(text)
     except json.JSONDecodeError as exc:
-        # past the line's first line break is its end (the parser counts the break as a line of its own)
-        column = exc.colno if exc.lineno == 1 else len(_strip_line_end(line)) + 1
         where = "column" if exc.msg.endswith(" at") else "at column"  # "Unterminated string starting at" has its at
-        raise DataFileError(f"{path}:{lineno}: not valid JSON ({exc.msg} {where} {column}); "
+        raise DataFileError(f"{path}:{lineno}: not valid JSON ({exc.msg} {where} {exc.colno}); "
                             "each line must be one JSON object") from None
-    # more keys written than read: a second one replaced a first (one scan of the line, json.dumps' '": ')
-    if isinstance(obj, dict) and line.count('":') > len(obj):
-        _refuse_repeated_keys(line, path, lineno)
+    except RecursionError:
+        raise DataFileError(f"{path}:{lineno}: JSON nested too deeply for Python's reader (about 1,000 levels of "
+                            "[ or {); flatten the line's values") from None
+    except ValueError as exc:  # a number past Python's limit of digits (sys.get_int_max_str_digits)
+        raise DataFileError(f"{path}:{lineno}: not readable as JSON ({str(exc).split(';')[0]}); write such a "
+                            "value as a string") from None
+    # more keys written than read: a second one replaced a first (one scan of the line for json.dumps' '": ',
+    # a search where a quote is followed by whitespace, which may stand before a colon)
+    written = len(_KEY_COLON.findall(text)) if '" ' in text or '"\t' in text else text.count('":')
+    if isinstance(obj, dict) and written > len(obj):
+        _refuse_repeated_keys(text, path, lineno)
     # a line decoded from UTF-8 holds no surrogate: only a JSON escape \ud800-\udfff makes one, so only a line
     # with such an escape has its strings searched (the search costs more than the parse)
     if _SURROGATE_ESCAPE.search(line):
@@ -64,6 +71,9 @@ def parse_jsonl_line(line: str, path: str, lineno: int) -> Message:
                                 f"at character {index} (half of a UTF-16 pair, e.g. an emoji cut in two); write the "
                                 "whole character or remove the escape")
     return _checked(obj, path, lineno, episode_done_default=True)
+
+
+_KEY_COLON = re.compile(r'"[ \t]*:')
 
 
 def _refuse_repeated_keys(line: str, path: str, lineno: int) -> None:
