@@ -40,7 +40,7 @@ from typing import Any
 
 import torch
 
-from . import _device, _outputs, _structure, blocks, execution_strategy, optim
+from . import _device, _outputs, _structure, blocks, execution_strategy, module_state, optim
 from ._inputs import ArgBinder, Batching, BoundInputs, CompiledInputs
 from ._mixed_precision import has_half_state, promoting
 from ._optim_state import to_device, to_host
@@ -74,9 +74,7 @@ class PoplarExecutor(PerfCounterMethods):
             options = options.clone()
         else:
             options = Options()
-        self._user_model = user_model or model
-        self._model = model
-        self._training = training
+        self._user_model, self._model, self._training = user_model or model, model, training
         if training:
             if options.defaultOutputMode():
                 options.outputMode(OutputMode.Final)
@@ -418,11 +416,13 @@ class PoplarExecutor(PerfCounterMethods):
         """One micro-batch; the first of a compilation is traced, and its placement checked (IPUs acquired
         unless ConnectionType.Never, pipeline depth) before anything is updated."""
         if self._placement is not None:
-            with promoting(self._half_state, self._als.activation_hook):
+            with promoting(self._half_state, self._als.activation_hook), module_state.from_constants(self._consts):
                 return self._model(*micro.args, **micro.kwargs)
+        stored, self._consts = module_state.addresses(self._model), module_state.tensor_constants(self._model)
         with execution_strategy.tracing(self._options, micro) as trace, \
                 promoting(self._half_state, self._als.activation_hook), refusing_broadcast(self._model, self._options):
             out = self._model(*micro.args, **micro.kwargs)
+        module_state.check_addresses(stored, self._model)
         execution_strategy.check_trace(trace, out, self._options, self._training)
         self._placement = trace.placement
         return out
