@@ -6,9 +6,10 @@
     python examples/ipu/06_generator_on_ipu.py --reply abcde     # the trained model's replies to your words
 
 The bundled ``-m transformer/generator`` (a small encoder-decoder transformer over UTF-8 bytes) learns the
-bundled ``-t reverse`` task (reply with the text's word reversed): about 95% exact replies after 3 epochs of
-6,000 words, in well under a minute on the emulator, with one torch thread (``OMP_NUM_THREADS=1``; 86% with
-two, whose float sums run in another order). Nothing in the script is device-specific:
+bundled ``-t reverse`` task (reply with the text's word reversed): 86-95% exact replies after 3 epochs of
+6,000 words, in about a minute on the emulator; the figure depends on the CPU and the torch threads
+(``OMP_NUM_THREADS``), whose float sums run in other orders (one machine: 95% with one thread, 86% with two;
+another: 88% and 93%). Nothing in the script is device-specific:
 
 * training is teacher forcing on the token loss. With ``-ga 2`` (and ``-rf``), ``--loss-normalization token``
   makes each weight update the per-token mean over its micro-batches, as one big batch would give (their
