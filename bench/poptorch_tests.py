@@ -1,15 +1,16 @@
 """Run PopTorch's own test files against the emulator through a module alias.
 
-PopTorch's ``tests/batching_test.py``, ``outputs_test.py``, ``options_test.py``, ``dataloader_test.py`` and
-the forward ops' ``slice_test.py``, ``loop_test.py``, ``if_test.py``, ``ipu_print_tensor_test.py`` (with their
-``conftest.py`` and ``helpers.py``) are copied, unmodified, from a graphcore/poptorch checkout or
-exported from a git dir into a temporary directory, next to a ``poptorch.py`` that makes ``import poptorch``
-(and ``poptorch.enums``, ``poptorch.optim``, ``poptorch.options``, ``poptorch.poptorch_core``) resolve to
-``accelbatch.backends.poptorch_emulator``, in pytest and in the data workers it starts. It also gives
-``torch.utils.data.Sampler`` back the ``__init__(data_source)`` of torch 2.0.1 (the SDK's torch), which the
-tests' batch samplers call. Pytest runs there; the script prints the passed / failed / skipped counts and
-each failure under a category (needs custom batch types, the SDK's torch, features the emulator leaves out,
-PopTorch's internals, or a real emulator defect). Nothing is fetched and nothing is written to the tree.
+PopTorch's ``tests/batching_test.py``, ``outputs_test.py``, ``options_test.py``, ``dataloader_test.py``,
+``buffers_test.py`` and the forward ops' ``slice_test.py``, ``loop_test.py``, ``if_test.py``,
+``ipu_print_tensor_test.py`` (with their ``conftest.py`` and ``helpers.py``) are copied, unmodified, from a
+graphcore/poptorch checkout or exported from a git dir into a temporary directory, next to a ``poptorch.py``
+that makes ``import poptorch`` (and ``poptorch.enums``, ``poptorch.optim``, ``poptorch.options``,
+``poptorch.poptorch_core``) resolve to ``accelbatch.backends.poptorch_emulator``, in pytest and in the data
+workers it starts. It also gives ``torch.utils.data.Sampler`` back the ``__init__(data_source)`` of torch 2.0.1
+(the SDK's torch), which the tests' batch samplers call. Pytest runs there; the script prints the passed /
+failed / skipped counts and each failure under a category (needs custom batch types, the SDK's torch, features
+the emulator leaves out, PopTorch's internals, or a real emulator defect). Nothing is fetched and nothing is
+written to the tree.
 
     .venv/bin/python bench/poptorch_tests.py --git-dir /work/.mirror/graphcore+poptorch/repo --ref sdk-release-3.3
     .venv/bin/python bench/poptorch_tests.py --poptorch-src ~/src/poptorch [--keep DIR] [-- -k rebatch]
@@ -34,7 +35,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 TEST_FILES = ("batching_test.py", "outputs_test.py", "options_test.py", "dataloader_test.py", "slice_test.py",
-              "loop_test.py", "if_test.py", "ipu_print_tensor_test.py")
+              "loop_test.py", "if_test.py", "ipu_print_tensor_test.py", "buffers_test.py")
 SUPPORT_FILES = ("conftest.py", "helpers.py")
 PLUGIN = "_poptorch_emulator_alias"
 
@@ -63,7 +64,8 @@ PLUGIN_SOURCE = "import poptorch  # noqa: F401\n"
 
 NEEDS_BATCH_TYPES = "needs custom batch types"
 NEEDS_SDK_TORCH = "needs the SDK's torch 2.0.1 (run the script with .ci/sdk_stack's .venv-sdk python)"
-NEEDS_FEATURES = "needs PopTorch features the emulator leaves out (pipelining, PopART profiles / proto files)"
+NEEDS_FEATURES = ("needs PopTorch features the emulator leaves out (pipelining, PopART profiles / proto files, "
+                  "copyNamedBuffersToDevice)")
 NEEDS_INTERNALS = "needs PopTorch internals (private attributes, poptorch_core functions, log output)"
 REAL_DEFECT = "real defect"
 
@@ -76,7 +78,7 @@ CATEGORY_RULES: tuple[tuple[str, str], ...] = (
     (NEEDS_INTERNALS, r"_validateOptions|_debugGetPopartIR|test_set_options_from_file|test_override_options_from_file"),
     (NEEDS_FEATURES, r"\b(Block|BeginBlock|Stage|AutoStage|ShardedExecution|PipelinedExecution|SerialPhasedExecution"
                      r"|ParallelPhasedExecution|setExecutionStrategy|_execution_strategy)\b"),
-    (NEEDS_FEATURES, r"test_export_proto_file|test_profile_report"),
+    (NEEDS_FEATURES, r"test_export_proto_file|test_profile_report|copyNamedBuffersToDevice|updatableNamedBuffers"),
     (NEEDS_INTERNALS, r"poptorch\._logging|poptorch\._impl|_validateOptions|propagateInputShapes"
                       r"|has no attribute '_worker'|PID could not be captured"),
     (NEEDS_INTERNALS, r"test_popart_partials|test_running_statistics"),  # they read PopTorch's TRACE log
