@@ -51,7 +51,7 @@ def _vmt_problem(world: World, opts: Opts, known: set[str], mute: bool) -> str:
     choose = ", ".join(m for m in ("accuracy", "f1", "loss", "ppl", "token_acc") if m in known)
     name = type(world.get_model_agent()).__name__
     if mute and vmt.rpartition("/")[2] in TEXT_METRICS:
-        default = " (the default)" if vmt == VMT_DEFAULT else ""
+        default = " (the default when -vmt is not given)" if vmt == VMT_DEFAULT else ""
         return (f"-vmt/--validation-metric {vmt}{default}: with --skip-generation {name} generates no text, so "
                 f"the valid report has no accuracy, f1 or bleu-4; give -vmt loss (or one of {choose}), or "
                 "leave --skip-generation out")

@@ -77,11 +77,12 @@ def test_skip_generation_with_the_default_vmt_says_why_and_names_a_metric_that_w
     opts = ab.Opts(task=_task(tmp_path, 4), model="transformer/generator", embedding_size=8, skip_generation=True,
                    num_epochs=1, progress=False)
     problem = metric_names_problem(ab.create_world(opts), opts)
-    assert problem is not None and problem.startswith("-vmt/--validation-metric accuracy (the default): "
-                                                      "with --skip-generation TransformerGeneratorAgent")
+    assert problem is not None and problem.startswith(
+        "-vmt/--validation-metric accuracy (the default when -vmt is not given): with --skip-generation "
+        "TransformerGeneratorAgent")
     assert "give -vmt loss" in problem and "leave --skip-generation out" in problem
     for vmt in ("loss", "ppl", "token_acc"):
         fine = opts.replace(validation_metric=vmt)
         assert metric_names_problem(ab.create_world(fine), fine) is None
-    with pytest.raises(ab.opts.OptionError, match=r"accuracy \(the default\): with --skip-generation"):
+    with pytest.raises(ab.opts.OptionError, match=r"accuracy \(the default when -vmt is not given\): with --skip"):
         ab.run(ab.create_world(opts), opts)

@@ -15,7 +15,7 @@ another: 88% and 93%). Nothing in the script is device-specific:
   makes each weight update the per-token mean over its micro-batches, as one big batch would give (their
   words have different lengths); ``micro`` would average the micro-batches' means, as PopTorch's Mean does.
   On the IPU each micro-batch's share reaches the graph as an input, so both need no recompilation;
-* generation runs inside the model's forward for a fixed ``--label-truncate`` + 1 steps with static shapes:
+* generation runs inside the model's forward for a fixed ``--label-truncate`` steps with static shapes:
   the IPU compiles one inference graph per input shape (the script prints the count) and CUDA never waits
   on the host mid-reply;
 * ``--text-truncate`` / ``--label-truncate`` bound the shapes: texts and labels pad to a multiple of 8
