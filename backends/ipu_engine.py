@@ -325,8 +325,9 @@ class IPUEngine(Engine):
     def eval_step(self, batch: TensorBatch) -> StepResult:
         """Outputs for ``batch``'s rows; the loss is the mean over its real rows only.
 
-        Rows that fill whole micro-batches run through the eval graph, padded with whole micro-batches of
-        zero rows (left out of the loss). A remainder of r < micro rows runs through a graph of micro
+        Rows that fill whole micro-batches run through the eval graph in calls of its combined batch (a
+        dynamic batch of more rows in several calls, of one shape), the last padded with whole micro-batches
+        of zero rows (left out of the loss). A remainder of r < micro rows runs through a graph of micro
         batch 1 (b x D device iterations, same R), so no micro-batch mixes real and padding rows: a model
         whose loss is the mean over all its rows (padding included) still reports the loss of the real rows.
         """
@@ -336,8 +337,7 @@ class IPUEngine(Engine):
         lay = plan.layout(n)
         whole = n - n % plan.micro_batch
         chunks: list[tuple[ExecutionPlan, int, int]] = []
-        if whole:
-            chunks.append((plan, 0, whole))
+        chunks += [(plan, s, min(s + plan.combined_batch, whole)) for s in range(0, whole, plan.combined_batch)]
         if whole < n:
             rows_plan = self._rows_plan
             step = rows_plan.combined_batch
