@@ -84,9 +84,10 @@ def _shm_as_usage_error(opts: Opts) -> Iterator[None]:
 
 
 # --- metrics of one process, merged in the main process --------------------------------------------------
-def _part(obj: Any) -> tuple[str, Any]:
+def _part(obj: Any) -> tuple[str, Any]:  # metrics, or the report's numbers (what merges; others fail the pipe)
     metrics = getattr(obj, "metrics", None)
-    return ("metrics", metrics.state()) if isinstance(metrics, Metrics) else ("report", dict(obj.report()))
+    return ("metrics", metrics.state()) if isinstance(metrics, Metrics) else \
+        ("report", {k: v for k, v in obj.report().items() if isinstance(v, (int, float))})
 
 
 def metric_states(world: World) -> dict[str, Any]:
@@ -96,10 +97,8 @@ def metric_states(world: World) -> dict[str, Any]:
         tasks = [(name, ("report", w.task_report())) for name, w in zip(base.names, base.worlds)]
     else:
         teacher = base.get_task_agent()
-        if isinstance(teacher, MultiTaskTeacher):
-            tasks = [(name, ("metrics", m.state())) for name, m in zip(teacher.names, teacher.task_metrics)]
-        else:
-            tasks = [(None, _part(teacher))]
+        tasks = [(name, ("metrics", m.state())) for name, m in zip(teacher.names, teacher.task_metrics)] \
+            if isinstance(teacher, MultiTaskTeacher) else [(None, _part(teacher))]
     model = base.get_model_agent()
     # the batch plan's counts (examples left out; with dynamic batching the padding and the tokens fed)
     batching = base.batching_report() if isinstance(base, LoaderWorld) else {}

@@ -14,6 +14,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 import weakref
 from collections import Counter
@@ -55,6 +56,17 @@ class LoggingAgent(Agent):
         obs = self.observation or {}
         labels = obs.get("labels") or obs.get("eval_labels")
         return Message(id=self.id, text=labels[0]) if labels else Message(id=self.id)
+
+
+class ReportsALock(LoggingAgent):
+    """Counts the examples it replies to; its report() holds a lock and a text beside the count."""
+
+    def act(self):
+        self.acts = getattr(self, "acts", 0) + bool((self.observation or {}).get("eval_labels"))
+        return super().act()
+
+    def report(self):
+        return {"acts": getattr(self, "acts", 0), "lock": threading.Lock(), "note": "not a number"}
 
 
 class LoggingTorchAgent(LabelEchoTorchAgent):
@@ -329,6 +341,19 @@ def test_a_crash_in_a_child_raises_in_the_parent_with_the_child_traceback(tmp_pa
     assert world.closed
     for pid in pids:
         assert not os.path.exists(f"/proc/{pid}") or "Z" in open(f"/proc/{pid}/stat").read().split()[2]
+
+
+@pytest.mark.timeout(60)
+def test_a_report_value_that_is_not_a_number_merges_as_in_one_process(tmp_path, log_dir):
+    """What merges of an agent's report() is its numbers: a lock beside them failed the child's pipe
+    ("cannot pickle '_thread.lock' object") where one process and replicas leave it out."""
+    path = _jsonl(tmp_path / "data.jsonl", [[f"t{i}"] for i in range(12)])
+    reports = {}
+    for processes in (1, 2):
+        opts = Opts(task=f"jsonl:{path}", datatype="valid", numthreads=processes, batchsize=1, progress=False)
+        reports[processes] = run(create_world(opts, agent=ReportsALock), opts)["valid"]
+    assert reports[2]["acts"] == reports[1]["acts"] == 12 and reports[2]["exs"] == 12
+    assert "lock" not in reports[2]  # the table of one process shows numbers only, too
 
 
 @pytest.mark.timeout(90)
