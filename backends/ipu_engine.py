@@ -336,8 +336,8 @@ class IPUEngine(Engine):
         plan = self.eval_plan
         lay = plan.layout(n)
         whole = n - n % plan.micro_batch
-        chunks: list[tuple[ExecutionPlan, int, int]] = []
-        chunks += [(plan, s, min(s + plan.combined_batch, whole)) for s in range(0, whole, plan.combined_batch)]
+        chunks: list[tuple[ExecutionPlan, int, int]] = [
+            (plan, s, min(s + plan.combined_batch, whole)) for s in range(0, whole, plan.combined_batch)]
         if whole < n:
             rows_plan = self._rows_plan
             step = rows_plan.combined_batch

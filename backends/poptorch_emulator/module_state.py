@@ -20,6 +20,7 @@ from .poptorch_core import py_error
 
 BUFFERS_CAN_CHANGE = (torch.nn.modules.batchnorm._BatchNorm,)
 
+
 def addresses(model: torch.nn.Module) -> tuple[dict[str, int], dict[str, int]]:
     """(buffer name -> storage address, parameter name -> storage address) of ``model``."""
     buffers = {name: buf.data_ptr() for module_name, module in model.named_modules()
@@ -51,6 +52,9 @@ def tensor_constants(model: torch.nn.Module) -> dict[tuple[torch.nn.Module, str]
 def from_constants(constants: dict[tuple[torch.nn.Module, str], torch.Tensor]) -> Iterator[None]:
     """A compiled graph's run: each plain tensor attribute reads as (a copy of) its traced value, and the
     host's own attribute is put back afterwards, whatever the forward did to the copy."""
+    if not constants:  # most models: nothing to swap around each micro-batch's forward
+        yield
+        return
     held = {key: vars(key[0]).get(key[1]) for key in constants}
     for (module, name), value in constants.items():
         setattr(module, name, value.clone())
