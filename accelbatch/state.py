@@ -147,7 +147,8 @@ class Checkpointer:
 
     ``backend`` gives the collectives (``all_gather_object``, ``barrier``) and the topology; ``engine`` the
     model and optimizer tensors (on a real IPU read back from the device by its ``state_dict``); ``log`` the
-    run's --metrics-log (a checkpoint keeps where it ended, a resume cuts it back there).
+    run's --metrics-log (a checkpoint keeps where it ended, a resume cuts it back there) and TensorBoard log
+    (purged from the checkpoint's step on).
     """
 
     def __init__(self, opts: Any, backend: Any, plan: Any, log: Any = None):
@@ -165,6 +166,9 @@ class Checkpointer:
             end = self.log.end() if self.log is not None else None
             if end is not None:
                 extra = {**extra, "metrics_log": {"path": os.path.abspath(self.log.path), "bytes": end}}
+            board = self.log.tensorboard.position() if self.log is not None and self.log.tensorboard else None
+            if board is not None:
+                extra = {**extra, "tensorboard": board}
             opts = self.opts.replace(model=_model_trained(world, self.opts),  # as a resume must build it
                                      task=portable_task(self.opts.task, self.opts.datapath), **self._outputs)
             save_checkpoint(self.opts.model_file, model=tensors["model"], optimizer=tensors.get("optimizer"),
@@ -222,6 +226,8 @@ class Checkpointer:
         restore_rng(ckpt, rank=rank)
         if self.log is not None:
             self.log.cut_to(ckpt.state.get("metrics_log"))
+            if self.log.tensorboard is not None:
+                self.log.tensorboard.resume_at(ckpt.state.get("tensorboard"))
         return {k: v for k, v in ckpt.state.items() if k != "data"}
 
 

@@ -6,6 +6,11 @@ field, tagged ``split/metric`` (``train/loss``, ``valid/accuracy``), at the reco
 without a step (validation and test reports) go at the step of the last record that had one, so they
 line up with training. ``step`` itself and non-numbers are not written; booleans are not numbers here.
 
+Across a resume: a checkpoint keeps :meth:`TensorBoardLog.position` (the last step and the scalars written at
+it); :meth:`TensorBoardLog.resume_at` starts a new event file whose ``purge_step`` is that step, so TensorBoard
+drops what the stopped run wrote from it on (the steps the resumed run trains and evaluates again), and writes
+the step's saved scalars again.
+
 Without tensorboard installed (or with ``log_dir`` None) every call is a no-op; a missing tensorboard is
 said once, on stderr, when the writer is made.
 """
@@ -13,6 +18,7 @@ said once, on stderr, when the writer is made.
 from __future__ import annotations
 
 import math
+import os
 import sys
 from typing import Any, Callable, Mapping
 
@@ -33,6 +39,8 @@ class TensorBoardLog:
         self.log_dir = log_dir
         self.writer: Any = None
         self.last_step = 0
+        self._at_last_step: list[dict[str, float]] = []  # the scalars written at last_step, for a checkpoint
+        self._flush_secs = flush_secs
         if not log_dir:
             return
         try:
@@ -61,12 +69,40 @@ class TensorBoardLog:
 
     def write(self, record: Mapping[str, Any]) -> None:
         step = record.get("step")
-        if isinstance(step, int) and not isinstance(step, bool):
-            self.last_step = step
+        if isinstance(step, int) and not isinstance(step, bool) and step != self.last_step:
+            self.last_step, self._at_last_step = step, []
         if self.writer is None:
             return
-        for tag, value in self.scalars(record).items():
+        scalars = self.scalars(record)
+        self._at_last_step.append(scalars)
+        self._add(scalars)
+
+    def _add(self, scalars: Mapping[str, float]) -> None:
+        for tag, value in scalars.items():
             self.writer.add_scalar(tag, value, global_step=self.last_step)
+
+    def position(self) -> dict[str, Any] | None:
+        """What a checkpoint keeps to resume this log: its folder, the last step and the scalars written at it
+        (None when nothing is written)."""
+        if self.writer is None:
+            return None
+        return {"path": os.path.abspath(self.log_dir or ""), "step": self.last_step,
+                "scalars": [dict(s) for s in self._at_last_step]}
+
+    def resume_at(self, saved: Mapping[str, Any] | None) -> None:
+        """--resume: a new event file that purges the events of steps from the checkpoint's on (written after
+        the checkpoint, before the run stopped, or at its step after the save), then the scalars the checkpoint
+        saw written at its step again. A checkpoint of another folder (or none) leaves the log alone."""
+        if self.writer is None or not saved or saved.get("path") != os.path.abspath(self.log_dir or ""):
+            return
+        step = int(saved.get("step", 0))
+        self.writer.close()
+        from torch.utils.tensorboard import SummaryWriter
+        self.writer = SummaryWriter(log_dir=self.log_dir, flush_secs=self._flush_secs, purge_step=step)
+        self.last_step, self._at_last_step = step, []
+        for scalars in saved.get("scalars", []):
+            self._at_last_step.append(dict(scalars))
+            self._add(scalars)
 
     def flush(self) -> None:
         if self.writer is not None:

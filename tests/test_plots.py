@@ -175,3 +175,39 @@ def test_tensorboard_scalars_are_written(tmp_path):
     assert {"train/loss", "train/exs_per_s", "valid/loss", "test/accuracy"} <= tags
     assert [e.step for e in events.Scalars("valid/loss")] == [5, 10]
     assert [e.step for e in events.Scalars("train/loss")] == list(range(1, 11))
+
+
+def _scalar_steps(folder, tag):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    events = EventAccumulator(str(folder))
+    events.Reload()
+    return [(e.step, e.value) for e in events.Scalars(tag)]
+
+
+def test_a_resumed_log_purges_what_the_stopped_run_wrote_after_its_checkpoint(tmp_path):
+    pytest.importorskip("tensorboard")
+    records = _records(10)                 # train steps 1-10, valid after steps 5 and 10, a test at the end
+    saved_after = records.index({**records[5], "split": "valid"}) + 1  # the valid record at step 5
+    stopped = TensorBoardLog(str(tmp_path / "tb"))
+    for record in records[:saved_after]:
+        stopped.write(record)
+    saved = stopped.position()
+    assert saved["step"] == 5 and len(saved["scalars"]) == 2  # step 5's train and valid records
+    for record in records[saved_after:saved_after + 3]:  # written after the checkpoint, then killed
+        stopped.write({**record, "loss": 99.0})
+    stopped.writer.flush()
+    with TensorBoardLog(str(tmp_path / "tb")) as resumed:
+        resumed.resume_at(saved)
+        for record in records[saved_after:]:
+            resumed.write(record)
+    whole = tmp_path / "whole"
+    with TensorBoardLog(str(whole)) as log:
+        for record in records:
+            log.write(record)
+    for tag in ("train/loss", "valid/loss", "valid/accuracy", "test/accuracy"):
+        assert _scalar_steps(tmp_path / "tb", tag) == _scalar_steps(whole, tag), tag
+    with TensorBoardLog(str(tmp_path / "other")) as elsewhere:
+        elsewhere.write(records[0])
+        elsewhere.resume_at(saved)  # a checkpoint of another folder: left alone
+        assert elsewhere.last_step == 1

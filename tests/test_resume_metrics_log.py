@@ -44,16 +44,29 @@ def _records(path):
 
 
 def test_resuming_a_finished_run_leaves_the_log_as_the_run_wrote_it(tmp_path, capsys):
+    pytest.importorskip("tensorboard")
     model, log = tmp_path / "m" / "model.pt", tmp_path / "m" / "log.jsonl"
     args = ["train", "-t", "babi:1", "-bs", "8", "-tstep", "12", "-veps", "-1", "--no-progress", "-ltim", "-1",
             "-mf", str(model)]
-    assert main([*args, "--metrics-log", str(log)]) == 0
-    written = _records(log)
+    board = tmp_path / "m" / "tb"
+    assert main([*args, "--metrics-log", str(log), "--tensorboard-logdir", str(board)]) == 0
+    written, scalars = _records(log), _board(board)
     assert [(r["split"], r["step"]) for r in written] == [("train", 12), ("valid", 12), ("test", 12)]
     # the end-of-training checkpoint was saved before the final evaluations, which the resume runs again
     assert main(["train", "-mf", str(model), "--resume", "--no-progress"]) == 0
     assert "2 records written after the checkpoint removed" in capsys.readouterr().err
     assert _records(log) == written
+    assert _board(board) == scalars and scalars["valid/accuracy"] == [(12, written[1]["accuracy"])]
+
+
+def _board(folder):
+    """TensorBoard's scalars in ``folder`` as TensorBoard shows them: {tag: [(step, value)]}, timings left out."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    events = EventAccumulator(str(folder))
+    events.Reload()
+    return {tag: [(e.step, round(e.value, 6)) for e in events.Scalars(tag)] for tag in events.Tags()["scalars"]
+            if tag.split("/")[1] not in TIMINGS}
 
 
 def test_a_cut_leaves_alone_a_log_it_cannot_be_sure_of(tmp_path, capsys):
