@@ -144,6 +144,11 @@ class Hooks:
     def forward(self, batch: TensorBatch, bare: bool) -> Mapping[str, torch.Tensor]:
         return self.model(batch)
 
+    def generator(self) -> torch.Generator | None:
+        """The generator the model's random ops (dropout) draw from, seeded per micro-batch
+        (:mod:`accelbatch.streams`)."""
+        return torch.default_generator
+
     def no_sync(self, last: bool, bare: bool) -> contextlib.AbstractContextManager:
         return contextlib.nullcontext()
 

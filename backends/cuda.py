@@ -233,6 +233,11 @@ class AccelerateHooks(Hooks):
     def forward(self, batch: TensorBatch, bare: bool) -> Mapping[str, torch.Tensor]:
         return (self.run_bare if bare else self.run_wrapped)(batch)
 
+    def generator(self) -> torch.Generator | None:
+        if self.device.type == "cuda":
+            return torch.cuda.default_generators[self.device.index]
+        return torch.default_generator
+
     def no_sync(self, last: bool, bare: bool) -> Any:
         if bare and self.graph_pending:
             raise PlanError("--ddp-static-graph: the run's first call is an epoch tail (fewer micro-batches on "

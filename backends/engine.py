@@ -6,6 +6,7 @@ weights, output selection and partial tails, and ends with one host read (loss, 
 Under ``--loss-normalization token`` the weights come from the batch's per-row ``loss_tokens``
 (:meth:`CallLayout.token_weights`; one all-reduce of the update totals when R processes run), which never
 reaches the model.
+Random ops draw from a stream per micro-batch (:mod:`accelbatch.streams`), the same wherever it runs.
 Device and replication specifics come from :class:`~accelbatch.backends.base.Hooks` (cpu.py, cuda.py).
 
 NaN policy: an update whose loss (summed over the replicas, so all agree) is non-finite is not applied.
@@ -38,6 +39,7 @@ from accelbatch.plan import (
     batch_rows,
     combine_outputs,
 )
+from accelbatch.streams import CallStreams
 
 from .base import Engine, EngineOptions, Hooks, NonFiniteLoss, Replicas, StepResult, TensorBatch
 from .prefetch import Pending
@@ -179,12 +181,14 @@ class LayoutEngine(Engine):
         losses, flags, halt, reads = [], [], None, 0
         spans = [(s[0][0], s[-1][1]) if s else None for s in updates]
         sim = _ReplicaGrads(self.optimizer) if self.world_size == 1 and self.plan.replication_factor > 1 else None
+        streams = CallStreams(hooks.generator(), lay.num_micro_batches)
         for u, (steps, (offset, chunk)) in enumerate(zip(updates, self._feed(batch, spans))):
             hooks.zero_grad()
             local = torch.zeros((), dtype=torch.float32, device=self.device)
             for i, (start, stop, weight, j) in enumerate(steps):
                 if sim is not None:
                     sim.switch(lay.replica[j])
+                streams.enter(j)
                 with hooks.no_sync(i == len(steps) - 1, bare):
                     out = hooks.forward(model_inputs(slice_rows(chunk, start - offset, stop - offset)), bare)
                     loss = self._loss(out, along)
@@ -211,6 +215,7 @@ class LayoutEngine(Engine):
                 hooks.step_unless(halt, u)
             losses.append(total)
             flags.append(bad)
+        streams.end()
         self._issue_staged()
         self.host_syncs += reads
         mine_kept = [j for j in lay.kept if lay.replica[j] == self.rank or self.world_size == 1]

@@ -158,6 +158,11 @@ def synthetic_mode(options: Options) -> int:
     return int(options._Popart.options.get("syntheticDataMode", 0))
 
 
+def synthetic_generator(options: Any) -> torch.Generator:
+    """The generator of a run's synthetic inputs: seeded with ``Options.randomSeed`` (0 when not set)."""
+    return torch.Generator().manual_seed(options.random_seed if options.exists("random_seed") else 0)
+
+
 def synthetic(t: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
     """A device-made input of ``t``'s shape and dtype: normal floats, zeros otherwise."""
     if t.is_floating_point():
@@ -166,4 +171,4 @@ def synthetic(t: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
 
 
 __all__ = ["HalfUpdates", "cache_key", "cache_lookup", "compiled_modes", "in_compiled_modes", "loss_scaling",
-           "synthetic", "synthetic_mode"]
+           "synthetic", "synthetic_generator", "synthetic_mode"]

@@ -15,6 +15,7 @@ import torch
 
 from . import _structure
 from .custom_args import parser_for
+from .enums import CommGroupType
 from .poptorch_core import py_error
 
 RECOMPILE_HINT = (
@@ -182,6 +183,14 @@ class Batching:
     input_group_size: int = 1
     orthogonal_groups: bool = False
 
+    @classmethod
+    def of(cls, options: Any) -> "Batching":
+        """The batching of a model's ``poptorch.Options``."""
+        return cls(device_iterations=options.device_iterations,
+                   gradient_accumulation=options.Training.gradient_accumulation,
+                   replication_factor=options.replication_factor, input_group_size=options.input_group_size,
+                   orthogonal_groups=options.input_cgt == CommGroupType.Orthogonal)
+
     @property
     def input_groups(self) -> int:
         return self.replication_factor // self.input_group_size
@@ -195,6 +204,10 @@ class Batching:
         if self.orthogonal_groups:
             return replica % self.input_groups
         return replica // self.input_group_size
+
+    def micro_index(self, d: int, g: int, replica: int) -> int:
+        """Where the rows of ``replica``'s micro-batch (d, g) are among the input's ``split`` micro-batches."""
+        return (d * self.gradient_accumulation + g) * self.input_groups + self.input_group_of(replica)
 
     def check_batch_dim(self, tensor: torch.Tensor) -> None:
         """PopTorch's compile-time check that the batch dimension can be split (an AssertionError)."""

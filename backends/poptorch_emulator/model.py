@@ -40,6 +40,8 @@ from typing import Any
 
 import torch
 
+from accelbatch.streams import CallStreams
+
 from . import _device, _outputs, _structure, blocks, execution_strategy, module_state, optim
 from ._inputs import ArgBinder, Batching, BoundInputs, CompiledInputs
 from ._mixed_precision import has_half_state, promoting
@@ -47,7 +49,7 @@ from ._optim_state import to_device, to_host
 from ._replicas import ReplicaState, refusing_broadcast
 from .anchors import AnchorMemory
 from .auto_loss_scale import AutoLossScale
-from .enums import CommGroupType, ConnectionType, OutputMode, ReductionType
+from .enums import ConnectionType, OutputMode, ReductionType
 from .ops import _running_on_device, final_loss, finding_losses
 from .options import Options, adopt_optimizer_accum_type
 from .perf_counters import PerfCounterMethods
@@ -148,10 +150,7 @@ class PoplarExecutor(PerfCounterMethods):
 
     @property
     def batching(self) -> Batching:
-        o = self._options
-        return Batching(device_iterations=o.device_iterations, gradient_accumulation=o.Training.gradient_accumulation,
-                        replication_factor=o.replication_factor, input_group_size=o.input_group_size,
-                        orthogonal_groups=o.input_cgt == CommGroupType.Orthogonal)
+        return Batching.of(self._options)
 
     # -- compilation --------------------------------------------------------------------------------
     def isCompiled(self) -> bool:
@@ -364,9 +363,7 @@ class PoplarExecutor(PerfCounterMethods):
         self._compiled.validate(inputs)
         inputs = inputs.map(lambda t: t.detach())
         if _device.synthetic_mode(self._options):
-            if self._synthetic is None:
-                seed = self._options.random_seed if self._options.exists("random_seed") else 0
-                self._synthetic = torch.Generator().manual_seed(seed)
+            self._synthetic = self._synthetic or _device.synthetic_generator(self._options)
             inputs = inputs.map(lambda t, gen=self._synthetic: _device.synthetic(t, gen))
         if self._training:
             self._write_optimizer_state()
@@ -388,16 +385,18 @@ class PoplarExecutor(PerfCounterMethods):
         return _structure.rebuild(structure, iter(flat))
 
     def _run(self, inputs: BoundInputs, on_output, find_losses: bool = False) -> tuple[_outputs.MicroOutputs, Any]:
-        """Run every micro-batch of the call, in [D, G, R] order; ``on_output`` sees each raw output (and,
-        with ``find_losses``, the losses marked while it was computed)."""
+        """Run every micro-batch of the call, in [D, G, R] order, each training one on its own random stream
+        (accelbatch.streams); ``on_output`` sees each raw output (and the losses marked: ``find_losses``)."""
         b = self.batching
         per_micro: _outputs.MicroOutputs = []
         structure = None
+        streams = CallStreams(torch.default_generator if self._training else None, b.split)
         for d in range(b.device_iterations):
             per_g = []
             for g in range(b.gradient_accumulation):
                 per_r = []
                 for r in range(b.replication_factor):
+                    streams.enter(b.micro_index(d, g, r))
                     micro = self._perf_counters.load(inputs, lambda t, d=d, g=g, r=r: b.micro_batch(t, d, g, r))
                     with self._replicas.replica(r):
                         with finding_losses() if find_losses else contextlib.nullcontext() as marked:
@@ -410,6 +409,7 @@ class PoplarExecutor(PerfCounterMethods):
             per_micro.append(per_g)
             if self._training:
                 self._end_of_iteration()
+        streams.end()
         return per_micro, structure
 
     def _forward(self, micro: BoundInputs) -> Any:
