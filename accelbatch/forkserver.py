@@ -74,19 +74,24 @@ def _standard_fd(fd: int) -> Any:
 
 
 class ParentState:
-    """The parent's environment and standard output and error, as they are when a forked child starts:
-    pickled with the child's start (the descriptors go with it), applied there by :meth:`apply`."""
+    """The parent's environment, standard output and error and default start method, as they are when a forked
+    child starts: pickled with the child's start (the descriptors go with it), applied there by :meth:`apply`."""
 
-    def __init__(self, env: dict[str, str] | None = None, stdout: Any = None, stderr: Any = None) -> None:
-        self.env, self.stdout, self.stderr = env, stdout, stderr
+    def __init__(self, env: dict[str, str] | None = None, stdout: Any = None, stderr: Any = None,
+                 start_method: str | None = None) -> None:
+        self.env, self.stdout, self.stderr, self.start_method = env, stdout, stderr, start_method
 
     def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
-        return ParentState, (dict(os.environ), _standard_fd(1), _standard_fd(2))
+        return ParentState, (dict(os.environ), _standard_fd(1), _standard_fd(2),
+                             multiprocessing.get_start_method(allow_none=True))
 
     def apply(self) -> None:
         """In the child: the parent's environment replaces the server's, its fds 1 and 2 the server's, SIGTERM
-        is unblocked, and the server's keep-alive pipe is let go (:func:`_let_server_go`)."""
+        is unblocked, the server's keep-alive pipe is let go (:func:`_let_server_go`), and the default start
+        method is the parent's (a server's child has "forkserver": a DataLoader's workers there would start
+        a server of its own, which outlives a killed child, their deaths seen only at --data-timeout-s)."""
         _let_server_go()
+        multiprocessing.set_start_method(self.start_method, force=True)  # type: ignore[arg-type]  # None: unset
         signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})  # blocked in the server only
         if self.env is not None:
             os.environ.clear()

@@ -342,9 +342,15 @@ def _failure(replicas: Supervisor, group_timeout_s: float, judge: bool) -> Proce
                            + _consequences("died, these replicas failed too (as a consequence)", records),
                            role="replica", index=index, pid=replicas.pids[index], exitcode=code)
     (index, record), pid = records[0], replicas.pids[records[0][0]]
+    if any(kind.endswith(".ProcessFailure") for kind in record.error_types):  # a child of its own (a data
+        # worker) died or hung: the child is named; the replica's stack where it noticed tells nothing more
+        head = f"replica {index} of {replicas.nprocs} (pid {pid}): {record.error_message}; the other replicas " \
+               "were ended"
+    else:
+        head = f"replica {index} of {replicas.nprocs} (pid {pid}) raised first; the other replicas were ended. " \
+               f"Its traceback:\n{record.traceback}"
     return record.to_error("replica", index, pid, message=(
-        f"replica {index} of {replicas.nprocs} (pid {pid}) raised first; the other replicas were ended. Its "
-        f"traceback:\n{record.traceback}"
+        head
         + _consequences("failed, these replicas failed too (most likely as a consequence)", records[1:])))
 
 

@@ -27,7 +27,9 @@ ROOT = str(Path(__file__).resolve().parent.parent)
     ["--dataloader-mode", "async", "--num-workers", "1"],
     pytest.param(["-nt", "2"], marks=pytest.mark.slow),
     pytest.param(["-rf", "2", "--device", "cpu"], marks=pytest.mark.slow),
-], ids=["workers", "async-accessor", "hogwild", "replicas"])
+    # a hogwild process's data workers: they fork from it (a server of their own outlived it)
+    pytest.param(["-nt", "2", "--num-workers", "1"], marks=pytest.mark.slow),
+], ids=["workers", "async-accessor", "hogwild", "replicas", "hogwild-workers"])
 def test_a_run_killed_by_sigkill_leaves_no_child(tmp_path: Path, args: list[str]) -> None:
     rows = [{"text": f"hello {i}", "labels": [f"a{i % 3}"], "label_candidates": ["a0", "a1", "a2"],
              "episode_done": True} for i in range(400)]

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -112,13 +113,20 @@ def test_sigint_during_setup_of_a_run_started_with_sigint_ignored_exits_130(tmp_
 
 @pytest.mark.slow
 @pytest.mark.timeout(300)
-@pytest.mark.parametrize("mode", ["sync", "async"])
-def test_a_data_worker_killed_by_sigkill_ends_the_run_with_one_line_naming_it(tmp_path, mode):
+@pytest.mark.parametrize("options, said", [
+    (["--dataloader-mode", "sync"], ""),
+    (["--dataloader-mode", "async"], ""),
+    # inside a hogwild process or a replica the workers fork from it, as from a run's main process: their
+    # death is seen at once (it was seen at --data-timeout-s, their own forkserver outliving the process)
+    (["-nt", "2"], ""),
+    (["-rf", "2"], r"replica \d of 2 \(pid \d+\): "),
+], ids=["sync", "async", "hogwild", "replicas"])
+def test_a_data_worker_killed_by_sigkill_ends_the_run_with_one_line_naming_it(tmp_path, options, said):
     proc, tag = _start(tmp_path, ["-m", "s31agents:KillsItsWorker", "-ne", "1", "-bs", "4", "--num-workers", "2",
-                                  "--dataloader-mode", mode])
+                                  "--data-timeout-s", "200", *options])
     code, err, left = _finish(proc, tag, timeout_s=150)
     assert code == 1, (code, err)
     last = err.strip().splitlines()[-1]
-    assert last.startswith("accelbatch: error: a data worker (--num-workers: worker "), err
+    assert re.match(r"accelbatch: error: " + said + r"a data worker \(--num-workers: worker ", last), err
     assert "was killed by signal 9 (SIGKILL)" in last and "out of memory" in last, err
     assert "Traceback" not in err and left == set(), (err, left)

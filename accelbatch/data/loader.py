@@ -25,6 +25,7 @@ it (not what was read ahead); ``load_state_dict`` makes a fresh loader continue 
 
 from __future__ import annotations
 
+import multiprocessing
 import os
 from dataclasses import replace
 from typing import Any, Callable, Iterator, Sequence
@@ -49,6 +50,7 @@ from accelbatch.data.workers import (
     unpickled,
 )
 from accelbatch.messages import Message
+from accelbatch.procs import start_forkserver
 from accelbatch.tasks.files import FileIndex
 
 __all__ = ["AgentCollate", "LoadedBatch", "Loader", "LoaderConfig", "MODES", "init_data_worker", "make_loader",
@@ -194,6 +196,9 @@ def make_loader(data: Any, config: LoaderConfig | Any | None = None, *, collate:
                                   persistent_workers=workers > 0)
     if workers > 0:
         kwargs.update(timeout=config.timeout_s, worker_init_fn=init_data_worker)
+        if (multiprocessing.get_start_method(allow_none=True) or multiprocessing.get_all_start_methods()[0]) \
+                == "forkserver":  # the workers fork from the run's server, which ends with the run
+            start_forkserver()
     dataloader = PassLoader(build, sampler=steps, **kwargs)
     dataloader.seed = config.seed
     return Loader(dataloader, steps, config, shapes)
