@@ -126,7 +126,7 @@ def merge_metric_states(states: Sequence[dict[str, Any]]) -> dict[str, float]:
     model = _merge([s["model"] for s in states])
     if not states[0]["model_keeps_exs"]:
         model.pop("exs", None)  # TorchAgent.report leaves examples to the teacher
-    report.update(model)
+    report.update((name, value) for name, value in model.items() if name not in report)  # the teacher's first
     # counts summed, pad_fraction weighted by each process's batch_tokens
     report.update(combine_reports(*(s.get("batching", {}) for s in states)))
     return report

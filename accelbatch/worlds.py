@@ -195,10 +195,11 @@ def checked_batch_act(agent: Agent, observations: list[Message]) -> list[Message
 
 
 def with_model_report(task_report: dict[str, float], model: Agent) -> dict[str, float]:
-    """The teacher's report with the model agent's metrics added; ``exs`` stays the teacher's count of the
-    examples served (an agent's own Metrics counts none unless it adds them)."""
+    """The teacher's report with the model agent's metrics added; a metric both report is the teacher's (as in
+    ParlAI, the first agent's), so a model cannot report its own accuracy or F1, nor ``exs`` (the teacher's
+    count of the examples served)."""
     rep = dict(task_report)
-    rep.update((name, value) for name, value in model.report().items() if name != "exs" or "exs" not in rep)
+    rep.update((name, value) for name, value in model.report().items() if name not in rep)
     return rep
 
 

@@ -69,6 +69,16 @@ class ReportsALock(LoggingAgent):
         return {"acts": getattr(self, "acts", 0), "lock": threading.Lock(), "note": "not a number"}
 
 
+class ClaimsAccuracy(LoggingAgent):
+    """Replies with a wrong text and reports accuracy and f1 of 1 beside a metric of its own."""
+
+    def act(self):
+        return Message(id=self.id, text="wrong")
+
+    def report(self):
+        return {"accuracy": 1.0, "f1": 1.0, "mine": 3}
+
+
 class LoggingTorchAgent(LabelEchoTorchAgent):
     """LoggingAgent as a TorchAgent (which dynamic batching can batch): logs the texts it replies to."""
 
@@ -354,6 +364,17 @@ def test_a_report_value_that_is_not_a_number_merges_as_in_one_process(tmp_path, 
         reports[processes] = run(create_world(opts, agent=ReportsALock), opts)["valid"]
     assert reports[2]["acts"] == reports[1]["acts"] == 12 and reports[2]["exs"] == 12
     assert "lock" not in reports[2]  # the table of one process shows numbers only, too
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("processes", [1, 2])
+def test_the_teacher_scores_the_replies_whatever_the_model_reports(tmp_path, log_dir, processes):
+    """A metric both the teacher and the model agent report is the teacher's (ParlAI's World.report: the first
+    agent's), in one process and merged from hogwild processes: a model's report() cannot claim accuracy."""
+    path = _jsonl(tmp_path / "data.jsonl", [[f"t{i}"] for i in range(12)])
+    opts = Opts(task=f"jsonl:{path}", datatype="valid", numthreads=processes, batchsize=3, progress=False)
+    report = run(create_world(opts, agent=ClaimsAccuracy), opts)["valid"]
+    assert (report["exs"], report["accuracy"], report["f1"], report["mine"]) == (12, 0.0, 0.0, 3 * processes)
 
 
 @pytest.mark.timeout(90)
