@@ -24,6 +24,7 @@ from accelbatch.messages import EPISODE_DONE, EVAL_LABELS, LABELS, TEXT, Message
 from accelbatch.metrics import Metrics
 from accelbatch.optimizers import learning_rates, optimizer_kwargs, rates_text, set_learning_rates, state_fits
 from accelbatch.opts import OptionError, Opts, is_training
+from accelbatch.report_merge import with_loss_count
 
 if TYPE_CHECKING:
     from accelbatch.data.loader import AgentCollate
@@ -338,17 +339,20 @@ class TorchAgent(Agent):
         if result.extras.get("skipped_updates"):
             self.metrics.add("skipped_updates", result.extras["skipped_updates"])
         # the examples the report's exs counts (every training row, each evaluation row with labels): see loss_exs
-        self.metrics.add_examples(real if training else sum(
-            obs.get(LABELS) is not None or obs.get(EVAL_LABELS) is not None for obs in observations))
+        labelled = sum(obs.get(LABELS) is not None or obs.get(EVAL_LABELS) is not None for obs in observations)
+        self.metrics.add_examples(real if training else labelled)
         outputs, row_ids = agent_checks.per_row_outputs(self, result, rows, real)  # None: not per row (sum)
         if outputs and row_ids is None:
             self.summed_metrics(outputs)
-        if not training and row_ids is not None and ROW_LOSS in outputs:
-            # evaluation with per-row losses: the mean over the real rows the loss counts, however they are batched
+        if row_ids is not None and ROW_LOSS in outputs and (not training or (
+                len(row_ids) == real and not result.extras.get("skipped_updates"))):
+            # per-row losses of every row: the mean over the rows the loss counts, however they are batched
             self._add_row_losses(outputs)
         elif result.loss is not None and rows == real:
-            # weighted by rows; a batch with padding rows (static shapes) mixes them into its mean: left out
-            self.metrics.add_loss(result.loss, real)
+            # weighted by the rows it averages, the labelled ones (context turns add nothing); a batch with
+            # padding rows (static shapes) mixes them into its mean: left out
+            if labelled:
+                self.metrics.add_loss(result.loss, labelled)
         if row_ids is None:
             return []
         produced = checked_replies(self, self.replies(outputs, [observations[j] for j in row_ids]), len(row_ids))
@@ -383,7 +387,9 @@ class TorchAgent(Agent):
 
     # --- metrics and persistence -----------------------------------------------------------------
     def report(self) -> dict[str, float]:
-        rep = self.metrics.report()
+        """The model's metrics; its examples are the teacher's (exs left out), its loss said with its own count
+        (``loss_exs``: the teacher also counts context turns, which no loss covers)."""
+        rep = with_loss_count(self.metrics.report())
         rep.pop("exs", None)
         return rep
 

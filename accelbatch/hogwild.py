@@ -48,9 +48,10 @@ import torch
 from accelbatch.agents import Agent
 from accelbatch.hogwild_passes import serve_passes
 from accelbatch.loader_world import LoaderWorld
-from accelbatch.metrics import Metrics, combine_reports, merge_reports
+from accelbatch.metrics import Metrics
 from accelbatch.opts import OptionError, Opts
 from accelbatch.procs import ChildSpec, ProcessFailure, Supervisor, raised_as
+from accelbatch.report_merge import combine_reports, drop_full_scored, merge_reports, with_loss_count
 from accelbatch.teachers import FixedTeacher, MultiTaskTeacher, Teacher, is_training
 from accelbatch.worlds import BatchWorld, MultiWorld, World
 
@@ -123,13 +124,13 @@ def merge_metric_states(states: Sequence[dict[str, Any]]) -> dict[str, float]:
     names = [name for name, _ in states[0]["tasks"]]
     tasks = [(name, _merge([s["tasks"][i][1] for s in states])) for i, name in enumerate(names)]
     report = dict(tasks[0][1]) if names == [None] else merge_reports(tasks)
-    model = _merge([s["model"] for s in states])
+    model = with_loss_count(_merge([s["model"] for s in states]))
     if not states[0]["model_keeps_exs"]:
         model.pop("exs", None)  # TorchAgent.report leaves examples to the teacher
     report.update((name, value) for name, value in model.items() if name not in report)  # the teacher's first
     # counts summed, pad_fraction weighted by each process's batch_tokens
     report.update(combine_reports(*(s.get("batching", {}) for s in states)))
-    return report
+    return drop_full_scored(report)
 
 
 # --- the child process -----------------------------------------------------------------------------------

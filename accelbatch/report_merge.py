@@ -51,6 +51,16 @@ def with_scored(report: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def with_loss_count(model_report: dict[str, Any]) -> dict[str, Any]:
+    """A model agent's report with the rows its row-weighted loss averages over said (``loss_exs``, which a
+    report leaves out where it is its own ``exs``): the teacher's ``exs``, which a world reports in place of the
+    model's, also counts rows the model never trained or scored (context turns), and reports merge by it."""
+    if "loss" in model_report and "tokens" not in model_report and LOSS_COUNT not in model_report \
+            and "exs" in model_report:
+        return {**model_report, LOSS_COUNT: model_report["exs"]}
+    return model_report
+
+
 def drop_full_scored(report: dict[str, Any]) -> dict[str, Any]:
     """``report`` without the ``scored_exs`` and ``loss_exs`` that say nothing: every example counted, or none
     (no average)."""

@@ -26,6 +26,7 @@ from accelbatch.agents import Agent
 from accelbatch.messages import TEXT, Message, ReplyError, is_padding, refuse_non_messages, reply_kind
 from accelbatch.metrics import merge_reports
 from accelbatch.opts import Opts
+from accelbatch.report_merge import drop_full_scored, with_loss_count
 from accelbatch.task_weights import STOCHASTIC, task_weights
 from accelbatch.teachers import FixedTeacher, Teacher, is_training
 from accelbatch.world_display import display, display_rows, show
@@ -199,8 +200,8 @@ def with_model_report(task_report: dict[str, float], model: Agent) -> dict[str, 
     ParlAI, the first agent's), so a model cannot report its own accuracy or F1, nor ``exs`` (the teacher's
     count of the examples served)."""
     rep = dict(task_report)
-    rep.update((name, value) for name, value in model.report().items() if name not in rep)
-    return rep
+    rep.update((name, value) for name, value in with_loss_count(model.report()).items() if name not in rep)
+    return drop_full_scored(rep)
 
 
 def _fixed_teachers(world: World) -> list[FixedTeacher]:

@@ -215,8 +215,8 @@ def _jsonl(path, episodes):
 @pytest.mark.timeout(30)
 def test_merged_report_sums_processes_like_one_metrics_object():
     a, b, both = Metrics(), Metrics(), Metrics()
-    a.add_batch(["x", "y"], [["x"], ["z"]]), a.add_loss(2.0, 2)
-    b.add_batch(["q"], [["q"]]), b.add_loss(0.5, 1)
+    a.add_batch(["x", "y"], [["x"], ["z"]])
+    b.add_batch(["q"], [["q"]])
     for m in (a, b):
         both.merge(m)
     model_a, model_b = Metrics(), Metrics()
@@ -227,7 +227,8 @@ def test_merged_report_sums_processes_like_one_metrics_object():
                "model_keeps_exs": False}]
     rep = merge_metric_states(states)
     assert rep["exs"] == 3 and rep["accuracy"] == pytest.approx(2 / 3)
-    assert rep["loss"] == pytest.approx(2.0)  # the model's (4 x 1.0 + 4 x 3.0) / 8 replaces the teacher's
+    assert rep["loss"] == pytest.approx(2.0)  # the model's (4 x 1.0 + 4 x 3.0) / 8
+    assert rep["loss_exs"] == 8  # over its own rows, not the teacher's 3 examples
 
 
 # --- processes -------------------------------------------------------------------------------------------
