@@ -4,6 +4,7 @@ deaths (torch's SIGCHLD handler) on a run that ended well."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -44,3 +45,32 @@ def test_replicas_with_an_async_rebatched_dataloader_end_without_tracebacks(tmp_
         capture_output=True, text=True, timeout=170)
     assert ran.returncode == 0, ran.stderr
     assert "Traceback" not in ran.stderr and "killed by signal" not in ran.stderr, ran.stderr
+
+
+@pytest.mark.slow
+@pytest.mark.multiprocess
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("command", [["train", "-ne", "1", "-rf", "2"], ["eval", "-dt", "valid", "-nt", "2"]],
+                         ids=["replicas", "hogwild"])
+def test_an_evaluation_split_smaller_than_the_processes_is_scored_once_in_every_mode(tmp_path, command):
+    """One valid example and two processes: one of them has no rows. The asynchronous accessor refused its
+    empty pass ("the source yielded no batches", exit 1) where sync loading scores the one example."""
+    def example(i):
+        return json.dumps({"text": f"q{i} say a", "labels": ["a"], "label_candidates": ["a", "b"],
+                           "episode_done": True}) + "\n"
+
+    (tmp_path / "train.jsonl").write_text("".join(example(i) for i in range(8)))
+    for split in ("valid", "test"):
+        (tmp_path / f"{split}.jsonl").write_text(example(100))
+    reports = {}
+    for mode in ("sync", "async"):
+        out = tmp_path / f"{mode}.json"
+        ran = subprocess.run(
+            [sys.executable, "-m", "accelbatch", *command, "-t", f"jsonl:{tmp_path}", "-m", "bag", "-bs", "2",
+             "--no-progress", "--dataloader-mode", mode, "--report-json", str(out)],
+            cwd=tmp_path, capture_output=True, text=True, timeout=110)
+        assert ran.returncode == 0, ran.stderr
+        reports[mode] = json.loads(out.read_text())
+    for split in ("valid", "test") if command[0] == "train" else ("valid",):
+        assert reports["async"][split]["exs"] == reports["sync"][split]["exs"] == 1
+        assert reports["async"][split]["accuracy"] == reports["sync"][split]["accuracy"]

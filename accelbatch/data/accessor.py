@@ -28,8 +28,8 @@ Errors are never a hang, and each stops the worker. An exception in the worker i
 when it can be pickled (its traceback as a note, its :class:`~accelbatch.procs.ProcessRaised` as the cause:
 :func:`~accelbatch.procs.raised_as`), else, or when not an Exception (a KeyboardInterrupt), as that
 ProcessRaised; a data worker's failure passed on is raised the same way. No batch in a pass:
-:class:`EmptySourceError`; the worker dies: :class:`~accelbatch.procs.ProcessDied`; no batch within
-``timeout_s``: :class:`~accelbatch.procs.ProcessTimeout`.
+:class:`EmptySourceError` (unless ``empty_passes``: a replica's share of a small split); the worker dies:
+:class:`~accelbatch.procs.ProcessDied`; no batch within ``timeout_s``: :class:`~accelbatch.procs.ProcessTimeout`.
 
 Processes and memory. The worker runs under :class:`accelbatch.procs.Supervisor`, forked from the process's
 forkserver (:mod:`accelbatch.forkserver`), which has imported torch and this module: fast (tens of ms, against
@@ -307,7 +307,7 @@ class AsyncDataAccessor:
     def __init__(self, source: Any, buffer_size: int = 3, early_preload: bool = False,
                  load_indefinitely: bool = True, rebatch_size: int | None = None, timeout_s: float = 60.0,
                  *, rebatch_drop_last: bool = True, transform: Callable[[Iterator[Any]], Iterator[Any]] | None = None,
-                 miss_sleep_s: float = 0.0):
+                 miss_sleep_s: float = 0.0, empty_passes: bool = False):
         if isinstance(buffer_size, bool) or not isinstance(buffer_size, int) or buffer_size < 1:
             raise ValueError(f"AsyncDataAccessor: buffer_size must be a positive integer, got {buffer_size!r}")
         if isinstance(miss_sleep_s, bool) or not isinstance(miss_sleep_s, (int, float)) or miss_sleep_s < 0:
@@ -322,7 +322,7 @@ class AsyncDataAccessor:
             transform = functools.partial(rebatch, batch_size=rebatch_size, drop_last=rebatch_drop_last)
         if not hasattr(source, "__iter__") and not hasattr(source, "__getitem__"):
             raise TypeError(f"AsyncDataAccessor: the source must be iterable, got {type(source).__name__}")
-        self.source, self.transform = source, transform
+        self.source, self.transform, self.empty_passes = source, transform, empty_passes
         self.buffer_size, self.timeout_s = buffer_size, float(timeout_s)
         self.early_preload, self.load_indefinitely, self.rebatch_size = early_preload, load_indefinitely, rebatch_size
         self._slots: dict[int, torch.Tensor] = {}
@@ -471,7 +471,7 @@ class AsyncDataAccessor:
                         held = None
                     self._in_pass = False
                     self._epoch, self._loading = (epoch[0], epoch[1] + 1), self.load_indefinitely
-                    if msg[2] == 0:
+                    if msg[2] == 0 and not self.empty_passes:
                         self._fail(EmptySourceError(
                             "AsyncDataAccessor: the source yielded no batches (an empty dataset, or fewer "
                             "rows than one batch with drop_last?)", role=_WORKER.role, index=0,

@@ -71,7 +71,8 @@ class Loader:
     def _start_accessor(self) -> None:
         self._accessor = AsyncDataAccessor(self._dataloader, buffer_size=self.config.buffer_size,
                                            early_preload=True, load_indefinitely=True,
-                                           timeout_s=self.config.timeout_s, transform=unpickled)
+                                           timeout_s=self.config.timeout_s, transform=unpickled,
+                                           empty_passes=True)  # a replica's share of a small split may be none
 
     @property
     def mode(self) -> str:
