@@ -257,13 +257,16 @@ class TorchAgent(Agent):
         self.slot.engine = engine
         self.slot.backend_name = backend_name
         adopted = engine.host_optimizer() if hasattr(engine, "host_optimizer") else None
+        kept, unread = self.__dict__.pop("_device_optimizer_state", (None, None))
         if adopted is not None and adopted is not self.optimizer:  # the IPU's poptorch.optim optimizer
-            kept = self.__dict__.pop("_device_optimizer_state", None)
             rates = learning_rates(self.optimizer) if self.optimizer is not None else []
             self.optimizer = adopted
             if kept is not None:  # the model file's device state, which a torch optimizer could not hold
                 adopted.load_state_dict(kept)
                 set_learning_rates(adopted, rates)
+        elif kept is not None:  # a device that keeps a torch optimizer: the IPU's state is not for it
+            self.load_notes.append(f"{unread} --device {backend_name} cannot read it: it starts afresh (weights "
+                                   "loaded; continue with --device ipu to keep it)")
 
     # --- conversation ----------------------------------------------------------------------------
     def observe(self, observation: Message) -> Message:
@@ -457,8 +460,9 @@ class TorchAgent(Agent):
             self.load_notes.append(f"{option} {path}: saved with {saved_kind or 'another'} optimizer state; "
                                    f"{kind} starts fresh (weights loaded)")
             return
-        if "ipu_state" in saved and self.slot.engine is None:
-            self._device_optimizer_state = saved  # saved on an IPU: for the engine's optimizer (attach_engine)
+        if "ipu_state" in saved and self.slot.engine is None:  # saved on an IPU: for the engine's optimizer
+            self._device_optimizer_state = (saved, f"{option} {path}: its {kind} state was kept by an IPU (the "
+                                                   "device's format);")  # (attach_engine)
         had = set_learning_rates(self.optimizer, fresh)
         if had:
             self.load_notes.append(f"{option} {path}: continuing with -lr {rates_text(fresh)} (the file's optimizer "

@@ -28,3 +28,19 @@ def test_the_default_optimizer_learns_dialogues(model):
     opts = ab.Opts(task="dialogues:1000", model=model, num_epochs=2, eval_splits="valid", progress=False)
     report = run(ab.create_world(opts), opts)
     assert report["valid"]["accuracy"] > 0.4
+
+
+def test_an_ipu_trained_model_file_continued_on_another_device_says_its_optimizer_starts_afresh(tmp_path, capsys):
+    """The IPU keeps Adam's moments in its own format, which a torch optimizer cannot take: a -mf trained there
+    and continued on the cpu started Adam afresh without a word (cpu -> ipu and --resume said so)."""
+    from accelbatch.cli import main
+
+    model = tmp_path / "m.pt"
+    args = ["train", "-t", "babi:1", "-m", "bag", "-esz", "16", "-bs", "8", "-opt", "adam", "-veps", "-1",
+            "--eval-splits", "", "--no-progress", "-mf", str(model)]
+    assert main([*args, "-tstep", "3", "--device", "ipu", "--ipu-emulator"]) == 0
+    capsys.readouterr()
+    assert main([*args, "-tstep", "6", "--device", "cpu"]) == 0
+    err = capsys.readouterr().err
+    assert f"--model-file {model}: its Adam state was kept by an IPU (the device's format); --device cpu cannot " \
+           "read it: it starts afresh" in err, err
