@@ -397,6 +397,10 @@ def _train(world: World, opts: Opts, log: MetricsLog, runtime: Runtime, stop: St
     if opts.model_file and main and not saves_itself(model):
         print(f"accelbatch: -mf/--model-file {opts.model_file}: {type(model).__name__} is not a TorchAgent and has "
               "no save(path); nothing was written there", file=sys.stderr)
+    elif opts.model_file and main and not os.path.isfile(opts.model_file):  # its best, removed since it was saved
+        print(f"accelbatch: -mf {opts.model_file} is missing (removed after the validation that wrote it?): this "
+              "run's last model is written there and evaluated", file=sys.stderr)
+        _save(model, opts, best=None)
     backend.barrier()
     if opts.model_file and os.path.isfile(opts.model_file) and isinstance(model, TorchAgent):
         model.load(opts.model_file, optimizer=False)  # evaluate the best weights (the evaluations train nothing)

@@ -301,3 +301,23 @@ def test_a_damaged_checkpoint_beside_a_written_model_file_is_named_not_called_an
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and said in err[0] and f"delete {ckdir} to start afresh" in err[0], err
     assert "MemNNAgent" not in err[0]
+
+
+@pytest.mark.timeout(180)
+def test_a_run_whose_model_file_was_removed_writes_its_model_there_and_says_so(tmp_path, capsys):
+    """-mf's best model removed, then --resume: the next validation was no better than the checkpoint's best, so
+    nothing was saved, and the run ended with exit 0, no model file and a report of weights in no file."""
+    model = tmp_path / "m" / "model.pt"
+    args = ["train", "-t", "babi:1", "-m", "bag", "-esz", str(ESZ), "-bs", "8", "--no-progress", "-mf", str(model)]
+    assert main([*args, "-ne", "1", "--eval-splits", "valid"]) == 0  # validated after its epoch: saved
+    model.unlink()
+    capsys.readouterr()
+    report = tmp_path / "report.json"
+    # another epoch at a learning rate too small to change the weights: validates no better
+    assert main(["train", "-mf", str(model), "--resume", "-ne", "2", "-lr", "1e-12", "--no-progress",
+                 "--report-json", str(report)]) == 0
+    assert f"-mf {model} is missing (removed after the validation that wrote it?)" in capsys.readouterr().err
+    valid = json.loads(report.read_text())["valid"]
+    evaluated = main(["eval", "-mf", str(model), "--no-progress", "--report-json", str(tmp_path / "eval.json")])
+    assert evaluated == 0 and json.loads((tmp_path / "eval.json").read_text())["valid"]["accuracy"] == \
+        valid["accuracy"]
