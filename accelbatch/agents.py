@@ -25,6 +25,7 @@ from accelbatch.metrics import Metrics
 from accelbatch.optimizers import learning_rates, optimizer_kwargs, rates_text, set_learning_rates, state_fits
 from accelbatch.opts import OptionError, Opts, is_training
 from accelbatch.report_merge import with_loss_count
+from accelbatch.zip_crc import damaged_entry
 
 if TYPE_CHECKING:
     from accelbatch.data.loader import AgentCollate
@@ -423,6 +424,9 @@ class TorchAgent(Agent):
         ``optimizer`` and the file's optimizer is this one's kind: its learning rate becomes --learning-rate.
         Another kind of optimizer starts fresh. Either is said in :attr:`load_notes`. A file that is not
         such a save, or holds weights of other shapes, is a :class:`ModelFileError` naming it."""
+        if (damaged := damaged_entry(path)) is not None:
+            raise ModelFileError(f"{option} {path}: cannot load: its {damaged} fails its CRC-32 check (the file was "
+                                 f"damaged after it was saved); point {option} at another copy")
         try:
             state = torch.load(path, map_location="cpu", weights_only=True)
         except Exception as exc:  # noqa: BLE001 - any failure here means the file is not a save of ours

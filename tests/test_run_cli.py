@@ -1,9 +1,12 @@
 from __future__ import annotations
 
+import io
 import json
 import os
+import struct
 import subprocess
 import sys
+import zipfile
 
 import pytest
 import torch
@@ -229,6 +232,16 @@ def test_continuing_a_model_file_with_another_optimizer_starts_it_fresh(tmp_path
     assert torch.load(path, map_location="cpu", weights_only=True)["optimizer_class"] == "SGD"
 
 
+def _one_bit_flipped(raw: bytes) -> bytes:
+    """A torch save with one bit flipped inside its largest tensor's bytes (it loads as other weights)."""
+    with zipfile.ZipFile(io.BytesIO(raw)) as archive:
+        entry = max(archive.infolist(), key=lambda info: info.file_size)
+    header = entry.header_offset
+    name_len, extra_len = struct.unpack("<HH", raw[header + 26:header + 30])
+    at = header + 30 + name_len + extra_len + entry.file_size // 2
+    return raw[:at] + bytes([raw[at] ^ 0x40]) + raw[at + 1:]
+
+
 def _foreign_files(tmp_path, good: str) -> dict[str, tuple[str, str]]:
     """name -> (path, expected fragment) of files that are not a 16-wide memnn's save."""
     raw = open(good, "rb").read()
@@ -238,7 +251,10 @@ def _foreign_files(tmp_path, good: str) -> dict[str, tuple[str, str]]:
     torch.save({"weights": torch.zeros(2)}, tmp_path / "dict.pt")
     torch.save(torch.zeros(3), tmp_path / "tensor.pt")
     _train_memnn(str(tmp_path / "wide.pt"), embedding_size=24)
+    (tmp_path / "flipped.pt").write_bytes(_one_bit_flipped(raw))
     return {"truncated": (str(tmp_path / "truncated.pt"), "not a model file saved by accelbatch"),
+            "flipped": (str(tmp_path / "flipped.pt"), "fails its CRC-32 check (the file was damaged after it was "
+                        "saved)"),
             "text": (str(tmp_path / "text.pt"), "not a model file saved by accelbatch"),
             "empty": (str(tmp_path / "empty.pt"), "not a model file saved by accelbatch"),
             "dict": (str(tmp_path / "dict.pt"), "holds no model weights"),
