@@ -5,6 +5,7 @@ replicas step together (:func:`steps_together`)."""
 
 from __future__ import annotations
 
+import errno
 import math
 import os
 import signal
@@ -168,7 +169,9 @@ def check_output_paths(opts: Any) -> None:
             if blocker is not None:
                 raise OptionError(f"{flag} {path}: its folder {blocker} is a file, not a folder; give a path in a "
                                   "folder, or move that file away") from None
-            raise OptionError(f"{flag}: cannot write {path} (its folder {folder}: {exc.strerror}); give a path "
+            why = "no file can be made there" if exc.errno == errno.ENOENT and os.path.isdir(folder) \
+                else exc.strerror  # ENOENT in a folder that exists: a file system such as /proc
+            raise OptionError(f"{flag}: cannot write {path} (its folder {folder}: {why}); give a path "
                               "in a folder you can write") from None
         _check_name_length(flag, target, folder, is_dir)
 

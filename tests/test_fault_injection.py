@@ -327,10 +327,11 @@ def test_a_malformed_line_met_in_another_process_is_still_one_line(lab, tmp_path
     (["train", "--metrics-log", "/proc/nope/m.jsonl"], ["--metrics-log: cannot write /proc/nope/m.jsonl"]),
     (["train", "--tensorboard-logdir", "/proc/nope"], ["--tensorboard-logdir: cannot write /proc/nope"]),
     (["train", "-mf", "/"], ["-mf/--model-file: / exists and is not a file"]),
+    (["train", "--report-json", "/proc/version"], ["its folder /proc: no file can be made there"]),
 ], ids=["missing-file", "bs-abc", "lr-x", "rf-two", "bs-0", "lr-negative", "replica-timeout-0", "device-tpu",
         "unknown-task", "unknown-model", "unknown-module", "unknown-class", "impossible-plan", "no-loss",
         "model-file-unwritable", "report-json-unwritable", "metrics-log-unwritable", "tensorboard-unwritable",
-        "model-file-a-folder"])
+        "model-file-a-folder", "report-json-in-proc"])
 def test_bad_options_and_unknown_names_are_one_line(lab, capsys, monkeypatch, argv, fragments):
     verb, *options = argv  # a -t in the case's options overrides the default one before it
     quick = ["-tstep", "2", *QUICK] if verb == "train" else ["--no-progress"]  # eval takes no training option

@@ -36,7 +36,7 @@ from accelbatch.opts import IPU_ONLY, Opts, build_parser
 
 DEFAULTS = dict(task="babi:1", model="memnn", device="ipu", optimizer="sgd", learning_rate=0.5, batchsize=8,
                 device_iterations=4, embedding_size=32, max_train_steps=60, num_epochs=-1.0,
-                validation_every_n_epochs=-1.0, eval_splits="valid", progress=False, log_every_n_secs=60.0)
+                validation_every_n_epochs=-1.0, eval_splits="valid", progress=False)
 
 
 def parse(argv: list[str]) -> tuple[Opts, bool, bool, float | None]:

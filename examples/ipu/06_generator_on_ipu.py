@@ -40,7 +40,7 @@ from accelbatch.opts import IPU_ONLY, Opts, build_parser
 DEFAULTS = dict(task="reverse:6000", model="transformer/generator", device="ipu", embedding_size=32,
                 batchsize=16, device_iterations=2, gradient_accumulation=2, loss_normalization="token",
                 text_truncate=8, label_truncate=9, learning_rate=0.003, num_epochs=3.0,
-                validation_every_n_epochs=-1.0, eval_splits="valid", progress=False, log_every_n_secs=60.0)
+                validation_every_n_epochs=-1.0, eval_splits="valid", progress=False)
 WORDS = ["abcde", "milk", "gamble"]
 
 
