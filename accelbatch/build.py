@@ -460,7 +460,7 @@ def create_hogwild_world(opts: Opts, agent: Agent | type[Agent] | None = None, r
     per_parley = None if opts.dynamic_batching != "none" else \
         (rows or ExecutionPlan.from_opts(opts, training=True).combined_batch)
     world = HogwildWorld(opts.replace(numthreads=processes or opts.numthreads), main, build_hogwild_child,
-                         agent_class, rows, exs_per_parley=per_parley)
+                         agent_class, rows, exs_per_parley=per_parley, timeout=opts.replica_timeout_s)
     world.runtime = runtime
     return world
 

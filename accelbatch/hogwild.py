@@ -46,13 +46,11 @@ from typing import Any
 import torch
 
 from accelbatch.agents import Agent
+from accelbatch.hogwild_metrics import merge_metric_states, metric_states
 from accelbatch.hogwild_passes import serve_passes
-from accelbatch.loader_world import LoaderWorld
-from accelbatch.metrics import Metrics
 from accelbatch.opts import OptionError, Opts
 from accelbatch.procs import ChildSpec, ProcessFailure, Supervisor, raised_as
-from accelbatch.report_merge import combine_reports, drop_full_scored, merge_reports, with_loss_count
-from accelbatch.teachers import FixedTeacher, MultiTaskTeacher, Teacher, is_training
+from accelbatch.teachers import FixedTeacher, Teacher, is_training
 from accelbatch.worlds import BatchWorld, MultiWorld, World
 
 __all__ = ["HogwildError", "HogwildWorld"]
@@ -82,55 +80,6 @@ def _shm_as_usage_error(opts: Opts) -> Iterator[None]:
         raise OptionError(f"-nt/--numthreads {opts.numthreads}: the model could not be put in shared memory "
                           f"(/dev/shm: {why}): free space there or enlarge it (Docker: --shm-size), or "
                           f"{'train' if is_training(opts.datatype) else 'evaluate'} in one process (-nt 1)") from exc
-
-
-# --- metrics of one process, merged in the main process --------------------------------------------------
-def _part(obj: Any) -> tuple[str, Any]:  # metrics, or the report's numbers (what merges; others fail the pipe)
-    metrics = getattr(obj, "metrics", None)
-    return ("metrics", metrics.state()) if isinstance(metrics, Metrics) else \
-        ("report", {k: v for k, v in obj.report().items() if isinstance(v, (int, float))})
-
-
-def metric_states(world: World) -> dict[str, Any]:
-    """What :meth:`HogwildWorld.report` needs of one process: each task's and the model's metric sums."""
-    base = world.world if isinstance(world, BatchWorld) else world
-    if isinstance(base, MultiWorld):
-        tasks = [(name, ("report", w.task_report())) for name, w in zip(base.names, base.worlds)]
-    else:
-        teacher = base.get_task_agent()
-        tasks = [(name, ("metrics", m.state())) for name, m in zip(teacher.names, teacher.task_metrics)] \
-            if isinstance(teacher, MultiTaskTeacher) else [(None, _part(teacher))]
-    model = base.get_model_agent()
-    # the batch plan's counts (examples left out; with dynamic batching the padding and the tokens fed)
-    batching = base.batching_report() if isinstance(base, LoaderWorld) else {}
-    return {"tasks": tasks, "model": _part(model), "model_keeps_exs": not hasattr(model, "slot"),
-            "batching": batching}
-
-
-def _merge(parts: Sequence[tuple[str, Any]]) -> dict[str, float]:
-    """One agent's metrics from every process: sums merged; reports (no Metrics) merged as reports of their
-    own examples (counts summed, averages weighted: each process applies its own updates)."""
-    if all(kind == "metrics" for kind, _ in parts):
-        total = Metrics()
-        for _, state in parts:
-            total.merge_state(state)
-        return total.report()
-    return combine_reports(*(rep if kind == "report" else Metrics(**{k: v for k, v in rep.items() if k != "extra"},
-                                                                 extra=rep["extra"]).report() for kind, rep in parts))
-
-
-def merge_metric_states(states: Sequence[dict[str, Any]]) -> dict[str, float]:
-    """One report from every process's :func:`metric_states`, keyed as World.report keys it."""
-    names = [name for name, _ in states[0]["tasks"]]
-    tasks = [(name, _merge([s["tasks"][i][1] for s in states])) for i, name in enumerate(names)]
-    report = dict(tasks[0][1]) if names == [None] else merge_reports(tasks)
-    model = with_loss_count(_merge([s["model"] for s in states]))
-    if not states[0]["model_keeps_exs"]:
-        model.pop("exs", None)  # TorchAgent.report leaves examples to the teacher
-    report.update((name, value) for name, value in model.items() if name not in report)  # the teacher's first
-    # counts summed, pad_fraction weighted by each process's batch_tokens
-    report.update(combine_reports(*(s.get("batching", {}) for s in states)))
-    return drop_full_scored(report)
 
 
 # --- the child process -----------------------------------------------------------------------------------
@@ -246,7 +195,7 @@ class HogwildWorld(World):
         self._exs_per_parley = exs_per_parley if self._training else None
         self._released_from = 0  # parleys released before a restore, counted in the restored total
         self._closed, self._parleys = False, 0
-        self._outstanding = [0] * n
+        self._outstanding, self._progress = [0] * n, [0.0] * n  # parleys queued; when each last made progress
         self._replies: list[tuple[int, Any] | None] = [None] * n
         self._prefer: set[int] = set()
         self._seq = 0
@@ -275,16 +224,13 @@ class HogwildWorld(World):
         self._check_open()
         self._pump(0)  # what the children have sent, without waiting
         rank = self._free_process()
-        if rank is None:
-            last = time.monotonic()
-            while rank is None:
-                if self._pump(min(1.0, self.timeout)):
-                    last = time.monotonic()
-                elif time.monotonic() - last > self.timeout:
-                    busy = [r for r in range(self.numthreads) if self._outstanding[r]]
-                    self._fail(self._stuck(f"no hogwild process finished a parley in {self.timeout:.0f}s "
-                                           f"(processes {self.pids}); a parley is stuck", busy))
-                rank = self._free_process()
+        while rank is None:
+            self._pump(min(1.0, self.timeout))
+            self._check_progress()
+            rank = self._free_process()
+        self._check_progress()  # also while others parley on (an evaluation's done processes parley padding)
+        if not self._outstanding[rank]:
+            self._progress[rank] = time.monotonic()
         self._send(rank, _PARLEY)
         self._outstanding[rank] += 1
         self._parleys += 1
@@ -456,11 +402,20 @@ class HogwildWorld(World):
         kind = msg[0]
         if kind == "d":
             self._outstanding[rank] -= 1
+            self._progress[rank] = time.monotonic()
             self._at[rank] = msg[1]  # with the count above: what passes() adds up stays consistent
         elif kind in ("reply", "ready"):
             self._replies[rank] = (msg[1], msg[2]) if kind == "reply" else (-1, msg[1])
         else:
             self._fail(HogwildError(f"hogwild process {rank} sent an unknown message {kind!r}"))
+
+    def _check_progress(self) -> None:
+        """Fail naming the processes that have had a parley queued and finished none for ``timeout``."""
+        now, n = time.monotonic(), self.numthreads
+        stuck = [r for r in range(n) if self._outstanding[r] and now - self._progress[r] > self.timeout]
+        if stuck:
+            self._fail(self._stuck(f"hogwild processes {stuck} (pids {[self.pids[r] for r in stuck]}) finished no "
+                                   f"parley in {self.timeout:.0f}s (--replica-timeout-s); a parley is stuck", stuck))
 
     def _stuck(self, message: str, ranks: Sequence[int]) -> ProcessFailure:
         """ProcessTimeout for ``ranks`` that gave no sign of life, with their Python stacks."""

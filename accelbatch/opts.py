@@ -262,8 +262,9 @@ class Opts:
     skip_nan: bool = _opt(False, "--skip-nan", group="faults",
                           help="skip a step whose loss is NaN instead of stopping", train_only=True)
     replica_timeout_s: float = _opt(300.0, "--replica-timeout-s", group="faults",
-                                    help="seconds a replica (-rf) waits in a collective for the others before "
-                                         "the run fails naming the stuck replica")
+                                    help="seconds a replica (-rf) waits in a collective for the others, or a "
+                                         "hogwild process (-nt) may take for a parley, before the run fails "
+                                         "naming the stuck one")
 
     # --- the agent's own options (its add_cmdline_args: accelbatch/agent_args.py) -------------------
     agent_args: dict = _opt({}, group="agent",

@@ -31,7 +31,7 @@ from accelbatch.messages import Message
 from accelbatch.metrics import Metrics
 from accelbatch.models.memnn import MemNNAgent
 from accelbatch.opts import Opts
-from accelbatch.procs import ProcessDied, ProcessRaised
+from accelbatch.procs import ProcessDied, ProcessRaised, ProcessTimeout
 from accelbatch.run import evaluate, run
 from accelbatch.tasks.files import DataFileError
 
@@ -77,6 +77,16 @@ class ClaimsAccuracy(LoggingAgent):
 
     def report(self):
         return {"accuracy": 1.0, "f1": 1.0, "mine": 3}
+
+
+class HangsInProcess1(LoggingAgent):
+    """Process 1's second act never ends (a deadlock in user code)."""
+
+    def act(self):
+        self.acts = getattr(self, "acts", 0) + 1
+        if multiprocessing.current_process().name == "hogwild-1" and self.acts == 2:
+            time.sleep(3600)
+        return super().act()
 
 
 class LoggingTorchAgent(LabelEchoTorchAgent):
@@ -376,6 +386,19 @@ def test_the_teacher_scores_the_replies_whatever_the_model_reports(tmp_path, log
     opts = Opts(task=f"jsonl:{path}", datatype="valid", numthreads=processes, batchsize=3, progress=False)
     report = run(create_world(opts, agent=ClaimsAccuracy), opts)["valid"]
     assert (report["exs"], report["accuracy"], report["f1"], report["mine"]) == (12, 0.0, 0.0, 3 * processes)
+
+
+@pytest.mark.timeout(90)
+@pytest.mark.slow
+def test_a_hung_hogwild_process_ends_the_run_after_the_replica_timeout_with_its_stack(tmp_path, log_dir):
+    path = _jsonl(tmp_path / "data.jsonl", [[f"t{i}"] for i in range(40)])
+    opts = Opts(task=f"jsonl:{path}", datatype="valid", numthreads=2, batchsize=1, progress=False,
+                replica_timeout_s=3.0)
+    started = time.monotonic()
+    with pytest.raises(ProcessTimeout, match=r"in 3s .*a parley is stuck") as info:
+        run(create_world(opts, agent=HangsInProcess1), opts)
+    assert time.monotonic() - started < 60
+    assert "time.sleep(3600)" in str(info.value) or "in act" in str(info.value), info.value
 
 
 @pytest.mark.timeout(90)

@@ -84,7 +84,7 @@ WHERE_READ: dict[str, tuple[list[dict], list[dict]]] = {
     "batch_sort_cache_size": ([{}], [{"dynamic_batching": "batchsort"}]),
     "buffer_size": ([{}], [{"dataloader_mode": "async"}]),
     "data_timeout_s": ([{}], [{"num_workers": 1}]),
-    "replica_timeout_s": ([{}], [{"replication_factor": 2}]),
+    "replica_timeout_s": ([{}], [{"replication_factor": 2}, {"numthreads": 2}]),
     "ipu_emulator": ([{}], [{"device": "ipu"}]),
     "validation_patience": ([{}, {"model_file": "m"}], [{"validation_every_n_secs": 5}]),
     "validation_cutoff": ([{}], [{"validation_every_n_epochs": 0.5}]),
