@@ -236,7 +236,7 @@ class TorchAgent(Agent):
             return None
         kinds = {"sgd": torch.optim.SGD, "adam": torch.optim.Adam, "adamw": torch.optim.AdamW}
         kind = kinds[self.opts.optimizer]
-        return kind(params, lr=self.opts.learning_rate, **optimizer_kwargs(self.opts, kind))
+        return kind(params, lr=self.opts.learning_rate, **optimizer_kwargs(self.opts, kind, model))
 
     # --- sharing ---------------------------------------------------------------------------------
     def share(self) -> dict[str, Any]:

@@ -8,12 +8,15 @@ from typing import Any
 import torch
 
 
-def optimizer_kwargs(opts: Any, kind: type[torch.optim.Optimizer]) -> dict[str, Any]:
+def optimizer_kwargs(opts: Any, kind: type[torch.optim.Optimizer], model: torch.nn.Module | None = None
+                     ) -> dict[str, Any]:
     """Extra keywords for torch's SGD/Adam/AdamW ``kind``: ``fused=True`` on --device cuda where this torch
     has it (one kernel per step for every parameter, and the engine skips a bad update inside it without
-    copying the weights; torch 2.0's SGD has no fused kernel)."""
+    copying the weights; torch 2.0's SGD has no fused kernel), unless ``model`` makes sparse gradients
+    (``nn.Embedding(sparse=True)``), which the fused kernels refuse and plain SGD takes, as on the cpu."""
     fused = getattr(opts, "device", "cpu") == "cuda" and "fused" in inspect.signature(kind.__init__).parameters
-    return {"fused": True} if fused else {}
+    sparse = model is not None and any(getattr(module, "sparse", False) is True for module in model.modules())
+    return {"fused": True} if fused and not sparse else {}
 
 
 def learning_rates(optimizer: torch.optim.Optimizer) -> list[float]:

@@ -137,6 +137,35 @@ def test_tail_and_eval_match_the_cpu_plan_engine():
         torch.testing.assert_close(b.outputs["pred"], a.outputs["pred"], rtol=1e-6, atol=1e-6)
 
 
+def test_a_model_with_sparse_gradients_trains_with_sgd_as_on_the_cpu():
+    """-opt sgd is fused on --device cuda, and torch's fused SGD refuses sparse gradients: a model with
+    nn.Embedding(sparse=True) failed there with a torch traceback where the cpu trains it."""
+    from accelbatch.agents import TorchAgent
+
+    class Sparse(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.emb = nn.Embedding(20, 4, sparse=True)
+
+        def forward(self, batch):
+            return {"loss": self.emb(batch["x"]).pow(2).mean()}
+
+    class SparseAgent(TorchAgent):
+        def build_model(self):
+            return Sparse()
+
+    weights = {}
+    for device in ("cpu", "cuda"):
+        torch.manual_seed(0)
+        agent = SparseAgent(Opts(device=device, optimizer="sgd", learning_rate=0.5))
+        compile_ = (lambda m, o, p: cuda_on_cpu(m, o, p)) if device == "cuda" else PlanEngine
+        engine = compile_(agent.model, agent.optimizer, ExecutionPlan(micro_batch=4))
+        for step in range(3):
+            engine.train_step({"x": torch.arange(step, step + 4)})
+        weights[device] = agent.model.emb.weight.detach().clone()
+    assert torch.allclose(weights["cpu"], weights["cuda"]) and not torch.equal(weights["cpu"][0], torch.zeros(4))
+
+
 def test_a_bad_batch_gets_the_plan_error():
     plan = ExecutionPlan(micro_batch=4, device_iterations=2)
     engine = cuda_on_cpu(Tiny(), torch.optim.SGD(Tiny().parameters(), lr=0.1), plan)
