@@ -99,8 +99,10 @@ class Opts:
                                                    "(default: min for loss, ppl or mean_rank; max otherwise)")
     validation_max_exs: int = _opt(-1, "-vme", "--validation-max-exs", train_only=True,
                                    help="validations during training stop after the step that reaches this "
-                                        "many examples, several tasks sharing them equally (the final "
-                                        "evaluation scores all; -1: all)")
+                                        "many examples, several tasks' whole episodes interleaved (each next "
+                                        "one from the task that has served the fewest, so a task of long "
+                                        "episodes can fill a small cap); the final evaluation scores all; "
+                                        "-1: all")
     validation_cutoff: float = _opt(-1.0, "-vcut", "--validation-cutoff", train_only=True,
                                     help="stop training once the validation metric reaches this (-1: never)")
     eval_splits: str = _opt("valid,test", "--eval-splits", train_only=True,
