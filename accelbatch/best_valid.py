@@ -10,6 +10,7 @@ from dataclasses import asdict, dataclass
 
 from accelbatch.checkpoint import read_json_file, unreadable_sidecar, write_json_file
 from accelbatch.opts import Opts
+from accelbatch.teachers import task_metric_spelled
 
 
 @dataclass(frozen=True)
@@ -70,7 +71,7 @@ def continued_best(opts: Opts, main: bool) -> float:
     to replace it (-inf when it was chosen otherwise: on another metric, or not validated); said by ``main``."""
     best = read_best(opts.model_file)
     wanted = (opts.validation_metric, metric_mode(opts))
-    if best is not None and (best.metric, best.mode) == wanted:
+    if best is not None and (task_metric_spelled(best.metric, opts.task, opts.datapath), best.mode) == wanted:
         if main:
             print(f"accelbatch: -mf {opts.model_file} holds a model whose validation had {best.metric} "
                   f"{best.value:.4g}; only a better one replaces it", file=sys.stderr)

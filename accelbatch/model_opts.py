@@ -31,7 +31,7 @@ from accelbatch.checkpoint import (
 )
 from accelbatch.names import resolve_agent_class
 from accelbatch.opts import OptionError, Opts
-from accelbatch.teachers import given_file, is_training, portable_task, task_files
+from accelbatch.teachers import given_file, is_training, portable_task, task_files, task_metric_spelled
 
 # the history a model reads (as ParlAI's -histsz in MODEL.opt): not its weights' shapes, but what it was trained
 # to answer from, so a verb given only -mf feeds it the same (a resume compares them with RESUME_OPTS)
@@ -252,7 +252,7 @@ def with_model_opts(opts: Opts, given: set[str], reads_task: bool = True) -> tup
             check_task_files(opts, f"{found}: the checkpoint's task", "put the data back there to resume, or "
                              "start afresh without --resume")
         check_resumed_opts(Checkpoint(path=found, model_state={}, opts=saved), opts, opts.model, SHAPING)
-        return opts, None  # said by the resume (-lr) or not at all: the run goes on as it was
+        return _metric_spelled(opts), None  # said by the resume (-lr) or not at all: the run goes on as it was
     if path and os.path.isfile(path):
         source, flag, names = path, "-mf", KEPT if training else EVALUATING
     elif opts.init_model and os.path.isfile(opts.init_model):
@@ -274,9 +274,14 @@ def with_model_opts(opts: Opts, given: set[str], reads_task: bool = True) -> tup
     if "task" in taken and reads_task:
         check_task_files(opts.replace(task=taken["task"]), f"{opt_path(source)}: the model's task",
                          "give -t naming the data to use")
-    return _taking(opts, taken, opt_path(source), "fix or delete that file"), "\n".join(filter(None, (
+    return _metric_spelled(_taking(opts, taken, opt_path(source), "fix or delete that file")), "\n".join(filter(None, (
         f"accelbatch: {flag} {source} was trained with {said} ({opt_path(source)}); using them (give them to "
         "override)", untold_task)))
+
+
+def _metric_spelled(opts: Opts) -> Opts:
+    """``opts`` with a ``-vmt TASK/metric`` of a file task given relative spelled as the kept task spells it."""
+    return opts.replace(validation_metric=task_metric_spelled(opts.validation_metric, opts.task, opts.datapath))
 
 
 def _said(flag: str, value: Any) -> str:

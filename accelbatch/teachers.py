@@ -333,6 +333,17 @@ def portable_task(task: str, datapath: str | None) -> str:
     return ",".join(parts)
 
 
+def task_metric_spelled(metric: str, task: str, datapath: str | None) -> str:
+    """``metric`` ("TASK/name") with its task spelled as ``task`` spells it where both name the same data (a
+    file's relative and absolute path: a model file's task is kept absolute); else ``metric`` as it is."""
+    prefix, slash, name = metric.rpartition("/")
+    if not slash or prefix.partition(":")[0] not in FILE_TASKS:
+        return metric
+    same = portable_task(prefix, datapath)
+    spelled = next((part.strip() for part in task.split(",") if portable_task(part.strip(), datapath) == same), None)
+    return metric if spelled is None else f"{spelled}/{name}"
+
+
 def task_files(task: str) -> list[str]:
     """The files and folders the ``jsonl:``/``parlai:`` parts of ``task`` name (as given)."""
     return [part.strip().partition(":")[2] for part in task.split(",")
