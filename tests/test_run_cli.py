@@ -262,6 +262,22 @@ def _foreign_files(tmp_path, good: str) -> dict[str, tuple[str, str]]:
             "wide": (str(tmp_path / "wide.pt"), "is [4096, 24] in the file but [4096, 16] in this MemNNAgent")}
 
 
+def test_a_model_file_saved_without_crc32s_loads(tmp_path):
+    """torch.serialization.set_crc32_options(False) writes 0 for every CRC-32: not damage."""
+    good = str(tmp_path / "good.pt")
+    opts = _train_memnn(good)
+    state = torch.load(good, map_location="cpu", weights_only=True)
+    torch.serialization.set_crc32_options(False)
+    try:
+        torch.save(state, good)
+    finally:
+        torch.serialization.set_crc32_options(True)
+    with zipfile.ZipFile(good) as archive:
+        assert {entry.CRC for entry in archive.infolist()} == {0}
+    loaded = MemNNAgent(opts.replace(model_file=good))
+    assert all(torch.equal(state["model"][k], v) for k, v in loaded.model.state_dict().items())
+
+
 def test_unloadable_model_files_are_one_line_errors(tmp_path, capsys):
     good = str(tmp_path / "good.pt")
     _train_memnn(good)
