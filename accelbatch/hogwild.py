@@ -428,19 +428,21 @@ class HogwildWorld(World):
         raise raised_as(err) if isinstance(err, ProcessFailure) else err
 
     def _wait_all(self, what: str, timeout: float, seq: int = -1) -> list[Any]:
-        """Wait until every process has answered ``seq``; fail on death, error or ``timeout`` of silence."""
-        last = time.monotonic()
+        """Wait until every process has answered ``seq``; fail on death, error or ``timeout`` of silence of a
+        process that has not answered (its parleys done count: it works through those queued before)."""
+        start = time.monotonic()
         while True:
             missing = [r for r in range(self.numthreads)
                        if self._replies[r] is None or self._replies[r][0] != seq]
             if not missing:
                 break
-            if self._pump(min(1.0, timeout)):
-                last = time.monotonic()
-            elif time.monotonic() - last > timeout:
-                pids = [self._children.pids[r] for r in missing]
-                self._fail(self._stuck(f"hogwild processes {missing} (pids {pids}) gave no answer to "
-                                       f"{what!r} in {timeout:.0f}s", missing))
+            self._pump(min(1.0, timeout))
+            now = time.monotonic()
+            silent = [r for r in missing if now - max(start, self._progress[r]) > timeout]
+            if silent:
+                option = " (--replica-timeout-s)" if timeout == self.timeout else ""
+                self._fail(self._stuck(f"hogwild processes {silent} (pids {[self.pids[r] for r in silent]}) gave "
+                                       f"no answer to {what!r} in {timeout:.0f}s{option}", silent))
         answers = [reply[1] for reply in self._replies]  # type: ignore[index]
         self._replies = [None] * self.numthreads
         return answers

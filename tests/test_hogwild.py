@@ -390,12 +390,13 @@ def test_the_teacher_scores_the_replies_whatever_the_model_reports(tmp_path, log
 
 @pytest.mark.timeout(90)
 @pytest.mark.slow
-def test_a_hung_hogwild_process_ends_the_run_after_the_replica_timeout_with_its_stack(tmp_path, log_dir):
+@pytest.mark.parametrize("datatype", ["valid", "train"])
+def test_a_hung_hogwild_process_ends_the_run_after_the_replica_timeout_with_its_stack(tmp_path, log_dir, datatype):
     path = _jsonl(tmp_path / "data.jsonl", [[f"t{i}"] for i in range(40)])
-    opts = Opts(task=f"jsonl:{path}", datatype="valid", numthreads=2, batchsize=1, progress=False,
-                replica_timeout_s=3.0)
+    opts = Opts(task=f"jsonl:{path}", datatype=datatype, numthreads=2, batchsize=1, progress=False,
+                replica_timeout_s=3.0, max_train_steps=30, validation_every_n_epochs=-1, eval_splits="")
     started = time.monotonic()
-    with pytest.raises(ProcessTimeout, match=r"in 3s .*a parley is stuck") as info:
+    with pytest.raises(ProcessTimeout, match=r"hogwild processes \[1\] .* in 3s \(--replica-timeout-s\)") as info:
         run(create_world(opts, agent=HangsInProcess1), opts)
     assert time.monotonic() - started < 60
     assert "time.sleep(3600)" in str(info.value) or "in act" in str(info.value), info.value
