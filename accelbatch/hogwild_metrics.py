@@ -8,17 +8,23 @@ from typing import Any
 
 from accelbatch.loader_world import LoaderWorld
 from accelbatch.metrics import Metrics
-from accelbatch.report_merge import combine_reports, drop_full_scored, merge_reports, with_loss_count
+from accelbatch.report_merge import LOSS_COUNT, combine_reports, drop_full_scored, merge_reports, with_loss_count
 from accelbatch.teachers import MultiTaskTeacher
 from accelbatch.worlds import BatchWorld, MultiWorld, World
 
 __all__ = ["merge_metric_states", "metric_states"]
 
 
-def _part(obj: Any) -> tuple[str, Any]:  # metrics, or the report's numbers (what merges; others fail the pipe)
+def _part(obj: Any) -> tuple[str, Any]:
+    """An agent's metric sums, with the numbers its report() adds beside them (a subclass's own, summed as
+    Metrics.add's are); or, without Metrics, its report's numbers (what merges; others fail the pipe)."""
+    numbers = {k: v for k, v in obj.report().items() if isinstance(v, (int, float))}
     metrics = getattr(obj, "metrics", None)
-    return ("metrics", metrics.state()) if isinstance(metrics, Metrics) else \
-        ("report", {k: v for k, v in obj.report().items() if isinstance(v, (int, float))})
+    if not isinstance(metrics, Metrics):
+        return "report", numbers
+    state, own = metrics.state(), metrics.report()
+    state["extra"].update((k, v) for k, v in numbers.items() if k not in own and k != LOSS_COUNT)
+    return "metrics", state
 
 
 def metric_states(world: World) -> dict[str, Any]:

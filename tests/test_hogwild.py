@@ -377,6 +377,23 @@ def test_a_report_value_that_is_not_a_number_merges_as_in_one_process(tmp_path, 
     assert "lock" not in reports[2]  # the table of one process shows numbers only, too
 
 
+class ReportsItsOwn(LabelEchoTorchAgent):
+    """A TorchAgent whose report() adds a number of its own beside its Metrics'."""
+
+    def report(self):
+        return {**super().report(), "foo": 0.5}
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("processes", [1, 2])
+def test_a_torch_agents_own_report_numbers_merge_across_processes(tmp_path, processes):
+    """The merge took a TorchAgent's Metrics sums alone: a number its report() adds was left out under -nt."""
+    path = _jsonl(tmp_path / "data.jsonl", [[f"t{i}"] for i in range(12)])
+    opts = Opts(task=f"jsonl:{path}", datatype="valid", numthreads=processes, batchsize=2, progress=False)
+    report = run(create_world(opts, agent=ReportsItsOwn), opts)["valid"]
+    assert report["exs"] == 12 and report["foo"] == 0.5 * processes  # summed, as README says of such numbers
+
+
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("processes", [1, 2])
 def test_the_teacher_scores_the_replies_whatever_the_model_reports(tmp_path, log_dir, processes):
