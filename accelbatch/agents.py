@@ -352,11 +352,11 @@ class TorchAgent(Agent):
                 len(row_ids) == real and not result.extras.get("skipped_updates"))):
             # per-row losses of every row: the mean over the rows the loss counts, however they are batched
             self._add_row_losses(outputs)
-        elif result.loss is not None and rows == real:
-            # weighted by the rows it averages, the labelled ones (context turns add nothing); a batch with
-            # padding rows (static shapes) mixes them into its mean: left out
-            if labelled:
-                self.metrics.add_loss(result.loss, labelled)
+        elif result.loss is not None and rows == real:  # padding rows (static shapes) in its mean: left out
+            # each micro-batch's mean weighted by its labelled rows (context turns add nothing)
+            self.metrics.add_loss_parts(result.loss_parts or ((0, real, result.loss),),
+                                        [obs.get(LABELS) is not None or obs.get(EVAL_LABELS) is not None
+                                         for obs in observations])
         if row_ids is None:
             return []
         produced = checked_replies(self, self.replies(outputs, [observations[j] for j in row_ids]), len(row_ids))

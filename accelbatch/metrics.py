@@ -350,6 +350,13 @@ class Metrics:
         self.loss_sum += float(loss) * count
         self.loss_count += count
 
+    def add_loss_parts(self, parts: Sequence[tuple[int, int, float]], counted: Sequence[bool]) -> None:
+        """Record a call's loss from its micro-batches' (first row, end row, mean loss over the rows of them
+        that ``counted`` marks), as the mean over all the call's counted rows."""
+        weights = [sum(counted[start:stop]) for start, stop, _ in parts]
+        if sum(weights):
+            self.add_loss(sum(w * loss for w, (_, _, loss) in zip(weights, parts)) / sum(weights), sum(weights))
+
     def add_examples(self, examples: int) -> None:
         """Count ``examples`` examples that are not scored here (an agent's rows, which its loss may leave out)."""
         self.exs += examples

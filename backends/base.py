@@ -192,7 +192,9 @@ class StepResult:
     ``outputs`` holds the per-row outputs the plan's output mode selected, ``rows`` the indices of the
     call's input rows they belong to (``None`` when outputs are not per row, as with Sum), ``loss`` the
     mean loss over the micro-batches the output mode returns (all of them for Sum) in the applied updates,
-    as an IPU returns them, so every backend reports the same figure for the same plan; ``updates`` the
+    as an IPU returns them, so every backend reports the same figure for the same plan, and ``loss_parts``
+    those micro-batches' (first row, end row, mean loss) in the rows given, where the engine has them (an
+    agent weighs each by its labelled rows: one of context turns alone has loss 0); ``updates`` the
     weight updates applied (``extras["skipped_updates"]`` counts those --skip-nan skipped).
     """
 
@@ -201,6 +203,7 @@ class StepResult:
     loss: float | None
     updates: int = 0
     extras: dict[str, Any] = field(default_factory=dict)
+    loss_parts: tuple[tuple[int, int, float], ...] | None = None
 
 
 class Engine(ABC):

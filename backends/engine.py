@@ -238,8 +238,10 @@ class LayoutEngine(Engine):
                                   "skipped_updates": len(skipped), "host_syncs": 1 + reads}
         if self.world_size > 1:
             extras.update(replica=self.rank, shard_rows=mine.rows)
+        first = lay.starts if self.inputs == "full" else mine.starts
         return StepResult(outputs=outputs, rows=rows, updates=lay.num_updates - len(skipped), extras=extras,
-                          loss=_reported_loss(lay, shown))
+                          loss=_reported_loss(lay, shown),
+                          loss_parts=tuple((first[j], first[j] + lay.micro_rows(j), v) for j, v in shown))
 
     def _token_weights(self, mine: _Mine, loss_tokens: torch.Tensor
                        ) -> tuple[tuple[tuple[int, int, float, int], ...], ...]:
@@ -348,19 +350,26 @@ class LayoutEngine(Engine):
         spans = [(lay.starts[js[0]], lay.stops[js[-1]]) for js in lay.updates]
         outs: list[dict[str, torch.Tensor]] = []
         loss_sum: torch.Tensor | None = None
+        means, spans_of = [], []  # each micro-batch's mean loss and rows, read with the sum
         for js, (offset, chunk) in zip(lay.updates, self._feed(batch, spans)):
             for j in js:
                 s, e = lay.starts[j], lay.stops[j]
                 out = self.hooks.forward(model_inputs(slice_rows(chunk, s - offset, e - offset)), True)
                 outs.append(_detached(out))  # a forward that returns no dict is named here
                 if out.get("loss") is not None:
-                    part = out["loss"].detach().float() * (e - s)
+                    means.append(out["loss"].detach().float().reshape(1))
+                    spans_of.append((s, e))
+                    part = means[-1][0] * (e - s)
                     loss_sum = part if loss_sum is None else loss_sum + part
         self._issue_staged()
-        loss, outputs = self._read(loss_sum, combine_outputs(lay, outs))
+        read = None if loss_sum is None else torch.cat([loss_sum.reshape(1), *means])
+        values, outputs = self._read(read, combine_outputs(lay, outs))
+        values = None if values is None else values.tolist()
         return StepResult(outputs=outputs, rows=lay.out_rows, updates=0,
-                          loss=None if loss is None else loss.tolist() / n,
-                          extras={"micro_batches": lay.num_micro_batches, "host_syncs": 1})
+                          loss=None if values is None else values[0] / n,
+                          extras={"micro_batches": lay.num_micro_batches, "host_syncs": 1},
+                          loss_parts=None if values is None else tuple(
+                              (s, e, v) for (s, e), v in zip(spans_of, values[1:])))
 
     @property
     def stages(self) -> bool:

@@ -285,13 +285,15 @@ class IPUEngine(Engine):
             self.model.train()
         outputs, loss, compiled = self._call(entry, batch)
         mode = plan.output_mode
-        loss_value, counted = None, 0
+        loss_value, counted, parts = None, 0, None
         if loss is not None:
             lf = loss.detach().float()
             if mode is OutputMode.SUM:
                 loss_value, counted = float(lf.sum()) / plan.factor, plan.factor
             else:
                 loss_value, counted = float(lf.mean()), max(1, lf.numel())
+                if lf.numel() == len(lay.kept):  # one loss per micro-batch returned, in the layout's order
+                    parts = tuple((lay.starts[j], lay.stops[j], v) for j, v in zip(lay.kept, lf.reshape(-1).tolist()))
         if loss_value is not None and not math.isfinite(loss_value):
             raise NonFiniteLoss(f"non-finite training loss ({loss_value}) on ipu: the device applies a call's "
                                 "updates before its loss is read, so the run stops here (--skip-nan cannot skip "
@@ -299,7 +301,7 @@ class IPUEngine(Engine):
         return StepResult(outputs=outputs, rows=lay.out_rows, loss=loss_value, updates=lay.num_updates,
                           extras={"micro_batches": lay.num_micro_batches, "partial": False,
                                   "compilations": self._compilations, "compiled": compiled,
-                                  "loss_micro_batches": counted})
+                                  "loss_micro_batches": counted}, loss_parts=parts)
 
     def _with_loss_scale(self, batch: TensorBatch, lay: Any) -> TensorBatch:
         """``batch`` without ``loss_tokens``; under ``--loss-normalization token`` with a ``_loss_scale``

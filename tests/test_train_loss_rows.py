@@ -55,13 +55,14 @@ class MeanLossOnly(FixedLossAgent):
     row_outputs = False
 
 
-def _data(tmp_path):
-    """35 turns in episodes of 1-4, some of them context turns (no labels); the labelled turns' mean loss."""
+def _data(tmp_path, uniform=False):
+    """33 turns in episodes of 1-4, some of them context turns (no labels); the labelled turns' mean loss
+    (``uniform``: every turn's loss the same, so any set of labelled turns has that mean)."""
     rows, losses = [], []
     for episode in range(14):
         turns = 1 + episode % 4
         for turn in range(turns):
-            loss = round(0.1 + (episode * 7 + turn * 3) % 11 * 0.25, 2)
+            loss = 1.25 if uniform else round(0.1 + (episode * 7 + turn * 3) % 11 * 0.25, 2)
             row = {"text": f"turn {episode}.{turn} {loss}", "episode_done": turn == turns - 1}
             if turn != 1:  # the second turn of an episode is context
                 row["labels"] = ["x"]
@@ -86,6 +87,19 @@ def test_the_train_loss_is_the_mean_over_labelled_examples_whatever_the_batch_si
         report = run(create_world(opts, agent=agent), opts)["train"]
         assert report["exs"] == examples
         assert report["loss"] == pytest.approx(expected, rel=1e-6), batchsize
+
+
+# several micro-batches a call, some of context turns alone (loss 0): each weighed by its labelled rows
+@pytest.mark.parametrize("plan", [dict(gradient_accumulation=2), dict(device_iterations=2),
+                                  dict(replication_factor=2),
+                                  dict(gradient_accumulation=2, device="ipu", ipu_emulator=True, datatype="train")],
+                         ids=["ga2", "di2", "rf2-in-process", "ga2-ipu"])
+@pytest.mark.parametrize("agent", [FixedLossAgent, MeanLossOnly], ids=["row-losses", "batch-mean"])
+def test_the_train_loss_is_the_mean_over_labelled_examples_of_every_micro_batch(tmp_path, agent, plan):
+    _, expected = _data(tmp_path, uniform=plan.get("device") == "ipu")  # an IPU drops a partial last step
+    opts = _opts(tmp_path, batchsize=1, drop_last=plan.get("device") == "ipu", output_mode="all", **plan)
+    report = run(create_world(opts, agent=agent), opts)  # all: the loss of every micro-batch is reported
+    assert report["train"]["loss"] == pytest.approx(expected, rel=1e-6)
 
 
 @pytest.mark.timeout(180)
