@@ -343,8 +343,8 @@ class TorchAgent(Agent):
         if result.extras.get("skipped_updates"):
             self.metrics.add("skipped_updates", result.extras["skipped_updates"])
         # the examples the report's exs counts (every training row, each evaluation row with labels): see loss_exs
-        labelled = sum(obs.get(LABELS) is not None or obs.get(EVAL_LABELS) is not None for obs in observations)
-        self.metrics.add_examples(real if training else labelled)
+        labelled = [obs.get(LABELS) is not None or obs.get(EVAL_LABELS) is not None for obs in observations]
+        self.metrics.add_examples(real if training else sum(labelled))
         outputs, row_ids = agent_checks.per_row_outputs(self, result, rows, real)  # None: not per row (sum)
         if outputs and row_ids is None:
             self.summed_metrics(outputs)
@@ -354,9 +354,7 @@ class TorchAgent(Agent):
             self._add_row_losses(outputs)
         elif result.loss is not None and rows == real:  # padding rows (static shapes) in its mean: left out
             # each micro-batch's mean weighted by its labelled rows (context turns add nothing)
-            self.metrics.add_loss_parts(result.loss_parts or ((0, real, result.loss),),
-                                        [obs.get(LABELS) is not None or obs.get(EVAL_LABELS) is not None
-                                         for obs in observations])
+            self.metrics.add_loss_parts(result.loss_parts or ((0, real, result.loss),), labelled)
         if row_ids is None:
             return []
         produced = checked_replies(self, self.replies(outputs, [observations[j] for j in row_ids]), len(row_ids))
