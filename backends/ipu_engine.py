@@ -346,16 +346,16 @@ class IPUEngine(Engine):
             chunks += [(rows_plan, s, min(s + step, n)) for s in range(whole, n, step)]
         if self.model.training:
             self.model.eval()
-        parts, loss_sum, has_loss, compiled, padded_rows = [], 0.0, False, False, 0
+        parts, loss_parts, compiled, padded_rows = [], [], False, 0
         for chunk_plan, start, stop in chunks:
-            outputs, chunk_loss, chunk_compiled, pad = self._eval_call(chunk_plan, batch, n, start, stop)
+            outputs, chunk_parts, chunk_compiled, pad = self._eval_call(chunk_plan, batch, n, start, stop)
             parts.append((outputs, stop - start))
             compiled |= chunk_compiled
             padded_rows += pad
-            if chunk_loss is not None:
-                loss_sum, has_loss = loss_sum + chunk_loss, True
+            loss_parts += chunk_parts or []
         outputs = parts[0][0] if len(parts) == 1 else _cat_rows(parts)
-        return StepResult(outputs=outputs, rows=lay.out_rows, loss=loss_sum / n if has_loss else None,
+        loss = sum(v * (e - s) for s, e, v in loss_parts) / n if loss_parts else None
+        return StepResult(outputs=outputs, rows=lay.out_rows, loss=loss, loss_parts=tuple(loss_parts) or None,
                           updates=0, extras={"micro_batches": lay.num_micro_batches, "padded_rows": padded_rows,
                                              "compilations": self._compilations, "compiled": compiled})
 
@@ -367,12 +367,12 @@ class IPUEngine(Engine):
         return dataclasses.replace(p, micro_batch=1, device_iterations=p.micro_batch * p.device_iterations)
 
     def _eval_call(self, plan: ExecutionPlan, batch: TensorBatch, n: int, start: int,
-                   stop: int) -> tuple[dict[str, torch.Tensor], float | None, bool, int]:
+                   stop: int) -> tuple[dict[str, torch.Tensor], list[tuple[int, int, float]] | None, bool, int]:
         """Rows [start, stop) of ``batch`` padded to ``plan``'s combined batch, run once.
 
-        Returns the real rows' outputs, the loss summed over the real rows (micro-batch loss x its real
-        rows; micro-batches of padding only are left out, their loss may well be NaN), whether the call
-        compiled a graph and how many padding rows it carried.
+        Returns the real rows' outputs, each micro-batch's (first row, end row, mean loss) over its real rows
+        (micro-batches of padding only are left out, their loss may well be NaN), whether the call compiled a
+        graph and how many padding rows it carried.
         """
         rows = stop - start
         part = batch if rows == n else {k: (t[start:stop] if t.dim() and t.shape[0] == n else t)
@@ -384,15 +384,13 @@ class IPUEngine(Engine):
         outputs, loss, compiled = self._call(entry, padded)
         if target > rows:
             outputs = {k: (v[:rows] if v.dim() and v.shape[0] == target else v) for k, v in outputs.items()}
-        loss_sum = None
+        loss_parts = None
         if loss is not None:
-            lf = loss.detach().double().reshape(-1)
-            per = target // lf.numel()
-            real = torch.tensor([min(max(rows - j * per, 0), per) for j in range(lf.numel())],
-                                dtype=torch.float64)
-            used = real > 0
-            loss_sum = float((lf[used] * real[used]).sum())
-        return outputs, loss_sum, compiled, target - rows
+            values = loss.detach().double().reshape(-1).tolist()
+            per = target // len(values)
+            loss_parts = [(start + j * per, start + min((j + 1) * per, rows), v)
+                          for j, v in enumerate(values) if j * per < rows]
+        return outputs, loss_parts, compiled, target - rows
 
     # --- weights and lifetime ---------------------------------------------------------------------
     def sync_to_host(self) -> None:

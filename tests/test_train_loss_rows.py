@@ -17,7 +17,7 @@ from accelbatch.agents import ROW_COUNTED, ROW_LOSS, TorchAgent
 from accelbatch.build import create_world
 from accelbatch.cli import main
 from accelbatch.opts import Opts
-from accelbatch.run import run
+from accelbatch.run import evaluate, run
 
 
 class FixedLosses(nn.Module):
@@ -42,7 +42,8 @@ class FixedLossAgent(TorchAgent):
         return FixedLosses(self.row_outputs)
 
     def vectorize(self, obs):
-        return {"loss": float(obs["text"].rsplit(" ", 1)[1]), "counted": float(obs.get("labels") is not None)}
+        labels = obs.get("labels", obs.get("eval_labels"))
+        return {"loss": float(obs["text"].rsplit(" ", 1)[1]), "counted": float(labels is not None)}
 
     def batchify(self, observations):
         return {key: torch.tensor([o[key] for o in observations]) for key in ("loss", "counted")}
@@ -116,3 +117,18 @@ def test_a_resumed_run_merges_the_loss_over_the_examples_it_averages(tmp_path, b
     train = json.loads(report_json.read_text())["train"]
     assert train["exs"] == 3 * examples
     assert train["loss"] == pytest.approx(expected, rel=1e-7)
+
+
+# an evaluation call of several micro-batches (-di 2 at -bs 1), some of context turns alone: on every device
+# each micro-batch's mean counts for its labelled rows
+@pytest.mark.parametrize("device", ["cpu", "ipu"])
+def test_the_eval_loss_is_the_mean_over_labelled_examples_of_every_micro_batch(tmp_path, device):
+    _, expected = _data(tmp_path)
+    opts = _opts(tmp_path, datatype="valid", batchsize=1, device_iterations=2, device=device,
+                 ipu_emulator=device == "ipu")
+    world = create_world(opts, agent=MeanLossOnly)
+    try:
+        report = evaluate(world)
+    finally:
+        world.shutdown()
+    assert report["loss"] == pytest.approx(expected, rel=1e-6)
