@@ -136,3 +136,25 @@ def test_python_and_numpy_numbers_become_tensors_as_python_numbers_do():
     items = items_of([(torch.zeros(2), t) for t in given], "t", "train")
     assert [item[1].dtype for item in items] == [torch.float32] * 3 + [torch.int64] * 3
     assert [item[1].item() for item in items] == [1.5, 2.5, 0.5, 3, 4, 5]
+
+
+@pytest.mark.parametrize("task, says", [
+    ("make_ragged_valid", "(valid): item 22 cannot be batched with item 0: part 0 has shape (6,) against (4,)"),
+    ("make_extra_part", "(train): item 6 has 3 parts, item 0 2; every item needs the same parts"),
+], ids=["shape", "parts"])
+def test_items_default_collate_cannot_batch_are_named_with_their_split_before_any_step(tmp_path, capsys, task, says):
+    """Checked when the data is read: an odd item alone in its batch, or whose extra part has the dtype of
+    another, would otherwise fail in the user's model after a whole epoch (or be batched wrongly)."""
+    assert len(torch_task.make_ragged_valid("valid")) == 23  # the odd item is alone in the last batch of 11
+    report = tmp_path / "r.json"
+    err = _one_line_error(capsys, ["train", "-t", f"torch:torch_task:{task}", "-m", MODEL, "-bs", "11", "-ne", "1",
+                                   "--no-progress", "--report-json", str(report)])
+    assert f"-t torch:torch_task:{task} {says}" in err
+    assert not report.exists()
+
+
+def test_a_getitem_raising_stopiteration_is_named_with_the_users_message_and_line(capsys):
+    err = _one_line_error(capsys, ["train", *COMMON, "-t", "torch:torch_task:make_stops_reading", "-m", MODEL,
+                                   "-bs", "4", "-tstep", "2"])
+    assert (f"item {torch_task.FAULTY_ITEM}: __getitem__ raised StopIteration: record {torch_task.FAULTY_ITEM} "
+            "truncated at torch_task.py:") in err

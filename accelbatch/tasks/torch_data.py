@@ -70,15 +70,15 @@ def items_of(dataset: Any, task: str, split: str = "train") -> list[tuple[torch.
                           f"map-style or iterable Dataset for {split!r}")
     try:
         size = None if iterable else len(dataset)
-        raw = iter(dataset) if iterable else (dataset[i] for i in range(size))
+        raw = iter(dataset) if iterable else None
     except Exception as exc:
         raise OptionError(f"{where}: {'iter' if iterable else 'len'}(dataset) raised {_said(exc)}; fix the "
                           "dataset") from exc
     items = []
     while True:
         index = len(items)
-        try:
-            item = next(raw, _END)
+        try:  # map-style items read by index, not through a generator (which turns a StopIteration into another)
+            item = next(raw, _END) if raw is not None else dataset[index] if index < size else _END
         except Exception as exc:  # the user's __getitem__ or __iter__: named with the item it was reading
             hint = (f"; does __len__ (which gives {size}) count more items than there are?"
                     if isinstance(exc, IndexError) and size is not None else "; fix the dataset")
@@ -101,17 +101,28 @@ def items_of(dataset: Any, task: str, split: str = "train") -> list[tuple[torch.
         items.append(tuple(torch.as_tensor(p) for p in parts))
 
 
-def check_dtypes(items: Sequence[tuple[torch.Tensor, ...]], where: str) -> None:
-    """Refuse items whose same part has another dtype than item 0's (a float target among class indices: torch
-    would batch it as a float, and the loss fail far from the item), naming both items and the dtypes."""
+def check_batchable(items: Sequence[tuple[torch.Tensor, ...]], where: str) -> None:
+    """Refuse, when the data is read, items that ``default_collate`` cannot batch with item 0 or would batch
+    wrongly: another number of parts, a part of another shape, or of another dtype (a float target among class
+    indices: torch would batch it as a float, and the loss fail far from the item); naming both items."""
     if not items:
         return
-    first = [p.dtype for p in items[0]]
+    first = [(p.dtype, p.shape) for p in items[0]]
+    fix = "(or batch them yourself: --collate)"
     for index, item in enumerate(items):
-        odd = next((k for k, p in enumerate(item) if k < len(first) and p.dtype != first[k]), None)
-        if odd is not None:
-            raise OptionError(f"{where}: item {index}'s part {odd} is {item[odd].dtype}, item 0's {first[odd]}; "
-                              "give every item's part the same dtype (or batch them yourself: --collate)")
+        if len(item) != len(first):
+            raise OptionError(f"{where}: item {index} has {len(item)} parts, item 0 {len(first)}; every item "
+                              f"needs the same parts {fix}")
+        odd = next((k for k, p in enumerate(item) if (p.dtype, p.shape) != first[k]), None)
+        if odd is None:
+            continue
+        dtype, shape = first[odd]
+        if item[odd].dtype != dtype:
+            raise OptionError(f"{where}: item {index}'s part {odd} is {item[odd].dtype}, item 0's {dtype}; give "
+                              f"every item's part the same dtype {fix}")
+        raise OptionError(f"{where}: item {index} cannot be batched with item 0: part {odd} has shape "
+                          f"{tuple(item[odd].shape)} against {tuple(shape)}; give every item's part the same "
+                          f"shape {fix}")
 
 
 def label_of(item: tuple[torch.Tensor, ...]) -> str | None:
@@ -157,8 +168,8 @@ class TorchDatasetTeacher(FixedTeacher):
             raise OptionError(f"-t {task} ({split}): the dataset factory returned None for {split!r}; return a "
                               f"Dataset for it{_leave_out(split)}")
         items = items_of(dataset, task, split)
-        if not self.opts.collate:  # default_collate would promote a part of mixed dtypes (a class index to float)
-            check_dtypes(items, f"-t {task} ({split})")
+        if not self.opts.collate:  # default_collate's batches, checked before the first step
+            check_batchable(items, f"-t {task} ({split})")
         # labels: the class index as text, or an empty list for an item without a class target (its reply has
         # no text, so it is counted in exs and not scored)
         return [[Message(text=f"{split} item {i}", labels=[] if (label := label_of(item)) is None else [label],
@@ -179,7 +190,7 @@ def _a(obj: Any) -> str:
 def _said(exc: BaseException) -> str:
     """A user's exception in one line: its type, the first line of its message and where it was raised."""
     message = str(exc).splitlines()[0] if str(exc).strip() else ""
-    frames = traceback.extract_tb(exc.__traceback__)
+    frames = [f for f in traceback.extract_tb(exc.__traceback__) if f.filename != __file__]  # the user's code
     at = f" at {os.path.basename(frames[-1].filename)}:{frames[-1].lineno}" if frames else ""
     return f"{type(exc).__name__}{': ' + message if message else ''}{at}"
 
