@@ -81,7 +81,12 @@ if hasattr(os, "register_at_fork"):
 
 def main(argv: Sequence[str] | None = None) -> int:
     with stderr_present(), sigterm_taken():  # stderr: `2>&-` must not send the lines below to stdout
-        code = _main(argv)
+        try:
+            code = _main(argv)
+        except SystemExit as exc:  # --help and --version: printed, then argparse's exit 0
+            if exc.code not in (0, None):
+                raise
+            code = 0
         error = stdout_write_error()
         if error is not None:
             print(f"accelbatch: error: the standard output could not be written ({error.strerror or error}): what "

@@ -45,7 +45,7 @@ class MissingDependency(RuntimeError):
 def find_metrics_log(path: str | os.PathLike) -> str:
     """The JSONL file of ``path``: the file itself, or ``metrics.jsonl`` / the only ``*.jsonl`` in it."""
     path = os.fspath(path)
-    if os.path.isfile(path):
+    if os.path.exists(path) and not os.path.isdir(path):  # a file, or a pipe the run writes its log to
         return path
     if not os.path.isdir(path):
         raise MetricsLogError(f"{path}: no such file or directory; give a run directory or its metrics "
@@ -85,7 +85,7 @@ def read_metrics(path: str | os.PathLike, *, skip_bad: bool = False,
         problem = None
         try:
             record = json.loads(line.decode("utf-8"))
-        except (ValueError, UnicodeDecodeError) as exc:
+        except (ValueError, UnicodeDecodeError, RecursionError) as exc:  # RecursionError: nested too deeply
             problem = f"not valid JSON ({str(exc).splitlines()[0]})"
             if last_unterminated:
                 warn(f"{file}:{number}: skipped an unfinished last line ({problem}); the run was "
@@ -116,7 +116,10 @@ def read_metrics(path: str | os.PathLike, *, skip_bad: bool = False,
 def _number(value: Any) -> float | None:
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         return None
-    value = float(value)
+    try:
+        value = float(value)
+    except OverflowError:  # an integer beyond a float's range: as inf, not plotted
+        return None
     return value if math.isfinite(value) else None
 
 
@@ -192,9 +195,9 @@ def plot_run(path: str | os.PathLike, out: str | os.PathLike | None = None, *, s
     try:
         os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
         fig.savefig(out, format="png")
-    except OSError as exc:
-        raise MetricsLogError(f"-o/--out {out}: cannot write it ({exc.strerror or exc}); give a writable path") \
-            from None
+    except OSError as exc:  # makedirs under a file raises "File exists": said as what it is
+        why = "a part of its directory is a file" if isinstance(exc, FileExistsError) else exc.strerror or exc
+        raise MetricsLogError(f"-o/--out {out}: cannot write it ({why}); give a writable path") from None
     return out
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import sys
 
 import pytest
@@ -211,3 +212,24 @@ def test_a_resumed_log_purges_what_the_stopped_run_wrote_after_its_checkpoint(tm
         elsewhere.write(records[0])
         elsewhere.resume_at(saved)  # a checkpoint of another folder: left alone
         assert elsewhere.last_step == 1
+
+
+def test_a_line_nested_too_deeply_or_a_number_beyond_a_float_is_no_traceback(tmp_path):
+    """json's RecursionError is a malformed line (named, or skipped with --skip-bad); an integer too big for a
+    float is left out of the plot, as inf is."""
+    deep = tmp_path / "deep.jsonl"
+    deep.write_text(json.dumps(_records(1)[0]) + "\n" + "[" * 100_000 + "\n", encoding="utf-8")
+    with pytest.raises(MetricsLogError, match=f"{deep}:2: not valid JSON"):
+        plots.read_metrics(deep)
+    assert len(plots.read_metrics(deep, skip_bad=True, warn=lambda text: None)) == 1
+    big = _write(tmp_path / "big.jsonl", [*_records(3), {"split": "train", "step": 4, "loss": 10 ** 400}])
+    assert [step for step, _ in plots.series(plots.read_metrics(big))[("train", "loss")][0]] == [1, 2, 3]
+
+
+def test_the_log_may_be_a_pipe_and_an_out_path_under_a_file_is_said_so(tmp_path):
+    fifo = tmp_path / "metrics.fifo"
+    os.mkfifo(fifo)
+    assert plots.find_metrics_log(fifo) == str(fifo)
+    (tmp_path / "file").write_text("")
+    with pytest.raises(MetricsLogError, match="cannot write it \\(a part of its directory is a file\\)"):
+        plots.plot_run(_write(tmp_path / "m.jsonl", _records(3)), tmp_path / "file" / "x.png")

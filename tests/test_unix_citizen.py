@@ -118,12 +118,13 @@ FULL = "/dev/full"
 @pytest.mark.timeout(240)
 @pytest.mark.skipif(not os.path.exists(FULL), reason="no /dev/full here")
 @pytest.mark.parametrize("verb", [pytest.param("train", marks=pytest.mark.slow), "display-data", "tasks",
-                                  "broken-pipe"])
+                                  "broken-pipe", "version", "help"])
 def test_a_stdout_on_a_full_disk_exits_1_after_the_work(tmp_path, verb):
     data = _write_jsonl(tmp_path / "tiny.jsonl", 8)
     argv = {"train": ["train", "-t", f"jsonl:{data}", "-m", "bag", "-tstep", "2", "-mf", "m.pt", *QUIET],
             "display-data": ["display-data", "-t", f"jsonl:{data}", "-n", "3"], "tasks": ["tasks"],
-            "broken-pipe": ["display-data", "-t", f"jsonl:{data}", "-n", "8"]}[verb]
+            "broken-pipe": ["display-data", "-t", f"jsonl:{data}", "-n", "8"], "version": ["-V"],
+            "help": ["train", "--help"]}[verb]
     if verb == "broken-pipe":  # a reader that left is no error: `| head` stays exit 0
         read, write = os.pipe()
         os.close(read)
