@@ -17,6 +17,7 @@ from typing import Any
 
 import torch
 
+from accelbatch.data.squash import awaits_reply, keeps_answers, replies_not_returned
 from accelbatch.messages import EVAL_LABELS, LABELS, TEXT, AgentMethodMissing, Message, ReplyError, reply_kind
 from accelbatch.opts import OptionError
 
@@ -153,6 +154,19 @@ def per_row_outputs(agent: Any, result: Any, rows: int, real: int) -> tuple[dict
     if summed == rows:  # each replica summed one micro-batch: the rows as they were given
         return outputs, list(range(real))
     return outputs, None
+
+
+def refuse_lost_replies(agent: Any, observations: list, row_ids: list[int] | None, real: int) -> None:
+    """A training call whose output mode left out the outputs of a row awaiting the model's reply (a user's
+    teacher's turn without a label that more turns follow; data held in memory is refused before the first
+    step): the next turns' history would lack it, so the run stops here in one line."""
+    history = getattr(agent, "history", None)
+    if row_ids is None or len(row_ids) == real or history is None \
+            or not keeps_answers(history.context_length, history.include_labels):
+        return
+    returned = set(row_ids)
+    if any(awaits_reply(obs) for j, obs in enumerate(observations[:real]) if j not in returned):
+        raise OptionError(replies_not_returned(agent.opts))
 
 
 def summed_rows(engine: Any, rows: int) -> int | None:

@@ -346,6 +346,8 @@ class TorchAgent(Agent):
         labelled = [obs.get(LABELS) is not None or obs.get(EVAL_LABELS) is not None for obs in observations]
         self.metrics.add_examples(real if training else sum(labelled))
         outputs, row_ids = agent_checks.per_row_outputs(self, result, rows, real)  # None: not per row (sum)
+        if training:
+            agent_checks.refuse_lost_replies(self, observations, row_ids, real)
         if outputs and row_ids is None:
             self.summed_metrics(outputs)
         if row_ids is not None and ROW_LOSS in outputs and (not training or (

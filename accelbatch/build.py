@@ -22,7 +22,6 @@ import dataclasses
 import os
 import sys
 from collections.abc import Mapping
-from dataclasses import dataclass
 from typing import Any
 
 from accelbatch.agent_files import construct, unread_model_file
@@ -30,7 +29,7 @@ from accelbatch.agents import Agent, TorchAgent
 from accelbatch.checkpoint import has_saved_position
 from accelbatch.hogwild import HogwildWorld
 from accelbatch.host_memory import apply_host_allocator
-from accelbatch.loader_world import LoaderWorld, awaits_replies
+from accelbatch.loader_world import LoaderWorld, awaits_replies, check_replies_returned
 from accelbatch.main_guard import check_main_guard, refuse_script_rerun
 from accelbatch.names import resolve_agent_class
 from accelbatch.optimizers import learning_rates, set_learning_rates
@@ -51,7 +50,7 @@ from accelbatch.teachers import (
 from accelbatch.worlds import BatchWorld, DialogPartnerWorld, MultiWorld, World
 
 
-@dataclass
+@dataclasses.dataclass
 class Runtime:
     """What the build made for a device: the backend (set up), where this process stands, and the plan the
     model was compiled with. ``run()`` reads it from the world; worlds never do."""
@@ -225,6 +224,7 @@ def build_world(opts: Opts, model: Agent, shard: tuple[int, int] = (0, 1), rows:
     teacher = teacher or create_teacher(opts)
     check_required_fields(opts, model, teacher)
     check_collate(opts, model)
+    check_replies_returned(opts, plan, model, teacher)
     if serve is None:  # this process's rows over its share of the episodes (a hogwild process's)
         _check_ordered_tail(opts, plan, model, teacher, shard, rows)
     else:  # the combined batch's rows over all of them, each replica process holding its own

@@ -17,7 +17,7 @@ import torch
 from accelbatch.agents import Agent, TorchAgent
 from accelbatch.data.datasets import EpisodeStore
 from accelbatch.data.loader import LoadedBatch, make_loader
-from accelbatch.data.squash import awaits_reply, keeps_answers
+from accelbatch.data.squash import awaits_reply, keeps_answers, replies_not_returned
 from accelbatch.messages import Message
 from accelbatch.opts import OptionError, Opts, eval_datatype
 from accelbatch.plan import ExecutionPlan
@@ -253,6 +253,24 @@ def awaits_replies(opts: Opts, teacher: Any) -> bool:
     if not isinstance(store, EpisodeStore) or not keeps_answers(opts.context_length, opts.include_labels):
         return False
     return any(map(awaits_reply, store.examples[:-1]))
+
+
+def check_replies_returned(opts: Opts, plan: ExecutionPlan, model: Agent, teacher: Any) -> None:
+    """Refuse, before the first step, training a TorchAgent on episodes held in memory that await replies (see
+    ``awaits_replies``) under an output mode that returns the outputs of some of a call's rows only: the
+    history of the next turns would lack the reply to each turn of the others (``final`` with -ga/-di above 1
+    made -ga 2's weights differ from -rf 2's)."""
+    if isinstance(model, TorchAgent) and is_training(opts.datatype) and not returns_every_row(plan) \
+            and awaits_replies(opts, teacher):
+        raise OptionError(replies_not_returned(opts))
+
+
+def returns_every_row(plan: ExecutionPlan) -> bool:
+    """Whether a call of the plan's combined batch returns an output for each of its rows."""
+    lay = plan.layout(plan.combined_batch)
+    if lay.out_rows is None:  # sum: each row as given only where a replica sums one micro-batch
+        return plan.device_iterations * plan.gradient_accumulation == 1
+    return len(lay.out_rows) == plan.combined_batch
 
 
 def _replies_unknown(opts: Opts, streamed: bool = False) -> str:

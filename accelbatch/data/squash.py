@@ -24,7 +24,7 @@ ParlAI and in an agent's :class:`~accelbatch.agents.History`. A turn without tex
 from __future__ import annotations
 
 from collections import deque
-from typing import Iterable, Iterator, Sequence
+from typing import Any, Iterable, Iterator, Sequence
 
 from accelbatch.messages import EPISODE_DONE, EVAL_LABELS, LABELS, TEXT, Message
 
@@ -49,6 +49,15 @@ def awaits_reply(turn: Message) -> bool:
     """Whether ``turn`` has no label and more turns of its episode follow: an agent's history then holds the
     model's reply to it, which squashing ahead of the model cannot know."""
     return not turn.get(EPISODE_DONE) and not (turn.get(LABELS) or turn.get(EVAL_LABELS))
+
+
+def replies_not_returned(opts: Any) -> str:
+    """The line refusing a turn that awaits the model's reply in a row whose outputs the output mode drops."""
+    mode = "final" if opts.output_mode == "default" else opts.output_mode
+    return (f"-t {opts.task}: a turn without a label is followed by more turns of its episode, whose history holds "
+            f"the model's reply to it; --output-mode {mode} returns the outputs of some of a training call's "
+            f"micro-batches only (-ga {opts.gradient_accumulation}, -di {opts.device_iterations}), so the others' "
+            "replies are unknown: train with --output-mode all, or with --context-length 1 or --no-include-labels")
 
 
 def histories(episode: Sequence[Message], context_length: int = -1, include_labels: bool = True,
