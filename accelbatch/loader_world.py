@@ -17,7 +17,7 @@ import torch
 from accelbatch.agents import Agent, TorchAgent
 from accelbatch.data.datasets import EpisodeStore
 from accelbatch.data.loader import LoadedBatch, make_loader
-from accelbatch.data.squash import awaits_reply, keeps_answers, replies_not_returned
+from accelbatch.data.squash import AwaitsReply, awaits_reply, keeps_answers, replies_not_returned
 from accelbatch.messages import Message
 from accelbatch.opts import OptionError, Opts, eval_datatype
 from accelbatch.plan import ExecutionPlan
@@ -47,7 +47,11 @@ class LoaderWorld(World):
                                     length_fn=getattr(agent, "example_length", None),
                                     batch_size=rows if serve is None else len(serve), cut=cut,
                                     row_multiple=row_multiple, shuffle=shuffles(opts.datatype))
-        self.loader = self._make_loader()
+        try:
+            self.loader = self._make_loader()
+        except AwaitsReply:  # met by dynamic batching's lengths, read before the first step
+            raise OptionError(_replies_unknown(opts, streamed=not isinstance(teacher.store, EpisodeStore)
+                                               and _stages(agent))) from None
         # the position at shutdown() ({}: the start, after a reset); the next fetch opens a new loader there
         self._shut_at: dict[str, Any] | None = None
         self._tasks = getattr(teacher.store, "task_of", None)

@@ -73,3 +73,13 @@ def test_a_call_that_dropped_a_row_awaiting_its_reply_stops_the_run_in_one_line(
     with pytest.raises(OptionError, match="-t my.teachers:Chat: a turn without a label .* --output-mode final"):
         refuse_lost_replies(agent, rows, [2, 3], 4)  # row 0 left out
     refuse_lost_replies(SimpleNamespace(history=History(1, True), opts=opts), rows, [2, 3], 4)  # no answers kept
+
+
+@pytest.mark.parametrize("mode", ["batchsort", "full"])
+def test_a_streamed_file_awaiting_replies_is_refused_by_dynamic_batching_before_any_step(tmp_path, mode):
+    """Its batches are planned from every example's history length, read through before the first step: the
+    turn is met there (it was met at its batch, after steps trained on histories without the reply)."""
+    data = _episodes(tmp_path / "mid.jsonl", mid_context=True)
+    opts = _opts(data, dynamic_batching=mode).replace(datatype="train:stream")
+    with pytest.raises(OptionError, match=f"--dynamic-batching {mode} builds histories ahead of the model"):
+        ab.create_world(opts)

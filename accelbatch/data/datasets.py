@@ -25,7 +25,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from accelbatch.data.schedule import EpisodeTable
-from accelbatch.data.squash import histories
+from accelbatch.data.squash import AwaitsReply, awaits_reply, histories, keeps_answers
 from accelbatch.messages import EPISODE_DONE, EVAL_LABELS, ID, LABEL_CANDIDATES, LABELS, TEXT, FrozenMessage, Message
 from accelbatch.metrics import AnswerTable
 from accelbatch.tasks.files import DataFileError, FileIndex, episode_at
@@ -204,12 +204,17 @@ class Store:
         return out
 
     def lengths(self, length_fn: Callable[[Message], int], context_length: int, include_labels: bool) -> np.ndarray:
-        """``length_fn`` of every example's observation (dynamic batching plans from these)."""
+        """``length_fn`` of every example's observation (dynamic batching plans from these). A turn whose next
+        turns' histories would hold the model's reply to it is refused (:class:`AwaitsReply`), before any step:
+        these lengths, and the batches built from them, are made ahead of the model."""
         out = np.empty(self.pad + 1, dtype=np.int32)
         out[-1] = 0
+        check = keeps_answers(context_length, include_labels)
         for e in range(self.table.num_episodes):
             turns = self.episode(e)
             first = int(self.table.first[e])
+            if check and any(map(awaits_reply, turns[:-1])):
+                raise AwaitsReply(f"episode {e}")
             for t, text in enumerate(histories(turns, context_length, include_labels)):
                 obs = Message(turns[t])
                 obs["full_text"] = text

@@ -45,6 +45,11 @@ def keeps_answers(context_length: int, include_labels: bool) -> bool:
     return include_labels and context_length != 1
 
 
+class AwaitsReply(ValueError):
+    """A turn that awaits the model's reply (see :func:`awaits_reply`) met where histories are built ahead of
+    the model: its front end says which options to change."""
+
+
 def awaits_reply(turn: Message) -> bool:
     """Whether ``turn`` has no label and more turns of its episode follow: an agent's history then holds the
     model's reply to it, which squashing ahead of the model cannot know."""
