@@ -105,22 +105,31 @@ def _type_name(kind: Any) -> str:
     return {int: "an integer", float: "a number", str: "a text", read_bool: "true or false"}[kind]
 
 
+_NAMING = {"-m": "model", "--model": "model", "-mf": "model_file", "--model-file": "model_file",
+           "-im": "init_model", "--init-model": "init_model"}
+
+
 def agent_named_in(argv: Sequence[str], saved_model: Callable[[str], str | None]) -> str | None:
     """The agent an argv names: its ``-m``/``--model``, else the model ``-mf PATH`` (its PATH.opt or
     checkpoint) or ``--init-model FILE`` records (``saved_model(path)``: None when none); None when neither
-    (the default model declares no options)."""
-    scan = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
-    scan.add_argument("-m", "--model")
-    scan.add_argument("-mf", "--model-file")
-    scan.add_argument("-im", "--init-model")
-    try:
-        known, _ = scan.parse_known_args([a for a in argv if a not in ("-h", "--help")])
-    except SystemExit:
-        return None
-    if known.model:
-        return known.model
-    return next((saved_model(path) for path in (known.model_file, known.init_model) if path and saved_model(path)),
-                None)
+    (the default model declares no options).
+
+    Tokens are matched as written (the last one given wins, as argparse's): argparse before Python 3.12 reads
+    ParlAI's ``-mcs`` as ``-m cs``, and an option without its value is the command's parser's to refuse."""
+    named: dict[str, str] = {}
+    tokens = list(argv)
+    for i, token in enumerate(tokens):
+        if token == "--":
+            break
+        flag, glued, value = token.partition("=")
+        if glued and flag in _NAMING:
+            named[_NAMING[flag]] = value
+        elif token in _NAMING and i + 1 < len(tokens) and not tokens[i + 1].startswith("-"):
+            named[_NAMING[token]] = tokens[i + 1]
+    if named.get("model"):
+        return named["model"]
+    return next((saved_model(path) for path in (named.get("model_file"), named.get("init_model"))
+                 if path and saved_model(path)), None)
 
 
 __all__ = ["PREFIX", "add_agent_arguments", "agent_named_in", "declare", "given_agent_args",

@@ -317,3 +317,23 @@ def test_help_lists_an_option_s_choices(capsys):
         ab.Opts.from_args(["--help"], agent=Chooser)
     out = capsys.readouterr().out
     assert "--mode {sum,mean}" in out and "--mode MODE" not in out and "[--mode MODE]" not in out
+
+
+@pytest.mark.parametrize("after", [["-mcs", "accuracy"], ["-mtw", "1"], ["-mcs=accuracy"]], ids=str)
+def test_parlai_flags_beginning_with_m_after_m_leave_the_agent_named(tmp_path, capsys, after):
+    """argparse before Python 3.12 read -mcs after -m as -m cs: the agent's options were then unknown."""
+    from accelbatch.agent_args import agent_named_in
+
+    assert agent_named_in(["-m", f"{ME}:WideBag", "--width", "8", *after], lambda path: None) == f"{ME}:WideBag"
+    path = tmp_path / "m.pt"
+    assert main(["train", "-m", f"{ME}:WideBag", "--width", "8", *after, "-tstep", "1", "-mf", str(path),
+                 "--no-progress", "--eval-splits", ""]) == 0
+    assert _embedding_width(path) == 8
+
+
+@pytest.mark.parametrize("flag", ["-m", "-mf", "--init-model"])
+def test_a_naming_flag_without_its_value_is_one_line(capsys, flag):
+    with pytest.raises(SystemExit) as ended:
+        main(["train", flag])
+    err = capsys.readouterr().err
+    assert ended.value.code == 2 and err.count("\n") == 1 and "expected one argument" in err, err
