@@ -126,7 +126,8 @@ class Opts:
     embedding_size: int = _opt(64, "-esz", "--embedding-size", help="embedding size of reference models")
     text_truncate: int = _opt(256, "-tr", "--text-truncate",
                               help="keep at most this many tokens of input text, its end (memnn: of each line; "
-                                   "-1: all of it, a generator then keeping the last 1024, its positions)")
+                                   "-1: all of it, a generator then keeping the last 1024, its positions); the "
+                                   "text only, where ParlAI's -tr truncates labels too")
     label_truncate: int = _opt(-1, "--label-truncate",
                                help="label truncation length, a label's first tokens (-1: as --text-truncate, ParlAI's "
                                     "default; generators keep and generate 32; rankers keep each candidate's "

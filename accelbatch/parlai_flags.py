@@ -9,8 +9,8 @@ from accelbatch.strict_args import refused_option
 
 # ParlAI's flags (a short and a long form of one option) -> what to give instead (or why there is nothing to give)
 PARLAI_ONLY: dict[tuple[str, ...], str] = {
-    ("--truncate",): "ParlAI's truncation of text and label together; accelbatch truncates them apart: give "
-                     "-tr/--text-truncate N and --label-truncate N",
+    ("--truncate",): "ParlAI's truncation of text and label together (its -tr); accelbatch truncates them "
+                     "apart: give -tr/--text-truncate N (the text only) and --label-truncate N",
     ("-clip", "--gradient-clip"): "ParlAI's gradient clipping; accelbatch does not clip gradients (ParlAI's "
                                   "TorchAgent clips at 0.1 by default): leave it out, and lower -lr if training "
                                   "diverges",
@@ -22,6 +22,19 @@ PARLAI_ONLY: dict[tuple[str, ...], str] = {
     ("-pyt", "--pytorch-teacher-task"): "ParlAI's PytorchDataTeacher; give the task with -t (a torch Dataset: "
                                         "-t torch:pkg.mod:Dataset)",
     ("-pybsrt",): "ParlAI's PytorchDataTeacher batch sort; give --dynamic-batching batchsort",
+    ("-o", "--init-opt"): "ParlAI's JSON file of options; give the options as flags (a model file's own come "
+                          "from its PATH.opt with -mf or -im)",
+    ("-tblog", "--tensorboard-log"): "ParlAI's switch for TensorBoard logs; give --tensorboard-logdir DIR",
+    ("-df", "--dict-file"): "ParlAI's dictionary file; accelbatch's models hash words, with no dictionary to build "
+                            "or keep: leave it out",
+    ("-vstep", "--validation-every-n-steps"): "give -veps/--validation-every-n-epochs (a fraction of an epoch "
+                                              "too) or -vtim/--validation-every-n-secs",
+    ("-lstep", "--log-every-n-steps"): "give -ltim/--log-every-n-secs",
+    ("-ebs", "--eval-batchsize"): "evaluations run at -bs/--batchsize: leave it out",
+    ("-lfc", "--load-from-checkpoint"): "a run with -mf saves checkpoints beside it; give --resume to go on "
+                                        "from the last one",
+    ("-et", "--evaltask"): "validations and tests score -t's tasks; score another task with "
+                           "`accelbatch eval -mf PATH -t TASK`",
 }
 
 
@@ -29,4 +42,7 @@ def refuse_parlai_flags(parser: argparse.ArgumentParser) -> None:
     """Make ``parser`` refuse each of :data:`PARLAI_ONLY` in one line."""
     for flags, instead in PARLAI_ONLY.items():
         for flag in flags:
-            refused_option(parser, flag, instead)
+            try:
+                refused_option(parser, flag, instead)
+            except argparse.ArgumentError:  # a flag the verb has itself (report's -o)
+                pass

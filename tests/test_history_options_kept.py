@@ -93,8 +93,9 @@ def test_parlai_history_size_is_the_context_length_and_truncate_is_answered(caps
     'unrecognized arguments'."""
     assert build_parser().parse_args(["-histsz", "2"]).context_length == 2
     assert build_parser().parse_args(["--history-size", "3"]).context_length == 3
-    for argv, said in ((["--truncate", "64"], "--truncate: ParlAI's truncation of text and label together; "
-                        "accelbatch truncates them apart: give -tr/--text-truncate N and --label-truncate N"),
+    for argv, said in ((["--truncate", "64"], "--truncate: ParlAI's truncation of text and label together (its "
+                        "-tr); accelbatch truncates them apart: give -tr/--text-truncate N (the text only) and "
+                        "--label-truncate N"),
                        (["-hxyz"], "unrecognized option -hxyz: no option is named so")):
         with pytest.raises(SystemExit):
             main(["train", *argv, "-tstep", "1"])
