@@ -129,10 +129,10 @@ class Opts:
                                    "-1: all of it, a generator then keeping the last 1024, its positions); the "
                                    "text only, where ParlAI's -tr truncates labels too")
     label_truncate: int = _opt(-1, "--label-truncate",
-                               help="label truncation length, a label's first tokens (-1: as --text-truncate, ParlAI's "
-                                    "default; generators keep and generate 32; rankers keep each candidate's "
-                                    "first 8 words, memnn 16); with --text-truncate it sets the default "
-                                    "--max-batch-tokens")
+                               help="label truncation length, a label's first tokens (-1: the model's own: "
+                                    "generators keep and generate 32; rankers keep each candidate's first 8 "
+                                    "words, memnn 16); with --text-truncate it sets the default "
+                                    "--max-batch-tokens (-1 counted there as --text-truncate, ParlAI's default)")
     inference: str = _opt("greedy", "--inference", choices=INFERENCE,
                           help="generators: decoding at evaluation, greedy or beam; it runs a fixed number of "
                                "steps, --label-truncate (32 when it is -1)")
@@ -373,7 +373,7 @@ def validate(opts: Opts) -> None:
         raise OptionError(f"--num-workers: must be 0 or more, got {opts.num_workers}")
     if not opts.learning_rate > 0:
         raise OptionError(f"-lr/--learning-rate: must be a positive number, got {opts.learning_rate}")
-    for name, minus_one in (("text_truncate", "all of the text"), ("label_truncate", "as --text-truncate"),
+    for name, minus_one in (("text_truncate", "all of the text"), ("label_truncate", "the model's own"),
                             ("max_batch_tokens", "ParlAI's budget"), ("context_length", "all of the history")):
         if getattr(opts, name) < 1 and getattr(opts, name) != -1:
             raise OptionError(f"{_flag(name)}: must be at least 1, or -1 ({minus_one}), got {getattr(opts, name)}")

@@ -67,7 +67,7 @@ def test_replace_returns_a_copy():
     ({"learning_rate": float("nan")}, "-lr/--learning-rate: expected a finite number, got nan"),
     ({"learning_rate": 0.0}, "-lr/--learning-rate: must be a positive number, got 0.0"),
     ({"text_truncate": 0}, "-tr/--text-truncate: must be at least 1, or -1 (all of the text), got 0"),
-    ({"label_truncate": -2}, "--label-truncate: must be at least 1, or -1 (as --text-truncate), got -2"),
+    ({"label_truncate": -2}, "--label-truncate: must be at least 1, or -1 (the model's own), got -2"),
     ({"max_batch_tokens": 0}, "--max-batch-tokens: must be at least 1, or -1 (ParlAI's budget), got 0"),
     ({"numthreads": 2, "replication_factor": 2}, "-nt/--numthreads 2 with -rf/--replication-factor 2: hogwild"),
     ({"validation_patience": 0}, "-vp/--validation-patience: must be positive, or -1 for never, got 0"),
