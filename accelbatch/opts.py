@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any, Iterator, Sequence
 
 from accelbatch.agent_parser import Reserved, add_agent_arguments, given_agent_args
-from accelbatch.datatypes import DATATYPES, eval_datatype, is_training, split_of  # noqa: F401 (re-exported)
+from accelbatch.datatypes import DATATYPES, canonical_datatype, eval_datatype, is_training, split_of  # noqa: F401 (re-exported)
 from accelbatch.help_texts import show_default
 from accelbatch.ipu_opts import IPU_ONLY, validate_ipu_options  # noqa: F401 - IPU_ONLY: examples read it here
 from accelbatch.option_error import OptionError
@@ -478,7 +478,8 @@ def add_arguments(parser: argparse.ArgumentParser, training: bool = True, hide: 
         if typ is bool:
             kwargs["action"] = getattr(argparse, "BooleanOptionalAction", OnOff)
         else:
-            kwargs["type"] = os.path.expanduser if f.name in PATHS else typ if typ is not object else str
+            kwargs["type"] = os.path.expanduser if f.name in PATHS else canonical_datatype \
+                if f.name == "datatype" else typ if typ is not object else str
             if meta.get("choices"):
                 kwargs["choices"] = meta["choices"]
                 kwargs["metavar"] = "{" + ",".join(meta["choices"]) + "}"

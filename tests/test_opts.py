@@ -170,3 +170,19 @@ def test_seed_range_is_what_torch_and_numpy_take(seed, ok):
     else:  # a negative seed failed deep in numpy (generated tasks), one past 2**64 in torch.manual_seed
         with pytest.raises(OptionError, match=r"--seed: must be between 0 and 2\*\*64 - 1"):
             Opts(seed=seed)
+
+
+@pytest.mark.parametrize("given, read", [("train:ordered:stream", "train:stream:ordered"),
+                                         ("train:evalmode:ordered", "train:evalmode"),
+                                         ("train:evalmode:stream:ordered", "train:evalmode:stream"),
+                                         ("train:evalmode:ordered:stream", "train:evalmode:stream"),
+                                         ("train:stream:ordered", "train:stream:ordered")])
+def test_parlais_datatype_spellings_in_any_order_of_their_modes_are_read(given, read):
+    assert Opts.from_args(["-dt", given]).datatype == read
+
+
+def test_a_datatype_with_a_mode_twice_or_unknown_is_still_refused(capsys):
+    for given in ("train:ordered:ordered", "train:shuffled", "valid:ordered"):
+        with pytest.raises(SystemExit):
+            Opts.from_args(["-dt", given])
+        assert f"invalid choice: '{given}'" in capsys.readouterr().err
