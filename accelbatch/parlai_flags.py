@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import argparse
 
-from accelbatch.strict_args import refused_option
-
 # ParlAI's flags (a short and a long form of one option) -> what to give instead (or why there is nothing to give)
 PARLAI_ONLY: dict[tuple[str, ...], str] = {
     ("--truncate",): "ParlAI's truncation of text and label together (its -tr); accelbatch truncates them "
@@ -33,16 +31,24 @@ PARLAI_ONLY: dict[tuple[str, ...], str] = {
     ("-ebs", "--eval-batchsize"): "evaluations run at -bs/--batchsize: leave it out",
     ("-lfc", "--load-from-checkpoint"): "a run with -mf saves checkpoints beside it; give --resume to go on "
                                         "from the last one",
+    ("--update-freq",): "ParlAI's gradient accumulation; give -ga/--gradient-accumulation N",
+    ("--learningrate",): "ParlAI's spelling; give -lr/--learning-rate",
+    ("--fp16",): "ParlAI's half precision; give --mixed-precision fp16 (or bf16)",
+    **dict.fromkeys([("--warmup-updates",), ("--warmup-rate",), ("--lr-scheduler-patience",),
+                     ("--lr-scheduler-decay",), ("--max-lr-steps",), ("--invsqrt-lr-decay-gamma",)],
+                    "ParlAI's learning-rate schedule; accelbatch keeps -lr/--learning-rate constant: leave it out"),
+    ("-mom", "--momentum"): "accelbatch's -opt sgd has no momentum (torch's default 0): leave it out, or train "
+                            "with -opt adam",
+    ("-wdecay", "--weight-decay"): "accelbatch's optimizers keep torch's default weight decay (0 for sgd and "
+                                   "adam, 0.01 for adamw): leave it out, or choose -opt adamw",
+    ("-beta", "--betas"): "accelbatch's adam and adamw keep torch's default betas (0.9, 0.999): leave it out",
     ("-et", "--evaltask"): "validations and tests score -t's tasks; score another task with "
                            "`accelbatch eval -mf PATH -t TASK`",
 }
 
 
 def refuse_parlai_flags(parser: argparse.ArgumentParser) -> None:
-    """Make ``parser`` refuse each of :data:`PARLAI_ONLY` in one line."""
-    for flags, instead in PARLAI_ONLY.items():
-        for flag in flags:
-            try:
-                refused_option(parser, flag, instead)
-            except argparse.ArgumentError:  # a flag the verb has itself (report's -o)
-                pass
+    """Make ``parser`` (a :class:`~accelbatch.strict_args.StrictParser`) refuse each flag of :data:`PARLAI_ONLY`
+    in one line, unless an agent or a script declares it as its own option."""
+    refusals = {flag: instead for flags, instead in PARLAI_ONLY.items() for flag in flags}
+    parser.refusals = {**getattr(parser, "refusals", {}), **refusals}  # type: ignore[attr-defined]

@@ -7,8 +7,9 @@ token as a known short option with its value glued on (ParlAI's ``-mtw 1,3`` as 
 the options marked by :func:`refuse_glued_values` (accelbatch's own, whose short forms are ParlAI's): a
 script's own ``-k`` still reads ``-k5`` as argparse does. A token that is an option's value is never read as
 an option here (``--report-json -my.json`` is argparse's to judge). An unknown token that begins with a switch
-(``-histsz`` before accelbatch took it: argparse named ``-h``) is refused naming the token. :func:`refused_option`
-answers another program's option with what to give instead; :class:`OnOff` is ``--flag``/``--no-flag``."""
+(``-histsz`` before accelbatch took it: argparse named ``-h``) is refused naming the token. A parser's
+``refusals`` (flag -> what to give instead) answer another program's options that it does not declare (an
+agent's or a script's own option of that name is read, not refused); :class:`OnOff` is ``--flag``/``--no-flag``."""
 
 from __future__ import annotations
 
@@ -65,6 +66,9 @@ def misread_option(parser: argparse.ArgumentParser, argv: Sequence[str]) -> str 
                 return (f"{token}: expected one argument; a value that begins with '-' is written "
                         f"{token}={following}")
             continue
+        flag = token.split("=", 1)[0]
+        if flag in getattr(parser, "refusals", {}):  # another program's option, not declared here
+            return f"{flag}: {parser.refusals[flag]}"  # type: ignore[attr-defined]
         if not token.startswith("-") or token.startswith("--") or len(token) < 2 or "=" in token \
                 or _is_number(token):
             continue
@@ -135,21 +139,3 @@ class OnOff(argparse.Action):
     def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any,
                  option_string: str | None = None) -> None:
         setattr(namespace, self.dest, not (option_string or "").startswith("--no-"))
-
-
-class _Refused(argparse.Action):
-    """An option that is not taken: refused in one line saying what to give instead (its value is not read)."""
-
-    def __init__(self, option_strings: Sequence[str], dest: str, instead: str, **kwargs: Any) -> None:
-        super().__init__(option_strings, dest, nargs="?", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
-        self.instead = instead
-
-    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any,
-                 option_string: str | None = None) -> None:
-        parser.error(f"{option_string}: {self.instead}")
-
-
-def refused_option(parser: argparse.ArgumentParser, flag: str, instead: str) -> None:
-    """Make ``parser`` refuse ``flag`` (hidden from --help) in one line saying ``instead`` what to give, where
-    argparse would say only "unrecognized arguments" (another program's option, with another meaning here)."""
-    parser.add_argument(flag, action=_Refused, instead=instead)

@@ -8,7 +8,8 @@ import pytest
 
 import accelbatch as ab
 from accelbatch.cli import main
-from accelbatch.opts import Opts
+from accelbatch.models.bag import BagAgent
+from accelbatch.opts import Opts, build_parser
 from accelbatch.parlai_flags import PARLAI_ONLY
 
 QUIET = ["--no-progress", "-veps", "-1", "--eval-splits", ""]
@@ -41,3 +42,22 @@ def test_parlais_factories_name_accelbatchs_way(name):
         getattr(ab, name)
     with pytest.raises(AttributeError, match=r"no attribute 'nothing_here'$"):
         ab.nothing_here  # noqa: B018
+
+
+class DictBag(BagAgent):
+    """An agent declaring ParlAI's -df/--dict-file itself: its option, not accelbatch's refusal."""
+
+    @classmethod
+    def add_cmdline_args(cls, parser, partial_opt=None):
+        parser.add_argument("-df", "--dict-file", type=str, default="my.dict", help="the agent's dictionary")
+        return parser
+
+
+def test_a_refused_parlai_flag_an_agent_or_a_script_declares_is_theirs(tmp_path):
+    assert Opts.from_args(["-m", f"{__name__}:DictBag", "-df", "x.dict"],
+                          agent=DictBag).agent_args == {"dict_file": "x.dict"}
+    parser = build_parser(prog="myscript.py")
+    parser.add_argument("-o", "--out", default="result.json")  # a script's own -o
+    assert parser.parse_args(["-t", "babi:1", "-o", "summary.json"]).out == "summary.json"
+    with pytest.raises(SystemExit):  # not declared: still refused
+        build_parser().parse_args(["-o", "summary.json"])
