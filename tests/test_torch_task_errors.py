@@ -158,3 +158,13 @@ def test_a_getitem_raising_stopiteration_is_named_with_the_users_message_and_lin
                                    "-bs", "4", "-tstep", "2"])
     assert (f"item {torch_task.FAULTY_ITEM}: __getitem__ raised StopIteration: record {torch_task.FAULTY_ITEM} "
             "truncated at torch_task.py:") in err
+
+
+def test_items_of_several_lengths_train_one_a_batch(tmp_path, capsys):
+    """default_collate meets one item a call at -bs 1: items of several lengths are no error there."""
+    report = tmp_path / "r.json"
+    args = ["-t", "torch:torch_task:make_ragged_sequences", "-m", "torch:torch_task:PooledClassifier"]
+    assert main(["train", *args, "-bs", "1", "-ne", "1", "--no-progress", "--report-json", str(report)]) == 0
+    assert json.loads(report.read_text())["test"]["exs"] == torch_task.SIZES["test"]
+    err = _one_line_error(capsys, ["train", *args, "-bs", "2", "-ne", "1", "--no-progress"])
+    assert "(train): item 1 cannot be batched with item 0: part 0 has shape (2,) against (1,)" in err

@@ -101,19 +101,21 @@ def items_of(dataset: Any, task: str, split: str = "train") -> list[tuple[torch.
         items.append(tuple(torch.as_tensor(p) for p in parts))
 
 
-def check_batchable(items: Sequence[tuple[torch.Tensor, ...]], where: str) -> None:
-    """Refuse, when the data is read, items that ``default_collate`` cannot batch with item 0 or would batch
-    wrongly: another number of parts, a part of another shape, or of another dtype (a float target among class
-    indices: torch would batch it as a float, and the loss fail far from the item); naming both items."""
+def check_batchable(items: Sequence[tuple[torch.Tensor, ...]], where: str, together: bool = True) -> None:
+    """Refuse, when the data is read, items that ``default_collate`` would batch wrongly with item 0 (a part of
+    another dtype: a float target among class indices would be batched as a float, and the loss fail far from
+    the item) and, when batches hold several items (``together``), items it cannot batch with it (another
+    number of parts, a part of another shape); naming both items."""
     if not items:
         return
     first = [(p.dtype, p.shape) for p in items[0]]
     fix = "(or batch them yourself: --collate)"
     for index, item in enumerate(items):
-        if len(item) != len(first):
+        if together and len(item) != len(first):
             raise OptionError(f"{where}: item {index} has {len(item)} parts, item 0 {len(first)}; every item "
                               f"needs the same parts {fix}")
-        odd = next((k for k, p in enumerate(item) if (p.dtype, p.shape) != first[k]), None)
+        odd = next((k for k, p in enumerate(item[:len(first)])
+                    if p.dtype != first[k][0] or together and p.shape != first[k][1]), None)
         if odd is None:
             continue
         dtype, shape = first[odd]
@@ -169,7 +171,9 @@ class TorchDatasetTeacher(FixedTeacher):
                               f"Dataset for it{_leave_out(split)}")
         items = items_of(dataset, task, split)
         if not self.opts.collate:  # default_collate's batches, checked before the first step
-            check_batchable(items, f"-t {task} ({split})")
+            o = self.opts
+            rows = o.batchsize * o.device_iterations * o.gradient_accumulation * o.replication_factor
+            check_batchable(items, f"-t {task} ({split})", together=rows > 1)
         # labels: the class index as text, or an empty list for an item without a class target (its reply has
         # no text, so it is counted in exs and not scored)
         return [[Message(text=f"{split} item {i}", labels=[] if (label := label_of(item)) is None else [label],
