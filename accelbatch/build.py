@@ -224,7 +224,6 @@ def build_world(opts: Opts, model: Agent, shard: tuple[int, int] = (0, 1), rows:
     teacher = teacher or create_teacher(opts)
     check_required_fields(opts, model, teacher)
     check_collate(opts, model)
-    check_replies_returned(opts, plan, model, teacher)
     if serve is None:  # this process's rows over its share of the episodes (a hogwild process's)
         _check_ordered_tail(opts, plan, model, teacher, shard, rows)
     else:  # the combined batch's rows over all of them, each replica process holding its own
@@ -242,6 +241,7 @@ def build_world(opts: Opts, model: Agent, shard: tuple[int, int] = (0, 1), rows:
             return LoaderWorld(opts, model, teacher, rows, shard, max(1, plan.factor // replicas))
         return LoaderWorld(opts, model, teacher, plan.combined_batch, row_multiple=max(1, plan.factor // replicas),
                            serve=serve)
+    check_replies_returned(opts, plan, model, teacher)  # (the loader front end refuses such data itself)
     if teacher is None:  # several tasks, not all FixedTeachers: one world per task
         teachers = create_teachers(opts)
         for t in teachers:

@@ -83,3 +83,12 @@ def test_a_streamed_file_awaiting_replies_is_refused_by_dynamic_batching_before_
     opts = _opts(data, dynamic_batching=mode).replace(datatype="train:stream")
     with pytest.raises(OptionError, match=f"--dynamic-batching {mode} builds histories ahead of the model"):
         ab.create_world(opts)
+
+
+@pytest.mark.parametrize("loader", [dict(num_workers=1), dict(dynamic_batching="batchsort")], ids=str)
+def test_under_the_loader_front_end_its_own_refusal_is_the_one_said(tmp_path, loader):
+    """--output-mode all would not help there: the line names what does."""
+    data = _episodes(tmp_path / "mid.jsonl", mid_context=True)
+    with pytest.raises(OptionError, match="builds histories ahead of the model and cannot") as refused:
+        ab.create_world(_opts(data, gradient_accumulation=2, **loader))
+    assert "--output-mode all" not in str(refused.value)
