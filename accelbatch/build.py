@@ -27,6 +27,7 @@ from typing import Any
 from accelbatch.agent_files import construct, unread_model_file
 from accelbatch.agents import Agent, TorchAgent
 from accelbatch.checkpoint import has_saved_position
+from accelbatch.datatypes import is_training, split_of
 from accelbatch.hogwild import HogwildWorld
 from accelbatch.host_memory import apply_host_allocator
 from accelbatch.loader_world import LoaderWorld, awaits_replies, check_replies_returned
@@ -38,15 +39,8 @@ from accelbatch.ordered_pass import check_ordered_pass
 from accelbatch.plan import ExecutionPlan
 from accelbatch.procs import start_forkserver
 from accelbatch.start_method import keeps_default_start_method
-from accelbatch.teachers import (
-    FixedTeacher,
-    Teacher,
-    create_teacher,
-    create_teachers,
-    is_training,
-    split_of,
-    task_names,
-)
+from accelbatch.state import torch_rng
+from accelbatch.teachers import FixedTeacher, Teacher, create_teacher, create_teachers, task_names
 from accelbatch.worlds import BatchWorld, DialogPartnerWorld, MultiWorld, World
 
 
@@ -370,8 +364,8 @@ def create_world(opts: Opts | Mapping[str, Any], agent: Agent | type[Agent] | st
     world of a run (no runtime yet) fits ``--batchsize`` to its data (:func:`fit_batch_to_data`);
     ``world.opts`` holds the options it was built with. ``opts`` may be a dict of Opts' fields. ``teacher``:
     one made for ``opts`` already (else it is made here). Building a model seeds torch's global generator with
-    ``opts.seed``: the same seed builds and trains the same weights.
-    """
+    ``opts.seed``, and run() starts from the state it had when the world was built: the same seed builds and
+    trains the same weights, whatever other worlds were built in between."""
     refuse_script_rerun()  # a child process running this script's unguarded top-level code ends here
     opts = as_opts(opts, "create_world(opts)")
     if isinstance(agent, str):  # a name as -m takes it: the run's opts say which model it is
@@ -422,7 +416,7 @@ def create_world(opts: Opts | Mapping[str, Any], agent: Agent | type[Agent] | st
         contention = data_processes_compete(opts)
         if contention:
             print(contention, file=sys.stderr)
-    world.runtime = runtime
+    world.runtime, world.torch_rng = runtime, torch_rng()  # run() starts from it (see state.torch_rng)
     if fitted and runtime.topology.rank == 0:  # said once the world is built: after any error in the options
         print(fitted, file=sys.stderr, flush=True)
     return world

@@ -33,7 +33,7 @@ from accelbatch.report_merge import from_sums, renamed_tasks, to_sums
 from accelbatch.report_table import MetricsLog
 from accelbatch.run_control import ModelFileLock, PeriodicSaver, StopSignals, check_output_paths, steps_together
 from accelbatch.start_method import keeps_default_start_method
-from accelbatch.state import Checkpointer
+from accelbatch.state import Checkpointer, restore_rng
 from accelbatch.teachers import eval_datatype, is_training, portable_task, split_of, task_names
 from accelbatch.tensorboard_log import TensorBoardLog
 from accelbatch.train_state import TrainState
@@ -115,6 +115,7 @@ def run(world: World, opts: Opts) -> dict[str, Any]:
     check_output_paths(opts)
     if world.opts.batchsize < opts.batchsize:  # create_world fitted the batch to the data (and said so)
         opts = opts.replace(batchsize=world.opts.batchsize)
+    restore_rng(getattr(world, "torch_rng", None))  # the stream it was built with, whatever was built since
     runtime = attach_runtime(world, opts)
     backend = runtime.backend
     backend.begin_run()

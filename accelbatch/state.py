@@ -76,6 +76,13 @@ def capture_rng() -> dict[str, Any]:
     return out
 
 
+def torch_rng() -> dict[str, Any]:
+    """torch's generators' states (CPU, and each CUDA device once CUDA is initialised), as
+    :func:`restore_rng` takes them: a world's own stream, taken when it is built and set again when it runs, so
+    that another world built in between (which seeds torch with its own --seed) leaves its training alone."""
+    return {key: value for key, value in capture_rng().items() if key in ("torch", "cuda")}
+
+
 def restore_rng(source: Any, rank: int = 0) -> bool:
     """Set the RNG states from a Checkpoint, a :func:`capture_rng` dict, or a list of them (one per replica:
     ``rank`` picks). Returns False when there is nothing to restore (a weights-only file)."""
