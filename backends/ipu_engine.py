@@ -295,9 +295,13 @@ class IPUEngine(Engine):
                 if lf.numel() == len(lay.kept):  # one loss per micro-batch returned, in the layout's order
                     parts = tuple((lay.starts[j], lay.stops[j], v) for j, v in zip(lay.kept, lf.reshape(-1).tolist()))
         if loss_value is not None and not math.isfinite(loss_value):
+            scale = self.settings.loss_scaling
+            cause = (f"lower --ipu-loss-scaling ({scale:g}: the scaled loss and gradients overflow float16 under "
+                     "--mixed-precision fp16; 1 turns it off) or --learning-rate") if self.settings.half and \
+                scale > 1 else "lower --learning-rate"
             raise NonFiniteLoss(f"non-finite training loss ({loss_value}) on ipu: the device applies a call's "
                                 "updates before its loss is read, so the run stops here (--skip-nan cannot skip "
-                                "them on an IPU); lower --learning-rate")
+                                f"them on an IPU); {cause}")
         return StepResult(outputs=outputs, rows=lay.out_rows, loss=loss_value, updates=lay.num_updates,
                           extras={"micro_batches": lay.num_micro_batches, "partial": False,
                                   "compilations": self._compilations, "compiled": compiled,

@@ -41,6 +41,15 @@ def test_fp16_memnn_trains_half_weights_with_figures_close_to_fp32():
     assert half["train"]["accuracy"] == pytest.approx(ref["train"]["accuracy"], abs=0.05)
 
 
+@needs_cpu_half
+def test_a_loss_scaling_that_overflows_float16_is_named_when_the_loss_is_not_finite():
+    """The static scale, not the rate, is what to lower: it overflows at any -lr."""
+    from accelbatch.backends.base import NonFiniteLoss
+
+    with pytest.raises(NonFiniteLoss, match=r"lower --ipu-loss-scaling \(1e\+06: the scaled loss"):
+        run_memnn(steps=2, mixed_precision="fp16", ipu_loss_scaling=1e6, learning_rate=1e-6)
+
+
 def test_bf16_is_refused_in_one_line():
     with pytest.raises(PlanError, match=r"^--mixed-precision bf16: IPUs have no bfloat16 arithmetic") as exc:
         IPUBackend().setup(Opts(device="ipu", ipu_emulator=True, mixed_precision="bf16"))
