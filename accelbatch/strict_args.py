@@ -29,6 +29,7 @@ def _is_number(token: str) -> bool:
 
 
 _GLUED_REFUSED = "_accelbatch_refuses_glued_values"
+_BOOL_WORDS = ("true", "false", "yes", "no", "t", "f", "1", "0", "y", "n")  # ParlAI's: each true word, then its false
 
 
 def refuse_glued_values(action: argparse.Action) -> argparse.Action:
@@ -103,11 +104,33 @@ class StrictParser(argparse.ArgumentParser):
     def parse_known_args(self, args: Sequence[str] | None = None, namespace: Any = None) -> Any:
         import sys
 
-        argv = list(sys.argv[1:] if args is None else args)
+        argv = _switch_values_read(self, list(sys.argv[1:] if args is None else args))
         problem = misread_option(self, argv)
         if problem is not None:
             self.error(problem)
         return super().parse_known_args(_negatives_joined(self, argv), namespace)
+
+
+def _switch_values_read(parser: argparse.ArgumentParser, argv: list[str]) -> list[str]:
+    """ParlAI's ``--flag true`` / ``--flag false`` (its type='bool' flags take a value) as this parser's switch
+    ``--flag`` / ``--no-flag``; a value after a switch is otherwise an unrecognized argument."""
+    known, out, i = parser._option_string_actions, [], 0
+    while i < len(argv):
+        token, following = argv[i], argv[i + 1] if i + 1 < len(argv) else ""
+        if token == "--":
+            return out + argv[i:]
+        if token.startswith("--") and token in known and known[token].nargs == 0 and parser._subparsers is None \
+                and following.lower() in _BOOL_WORDS:
+            name = token[len("--no-"):] if token.startswith("--no-") else token[2:]
+            on = (following.lower() in _BOOL_WORDS[::2]) != token.startswith("--no-")
+            switch = f"--{name}" if on else f"--no-{name}"
+            if switch in known:
+                out.append(switch)
+                i += 2
+                continue
+        out.append(token)
+        i += 1
+    return out
 
 
 def _negatives_joined(parser: argparse.ArgumentParser, argv: list[str]) -> list[str]:

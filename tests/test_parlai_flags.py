@@ -61,3 +61,13 @@ def test_a_refused_parlai_flag_an_agent_or_a_script_declares_is_theirs(tmp_path)
     assert parser.parse_args(["-t", "babi:1", "-o", "summary.json"]).out == "summary.json"
     with pytest.raises(SystemExit):  # not declared: still refused
         build_parser().parse_args(["-o", "summary.json"])
+
+
+@pytest.mark.parametrize("argv, display, progress", [(["--display-examples", "true"], True, None),
+                                                     (["--display-examples", "False"], False, None),
+                                                     (["--progress", "0"], False, False),
+                                                     (["--no-progress", "no"], False, True)], ids=str)
+def test_parlais_value_after_a_switch_is_read_as_the_switch_or_its_no_form(argv, display, progress):
+    """ParlAI's type='bool' flags take a value (`--display-examples true`): it was 'unrecognized arguments'."""
+    opts = Opts.from_args(argv)
+    assert (opts.display_examples, opts.progress) == (display, progress)
