@@ -156,6 +156,16 @@ def per_row_outputs(agent: Any, result: Any, rows: int, real: int) -> tuple[dict
     return outputs, None
 
 
+def refuse_parlai_steps(cls: type) -> None:
+    """A TorchAgent subclass defining ParlAI's train_step/eval_step, which nothing here would call (the engine
+    runs the step): one line naming it (the command line's exit 2, also when -m's import defines it)."""
+    for name in ("train_step", "eval_step"):
+        if hasattr(cls, name):
+            raise ReplyError(f"{cls.__name__}.{name}: accelbatch's TorchAgent never calls ParlAI's train_step/"
+                             "eval_step; the engine runs the step: give build_model() (forward(batch) returns the "
+                             "loss), vectorize(), batchify() and replies() instead")
+
+
 def refuse_lost_replies(agent: Any, observations: list, row_ids: list[int] | None, real: int) -> None:
     """A training call whose output mode left out the outputs of a row awaiting the model's reply (a user's
     teacher's turn without a label that more turns follow; data held in memory is refused before the first

@@ -177,11 +177,7 @@ class TorchAgent(Agent):
     def __init_subclass__(cls, **kwargs: Any) -> None:
         """Refuse ParlAI's train_step/eval_step, which nothing here would call (the engine runs the step)."""
         super().__init_subclass__(**kwargs)
-        for name in ("train_step", "eval_step"):
-            if hasattr(cls, name):
-                raise TypeError(f"{cls.__name__}.{name}: accelbatch's TorchAgent never calls ParlAI's train_step/"
-                                "eval_step; the engine runs the step: give build_model() (forward(batch) returns "
-                                "the loss), vectorize(), batchify() and replies() instead")
+        agent_checks.refuse_parlai_steps(cls)
 
     def __init__(self, opts: Opts, shared: dict[str, Any] | None = None):
         super().__init__(opts, shared)

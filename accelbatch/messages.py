@@ -204,6 +204,31 @@ def refuse_non_messages(agent: Any, method: str, replies: Sequence[Any]) -> None
                          "nothing)") from None
 
 
+def refuse_unobserved(agents: Sequence[Any], observed: Sequence[Any]) -> None:
+    """A :class:`ReplyError` when a row's agent's observe() returned None (an older ParlAI style that only
+    stores ``self.observation``): batch_act() is given what observe() returns, as in ParlAI's BatchWorld."""
+    row = next((r for r, obs in enumerate(observed) if obs is None), None)
+    if row is not None:
+        raise ReplyError(f"{type(agents[row]).__name__}.observe() returned None for row {row}: return the "
+                         "observation (ParlAI's BatchWorld: agents return what they observed), which batch_act() "
+                         "is given")
+
+
+def checked_batch_act(agent: Any, observations: list[Message]) -> list[Message]:
+    """``agent.batch_act(observations)``, refused when it does not return one reply per observation (the
+    rows past the shortest would go unscored, silently)."""
+    replies = agent.batch_act(observations)  # type: ignore[attr-defined]
+    if type(replies) is not list:  # a list is what the world indexes; any other iterable of replies becomes one
+        if isinstance(replies, (dict, str)) or not hasattr(replies, "__iter__"):
+            raise ReplyError(f"{type(agent).__name__}.batch_act() returned {reply_kind(replies)}: it must "
+                             "return a list (or iterable) of replies, one Message (a dict) per observation")
+        replies = list(replies)
+    if len(replies) != len(observations):
+        raise ReplyError(f"{type(agent).__name__}.batch_act returned {len(replies)} replies for "
+                         f"{len(observations)} observations: it must return one reply per observation")
+    return replies
+
+
 def reply_kind(value: Any) -> str:
     """How a bad reply is named: None or its type's name."""
     return "None" if value is None else type(value).__name__

@@ -21,7 +21,7 @@ from accelbatch.agents import Agent
 from accelbatch.data.datasets import PADDING, ConcatStore, EpisodeStore, FileStore, Store, _is_pair, episodes_of
 from accelbatch.data.orders import make_order
 from accelbatch.data.schedule import RowFeed, RowSchedule
-from accelbatch.messages import CANDIDATE_FIELDS, Message, str_candidates
+from accelbatch.messages import CANDIDATE_FIELDS, AgentMethodMissing, Message, str_candidates
 from accelbatch.metrics import Metrics, merge_reports, wants_bleu
 from accelbatch.names import UnknownNameError, import_path
 from accelbatch.opts import OptionError, Opts, eval_datatype, is_training, split_of  # noqa: F401 (re-exported)
@@ -65,11 +65,13 @@ class Teacher(Agent):
         super().__init__(opts, shared)
 
     def epoch_done(self) -> bool:
-        return False
+        """ParlAI's: ``self.epochDone``, which a teacher of yours sets when its data runs out."""
+        return bool(getattr(self, "epochDone", False))
 
     def reset(self) -> None:
         """Start the data again with no metrics (ParlAI's)."""
         super().reset()
+        self.epochDone = False
         self.reset_metrics()
 
     def state_dict(self) -> dict[str, Any]:
@@ -81,12 +83,12 @@ class Teacher(Agent):
             raise ValueError(f"data position: {state['unsupported']}")
 
     def num_examples(self) -> int:
-        raise NotImplementedError(f"{type(self).__name__} must implement num_examples() (a Teacher says how many "
-                                  "examples and episodes it serves; a FixedTeacher counts its setup_data())")
+        raise AgentMethodMissing(f"{type(self).__name__} must implement num_examples() (a Teacher says how many "
+                                 "examples and episodes it serves; a FixedTeacher counts its setup_data())")
 
     def num_episodes(self) -> int:
-        raise NotImplementedError(f"{type(self).__name__} must implement num_episodes() (a Teacher says how many "
-                                  "examples and episodes it serves; a FixedTeacher counts its setup_data())")
+        raise AgentMethodMissing(f"{type(self).__name__} must implement num_episodes() (a Teacher says how many "
+                                 "examples and episodes it serves; a FixedTeacher counts its setup_data())")
 
 
 @dataclass
@@ -153,8 +155,10 @@ class FixedTeacher(Teacher):
 
     def setup_data(self) -> Any:
         """A list of episodes (lists of message dicts), or ParlAI's form: yield (message, new_episode) pairs."""
-        raise NotImplementedError(f"{type(self).__name__} must implement setup_data(): a FixedTeacher's data, a "
-                                  "list of episodes or ParlAI's (message, new_episode) pairs")
+        parlai_get = " (ParlAI's FixedDialogTeacher get(episode_idx, entry_idx) is not read)" \
+            if callable(getattr(self, "get", None)) else ""
+        raise AgentMethodMissing(f"{type(self).__name__} must implement setup_data(): a FixedTeacher's data, a "
+                                 f"list of episodes or ParlAI's (message, new_episode) pairs{parlai_get}")
 
     def build_store(self) -> Store:
         owner = type(self).__name__

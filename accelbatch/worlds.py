@@ -23,7 +23,15 @@ from time import perf_counter
 from typing import Any, Sequence
 
 from accelbatch.agents import Agent
-from accelbatch.messages import TEXT, Message, ReplyError, is_padding, refuse_non_messages, reply_kind
+from accelbatch.messages import (
+    TEXT,
+    Message,
+    ReplyError,
+    checked_batch_act,
+    is_padding,
+    refuse_non_messages,
+    refuse_unobserved,
+)
 from accelbatch.metrics import merge_reports
 from accelbatch.opts import Opts
 from accelbatch.report_merge import drop_full_scored, with_loss_count
@@ -66,6 +74,13 @@ class World:
 
     def parley(self) -> None:
         raise NotImplementedError(f"{type(self).__name__} must implement parley()")
+
+    def update_counters(self) -> None:
+        """ParlAI's: count a parley of a world of yours and the example its first agent's act served (padding
+        aside); call it at the end of parley(), as ParlAI's worlds do, so that a training run can count epochs."""
+        self.total_parleys += 1
+        if self.acts and self.acts[0] is not None and not is_padding(self.acts[0]):
+            self.total_exs += 1
 
     def parley_init(self) -> None:
         """Called by BatchWorld before each batched parley."""
@@ -180,21 +195,6 @@ class DialogPartnerWorld(World):
         return self.acts[0] is not None and bool(self.acts[0].get("episode_done", False))
 
 
-def checked_batch_act(agent: Agent, observations: list[Message]) -> list[Message]:
-    """``agent.batch_act(observations)``, refused when it does not return one reply per observation (the
-    rows past the shortest would go unscored, silently)."""
-    replies = agent.batch_act(observations)  # type: ignore[attr-defined]
-    if type(replies) is not list:  # a list is what the world indexes; any other iterable of replies becomes one
-        if isinstance(replies, (dict, str)) or not hasattr(replies, "__iter__"):
-            raise ReplyError(f"{type(agent).__name__}.batch_act() returned {reply_kind(replies)}: it must "
-                             "return a list (or iterable) of replies, one Message (a dict) per observation")
-        replies = list(replies)
-    if len(replies) != len(observations):
-        raise ReplyError(f"{type(agent).__name__}.batch_act returned {len(replies)} replies for "
-                         f"{len(observations)} observations: it must return one reply per observation")
-    return replies
-
-
 def with_model_report(task_report: dict[str, float], model: Agent) -> dict[str, float]:
     """The teacher's report with the model agent's metrics added; a metric both report is the teacher's (as in
     ParlAI, the first agent's), so a model cannot report its own accuracy or F1, nor ``exs`` (the teacher's
@@ -263,6 +263,7 @@ class BatchWorld(World):
             self.total_exs += real
             if self._model_observes:  # else its clones would only store the example, which batch_act gets
                 examples = [agent.observe(example) for agent, example in zip(self._model_rows, examples)]
+                refuse_unobserved(self._model_rows, examples)
             self.data_time_s += perf_counter() - start
             replies = self._model_replies(examples)
             self.acts = [step[0], replies]
@@ -330,7 +331,11 @@ class BatchWorld(World):
         """Each row's agent ``index`` observes its act."""
         if source == 0:
             self.total_exs += sum(1 for act in acts if not is_padding(act))
-        return [agent.observe(act) for agent, act in zip(self._row_agents(index), acts)]
+        agents = self._row_agents(index)
+        observed = [agent.observe(act) for agent, act in zip(agents, acts)]
+        if source == 0:  # what the model's batch_act is given
+            refuse_unobserved(agents, observed)
+        return observed
 
     def display(self) -> str:
         """The last parley's rows: each row's example, then the model's reply to it."""
