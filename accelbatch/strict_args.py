@@ -68,7 +68,7 @@ def misread_option(parser: argparse.ArgumentParser, argv: Sequence[str]) -> str 
                         f"{token}={following}")
             continue
         flag = token.split("=", 1)[0]
-        if flag in getattr(parser, "refusals", {}):  # another program's option, not declared here
+        if flag not in known and flag in getattr(parser, "refusals", {}):  # another program's, not declared here
             return f"{flag}: {parser.refusals[flag]}"  # type: ignore[attr-defined]
         if not token.startswith("-") or token.startswith("--") or len(token) < 2 or "=" in token \
                 or _is_number(token):
@@ -114,13 +114,14 @@ class StrictParser(argparse.ArgumentParser):
 def _switch_values_read(parser: argparse.ArgumentParser, argv: list[str]) -> list[str]:
     """ParlAI's ``--flag true`` / ``--flag false`` (its type='bool' flags take a value) as this parser's switch
     ``--flag`` / ``--no-flag``; a value after a switch is otherwise an unrecognized argument."""
+    if parser._subparsers is not None or any(not action.option_strings for action in parser._actions):
+        return argv  # the word may be a positional (report's RUN_DIR, a script's own): argparse's to read
     known, out, i = parser._option_string_actions, [], 0
     while i < len(argv):
         token, following = argv[i], argv[i + 1] if i + 1 < len(argv) else ""
         if token == "--":
             return out + argv[i:]
-        if token.startswith("--") and token in known and known[token].nargs == 0 and parser._subparsers is None \
-                and following.lower() in _BOOL_WORDS:
+        if token.startswith("--") and token in known and known[token].nargs == 0 and following.lower() in _BOOL_WORDS:
             name = token[len("--no-"):] if token.startswith("--no-") else token[2:]
             on = (following.lower() in _BOOL_WORDS[::2]) != token.startswith("--no-")
             switch = f"--{name}" if on else f"--no-{name}"

@@ -71,3 +71,16 @@ def test_parlais_value_after_a_switch_is_read_as_the_switch_or_its_no_form(argv,
     """ParlAI's type='bool' flags take a value (`--display-examples true`): it was 'unrecognized arguments'."""
     opts = Opts.from_args(argv)
     assert (opts.display_examples, opts.progress) == (display, progress)
+
+
+def test_a_word_after_a_switch_is_a_positional_where_the_parser_has_one():
+    """report's RUN_DIR (a run folder named 1) and a script's own positional keep their word."""
+    parser = build_parser(prog="sweep.py")
+    parser.add_argument("trial", nargs="?", default="0")
+    args = parser.parse_args(["--progress", "1"])
+    assert (args.trial, args.progress) == ("1", True)
+
+
+def test_a_declared_option_of_a_refused_name_is_read_in_its_equals_form_too():
+    assert Opts.from_args(["-m", f"{__name__}:DictBag", "--dict-file=x.dict"],
+                          agent=DictBag).agent_args == {"dict_file": "x.dict"}
