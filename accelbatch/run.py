@@ -22,7 +22,6 @@ from accelbatch.best_valid import BestValid, continued_best, forget_best, metric
 from accelbatch.build import Runtime, as_opts, attach_runtime, create_world
 from accelbatch.checkpoint import checkpoint_dir, has_saved_position
 from accelbatch.eval_splits import eval_opts, eval_teachers
-from accelbatch.messages import ReplyError
 from accelbatch.metric_names import metric_names_problem, select_metrics, unvalidated_metric_note
 from accelbatch.metrics import combine_reports
 from accelbatch.model_opts import agent_name, with_agent_shape, write_model_opts
@@ -153,7 +152,7 @@ def run(world: World, opts: Opts) -> dict[str, Any]:
     return report
 
 
-UNCOUNTED_PARLEYS = 10  # a world of yours that counted no example in as many training parleys is refused
+UNCOUNTED_PARLEYS = 1000  # a world of yours that counted no example in as many training parleys is told so
 
 # what a world is built with and run() cannot change: its data, model, feed, seed and every option of its plan
 # (-bs may be lowered to the data when the world is built, an agent may shape its model itself: -esz; -lr and
@@ -341,9 +340,9 @@ def _train(world: World, opts: Opts, log: MetricsLog, runtime: Runtime, stop: St
         state.steps += 1
         total = world.get_total_exs() * replicas
         if total == 0 and state.steps == UNCOUNTED_PARLEYS and not type(world).__module__.startswith("accelbatch."):
-            raise ReplyError(f"{type(world).__name__}.parley(): {state.steps} parleys counted no example "
-                             "(get_total_exs() stays 0), so the run would never reach its epochs: call "
-                             "self.update_counters() at the end of parley(), as ParlAI's worlds do")
+            print(f"accelbatch: {type(world).__name__}.parley(): {state.steps} parleys counted no example "
+                  "(get_total_exs() stays 0), and only counted examples reach -ne/--num-epochs: call "
+                  "self.update_counters() at the end of parley(), as ParlAI's worlds do", file=sys.stderr)
         new_exs, state.exs = total - state.exs, total
         window_exs += new_exs
         if bar is not None:

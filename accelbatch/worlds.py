@@ -76,11 +76,13 @@ class World:
         raise NotImplementedError(f"{type(self).__name__} must implement parley()")
 
     def update_counters(self) -> None:
-        """ParlAI's: count a parley of a world of yours and the example its first agent's act served (padding
-        aside); call it at the end of parley(), as ParlAI's worlds do, so that a training run can count epochs."""
+        """ParlAI's: count a parley of a world of yours and the examples its first agent's act served (one, or a
+        wrapped BatchWorld's batch; padding aside); call it at the end of parley(), as ParlAI's worlds do, so that
+        a training run can count epochs."""
         self.total_parleys += 1
-        if self.acts and self.acts[0] is not None and not is_padding(self.acts[0]):
-            self.total_exs += 1
+        first = self.acts[0] if self.acts else None  # one example, or a wrapped BatchWorld's batch of them
+        self.total_exs += sum(1 for act in (first if isinstance(first, list) else [first])
+                              if act is not None and not is_padding(act))
 
     def parley_init(self) -> None:
         """Called by BatchWorld before each batched parley."""
@@ -263,7 +265,6 @@ class BatchWorld(World):
             self.total_exs += real
             if self._model_observes:  # else its clones would only store the example, which batch_act gets
                 examples = [agent.observe(example) for agent, example in zip(self._model_rows, examples)]
-                refuse_unobserved(self._model_rows, examples)
             self.data_time_s += perf_counter() - start
             replies = self._model_replies(examples)
             self.acts = [step[0], replies]
@@ -292,6 +293,7 @@ class BatchWorld(World):
         """The model's replies to one example per row: one batch_act, else each row's clone acts."""
         model = self.world.agents[-1]
         if self._model_batch_acts and getattr(model, "use_batch_act", True):
+            refuse_unobserved(self._model_rows, examples)
             replies = checked_batch_act(model, examples)
             refuse_non_messages(model, "batch_act()", replies)
             if self._model_self_observes:
@@ -314,6 +316,7 @@ class BatchWorld(World):
         agents = self._row_agents(index)
         batched = bool(observations) and hasattr(original, "batch_act") and getattr(original, "use_batch_act", True)
         if batched:
+            refuse_unobserved(agents, observations)
             acts = checked_batch_act(original, observations)
             if any(type(a).self_observe is not Agent.self_observe for a in agents):
                 for agent, act in zip(agents, acts):
@@ -331,11 +334,7 @@ class BatchWorld(World):
         """Each row's agent ``index`` observes its act."""
         if source == 0:
             self.total_exs += sum(1 for act in acts if not is_padding(act))
-        agents = self._row_agents(index)
-        observed = [agent.observe(act) for agent, act in zip(agents, acts)]
-        if source == 0:  # what the model's batch_act is given
-            refuse_unobserved(agents, observed)
-        return observed
+        return [agent.observe(act) for agent, act in zip(self._row_agents(index), acts)]
 
     def display(self) -> str:
         """The last parley's rows: each row's example, then the model's reply to it."""

@@ -1,7 +1,7 @@
 """ParlAI code ported as its tutorials write it: a Teacher ending its epoch with ``self.epochDone``, a World of
 yours counting with ``update_counters()``, an observe() that returns nothing, a FixedDialogTeacher's get()
 without setup_data(), a TorchAgent with train_step: each runs as in ParlAI or is refused in one line (they
-hung, trained for ever, or ended with a traceback of 40-53 lines)."""
+hung, trained for ever without a word, or ended with a traceback of 40-53 lines)."""
 
 from __future__ import annotations
 
@@ -75,17 +75,39 @@ class CountingWorld(SimpleWorld):
 
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("world_cls", [SimpleWorld, CountingWorld], ids=["uncounted", "update_counters"])
-def test_a_world_of_yours_counts_with_update_counters_or_is_refused(world_cls):
+def test_a_world_of_yours_counts_with_update_counters_or_is_told_to(world_cls, capsys):
+    """Uncounted, it would never reach -ne (it ran for ever without a word): said once, at parley 1000."""
     opts = ab.Opts(datatype="train", batchsize=1, num_epochs=2, validation_every_n_epochs=-1, eval_splits="",
-                   progress=False)
-    teacher = list_teacher([2, 1, 3])(opts)
-    world = world_cls(opts, [teacher, RecordingAgent(opts)])
+                   progress=False, max_train_steps=1001 if world_cls is SimpleWorld else -1)
+    world = world_cls(opts, [list_teacher([2, 1, 3])(opts), RecordingAgent(opts)])
+    report = ab.run(world, opts)["train"]
+    err = capsys.readouterr().err
     if world_cls is SimpleWorld:
-        with pytest.raises(ReplyError, match=r"SimpleWorld.parley\(\): 10 parleys counted no example .* "
-                                             r"self.update_counters\(\)"):
-            ab.run(world, opts)
+        assert "SimpleWorld.parley(): 1000 parleys counted no example" in err and "self.update_counters()" in err
     else:
-        assert ab.run(world, opts)["train"]["exs"] == 2 * 6
+        assert report["exs"] == 2 * 6 and "update_counters" not in err
+
+
+class Wrapper(World):
+    """A world of yours around a BatchWorld: its acts are the batch's, counted by update_counters()."""
+
+    def __init__(self, opts, inner):
+        super().__init__(opts, inner.get_agents())
+        self.inner = inner
+
+    def parley(self):
+        self.inner.parley()
+        self.acts = self.inner.get_acts()
+        self.update_counters()
+
+
+def test_update_counters_counts_a_wrapped_batch_worlds_examples():
+    opts = ab.Opts(datatype="train", batchsize=4)
+    inner = BatchWorld(opts, DialogPartnerWorld(opts, [list_teacher([1] * 8)(opts), RecordingAgent(opts)]), 4)
+    world = Wrapper(opts, inner)
+    world.parley()
+    world.parley()
+    assert (world.get_total_exs(), world.get_total_parleys()) == (8, 2)
 
 
 class StoresOnly(RecordingAgent):
@@ -98,11 +120,17 @@ class StoresOnly(RecordingAgent):
         return [Message(text=o.get("eval_labels", ["?"])[0]) for o in observations]
 
 
+class ActsAlone(StoresOnly):
+    use_batch_act = False  # each clone acts on its stored observation: observe()'s return is not used
+
+
 def test_an_observe_that_returns_nothing_is_named_before_batch_act_meets_none():
     opts = ab.Opts(datatype="valid", batchsize=2)
     world = BatchWorld(opts, DialogPartnerWorld(opts, [list_teacher([1, 1, 1, 1])(opts), StoresOnly(opts)]), 2)
     with pytest.raises(ReplyError, match=r"StoresOnly.observe\(\) returned None for row 0: return the observation"):
         world.parley()
+    world = BatchWorld(opts, DialogPartnerWorld(opts, [list_teacher([1, 1, 1, 1])(opts), ActsAlone(opts)]), 2)
+    assert evaluate(world)["exs"] == 4
 
 
 class GetTeacher(ab.FixedTeacher):
