@@ -1,7 +1,7 @@
 """Replicas of a training run decide together whether a call trains: a replica whose rows are all context
 turns (no labels) trains along with the others (its loss 0) instead of evaluating, which left the others
 waiting in the gradient all-reduce (gloo aborted the run). The weights are those of one process running
-the same plan's micro-batches (-ga 2 for -rf 2)."""
+the same plan's micro-batches (-ga 2 for -rf 2, every micro-batch's outputs returned)."""
 
 from __future__ import annotations
 
@@ -37,7 +37,9 @@ def test_replicas_train_on_context_turns_as_one_process_runs_the_plan(tmp_path, 
     base = ["train", "-t", f"jsonl:{data}", "-m", model, "-esz", "8", "-bs", "1", "-tstep", "6", "-veps", "0.5",
             "-vme", "2", "--eval-splits", "valid", "--no-progress"]
     reports = {}
-    for name, plan in (("replicas", ["-rf", "2", "--device", "cpu"]), ("one", ["-ga", "2"])):
+    # -ga 2 returns every micro-batch's replies (--output-mode all), as the replicas do: the next turns' history
+    # holds the model's reply to a context turn (with final, such data is refused)
+    for name, plan in (("replicas", ["-rf", "2", "--device", "cpu"]), ("one", ["-ga", "2", "--output-mode", "all"])):
         assert main([*base, *plan, "-mf", str(tmp_path / name / "m.pt"),
                      "--report-json", str(tmp_path / f"{name}.json")]) == 0, name
         reports[name] = json.loads((tmp_path / f"{name}.json").read_text())
