@@ -207,8 +207,8 @@ def refuse_non_messages(agent: Any, method: str, replies: Sequence[Any]) -> None
 def refuse_unobserved(agents: Sequence[Any], observed: Sequence[Any]) -> None:
     """A :class:`ReplyError` when a row's agent's observe() returned None (an older ParlAI style that only
     stores ``self.observation``): batch_act() is given what observe() returns, as in ParlAI's BatchWorld."""
-    row = next((r for r, obs in enumerate(observed) if obs is None), None)
-    if row is not None:
+    if None in observed:  # a scan in C: this runs on every batched parley
+        row = list(observed).index(None)
         raise ReplyError(f"{type(agents[row]).__name__}.observe() returned None for row {row}: return the "
                          "observation (ParlAI's BatchWorld: agents return what they observed), which batch_act() "
                          "is given")

@@ -293,7 +293,8 @@ class BatchWorld(World):
         """The model's replies to one example per row: one batch_act, else each row's clone acts."""
         model = self.world.agents[-1]
         if self._model_batch_acts and getattr(model, "use_batch_act", True):
-            refuse_unobserved(self._model_rows, examples)
+            if self._model_observes:  # else the examples are the teacher's own
+                refuse_unobserved(self._model_rows, examples)
             replies = checked_batch_act(model, examples)
             refuse_non_messages(model, "batch_act()", replies)
             if self._model_self_observes:
