@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import copy
+import os
 import re
+import sys
 from collections.abc import Iterable, Mapping, Set
 from typing import Any, Sequence
 
@@ -35,6 +37,13 @@ class Message(dict):
         return [found] if isinstance(found, str) else list(found)
 
 
+def _caller() -> str:
+    """Where the code that called a read-only message's (or list's) changing method stands: "observe() at
+    agent.py:12", naming the user's line in a one-line error."""
+    frame = sys._getframe(2)  # 0: here, 1: _refuse, 2: the caller
+    return f"{frame.f_code.co_name}() at {os.path.basename(frame.f_code.co_filename)}:{frame.f_lineno}"
+
+
 class FrozenList(list):
     """A list value of a :class:`FrozenMessage` (its labels, candidates): read-only as the message is, so that
     shuffling an observation's candidates in place cannot change the teacher's data for later epochs."""
@@ -42,8 +51,9 @@ class FrozenList(list):
     __slots__ = ()
 
     def _refuse(self, *args: Any, **kwargs: Any) -> None:
-        raise TypeError("this list belongs to a shared, read-only message (a teacher serves the same object every "
-                        "epoch): copy it first, e.g. list(observation['label_candidates']), then change the copy")
+        raise ReplyError(f"{_caller()}: this list belongs to a shared, read-only message (a teacher serves the same "
+                         "object every epoch): copy it first, e.g. list(observation['label_candidates']), then "
+                         "change the copy")
 
     __setitem__ = __delitem__ = __iadd__ = __imul__ = _refuse  # type: ignore[assignment]
     append = extend = insert = pop = remove = clear = sort = reverse = _refuse  # type: ignore[assignment]
@@ -71,8 +81,8 @@ class FrozenMessage(Message):
                 dict.__setitem__(self, key, FrozenList(value))
 
     def _refuse(self, *args: Any, **kwargs: Any) -> None:
-        raise TypeError("this message is shared and read-only (a teacher serves the same object every epoch): "
-                        "copy it first with Message(observation), then change the copy")
+        raise ReplyError(f"{_caller()}: this message is shared and read-only (a teacher serves the same object "
+                         "every epoch): copy it first with Message(observation), then change the copy")
 
     __setitem__ = __delitem__ = __ior__ = _refuse  # type: ignore[assignment]
     pop = popitem = setdefault = update = clear = _refuse  # type: ignore[assignment]

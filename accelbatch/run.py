@@ -31,7 +31,14 @@ from accelbatch.progress_bar import postfix, progress_bar
 from accelbatch.report_json import write_report_json
 from accelbatch.report_merge import from_sums, renamed_tasks, to_sums
 from accelbatch.report_table import MetricsLog
-from accelbatch.run_control import ModelFileLock, PeriodicSaver, StopSignals, check_output_paths, steps_together
+from accelbatch.run_control import (
+    ModelFileLock,
+    PeriodicSaver,
+    StopSignals,
+    check_output_paths,
+    refuse_spent_data,
+    steps_together,
+)
 from accelbatch.start_method import keeps_default_start_method
 from accelbatch.state import Checkpointer, restore_rng
 from accelbatch.teachers import eval_datatype, is_training, portable_task, split_of, task_names
@@ -344,6 +351,8 @@ def _train(world: World, opts: Opts, log: MetricsLog, runtime: Runtime, stop: St
                   "(get_total_exs() stays 0), and only counted examples reach -ne/--num-epochs: call "
                   "self.update_counters() at the end of parley(), as ParlAI's worlds do", file=sys.stderr)
         new_exs, state.exs = total - state.exs, total
+        if not new_exs:
+            refuse_spent_data(world)
         window_exs += new_exs
         if bar is not None:
             bar.update(new_exs)
@@ -454,7 +463,8 @@ def _validate(world: World, opts: Opts, log: MetricsLog, state: TrainState, mode
         capped = (f" (-vme/--validation-max-exs {opts.validation_max_exs} may have left it unscored: raise "
                   "it)") if opts.validation_max_exs > 0 else ""
         raise OptionError(f"-vmt/--validation-metric {opts.validation_metric}: the valid report has no such "
-                          f"metric{capped}; choose one of {known}")
+                          f"metric{capped}; " + (f"choose one of {known}" if known else "it is empty: a teacher of "
+                                                 "yours reports its counts and scores in report(), as ParlAI's do"))
     state.last_valid = metric
     value = -metric if metric_mode(opts) == "min" else metric
     if value > state.best:

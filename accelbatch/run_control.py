@@ -1,7 +1,7 @@
 """When a run saves and stops: :class:`PeriodicSaver` (``--save-every-n-secs``) and :class:`StopSignals`
 (SIGINT/SIGTERM become a flag the run loop checks between world steps, with a deadline); what it may write:
 :func:`check_output_paths`, and :class:`ModelFileLock` (one training run at a time per ``-mf``); whether
-replicas step together (:func:`steps_together`)."""
+replicas step together (:func:`steps_together`); a training world whose data ran out (:func:`refuse_spent_data`)."""
 
 from __future__ import annotations
 
@@ -16,6 +16,22 @@ import threading
 import time
 from contextlib import contextmanager, suppress
 from typing import Any, Callable, Iterator, Sequence
+
+
+def refuse_spent_data(world: Any) -> None:
+    """Called when a training parley counted no example: a world whose epoch is done (a teacher of yours that set
+    ``epochDone`` and serves nothing more) would parley for ever without reaching -ne; refused in one line."""
+    if not world.epoch_done():
+        return
+    from accelbatch.messages import ReplyError  # the user's teacher broke its contract: exit 2, as an agent's
+
+    task = getattr(world, "get_task_agent", lambda: None)()
+    name = type(task if task is not None else world).__name__
+    raise ReplyError(f"{name}: its epoch ended (epoch_done()) and the next training parley served no example, "
+                     "so training would never reach -ne/-tstep; a training teacher goes on serving: start its data "
+                     "again when it runs out (reset in act(), as ParlAI's teachers do in training), or derive it "
+                     "from FixedTeacher (setup_data()), which does")
+
 
 STOP_GRACE_S = 5.0  # seconds from a stop signal to the next safe point, past which the run stops at once
 

@@ -155,3 +155,37 @@ def test_a_torch_agent_with_train_step_named_by_m_is_one_line(tmp_path, monkeypa
     assert main(["train", "-m", "portedagent:Ported", "-tstep", "1", "--no-progress"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "Ported.train_step: accelbatch's TorchAgent never calls" in err
+
+
+@pytest.mark.timeout(60)
+def test_training_on_a_teacher_whose_data_ran_out_is_one_line(capsys):
+    """EpochDoneTeacher serves nothing once its epoch is done: -ne 2 was never reached (it hung without a word)."""
+    args = ["train", "-t", f"{ME}:EpochDoneTeacher", "-m", "repeat_label", "-bs", "1", "-veps", "-1", "--no-progress"]
+    assert main([*args, "-ne", "2"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "EpochDoneTeacher: its epoch ended (epoch_done()) and the next training " \
+        "parley served no example" in err
+    assert main([*args, "-ne", "1", "-veps", "1"]) == 2  # one epoch trained, then validated
+    err = capsys.readouterr().err
+    assert "the valid report has no such metric; it is empty: a teacher of yours reports" in err
+
+
+class WritesObservation(RecordingAgent):
+    def observe(self, observation):
+        observation["seen"] = True  # the teacher's shared message: refused
+        return super().observe(observation)
+
+
+class ChangesCandidates(RecordingAgent):
+    def observe(self, observation):
+        observation["label_candidates"].append("z")
+        return super().observe(observation)
+
+
+@pytest.mark.parametrize("agent", ["WritesObservation", "ChangesCandidates"])
+def test_changing_a_served_observation_is_one_line_naming_the_line(agent, capsys):
+    assert main(["eval", "-t", "babi:1", "-m", f"{ME}:{agent}", "-bs", "2", "--no-progress"]) == 2
+    err = capsys.readouterr().err
+    line = next(n for n, text in enumerate(open(__file__), 1) if f"class {agent}(" in text) + 2
+    assert err.count("\n") == 1 and f"observe() at test_parlai_ports.py:{line}: this " in err
+    assert "read-only" in err and "copy" in err
