@@ -41,6 +41,7 @@ from .enums import (
     CommGroupType,
     ConnectionType,
     DataLoaderMode,
+    HalfFloatCastingBehavior,
     Liveness,
     MatMulSerializationMode,
     MeanReductionStrategy,
@@ -86,7 +87,8 @@ def __getattr__(name: str) -> object:
 
 __all__ = [
     "AsynchronousDataAccessor", "AutoStage", "BeginBlock", "Block", "BlockFunction",
-    "CommGroupType", "ConfigFileError", "ConnectionType", "DataLoader", "DataLoaderMode", "Error", "ICustomArgParser",
+    "CommGroupType", "ConfigFileError", "ConnectionType", "DataLoader", "DataLoaderMode", "Error",
+    "HalfFloatCastingBehavior", "ICustomArgParser",
     "IS_EMULATOR", "Liveness", "ParallelPhasedExecution", "Phase", "PipelinedExecution", "SerialPhasedExecution",
     "ShardedExecution", "Stage", "module_repr", "removeBlocks",
     "MeanReductionStrategy", "Options", "OutputMode", "PoplarExecutor", "RecoverableError", "ReductionType",

@@ -1,12 +1,15 @@
 """Mixed float16 / float32 operands, as PopTorch runs them.
 
 PopTorch's user guide (16-bit float support): when an operation meets both ``float16`` and ``float32``
-inputs it casts them all to ``float32``, as PyTorch usually does. PyTorch does so for element-wise
-arithmetic but refuses others on the CPU (a ``float32`` input to a ``.half()`` linear layer: "mat1 and mat2
-must have the same dtype"). While a model that holds float16 parameters or buffers runs its forward pass,
-the emulator casts the float16 tensor operands of an out-of-place operation that mixes the two types to
-float32 first; the casts are differentiable, so a float16 parameter still gets a float16 gradient.
-In-place operations are left as they are (their result must keep the destination's type).
+inputs it casts them all to ``float32``, as PyTorch usually does, except that ``float32`` parameters
+(weights) meeting a ``float16`` input are used as ``float16`` (its tests/half_test.py: a float32 linear layer
+given a ``.half()`` input returns float16). PyTorch refuses such mixes on the CPU for all but element-wise
+arithmetic ("mat1 and mat2 must have the same dtype"). While a model that holds float16 parameters or buffers,
+or is given float16 inputs, runs its forward pass, the emulator casts the operands of an out-of-place
+operation that mixes the two types: to float16 where every float32 operand is a parameter, else to float32.
+The casts are differentiable, so each parameter gets a gradient of its own type. In-place operations are left
+as they are (their result must keep the destination's type). A float16 tensor made inside a model given
+none (``x.half()`` of a float32 input) is not watched: PyTorch's rules apply to it.
 
 Under automatic loss scaling the same mode also registers a gradient hook, which counts the gradients
 (:mod:`.auto_loss_scale`), on each float16 non-leaf tensor the forward pass feeds to an operation other
@@ -17,7 +20,7 @@ counted after the backward pass, the loss (an input of no operation) not at all.
 from __future__ import annotations
 
 import contextlib
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterable, Iterator
 
 import torch
 from torch.overrides import TorchFunctionMode
@@ -27,6 +30,12 @@ from torch.utils._pytree import tree_flatten, tree_map
 def _to_float(value: Any) -> Any:
     if isinstance(value, torch.Tensor) and value.dtype == torch.float16:
         return value.float()
+    return value
+
+
+def _parameter_to_half(value: Any) -> Any:
+    if isinstance(value, torch.nn.Parameter) and value.dtype == torch.float32:
+        return value.half()
     return value
 
 
@@ -62,14 +71,17 @@ class _PromoteMixedFloats(TorchFunctionMode):
                     t.register_hook(self._grad_hook)
         if self._promote and not in_place and "out" not in kwargs:
             leaves, _ = tree_flatten((args, kwargs))
-            dtypes = {t.dtype for t in leaves if isinstance(t, torch.Tensor)}
+            tensors = [t for t in leaves if isinstance(t, torch.Tensor)]
+            dtypes = {t.dtype for t in tensors}
             if torch.float16 in dtypes and torch.float32 in dtypes:
-                args, kwargs = tree_map(_to_float, (args, kwargs))
+                to_half = all(isinstance(t, torch.nn.Parameter) for t in tensors if t.dtype == torch.float32)
+                args, kwargs = tree_map(_parameter_to_half if to_half else _to_float, (args, kwargs))
         return func(*args, **kwargs)
 
 
-def has_half_state(model: torch.nn.Module) -> bool:
-    return any(t.dtype == torch.float16 for t in (*model.parameters(), *model.buffers()))
+def has_half_state(model: torch.nn.Module, inputs: Iterable[torch.Tensor] = ()) -> bool:
+    """Whether the model holds float16 parameters or buffers, or is given float16 inputs."""
+    return any(t.dtype == torch.float16 for t in (*model.parameters(), *model.buffers(), *inputs))
 
 
 @contextlib.contextmanager

@@ -46,6 +46,15 @@ class OutputMode(enum.IntEnum):
     Default = 4
 
 
+class HalfFloatCastingBehavior(enum.IntEnum):
+    """Deprecated in PopTorch 3.3, kept so that code passing it to ``Precision.halfFloatCasting`` runs: mixed
+    float16 / float32 operations are always computed in float32 (``HalfUpcastToFloat``), whatever is given."""
+
+    FloatDowncastToHalf = 0
+    HalfUpcastToFloat = 1
+    Default = 2
+
+
 class ReductionType(enum.IntEnum):
     """How gradients are reduced over accumulated micro-batches and replicas."""
 
@@ -131,6 +140,7 @@ class OverlapMode(enum.Enum):
 __all__ = [
     "AutoStage",
     "Liveness",
+    "HalfFloatCastingBehavior",
     "MatMulSerializationMode",
     "OverlapMode",
     "CommGroupType",

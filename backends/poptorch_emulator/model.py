@@ -42,7 +42,7 @@ import torch
 
 from accelbatch.streams import CallStreams
 
-from . import _device, _outputs, _structure, blocks, execution_strategy, module_state, optim
+from . import _device, _outputs, _structure, blocks, device_ops, execution_strategy, module_state, optim
 from ._inputs import ArgBinder, Batching, BoundInputs, CompiledInputs
 from ._mixed_precision import has_half_state, promoting
 from ._optim_state import to_device, to_host
@@ -112,8 +112,8 @@ class PoplarExecutor(PerfCounterMethods):
 
     # -- attributes ---------------------------------------------------------------------------------
     def __getattr__(self, attr: str) -> Any:
-        if attr.startswith("__") or attr in ("_user_model", "_model"):
-            raise AttributeError(attr)
+        if attr.startswith("__") or attr in ("_user_model", "_model") or attr in device_ops.EXECUTOR_NOT_EMULATED:
+            raise device_ops.not_emulated(f"PoplarExecutor.{attr}") if attr[0] != "_" else AttributeError(attr)
         return getattr(self._user_model, attr)
 
     def __repr__(self) -> str:
@@ -195,7 +195,7 @@ class PoplarExecutor(PerfCounterMethods):
                            "backward pass via inputs is not supported.")
         self._compiled = CompiledInputs(inputs)
         self._replicas.reset()
-        self._half_state = has_half_state(self._model)  # PopTorch's mixed-precision casts
+        self._half_state = has_half_state(self._model, inputs.tensors())  # PopTorch's mixed-precision casts
         self._modes = _device.compiled_modes(self._model)
         key = _device.cache_key(self._user_model, self._training, self._compiled.shapes(), self._options,
                                 self._optimizer)
@@ -441,10 +441,8 @@ class PoplarExecutor(PerfCounterMethods):
                 if self._loss_output is None:
                     self._loss_output = next((i for i, t in enumerate(_structure.flatten(out)) if t is loss), None)
             loss_scale = self._als.loss_scale(self._loss_scaling)
-            if loss_scale != 1.0:  # the update divides it out again (_end_of_iteration)
-                loss.backward(torch.full_like(loss, loss_scale))
-            else:
-                loss.backward(torch.ones_like(loss) if loss.dim() else None)
+            if loss.requires_grad:  # scaled: the update divides it out again; frozen parameters: nothing to train
+                loss.backward(torch.full_like(loss, loss_scale) if loss_scale != 1.0 or loss.dim() else None)
             self._als.observe(self._params())
             self._half.accumulate(self._params())
 

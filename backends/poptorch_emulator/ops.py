@@ -50,10 +50,11 @@ class _LossMark(torch.autograd.Function):
 
 def _mark(x: torch.Tensor) -> torch.Tensor:
     marked = _MARKED.get()
-    if marked is None or not isinstance(x, torch.Tensor) or not x.requires_grad:
+    if marked is None or not isinstance(x, torch.Tensor):
         return x
-    x = _LossMark.apply(x)
-    marked.append(x)
+    if x.requires_grad:
+        x = _LossMark.apply(x)
+    marked.append(x)  # one that needs no gradient too: a model whose parameters are all frozen has a loss
     return x
 
 
@@ -76,9 +77,13 @@ def finding_losses() -> Iterator[list[torch.Tensor]]:
 
 
 def final_loss(marked: list[torch.Tensor]) -> torch.Tensor:
-    """The one loss no other loss uses, by PopTorch's rule; its errors otherwise."""
+    """The one loss no other loss uses, by PopTorch's rule; its errors otherwise. Losses that need no gradient
+    count only where none does (a frozen model: the last one, which holds any others)."""
     if not marked:
         raise py_error(NO_LOSS_ERR)
+    if all(t.grad_fn is None for t in marked):
+        return marked[-1]
+    marked = [t for t in marked if t.grad_fn is not None]
     nodes = {t.grad_fn for t in marked}
     used: set[Any] = set()
     for tensor in marked:
