@@ -39,7 +39,7 @@ class LoaderWorld(World):
         super().__init__(opts, [teacher, agent])
         self.training = is_training(opts.datatype)
         collate = agent.collate_fn() if isinstance(agent, TorchAgent) else None
-        cut = _replica_cut(opts, shard, rows) if self.training and serve is None else None
+        cut = _replica_cut(opts, shard, rows, self.training) if serve is None else None
         if cut is not None:  # this replica's rows of the combined batches every replica plans
             rows, row_multiple = rows * shard[1], row_multiple * shard[1]
         self._make_loader = partial(make_loader, teacher.store, opts, collate=collate, training=self.training,
@@ -92,7 +92,7 @@ class LoaderWorld(World):
             raise OptionError(_replies_unknown(self.opts, streamed=_stages(self.agents[1])))
         ids = np.asarray(batch.ids, dtype=np.int64)
         tasks = self._tasks(ids) if self._tasks is not None else None
-        replies = self._replies(messages, batch)
+        replies = self._replies(messages, batch) if messages else []  # no rows of this replica: nothing to run
         teacher.score(replies, teacher.store.answer_ids(ids), len(messages), tasks)  # type: ignore[attr-defined]
         self._last_rows = (messages, replies)
         if self.opts.display_examples:
@@ -314,11 +314,12 @@ def _stages(agent: Agent) -> bool:
     return bool(getattr(engine, "stages", False))
 
 
-def _replica_cut(opts: Opts, shard: tuple[int, int], rows: int) -> Callable[[int], list[list[int]]] | None:
+def _replica_cut(opts: Opts, shard: tuple[int, int], rows: int,
+                 training: bool) -> Callable[[int], list[list[int]]] | None:
     """With dynamic batching, each replica process's rows of an n-row combined call (``plan.shard``'s layout),
-    so that R processes train on the batches one process plans for the combined batch; None otherwise
-    (one process, or hogwild processes: each batches its share of the episodes)."""
-    plan = ExecutionPlan.from_opts(opts, training=True)
+    so that R processes train and evaluate on the batches one process plans for the combined batch; None
+    otherwise (one process, or hogwild processes: each batches its share of the episodes)."""
+    plan = ExecutionPlan.from_opts(opts, training=training)
     count = shard[1]
     if (opts.dynamic_batching == "none" or count < 2 or rows * count != plan.combined_batch
             or plan.replication_factor != count):

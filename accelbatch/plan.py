@@ -348,7 +348,7 @@ class ExecutionPlan:
             return dict(batch)
         group = self.input_group_of(replica)
         lay = self.layout(rows)
-        if not lay.partial:
+        if not lay.partial and rows % (self.iterations * self.input_groups) == 0:  # equal micro-batches
             return {k: v.reshape(self.iterations, self.input_groups, -1, *v.shape[1:])[:, group]
                     .reshape(-1, *v.shape[1:]) for k, v in batch.items()}
         index = lay.replica_index(group)

@@ -48,7 +48,28 @@ def test_real_replicas_train_the_in_process_replicas_weights_and_counts(tmp_path
         torch.testing.assert_close(real[key], emu[key], rtol=0, atol=1e-6, msg=key)
     keys = ["steps", "epochs", "accuracy", "dropped_exs", "exs"]  # exs: also when a tail's shares differ
     assert {k: real_rep["train"].get(k) for k in keys} == {k: emu_rep["train"].get(k) for k in keys}
-    assert real_rep["valid"]["accuracy"] == emu_rep["valid"]["accuracy"]
+    # evaluation too runs the batches one process plans: each replica process planned its own share before
+    assert {k: real_rep["valid"].get(k) for k in ("accuracy", "exs", "batch_tokens", "pad_fraction")} == \
+        {k: emu_rep["valid"].get(k) for k in ("accuracy", "exs", "batch_tokens", "pad_fraction")}
     if case.startswith("buckets"):  # every example trained or counted as left out, as one process counts them
         assert emu_rep["train"]["dropped_exs"] > 0
         assert real_rep["train"]["exs"] + real_rep["train"]["dropped_exs"] == 647
+
+
+@pytest.mark.slow
+@pytest.mark.multiprocess
+@pytest.mark.timeout(400)
+@pytest.mark.parametrize("batching", ["full", "batchsort"])
+def test_replica_processes_evaluate_the_batches_one_process_plans(tmp_path, batching):
+    """full: a call whose rows for replica 1 are all padding (that replica's batch of none); batchsort: a
+    tail of 26 rows for D x R = 4 micro-batches (their rows 8, 8, 8, 2)."""
+    reports = {}
+    for device in (["--device", "cpu"], ["--device", "ipu", "--ipu-emulator"]):
+        out = tmp_path / f"{device[1]}.json"
+        assert main(["eval", "-t", "dialogues:200", "-m", "bag", "--seed", "5", "-bs", "8", "-di", "2", "-rf", "2",
+                     "-dt", "valid", "--dynamic-batching", batching, "--no-progress", *device,
+                     "--report-json", str(out)]) == 0
+        reports[device[1]] = json.loads(out.read_text())["valid"]
+    keys = ("exs", "accuracy", "f1", "batch_tokens", "pad_fraction")
+    assert {k: reports["cpu"][k] for k in keys} == {k: reports["ipu"][k] for k in keys}
+    assert reports["cpu"]["exs"] == 122 and reports["cpu"]["pad_fraction"] > 0

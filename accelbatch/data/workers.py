@@ -143,7 +143,7 @@ class BuildStep(Dataset):
         lengths = [int(self.length_fn(m)) for m in messages]
         rows = step.rows
         tensors = None
-        if self.collate is not None:
+        if self.collate is not None and messages:  # a replica's rows of an evaluation batch may all be padding
             tensors = self.collate(messages)
             padded = step.padded_len if self.static_len else None
             if rows > len(messages) or padded is not None:
