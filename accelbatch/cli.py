@@ -451,7 +451,10 @@ def train_or_eval(opts: Opts) -> dict | None:
 
     world = create_world(opts)
     main = world.runtime.topology.rank == 0
-    report = run(world, opts)
+    try:
+        report = run(world, opts)
+    finally:  # run() shuts it down once it runs; a refused run leaves it open (a library user may run it again)
+        world.shutdown()
     return report if main else None
 
 

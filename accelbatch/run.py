@@ -116,8 +116,7 @@ def run(world: World, opts: Opts) -> dict[str, Any]:
         problem = (f"-ga/--gradient-accumulation {opts.gradient_accumulation}: gradient accumulation is a training "
                    f"option and -dt {opts.datatype} trains nothing; evaluate with -ga 1")
     problem = problem or metric_names_problem(world, opts)
-    if problem is not None:
-        world.shutdown()
+    if problem is not None:  # the world stays as it was (its processes too): run it with its own opts
         raise OptionError(problem)
     check_output_paths(opts)
     if world.opts.batchsize < opts.batchsize:  # create_world fitted the batch to the data (and said so)

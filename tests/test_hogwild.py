@@ -532,3 +532,19 @@ def test_hogwild_trains_what_it_reports(tmp_path, monkeypatch, processes):
                  "--report-json", str(report)]) == 0
     trained = [int(i) for line in record.read_text().splitlines() for i in line.split()]
     assert sorted(trained) == list(range(200)) and json.loads(report.read_text())["train"]["exs"] == 200
+
+
+@pytest.mark.timeout(150)
+def test_a_refused_run_leaves_the_hogwild_world_to_run_with_its_own_opts():
+    """The refusal says "or run it with its own, opts.replace(...)": its processes were shut down by it."""
+    from accelbatch.opts import OptionError
+
+    opts = Opts(task="babi:1", model="memnn", numthreads=2, batchsize=4, max_train_steps=3, eval_splits="",
+                validation_every_n_epochs=-1, progress=False)
+    world = create_world(opts, agent=MemNNAgent)
+    try:
+        with pytest.raises(OptionError, match=r"opts.replace\(batchsize=4\)"):
+            run(world, opts.replace(batchsize=2))
+        assert run(world, opts)["train"]["exs"] == 3 * 4  # 3 steps (the processes together) of 4 rows
+    finally:
+        world.shutdown()
