@@ -6,7 +6,8 @@ faster: an ASCII text is lower-cased, split and hashed as bytes with every step 
 ``zlib.crc32``: no Python code and no lookup per word), another text's words go through a word -> id
 cache, and texts are kept whole (label candidates recur in every batch; every text recurs each epoch). Both
 caches are bounded (``max_words`` words; texts up to ``max_ids`` ids, each text also counting its own cost
-as :data:`TEXT_COST_IDS` ids, so the bound is one of memory however short the texts): past it, new entries are
+as :data:`TEXT_COST_IDS` ids and its characters as one id per :data:`CHARS_PER_ID`, so the bound is one of
+memory however short the texts, or long ones truncated to few ids): past it, new entries are
 computed every time and not stored, so an open vocabulary costs time, never unbounded memory. The ids never
 depend on the caches.
 """
@@ -23,6 +24,8 @@ _ASCII_WORD = bytes.maketrans(b".,?!;:\"'()\x1c\x1d\x1e\x1f", b" " * 14)
 MAX_WORDS = 1 << 18  # cached word ids (~120 bytes each with the word: about 30 MB at the bound)
 MAX_IDS = 1 << 22  # what the text caches hold, in ids (~13 bytes each): about 55 MB at the bound
 TEXT_COST_IDS = 10  # a cached text's own cost (its key and tuple, ~135 bytes) counted in ids
+CHARS_PER_ID = 13  # the key's characters (a byte each for ASCII) counted as ids: a conversation's history of
+# 100,000 characters truncated to 256 ids holds 100 KB, not the 3.5 KB of its ids
 
 
 def tokenize(text: str) -> list[str]:
@@ -114,7 +117,7 @@ class HashDictionary:
         return tuple(out)
 
     def _store(self, cache: dict[str, tuple[int, ...]], text: str, ids: tuple[int, ...]) -> None:
-        cost = len(ids) + TEXT_COST_IDS
+        cost = len(ids) + TEXT_COST_IDS + len(text) // CHARS_PER_ID
         if self.held_ids + cost <= self.max_ids:
             cache[text] = ids
             self.held_ids += cost

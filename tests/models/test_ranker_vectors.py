@@ -272,3 +272,20 @@ def test_the_text_caches_memory_is_bounded_however_short_the_texts(words):
     assert d.held_ids <= bound and d.cached()[1] > 0
     assert held <= 16 * bound, f"{held / bound:.0f} bytes per id of the bound; {MAX_IDS} ids would hold " \
                                f"{held / bound * MAX_IDS / 2**20:.0f} MB"
+
+
+def test_long_texts_truncated_to_few_ids_count_their_characters():
+    """A conversation's history of 130,000 characters kept as its last 256 ids counted 266 ids: at the bound
+    the caches held 100 bytes of text per id (a 2.7 MB file of long episodes took 1.6 GB)."""
+    import tracemalloc
+
+    bound = 1 << 15
+    d = HashDictionary(VOCAB, max_ids=bound)
+    history = " ".join(f"w{j}" for j in range(20000))
+    tracemalloc.start()
+    for i in range(50):
+        assert d.text_ids(f"{i} {history}", keep_last=256) == ref_ids(history)[-256:]
+    held, _ = tracemalloc.get_traced_memory()
+    tracemalloc.stop()
+    assert d.held_ids <= bound and d.cached()[1] > 0
+    assert held <= 16 * bound, f"{held / bound:.0f} bytes per id of the bound"
