@@ -47,7 +47,7 @@ import torch
 
 from accelbatch.agents import Agent
 from accelbatch.hogwild_metrics import merge_metric_states, metric_states
-from accelbatch.hogwild_passes import serve_passes
+from accelbatch.hogwild_passes import pass_share, serve_passes
 from accelbatch.opts import OptionError, Opts
 from accelbatch.procs import ChildSpec, ProcessFailure, Supervisor, raised_as
 from accelbatch.teachers import FixedTeacher, Teacher, is_training
@@ -199,7 +199,7 @@ class HogwildWorld(World):
         self._replies: list[tuple[int, Any] | None] = [None] * n
         self._prefer: set[int] = set()
         self._seq = 0
-        self._at: list[tuple[int, int, int, int] | None] = [None] * n  # plan_position of each process
+        self._at: list[tuple[Any, ...] | None] = [None] * n  # plan_position (or ShardPasses.position) of each
         self._children: Supervisor | None = None
         try:
             model = getattr(main.get_model_agent(), "model", None)
@@ -253,8 +253,7 @@ class HogwildWorld(World):
         """On a batch plan: each process's passes over its shard with the parleys released to it."""
         if not self._training or None in self._at:
             return None
-        return [p + (done + out) / max(1, steps)
-                for (p, done, steps, _), out in zip(self._at, self._outstanding)]  # type: ignore[misc]
+        return [pass_share(at, out) for at, out in zip(self._at, self._outstanding)]  # type: ignore[arg-type]
 
     def report(self) -> dict[str, float]:
         """Metrics of every process merged (sums), after the parleys released before this call."""

@@ -19,7 +19,7 @@ from accelbatch.loader_world import LoaderWorld
 from accelbatch.teachers import FixedTeacher, PassFeed, shuffles
 from accelbatch.worlds import BatchWorld, MultiWorld, World
 
-__all__ = ["ShardPasses", "serve_passes", "shard_passes"]
+__all__ = ["ShardPasses", "pass_share", "serve_passes", "shard_passes"]
 
 
 class ShardPasses(PassFeed):
@@ -49,11 +49,14 @@ class ShardPasses(PassFeed):
         else:
             super().rewind()
 
-    def position(self) -> tuple[int, int, int, int]:
+    def position(self) -> tuple[int, int, int, int, tuple[int, ...]]:
         """(pass, its steps served, its steps, the shard's examples), as ``plan_position``: a pass served is
-        the next one's step 0 (whose steps may differ: episodes of several turns)."""
+        the next one's step 0 (whose steps may differ: episodes of several turns); then the steps each row has
+        examples for, which measure a part of the pass in examples (:func:`pass_share`)."""
         self._next_pass()
-        return self.pass_no, min(self.row_steps), self.schedule.steps or 0, self.schedule.table.num_examples
+        schedule = self.schedule
+        return (self.pass_no, min(self.row_steps), schedule.steps or 0, schedule.table.num_examples,
+                tuple(schedule.row_totals or ()))
 
     def state_dict(self) -> dict[str, Any]:
         return {**super().state_dict(), "pass": self.pass_no}
@@ -63,7 +66,18 @@ class ShardPasses(PassFeed):
         super().load_state_dict(state)
 
 
-Position = Callable[[], "tuple[int, int, int, int] | None"]
+Position = Callable[[], "tuple[Any, ...] | None"]
+
+
+def pass_share(at: tuple[Any, ...], steps_on: int = 0) -> float:
+    """The passes of a position ``at`` with ``steps_on`` more steps: whole passes, then the current one's share
+    in examples where the position says how many each row serves (a row serves one example a step, so the
+    last steps, where rows have run out, hold fewer), else in steps."""
+    pass_no, done, steps, _, *totals = at
+    step = done + steps_on
+    if totals and totals[0] and step < steps:
+        return pass_no + sum(min(t, step) for t in totals[0]) / max(1, sum(totals[0]))
+    return pass_no + step / max(1, steps)
 
 
 def serve_passes(world: World) -> Position:

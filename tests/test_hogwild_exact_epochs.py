@@ -17,7 +17,7 @@ from shared_runs import shared_dir
 
 from accelbatch.data.orders import ShuffledOrder
 from accelbatch.data.schedule import EpisodeTable
-from accelbatch.hogwild_passes import ShardPasses
+from accelbatch.hogwild_passes import ShardPasses, pass_share
 from accelbatch.models.bag import BagAgent
 
 TESTS = os.path.dirname(os.path.abspath(__file__))
@@ -171,17 +171,17 @@ def test_shard_passes_serve_each_pass_in_its_epoch_order_and_restore_the_pass():
         want = order(p)
         assert sorted(seen) == list(range(5)) and seen == [want[0], want[1], want[2], want[3], want[4]]
     assert [len(s) for s in served] == [2, 2, 1, 2, 2, 1]
-    assert feed.position() == (2, 0, 3, 5)  # a pass served: the next one's step 0
+    assert feed.position()[:4] == (2, 0, 3, 5)  # a pass served: the next one's step 0
     feed = make()
     for _ in range(4):
         feed.step()
-    assert feed.position() == (1, 1, 3, 5)
+    assert feed.position()[:4] == (1, 1, 3, 5)
     restored = make()
     restored.load_state_dict(json.loads(json.dumps(feed.state_dict())))
-    assert restored.position() == (1, 1, 3, 5)
+    assert restored.position()[:4] == (1, 1, 3, 5)
     assert [int(i) for i in restored.step()[0]] == [int(i) for i in feed.step()[0]]
     restored.rewind()
-    assert restored.position() == (0, 0, 3, 5) and np.array_equal(restored.step()[0], make().step()[0])
+    assert restored.position()[:4] == (0, 0, 3, 5) and np.array_equal(restored.step()[0], make().step()[0])
 
 
 def test_shard_passes_of_episodes_of_several_turns_serve_every_turn_once_a_pass():
@@ -193,8 +193,43 @@ def test_shard_passes_of_episodes_of_several_turns_serve_every_turn_once_a_pass(
     for p in range(6):
         runs = [[int(e) for e in order(p)[row::2]] for row in (0, 1)]
         lengths = [sum(int(table.turns[e]) for e in run) for run in runs]
-        assert feed.position() == (p, 0, max(lengths), 8)
+        assert feed.position()[:4] == (p, 0, max(lengths), 8)
         steps = [[int(i) for i in feed.step()[0]] for _ in range(max(lengths))]
         for row, run in enumerate(runs):
             want = [int(table.first[e]) + t for e in run for t in range(int(table.turns[e]))]
             assert [s[row] for s in steps] == want + [-1] * (max(lengths) - len(want))
+
+
+def test_a_part_of_a_pass_is_measured_in_the_examples_served():
+    """Rows serving episodes of several turns run out at different steps, so the last steps hold fewer
+    examples: -ne 0.5 with -nt 2 trained 124 of 205 examples (0.605 epochs) where one process trains 104. The
+    share at each step, and with steps released but not served yet, is the examples served over the pass's."""
+    table = EpisodeTable.of_lengths([3, 1, 2, 1, 1, 4, 2, 1, 3])
+    feed = ShardPasses(table, 3, ShuffledOrder(9, seed=2), pad=-1, gather=lambda block: (block,))
+    start = feed.position()
+    steps, served = start[2], 0
+    assert start[3] == 18 and steps > 18 / 3  # rows of unequal lengths
+    for k in range(steps):
+        at = feed.position()
+        assert pass_share(at) == pytest.approx(served / 18) == pytest.approx(pass_share(start, k))
+        served += sum(1 for i in feed.step()[0] if i >= 0)
+    assert served == 18 and pass_share(feed.position()) == 1.0 == pass_share(start, steps)
+    assert pass_share((0, 2, 4, 8)) == 0.5  # a position without the rows' lengths: measured in steps
+
+
+@pytest.mark.multiprocess
+@pytest.mark.slow
+@pytest.mark.timeout(180)
+def test_half_an_epoch_of_episodes_of_several_turns_is_half_the_examples(tmp_path):
+    from accelbatch.cli import main
+
+    turns = [1 + e % 3 for e in range(103)]  # 205 examples
+    data = tmp_path / "train.txt"
+    data.write_text("".join(f"text:e{e} t{t}\tlabels:l{t % 3}\tlabel_candidates:l0|l1|l2\tepisode_done:{t == n - 1}\n"
+                            for e, n in enumerate(turns) for t in range(n)))
+    report = tmp_path / "report.json"
+    assert main(["train", "-t", f"parlai:{data}", "-m", "bag", "-nt", "2", "-bs", "4", "-ne", "0.5", "--no-progress",
+                 "--eval-splits", "", "--report-json", str(report)]) == 0
+    train = json.loads(report.read_text())["train"]
+    assert abs(train["exs"] - 205 / 2) <= 2 * 4  # each process within a step of its half (it was 124)
+    assert train["epochs"] == pytest.approx(train["exs"] / 205, abs=1e-3)
