@@ -10,8 +10,10 @@ few thousand rows at a time, each distinct pair once, weighted by how often it o
 from __future__ import annotations
 
 import math
+import operator
 import re
 import string
+import sys
 from collections import Counter
 from dataclasses import dataclass, field
 from functools import lru_cache
@@ -33,6 +35,7 @@ from accelbatch.report_merge import (  # noqa: F401
     report_weights,
 )
 
+REPLY_METRICS = "metrics"  # ParlAI's local metrics in a reply (not read: see Metrics._tell_reply_metrics)
 _ARTICLES = re.compile(r"\b(a|an|the)\b")
 _PUNCT = str.maketrans(string.punctuation, " " * len(string.punctuation))  # as ParlAI: a space
 
@@ -269,6 +272,7 @@ class Metrics:
     _f1_rows: Counter = field(default_factory=Counter, repr=False, compare=False)  # add_batch's, not yet summed
     _bleu_rows: Counter = field(default_factory=Counter, repr=False, compare=False)
     _own: AnswerTable = field(default_factory=AnswerTable, repr=False, compare=False)
+    _told_reply_metrics: bool = field(default=False, repr=False, compare=False)
 
     def add_rows(self, predictions: Sequence[str | None], answers: Sequence[tuple[str, ...] | None],
                  examples: int) -> None:
@@ -283,9 +287,19 @@ class Metrics:
         ``i``'s prediction is ``replies[i].get("text")``."""
         try:  # each reply's text, dict.get mapped in C
             texts = list(map(dict.get, replies, repeat(TEXT, len(replies))))
+            if not self._told_reply_metrics and any(map(operator.contains, replies, repeat(REPLY_METRICS))):
+                self._tell_reply_metrics(replies)
         except TypeError:  # a reply that is not a dict: read it the slow way
             texts = [r.get(TEXT) for r in replies]
         self._keep(texts, answer_ids, table, examples)
+
+    def _tell_reply_metrics(self, replies: Sequence[dict]) -> None:
+        """Say once that replies carry ParlAI's local metrics, which the report does not hold."""
+        self._told_reply_metrics = True
+        names = sorted({str(k) for r in replies if isinstance(r.get(REPLY_METRICS), dict) for k in r[REPLY_METRICS]})
+        print(f"accelbatch: the model's replies carry 'metrics' ({', '.join(names) or 'not a dict'}), which "
+              "accelbatch's teachers do not average into the report (ParlAI's do): report them from the agent's "
+              "report(), which the world's report includes", file=sys.stderr)
 
     def _keep(self, predictions: list[str | None], ids: Sequence[int], table: AnswerTable, examples: int) -> None:
         if table is not self._table:

@@ -189,3 +189,21 @@ def test_changing_a_served_observation_is_one_line_naming_the_line(agent, capsys
     line = next(n for n, text in enumerate(open(__file__), 1) if f"class {agent}(" in text) + 2
     assert err.count("\n") == 1 and f"observe() at test_parlai_ports.py:{line}: this " in err
     assert "read-only" in err and "copy" in err
+
+
+class RepliesWithMetrics(RecordingAgent):
+    """ParlAI's local metrics: a 'metrics' dict in each reply, which ParlAI's teacher averages."""
+
+    def act(self):
+        return Message(super().act(), metrics={"my_metric": 0.5})
+
+
+@pytest.mark.parametrize("agent", [RepliesWithMetrics, RecordingAgent])
+def test_replies_carrying_parlai_local_metrics_are_told_once(agent, capsys):
+    """They were dropped without a word: the report has no my_metric."""
+    opts = ab.Opts(datatype="valid", batchsize=2)
+    world = BatchWorld(opts, DialogPartnerWorld(opts, [list_teacher([1, 2, 1])(opts), agent(opts)]), 2)
+    report = evaluate(world)
+    told = capsys.readouterr().err.count("the model's replies carry 'metrics' (my_metric)")
+    assert report["exs"] == 4 and "my_metric" not in report
+    assert told == (1 if agent is RepliesWithMetrics else 0)
