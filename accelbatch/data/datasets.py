@@ -25,7 +25,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from accelbatch.data.schedule import EpisodeTable
-from accelbatch.data.squash import AwaitsReply, awaits_reply, histories, keeps_answers
+from accelbatch.data.squash import AwaitsReply, awaits_reply, each_history, history_of, keeps_answers
 from accelbatch.messages import EPISODE_DONE, EVAL_LABELS, ID, LABEL_CANDIDATES, LABELS, TEXT, FrozenMessage, Message
 from accelbatch.metrics import AnswerTable
 from accelbatch.tasks.files import DataFileError, FileIndex, episode_at
@@ -191,15 +191,14 @@ class Store:
     def observations(self, indices: Sequence[int], context_length: int, include_labels: bool) -> list[Message]:
         """Each example as ``TorchAgent.observe`` leaves it: a changeable copy with ``full_text``."""
         episodes, turns = self.locate(np.asarray(indices, dtype=np.int64))
-        cache: dict[int, tuple[list[FrozenMessage], list[str]]] = {}
+        cache: dict[int, list[FrozenMessage]] = {}
         out = []
         for e, t in zip(episodes.tolist(), turns.tolist()):
-            got = cache.get(e)
-            if got is None:
-                turns_ = self.episode(e)
-                got = cache[e] = (turns_, histories(turns_, context_length, include_labels))
-            obs = Message(got[0][t])
-            obs["full_text"] = got[1][t]
+            episode = cache.get(e)
+            if episode is None:
+                episode = cache[e] = self.episode(e)
+            obs = Message(episode[t])
+            obs["full_text"] = history_of(episode, t, context_length, include_labels)  # not every turn's
             out.append(obs)
         return out
 
@@ -215,7 +214,7 @@ class Store:
             first = int(self.table.first[e])
             if check and any(map(awaits_reply, turns[:-1])):
                 raise AwaitsReply(f"episode {e}")
-            for t, text in enumerate(histories(turns, context_length, include_labels)):
+            for t, text in enumerate(each_history(turns, context_length, include_labels)):  # one held at a time
                 obs = Message(turns[t])
                 obs["full_text"] = text
                 out[first + t] = int(length_fn(obs))

@@ -68,19 +68,41 @@ def replies_not_returned(opts: Any) -> str:
 def histories(episode: Sequence[Message], context_length: int = -1, include_labels: bool = True,
               delimiter: str = DELIMITER) -> list[str]:
     """The squashed text of each turn of ``episode``: the recent history ending with the turn's own text."""
+    return list(each_history(episode, context_length, include_labels, delimiter))
+
+
+def each_history(episode: Sequence[Message], context_length: int = -1, include_labels: bool = True,
+                 delimiter: str = DELIMITER) -> Iterator[str]:
+    """:func:`histories` one at a time: an episode of T turns holds histories of O(T^2) characters in all."""
     check_context_length(context_length)
     history: deque[str] = deque(maxlen=None if context_length == -1 else context_length)
-    out: list[str] = []
     for turn in episode:
         text = turn.get(TEXT)
         if text is not None and text != "":
             history.append(text)
-        out.append(delimiter.join(history))
+        yield delimiter.join(history)
         if include_labels:
             answers = turn.get(LABELS) or turn.get(EVAL_LABELS)
             if answers:  # its first label, "" included
                 history.append(answers[0])
-    return out
+
+
+def history_of(episode: Sequence[Message], turn: int, context_length: int = -1, include_labels: bool = True,
+               delimiter: str = DELIMITER) -> str:
+    """``histories(episode, ...)[turn]`` without the other turns' (a batch's rows from long episodes)."""
+    check_context_length(context_length)
+    keep = None if context_length == -1 else context_length
+    recent: deque[str] = deque(maxlen=keep)
+    for earlier in episode[:turn]:
+        text = earlier.get(TEXT)
+        if text is not None and text != "":
+            recent.append(text)
+        if include_labels and (answers := earlier.get(LABELS) or earlier.get(EVAL_LABELS)):
+            recent.append(answers[0])
+    text = episode[turn].get(TEXT)
+    if text is not None and text != "":
+        recent.append(text)
+    return delimiter.join(recent)
 
 
 def squash_episode(episode: Sequence[Message], context_length: int = -1, include_labels: bool = True,

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
-from accelbatch.data.squash import squash_episode, squash_episodes
+from accelbatch.data.squash import each_history, histories, history_of, squash_episode, squash_episodes
 from accelbatch.messages import Message
 
 
@@ -67,3 +69,33 @@ def test_stream_of_episodes_is_lazy():
 def test_bad_context_length_names_the_option(bad):
     with pytest.raises(ValueError, match="--context-length"):
         squash_episode(episode(), context_length=bad)
+
+
+@given(st.lists(st.tuples(st.sampled_from(["", "a", "b c", None]), st.sampled_from([None, [], [""], ["y"]]),
+                          st.booleans()), min_size=1, max_size=8),
+       st.sampled_from([-1, 1, 2, 3]), st.booleans())
+def test_one_turns_history_is_that_of_the_whole_episode(turns, context_length, include_labels):
+    """history_of (a batch's rows of long episodes) and each_history (their lengths, one at a time) give what
+    histories gives, empty texts and labels and eval_labels included."""
+    episode = [Message({k: v for k, v in (("text", text), ("labels" if train else "eval_labels", labels))
+                        if v is not None}) for text, labels, train in turns]
+    whole = histories(episode, context_length, include_labels)
+    assert list(each_history(episode, context_length, include_labels)) == whole
+    assert [history_of(episode, t, context_length, include_labels) for t in range(len(episode))] == whole
+
+
+def test_the_lengths_of_a_long_episode_hold_one_history_at_a_time():
+    """Store.lengths built every turn's history of an episode at once: 893 MB for one of 4000 turns."""
+    import tracemalloc
+
+    from accelbatch.data.datasets import EpisodeStore
+
+    turns = 1500
+    store = EpisodeStore([[{"text": f"turn {t} " + "word " * 8, "labels": ["yes"], "episode_done": t == turns - 1}
+                           for t in range(turns)]], "teacher", training=False)
+    tracemalloc.start()
+    lengths = store.lengths(lambda obs: len(obs["full_text"]), -1, True)
+    _, peak = tracemalloc.get_traced_memory()
+    tracemalloc.stop()
+    assert lengths[turns - 1] == len(history_of(store.episode(0), turns - 1))
+    assert peak < 4 * lengths[turns - 1] + (1 << 20), f"{peak / 2**20:.1f} MB"  # all turns': 60 MB
