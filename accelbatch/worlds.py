@@ -22,6 +22,7 @@ from itertools import repeat
 from time import perf_counter
 from typing import Any, Sequence
 
+from accelbatch.agent_checks import from_shared, shared_of
 from accelbatch.agents import Agent
 from accelbatch.messages import (
     TEXT,
@@ -45,9 +46,10 @@ _consume = partial(deque, maxlen=0)  # runs an iterator to its end in C
 class World:
     """Base world: a list of agents taking turns."""
 
-    def __init__(self, opts: Opts, agents: Sequence[Agent] = ()):
+    def __init__(self, opts: Opts, agents: Sequence[Agent] | None = (), shared: dict[str, Any] | None = None):
+        """ParlAI's signature: without ``agents``, ``shared`` (another world's :meth:`share`) gives their clones."""
         self.opts = opts
-        self.agents = list(agents)
+        self.agents = list(agents or ()) or [from_shared(s) for s in (shared or {}).get("agents", ())]
         self.acts: list[Message | None] = [None] * len(self.agents)
         self.total_exs = 0  # examples (non-padding teacher turns) parleyed so far
         self.total_parleys = 0  # parley() calls so far
@@ -120,6 +122,10 @@ class World:
 
     def clone(self) -> "World":
         return type(self)(self.opts, [a.clone() for a in self.agents])
+
+    def share(self) -> dict[str, Any]:
+        """ParlAI's: what ``World(opts, None, shared)`` builds a copy from (each agent's share())."""
+        return {"world_class": type(self), "opts": self.opts, "agents": [shared_of(a) for a in self.agents]}
 
     def epoch_done(self) -> bool:
         return any(getattr(a, "epoch_done", lambda: False)() for a in self.agents)

@@ -207,3 +207,29 @@ def test_replies_carrying_parlai_local_metrics_are_told_once(agent, capsys):
     told = capsys.readouterr().err.count("the model's replies carry 'metrics' (my_metric)")
     assert report["exs"] == 4 and "my_metric" not in report
     assert told == (1 if agent is RepliesWithMetrics else 0)
+
+
+class PortedWorld(World):
+    """ParlAI's world signature, World(opt, agents=None, shared=None), passed on to the base class."""
+
+    def __init__(self, opt, agents=None, shared=None):
+        super().__init__(opt, agents, shared)
+
+    def parley(self):
+        teacher, model = self.agents
+        self.acts[0] = teacher.act()
+        model.observe(self.acts[0])
+        self.acts[1] = model.act()
+        teacher.observe(self.acts[1])
+        self.update_counters()
+
+
+def test_a_world_takes_parlais_signature_and_is_copied_from_its_share():
+    """super().__init__(opt, agents, shared) was a TypeError (4 positional arguments)."""
+    opts = ab.Opts(datatype="valid", batchsize=1)
+    world = PortedWorld(opts, [list_teacher([2, 1])(opts), RecordingAgent(opts)])
+    shared = world.share()
+    copy = shared["world_class"](opts, None, shared)
+    assert type(copy) is PortedWorld and [type(a) for a in copy.agents] == [type(a) for a in world.agents]
+    assert copy.agents[1] is not world.agents[1]  # a clone: its own conversation state
+    assert evaluate(copy)["exs"] == evaluate(world)["exs"] == 3
