@@ -36,6 +36,7 @@ from accelbatch.run_control import (
     PeriodicSaver,
     StopSignals,
     check_output_paths,
+    lock_model_file,
     refuse_spent_data,
     steps_together,
 )
@@ -132,7 +133,7 @@ def run(world: World, opts: Opts) -> dict[str, Any]:
     worlds_made = ExitStack()  # the worlds a training run builds (validation): shut down however it ends
     try:
         if is_training(opts.datatype):
-            lock = ModelFileLock(opts.model_file) if main and opts.model_file else None
+            lock = lock_model_file(opts.model_file, main, backend.decide) if opts.model_file else None
             then = "saving a checkpoint after this step, then stopping" if opts.model_file else \
                 "stopping after this step; nothing is saved (no --model-file)"
             with StopSignals(announce=main, then=then) as stop:

@@ -296,3 +296,22 @@ def _still_named(handle: Any, path: str) -> bool:
         return False
     held = os.fstat(handle.fileno())
     return (held.st_dev, held.st_ino) == (named.st_dev, named.st_ino)
+
+
+def lock_model_file(model_file: str, main: bool, decide: Callable[..., tuple[bool, ...]]) -> ModelFileLock | None:
+    """The lock of a training run's ``-mf`` (:class:`ModelFileLock`), taken by rank 0; every replica learns
+    whether it could (``decide``: one all-reduce), so that a refusal ends them all at once: the others would
+    wait for rank 0 in their first collective until the group's timeout (replicas started by torchrun)."""
+    from accelbatch.opts import OptionError  # (opts imports this module)
+
+    lock, refused = None, None
+    if main and model_file:
+        try:
+            lock = ModelFileLock(model_file)
+        except OptionError as exc:
+            refused = exc
+    if decide(refused is not None)[0]:
+        raise refused or OptionError(f"-mf/--model-file {model_file}: replica 0 could not take the model file's "
+                                     "lock (another training run is writing it): see replica 0's message")
+    return lock
+

@@ -191,3 +191,35 @@ def test_the_metrics_logs_train_windows_hold_every_replicas_rows(tmp_path):
     assert sum(w["exs"] for w in windows) == train["exs"] == 6 * 2 * 2
     merged_loss = sum(w["loss"] * w["exs"] for w in windows) / train["exs"]
     assert merged_loss == pytest.approx(train["loss"], rel=1e-6)
+
+
+@pytest.mark.slow
+@pytest.mark.multiprocess
+@pytest.mark.timeout(300)
+def test_torchrun_replicas_stop_together_when_another_run_holds_the_model_file(tmp_path):
+    """Rank 0 alone was refused the -mf lock; rank 1 waited in its first collective for the group's timeout,
+    then printed gloo's traceback."""
+    import os
+    import subprocess
+    import sys
+
+    from accelbatch.backends.distributed import find_free_port
+
+    from accelbatch.run_control import ModelFileLock
+
+    torchrun = os.path.join(os.path.dirname(sys.executable), "torchrun")
+    if not os.path.exists(torchrun):
+        pytest.skip("torchrun is not installed next to this python")
+    held = ModelFileLock(str(tmp_path / "m.pt"))  # another training run's
+    try:
+        done = subprocess.run([torchrun, "--nproc-per-node", "2", "--master-port", str(find_free_port()), "-m",
+                               "accelbatch", "train", "-t", "babi:1", "-m", "memnn", "-tstep", "4", "-rf", "2",
+                               "--no-progress", "--device", "cpu", "--replica-timeout-s", "120",
+                               "-mf", str(tmp_path / "m.pt")],
+                              capture_output=True, text=True, timeout=240, env=dict(os.environ, OMP_NUM_THREADS="1"))
+    finally:
+        held.release()
+    assert done.returncode != 0
+    assert "another training run" in done.stderr and "is writing it now" in done.stderr, done.stderr[-3000:]
+    # torchrun's own traceback (ChildFailedError) only: no replica's gloo error
+    assert done.stderr.count("Traceback") <= 1 and "gloo" not in done.stderr, done.stderr[-3000:]
