@@ -124,9 +124,10 @@ def run_script(main: Callable[[list[str]], Any], argv: Sequence[str] | None = No
 def error_message(exc: BaseException) -> tuple[int, str] | None:
     """(exit code, message) for an error the user can act on, told by its type: 2 and the error's own one
     line for bad input wherever it was met (this process, a data worker, a replica, a hogwild process); 1 for
-    another process's failure (:class:`~accelbatch.procs.ProcessFailure`, its traceback once) or a NaN
-    loss; None for anything else (a bug, which keeps its traceback)."""
+    another process's failure (:class:`~accelbatch.procs.ProcessFailure`, its traceback once), a NaN loss or a
+    torchrun replica's lost peer; None for anything else (a bug, which keeps its traceback)."""
     from accelbatch.backends.base import NonFiniteLoss
+    from accelbatch.backends.distributed import lost_peer
 
     bad_input = bad_input_message(exc)
     if bad_input is not None:
@@ -138,7 +139,7 @@ def error_message(exc: BaseException) -> tuple[int, str] | None:
         return 1, failure.error_message  # a replica's NaN loss: its one line, as in a single process
     if failure is not None:
         return 1, str(failure)
-    return (1, str(exc)) if isinstance(exc, NonFiniteLoss) else None
+    return (1, str(exc)) if isinstance(exc, NonFiniteLoss) else (1, lost) if (lost := lost_peer(exc)) else None
 
 
 def bad_input_message(exc: BaseException) -> str | None:

@@ -401,10 +401,21 @@ def _aborted_waiting_error(replicas: Supervisor, stuck: list[int], aborted: int,
     return error
 
 
+def lost_peer(exc: BaseException) -> str | None:
+    """The one line for a collective of a replica started by torchrun that failed because another replica went
+    away (gloo: "Connection closed/reset by peer"): the traceback would only show where this one waited, and
+    torchrun's summary names the replica that failed. None for any other error (a bug keeps its traceback)."""
+    info = env_info()
+    if info is None or info.world_size < 2 or not isinstance(exc, RuntimeError) or not _PEER_LOST.search(str(exc)):
+        return None
+    return (f"replica {info.rank} of {info.world_size}: another replica went away during a collective (it failed "
+            f"or was killed; torchrun's summary names it): {str(exc).strip().splitlines()[0]}")
+
+
 def _last_line(trace: str) -> str:
     lines = trace.strip().splitlines()
     return lines[-1] if lines else "?"
 
 
 __all__ = ["DistInfo", "env_info", "find_free_port", "init_from_env", "is_initialized", "is_main_process",
-           "rank", "shutdown", "spawn_replicas", "world_size"]
+           "lost_peer", "rank", "shutdown", "spawn_replicas", "world_size"]

@@ -223,3 +223,19 @@ def test_torchrun_replicas_stop_together_when_another_run_holds_the_model_file(t
     assert "another training run" in done.stderr and "is writing it now" in done.stderr, done.stderr[-3000:]
     # torchrun's own traceback (ChildFailedError) only: no replica's gloo error
     assert done.stderr.count("Traceback") <= 1 and "gloo" not in done.stderr, done.stderr[-3000:]
+
+
+def test_a_torchrun_replica_whose_peer_went_away_says_so_in_one_line(monkeypatch):
+    """The survivor of a killed torchrun replica printed gloo's 30-line traceback of its own wait."""
+    from accelbatch.cli import error_message
+
+    gloo = RuntimeError("[../third_party/gloo/gloo/transport/tcp/pair.cc:537] Read error [127.0.0.1]:41234: "
+                        "Connection reset by peer\nException raised from ... (most recent call first):")
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    code, line = error_message(gloo)
+    assert code == 1 and line.startswith("replica 0 of 2: another replica went away during a collective")
+    assert line.endswith("Connection reset by peer") and "\n" not in line
+    assert error_message(RuntimeError("shape mismatch")) is None  # a bug keeps its traceback
+    monkeypatch.delenv("RANK")
+    assert error_message(gloo) is None  # not a torchrun replica: accelbatch's own supervisor names the lost one
