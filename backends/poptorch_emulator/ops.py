@@ -48,26 +48,36 @@ class _LossMark(torch.autograd.Function):
         return grad
 
 
-def _mark(x: torch.Tensor) -> torch.Tensor:
+class _Losses(list):
+    """The losses marked, and the tensors each was computed from: a loss needing no gradient (a model whose
+    parameters are all frozen) has no autograd graph to say which loss feeds which."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.sources: list[Any] = []
+
+
+def _mark(x: torch.Tensor, sources: Any = ()) -> torch.Tensor:
     marked = _MARKED.get()
     if marked is None or not isinstance(x, torch.Tensor):
         return x
     if x.requires_grad:
         x = _LossMark.apply(x)
-    marked.append(x)  # one that needs no gradient too: a model whose parameters are all frozen has a loss
+    marked.append(x)  # one that needs no gradient too: a frozen model has a loss
+    marked.sources.extend(sources)
     return x
 
 
 class _MarkTorchLosses(TorchFunctionMode):
     def __torch_function__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
         out = func(*args, **(kwargs or {}))
-        return _mark(out) if func in _TORCH_LOSSES else out
+        return _mark(out, (*args, *(kwargs or {}).values())) if func in _TORCH_LOSSES else out
 
 
 @contextlib.contextmanager
 def finding_losses() -> Iterator[list[torch.Tensor]]:
     """Within: every torch loss and identity_loss computed is marked and listed (see :func:`final_loss`)."""
-    marked: list[torch.Tensor] = []
+    marked = _Losses()
     token = _MARKED.set(marked)
     try:
         with _MarkTorchLosses():
@@ -78,11 +88,15 @@ def finding_losses() -> Iterator[list[torch.Tensor]]:
 
 def final_loss(marked: list[torch.Tensor]) -> torch.Tensor:
     """The one loss no other loss uses, by PopTorch's rule; its errors otherwise. Losses that need no gradient
-    count only where none does (a frozen model: the last one, which holds any others)."""
+    count only where none does (a frozen model), a loss feeding another when it is one of its arguments."""
     if not marked:
         raise py_error(NO_LOSS_ERR)
     if all(t.grad_fn is None for t in marked):
-        return marked[-1]
+        fed = {id(s) for s in getattr(marked, "sources", ())}
+        final = [t for t in marked if id(t) not in fed]
+        if len(final) != 1:
+            raise py_error(MULTIPLE_LOSSES_ERR)
+        return final[0]
     marked = [t for t in marked if t.grad_fn is not None]
     nodes = {t.grad_fn for t in marked}
     used: set[Any] = set()
@@ -112,6 +126,7 @@ def identity_loss(x: torch.Tensor, reduction: str) -> torch.Tensor:
     ``reduction`` is ``"sum"``, ``"mean"`` or ``"none"``; anything else is an ``AssertionError`` with
     PopTorch's text. A loss it wraps (a torch loss, or another identity_loss) is then not a final loss.
     """
+    given = x
     if reduction == "sum":
         x = x.sum()
     elif reduction == "mean":
@@ -120,7 +135,7 @@ def identity_loss(x: torch.Tensor, reduction: str) -> torch.Tensor:
         raise AssertionError("Unsupported reduction type!")
     else:
         x = x.clone() if x.requires_grad else x  # PopTorch returns a new tensor even when nothing is reduced
-    return _mark(x)
+    return _mark(x, (given,))
 
 
 def isRunningOnIpu() -> bool:

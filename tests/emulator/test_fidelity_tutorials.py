@@ -122,3 +122,34 @@ def test_training_a_float32_model_on_float16_data_updates_its_float32_weights():
     assert out.dtype == torch.float16 and torch.equal(out, reference.detach())
     assert model.linear.weight.dtype == torch.float32
     assert torch.allclose(model.linear.weight, weight.detach() - 0.1 * weight.grad)
+
+
+class FrozenLosses(torch.nn.Module):
+    def __init__(self, wrapped: bool):
+        super().__init__()
+        self.a, self.b, self.wrapped = torch.nn.Linear(4, 4), torch.nn.Linear(4, 4), wrapped
+
+    def forward(self, x, y):
+        first = torch.nn.functional.mse_loss(self.a(x), y)
+        if self.wrapped:  # the final loss wraps the other: found as with gradients
+            return poptorch.identity_loss(first, reduction="mean")
+        return first, torch.nn.functional.l1_loss(self.b(x), y)
+
+
+@pytest.mark.parametrize("frozen", [False, True])
+def test_a_frozen_model_finds_its_loss_by_the_same_rule(frozen):
+    """Two independent losses are PopTorch's error whether the parameters train or not (frozen, the emulator
+    took the last one); a loss wrapped in identity_loss is not final."""
+    for wrapped in (False, True):
+        torch.manual_seed(0)
+        model = FrozenLosses(wrapped)
+        for p in model.parameters():
+            p.requires_grad = not frozen
+        trainer = poptorch.trainingModel(model, optimizer=torch.optim.SGD(model.parameters(), lr=0.1))
+        x, y = torch.randn(2, 4), torch.randn(2, 4)
+        if wrapped:  # the loss of the weights before the update
+            expected = torch.nn.functional.mse_loss(model.a(x), y).detach()
+            assert torch.allclose(trainer(x, y), expected)
+        else:
+            with pytest.raises(poptorch.Error, match="Multiple independent losses found in graph"):
+                trainer(x, y)
