@@ -34,10 +34,10 @@ from accelbatch.report_table import MetricsLog
 from accelbatch.run_control import (
     ModelFileLock,
     PeriodicSaver,
+    SpentData,
     StopSignals,
     check_output_paths,
     lock_model_file,
-    refuse_spent_data,
     steps_together,
 )
 from accelbatch.start_method import keeps_default_start_method
@@ -196,7 +196,7 @@ def _world_problem(world: World, opts: Opts) -> str | None:
 def _train(world: World, opts: Opts, log: MetricsLog, runtime: Runtime, stop: StopSignals,
            worlds_made: ExitStack) -> dict[str, Any]:
     backend = runtime.backend
-    state = TrainState(judged_by=f"{opts.validation_metric} {metric_mode(opts)}")
+    state, spent = TrainState(judged_by=f"{opts.validation_metric} {metric_mode(opts)}"), SpentData()
     model = world.get_model_agent()
     worlds_made.enter_context(steps_together(model, True))  # replicas train or evaluate a call together
     main = backend.is_main_process()
@@ -351,8 +351,7 @@ def _train(world: World, opts: Opts, log: MetricsLog, runtime: Runtime, stop: St
                   "(get_total_exs() stays 0), and only counted examples reach -ne/--num-epochs: call "
                   "self.update_counters() at the end of parley(), as ParlAI's worlds do", file=sys.stderr)
         new_exs, state.exs = total - state.exs, total
-        if not new_exs:
-            refuse_spent_data(world)
+        spent.parleyed(world, new_exs, total)
         window_exs += new_exs
         if bar is not None:
             bar.update(new_exs)

@@ -1,7 +1,7 @@
 """When a run saves and stops: :class:`PeriodicSaver` (``--save-every-n-secs``) and :class:`StopSignals`
 (SIGINT/SIGTERM become a flag the run loop checks between world steps, with a deadline); what it may write:
 :func:`check_output_paths`, and :class:`ModelFileLock` (one training run at a time per ``-mf``); whether
-replicas step together (:func:`steps_together`); a training world whose data ran out (:func:`refuse_spent_data`)."""
+replicas step together (:func:`steps_together`); a training world whose data ran out (:class:`SpentData`)."""
 
 from __future__ import annotations
 
@@ -17,20 +17,30 @@ import time
 from contextlib import contextmanager, suppress
 from typing import Any, Callable, Iterator, Sequence
 
+SPENT_PARLEYS = 1000  # training parleys in a row that counted nothing, after which a done world is refused
 
-def refuse_spent_data(world: Any) -> None:
-    """Called when a training parley counted no example: a world whose epoch is done (a teacher of yours that set
-    ``epochDone`` and serves nothing more) would parley for ever without reaching -ne; refused in one line."""
-    if not world.epoch_done():
-        return
-    from accelbatch.messages import ReplyError  # the user's teacher broke its contract: exit 2, as an agent's
 
-    task = getattr(world, "get_task_agent", lambda: None)()
-    name = type(task if task is not None else world).__name__
-    raise ReplyError(f"{name}: its epoch ended (epoch_done()) and the next training parley served no example, "
-                     "so training would never reach -ne/-tstep; a training teacher goes on serving: start its data "
-                     "again when it runs out (reset in act(), as ParlAI's teachers do in training), or derive it "
-                     "from FixedTeacher (setup_data()), which does")
+class SpentData:
+    """Refuses a training world whose data ran out: its epoch is done (a teacher of yours that set ``epochDone``
+    and serves nothing more) and :data:`SPENT_PARLEYS` parleys in a row counted no example, though it counted
+    some before (a world that counts nothing at all is told by run() instead); it would parley for ever
+    without reaching -ne. Many parleys, not one: a world of yours may count an episode's examples at its end."""
+
+    def __init__(self) -> None:
+        self.idle = 0
+
+    def parleyed(self, world: Any, new_exs: int, total: int) -> None:
+        self.idle = 0 if new_exs else self.idle + 1
+        if self.idle < SPENT_PARLEYS or not total or not world.epoch_done():
+            return
+        from accelbatch.messages import ReplyError  # the user's teacher broke its contract: exit 2, as an agent's
+
+        task = getattr(world, "get_task_agent", lambda: None)()
+        name = type(task if task is not None else world).__name__
+        raise ReplyError(f"{name}: its epoch ended (epoch_done()) and the {self.idle} training parleys since served "
+                         "no example, so training would never reach -ne/-tstep; a training teacher goes on "
+                         "serving: start its data again when it runs out (reset in act(), as ParlAI's teachers do "
+                         "in training), or derive it from FixedTeacher (setup_data()), which does")
 
 
 STOP_GRACE_S = 5.0  # seconds from a stop signal to the next safe point, past which the run stops at once

@@ -163,8 +163,8 @@ def test_training_on_a_teacher_whose_data_ran_out_is_one_line(capsys):
     args = ["train", "-t", f"{ME}:EpochDoneTeacher", "-m", "repeat_label", "-bs", "1", "-veps", "-1", "--no-progress"]
     assert main([*args, "-ne", "2"]) == 2
     err = capsys.readouterr().err
-    assert err.count("\n") == 1 and "EpochDoneTeacher: its epoch ended (epoch_done()) and the next training " \
-        "parley served no example" in err
+    assert err.count("\n") == 1 and "EpochDoneTeacher: its epoch ended (epoch_done()) and the 1000 training " \
+        "parleys since served no example" in err
     assert main([*args, "-ne", "1", "-veps", "1"]) == 2  # one epoch trained, then validated
     err = capsys.readouterr().err
     assert "the valid report has no such metric; it is empty: a teacher of yours reports" in err
@@ -233,3 +233,31 @@ def test_a_world_takes_parlais_signature_and_is_copied_from_its_share():
     assert type(copy) is PortedWorld and [type(a) for a in copy.agents] == [type(a) for a in world.agents]
     assert copy.agents[1] is not world.agents[1]  # a clone: its own conversation state
     assert evaluate(copy)["exs"] == evaluate(world)["exs"] == 3
+
+
+class CyclingTeacher(ab.Teacher):
+    """ParlAI's way in training: it loops, setting epochDone on each pass's last example only."""
+
+    def __init__(self, opts, shared=None):
+        super().__init__(opts, shared)
+        self.served = 0
+
+    def num_examples(self):
+        return len(DATA)
+
+    def act(self):
+        text, label = DATA[self.served % len(DATA)]
+        self.served += 1
+        self.epochDone = self.served % len(DATA) == 0
+        return Message(text=text, labels=[label], episode_done=True)
+
+
+@pytest.mark.timeout(60)
+def test_a_world_that_counts_nothing_is_told_not_refused_when_its_teacher_ends_a_pass(capsys):
+    """A reviewer's find: the spent-data refusal fired at the first parley after a pass's last example, for a
+    world that counts nothing (run() tells it to call update_counters()), naming a teacher still serving."""
+    opts = ab.Opts(datatype="train", batchsize=1, num_epochs=2, validation_every_n_epochs=-1, eval_splits="",
+                   progress=False, max_train_steps=1500)
+    report = ab.run(SimpleWorld(opts, [CyclingTeacher(opts), RecordingAgent(opts)]), opts)
+    assert report["train"]["steps"] == 1500
+    assert "SimpleWorld.parley(): 1000 parleys counted no example" in capsys.readouterr().err
