@@ -39,8 +39,12 @@ class Message(dict):
 
 def _caller() -> str:
     """Where the code that called a read-only message's (or list's) changing method stands: "observe() at
-    agent.py:12", naming the user's line in a one-line error."""
+    agent.py:12", naming the user's line in a one-line error; past the standard library's frames (a
+    ``random.shuffle`` of the candidates names the line calling it)."""
     frame = sys._getframe(2)  # 0: here, 1: _refuse, 2: the caller
+    stdlib = os.path.dirname(os.__file__)
+    while frame.f_back is not None and os.path.dirname(frame.f_code.co_filename) == stdlib:
+        frame = frame.f_back
     return f"{frame.f_code.co_name}() at {os.path.basename(frame.f_code.co_filename)}:{frame.f_lineno}"
 
 

@@ -35,7 +35,7 @@ from accelbatch.report_merge import (  # noqa: F401
     report_weights,
 )
 
-REPLY_METRICS = "metrics"  # ParlAI's local metrics in a reply (not read: see Metrics._tell_reply_metrics)
+REPLY_METRICS = "metrics"  # ParlAI's local metrics in a reply (not read: see _tell_reply_metrics)
 _ARTICLES = re.compile(r"\b(a|an|the)\b")
 _PUNCT = str.maketrans(string.punctuation, " " * len(string.punctuation))  # as ParlAI: a space
 
@@ -248,6 +248,14 @@ class AnswerTable:
         return np.fromiter((-1 if a is None else self.id(a) for a in answers), dtype=np.int64, count=len(answers))
 
 
+@lru_cache(maxsize=None)  # once per process and names: every split's and task's Metrics meet the same replies
+def _tell_reply_metrics(names: tuple[str, ...]) -> None:
+    """Say that replies carry ParlAI's local metrics, which the report does not hold."""
+    print(f"accelbatch: the model's replies carry 'metrics' ({', '.join(names) or 'not a dict'}), which "
+          "accelbatch's teachers do not average into the report (ParlAI's do): report them from the agent's "
+          "report(), which the world's report includes", file=sys.stderr)
+
+
 @dataclass
 class Metrics:
     """Sums and counts; ``report()`` turns them into ParlAI-named averages. The F1 and BLEU sums are exact
@@ -288,18 +296,13 @@ class Metrics:
         try:  # each reply's text, dict.get mapped in C
             texts = list(map(dict.get, replies, repeat(TEXT, len(replies))))
             if not self._told_reply_metrics and any(map(operator.contains, replies, repeat(REPLY_METRICS))):
-                self._tell_reply_metrics(replies)
+                self._told_reply_metrics = True  # looked for until found, then said once in the process
+                _tell_reply_metrics(tuple(sorted({str(k) for r in replies if isinstance(r.get(REPLY_METRICS), dict)
+                                                  for k in r[REPLY_METRICS]})))
         except TypeError:  # a reply that is not a dict: read it the slow way
             texts = [r.get(TEXT) for r in replies]
         self._keep(texts, answer_ids, table, examples)
 
-    def _tell_reply_metrics(self, replies: Sequence[dict]) -> None:
-        """Say once that replies carry ParlAI's local metrics, which the report does not hold."""
-        self._told_reply_metrics = True
-        names = sorted({str(k) for r in replies if isinstance(r.get(REPLY_METRICS), dict) for k in r[REPLY_METRICS]})
-        print(f"accelbatch: the model's replies carry 'metrics' ({', '.join(names) or 'not a dict'}), which "
-              "accelbatch's teachers do not average into the report (ParlAI's do): report them from the agent's "
-              "report(), which the world's report includes", file=sys.stderr)
 
     def _keep(self, predictions: list[str | None], ids: Sequence[int], table: AnswerTable, examples: int) -> None:
         if table is not self._table:
