@@ -216,19 +216,11 @@ def test_replies_carrying_parlai_local_metrics_are_told_once_in_a_process(agent,
     assert told == (1 if agent is RepliesWithMetrics else 0)
 
 
-class PortedWorld(World):
+class PortedWorld(CountingWorld):
     """ParlAI's world signature, World(opt, agents=None, shared=None), passed on to the base class."""
 
     def __init__(self, opt, agents=None, shared=None):
         super().__init__(opt, agents, shared)
-
-    def parley(self):
-        teacher, model = self.agents
-        self.acts[0] = teacher.act()
-        model.observe(self.acts[0])
-        self.acts[1] = model.act()
-        teacher.observe(self.acts[1])
-        self.update_counters()
 
 
 def test_a_world_takes_parlais_signature_and_is_copied_from_its_share():
@@ -242,15 +234,8 @@ def test_a_world_takes_parlais_signature_and_is_copied_from_its_share():
     assert evaluate(copy)["exs"] == evaluate(world)["exs"] == 3
 
 
-class CyclingTeacher(ab.Teacher):
+class CyclingTeacher(EpochDoneTeacher):
     """ParlAI's way in training: it loops, setting epochDone on each pass's last example only."""
-
-    def __init__(self, opts, shared=None):
-        super().__init__(opts, shared)
-        self.served = 0
-
-    def num_examples(self):
-        return len(DATA)
 
     def act(self):
         text, label = DATA[self.served % len(DATA)]
