@@ -10,7 +10,6 @@ few thousand rows at a time, each distinct pair once, weighted by how often it o
 from __future__ import annotations
 
 import math
-import operator
 import re
 import string
 import sys
@@ -295,14 +294,14 @@ class Metrics:
         ``i``'s prediction is ``replies[i].get("text")``."""
         try:  # each reply's text, dict.get mapped in C
             texts = list(map(dict.get, replies, repeat(TEXT, len(replies))))
-            if not self._told_reply_metrics and any(map(operator.contains, replies, repeat(REPLY_METRICS))):
-                self._told_reply_metrics = True  # looked for until found, then said once in the process
+            # the first reply looked at (an agent adds its metrics to every reply): O(1) on the parley loop
+            if not self._told_reply_metrics and replies and REPLY_METRICS in replies[0]:
+                self._told_reply_metrics = True  # said once in the process
                 _tell_reply_metrics(tuple(sorted({str(k) for r in replies if isinstance(r.get(REPLY_METRICS), dict)
                                                   for k in r[REPLY_METRICS]})))
         except TypeError:  # a reply that is not a dict: read it the slow way
             texts = [r.get(TEXT) for r in replies]
         self._keep(texts, answer_ids, table, examples)
-
 
     def _keep(self, predictions: list[str | None], ids: Sequence[int], table: AnswerTable, examples: int) -> None:
         if table is not self._table:

@@ -315,7 +315,7 @@ def lock_model_file(model_file: str, main: bool, decide: Callable[..., tuple[boo
     from accelbatch.opts import OptionError  # (opts imports this module)
 
     lock, refused = None, None
-    if main and model_file:
+    if main:
         try:
             lock = ModelFileLock(model_file)
         except OptionError as exc:
@@ -324,4 +324,3 @@ def lock_model_file(model_file: str, main: bool, decide: Callable[..., tuple[boo
         raise refused or OptionError(f"-mf/--model-file {model_file}: replica 0 could not take the model file's "
                                      "lock (another training run is writing it): see replica 0's message")
     return lock
-

@@ -74,35 +74,39 @@ def histories(episode: Sequence[Message], context_length: int = -1, include_labe
 def each_history(episode: Sequence[Message], context_length: int = -1, include_labels: bool = True,
                  delimiter: str = DELIMITER) -> Iterator[str]:
     """:func:`histories` one at a time: an episode of T turns holds histories of O(T^2) characters in all."""
-    check_context_length(context_length)
-    history: deque[str] = deque(maxlen=None if context_length == -1 else context_length)
+    history = _recent(context_length)
     for turn in episode:
-        text = turn.get(TEXT)
-        if text is not None and text != "":
-            history.append(text)
+        history.extend(_said(turn, False))
         yield delimiter.join(history)
-        if include_labels:
-            answers = turn.get(LABELS) or turn.get(EVAL_LABELS)
-            if answers:  # its first label, "" included
-                history.append(answers[0])
+        history.extend(_answered(turn, include_labels))
 
 
 def history_of(episode: Sequence[Message], turn: int, context_length: int = -1, include_labels: bool = True,
                delimiter: str = DELIMITER) -> str:
     """``histories(episode, ...)[turn]`` without the other turns' (a batch's rows from long episodes)."""
-    check_context_length(context_length)
-    keep = None if context_length == -1 else context_length
-    recent: deque[str] = deque(maxlen=keep)
+    history = _recent(context_length)
     for earlier in episode[:turn]:
-        text = earlier.get(TEXT)
-        if text is not None and text != "":
-            recent.append(text)
-        if include_labels and (answers := earlier.get(LABELS) or earlier.get(EVAL_LABELS)):
-            recent.append(answers[0])
-    text = episode[turn].get(TEXT)
-    if text is not None and text != "":
-        recent.append(text)
-    return delimiter.join(recent)
+        history.extend(_said(earlier, include_labels))
+    history.extend(_said(episode[turn], False))
+    return delimiter.join(history)
+
+
+def _recent(context_length: int) -> deque[str]:
+    """The utterances a history keeps: the last ``context_length`` (-1: all)."""
+    check_context_length(context_length)
+    return deque(maxlen=None if context_length == -1 else context_length)
+
+
+def _said(turn: Message, include_labels: bool) -> list[str]:
+    """What a turn adds to the history: its text (an empty one adds nothing), then its answer."""
+    text = turn.get(TEXT)
+    return ([text] if text is not None and text != "" else []) + _answered(turn, include_labels)
+
+
+def _answered(turn: Message, include_labels: bool) -> list[str]:
+    """The turn's first label (``labels``, else ``eval_labels``; "" included) when labels join the history."""
+    answers = (turn.get(LABELS) or turn.get(EVAL_LABELS)) if include_labels else None
+    return [answers[0]] if answers else []
 
 
 def squash_episode(episode: Sequence[Message], context_length: int = -1, include_labels: bool = True,
