@@ -1,7 +1,7 @@
 """Run PopTorch's own test files against the emulator through a module alias.
 
 PopTorch's ``tests/batching_test.py``, ``outputs_test.py``, ``options_test.py``, ``dataloader_test.py``,
-``buffers_test.py`` and the forward ops' ``slice_test.py``, ``loop_test.py``, ``if_test.py``,
+``buffers_test.py``, ``inputs_test.py`` and the forward ops' ``slice_test.py``, ``loop_test.py``, ``if_test.py``,
 ``ipu_print_tensor_test.py`` (with their ``conftest.py`` and ``helpers.py``) are copied, unmodified, from a
 graphcore/poptorch checkout or exported from a git dir into a temporary directory, next to a ``poptorch.py``
 that makes ``import poptorch`` (and ``poptorch.enums``, ``poptorch.optim``, ``poptorch.options``,
@@ -35,7 +35,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 TEST_FILES = ("batching_test.py", "outputs_test.py", "options_test.py", "dataloader_test.py", "slice_test.py",
-              "loop_test.py", "if_test.py", "ipu_print_tensor_test.py", "buffers_test.py")
+              "loop_test.py", "if_test.py", "ipu_print_tensor_test.py", "buffers_test.py", "inputs_test.py")
 SUPPORT_FILES = ("conftest.py", "helpers.py")
 PLUGIN = "_poptorch_emulator_alias"
 

@@ -7,6 +7,7 @@ beside it (:mod:`.auto_loss_scale`). Tensors are copied both ways, so host and d
 
 from __future__ import annotations
 
+import math
 from collections import defaultdict
 from typing import Any
 
@@ -49,3 +50,24 @@ def to_device(ipu_state: dict[str, Any], model: torch.nn.Module,
 
 
 __all__ = ["to_device", "to_host"]
+
+
+def step_on_device(opt: torch.optim.Optimizer, hparams: list[dict[str, Any]],
+                   device_state: dict[torch.Tensor, dict[str, Any]], params: list[torch.nn.Parameter]) -> None:
+    """One update with the device's hyper-parameters and state, swapped in around torch's step: the host
+    optimizer's own values and state are left as they were."""
+    groups = opt.param_groups
+    host_values = [{k: g[k] for k in snap if k in g} for g, snap in zip(groups, hparams)]
+    host_state = opt.state
+    for group, snap in zip(groups, hparams):
+        group.update(snap)
+    opt.state = device_state
+    try:
+        clip = getattr(opt, "max_grad_norm", math.inf)
+        if math.isfinite(clip):
+            torch.nn.utils.clip_grad_norm_(params, clip)
+        opt.step()
+    finally:
+        opt.state = host_state
+        for group, values in zip(groups, host_values):
+            group.update(values)

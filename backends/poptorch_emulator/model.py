@@ -33,7 +33,6 @@ import contextlib
 import copy
 import datetime
 import logging
-import math
 import time
 from collections import defaultdict
 from typing import Any
@@ -45,7 +44,7 @@ from accelbatch.streams import CallStreams
 from . import _device, _outputs, _structure, blocks, device_ops, execution_strategy, module_state, optim
 from ._inputs import ArgBinder, Batching, BoundInputs, CompiledInputs
 from ._mixed_precision import has_half_state, promoting
-from ._optim_state import to_device, to_host
+from ._optim_state import step_on_device, to_device, to_host
 from ._replicas import ReplicaState, refusing_broadcast
 from .anchors import AnchorMemory
 from .auto_loss_scale import AutoLossScale
@@ -164,8 +163,18 @@ class PoplarExecutor(PerfCounterMethods):
             return
         self._compile(inputs)
         b = self.batching
-        with execution_strategy.dry_run(self._model):  # PopTorch traces the model when it compiles
+        with self._tracing(True), execution_strategy.dry_run(self._model):
             self._forward(inputs.map(lambda t: b.micro_batch(t.detach(), 0, 0, 0)))
+
+    @contextlib.contextmanager
+    def _tracing(self, compiling: bool):
+        """PopTorch compiles by tracing the model: a trace that fails leaves no executable."""
+        try:
+            yield
+        except BaseException:
+            if compiling:
+                self._compiled = None
+            raise
 
     def compilationTime(self) -> datetime.timedelta:
         if not self.isCompiled():
@@ -330,24 +339,8 @@ class PoplarExecutor(PerfCounterMethods):
             opt.ipu_state_is_dirty = False
 
     def _optimizer_step(self) -> None:
-        """One update with the device's hyper-parameters and state (swapped in around torch's step)."""
-        opt = self._optimizer
-        assert opt is not None
-        groups = opt.param_groups
-        host_values = [{k: g[k] for k in snap if k in g} for g, snap in zip(groups, self._optimizer_hparams)]
-        host_state = opt.state
-        for group, snap in zip(groups, self._optimizer_hparams):
-            group.update(snap)
-        opt.state = self._device_state
-        try:
-            clip = getattr(opt, "max_grad_norm", math.inf)
-            if math.isfinite(clip):
-                torch.nn.utils.clip_grad_norm_(self._params(), clip)
-            opt.step()
-        finally:
-            opt.state = host_state
-            for group, values in zip(groups, host_values):
-                group.update(values)
+        assert self._optimizer is not None
+        step_on_device(self._optimizer, self._optimizer_hparams, self._device_state, self._params())
 
     # -- running ----------------------------------------------------------------------------------------
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
@@ -355,7 +348,8 @@ class PoplarExecutor(PerfCounterMethods):
             raise AssertionError("Trying to run a model on an offline device (ConnectionType.Never): use "
                                  "model.compile(inputs) instead of model(inputs)")
         inputs = self._binder(args, kwargs)
-        if not self.isCompiled():
+        compiling = not self.isCompiled()
+        if compiling:
             self._compile(inputs)
         if not self._is_attached:
             self.attachToDevice()
@@ -365,24 +359,28 @@ class PoplarExecutor(PerfCounterMethods):
         if _device.synthetic_mode(self._options):
             self._synthetic = self._synthetic or _device.synthetic_generator(self._options)
             inputs = inputs.map(lambda t, gen=self._synthetic: _device.synthetic(t, gen))
-        if self._training:
-            self._write_optimizer_state()
-        with _running_on_device(), self._perf_counters.recording(self._options, self.batching), \
-                _device.in_compiled_modes(self._modes):
-            if self._training:
-                per_micro, structure = self._run_training(inputs)
-                self._anchors.end_call()
-                if isinstance(self._optimizer, optim.Optimizer):
-                    self._optimizer.host_state_is_dirty = True  # the device stepped: the host copy is stale
-            else:
-                with torch.no_grad():
-                    per_micro, structure = self._run(inputs, lambda _out, _marked: None)
+        with self._tracing(compiling):
+            per_micro, structure = self._execute(inputs)
         flat = _outputs.select(per_micro, OutputMode(self._options.output_mode),
                                self._options.output_return_period)
         if structure is None:
             return None
         _outputs.forbid_backward(flat)
         return _structure.rebuild(structure, iter(flat))
+
+    def _execute(self, inputs: BoundInputs) -> tuple[_outputs.MicroOutputs, Any]:
+        if self._training:
+            self._write_optimizer_state()
+        with _running_on_device(), self._perf_counters.recording(self._options, self.batching), \
+                _device.in_compiled_modes(self._modes):
+            if not self._training:
+                with torch.no_grad():
+                    return self._run(inputs, lambda _out, _marked: None)
+            result = self._run_training(inputs)
+            self._anchors.end_call()
+            if isinstance(self._optimizer, optim.Optimizer):
+                self._optimizer.host_state_is_dirty = True  # the device stepped: the host copy is stale
+            return result
 
     def _run(self, inputs: BoundInputs, on_output, find_losses: bool = False) -> tuple[_outputs.MicroOutputs, Any]:
         """Run every micro-batch of the call, in [D, G, R] order, each training one on its own random stream

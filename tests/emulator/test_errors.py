@@ -94,6 +94,26 @@ def test_destroy_then_recompile():
     poptorch.trainingModel(net)  # unwrapped: can be wrapped again
 
 
+@pytest.mark.parametrize("first", ["call", "compile"])
+def test_a_model_that_fails_while_compiling_leaves_no_executable(first):
+    """PopTorch compiles by tracing the model, so a model that raises on its first inputs leaves nothing
+    compiled and the next call compiles for its own inputs (PopTorch's
+    inputs_test.py::test_none_input_dispatch_args_kwargs)."""
+
+    class Forwarding(Net):
+        def forward(self, *args, **kwargs):
+            return super().forward(*args, **kwargs)
+
+    model = poptorch.inferenceModel(Forwarding())
+    x, y = torch.ones(2, 3), torch.zeros(2, 2)
+    with pytest.raises(TypeError, match="missing 1 required positional argument: 'y'"):
+        model.compile(x) if first == "compile" else model(x)
+    assert not model.isCompiled()
+    out, _ = model(x, y)
+    torch.testing.assert_close(out, model.model.linear(x))
+    assert model.compiled_input_shapes == {"*args[0]": ((2, 3), torch.float32), "*args[1]": ((2, 2), torch.float32)}
+
+
 def test_inference_with_gradient_accumulation_text():
     opts = poptorch.Options()
     opts.Training.gradientAccumulation(2)
