@@ -7,7 +7,7 @@ import argparse
 import sys
 from typing import TYPE_CHECKING, TextIO
 
-from accelbatch.messages import Message
+from accelbatch.messages import Message, lone_surrogate
 from accelbatch.metric_names import metric_names_problem, select_metrics
 from accelbatch.model_opts import check_task_files
 from accelbatch.opts import OptionError, Opts
@@ -152,6 +152,11 @@ def _given_candidates(given: str | None) -> list[str] | None:
     if given is None:
         return None
     found = [c.strip() for c in given.split("|") if c.strip()]
+    for candidate in found:  # Python reads the command line's bytes that are not UTF-8 as lone surrogates
+        bad = lone_surrogate(candidate)
+        if bad is not None:
+            raise OptionError(f"--candidates: {candidate!r} is not valid UTF-8 (the byte {ord(bad[2]) & 0xff:#x} "
+                              f"at character {bad[1]}); give the candidates in UTF-8")
     if not found:
         raise OptionError(f"--candidates {given!r}: names no candidate; give the replies to choose from, "
                           "separated by '|' (e.g. --candidates 'kitchen|garden'), or leave it out to use -t's")

@@ -72,6 +72,15 @@ def test_interactive_candidates_naming_none_is_one_line(given, monkeypatch, caps
     assert f"--candidates {given!r}: names no candidate" in error, error
 
 
+def test_interactive_candidates_that_are_not_utf8_are_one_line(monkeypatch, capsys):
+    # Python reads a command line's bytes that are not UTF-8 (here latin-1's é) as lone surrogates
+    given = b"caf\xe9|no".decode("utf-8", "surrogateescape")
+    assert _interactive(monkeypatch, ["Where is Mary?"], "-m", "bag", "-t", "babi:1", "--candidates", given) == 2
+    captured = capsys.readouterr()
+    (error,) = _errors(captured.err)
+    assert "--candidates: 'caf\\udce9' is not valid UTF-8 (the byte 0xe9 at character 3)" in error, error
+
+
 @pytest.mark.parametrize("collate, returned", [("int_collate", "an int"), ("dict_collate", "a dict")])
 def test_a_collate_returning_no_tensors_is_one_line_naming_what_it_returned(collate, returned, capsys):
     path = f"test_interactive_and_collate:{collate}"

@@ -118,6 +118,27 @@ def test_a_field_of_the_wrong_type_is_refused_at_load(pairs, episode, turn, fiel
     assert "give a str" in text
 
 
+# what a latin-1 byte becomes in a str read with errors="surrogateescape"; a lone surrogate cannot be encoded
+LATIN1_CAFE = b"caf\xe9".decode("utf-8", "surrogateescape")
+
+
+@pytest.mark.parametrize("pairs", [False, True], ids=["episodes", "pairs"])
+@pytest.mark.parametrize("field, msg, where", [
+    ("text", {"text": LATIN1_CAFE, "labels": ["no"]}, "'text'"),
+    ("labels", {"text": "is not", "labels": ["no", LATIN1_CAFE]}, "'labels'[1]"),
+    ("label_candidates", {"text": "is not", "labels": ["no"], "label_candidates": ["no", LATIN1_CAFE]},
+     "'label_candidates'[1]"),
+])
+def test_a_text_that_is_not_unicode_is_refused_at_load(pairs, field, msg, where):
+    teacher = teacher_of(bad_episodes(0, 1, msg), pairs)
+    with pytest.raises(DataFileError) as err:
+        teacher(ab.Opts(datatype="train"))
+    text = str(err.value)
+    turn = "item 1 (episode 0, turn 1)" if pairs else "episode 0, turn 1"
+    assert "\n" not in text and text.startswith(f"T.setup_data(): {turn}: {where} is not valid Unicode: "
+                                                f"a lone surrogate \\udce9 at character 3"), text
+
+
 class IntLabelTeacher(ab.FixedTeacher):
     def setup_data(self):
         return [[{"text": "is it", "labels": ["yes"]}], [{"text": "is not", "labels": [3]}]]
