@@ -60,7 +60,7 @@ def cuda_unavailable_reason() -> str | None:
     """Why ``--device cuda`` cannot run here (None when it can)."""
     if torch.cuda.is_available():
         return None if importlib.util.find_spec("accelerate") else (
-            "--device cuda runs on Hugging Face accelerate, which is not installed: pip install "
+            "Hugging Face accelerate, which the cuda backend runs on, is not installed: pip install "
             "'accelbatch[cuda]' (or pip install accelerate)")
     visible = os.environ.get("CUDA_VISIBLE_DEVICES")
     shown = "unset" if visible is None else repr(visible)
