@@ -307,6 +307,11 @@ class Opts:
         return dataclasses.replace(self, **changes)
 
     def __post_init__(self) -> None:
+        # ParlAI's spellings of a datatype, its modes in any order, as the one accelbatch names it (as -dt does)
+        if isinstance(self.datatype, str):
+            self.datatype = canonical_datatype(self.datatype)
+        if isinstance(self.eval_splits, str):
+            self.eval_splits = ",".join(canonical_datatype(s.strip()) for s in self.eval_splits.split(","))
         validate(self)
 
     @classmethod

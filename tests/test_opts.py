@@ -179,6 +179,9 @@ def test_seed_range_is_what_torch_and_numpy_take(seed, ok):
                                          ("train:stream:ordered", "train:stream:ordered")])
 def test_parlais_datatype_spellings_in_any_order_of_their_modes_are_read(given, read):
     assert Opts.from_args(["-dt", given]).datatype == read
+    assert Opts(datatype=given).datatype == read  # the Python API (Opts, a dict to create_world) as -dt
+    assert Opts(eval_splits=f"valid, {given}").eval_splits == f"valid,{read}"
+    assert Opts.from_args(["--eval-splits", given]).eval_splits == read
 
 
 def test_a_datatype_with_a_mode_twice_or_unknown_is_still_refused(capsys):
