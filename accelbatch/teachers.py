@@ -148,6 +148,10 @@ class FixedTeacher(Teacher):
                 raise
             if self.store.table.num_examples == 0:
                 raise DataFileError(f"task {opts.task!r} ({split_of(opts.datatype)}) has no examples")
+            wrong = self.store.table.miscounted(type(self).__name__, num_examples=self.num_examples(),
+                                                num_episodes=self.num_episodes())  # -ne counts epochs by them
+            if wrong:
+                raise DataFileError(wrong)
             self.metrics = Metrics(bleu=wants_bleu(opts.metrics))
             self.serving = Serving()
         else:

@@ -139,6 +139,35 @@ def test_a_text_that_is_not_unicode_is_refused_at_load(pairs, field, msg, where)
                                                 f"a lone surrogate \\udce9 at character 3"), text
 
 
+class MiscountingTeacher(ab.FixedTeacher):
+    """Three episodes, five examples, and its own counts of them (ParlAI's overrides)."""
+
+    examples, episodes = 5, 3
+
+    def setup_data(self):
+        return bad_episodes(0, 0, {"text": "is it", "labels": ["yes"]}) + [[{"text": "maybe", "labels": ["no"]}] * 2]
+
+    def num_examples(self):
+        return self.examples
+
+    def num_episodes(self):
+        return self.episodes
+
+
+@pytest.mark.parametrize("examples, episodes, wrong", [(100, 3, "num_examples() returns 100, but its data holds 5"),
+                                                       (5, 1, "num_episodes() returns 1, but its data holds 3")])
+def test_a_teacher_whose_own_counts_are_not_its_datas_is_refused_at_load(examples, episodes, wrong, capsys):
+    # -ne counted epochs by num_examples() in one feed and by the data in the other (dynamic batching)
+    MiscountingTeacher.examples, MiscountingTeacher.episodes = examples, episodes
+    try:
+        assert main(["train", "-t", f"{__name__}:MiscountingTeacher", "-m", "repeat_label", "--no-progress"]) == 2
+    finally:
+        MiscountingTeacher.examples, MiscountingTeacher.episodes = 5, 3
+    (err,) = capsys.readouterr().err.strip().splitlines()
+    assert f"MiscountingTeacher.{wrong}: remove the" in err, err
+    assert MiscountingTeacher(ab.Opts(datatype="train")).num_examples() == 5  # counts that agree are taken
+
+
 class IntLabelTeacher(ab.FixedTeacher):
     def setup_data(self):
         return [[{"text": "is it", "labels": ["yes"]}], [{"text": "is not", "labels": [3]}]]

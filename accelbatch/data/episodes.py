@@ -38,6 +38,17 @@ class EpisodeTable:
     def num_examples(self) -> int:
         return int(self.turns.sum())
 
+    def miscounted(self, owner: str, **said: int) -> str | None:
+        """What is wrong with a teacher's own num_examples() / num_episodes() (``said``) that is not what this
+        table holds (None: they agree): epochs (-ne), the -bs a small task lowers and the shares of -rf / -nt
+        are counted from the data."""
+        for name, count in said.items():
+            held = getattr(self, name)
+            if count != held:
+                return (f"{owner}.{name}() returns {count!r}, but its data holds {held}: remove the {name}() "
+                        "override (the data is counted) or make it agree")
+        return None
+
     def shard(self, index: int, count: int, whole_small_tasks: bool = False) -> "EpisodeTable":
         """Episodes ``index, index + count, ...`` (a replica's or a process's share); per task when multitask.
         ``whole_small_tasks`` (multitask draws in hogwild processes): a task of fewer episodes than ``count`` is
