@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any, Sequence
 
 import torch
 
-from accelbatch import agent_checks
+from accelbatch import agent_checks, optimizers
 from accelbatch.checkpoint import read_json_file, write_error, write_torch
 from accelbatch.dictionary import hash_tokens, tokenize  # noqa: F401 - agents' public helpers
 from accelbatch.messages import EPISODE_DONE, EVAL_LABELS, LABELS, TEXT, Message, checked_replies, is_padding
@@ -450,6 +450,11 @@ class TorchAgent(Agent):
         saved_kind = state.get("optimizer_class")
         same_kind = state_fits(saved, self.optimizer, saved_kind)
         fresh = learning_rates(self.optimizer)  # what this run's options (and the agent) give
+        misfit = optimizers.state_misfit(saved, self.optimizer, self.model) if same_kind else None
+        if misfit:
+            raise ModelFileError(f"{option} {path}: its {kind} state does not fit this {type(self).__name__}'s "
+                                 f"parameters ({misfit}); start from its weights alone: --init-model {path} -mf "
+                                 "ANOTHER_PATH")
         if same_kind:
             try:
                 self.optimizer.load_state_dict(saved)

@@ -46,3 +46,27 @@ def state_fits(saved: Any, optimizer: torch.optim.Optimizer, saved_kind: str | N
         return saved_kind == type(optimizer).__name__
     groups = saved.get("param_groups") if isinstance(saved, dict) else None
     return bool(groups) and isinstance(groups[0], dict) and set(groups[0]) == set(optimizer.param_groups[0])
+
+
+def state_misfit(saved: Any, optimizer: torch.optim.Optimizer, model: torch.nn.Module) -> str | None:
+    """Where a saved optimizer ``state_dict``'s per-parameter state does not fit ``optimizer``'s parameters
+    (None where it fits): torch's ``load_state_dict`` pairs them by position and checks only their number, so
+    a state of another shape failed at the first step. Each state tensor must broadcast to its parameter (as
+    torch's optimizers keep them: elementwise, or factored along a dimension of the parameter)."""
+    names = {id(p): name for name, p in model.named_parameters()}
+    params = [p for group in optimizer.param_groups for p in group["params"]]
+    ids = [i for group in saved.get("param_groups", []) for i in group.get("params", [])]
+    state = saved.get("state", {})
+    for index, param in zip(ids, params):
+        for key, value in (state.get(index) or {}).items():
+            if isinstance(value, torch.Tensor) and value.dim() and not _broadcasts(value.shape, param.shape):
+                return (f"its {key} of {names.get(id(param), f'parameter {index}')} is {list(value.shape)}, the "
+                        f"parameter {list(param.shape)}")
+    return None
+
+
+def _broadcasts(shape: torch.Size, to: torch.Size) -> bool:
+    try:
+        return torch.broadcast_shapes(shape, to) == to
+    except RuntimeError:
+        return False

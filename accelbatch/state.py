@@ -29,7 +29,7 @@ from accelbatch.checkpoint import (
     save_checkpoint,
 )
 from accelbatch.model_opts import check_resumed_opts, recorded_model
-from accelbatch.optimizers import state_fits
+from accelbatch.optimizers import state_fits, state_misfit
 from accelbatch.teachers import portable_task
 
 # --- RNG streams as JSON data ----------------------------------------------------------------------------
@@ -203,7 +203,7 @@ class Checkpointer:
             print(f"accelbatch: --resume: {untold}", file=sys.stderr)
         check_weights(ckpt.model_state, engine.model.state_dict(), f"--resume: {ckpt.path}: cannot load",
                        type(engine.model).__name__)
-        _check_optimizer_kind(ckpt, engine.host_optimizer(), self.opts)
+        _check_optimizer_kind(ckpt, engine.host_optimizer(), self.opts, engine.model)
         engine.load_state_dict(ckpt.engine_state())  # after compile: the engine moves it to its device
         if ckpt.legacy:
             if self.backend.is_main_process():
@@ -238,14 +238,19 @@ class Checkpointer:
         return {k: v for k, v in ckpt.state.items() if k != "data"}
 
 
-def _check_optimizer_kind(ckpt: Any, optimizer: Any, opts: Any) -> None:
-    """A checkpoint whose optimizer state is another kind's than this run's optimizer cannot be continued
-    exactly (an older accelbatch's -m bag and conv trained with SGD whatever -opt said): one line."""
+def _check_optimizer_kind(ckpt: Any, optimizer: Any, opts: Any, model: Any) -> None:
+    """A checkpoint whose optimizer state is another kind's than this run's optimizer, or of other shapes than
+    its parameters, cannot be continued exactly (an older accelbatch's -m bag and conv trained with SGD
+    whatever -opt said): one line."""
     saved = ckpt.optimizer_state
     if optimizer is not None and saved and not state_fits(saved, optimizer):
         raise CheckpointError(f"--resume: {ckpt.path}: its optimizer state is not {type(optimizer).__name__}'s "
                               f"(-opt {opts.optimizer}), so the run cannot continue as it was; start afresh "
                               "without --resume")
+    misfit = state_misfit(saved, optimizer, model) if optimizer is not None and saved else None
+    if misfit:
+        raise CheckpointError(f"--resume: {ckpt.path}: its {type(optimizer).__name__} state does not fit this "
+                              f"model's parameters ({misfit}); start afresh without --resume")
 
 
 def untold_limits(opts: Any, then: Mapping[str, Any]) -> str | None:
