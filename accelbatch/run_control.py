@@ -172,7 +172,9 @@ def check_output_paths(opts: Any) -> None:
 
     outputs = [("-mf/--model-file", opts.model_file if is_training(opts.datatype) else None, False),
                ("--report-json", opts.report_json, False), ("--metrics-log", opts.metrics_log, False),
-               ("--tensorboard-logdir", opts.tensorboard_logdir, True)]
+               ("--tensorboard-logdir", opts.tensorboard_logdir, True),
+               ("--ipu-cache-dir", getattr(opts, "ipu_cache_dir", None), True)]
+    _check_distinct(outputs)
     for flag, path, is_dir in outputs:
         if not path:
             continue
@@ -200,6 +202,29 @@ def check_output_paths(opts: Any) -> None:
             raise OptionError(f"{flag}: cannot write {path} (its folder {folder}: {why}); give a path "
                               "in a folder you can write") from None
         _check_name_length(flag, target, folder, is_dir)
+
+
+# what a training run writes beside its model file PATH: PATH.opt, PATH.trainstats, the checkpoints PATH.ckpt
+MODEL_FILE_SIDES = (".opt", ".trainstats", ".ckpt")
+
+
+def _check_distinct(outputs: list[tuple[str, str | None, bool]]) -> None:
+    """Refuse two outputs that would write the same file (each would replace the other's: -mf and
+    --report-json both m.pt lost the model), a model file's own PATH.opt, PATH.trainstats and PATH.ckpt
+    included."""
+    from accelbatch.opts import OptionError
+
+    written: dict[str, tuple[str, str]] = {}
+    for flag, path, _ in outputs:
+        if not path:
+            continue
+        sides = MODEL_FILE_SIDES if flag == "-mf/--model-file" else ()
+        for name in (path, *(path + side for side in sides)):
+            target = os.path.realpath(name)
+            if target in written and written[target][0] != flag:
+                raise OptionError(f"{flag} {path} and {' '.join(written[target])} both write {name}, so one would "
+                                  "replace the other; give them different paths")
+            written[target] = (flag, path)
 
 
 # the outputs a save replaces (a new file renamed over the path's target): --report-json and --metrics-log

@@ -224,3 +224,28 @@ def test_output_folder_that_is_a_file_is_said_so(tmp_path, option, flag, below):
         check_output_paths(_opts(**{option: path}))
     assert str(exc.value) == (f"{flag} {path}: its folder {afile} is a file, not a folder; give a path in a "
                               "folder, or move that file away")
+
+
+# --- 5. two outputs that are one file -------------------------------------------------------------------------
+@pytest.mark.parametrize("other, name", [("--report-json", "m.pt"), ("--metrics-log", "m.pt"),
+                                         ("--metrics-log", "m.pt.trainstats"), ("--report-json", "m.pt.opt")])
+def test_two_outputs_writing_one_file_are_refused_before_the_run(tmp_path, capsys, other, name):
+    """-mf m.pt --report-json m.pt ended with exit 0 and the report in place of the trained model."""
+    model_file, given = tmp_path / "m.pt", str(tmp_path / name)
+    model_file.write_bytes(b"an earlier model")
+    quiet = ["--no-progress", "--eval-splits", "", "-veps", "-1"]
+    assert main(["train", "-t", "babi:1", "-m", "bag", "-tstep", "1", "-mf", str(model_file), other, given,
+                 *quiet]) == 2
+    (err,) = capsys.readouterr().err.strip().splitlines()[-1:]
+    assert err == (f"accelbatch: error: {other} {given} and -mf/--model-file {model_file} both write {given}, so "
+                   "one would replace the other; give them different paths"), err
+    assert model_file.read_bytes() == b"an earlier model"
+
+
+def test_an_ipu_cache_dir_that_cannot_be_made_is_one_line(tmp_path):
+    afile = tmp_path / "afile"
+    afile.write_text("")
+    with pytest.raises(OptionError) as exc:
+        check_output_paths(_opts(ipu_cache_dir=str(afile / "cache")))
+    assert str(exc.value) == (f"--ipu-cache-dir {afile / 'cache'}: its folder {afile} is a file, not a folder; give "
+                              "a path in a folder, or move that file away")
