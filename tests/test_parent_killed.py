@@ -19,6 +19,17 @@ from helpers import TAG_ENV, process_table, tagged_pids, wait_for_first_checkpoi
 
 pytestmark = pytest.mark.multiprocess
 ROOT = str(Path(__file__).resolve().parent.parent)
+SPAWNING = "spawning script"
+SPAWNING_SCRIPT = """
+import multiprocessing
+import sys
+
+if __name__ == "__main__":
+    multiprocessing.set_start_method("spawn")
+    from accelbatch.cli import main
+
+    sys.exit(main(sys.argv[1:]))
+"""
 
 
 @pytest.mark.timeout(120)
@@ -29,7 +40,9 @@ ROOT = str(Path(__file__).resolve().parent.parent)
     pytest.param(["-rf", "2", "--device", "cpu"], marks=pytest.mark.slow),
     # a hogwild process's data workers: they fork from it (a server of their own outlived it)
     pytest.param(["-nt", "2", "--num-workers", "1"], marks=pytest.mark.slow),
-], ids=["workers", "async-accessor", "hogwild", "replicas", "hogwild-workers"])
+    # a script that chose the spawn start method: its data workers cannot tell which thread started them
+    pytest.param([SPAWNING, "--num-workers", "2"], marks=pytest.mark.slow),
+], ids=["workers", "async-accessor", "hogwild", "replicas", "hogwild-workers", "spawned-workers"])
 def test_a_run_killed_by_sigkill_leaves_no_child(tmp_path: Path, args: list[str]) -> None:
     rows = [{"text": f"hello {i}", "labels": [f"a{i % 3}"], "label_candidates": ["a0", "a1", "a2"],
              "episode_done": True} for i in range(400)]
@@ -37,7 +50,11 @@ def test_a_run_killed_by_sigkill_leaves_no_child(tmp_path: Path, args: list[str]
     tag = uuid.uuid4().hex
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([ROOT, os.environ.get("PYTHONPATH", "")]),
            "OMP_NUM_THREADS": "1", TAG_ENV: tag}
-    proc = subprocess.Popen([sys.executable, "-m", "accelbatch", "train", "--no-progress", "-m", "bag", "-bs", "4",
+    launcher = ["-m", "accelbatch"]
+    if args[0] == SPAWNING:
+        (tmp_path / "spawning.py").write_text(SPAWNING_SCRIPT)
+        launcher, args = [str(tmp_path / "spawning.py")], args[1:]
+    proc = subprocess.Popen([sys.executable, *launcher, "train", "--no-progress", "-m", "bag", "-bs", "4",
                              "-t", f"jsonl:{tmp_path / 'd.jsonl'}", "-ne", "1000", "-vtim", "1000000",
                              "-mf", str(tmp_path / "m.pt"), "--save-every-n-secs", "0.5", *args],
                             cwd=str(tmp_path), env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,

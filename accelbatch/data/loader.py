@@ -25,8 +25,10 @@ it (not what was read ahead); ``load_state_dict`` makes a fresh loader continue 
 
 from __future__ import annotations
 
+import functools
 import multiprocessing
 import os
+import threading
 from dataclasses import replace
 from typing import Any, Callable, Iterator, Sequence
 
@@ -196,7 +198,9 @@ def make_loader(data: Any, config: LoaderConfig | Any | None = None, *, collate:
     kwargs: dict[str, Any] = dict(batch_size=None, num_workers=workers, collate_fn=identity,
                                   persistent_workers=workers > 0)
     if workers > 0:
-        kwargs.update(timeout=config.timeout_s, worker_init_fn=init_data_worker)
+        main = threading.current_thread() is threading.main_thread()  # the workers start in this thread
+        kwargs.update(timeout=config.timeout_s,
+                      worker_init_fn=functools.partial(init_data_worker, spawned_by=os.getpid() if main else None))
         if (multiprocessing.get_start_method(allow_none=True) or multiprocessing.get_all_start_methods()[0]) \
                 == "forkserver":  # the workers fork from the run's server, which ends with the run
             start_forkserver()

@@ -62,14 +62,16 @@ class AgentCollate:
         return self.batchify([self.vectorize(Message(m)) for m in messages])
 
 
-def init_data_worker(worker_id: int) -> None:
+def init_data_worker(worker_id: int, spawned_by: int | None = None) -> None:
     """Set up a data worker: Ctrl-C and SIGTERM are the run's (it saves, then stops the workers), so the worker
     ignores SIGINT and leaves the process group, which a terminal, ``timeout`` or a job scheduler signals as a
     whole (SIGTERM sent to it alone still ends it, as torch's shutdown of a hung worker does); if the process
     that forked it dies, the kernel ends it (:func:`~accelbatch.orphans.end_with_parent`); what the worker
     inherited (the store among it) lives as long as it does, so it is frozen out of the collector's reach:
-    otherwise every full collection walks it and, in a forked worker, copies each page it touches."""
-    end_with_parent(_data_worker_parent())
+    otherwise every full collection walks it and, in a forked worker, copies each page it touches.
+    ``spawned_by``: the loader's process when the loader was built in its main thread (a spawned worker
+    cannot tell which thread started it)."""
+    end_with_parent(_data_worker_parent(spawned_by))
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     if hasattr(os, "setpgid"):
         os.setpgid(0, 0)
@@ -77,14 +79,16 @@ def init_data_worker(worker_id: int) -> None:
     gc.freeze()
 
 
-def _data_worker_parent() -> int | None:
+def _data_worker_parent(spawned_by: int | None = None) -> int | None:
     """In a data worker, what :func:`~accelbatch.orphans.end_with_parent` takes: the loader's process when it
     forked the worker from its main thread (the forking thread keeps its name in the child), 0 for a
-    forkserver's child, None otherwise."""
+    forkserver's child, ``spawned_by`` for a spawned one, None otherwise."""
     method = multiprocessing.get_start_method()
     parent = multiprocessing.parent_process()
     if method == "forkserver":
         return 0
+    if method == "spawn":
+        return spawned_by
     forked_by_main = method == "fork" and threading.current_thread().name == "MainThread"
     return parent.pid if forked_by_main and parent is not None else None
 
