@@ -38,7 +38,7 @@ from accelbatch.opts import OptionError, Opts
 from accelbatch.ordered_pass import check_ordered_pass
 from accelbatch.plan import ExecutionPlan
 from accelbatch.procs import start_forkserver
-from accelbatch.start_method import keeps_default_start_method
+from accelbatch.start_method import default_start_method, keeps_default_start_method
 from accelbatch.state import torch_rng
 from accelbatch.teachers import FixedTeacher, Teacher, create_teacher, create_teachers, task_names
 from accelbatch.worlds import BatchWorld, DialogPartnerWorld, MultiWorld, World
@@ -381,6 +381,9 @@ def create_world(opts: Opts | Mapping[str, Any], agent: Agent | type[Agent] | st
         check_main_guard(f"-nt/--numthreads {opts.numthreads}", _sent_agent(opts, agent, teacher))
     elif runtime is None and opts.dataloader_mode != "sync":
         check_main_guard(f"--dataloader-mode {opts.dataloader_mode}", _sent_agent(opts, agent, teacher))
+    elif runtime is None and opts.num_workers > 0 and default_start_method() != "fork":  # a script's choice
+        check_main_guard(f"--num-workers {opts.num_workers} (started by {default_start_method()})",
+                         _sent_agent(opts, agent, teacher))
     fitted = None
     if runtime is None and opts.dataloader_mode != "sync" and opts.numthreads <= 1:
         # the forkserver the async accessor's worker forks from imports torch while this process builds the

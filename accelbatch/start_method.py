@@ -26,3 +26,9 @@ def keeps_default_start_method(fn: F) -> F:
                 multiprocessing.set_start_method(None, force=True)  # type: ignore[arg-type]  # CPython: unset
 
     return wrapper  # type: ignore[return-value]
+
+
+def default_start_method() -> str:
+    """The start method torch's DataLoader workers take: the one set, else the platform's default (without
+    fixing it: ``get_start_method()`` would)."""
+    return multiprocessing.get_start_method(allow_none=True) or multiprocessing.get_all_start_methods()[0]

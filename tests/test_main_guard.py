@@ -19,7 +19,8 @@ ENV = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": ROOT}
 BODY = """\
 import sys
 import accelbatch as ab
-kind = {"async": {"dataloader_mode": "async"}, "hogwild": {"numthreads": 2}}[sys.argv[1]]
+kind = {"async": {"dataloader_mode": "async"}, "hogwild": {"numthreads": 2}, "workers": {"num_workers": 2}}[sys.argv[1]]
+_ = sys.argv[1] == "workers" and __import__("multiprocessing").set_start_method("spawn")  # workers: not forked
 opts = ab.Opts(task="babi:1", batchsize=8, max_train_steps=2, progress=False, eval_splits="",
                validation_every_n_epochs=-1, **kind)
 world = ab.create_world(opts)
@@ -39,13 +40,14 @@ def _script(tmp_path, guarded: bool):
 @pytest.mark.multiprocess
 @pytest.mark.slow
 @pytest.mark.timeout(120)
-@pytest.mark.parametrize("kind, option", [("async", "--dataloader-mode async"), ("hogwild", "-nt/--numthreads 2")])
+@pytest.mark.parametrize("kind, option", [("async", "--dataloader-mode async"), ("hogwild", "-nt/--numthreads 2"),
+                                          ("workers", "--num-workers 2 (started by spawn)")])
 def test_an_unguarded_script_is_refused_before_any_process_starts_and_a_guarded_one_trains(tmp_path, kind, option):
     ran = subprocess.run([sys.executable, str(_script(tmp_path, False)), kind], capture_output=True, text=True,
                          timeout=100, env=ENV, cwd=tmp_path)
     assert ran.returncode != 0 and "trained" not in ran.stdout
     last = ran.stderr.strip().splitlines()[-1]
-    assert f"{option} starts processes that import unguarded.py" in last and "line 6" in last, ran.stderr[-2000:]
+    assert f"{option} starts processes that import unguarded.py" in last and "line 7" in last, ran.stderr[-2000:]
     assert "if __name__ ==" in last and "child process" not in ran.stderr  # no child started to find out
     ran = subprocess.run([sys.executable, str(_script(tmp_path, True)), kind], capture_output=True, text=True,
                          timeout=100, env=ENV, cwd=tmp_path)

@@ -26,7 +26,6 @@ it (not what was read ahead); ``load_state_dict`` makes a fresh loader continue 
 from __future__ import annotations
 
 import functools
-import multiprocessing
 import os
 import threading
 from dataclasses import replace
@@ -53,6 +52,7 @@ from accelbatch.data.workers import (
 )
 from accelbatch.messages import Message
 from accelbatch.procs import start_forkserver
+from accelbatch.start_method import default_start_method
 from accelbatch.tasks.files import FileIndex
 
 __all__ = ["AgentCollate", "LoadedBatch", "Loader", "LoaderConfig", "MODES", "init_data_worker", "make_loader",
@@ -201,8 +201,7 @@ def make_loader(data: Any, config: LoaderConfig | Any | None = None, *, collate:
         main = threading.current_thread() is threading.main_thread()  # the workers start in this thread
         kwargs.update(timeout=config.timeout_s,
                       worker_init_fn=functools.partial(init_data_worker, spawned_by=os.getpid() if main else None))
-        if (multiprocessing.get_start_method(allow_none=True) or multiprocessing.get_all_start_methods()[0]) \
-                == "forkserver":  # the workers fork from the run's server, which ends with the run
+        if default_start_method() == "forkserver":  # the workers fork from the run's server, which ends with it
             start_forkserver()
     dataloader = PassLoader(build, sampler=steps, **kwargs)
     dataloader.seed = config.seed
