@@ -67,9 +67,12 @@ def built_model(agent: Any) -> torch.nn.Module:
         if not isinstance(exc, torch.OutOfMemoryError) and "can't allocate memory" not in str(exc):
             raise
         asked = re.search(r"tried to allocate (\S+ [a-zA-Z]+)", str(exc), re.IGNORECASE)
-        raise OptionError(f"-m {agent.opts.model}: its model does not fit in memory (torch "
+        opts = agent.opts  # the sizes a model may be built from (a generator's positions: the truncations)
+        sizes = [f"-esz/--embedding-size {opts.embedding_size}", f"-tr/--text-truncate {opts.text_truncate}"] + \
+            ([f"--label-truncate {opts.label_truncate}"] if opts.label_truncate != -1 else [])
+        raise OptionError(f"-m {opts.model}: its model does not fit in memory (torch "
                           f"{'tried to allocate ' + asked.group(1) if asked else 'ran out'}); make it smaller "
-                          f"(-esz/--embedding-size is {agent.opts.embedding_size})") from None
+                          f"({', '.join(sizes)})") from None
     if not isinstance(model, torch.nn.Module):
         raise ReplyError(f"{type(agent).__name__}.build_model() returned {type(model).__name__}: it must return the "
                          "torch.nn.Module to train (see examples/custom_agent.py)")

@@ -439,6 +439,18 @@ def test_a_reply_is_at_most_label_truncate_tokens_and_min_length_beyond_it_is_re
         TransformerGeneratorAgent(ab.Opts(embedding_size=8, label_truncate=3, beam_min_length=4))
 
 
+def test_a_beam_larger_than_the_vocabulary_is_refused_and_the_vocabulary_itself_searches():
+    """--beam-size 10**12 ended the final evaluation with an allocator traceback (79 lines)."""
+    size = TransformerGeneratorAgent(ab.Opts(embedding_size=8)).vocab.size
+    with pytest.raises(ab.opts.OptionError, match=f"--beam-size {size + 1}: more hypotheses than the {size} tokens "
+                                                  f"a first step chooses from; give at most {size}"):
+        TransformerGeneratorAgent(ab.Opts(embedding_size=8, inference="beam", beam_size=size + 1))
+    agent = TransformerGeneratorAgent(ab.Opts(embedding_size=8, label_truncate=2, inference="beam", beam_size=size))
+    batch = agent.batchify([agent.vectorize(ab.Message(text="abc", eval_labels=["x"]))])
+    assert agent.model.eval()(batch)["preds"].shape == (1, 2)
+    TransformerGeneratorAgent(ab.Opts(embedding_size=8, beam_size=size + 1))  # greedy: the beam is not used
+
+
 def test_beam_min_length_is_not_checked_where_nothing_is_generated():
     agent = TransformerGeneratorAgent(ab.Opts(embedding_size=8, label_truncate=3, beam_min_length=40,
                                               skip_generation=True))

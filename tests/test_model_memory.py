@@ -26,7 +26,7 @@ def test_an_embedding_too_large_for_host_memory_is_one_line_naming_esz(capsys):
     err = capsys.readouterr().err
     assert code == 2
     assert err.strip().splitlines() == [err.strip()]  # one line, no traceback
-    assert "-m bag: its model does not fit in memory" in err and "-esz/--embedding-size is 100000000" in err
+    assert "-m bag: its model does not fit in memory" in err and "-esz/--embedding-size 100000000" in err
 
 
 def test_a_device_out_of_memory_names_what_torch_asked_for():
@@ -40,3 +40,12 @@ def test_other_errors_of_build_model_keep_their_type():
     _Failing.error = RuntimeError("mat1 and mat2 shapes cannot be multiplied")
     with pytest.raises(RuntimeError, match="shapes cannot be multiplied"):
         _Failing(Opts(model="mine"))
+
+
+def test_a_model_too_large_for_its_label_truncate_names_it(capsys):
+    # a generator embeds every position a reply may have: --label-truncate 10**12 asked for 256 TB
+    code = main(["train", "-t", "dialogues:20", "-m", "transformer/generator", "--label-truncate", str(10**12),
+                 "-tstep", "1", "--no-progress", "--eval-splits", ""])
+    err = capsys.readouterr().err
+    assert code == 2 and err.strip().splitlines() == [err.strip()], err
+    assert "does not fit in memory" in err and f"--label-truncate {10**12}" in err, err

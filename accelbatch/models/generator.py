@@ -104,6 +104,9 @@ class GeneratorAgent(TorchAgent):
         if o.beam_min_length < 0 or o.beam_min_length > label_tokens(o) and not o.skip_generation:
             raise OptionError(f"--beam-min-length: must be 0 to the {label_tokens(o)} tokens a reply may have "
                               f"(--label-truncate), got {o.beam_min_length}")
+        if o.inference == "beam" and o.beam_size > self.vocab.size:  # more could only repeat the first step's
+            raise OptionError(f"--beam-size {o.beam_size}: more hypotheses than the {self.vocab.size} tokens a first "
+                              f"step chooses from; give at most {self.vocab.size}")
         if o.beam_block_ngram == 0 or o.beam_block_ngram < -1:
             raise OptionError(f"--beam-block-ngram: must be -1 (no blocking) or at least 1, got {o.beam_block_ngram}")
         return GeneratorModel(self.build_core(), label_tokens(o), o.inference, o.beam_size, o.skip_generation,
