@@ -19,7 +19,6 @@ the batched front end alone does.
 from __future__ import annotations
 
 import dataclasses
-import os
 import sys
 from collections.abc import Mapping
 from typing import Any
@@ -27,6 +26,7 @@ from typing import Any
 from accelbatch.agent_files import construct, unread_model_file
 from accelbatch.agents import Agent, TorchAgent
 from accelbatch.checkpoint import has_saved_position
+from accelbatch.cores import check_process_count, usable_cores
 from accelbatch.datatypes import is_training, split_of
 from accelbatch.hogwild import HogwildWorld
 from accelbatch.host_memory import apply_host_allocator
@@ -176,11 +176,6 @@ def stages_batches(agent: Agent) -> bool:
     slot = getattr(agent, "slot", None)
     engine = getattr(slot, "engine", None)
     return collates_anywhere(agent) and engine is not None and bool(engine.stages)
-
-
-def usable_cores() -> int:
-    """The CPUs this process may run on (its affinity mask where the OS has one)."""
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
 
 
 def data_processes_compete(opts: Opts) -> str | None:
@@ -377,6 +372,8 @@ def create_world(opts: Opts | Mapping[str, Any], agent: Agent | type[Agent] | st
         raise TypeError(_not_an_agent(f"create_world(agent={agent.__name__})", agent))
     if rows is not None and (isinstance(rows, bool) or not isinstance(rows, int) or rows < 1):
         raise TypeError(f"create_world(rows={rows!r}): rows is a number of batch rows, 1 or more (None: -bs)")
+    if runtime is None:
+        check_process_count("--num-workers", opts.num_workers, "data processes")
     if runtime is None and opts.numthreads > 1:
         check_main_guard(f"-nt/--numthreads {opts.numthreads}", _sent_agent(opts, agent, teacher))
     elif runtime is None and opts.dataloader_mode != "sync":

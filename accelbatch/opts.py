@@ -36,6 +36,7 @@ MIXED_PRECISION = ("no", "bf16", "fp16")
 INFERENCE = ("greedy", "beam")
 IPU_STRATEGIES = ("pipelined", "sharded", "phased")
 INPUT_GROUP_TYPES = ("consecutive", "orthogonal")
+MAX_WAIT_S = (2 ** 31 - 1) // 1000  # the longest timeout: poll(2) waits a C int of milliseconds
 
 
 def _opt(default: Any, *flags: str, help: str, choices: Sequence[Any] | None = None,
@@ -387,8 +388,9 @@ def validate(opts: Opts) -> None:
                           f"{opts.replication_factor}: hogwild processes and replicas do not combine; choose one "
                           "(-rf for synchronous data parallelism, -nt for hogwild)")
     for name in ("data_timeout_s", "replica_timeout_s"):
-        if getattr(opts, name) <= 0:
-            raise OptionError(f"{_flag(name)}: must be a positive number of seconds, got {getattr(opts, name)}")
+        if not 0 < getattr(opts, name) <= MAX_WAIT_S:
+            raise OptionError(f"{_flag(name)}: must be a positive number of seconds, at most {MAX_WAIT_S:,} (24.8 "
+                              f"days: the longest wait poll(2) takes), got {getattr(opts, name)}")
     for name in ("num_epochs", "max_train_steps", "max_train_time", "validation_max_exs",
                  "validation_every_n_epochs", "validation_every_n_secs", "validation_patience",
                  "save_every_n_secs"):

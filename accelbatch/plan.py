@@ -107,6 +107,7 @@ if TYPE_CHECKING:
     from accelbatch.opts import Opts
 
 
+MAX_MICRO_BATCHES = 2 ** 24  # D x G x R of one call (PopTorch's largest plans are some 10**6)
 _FLAGS = {
     "micro_batch": "--batchsize",
     "device_iterations": "--device-iterations",
@@ -181,6 +182,11 @@ class ExecutionPlan:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise PlanError(f"{flag}: must be an integer of at least 1, got {value!r}")
+        d, g, r = self.device_iterations, self.gradient_accumulation, self.replication_factor
+        if d * g * r > MAX_MICRO_BATCHES:  # a call's layout holds an entry per micro-batch
+            raise PlanError(f"--device-iterations {d} x --gradient-accumulation {g} x --replication-factor {r} = "
+                            f"{d * g * r:,} micro-batches a call, more than the {MAX_MICRO_BATCHES:,} a call is laid "
+                            "out for; lower them")
         n, r = self.input_group_size, self.replication_factor
         if r % n:
             fits = ", ".join(str(k) for k in range(1, r + 1) if r % k == 0)

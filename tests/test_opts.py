@@ -189,3 +189,13 @@ def test_a_datatype_with_a_mode_twice_or_unknown_is_still_refused(capsys):
         with pytest.raises(SystemExit):
             Opts.from_args(["-dt", given])
         assert f"invalid choice: '{given}'" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("name, flag", [("data_timeout_s", "--data-timeout-s"),
+                                        ("replica_timeout_s", "--replica-timeout-s")])
+def test_a_timeout_beyond_what_poll_waits_is_refused(name, flag):
+    """--data-timeout-s 3000000 (35 days) ended in an OverflowError traceback from the data workers' wait."""
+    longest = (2 ** 31 - 1) // 1000
+    assert getattr(Opts(**{name: longest}), name) == longest
+    with pytest.raises(OptionError, match=f"{flag}: must be a positive number of seconds, at most 2,147,483 "):
+        Opts(**{name: longest + 1})
