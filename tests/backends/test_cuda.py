@@ -409,7 +409,11 @@ def test_a_gpu_without_accelerate_names_the_extra_to_install(monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "accelerate" else real(name, *a))
     ok, why = CUDABackend.is_available()
-    assert not ok and "accelerate, which is not installed: pip install 'accelbatch[cuda]'" in why
+    assert not ok and why == ("Hugging Face accelerate, which the cuda backend runs on, is not installed: pip "
+                              "install 'accelbatch[cuda]' (or pip install accelerate)")
+    with pytest.raises(BackendUnavailable) as refused:  # the device said once (its message named it twice)
+        get_backend("cuda")
+    assert str(refused.value).count("--device cuda") == 1, refused.value
     monkeypatch.setattr(importlib.util, "find_spec", real)
     assert CUDABackend.is_available() == (True, "")
 
