@@ -129,3 +129,36 @@ def test_the_forkserver_ends_at_once_with_the_process_that_started_it(tmp_path: 
             proc.kill()
             proc.wait()
     assert took < 0.5, f"the forkserver outlived the process that started it by {took:.2f} s"
+
+
+THREAD_STARTS_SPAWNED_WORKERS = """
+import multiprocessing
+import threading
+
+import accelbatch as ab
+from accelbatch.data.loader import make_loader
+
+if __name__ == "__main__":
+    multiprocessing.set_start_method("spawn")
+    data = [[ab.Message(text=f"hello {i}", labels=["a"], episode_done=True)] for i in range(64)]
+    loader = make_loader(data, batch_size=4, num_workers=2, shuffle=False, training=False)  # built in main
+    passes = []
+    helper = threading.Thread(target=lambda: passes.append(sum(1 for _ in loader)))  # starts the workers
+    helper.start()
+    helper.join()
+    passes.append(sum(1 for _ in loader))  # the helper thread has ended: the workers must not have
+    print(passes, flush=True)
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+def test_spawned_workers_outlive_the_thread_that_started_them(tmp_path: Path) -> None:
+    """The kernel's end-with-parent signal fires when the starting thread ends: spawned workers started by a
+    helper thread must not ask for it (they were told the pid of the thread that built the loader)."""
+    (tmp_path / "threads.py").write_text(THREAD_STARTS_SPAWNED_WORKERS)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([ROOT, os.environ.get("PYTHONPATH", "")]),
+           "OMP_NUM_THREADS": "1"}
+    ran = subprocess.run([sys.executable, str(tmp_path / "threads.py")], capture_output=True, text=True,
+                         timeout=100, env=env, cwd=str(tmp_path))
+    assert ran.returncode == 0 and ran.stdout.strip() == "[16, 16]", ran.stderr[-2000:]

@@ -25,9 +25,7 @@ it (not what was read ahead); ``load_state_dict`` makes a fresh loader continue 
 
 from __future__ import annotations
 
-import functools
 import os
-import threading
 from dataclasses import replace
 from typing import Any, Callable, Iterator, Sequence
 
@@ -198,9 +196,7 @@ def make_loader(data: Any, config: LoaderConfig | Any | None = None, *, collate:
     kwargs: dict[str, Any] = dict(batch_size=None, num_workers=workers, collate_fn=identity,
                                   persistent_workers=workers > 0)
     if workers > 0:
-        main = threading.current_thread() is threading.main_thread()  # the workers start in this thread
-        kwargs.update(timeout=config.timeout_s,
-                      worker_init_fn=functools.partial(init_data_worker, spawned_by=os.getpid() if main else None))
+        kwargs.update(timeout=config.timeout_s, worker_init_fn=init_data_worker)  # PassLoader: which thread starts
         if default_start_method() == "forkserver":  # the workers fork from the run's server, which ends with it
             start_forkserver()
     dataloader = PassLoader(build, sampler=steps, **kwargs)

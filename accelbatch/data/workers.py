@@ -3,6 +3,7 @@ a planned shape, and torch's DataLoader around it with its workers' failures nam
 
 from __future__ import annotations
 
+import functools
 import gc
 import multiprocessing
 import os
@@ -69,8 +70,8 @@ def init_data_worker(worker_id: int, spawned_by: int | None = None) -> None:
     that forked it dies, the kernel ends it (:func:`~accelbatch.orphans.end_with_parent`); what the worker
     inherited (the store among it) lives as long as it does, so it is frozen out of the collector's reach:
     otherwise every full collection walks it and, in a forked worker, copies each page it touches.
-    ``spawned_by``: the loader's process when the loader was built in its main thread (a spawned worker
-    cannot tell which thread started it)."""
+    ``spawned_by``: the loader's process when its main thread started the worker (a spawned worker cannot
+    tell which thread started it: :class:`PassLoader` says)."""
     end_with_parent(_data_worker_parent(spawned_by))
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     if hasattr(os, "setpgid"):
@@ -252,6 +253,9 @@ class PassLoader(DataLoader):
     def __iter__(self):  # type: ignore[override]
         if self.generator is None:
             self.generator = torch.Generator().manual_seed(self.seed)
+        if self.num_workers and getattr(self, "_iterator", None) is None:  # its workers start now, in this thread
+            main = threading.current_thread() is threading.main_thread()
+            self.worker_init_fn = functools.partial(init_data_worker, spawned_by=os.getpid() if main else None)
         self.sampler.begin_pass()
         return _named_failures(super().__iter__(), self.timeout)
 
