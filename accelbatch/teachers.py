@@ -148,10 +148,6 @@ class FixedTeacher(Teacher):
                 raise
             if self.store.table.num_examples == 0:
                 raise DataFileError(f"task {opts.task!r} ({split_of(opts.datatype)}) has no examples")
-            wrong = self.store.table.miscounted(type(self).__name__, num_examples=self.num_examples(),
-                                                num_episodes=self.num_episodes())  # -ne counts epochs by them
-            if wrong:
-                raise DataFileError(wrong)
             self.metrics = Metrics(bleu=wants_bleu(opts.metrics))
             self.serving = Serving()
         else:
@@ -176,6 +172,14 @@ class FixedTeacher(Teacher):
 
     def share(self) -> dict[str, Any]:
         return {**super().share(), "store": self.store, "metrics": self.metrics, "serving": self.serving}
+
+    def check_counts(self) -> None:
+        """Refuse an override of num_examples() / num_episodes() that is not what the data holds (-ne counts
+        epochs by them); called once the teacher is whole (ParlAI's set what they return in __init__)."""
+        wrong = self.store.table.miscounted(type(self).__name__, num_examples=self.num_examples(),
+                                            num_episodes=self.num_episodes())
+        if wrong:
+            raise DataFileError(wrong)
 
     def num_examples(self) -> int:
         """Examples of the whole split (every shard's), so epochs mean the same on every replica."""
@@ -470,6 +474,7 @@ def create_teachers(opts: Opts) -> list[Teacher]:
     for task in task_names(opts):
         try:
             teachers.append(resolve_teacher_class(task)(opts.replace(task=task)))
+            getattr(teachers[-1], "check_counts", lambda: None)()  # a FixedTeacher's, once it is whole
         except DataFileError:
             # a missing file whose path was cut at a comma: say that, not just "no such file"
             message = comma_in_path(opts, task)

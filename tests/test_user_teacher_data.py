@@ -168,6 +168,25 @@ def test_a_teacher_whose_own_counts_are_not_its_datas_is_refused_at_load(example
     assert MiscountingTeacher(ab.Opts(datatype="train")).num_examples() == 5  # counts that agree are taken
 
 
+class CountsSetInInit(MiscountingTeacher):
+    """ParlAI's habit: what num_examples() returns is set in __init__, after the base class's."""
+
+    def __init__(self, opts, shared=None):
+        super().__init__(opts, shared)
+        self.told = (5, 3)
+
+    def num_examples(self):
+        return self.told[0]
+
+    def num_episodes(self):
+        return self.told[1]
+
+
+def test_counts_an_init_sets_after_the_base_class_are_read_once_it_is_whole(capsys):
+    assert main(["train", "-t", f"{__name__}:CountsSetInInit", "-m", "repeat_label", "-ne", "1", "--no-progress",
+                 "--eval-splits", ""]) == 0, capsys.readouterr().err
+
+
 class IntLabelTeacher(ab.FixedTeacher):
     def setup_data(self):
         return [[{"text": "is it", "labels": ["yes"]}], [{"text": "is not", "labels": [3]}]]
