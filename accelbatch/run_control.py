@@ -209,18 +209,21 @@ MODEL_FILE_SIDES = (".opt", ".trainstats", ".ckpt")
 
 
 def _check_distinct(outputs: list[tuple[str, str | None, bool]]) -> None:
-    """Refuse two outputs that would write the same file (each would replace the other's: -mf and
+    """Refuse two outputs that would write the same regular file (each would replace the other's: -mf and
     --report-json both m.pt lost the model), a model file's own PATH.opt, PATH.trainstats and PATH.ckpt
-    included."""
+    included. Folders (TensorBoard's and the IPU cache's files have their own names) and devices or pipes
+    (written in place: --report-json /dev/null --metrics-log /dev/null) may be shared."""
     from accelbatch.opts import OptionError
 
     written: dict[str, tuple[str, str]] = {}
-    for flag, path, _ in outputs:
-        if not path:
+    for flag, path, is_dir in outputs:
+        if not path or is_dir:
             continue
         sides = MODEL_FILE_SIDES if flag == "-mf/--model-file" else ()
         for name in (path, *(path + side for side in sides)):
             target = os.path.realpath(name)
+            if os.path.exists(target) and not os.path.isfile(target) and not target.endswith(".ckpt"):
+                continue
             if target in written and written[target][0] != flag:
                 raise OptionError(f"{flag} {path} and {' '.join(written[target])} both write {name}, so one would "
                                   "replace the other; give them different paths")

@@ -249,3 +249,11 @@ def test_an_ipu_cache_dir_that_cannot_be_made_is_one_line(tmp_path):
         check_output_paths(_opts(ipu_cache_dir=str(afile / "cache")))
     assert str(exc.value) == (f"--ipu-cache-dir {afile / 'cache'}: its folder {afile} is a file, not a folder; give "
                               "a path in a folder, or move that file away")
+
+
+def test_outputs_written_in_place_or_folders_may_be_shared(tmp_path):
+    # a device or pipe is written in place, and a folder holds each output's own files: nothing is replaced
+    check_output_paths(_opts(report_json=os.devnull, metrics_log=os.devnull))
+    check_output_paths(_opts(tensorboard_logdir=str(tmp_path / "out"), ipu_cache_dir=str(tmp_path / "out")))
+    with pytest.raises(OptionError, match="both write"):  # a regular file is replaced by each
+        check_output_paths(_opts(report_json=str(tmp_path / "r"), metrics_log=str(tmp_path / "r")))
