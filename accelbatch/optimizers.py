@@ -48,18 +48,28 @@ def state_fits(saved: Any, optimizer: torch.optim.Optimizer, saved_kind: str | N
     return bool(groups) and isinstance(groups[0], dict) and set(groups[0]) == set(optimizer.param_groups[0])
 
 
+# the per-parameter states torch's optimizers keep elementwise, each of its parameter's shape (others, such as
+# Adafactor's row and column variances, broadcast to it; step counts are 0-d)
+ELEMENTWISE_STATES = frozenset({"momentum_buffer", "exp_avg", "exp_avg_sq", "max_exp_avg_sq", "exp_inf", "sum",
+                                "square_avg", "acc_delta", "prev", "step_size", "ax"})
+
+
 def state_misfit(saved: Any, optimizer: torch.optim.Optimizer, model: torch.nn.Module) -> str | None:
     """Where a saved optimizer ``state_dict``'s per-parameter state does not fit ``optimizer``'s parameters
     (None where it fits): torch's ``load_state_dict`` pairs them by position and checks only their number, so
-    a state of another shape failed at the first step. Each state tensor must broadcast to its parameter (as
-    torch's optimizers keep them: elementwise, or factored along a dimension of the parameter)."""
+    a state of another shape failed at the first step. Checked for torch's own optimizers, whose states are
+    known (:data:`ELEMENTWISE_STATES`); another optimizer's layout is its own."""
+    if not type(optimizer).__module__.startswith("torch.optim"):
+        return None
     names = {id(p): name for name, p in model.named_parameters()}
     params = [p for group in optimizer.param_groups for p in group["params"]]
     ids = [i for group in saved.get("param_groups", []) for i in group.get("params", [])]
     state = saved.get("state", {})
     for index, param in zip(ids, params):
         for key, value in (state.get(index) or {}).items():
-            if isinstance(value, torch.Tensor) and value.dim() and not _broadcasts(value.shape, param.shape):
+            if not isinstance(value, torch.Tensor) or not value.dim():
+                continue
+            if value.shape != param.shape if key in ELEMENTWISE_STATES else not _broadcasts(value.shape, param.shape):
                 return (f"its {key} of {names.get(id(param), f'parameter {index}')} is {list(value.shape)}, the "
                         f"parameter {list(param.shape)}")
     return None

@@ -51,6 +51,34 @@ def test_factored_and_scalar_states_fit():
     assert state_misfit(saved, torch.optim.Adafactor(model.parameters()), model) is None
 
 
+class RowFactored(torch.optim.Optimizer):
+    """Not one of torch's: keeps a per-row second moment of each matrix, [rows] (fairseq's Adafactor layout)."""
+
+    def __init__(self, params, lr=0.1):
+        super().__init__(params, {"lr": lr})
+
+    def step(self, closure=None):
+        for group in self.param_groups:
+            for p in group["params"]:
+                row = self.state[p].setdefault("exp_avg_sq_row", torch.zeros(p.shape[:-1]))
+                row.add_(p.grad.pow(2).mean(-1))
+                p.data.add_(-group["lr"] * p.grad / (row.unsqueeze(-1).sqrt() + 1e-8))
+
+
+def test_another_optimizers_own_state_layout_is_not_checked():
+    model = _two_layers(first_wide=True)
+    saved = _stepped_state(model, RowFactored)
+    assert {tuple(s["exp_avg_sq_row"].shape) for s in saved["state"].values()} == {(3,), (5,)}
+    assert state_misfit(saved, RowFactored(model.parameters()), model) is None
+
+
+def test_an_elementwise_state_of_another_shape_does_not_fit_even_where_it_broadcasts():
+    wide, narrow = nn.Linear(4, 4, bias=False), nn.Linear(4, 1, bias=False)  # [4, 4] and [1, 4]
+    saved = _stepped_state(narrow)
+    assert state_misfit(saved, torch.optim.Adam(wide.parameters()), wide) == \
+        "its exp_avg of weight is [1, 4], the parameter [4, 4]"
+
+
 def test_resuming_a_checkpoint_whose_state_does_not_fit_is_one_line():
     saved = _stepped_state(_two_layers(first_wide=True))
     reordered = _two_layers(first_wide=False)
