@@ -59,6 +59,9 @@ def from_shared(shared: dict[str, Any]) -> Any:
     return cls(shared["opts"], shared)
 
 
+SIZE_FLAGS = (("embedding_size", "-esz/--embedding-size"),)  # what a model's size follows, unless its agent says
+
+
 def built_model(agent: Any) -> torch.nn.Module:
     """``agent.build_model()``, checked: a torch Module, and a model too large for memory said in one line."""
     try:
@@ -67,9 +70,8 @@ def built_model(agent: Any) -> torch.nn.Module:
         if not isinstance(exc, torch.OutOfMemoryError) and "can't allocate memory" not in str(exc):
             raise
         asked = re.search(r"tried to allocate (\S+ [a-zA-Z]+)", str(exc), re.IGNORECASE)
-        opts = agent.opts  # the sizes a model may be built from (a generator's positions: the truncations)
-        sizes = [f"-esz/--embedding-size {opts.embedding_size}", f"-tr/--text-truncate {opts.text_truncate}"] + \
-            ([f"--label-truncate {opts.label_truncate}"] if opts.label_truncate != -1 else [])
+        opts = agent.opts  # the options its model's size follows (an agent's model_size_options; -esz)
+        sizes = [f"{flag} {getattr(opts, name)}" for name, flag in getattr(agent, "model_size_options", SIZE_FLAGS)]
         raise OptionError(f"-m {opts.model}: its model does not fit in memory (torch "
                           f"{'tried to allocate ' + asked.group(1) if asked else 'ran out'}); make it smaller "
                           f"({', '.join(sizes)})") from None

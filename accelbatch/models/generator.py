@@ -210,6 +210,10 @@ class TransformerCore(nn.Module):
 class TransformerGeneratorAgent(GeneratorAgent):
     """``-m transformer/generator``: :class:`TransformerCore` with ``--embedding-size`` wide layers."""
 
+    # what its model's size follows (said when it does not fit in memory): the positions it embeds
+    model_size_options = (("embedding_size", "-esz/--embedding-size"), ("text_truncate", "-tr/--text-truncate"),
+                          ("label_truncate", "--label-truncate"))
+
     def load(self, path: str, option: str = "--model-file", optimizer: bool = True) -> None:
         """:meth:`TorchAgent.load`; a position table of another size names the options that size it."""
         try:
