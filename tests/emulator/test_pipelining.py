@@ -107,7 +107,15 @@ def test_training_a_pipeline_needs_accumulation_of_twice_its_stages_minus_one():
         "pipeline stages (5) when using poptorch.PipelinedExecution. Please note that a model with 3 pipeline "
         "stages in PopTorch will have an additional 2 stages when training.")
     assert all(torch.equal(p, q) for p, q in zip(model.parameters(), before))  # nothing was updated
+    # the compilation failed, so there is no executable: as PopTorch's, destroy() has nothing to release and
+    # the module stays wrapped (PopTorch unwraps it only with the executable)
+    assert not wrapped.isCompiled()
     wrapped.destroy()
+    with pytest.raises(RuntimeError, match="Model has already been wrapped"):
+        poptorch.trainingModel(model, options(g=5))
+    model = chain()
+    poptorch.BeginBlock(model.layers[1], ipu_id=1)
+    poptorch.BeginBlock(model.layers[3], ipu_id=2)
     poptorch.trainingModel(model, options(g=5).autoRoundNumIPUs(True))(*batch(5))
 
 
