@@ -151,8 +151,8 @@ class Opts:
     log_every_n_secs: float = _opt(2.0, "-ltim", "--log-every-n-secs", train_only=True,
                                    help="seconds between metric logs (0: every step; -1: only at the end)")
     progress: bool | None = _opt(None, "--progress",
-                                 help="show a progress bar: by default when stderr is a terminal (--progress: "
-                                      "also into a file or pipe; --no-progress: never)")
+                                 help="train's progress bar (other verbs show none): by default when stderr is "
+                                      "a terminal (--progress: also into a file or pipe; --no-progress: never)")
     tensorboard_logdir: str | None = _opt(None, "--tensorboard-logdir",
                                           help="also write the logged metrics as TensorBoard scalars here "
                                                "(needs `pip install tensorboard`)")
