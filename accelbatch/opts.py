@@ -226,9 +226,9 @@ class Opts:
                                   help="cuda with replicas: DDP's static_graph (for a model whose forward "
                                        "uses the same parameters every step; DDP then skips its per-step "
                                        "bookkeeping of which gradients are ready)")
-    ipu_emulator: bool = _opt(False, "--ipu-emulator", group="plan",
-                              help="run --device ipu on the CPU emulator of poptorch "
-                                   "(also ACCELBATCH_IPU_EMULATOR=1)")
+    ipu_emulator: bool | None = _opt(None, "--ipu-emulator", group="plan",
+                                     help="run --device ipu on the CPU emulator of poptorch (default: as "
+                                          "ACCELBATCH_IPU_EMULATOR=1 says; --no-ipu-emulator: never)")
     ipu_loss_scaling: float | None = _opt(None, "--ipu-loss-scaling", group="plan", train_only=True,
                                           help="ipu with --mixed-precision fp16: the optimizer's static "
                                                "loss_scaling (default 128; 1 turns it off)")

@@ -47,9 +47,11 @@ _MODES = {"sync": "Sync", "async": "Async", "async-rebatched": "AsyncRebatched",
 
 
 def emulator_requested(opts: Any = None) -> bool:
-    """True when ``opts.ipu_emulator`` is set or ``ACCELBATCH_IPU_EMULATOR`` is 1/true/yes/on."""
-    if opts is not None and bool(getattr(opts, "ipu_emulator", False)):
-        return True
+    """``opts.ipu_emulator`` where it says (--no-ipu-emulator wins over the environment), else whether
+    ``ACCELBATCH_IPU_EMULATOR`` is 1/true/yes/on."""
+    said = getattr(opts, "ipu_emulator", None) if opts is not None else None
+    if said is not None:
+        return bool(said)
     return os.environ.get(EMULATOR_ENV, "").strip().lower() in _TRUE
 
 

@@ -101,7 +101,7 @@ def test_cli_device_ipu_without_poptorch_is_a_usage_error(no_poptorch, capsys):
 
 @pytest.mark.parametrize("how", ["option", "env"])
 def test_emulator_runs_when_asked(no_poptorch, monkeypatch, how):
-    opts = Opts(ipu_emulator=how == "option")
+    opts = Opts(ipu_emulator=True) if how == "option" else Opts()  # env: the option not given
     if how == "env":
         monkeypatch.setenv(EMULATOR_ENV, "1")
     assert get_backend("ipu", opts) is IPUBackend
@@ -116,6 +116,18 @@ def test_emulator_runs_when_asked(no_poptorch, monkeypatch, how):
 def test_env_switch_off_values_do_not_select_the_emulator(no_poptorch, monkeypatch):
     monkeypatch.setenv(EMULATOR_ENV, "0")
     assert IPUBackend.is_available()[0] is False
+
+
+def test_no_ipu_emulator_wins_over_the_environment(no_poptorch, monkeypatch, capsys):
+    """With ACCELBATCH_IPU_EMULATOR=1 exported, --no-ipu-emulator asked for IPUs and ran the emulator."""
+    from accelbatch.cli import main
+
+    monkeypatch.setenv(EMULATOR_ENV, "1")
+    assert IPUBackend.is_available(Opts())[0] is True  # the option not given: the environment says
+    assert IPUBackend.is_available(Opts(ipu_emulator=False))[0] is False
+    assert main(["train", "--device", "ipu", "--no-ipu-emulator", "-bs", "4", "-tstep", "1", "--no-progress"]) == 2
+    assert "--device ipu: poptorch is not installed" in capsys.readouterr().err
+    assert Opts.from_args(["--device", "ipu"]).ipu_emulator is None
 
 
 def test_real_poptorch_when_it_imports_and_the_emulator_when_asked(monkeypatch):
