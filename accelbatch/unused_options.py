@@ -190,13 +190,19 @@ READERS: dict[str, Reader] = {
                                   "--loss-normalization token, or --resume"),
     "loss_normalization": Reader(_normalizes, f"{SEVERAL}, --reduction sum, --resume, or an agent of yours"),
     **{name: Reader(_has_text_weights, TEXT_MODEL) for name in ("embedding_size", "text_truncate", "label_truncate")},
-    **{name: Reader(_has_weights, MODEL) for name in ("learning_rate", "optimizer")},
+    **{name: Reader(_has_weights, MODEL) for name in ("learning_rate", "optimizer", "compile", "mixed_precision",
+                                                      "skip_nan")},
     **{name: Reader(_reads_text, TEXT) for name in ("context_length", "include_labels")},
 }
 # a verb that reads options otherwise than train does: its own readers (the other verbs use READERS)
+SEEDED_DATA = "a shuffled -dt (such as train), or -t dialogues, reverse or a teacher of yours"
+# eval and display-model with -mf build no weights from --seed: only the data, or an agent of yours, may read it
+_SEEDED_EVAL = {"seed": Reader(lambda o: not o.model_file or _orders_by_seed(o) or _theirs(o),
+                               f"a model without -mf (its initial weights), {SEEDED_DATA}, or an agent of yours")}
 VERB_READERS: dict[str, dict[str, Reader]] = {
-    "display-data": {"seed": Reader(_orders_by_seed, "a shuffled -dt (such as train), or -t dialogues, reverse "
-                                                     "or a teacher of yours")},
+    "display-data": {"seed": Reader(_orders_by_seed, SEEDED_DATA), "datapath": READERS["datapath"]},
+    "eval": {**READERS, **_SEEDED_EVAL},
+    "display-model": {**READERS, **_SEEDED_EVAL},
 }
 
 

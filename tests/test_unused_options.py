@@ -102,7 +102,8 @@ WHERE_READ: dict[str, tuple[list[dict], list[dict]]] = {
     "loss_normalization": ([{}, {"device_iterations": 2, "drop_last": False}, GENERATOR],
                            [{"gradient_accumulation": 2}, {"replication_factor": 2}, {"reduction": "sum"},
                             {"resume": True, "model_file": "m"}, THEIRS]),
-    **dict.fromkeys(("learning_rate", "optimizer"), (MODEL_READS[0], [*MODEL_READS[1], TORCH_MODEL])),
+    **dict.fromkeys(("learning_rate", "optimizer", "compile", "mixed_precision", "skip_nan"),
+                    (MODEL_READS[0], [*MODEL_READS[1], TORCH_MODEL])),
     **dict.fromkeys(("embedding_size", "text_truncate", "label_truncate"), ([*MODEL_READS[0], TORCH_MODEL],
                                                                             MODEL_READS[1])),
     **dict.fromkeys(("context_length", "include_labels"), ([TORCH_MODEL], [{}, GENERATOR, THEIRS])),
@@ -184,6 +185,23 @@ def test_display_data_reads_the_seed_only_for_a_shuffled_order_or_a_generated_ta
     opts = Opts(task=task, datatype=datatype, seed=5)
     assert len(unused_option_notes(opts, {"seed"}, verb="display-data")) == (0 if read else 1)
     assert unused_option_notes(opts, {"seed"}) == []  # the other verbs build a model from it
+
+
+@pytest.mark.parametrize("verb", ["eval", "display-model"])
+def test_eval_verbs_read_the_seed_only_without_a_model_file_or_with_seeded_data(verb):
+    """eval -mf m.pt --seed 0 and --seed 5 scored alike without a note: the weights come from the file."""
+    def notes(**changes):
+        return unused_option_notes(Opts(**{"datatype": "valid", **changes}), {"seed", "datapath"}, verb=verb)
+
+    assert [n.split(":")[1].strip() for n in notes(model_file="m.pt")] == ["-dp/--datapath", "--seed"]
+    assert len(notes()) == 1  # no -mf: the seed draws the model's initial weights
+    assert len(notes(model_file="m.pt", task="dialogues:20")) == 1  # data generated from the seed
+    assert len(notes(model_file="m.pt", model="mypkg.agents:Mine")) == 1  # an agent of yours may read it
+
+
+def test_display_data_says_an_unread_datapath():
+    assert len(unused_option_notes(Opts(task="babi:2"), {"datapath"}, verb="display-data")) == 1
+    assert unused_option_notes(Opts(task="jsonl:d.jsonl"), {"datapath"}, verb="display-data") == []
 
 
 def test_a_replica_other_than_rank_0_says_nothing(tmp_path, capsys, monkeypatch):
