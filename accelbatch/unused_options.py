@@ -147,12 +147,17 @@ def _logs_windows(opts: Opts) -> bool:
 
 
 def _reads_files(opts: Opts) -> bool:
-    """Whether -dp is read: a task that names a file (jsonl:, parlai:, a folder) or may read it (a teacher or
-    torch: dataset of yours); accelbatch's generated tasks (babi, dialogues, reverse) read no file."""
+    """Whether -dp is read: a task that names a file (jsonl:, parlai:, a folder) by a relative path, which -dp
+    is joined to, or may read it (a teacher or torch: dataset of yours); accelbatch's generated tasks (babi,
+    dialogues, reverse) read no file."""
     from accelbatch.teachers import FILE_TASKS, TASK_PATHS
 
     generated = set(TASK_PATHS) - set(FILE_TASKS) - {"torch"}
-    return not _task_kinds(opts) <= generated
+    for part in opts.task.split(","):
+        kind, _, path = part.strip().partition(":")
+        if kind not in generated and not (kind in FILE_TASKS and os.path.isabs(os.path.expanduser(path))):
+            return True
+    return False
 
 
 def _draws_tasks(opts: Opts) -> bool:
@@ -167,7 +172,8 @@ READERS: dict[str, Reader] = {
     "multitask_weights": Reader(_draws_tasks, "multitask training (-t A,B with -dt train)"),
     "log_every_n_secs": Reader(_logs_windows, "a progress bar (stderr a terminal, or --progress), --metrics-log or "
                                               "--tensorboard-logdir, whose train figures it paces"),
-    "datapath": Reader(_reads_files, "a task read from a file (jsonl:, parlai:, a folder) or a teacher of yours"),
+    "datapath": Reader(_reads_files, "a task read from a file by a relative path (jsonl:, parlai:, a folder) or a "
+                                     "teacher of yours"),
     "num_buckets": Reader(lambda o: o.dynamic_batching == "buckets", "--dynamic-batching buckets"),
     "max_batch_tokens": Reader(lambda o: o.dynamic_batching in ("full", "buckets"),
                                "--dynamic-batching full or buckets"),

@@ -75,7 +75,8 @@ VALIDATED = [{"validation_every_n_epochs": 0.5}, {"validation_every_n_secs": 5},
 # name -> (where it is unread, where it is read), each on top of -veps -1
 WHERE_READ: dict[str, tuple[list[dict], list[dict]]] = {
     "num_buckets": ([{}], [{"dynamic_batching": "buckets"}]),
-    "datapath": ([{"task": "babi:1"}, {"task": "dialogues,reverse"}],
+    "datapath": ([{"task": "babi:1"}, {"task": "dialogues,reverse"}, {"task": "jsonl:/abs/data.jsonl"},
+                  {"task": "babi:1,parlai:/abs/d.txt"}],
                  [{"task": "jsonl:data.jsonl"}, {"task": "babi:1,parlai:d.txt"}, {"task": "mypkg.tasks:MyTeacher"},
                   {"task": "torch:mypkg.data:make"}]),
     "log_every_n_secs": ([{"progress": False}], [{"progress": True}, {"metrics_log": "log.jsonl"},
