@@ -142,6 +142,12 @@ def has_surrogate(msg: dict) -> bool:
     return _SURROGATE.search("\n".join(parts)) is not None
 
 
+def not_unicode(found: tuple[str, int, str]) -> str:
+    """What :func:`lone_surrogate` found, in words (an error's first part)."""
+    field, index, char = found
+    return f"{field} is not valid Unicode: a lone surrogate \\u{ord(char):04x} at character {index}"
+
+
 def lone_surrogate(value: Any, field: str = "") -> tuple[str, int, str] | None:
     """The first lone surrogate in ``value``'s strings, keys included (dicts, lists and tuples walked):
     (where it is, e.g. ``'labels'[1]``, the character's index in that string, the character); None if none."""

@@ -202,7 +202,7 @@ def spawn_replicas(fn: Callable[..., Any], nprocs: int, *args: Any, timeout_s: f
     """
     if nprocs < 1:
         raise ValueError(f"nprocs must be at least 1, got {nprocs}")
-    check_process_count("-rf/--replication-factor", nprocs, "replica processes on cpu")
+    check_process_count("-rf/--replication-factor", nprocs, "replica processes")
     store = _rendezvous_store(group_timeout_s)
     port = store.port
     spec = dataclasses.replace(_REPLICAS, env={"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),

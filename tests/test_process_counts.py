@@ -24,7 +24,7 @@ def test_the_most_processes_are_four_a_core_and_at_least_sixteen(monkeypatch, us
 
 def test_replica_processes_are_refused_before_any_starts(monkeypatch):
     monkeypatch.setattr(cores, "usable_cores", lambda: 2)
-    with pytest.raises(OptionError, match="-rf/--replication-factor 17: starts 17 replica processes on cpu"):
+    with pytest.raises(OptionError, match="-rf/--replication-factor 17: starts 17 replica processes, more than the 16"):
         spawn_replicas(print, 17)
 
 

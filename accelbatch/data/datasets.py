@@ -37,6 +37,7 @@ from accelbatch.messages import (
     Message,
     has_surrogate,
     lone_surrogate,
+    not_unicode,
 )
 from accelbatch.metrics import AnswerTable
 from accelbatch.tasks.files import DataFileError, FileIndex, episode_at
@@ -113,11 +114,10 @@ def _parlai_message(msg: dict) -> dict:
             given = "label" if key == LABELS and "label" in msg and LABELS not in msg else key  # as the teacher wrote
             raise DataFileError(f"{given!r} is {_short(value)} (holding {type(bad).__name__}); give a str or a list "
                                 f"of str, e.g. {given!r}: ['yes']")
-    if has_surrogate(out):
-        field, index, char = lone_surrogate(out) or ("a field", 0, "?")
-        raise DataFileError(f"{field} is not valid Unicode: a lone surrogate \\u{ord(char):04x} at character {index} "
-                            "(a byte that is not UTF-8, read with errors='surrogateescape', or half of an emoji); "
-                            "decode the data as UTF-8 or remove the character")
+    bad = lone_surrogate(out) if has_surrogate(out) else None  # the quick look first: most turns have none
+    if bad is not None:
+        raise DataFileError(f"{not_unicode(bad)} (a byte that is not UTF-8, read with errors='surrogateescape', or "
+                            "half of an emoji); decode the data as UTF-8 or remove the character")
     return out
 
 

@@ -29,7 +29,7 @@ from typing import BinaryIO, Iterator
 
 import numpy as np
 
-from accelbatch.messages import EPISODE_DONE, Message, as_message, lone_surrogate
+from accelbatch.messages import EPISODE_DONE, Message, as_message, lone_surrogate, not_unicode
 
 LIST_KEYS = ("labels", "eval_labels", "label_candidates", "text_candidates")
 
@@ -66,10 +66,8 @@ def parse_jsonl_line(line: str, path: str, lineno: int) -> Message:
     if _SURROGATE_ESCAPE.search(line):
         bad = lone_surrogate(obj)
         if bad is not None:
-            field, index, char = bad
-            raise DataFileError(f"{path}:{lineno}: {field} is not valid Unicode: a lone surrogate \\u{ord(char):04x} "
-                                f"at character {index} (half of a UTF-16 pair, e.g. an emoji cut in two); write the "
-                                "whole character or remove the escape")
+            raise DataFileError(f"{path}:{lineno}: {not_unicode(bad)} (half of a UTF-16 pair, e.g. an emoji cut in "
+                                "two); write the whole character or remove the escape")
     return _checked(obj, path, lineno, episode_done_default=True)
 
 
