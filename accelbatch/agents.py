@@ -442,11 +442,14 @@ class TorchAgent(Agent):
                                  "model (its agent's class could not be recorded); give -m module:Class of the "
                                  "agent that saved it") from exc
         self.model.load_state_dict(weights)
-        if optimizer and self.optimizer is not None and "optimizer" in state:
+        if optimizer and self.optimizer is not None:
             self._load_optimizer(state, path, option)
 
     def _load_optimizer(self, state: dict[str, Any], path: str, option: str) -> None:
-        saved, kind = state["optimizer"], type(self.optimizer).__name__
+        saved, kind = state.get("optimizer"), type(self.optimizer).__name__
+        if saved is None:  # weights alone (saved by hand, or by an agent that had no optimizer)
+            self.load_notes.append(f"{option} {path}: holds no optimizer state; {kind} starts fresh (weights loaded)")
+            return
         saved_kind = state.get("optimizer_class")
         same_kind = state_fits(saved, self.optimizer, saved_kind)
         fresh = learning_rates(self.optimizer)  # what this run's options (and the agent) give
@@ -478,9 +481,8 @@ def check_weights(saved: dict[str, Any], wanted: dict[str, torch.Tensor], what: 
     """A one-line ModelFileError when ``saved`` are not weights of the model ``wanted`` describes."""
     missing = [k for k in wanted if k not in saved]
     unexpected = [k for k in saved if k not in wanted]
-    if missing or unexpected:
-        parts = ([f"missing {', '.join(missing[:3])}"] if missing else []) + \
-            ([f"unexpected {', '.join(unexpected[:3])}"] if unexpected else [])
+    parts = [f"{w} {', '.join(keys[:3])}" for w, keys in (("missing", missing), ("unexpected", unexpected)) if keys]
+    if parts:
         raise ModelFileError(f"{what}: its weights are not a {model}'s ({'; '.join(parts)}); was it saved by "
                              "another -m model?")
     for key, tensor in wanted.items():
@@ -493,7 +495,6 @@ def check_weights(saved: dict[str, Any], wanted: dict[str, torch.Tensor], what: 
 
 
 def _opt_names_no_model(path: str) -> bool:
-    """Whether the options kept beside model file ``path`` (PATH.opt, see :mod:`accelbatch.model_opts`) exist
-    and name no ``-m`` model."""
+    """Whether ``path``'s options file PATH.opt (:mod:`accelbatch.model_opts`) exists and names no ``-m`` model."""
     saved = read_json_file(f"{path}.opt")
     return isinstance(saved, dict) and "model" not in saved

@@ -232,6 +232,18 @@ def test_continuing_a_model_file_with_another_optimizer_starts_it_fresh(tmp_path
     assert torch.load(path, map_location="cpu", weights_only=True)["optimizer_class"] == "SGD"
 
 
+def test_continuing_a_model_file_without_optimizer_state_says_it_starts_fresh(tmp_path):
+    path = str(tmp_path / "m.pt")
+    opts = _train_memnn(path, optimizer="adam")
+    saved = torch.load(path, map_location="cpu", weights_only=True)
+    torch.save({"model": saved["model"]}, path)  # weights alone, as a hand-made file holds
+    agent = MemNNAgent(opts)
+    assert isinstance(agent.optimizer, torch.optim.Adam) and not agent.optimizer.state_dict()["state"]
+    assert all(torch.equal(saved["model"][k], v) for k, v in agent.model.state_dict().items())
+    assert agent.load_notes == [f"--model-file {path}: holds no optimizer state; Adam starts fresh (weights loaded)"]
+    assert MemNNAgent(opts.replace(datatype="valid")).load_notes == []  # evaluation builds no optimizer
+
+
 def _one_bit_flipped(raw: bytes) -> bytes:
     """A torch save with one bit flipped inside its largest tensor's bytes (it loads as other weights)."""
     with zipfile.ZipFile(io.BytesIO(raw)) as archive:
