@@ -417,6 +417,7 @@ def create_world(opts: Opts | Mapping[str, Any], agent: Agent | type[Agent] | st
         if contention:
             print(contention, file=sys.stderr)
     world.runtime, world.torch_rng = runtime, torch_rng()  # run() starts from it (see state.torch_rng)
+    world.batch_fitted = bool(fitted)  # -bs lowered to the data: run() takes the larger -bs it was built from
     if fitted and runtime.topology.rank == 0:  # said once the world is built: after any error in the options
         print(fitted, file=sys.stderr, flush=True)
     return world

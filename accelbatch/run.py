@@ -176,7 +176,8 @@ def _world_problem(world: World, opts: Opts) -> str | None:
     built = getattr(world, "opts", None) or {}  # Opts, or a world built by hand with a dict
     for name in WORLD_SHAPING:
         own, flag = built.get(name, getattr(opts, name)), "/".join(Opts.__dataclass_fields__[name].metadata["flags"])
-        if own != getattr(opts, name) and not (name == "batchsize" and own < opts.batchsize):  # -bs fitted
+        fitted = name == "batchsize" and own < opts.batchsize and getattr(world, "batch_fitted", False)
+        if own != getattr(opts, name) and not fitted:
             return (f"run(world, opts): {flag} {getattr(opts, name)!r}, but the world was built with {own!r}; "
                     f"build the world with these opts (create_world(opts)), or run it with its own, "
                     f"opts.replace({name}={own!r})")

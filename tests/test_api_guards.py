@@ -45,11 +45,12 @@ def _opts(task: str, **changes) -> Opts:
     (dict(), dict(device_iterations=2), "-di/--device-iterations 2, but the world was built with 1"),
     (dict(), dict(num_workers=1), "--num-workers 1, but the world was built with 0"),
     (dict(batchsize=4), dict(batchsize=2), "-bs/--batchsize 2, but the world was built with 4"),
+    (dict(batchsize=2), dict(batchsize=4), "-bs/--batchsize 4, but the world was built with 2"),
     (dict(), dict(output_mode="all"), "--output-mode 'all', but the world was built with 'default'"),
     (dict(), dict(reduction="sum"), "--reduction 'sum', but the world was built with 'mean'"),
     (dict(), dict(loss_normalization="token"), "--loss-normalization 'token', but the world was built with 'micro'"),
 ], ids=["train-world-evaluated", "valid-world-trained", "valid-world-as-test", "other-task", "other-model",
-        "other-seed", "other-device", "other-plan", "other-feed", "smaller-batch", "other-output-mode",
+        "other-seed", "other-device", "other-plan", "other-feed", "smaller-batch", "larger-batch", "other-output-mode",
         "other-reduction", "other-loss-normalization"])
 def test_run_refuses_options_that_built_another_world(qa, built, given, flag):
     """run() ran the world as built, silently, with another -m, --device, --seed, plan or feed in its opts."""
@@ -59,6 +60,15 @@ def test_run_refuses_options_that_built_another_world(qa, built, given, flag):
         run(world, opts.replace(**given))
     assert "create_world(opts)" in str(info.value) and "opts.replace(" in str(info.value)
     assert world.get_total_exs() == 0  # refused before any step
+
+
+def test_run_takes_the_batch_the_world_fitted_to_its_data(qa, capsys):
+    """-bs 64 on 12 episodes: create_world lowers it to 12 and says so; run() with the same opts runs it."""
+    opts = _opts(qa, batchsize=64)
+    world = create_world(opts)
+    assert world.opts.batchsize == ROWS and f"using -bs {ROWS}" in capsys.readouterr().err
+    report = run(world, opts)["train"]
+    assert (report["exs"], report["steps"]) == (ROWS, 1)
 
 
 def test_a_world_that_trained_is_not_trained_again_and_a_new_world_on_its_model_is(qa):
