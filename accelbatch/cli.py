@@ -222,8 +222,9 @@ def _main(argv: Sequence[str] | None) -> int:
         # -mf names its model; interactive reads the task only for the candidates of a ranker, if at all
         opts, taken = with_model_opts(opts, given_fields, reads_task=args.verb != "interactive")
 
+        verb = f"{args.verb} --candidates" if getattr(args, "candidates", None) is not None else args.verb
         if _first_replica():  # said once: torchrun starts this in every replica
-            for note in filter(None, [taken, *unused_option_notes(opts, given_fields, args.verb)]):
+            for note in filter(None, [taken, *unused_option_notes(opts, given_fields, verb)]):
                 print(note, file=sys.stderr)
         from accelbatch.run_control import check_output_paths
 

@@ -205,10 +205,29 @@ SEEDED_DATA = "a shuffled -dt (such as train), or -t dialogues, reverse or a tea
 # eval and display-model with -mf build no weights from --seed: only the data, or an agent of yours, may read it
 _SEEDED_EVAL = {"seed": Reader(lambda o: not o.model_file or _orders_by_seed(o) or _theirs(o),
                                f"a model without -mf (its initial weights), {SEEDED_DATA}, or an agent of yours")}
+
+
+def _offers_task_candidates(opts: Opts) -> bool:
+    """Whether interactive reads -t (given no --candidates): for the candidates it offers a model that chooses
+    among them, not a generator's (an agent of yours may read it)."""
+    from accelbatch.models.generator import GeneratorAgent
+
+    found = _agent_class(opts)
+    return _theirs(opts) or found is not None and not issubclass(found, GeneratorAgent)
+
+
+_OFFERED = ("interactive's offer of the task's candidates to a model that chooses among them (such as -m bag), "
+            "made when --candidates is not given")
+_INTERACTIVE = {"task": Reader(_offers_task_candidates, _OFFERED),
+                "datapath": Reader(lambda o: _offers_task_candidates(o) and _reads_files(o), _OFFERED)}
+# interactive given --candidates reads no task (an agent of yours may)
+_GIVEN_CANDIDATES = {name: Reader(_theirs, f"{_OFFERED}, or an agent of yours") for name in _INTERACTIVE}
 VERB_READERS: dict[str, dict[str, Reader]] = {
     "display-data": {"seed": Reader(_orders_by_seed, SEEDED_DATA), "datapath": READERS["datapath"]},
     "eval": {**READERS, **_SEEDED_EVAL},
     "display-model": {**READERS, **_SEEDED_EVAL},
+    "interactive": {**READERS, **_INTERACTIVE},
+    "interactive --candidates": {**READERS, **_GIVEN_CANDIDATES},
 }
 
 

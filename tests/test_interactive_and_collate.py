@@ -63,6 +63,24 @@ def test_interactive_without_candidates_on_a_task_without_them_says_to_give_them
     assert f"none of the {len(ROWS)} examples read of -t {task}" in error and "give --candidates" in error, error
 
 
+@pytest.mark.parametrize("model, candidates, unread", [
+    ("bag", [], False), ("bag", ["--candidates", "kitchen|garden"], True),
+    ("transformer/generator", [], True), ("transformer/generator", ["--candidates", "kitchen|garden"], True)])
+def test_interactive_says_a_task_it_does_not_read(model, candidates, unread, write_jsonl, monkeypatch, capsys):
+    """-t and -dp are read by interactive only for the candidates it offers a ranker without --candidates: a
+    generator, or --candidates, leaves them unread (they were taken without a word)."""
+    path = write_jsonl([{**row, "label_candidates": ["kitchen", "garden", "hall"]} for row in ROWS])
+    given = ["-t", "jsonl:" + path.rsplit("/", 1)[1], "-dp", path.rsplit("/", 1)[0]]
+    assert _interactive(monkeypatch, ["Where is Mary?"], "-m", model, "-esz", "8", *given, *candidates) == 0
+    captured = capsys.readouterr()
+    notes = [line.split(":")[1].strip() for line in captured.err.splitlines() if "not used by this run" in line]
+    said = (["-dp/--datapath", "-t/--task"] if unread else []) + \
+        (["--candidates"] if candidates and model != "bag" else [])  # a generator writes its replies
+    assert notes == said, captured.err
+    reply = captured.out.strip().split("]: ", 1)[1]
+    assert model != "bag" or reply in ("kitchen", "garden") + (() if candidates else ("hall",)), reply
+
+
 @pytest.mark.parametrize("given", ["", "|", " | "])
 def test_interactive_candidates_naming_none_is_one_line(given, monkeypatch, capsys):
     assert _interactive(monkeypatch, ["Where is Mary?"], "-m", "bag", "-t", "babi:1", "--candidates", given) == 2
