@@ -8,6 +8,7 @@ import os
 from dataclasses import dataclass, fields
 from typing import Callable, Collection
 
+from accelbatch.ipu_opts import IPU_ONLY
 from accelbatch.opts import Opts
 
 
@@ -183,7 +184,10 @@ READERS: dict[str, Reader] = {
     "beam_size": Reader(lambda o: o.inference == "beam" and _decodes(o), f"--inference beam of {DECODER}"),
     **{name: Reader(_decodes, DECODER) for name in ("inference", "beam_min_length", "beam_block_ngram")},
     "skip_generation": Reader(_generates, GENERATOR),
-    "ipu_emulator": Reader(lambda o: o.device == "ipu", "--device ipu"),
+    # given at their defaults on another device (other values are refused: ipu_opts, Opts' checks)
+    **{name: Reader(lambda o: o.device == "ipu", "--device ipu") for name in ("ipu_emulator", *IPU_ONLY, "pipeline",
+                                                                             "ipu_execution_strategy")},
+    "ddp_static_graph": Reader(lambda o: o.device == "cuda", "--device cuda"),
     "replica_timeout_s": Reader(lambda o: _replicated(o) or o.numthreads > 1,
                                 "replicas (-rf/--replication-factor above 1, or torchrun) or hogwild processes (-nt)"),
     "validation_patience": Reader(_periodic_validation, "validations during training (-veps or -vtim)"),

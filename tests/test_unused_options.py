@@ -8,6 +8,7 @@ import json
 import pytest
 
 from accelbatch.cli import main
+from accelbatch.ipu_opts import IPU_ONLY
 from accelbatch.opts import Opts
 from accelbatch.unused_options import READERS, unused_option_notes
 
@@ -86,7 +87,8 @@ WHERE_READ: dict[str, tuple[list[dict], list[dict]]] = {
     "buffer_size": ([{}], [{"dataloader_mode": "async"}]),
     "data_timeout_s": ([{}], [{"num_workers": 1}]),
     "replica_timeout_s": ([{}], [{"replication_factor": 2}, {"numthreads": 2}]),
-    "ipu_emulator": ([{}], [{"device": "ipu"}]),
+    **dict.fromkeys(("ipu_emulator", *IPU_ONLY, "pipeline", "ipu_execution_strategy"), ([{}], [{"device": "ipu"}])),
+    "ddp_static_graph": ([{}, {"device": "ipu"}], [{"device": "cuda"}]),
     "validation_patience": ([{}, {"model_file": "m"}], [{"validation_every_n_secs": 5}]),
     "validation_cutoff": ([{}], [{"validation_every_n_epochs": 0.5}]),
     "skip_generation": ([{}], [GENERATOR, THEIRS]),
