@@ -168,3 +168,7 @@ def test_items_of_several_lengths_train_one_a_batch(tmp_path, capsys):
     assert json.loads(report.read_text())["test"]["exs"] == torch_task.SIZES["test"]
     err = _one_line_error(capsys, ["train", *args, "-bs", "2", "-ne", "1", "--no-progress"])
     assert "(train): item 1 cannot be batched with item 0: part 0 has shape (2,) against (1,)" in err
+    # -bs 1 with -di 2: a call's items are batched together (poptorch.DataLoader's combined batch), as said
+    err = _one_line_error(capsys, ["train", *args, "-bs", "1", "-di", "2", "-ne", "1", "--no-progress"])
+    assert ("(train): item 1 cannot be batched with item 0 (-bs 1 x -di 2 = 2 items are batched together, as "
+            "poptorch.DataLoader's combined batch): part 0 has shape (2,) against (1,)") in err

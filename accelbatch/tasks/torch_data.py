@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import math
 import os
 import traceback
 from collections.abc import Callable, Sequence
@@ -101,28 +102,28 @@ def items_of(dataset: Any, task: str, split: str = "train") -> list[tuple[torch.
         items.append(tuple(torch.as_tensor(p) for p in parts))
 
 
-def check_batchable(items: Sequence[tuple[torch.Tensor, ...]], where: str, together: bool = True) -> None:
+def check_batchable(items: Sequence[tuple[torch.Tensor, ...]], where: str, together: str | None = "") -> None:
     """Refuse, when the data is read, items that ``default_collate`` would batch wrongly with item 0 (a part of
     another dtype: a float target among class indices would be batched as a float, and the loss fail far from
-    the item) and, when batches hold several items (``together``), items it cannot batch with it (another
-    number of parts, a part of another shape); naming both items."""
+    the item) and, when batches hold several items (``together``: why, or "", None when they hold one), items
+    it cannot batch with it (another number of parts, a part of another shape); naming both items."""
     if not items:
         return
     first = [(p.dtype, p.shape) for p in items[0]]
     fix = "(or batch them yourself: --collate)"
     for index, item in enumerate(items):
-        if together and len(item) != len(first):
+        if together is not None and len(item) != len(first):
             raise OptionError(f"{where}: item {index} has {len(item)} parts, item 0 {len(first)}; every item "
                               f"needs the same parts {fix}")
         odd = next((k for k, p in enumerate(item[:len(first)])
-                    if p.dtype != first[k][0] or together and p.shape != first[k][1]), None)
+                    if p.dtype != first[k][0] or together is not None and p.shape != first[k][1]), None)
         if odd is None:
             continue
         dtype, shape = first[odd]
         if item[odd].dtype != dtype:
             raise OptionError(f"{where}: item {index}'s part {odd} is {item[odd].dtype}, item 0's {dtype}; give "
                               f"every item's part the same dtype {fix}")
-        raise OptionError(f"{where}: item {index} cannot be batched with item 0: part {odd} has shape "
+        raise OptionError(f"{where}: item {index} cannot be batched with item 0{together}: part {odd} has shape "
                           f"{tuple(item[odd].shape)} against {tuple(shape)}; give every item's part the same "
                           f"shape {fix}")
 
@@ -172,8 +173,12 @@ class TorchDatasetTeacher(FixedTeacher):
         items = items_of(dataset, task, split)
         if not self.opts.collate:  # default_collate's batches, checked before the first step
             o = self.opts
-            rows = o.batchsize * o.device_iterations * o.gradient_accumulation * o.replication_factor
-            check_batchable(items, f"-t {task} ({split})", together=rows > 1)
+            plan = [("-bs", o.batchsize)] + [(flag, n) for flag, n in (
+                ("-di", o.device_iterations), ("-ga", o.gradient_accumulation), ("-rf", o.replication_factor)) if n > 1]
+            rows = math.prod(n for _, n in plan)
+            together = f" ({' x '.join(f'{f} {n}' for f, n in plan)} = {rows} items are batched together, as " \
+                "poptorch.DataLoader's combined batch)" if len(plan) > 1 else ""
+            check_batchable(items, f"-t {task} ({split})", together=together if rows > 1 else None)
         # labels: the class index as text, or an empty list for an item without a class target (its reply has
         # no text, so it is counted in exs and not scored)
         return [[Message(text=f"{split} item {i}", labels=[] if (label := label_of(item)) is None else [label],
