@@ -24,9 +24,9 @@ def display(acts: Sequence[Message | None]) -> str:
         if act:
             key = "labels" if act.get("labels") else "eval_labels"  # named as ParlAI's display names them
             golds = act.get(key)
-            lines.append(f"[{act.get('id', '?')}]: {act.get('text', '')}"
+            lines.append(f"[{act.get('id', '?')}]: {act.get('text') or ''}"  # a null text is none
                          + (f"  ({key}: {'|'.join(golds)})" if golds else ""))
-            if act.get("reward") is not None:
+            if act.get("reward") not in (None, 0):  # as ParlAI's display, a zero reward is not shown
                 lines.append(f"    [reward: {act['reward']}]")
             if act.get("label_candidates"):
                 lines.append(candidates_line(act["label_candidates"]))

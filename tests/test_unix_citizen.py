@@ -256,6 +256,17 @@ def test_display_data_names_each_acts_task_and_shows_its_reward(tmp_path, capsys
     assert f"[jsonl:{plain}]: q0  (labels: a0)" in shown and sum("reward" in line for line in shown) == 1, shown
 
 
+def test_display_data_shows_a_null_text_as_none_and_hides_a_zero_reward(tmp_path, capsys):
+    """A JSONL turn with "text": null (read as no text by every model) was shown as the word None; a numeric
+    zero reward is not shown, as ParlAI's display leaves it out (the ParlAI format's reward:0 is text, shown)."""
+    data = tmp_path / "n.jsonl"
+    data.write_text('{"text": null, "labels": ["b"], "reward": 0}\n{"text": "c", "labels": ["d"], "reward": 2}\n')
+    assert main(["display-data", "-t", f"jsonl:{data}", "-n", "2", "--no-progress"]) == 0
+    shown = capsys.readouterr().out.splitlines()
+    assert shown[:4] == [f"[jsonl:{data}]:   (labels: b)", "- " * 20 + "-", f"[jsonl:{data}]: c  (labels: d)",
+                         "    [reward: 2]"], shown
+
+
 def test_display_model_shows_the_teachers_label_candidates(tmp_path, capsys):
     few = _write_jsonl(tmp_path / "few.jsonl", 1)
     assert main(["display-model", "-t", f"jsonl:{few}", "-dt", "valid", "-m", "repeat_label", "-n", "1",
