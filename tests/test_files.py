@@ -180,6 +180,17 @@ def test_a_bom_after_the_first_line_or_lone_carriage_return_line_ends_are_named(
         load_episodes(str(path))
 
 
+@pytest.mark.parametrize("ending", [b"\n", b"\r\n"], ids=["lf", "crlf"])
+def test_a_carriage_return_inside_a_parlai_value_is_kept_as_parlai_keeps_it(tmp_path, ending):
+    """ParlAI's reader splits lines on \\n alone: a \\r inside a value is part of it (it was refused as classic
+    Mac line ends, whose suggested conversion split the example in two)."""
+    path = tmp_path / "stray.txt"
+    path.write_bytes(b"text:a\tlabels:x" + ending + b"text:say \rhi\tlabels:y\rz|w" + ending)
+    episodes = [[dict(m) for m in ep] for ep in load_episodes(str(path))]
+    assert episodes == [[{"text": "a", "labels": ["x"], "episode_done": False},
+                         {"text": "say \rhi", "labels": ["y\rz", "w"], "episode_done": True}]]
+
+
 @pytest.mark.parametrize("last", [b"text:e\tlabels:f\r", b"text:e\tlabels:f\tepisode_done:True\r"],
                          ids=["label", "episode_done"])
 def test_a_crlf_files_last_line_without_its_newline_keeps_no_carriage_return(tmp_path, last):

@@ -4,7 +4,8 @@ Both formats hold one example per line; ``episode_done`` closes an episode. A ma
 :class:`DataFileError` naming the file and line; nothing is skipped silently (blank lines are the only lines
 not read as examples; ParlAI's format has no comment lines). Files are UTF-8; a byte-order mark at the start
 of a file is not data (read as Python's ``utf-8-sig``), and a line ends in ``\\r\\n``, ``\\n`` or, on the last
-line, a lone ``\\r`` (a file whose lines end in lone ``\\r`` is refused, naming the conversion).
+line, a lone ``\\r`` (a file whose lines end in lone ``\\r`` is refused, naming the conversion; a ``\\r`` inside a
+ParlAI-format value is kept, as ParlAI's reader keeps it).
 
 JSONL: ``{"text": "...", "labels": ["..."], "episode_done": true}`` per line; a line without
 ``episode_done`` is an episode of its own.
@@ -12,7 +13,8 @@ ParlAI: ``text:hello<TAB>labels:hi|hey<TAB>episode_done:True`` per line, read as
 reads it: every tab separates fields, ``|`` separates the items of a list field (labels, eval_labels,
 label_candidates, text_candidates), and in each value the two characters ``\\t`` are a tab, ``\\n`` a
 newline and ``__PIPE__`` a ``|`` (what ParlAI's ``msg_to_str`` writes for them); nothing else is an
-escape (a backslash is itself). A line without ``episode_done:True`` continues its episode.
+escape (a backslash is itself). A line without ``episode_done:True`` continues its episode, as does one with
+``episode_done:False`` (ParlAI's reader takes any value, False too, as True: it would end the episode there).
 """
 
 from __future__ import annotations
@@ -207,19 +209,26 @@ def _parse(raw: bytes, path: str, lineno: int, fmt: str) -> Message | None:
     except UnicodeDecodeError as exc:
         raise DataFileError(f"{path}:{lineno}: not valid UTF-8 ({exc.reason} at byte {exc.start}); "
                             "save the file as UTF-8") from None
-    # a carriage return inside a line: lines ending in a lone \r (JSON may hold one as whitespace)
+    # a carriage return inside a line: lines ending in a lone \r, or one inside a value (JSON may hold one as
+    # whitespace; ParlAI's reader, which splits lines on \n alone, keeps it in the value)
     lone_cr = "\r" in _strip_line_end(line)
-    if lone_cr and fmt == "parlai":
+    if lone_cr and fmt == "parlai" and _mac_lines(line):
         raise _lone_cr(path, lineno)
     try:
         return (parse_jsonl_line if fmt == "jsonl" else parse_parlai_line)(line, path, lineno)
     except DataFileError as exc:
-        if lone_cr:
+        if lone_cr and fmt == "jsonl":
             raise _lone_cr(path, lineno) from None
         if fmt == "parlai" and stripped.startswith(b"#"):
             raise DataFileError(f"{exc} (a line starting with '#' is not a comment in the ParlAI format: "
                                 "remove it)") from None
         raise
+
+
+def _mac_lines(line: str) -> bool:
+    """Whether a ParlAI-format line holding carriage returns is several lines each ended by a lone \r: two or
+    more of its \r-separated parts give a text: field (a \r inside a value leaves one)."""
+    return sum(any(f.startswith("text:") for f in part.split("\t")) for part in line.split("\r")) > 1
 
 
 def _lone_cr(path: str, lineno: int) -> DataFileError:
