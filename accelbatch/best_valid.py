@@ -11,6 +11,7 @@ from dataclasses import asdict, dataclass
 from accelbatch.checkpoint import read_json_file, unreadable_sidecar, write_json_file
 from accelbatch.opts import Opts
 from accelbatch.teachers import task_metric_spelled
+from accelbatch.train_state import TrainState
 
 
 @dataclass(frozen=True)
@@ -80,3 +81,22 @@ def continued_best(opts: Opts, main: bool) -> float:
         print(f"accelbatch: -mf {opts.model_file} holds a model chosen on {best.metric} ({best.mode}); this run "
               f"chooses on {wanted[0]} ({wanted[1]}): its first validation replaces it", file=sys.stderr)
     return -math.inf
+
+
+def judge(metric: float, opts: Opts, state: TrainState) -> tuple[bool, bool]:
+    """A validation's -vmt ``metric`` against the best so far (``state``, updated): whether its model is the new
+    best, and whether training stops (-vp validations in a row that did not improve on a best, or -vcut met).
+    A value that is not a number (NaN) is never the best."""
+    state.last_valid = metric
+    value = -metric if metric_mode(opts) == "min" else metric
+    improved = value > state.best
+    if improved:
+        state.best, state.stale = value, 0
+    elif state.best > -math.inf:  # no best yet: only a NaN (or infinite loss) is not one, and nothing was lost
+        state.stale += 1
+    if opts.validation_patience > 0 and state.stale >= opts.validation_patience:
+        return improved, True
+    if opts.validation_cutoff == -1:
+        return improved, False
+    return improved, metric <= opts.validation_cutoff if metric_mode(opts) == "min" else \
+        metric >= opts.validation_cutoff

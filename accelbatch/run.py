@@ -18,7 +18,7 @@ from typing import Any
 
 from accelbatch.agent_files import loads_itself, saves_itself
 from accelbatch.agents import Agent, TorchAgent
-from accelbatch.best_valid import BestValid, continued_best, forget_best, metric_mode, write_best
+from accelbatch.best_valid import BestValid, continued_best, forget_best, judge, metric_mode, write_best
 from accelbatch.build import Runtime, as_opts, attach_runtime, create_world
 from accelbatch.checkpoint import checkpoint_dir, has_saved_position
 from accelbatch.eval_splits import eval_opts, eval_teachers
@@ -360,14 +360,14 @@ def _train(world: World, opts: Opts, log: MetricsLog, runtime: Runtime, stop: St
         if log_next or replicas == 1 and log_due(now):
             log_window(now)
             log_next = False
-        if opts.max_train_steps > 0 and state.steps >= opts.max_train_steps:
-            stop_reason = "max_train_steps"
-            break
-        if passed() >= next_validation:
+        if passed() >= next_validation:  # due at the last step too: -ne and -tstep end alike
             due, next_validation = next_validation, next_validation + opts.validation_every_n_epochs * per_epoch
             if validation_stops(due):
                 stop_reason = "validation"
                 break
+        if opts.max_train_steps > 0 and state.steps >= opts.max_train_steps:
+            stop_reason = "max_train_steps"
+            break
         if passed() >= target_exs:
             break
         # between world steps: every call's D updates (and their G-micro-batch windows) are complete. The
@@ -414,8 +414,10 @@ def _train(world: World, opts: Opts, log: MetricsLog, runtime: Runtime, stop: St
         print(f"accelbatch: -mf/--model-file {opts.model_file}: {type(model).__name__} is not a TorchAgent and has "
               "no save(path); nothing was written there", file=sys.stderr)
     elif opts.model_file and main and not os.path.isfile(opts.model_file):  # its best, removed since it was saved
-        print(f"accelbatch: -mf {opts.model_file} is missing (removed after the validation that wrote it?): this "
-              "run's last model is written there and evaluated", file=sys.stderr)
+        why = "removed after the validation that wrote it?" if state.best > -math.inf else \
+            f"no validation scored -vmt {opts.validation_metric} as a number"
+        print(f"accelbatch: -mf {opts.model_file} is missing ({why}): this run's last model is written there and "
+              "evaluated", file=sys.stderr)
         _save(model, opts, best=None)
     backend.barrier()
     if opts.model_file and os.path.isfile(opts.model_file) and isinstance(model, TorchAgent):
@@ -465,19 +467,13 @@ def _validate(world: World, opts: Opts, log: MetricsLog, state: TrainState, mode
         raise OptionError(f"-vmt/--validation-metric {opts.validation_metric}: the valid report has no such "
                           f"metric{capped}; " + (f"choose one of {known}" if known else "it is empty: a teacher of "
                                                  "yours reports its counts and scores in report(), as ParlAI's do"))
-    state.last_valid = metric
-    value = -metric if metric_mode(opts) == "min" else metric
-    if value > state.best:
-        state.best, state.stale = value, 0
-        if opts.model_file and backend.is_main_process():
-            _save(model, opts, BestValid(opts.validation_metric, metric_mode(opts), float(metric)))
-    else:
-        state.stale += 1
-    if opts.validation_patience > 0 and state.stale >= opts.validation_patience:
-        return True
-    if opts.validation_cutoff == -1:
-        return False
-    return metric <= opts.validation_cutoff if metric_mode(opts) == "min" else metric >= opts.validation_cutoff
+    improved, stops = judge(metric, opts, state)
+    if improved and opts.model_file and backend.is_main_process():
+        _save(model, opts, BestValid(opts.validation_metric, metric_mode(opts), float(metric)))
+    if not improved and not math.isfinite(metric) and backend.is_main_process():
+        print(f"accelbatch: the validation at step {(at or {}).get('step')} scored -vmt {opts.validation_metric} "
+              f"{metric}: its model cannot be the best", file=sys.stderr)
+    return stops
 
 
 def _saved_where(model_file: str) -> str:

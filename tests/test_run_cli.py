@@ -408,6 +408,32 @@ def test_validation_metric_mode_decides_what_improves(monkeypatch, mode, metric,
     assert stopped.index(True) + 1 == stops_after if True in stopped else stops_after == 4
 
 
+def test_a_validation_that_scores_nan_is_never_the_best_and_patience_waits_for_a_best():
+    """-vmt loss NaN at every validation: the first one was no best, yet -vp 1 stopped the run there, and the
+    end said -mf was 'removed after the validation that wrote it' (none wrote it)."""
+    from accelbatch.best_valid import judge
+    from accelbatch.train_state import TrainState
+
+    opts, state = Opts(validation_metric="loss", validation_patience=1), TrainState()
+    nan = float("nan")
+    assert [judge(v, opts, state) for v in (nan, nan)] == [(False, False)] * 2 and state.stale == 0
+    assert judge(0.5, opts, state) == (True, False) and state.best == -0.5
+    assert judge(nan, opts, state) == (False, True) and state.stale == 1  # no improvement on a best
+
+
+@pytest.mark.timeout(120)
+def test_a_run_whose_validations_score_nan_says_so_and_writes_its_last_model(tmp_path, capsys):
+    model = tmp_path / "m.pt"
+    argv = ["train", "-t", "torch:torch_task:make_dataset", "-m", "torch:torch_task:NanInEval", "-bs", "8",
+            "-ne", "2", "-vmt", "loss", "-vp", "1", "-mf", str(model), "--no-progress", "--eval-splits", "",
+            "--report-json", str(tmp_path / "r.json")]
+    assert main(argv) == 0
+    err = capsys.readouterr().err
+    assert err.count("scored -vmt loss nan: its model cannot be the best") == 2, err  # both epochs validated
+    assert "removed after" not in err and "no validation scored -vmt loss as a number" in err, err
+    assert model.is_file() and json.loads((tmp_path / "r.json").read_text())["train"]["stopped_by"] == "num_epochs"
+
+
 @pytest.mark.slow
 def test_validation_options_of_parlai(write_jsonl, tmp_path):
     """-vme caps the examples of each validation during training, not the final evaluation; -vtim validates

@@ -12,6 +12,7 @@ import signal
 import time
 
 import pytest
+import torch
 
 from accelbatch.cli import main
 from accelbatch.models.bag import BagAgent
@@ -156,3 +157,19 @@ def test_a_resume_of_an_ended_run_says_it_only_evaluates_and_a_later_limit_train
     assert main(["train", "-mf", str(timed), "--resume", "-ttim", "-1", "-tstep", "5", "--report-json",
                  str(report), *QUIET]) == 0
     assert json.loads(report.read_text())["train"]["steps"] == 5  # a later end: trained on to it
+
+
+def test_a_validation_due_at_the_last_step_runs_whether_ne_or_tstep_ends_the_run(tmp_path, write_jsonl):
+    """-tstep 20 and -ne 2 train the same 20 steps of 4 rows over 40 examples: both validate at steps 10 and 20
+    and keep the same model (-tstep skipped the validation due at its last step, so -mf held step 10's)."""
+    task = "jsonl:" + write_jsonl([{"text": f"say {w} please", "labels": [w], "episode_done": True,
+                                    "label_candidates": ["red", "blue", "cat", "dog", "green", "cow"]}
+                                   for w in ["red", "blue", "cat", "dog", "green"] * 8])
+    made = {}
+    for name, limit in (("ne", ["-ne", "2"]), ("tstep", ["-ne", "10", "-tstep", "20"])):
+        log, model = tmp_path / f"{name}.jsonl", tmp_path / name / "m.pt"
+        assert main(["train", "-t", task, "-m", "bag", "-esz", "8", "-bs", "4", *limit, "-mf", str(model),
+                     "--metrics-log", str(log), *QUIET]) == 0
+        assert _validations(log) == [10, 20], name
+        made[name] = torch.load(model, map_location="cpu", weights_only=True)["model"]
+    assert all(torch.equal(made["ne"][k], made["tstep"][k]) for k in made["ne"])
