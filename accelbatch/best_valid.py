@@ -47,13 +47,12 @@ def read_best(model_file: str) -> BestValid | None:
     return best
 
 
-def write_best(model_file: str, best: BestValid) -> None:
-    """Keep ``best`` with the model just saved to ``model_file``."""
-    write_json_file(stats_path(model_file), asdict(best))
-
-
-def forget_best(model_file: str) -> None:
-    """The model in ``model_file`` was saved without a validation: no record describes it."""
+def write_best(model_file: str, best: BestValid | None) -> None:
+    """Keep ``best`` with the model just saved to ``model_file``; None: it was saved without a validation, so no
+    record describes it (any earlier one is removed)."""
+    if best is not None:
+        write_json_file(stats_path(model_file), asdict(best))
+        return
     try:
         os.remove(stats_path(model_file))
     except FileNotFoundError:
@@ -85,8 +84,8 @@ def continued_best(opts: Opts, main: bool) -> float:
 
 def judge(metric: float, opts: Opts, state: TrainState) -> tuple[bool, bool]:
     """A validation's -vmt ``metric`` against the best so far (``state``, updated): whether its model is the new
-    best, and whether training stops (-vp validations in a row that did not improve on a best, or -vcut met).
-    A value that is not a number (NaN) is never the best."""
+    best, and whether training stops (:func:`validation_ends`). A value that is not a number (NaN) is never the
+    best."""
     state.last_valid = metric
     value = -metric if metric_mode(opts) == "min" else metric
     improved = value > state.best
@@ -94,9 +93,15 @@ def judge(metric: float, opts: Opts, state: TrainState) -> tuple[bool, bool]:
         state.best, state.stale = value, 0
     elif state.best > -math.inf:  # no best yet: only a NaN (or infinite loss) is not one, and nothing was lost
         state.stale += 1
-    if opts.validation_patience > 0 and state.stale >= opts.validation_patience:
-        return improved, True
-    if opts.validation_cutoff == -1:
-        return improved, False
-    return improved, metric <= opts.validation_cutoff if metric_mode(opts) == "min" else \
-        metric >= opts.validation_cutoff
+    return improved, validation_ends(opts, state) is not None
+
+
+def validation_ends(opts: Opts, state: TrainState) -> str | None:
+    """What ends training after the validations ``state`` counts, under ``opts``: -vp of them in a row that did
+    not improve on the best, or the last one meeting -vcut (in words, what would go on); None: nothing."""
+    if 0 < opts.validation_patience <= state.stale:
+        return f"patience: {state.stale} validations without improvement; a -vp above {state.stale} trains on"
+    mode, cutoff, last = metric_mode(opts), opts.validation_cutoff, state.last_valid
+    if cutoff != -1 and (last <= cutoff if mode == "min" else last >= cutoff):
+        return f"-vcut {cutoff:g} met by {opts.validation_metric} {last:.4g}; another -vcut trains on"
+    return None

@@ -18,7 +18,7 @@ from typing import Any
 
 from accelbatch.agent_files import loads_itself, saves_itself
 from accelbatch.agents import Agent, TorchAgent
-from accelbatch.best_valid import BestValid, continued_best, forget_best, judge, metric_mode, write_best
+from accelbatch.best_valid import BestValid, continued_best, judge, metric_mode, validation_ends, write_best
 from accelbatch.build import Runtime, as_opts, attach_runtime, create_world
 from accelbatch.checkpoint import checkpoint_dir, has_saved_position
 from accelbatch.eval_splits import eval_opts, eval_teachers
@@ -257,16 +257,17 @@ def _train(world: World, opts: Opts, log: MetricsLog, runtime: Runtime, stop: St
         return state.exs if passes is None else passes * per_epoch
     # a checkpoint taken after the last step (the save at the end of training) leaves nothing to train, unless
     # the resume moves a limit (-ne, -tstep, -ttim) past where that training ended
-    ended = {"num_epochs": passed() >= target_exs, "validation": state.ended_by == "validation",
+    ended = {"num_epochs": passed() >= target_exs,
+             "validation": state.ended_by == "validation" and validation_ends(opts, state) is not None,
              "max_train_steps": 0 < opts.max_train_steps <= state.steps,
              "max_train_time": state.ended_by == "max_train_time" and 0 < opts.max_train_time <= state.elapsed()}
     finished = resumed is not None and any(ended.values())
     if finished:
         stop_reason = next(reason for reason, now in ended.items() if now)
     if resumed is not None and main and (finished or judged_afresh):
-        print(f"accelbatch: --resume: the training ended ({stop_reason}; -ne, -tstep and -ttim move its end, "
-              "patience and -vcut do not): only evaluating" if finished else f"accelbatch: {judged_afresh}",
-              file=sys.stderr)
+        why = validation_ends(opts, state) if stop_reason == "validation" else "-ne, -tstep and -ttim move its end"
+        print(f"accelbatch: --resume: the training ended ({stop_reason}; {why}): only evaluating" if finished
+              else f"accelbatch: {judged_afresh}", file=sys.stderr)
 
     def position() -> dict[str, Any]:
         return {"step": state.steps, "epoch": round(passed() / per_epoch, 4)}
@@ -490,7 +491,4 @@ def _save(model: Agent, opts: Opts, best: BestValid | None) -> None:
     if saves_itself(model):
         model.save(opts.model_file)  # type: ignore[attr-defined]
         write_model_opts(opts.model_file, opts, agent_name(model, opts))
-        if best is not None:
-            write_best(opts.model_file, best)
-        else:
-            forget_best(opts.model_file)
+        write_best(opts.model_file, best)

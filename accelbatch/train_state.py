@@ -35,15 +35,15 @@ class TrainState:
 
     def to_json(self) -> dict[str, Any]:
         return {"steps": self.steps, "exs": self.exs, "validations": self.validations, "best": self.best,
-                "stale": self.stale, "elapsed_s": self.elapsed(), "judged_by": self.judged_by,
-                "ended_by": self.ended_by, "validating_s": self.validating_s}
+                "stale": self.stale, "last_valid": self.last_valid, "elapsed_s": self.elapsed(),
+                "judged_by": self.judged_by, "ended_by": self.ended_by, "validating_s": self.validating_s}
 
     def load_json(self, data: dict[str, Any]) -> str | None:
         """Take a checkpoint's counters. A best judged by another -vmt/-vmm than this run's is dropped (the
         next validation sets it afresh): the line saying so, else None."""
         self.steps, self.exs, self.validations = data["steps"], data["exs"], data["validations"]
         self.started = time.monotonic() - data["elapsed_s"]
-        self.ended_by = data.get("ended_by", "")
+        self.ended_by, self.last_valid = data.get("ended_by", ""), data.get("last_valid", math.nan)
         self.validating_s = data.get("validating_s", 0.0)
         then = data.get("judged_by", self.judged_by)
         if then == self.judged_by or data["best"] == -math.inf:

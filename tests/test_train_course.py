@@ -86,6 +86,28 @@ def test_a_resume_of_a_run_whose_training_ended_only_evaluates(limits, stopped_b
     assert _digest(model) == weights
 
 
+@pytest.mark.parametrize("limits, again, says", [
+    (["-vmt", "loss", "-vmm", "max", "-vp", "1"], ["-vp", "3"], "patience: 1 validations without improvement; "
+                                                                "a -vp above 1 trains on"),
+    (["-vcut", "0"], ["-vcut", "2"], "-vcut 0 met by accuracy"),
+], ids=["patience", "cutoff"])
+def test_a_resume_given_more_patience_or_another_cutoff_trains_on(limits, again, says, tmp_path, capsys):
+    """A run ended by patience (or -vcut): a resume with the same options says what would go on and only
+    evaluates; one given a -vp above its validations without improvement (a -vcut not met) trains on to -ne,
+    as ParlAI's impatience kept in .trainstats lets a larger -vp go on (it said 'patience and -vcut do not')."""
+    model, report = tmp_path / "m.pt", tmp_path / "r.json"
+    base = [*BASE, "-ne", "0.5", "-veps", "0.125", "-mf", str(model), "--report-json", str(report), *QUIET]
+    assert main([*base, *limits]) == 0
+    ended = json.loads(report.read_text())["train"]
+    assert ended["stopped_by"] == "validation", ended
+    capsys.readouterr()
+    assert main(["train", "-mf", str(model), "--resume", "--report-json", str(report), *QUIET]) == 0
+    assert says in capsys.readouterr().err and json.loads(report.read_text())["train"]["steps"] == ended["steps"]
+    assert main(["train", "-mf", str(model), "--resume", *again, "--report-json", str(report), *QUIET]) == 0
+    resumed = json.loads(report.read_text())["train"]
+    assert resumed["steps"] > ended["steps"], (ended, resumed)
+
+
 def _stopped_after_the_first_validation(model, log, monkeypatch, in_validation: bool) -> None:
     """A run of -vtim validations stopped by a SIGINT (a terminal's Ctrl-C) during its first validation, or at
     the second training batch after it."""
@@ -145,13 +167,18 @@ def test_the_train_speed_leaves_out_the_validations(tmp_path, monkeypatch):
 def test_a_resume_of_an_ended_run_says_it_only_evaluates_and_a_later_limit_trains_on(tmp_path, capsys):
     model, report = tmp_path / "m.pt", tmp_path / "r.json"
     patience = ["-ne", "0.5", "-veps", "0.125", "-vmt", "loss", "-vmm", "max", "-vp", "1"]
-    assert main([*BASE, *patience, "-mf", str(model), *QUIET]) == 0
+    assert main([*BASE, *patience, "-mf", str(model), "--report-json", str(report), *QUIET]) == 0
+    ended = json.loads(report.read_text())["train"]["steps"]
     capsys.readouterr()
-    for given in (["-ne", "5"], ["-vmt", "accuracy"]):  # neither moves the end of a patience stop
-        assert main(["train", "-mf", str(model), "--resume", *given, *QUIET]) == 0
-        err = capsys.readouterr().err
-        assert "accelbatch: --resume: the training ended (validation; -ne, -tstep and -ttim move its end, patience " \
-               "and -vcut do not): only evaluating" in err and "afresh" not in err, err
+    assert main(["train", "-mf", str(model), "--resume", "-ne", "5", *QUIET]) == 0  # no end of a patience stop
+    err = capsys.readouterr().err
+    assert "accelbatch: --resume: the training ended (validation; patience: 1 validations without improvement; " \
+           "a -vp above 1 trains on): only evaluating" in err and "afresh" not in err, err
+    # judged by another -vmt, the patience counts afresh: it trains on, saying so
+    assert main(["train", "-mf", str(model), "--resume", "-vmt", "accuracy", "--report-json", str(report),
+                 *QUIET]) == 0
+    assert "sets the best afresh" in capsys.readouterr().err
+    assert json.loads(report.read_text())["train"]["steps"] > ended
     timed = tmp_path / "t.pt"
     assert main([*BASE, "-ttim", "0.0001", "-mf", str(timed), *QUIET]) == 0
     assert main(["train", "-mf", str(timed), "--resume", "-ttim", "-1", "-tstep", "5", "--report-json",
