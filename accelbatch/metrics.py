@@ -68,10 +68,12 @@ def f1_score(prediction: str, answers: Sequence[str]) -> float:
 def bleu4(prediction: str, answers: Sequence[str], epsilon: float = 1e-12) -> float:
     """Sentence BLEU-4 of the prediction against the answers (normalised words), as ParlAI's bleu-4: clipped
     n-gram precisions for n = 1..4 averaged in log space, a precision with no match counted as ``epsilon``
-    over its n-grams, the brevity penalty against the answer closest in length; 0 without a word in common."""
-    hyp = normalize_answer(prediction).split()
-    refs = [normalize_answer(a).split() for a in answers]
-    if not hyp or not refs:
+    over its n-grams, the brevity penalty against the answer closest in length; 0 without a word in common.
+    Words are split on single spaces, as ParlAI splits them for nltk: a text that normalises to nothing (an
+    empty reply, an answer such as "The.") is one empty word."""
+    hyp = normalize_answer(prediction).split(" ")
+    refs = [normalize_answer(a).split(" ") for a in answers]
+    if not refs:
         return 0.0
     log_sum = 0.0
     for n in range(1, 5):

@@ -226,6 +226,12 @@ def test_bleu4_by_hand():
     # clipped by the most any answer has (2 of 4 unigrams, 1 of 3 bigrams); no 3- or 4-gram; the answer
     # closest in length (1 word) sets the penalty: none for 2 words
     assert bleu4("cat cat", ["cat", "cat cat cat cat"]) == pytest.approx(1e-12 ** 0.5, rel=1e-9)
+    # words split on single spaces, as ParlAI hands them to nltk: an answer that normalises to nothing ("The.")
+    # is one empty word, so it ties at distance 4 with the 9-word answer and, the shorter, sets no penalty
+    # (nltk 3.10.3: 1.0; split on any space, it had no length and the penalty was exp(1 - 9/5), 0.449)
+    assert bleu4("red cat sat on mat", ["red cat sat on mat big dog runs fast", "The."]) == pytest.approx(1.0)
+    assert bleu4("", ["the"]) == pytest.approx(1e-12 ** 0.75, rel=1e-9)  # empty matches empty (nltk: 1e-9)
+    assert bleu4("", ["cat"]) == 0.0 and bleu4("cat", ["..."]) == 0.0
 
 
 def test_bleu4_is_reported_when_asked_and_merges_like_the_other_averages():
