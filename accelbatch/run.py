@@ -103,8 +103,9 @@ def run(world: World, opts: Opts) -> dict[str, Any]:
     A world from :func:`accelbatch.create_world` already has its model compiled for the device; one built by
     hand is compiled here. The backend is torn down at the end. ``opts`` may be a dict of Opts' fields.
 
-    ``opts`` must name the world's task, datatype, -lr and -opt (the world serves its own data and trains its
-    own optimizer; its plan, -bs and the rest, is the one it was built with). A world trains once: a second
+    ``opts`` must be those the world was built with in what shapes it (task, datatype, model, device, seed,
+    -bs, the plan, the feed, -lr, -opt: another value is refused, naming it; a -bs create_world lowered to the
+    data is taken). A world trains once: a second
     training run of it is refused; to train its model further, build a new world on it,
     ``create_world(opts, agent=world.get_model_agent())``."""
     given = as_opts(opts, "run(world, opts)")
