@@ -125,7 +125,7 @@ class EngineSlot:
 class History:
     """One conversation's turns squashed into one text, as :mod:`accelbatch.data.squash` does.
 
-    ``context_length`` counts utterances (an empty label is one), the current text included (-1: all of them).
+    ``context_length`` counts utterances (an empty text or label is one), the current text included (-1: all).
     """
 
     context_length: int = -1
@@ -135,7 +135,7 @@ class History:
     def add(self, text: str | None, previous_label: str | None) -> str:
         if self.include_labels and previous_label is not None:  # an empty label "" is an utterance, as ParlAI's
             self.turns.append(previous_label)
-        if text:
+        if text is not None:  # "" too: ParlAI's History keeps an empty text as an utterance
             self.turns.append(text)
         kept = self.turns if self.context_length < 0 else self.turns[-self.context_length:]
         return "\n".join(kept)

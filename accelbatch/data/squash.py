@@ -16,9 +16,9 @@ settings               texts of the four examples
 =====================  ==========================================================
 
 The label put in the history is the turn's first label (``labels``, else ``eval_labels``), so squashing is
-deterministic; an empty label ``""`` is an utterance too (an empty line, counted by ``context_length``), as in
-ParlAI and in an agent's :class:`~accelbatch.agents.History`. A turn without text adds nothing to the history
-(its label still does).
+deterministic; an empty text or label ``""`` is an utterance too (an empty line, counted by ``context_length``),
+as in ParlAI and in an agent's :class:`~accelbatch.agents.History`. A turn without text (none, or None) adds
+none to the history (its label still does).
 """
 
 from __future__ import annotations
@@ -98,9 +98,10 @@ def _recent(context_length: int) -> deque[str]:
 
 
 def _said(turn: Message, include_labels: bool) -> list[str]:
-    """What a turn adds to the history: its text (an empty one adds nothing), then its answer."""
+    """What a turn adds to the history: its text (an empty one too, as ParlAI's History; a turn without one adds
+    none), then its answer."""
     text = turn.get(TEXT)
-    return ([text] if text is not None and text != "" else []) + _answered(turn, include_labels)
+    return ([text] if text is not None else []) + _answered(turn, include_labels)
 
 
 def _answered(turn: Message, include_labels: bool) -> list[str]:

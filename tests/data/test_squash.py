@@ -99,3 +99,17 @@ def test_the_lengths_of_a_long_episode_hold_one_history_at_a_time():
     tracemalloc.stop()
     assert lengths[turns - 1] == len(history_of(store.episode(0), turns - 1))
     assert peak < 4 * lengths[turns - 1] + (1 << 20), f"{peak / 2**20:.1f} MB"  # all turns': 60 MB
+
+
+@pytest.mark.parametrize("context_length, expected", [
+    (-1, ["hi", "hi\na\n", "hi\na\n\nb\nbye"]), (2, ["hi", "a\n", "b\nbye"]), (1, ["hi", "", "bye"])])
+def test_an_empty_text_is_an_utterance_as_in_parlai(context_length, expected):
+    """ParlAI's History appends a text that is "" (not one that is None): -histsz 1 at an empty turn keeps it
+    alone, an empty line (the history skipped it and gave the previous label). The agent's own History (the
+    clones' feed) and squashing (the loader's) agree."""
+    from accelbatch.agents import History
+
+    episode = [Message(text="hi", labels=["a"]), Message(text="", labels=["b"]), Message(text="bye", labels=["c"])]
+    assert histories(episode, context_length) == expected
+    history = History(context_length)
+    assert [history.add(turn["text"], last) for turn, last in zip(episode, [None, "a", "b"])] == expected
