@@ -1,6 +1,7 @@
 """Validation of several tasks capped by -vme scores every task, about equally (ParlAI gives each task's
 valid world an equal share of the cap); the final, uncapped evaluation still scores every example once.
-The same with data workers (a performance option never changes results)."""
+The same with data workers and dynamic batching (a performance option never changes results: sorted by length,
+the capped examples were the first task's, or the shortest task's)."""
 
 from __future__ import annotations
 
@@ -48,8 +49,9 @@ def _valid_records(root, monkeypatch, *extra):
     return [r for r in records if r.get("split") == "valid"]
 
 
-@pytest.mark.parametrize("extra", [[], pytest.param(["--num-workers", "2"], marks=[pytest.mark.multiprocess,
-                                                                                    pytest.mark.timeout(120)])])
+@pytest.mark.parametrize("extra", [[], ["-dynb", "batchsort"], ["-dynb", "full"],
+                                   pytest.param(["--num-workers", "2"], marks=[pytest.mark.multiprocess,
+                                                                              pytest.mark.timeout(120)])])
 def test_capped_validation_scores_each_task_and_the_final_one_every_example(two_tasks, monkeypatch, extra):
     *capped, final = _valid_records(two_tasks, monkeypatch, *extra)
     counts = [(r["exs"], r["jsonl:small/exs"], r.get("jsonl:big/exs", 0)) for r in capped]

@@ -29,7 +29,7 @@ import numpy as np
 
 from accelbatch.data.batching import Batch, BatchingConfig
 from accelbatch.data.episodes import EpisodeTable
-from accelbatch.data.orders import Order, mixed_examples, mixes_tasks, permutation
+from accelbatch.data.orders import Order, TaskBalancedOrder, mixed_examples, mixes_tasks, permutation
 
 BLOCK_ELEMENTS = 1 << 16  # flat indices a RowFeed lays out at once (steps x rows)
 BLOCK_BYTES = 8 << 20  # and of a file read on demand, at most about this much of its text
@@ -267,16 +267,20 @@ class BatchPlan:
     strategies, or completed with padding rows: a bucket's tail); ``runs(rows)`` (training) may refuse a batch
     too (a tail some replica process would get no row of); the examples left out are counted with their epoch.
     ``rank`` seeds the shard's order (hogwild processes each plan their own share of the episodes). Evaluation
-    keeps every example. Batches are made lazily, as they are read (a streamed file's epoch is never held as
-    batches), so knowing an epoch's count costs a pass of the batcher, done once.
+    keeps every example; of several tasks capped at ``cap`` examples (-vme), the first ``cap`` of a task-balanced
+    order (to the end of an episode) are batched first, apart, so a capped evaluation scores every task about
+    equally (as ParlAI's capped world per task), not the tasks whose examples sort first. Batches are made
+    lazily, as they are read (a streamed file's epoch is never held as batches), so knowing an epoch's count
+    costs a pass of the batcher, done once.
     """
 
     def __init__(self, table: EpisodeTable, rank: int, lengths: np.ndarray, batching: BatchingConfig,
                  training: bool, shuffle: bool, seed: int, drop_last: bool,
-                 runs: Callable[[int], bool] | None = None):
+                 runs: Callable[[int], bool] | None = None, cap: int = 0):
         self.table, self.rank, self.lengths = table, rank, lengths
         self.batching, self.training, self.shuffle = batching, training, shuffle
         self.seed, self.drop_last, self.runs = seed, drop_last, runs
+        self.cap = cap if cap > 0 and not training and len(table.tasks) > 1 else 0
         self._counts: dict[int, tuple[int, int]] = {}
 
     def _batches(self, epoch: int) -> Iterator[Batch[int]]:
@@ -288,12 +292,18 @@ class BatchPlan:
         if self.shuffle:
             examples = examples[permutation(len(examples), self.seed, epoch, self.rank)]
             rng = random.Random(hash((self.seed, epoch, self.rank)))
+        parts = [examples]
+        if self.cap:  # the capped share first, batched apart (an uncapped evaluation goes on to the others)
+            order = TaskBalancedOrder(self.table.turns, self.table.tasks)(epoch)
+            head = int(np.searchsorted(np.cumsum(self.table.turns[order]), self.cap)) + 1
+            parts = [self.table.flat(order[:head]), self.table.flat(order[head:])]
         drop = self.training and self.drop_last
         full = self.batching.batch_size if self.batching.strategy in ("none", "batchsort") else 0
-        for batch in self.batching.batcher(rng).run(_pairs(examples, self.lengths)):
-            if (not drop or batch.num_real >= max(full, batch.rows)) and (
-                    self.runs is None or not self.training or self.runs(batch.num_real)):
-                yield batch
+        for part in parts:
+            for batch in self.batching.batcher(rng).run(_pairs(part, self.lengths)):
+                if (not drop or batch.num_real >= max(full, batch.rows)) and (
+                        self.runs is None or not self.training or self.runs(batch.num_real)):
+                    yield batch
 
     def count(self, epoch: int) -> tuple[int, int]:
         """(the batches, the examples left out) in ``epoch``."""
@@ -312,7 +322,8 @@ class BatchPlan:
     def key(self) -> str:
         """What decides every epoch's batches (the data, the shard, the strategy and the seed)."""
         return (f"{self.table.digest()}:{self.rank}/1:{self.batching}:{self.seed}:"
-                f"{self.shuffle}:{self.training and self.drop_last}" + ":mixed" * mixes_tasks(self.table, self.shuffle))
+                f"{self.shuffle}:{self.training and self.drop_last}" + ":mixed" * mixes_tasks(self.table, self.shuffle)
+                + (f":cap{self.cap}" if self.cap else ""))
 
 
 def _pairs(examples: np.ndarray, lengths: np.ndarray, chunk: int = 8192) -> Iterator[tuple[int, int]]:

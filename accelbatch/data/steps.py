@@ -67,7 +67,7 @@ class PassSteps(Sampler):
             # (hogwild processes, which step on their own) each plans its own share of the episodes
             self.plan = BatchPlan(store.table if cut else self.table, 0 if cut else index, lengths, batching, training,
                                   training and config.shuffle, config.seed, config.drop_last,
-                                  partial(_every_replica_runs, cut) if cut else None)
+                                  partial(_every_replica_runs, cut) if cut else None, config.validation_max_exs)
             self.rows, self.lengths, self.per_pass = None, lengths, 0
 
     def _schedule(self, pass_: int) -> RowSchedule:
