@@ -98,3 +98,13 @@ def test_hogwild_processes_draw_a_task_of_fewer_episodes_than_processes_as_one_p
     assert main(["train", "-t", task, "-m", "bag", "-esz", "8", "-bs", "4", "-ne", "30", "-nt", "2", "--eval-splits",
                  "", "--no-progress", "--report-json", str(out), *batching]) == 0
     assert _task_shares(json.loads(out.read_text())["train"]) == pytest.approx(1 / 6, abs=0.04)
+
+
+def test_weights_near_the_float_maximum_draw_in_their_proportions():
+    """-mtw 1e308,1e308,1: each weight finite, their sum inf, and numpy refused the probabilities (a traceback);
+    drawn as the same proportions scaled down are."""
+    from accelbatch.data.orders import draw_tasks
+
+    huge = draw_tasks([3, 3, 3], [1e308, 1e308, 1.0], 2000, np.random.default_rng(0))
+    small = draw_tasks([3, 3, 3], [1.0, 1.0, 1e-308], 2000, np.random.default_rng(0))
+    assert huge.tolist() == small.tolist() and set(huge.tolist()) == {0, 1}

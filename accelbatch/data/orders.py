@@ -144,6 +144,8 @@ def draw_tasks(sizes: Sequence[int], weights: Sequence[float], count: int, gen: 
     chances = np.asarray(weights, dtype=np.float64)[live] if len(weights) else np.zeros(0)
     if not chances.sum() > 0:
         return live[gen.integers(0, len(live), size=count)]
+    if not np.isfinite(chances.sum()):  # weights near the float maximum: their sum overflows
+        chances = chances / chances.max()
     return live[gen.choice(len(live), size=count, p=chances / chances.sum())]
 
 
