@@ -363,9 +363,9 @@ def task_files(task: str) -> list[str]:
 
 
 class MultiTaskTeacher(FixedTeacher):
-    """Several FixedTeachers' tasks served as one (``-t A,B``): one store with the tasks one after another,
-    each task scored by its own metrics. Training draws each new episode's task at random, uniformly or by
-    ``-mtw`` (ParlAI's multitask rule); evaluation serves every task's examples once, task after task."""
+    """Several FixedTeachers' tasks served as one (``-t A,B``): one store, each task scored by its own metrics.
+    Training draws each new episode's task at random, uniformly or by ``-mtw`` (ParlAI's multitask rule);
+    ordered data and evaluation serve each example once, one episode of each task in turn (ParlAI's)."""
 
     def __init__(self, opts: Opts, shared: dict[str, Any] | None = None, *,
                  teachers: Sequence[FixedTeacher] = (), names: Sequence[str] = ()):

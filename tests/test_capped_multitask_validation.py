@@ -36,7 +36,11 @@ def test_the_order_takes_the_next_episode_from_the_task_that_served_fewest_examp
     # [0, 1, 2]; by (served, task): t0e0, t1e2, t0e1, t1e3, t1e4
     table = EpisodeTable.of_lengths([1, 3, 1, 1, 1], tasks=(2, 3))
     assert make_order(table, False, 0, balance_tasks=True)(0).tolist() == [0, 2, 1, 3, 4]
-    assert make_order(table, False, 0)(0).tolist() == [0, 1, 2, 3, 4]  # uncapped: data order, as ParlAI's
+    # uncapped: one episode of each task in turn, as ParlAI's MultiTaskTeacher serves ordered data
+    assert make_order(table, False, 0)(0).tolist() == [0, 2, 1, 3, 4]
+    table = EpisodeTable.of_lengths([3, 1, 1, 1, 1], tasks=(3, 2))  # the orders differ: served [0, 3, 4], [0, 1]
+    assert make_order(table, False, 0, balance_tasks=True)(0).tolist() == [0, 3, 4, 1, 2]
+    assert make_order(table, False, 0)(0).tolist() == [0, 3, 1, 4, 2]
 
 
 def _valid_records(root, monkeypatch, *extra):

@@ -108,3 +108,21 @@ def test_weights_near_the_float_maximum_draw_in_their_proportions():
     huge = draw_tasks([3, 3, 3], [1e308, 1e308, 1.0], 2000, np.random.default_rng(0))
     small = draw_tasks([3, 3, 3], [1.0, 1.0, 1e-308], 2000, np.random.default_rng(0))
     assert huge.tolist() == small.tolist() and set(huge.tolist()) == {0, 1}
+
+
+@pytest.mark.parametrize("extra", [[], ["-dynb", "batchsort"]])
+def test_ordered_multitask_training_serves_one_episode_of_each_task_in_turn(tmp_path, extra):
+    """ParlAI's MultiTaskTeacher in order: A0 B0 A1 B1 A2 B2 B3 (a task done is passed over); it trained all of A
+    before B. One record a step at -bs 1 names the task it served."""
+    for name, n in (("a", 3), ("b", 4)):
+        (tmp_path / f"{name}.jsonl").write_text("".join(json.dumps(
+            {"text": f"{name} {i}", "labels": ["x"], "label_candidates": ["x", "y"], "episode_done": True}) + "\n"
+            for i in range(n)))
+    log = tmp_path / "log.jsonl"
+    tasks = [f"jsonl:{tmp_path / n}.jsonl" for n in ("a", "b")]
+    assert main(["train", "-t", ",".join(tasks), "-dt", "train:ordered", "-m", "bag", "-esz", "8", "-bs", "1",
+                 "-ne", "1", "-ltim", "0", "--metrics-log", str(log), "-veps", "-1", "--eval-splits", "",
+                 "--no-progress", *extra]) == 0
+    records = [json.loads(line) for line in log.read_text().splitlines()]
+    served = ["ab"[[r.get(f"{t}/exs", 0) for t in tasks].index(1)] for r in records if r["split"] == "train"]
+    assert "".join(served) == "abababb"

@@ -55,6 +55,19 @@ class PassOrder:
         return repr(self.order)  # a position's key; the pass is kept beside it
 
 
+@dataclass(frozen=True)
+class AlternatingOrder:
+    """Several tasks in data order, one episode of each in turn (a task whose episodes are done is passed
+    over), as ParlAI's MultiTaskTeacher serves ordered data."""
+
+    tasks: tuple[int, ...]
+
+    def __call__(self, epoch: int) -> np.ndarray:
+        task = np.repeat(np.arange(len(self.tasks)), self.tasks)
+        starts = np.concatenate([[0], np.cumsum(self.tasks)[:-1]]).astype(np.int64)
+        return np.lexsort((task, np.arange(len(task)) - np.repeat(starts, self.tasks))).astype(np.int64)
+
+
 @dataclass(frozen=True, eq=False)
 class TaskBalancedOrder:
     """Several tasks evaluated under a cap on examples (``-vme``): each task's episodes in data order, the
@@ -76,12 +89,13 @@ class TaskBalancedOrder:
 
 
 def make_order(table: EpisodeTable, shuffle: bool, seed: int, balance_tasks: bool = False) -> Order:
-    """The episode order of each epoch: data order, a seeded permutation, or for several tasks in training
-    ParlAI's multitask rule (each new episode from a task drawn uniformly, :class:`MixedOrder`); with
-    ``balance_tasks`` (a capped evaluation) several tasks' episodes interleave (:class:`TaskBalancedOrder`)."""
+    """The episode order of each epoch: data order, a seeded permutation, or for several tasks ParlAI's
+    multitask rules (in training each new episode from a task drawn uniformly, :class:`MixedOrder`; in order
+    one episode of each task in turn, :class:`AlternatingOrder`); with ``balance_tasks`` (a capped evaluation)
+    several tasks' episodes interleave by examples served (:class:`TaskBalancedOrder`)."""
     if not shuffle:
-        if balance_tasks and len(table.tasks) > 1:
-            return TaskBalancedOrder(table.turns, table.tasks)
+        if len(table.tasks) > 1:
+            return TaskBalancedOrder(table.turns, table.tasks) if balance_tasks else AlternatingOrder(table.tasks)
         return DataOrder(table.num_episodes)
     if mixes_tasks(table, shuffle):
         return MixedOrder(table.tasks, seed, table.weights)
@@ -169,5 +183,5 @@ def mixed_examples(table: EpisodeTable, seed: int, *key: int) -> np.ndarray:
     return table.flat(episodes[:int(np.searchsorted(ends, total)) + 1])[:total]
 
 
-__all__ = ["DataOrder", "MixedOrder", "Order", "PassOrder", "ShuffledOrder", "TaskBalancedOrder", "draw_tasks",
-           "make_order", "mixed_examples", "mixes_tasks", "permutation"]
+__all__ = ["AlternatingOrder", "DataOrder", "MixedOrder", "Order", "PassOrder", "ShuffledOrder", "TaskBalancedOrder",
+           "draw_tasks", "make_order", "mixed_examples", "mixes_tasks", "permutation"]

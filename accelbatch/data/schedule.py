@@ -29,7 +29,7 @@ import numpy as np
 
 from accelbatch.data.batching import Batch, BatchingConfig
 from accelbatch.data.episodes import EpisodeTable
-from accelbatch.data.orders import Order, TaskBalancedOrder, mixed_examples, mixes_tasks, permutation
+from accelbatch.data.orders import Order, TaskBalancedOrder, make_order, mixed_examples, mixes_tasks, permutation
 
 BLOCK_ELEMENTS = 1 << 16  # flat indices a RowFeed lays out at once (steps x rows)
 BLOCK_BYTES = 8 << 20  # and of a file read on demand, at most about this much of its text
@@ -286,8 +286,8 @@ class BatchPlan:
     def _batches(self, epoch: int) -> Iterator[Batch[int]]:
         if mixes_tasks(self.table, self.shuffle):  # multitask training: ParlAI's draw of tasks
             examples = mixed_examples(self.table, self.seed, epoch, self.rank)
-        else:
-            examples = self.table.flat(np.arange(self.table.num_episodes))
+        else:  # data order (several tasks: one episode of each in turn, as ParlAI serves them)
+            examples = self.table.flat(make_order(self.table, False, self.seed)(epoch))
         rng = None
         if self.shuffle:
             examples = examples[permutation(len(examples), self.seed, epoch, self.rank)]
