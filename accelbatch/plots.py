@@ -6,10 +6,13 @@ The log is the JSONL file ``--metrics-log`` writes (one record per line: ``split
 ``metrics.png``) unless ``out`` is given.
 
 * Records without a ``step`` (validation and test reports) are placed at the step of the last train
-  record before them; a missing ``exs_per_s`` is ``exs / time_s`` when both are there.
+  record before them; a missing ``exs_per_s`` is ``exs / time_s`` when both are there. The evaluations
+  after training (``"final": true``: the model ``-mf`` kept, which may be an earlier step's) are points of
+  their own (``valid (final)``), not the end of the split's line.
 * A log appended to by several runs (MetricsLog appends) or a resumed run whose last records went past
   its checkpoint has steps that go back; each such restart starts a new line of the same colour.
-* A malformed line (not JSON, not an object, no ``split``) is an error naming ``file:line``, unless
+* A file none of whose lines is a record is not a metrics log (one line says so). In a log, a malformed line
+  (not JSON, not an object, no ``split``) is an error naming ``file:line``, unless
   ``skip_bad`` (``--skip-bad``): then it is reported on stderr and skipped. A last line without a
   newline that does not parse (a write cut short by a kill) is always skipped with a notice.
 * Needs matplotlib (an optional extra): without it :class:`MissingDependency` says
@@ -31,6 +34,7 @@ __all__ = ["MetricsLogError", "MissingDependency", "find_metrics_log", "read_met
 
 SPLIT_STYLE = {"train": ("tab:blue", "-", None), "valid": ("tab:orange", "-", "o"),
                "test": ("tab:green", "", "s")}
+FINAL = "(final)"  # a split's evaluations after training (the model -mf kept), marked apart from its line
 PANELS = (("loss", "loss"), ("exs_per_s", "examples / s"), ("accuracy", "accuracy"))
 
 
@@ -77,7 +81,8 @@ def read_metrics(path: str | os.PathLike, *, skip_bad: bool = False,
         raw = handle.read()
     lines = raw.split(b"\n")
     records: list[dict[str, Any]] = []
-    bad: list[str] = []
+    bad: list[tuple[int, str]] = []
+    notices: list[str] = []  # said once the file is known to be a metrics log
     for number, line in enumerate(lines, start=1):
         if not line.strip():
             continue
@@ -88,8 +93,8 @@ def read_metrics(path: str | os.PathLike, *, skip_bad: bool = False,
         except (ValueError, UnicodeDecodeError, RecursionError) as exc:  # RecursionError: nested too deeply
             problem = f"not valid JSON ({str(exc).splitlines()[0]})"
             if last_unterminated:
-                warn(f"{file}:{number}: skipped an unfinished last line ({problem}); the run was "
-                     "probably stopped while writing it")
+                notices.append(f"{file}:{number}: skipped an unfinished last line ({problem}); the run was "
+                               "probably stopped while writing it")
                 continue
         else:
             if not isinstance(record, dict):
@@ -99,13 +104,20 @@ def read_metrics(path: str | os.PathLike, *, skip_bad: bool = False,
                     f"the record's 'split' is {record['split']!r}, not a split's name such as \"train\""
         if problem is None:
             records.append(record)
-        elif skip_bad:
-            warn(f"{file}:{number}: skipped: {problem}")
         else:
-            bad.append(f"{file}:{number}: {problem}")
-    if bad:
+            bad.append((number, problem))
+    if bad and not records:  # another kind of file (a report JSON, TensorBoard events, a data file)
+        raise MetricsLogError(f"{file}: not a metrics log: none of its lines is a JSON record with a 'split' "
+                              f"(line {bad[0][0]}: {bad[0][1]}); give the --metrics-log file of a run")
+    for notice in notices:
+        warn(notice)
+    if bad and skip_bad:
+        for number, problem in bad:
+            warn(f"{file}:{number}: skipped: {problem}")
+    elif bad:
         more = f"\n... and {len(bad) - 5} more" if len(bad) > 5 else ""
-        raise MetricsLogError("\n".join(bad[:5]) + more + "\nFix or delete these lines, or plot the others "
+        raise MetricsLogError("\n".join(f"{file}:{n}: {p}" for n, p in bad[:5]) + more +
+                              "\nFix or delete these lines, or plot the others "
                               "with accelbatch report --skip-bad")
     if not records:
         raise MetricsLogError(f"{file}: no metric records; is it the --metrics-log file of a run that "
@@ -129,6 +141,8 @@ def series(records: Sequence[dict[str, Any]]) -> dict[tuple[str, str], list[list
     step, run, last_train_step = 0.0, 0, None
     for record in records:
         split = record["split"]
+        if record.get("final") is True and split != "test":  # the best model's evaluation after training: a
+            split = f"{split} {FINAL}"                         # point of its own, not the end of the line
         record_step = _number(record.get("step"))
         if split == "train" and record_step is not None:
             if last_train_step is not None and record_step < last_train_step:
@@ -182,7 +196,8 @@ def plot_run(path: str | os.PathLike, out: str | os.PathLike | None = None, *, s
     for ax, (metric, label) in zip(axes, panels):
         for index, split in enumerate(splits):
             segments = data.get((split, metric), [])
-            color, line, marker = SPLIT_STYLE.get(split, (f"C{3 + index}", "-", "^"))
+            color, line, marker = SPLIT_STYLE.get(split.replace(f" {FINAL}", ""), (f"C{3 + index}", "-", "^"))
+            line, marker = ("", "D") if split.endswith(FINAL) else (line, marker)
             for n, segment in enumerate(segments):
                 xs, ys = zip(*segment)
                 ax.plot(xs, ys, color=color, linestyle=line or "none", marker=marker, markersize=4,

@@ -2,7 +2,8 @@
 
 ``TensorBoardLog(log_dir).write(record)`` takes the records :class:`accelbatch.run.MetricsLog` writes
 (``{"split": "train", "step": 12, "loss": 0.5, "exs_per_s": 900.0, ...}``) and adds one scalar per numeric
-field, tagged ``split/metric`` (``train/loss``, ``valid/accuracy``), at the record's ``step``. Records
+field, tagged ``split/metric`` (``train/loss``, ``valid/accuracy``; ``valid_final/loss`` for the evaluations
+after training, of the model -mf kept), at the record's ``step``. Records
 without a step (validation and test reports) go at the step of the last record that had one, so they
 line up with training. ``step`` itself and non-numbers are not written; booleans are not numbers here.
 
@@ -59,6 +60,8 @@ class TensorBoardLog:
     def scalars(record: Mapping[str, Any]) -> dict[str, float]:
         """``{"split/metric": value}`` for each finite numeric field of a record."""
         split = record.get("split") if isinstance(record.get("split"), str) else "train"
+        if record.get("final") is True and split != "test":  # the kept model's evaluation after training
+            split = f"{split}_final"
         out = {}
         for key, value in record.items():
             if key in NOT_SCALARS or isinstance(value, bool) or not isinstance(value, (int, float)):

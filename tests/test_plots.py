@@ -39,6 +39,31 @@ def test_series_places_reports_at_the_last_train_step_and_derives_throughput():
     assert [len(s) for s in data[("train", "loss")]] == [10]
 
 
+def test_the_final_evaluations_are_points_of_their_own():
+    """The best model's valid record after training (an earlier step's model) ended the valid line at the last
+    step, a drop the model there never scored."""
+    records = [{"split": "train", "step": 5, "loss": 1.0}, {"split": "valid", "loss": 0.5},
+               {"split": "train", "step": 10, "loss": 0.9}, {"split": "valid", "loss": 0.7},
+               {"split": "valid", "loss": 0.5, "final": True}, {"split": "test", "loss": 0.6, "final": True}]
+    data = plots.series(records)
+    assert data[("valid", "loss")] == [[(5.0, 0.5), (10.0, 0.7)]]
+    assert data[("valid (final)", "loss")] == [[(10.0, 0.5)]] and data[("test", "loss")] == [[(10.0, 0.6)]]
+
+
+def test_a_file_that_is_no_metrics_log_is_one_line(tmp_path):
+    """A report JSON or TensorBoard events file gave pages of per-line errors and 'fix or delete these lines'."""
+    report = tmp_path / "r.json"
+    report.write_text(json.dumps({"train": {"exs": 4}}, indent=2), encoding="utf-8")
+    events = tmp_path / "events.out.tfevents.1"
+    events.write_bytes(bytes(range(256)) * 40)
+    for path in (report, events):
+        with pytest.raises(MetricsLogError) as info:
+            plots.read_metrics(path, warn=pytest.fail)
+        text = str(info.value)
+        assert text.count("\n") == 0 and text.startswith(f"{path}: not a metrics log: none of its lines") \
+            and "Fix or delete" not in text, text
+
+
 def test_a_restart_starts_a_new_segment():
     data = plots.series(_records(10, restart_at=6))
     assert [s[0][0] for s in data[("train", "loss")]] == [1.0, 3.0]
@@ -147,6 +172,7 @@ def test_scalars_mapping():
     record = {"split": "valid", "step": 3, "loss": 0.5, "accuracy": 1, "stopped_by": "x", "flag": True,
               "bad": float("nan")}
     assert TensorBoardLog.scalars(record) == {"valid/loss": 0.5, "valid/accuracy": 1.0}
+    assert TensorBoardLog.scalars({**record, "final": True}) == {"valid_final/loss": 0.5, "valid_final/accuracy": 1.0}
 
 
 def test_tensorboard_missing_is_a_noop_with_one_notice(tmp_path, monkeypatch):
