@@ -359,7 +359,8 @@ def _train(world: World, opts: Opts, log: MetricsLog, runtime: Runtime, stop: St
         if bar is not None:
             bar.update(new_exs)
         now = time.monotonic()
-        if log_next or replicas == 1 and log_due(now):
+        every_step = opts.log_every_n_secs == 0  # -ltim 0: every replica knows it is due, with no decision
+        if log_next or (replicas == 1 or every_step) and log_due(now):
             log_window(now)
             log_next = False
         if passed() >= next_validation:  # due at the last step too: -ne and -tstep end alike
@@ -380,8 +381,9 @@ def _train(world: World, opts: Opts, log: MetricsLog, runtime: Runtime, stop: St
         timed = 0 < opts.validation_every_n_secs <= time.monotonic() - last_validation
         out_of_time = 0 < opts.max_train_time <= state.elapsed()
         # replicas log a window together (it merges their rows), at the step after the one that found it due
+        log_together = replicas > 1 and not every_step and log_due(time.monotonic())
         want_save, stopping, timed, out_of_time, log_next = backend.decide(
-            saver.due() or stopping, stopping, timed, out_of_time, replicas > 1 and log_due(time.monotonic()))
+            saver.due() or stopping, stopping, timed, out_of_time, log_together)
         if out_of_time:  # before a timed validation, as ParlAI's: the time is up, and the end evaluates
             stop_reason = "max_train_time"
             break

@@ -191,6 +191,8 @@ def test_the_metrics_logs_train_windows_hold_every_replicas_rows(tmp_path):
     assert sum(w["exs"] for w in windows) == train["exs"] == 6 * 2 * 2
     merged_loss = sum(w["loss"] * w["exs"] for w in windows) / train["exs"]
     assert merged_loss == pytest.approx(train["loss"], rel=1e-6)
+    # -ltim 0 (every step): one record a step from the first on (replicas merged steps 1 and 2 in one record)
+    assert [(w["step"], w["exs"]) for w in windows] == [(step, 4) for step in range(1, 7)]
 
 
 @pytest.mark.slow
