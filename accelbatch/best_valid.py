@@ -102,6 +102,8 @@ def validation_ends(opts: Opts, state: TrainState) -> str | None:
     if 0 < opts.validation_patience <= state.stale:
         return f"patience: {state.stale} validations without improvement; a -vp above {state.stale} trains on"
     mode, cutoff, last = metric_mode(opts), opts.validation_cutoff, state.last_valid
+    if cutoff != -1 and last is None:  # a checkpoint that kept no value: its end by -vcut stands
+        return f"-vcut {cutoff:g} (the checkpoint keeps no validation value to judge another by)"
     if cutoff != -1 and (last <= cutoff if mode == "min" else last >= cutoff):
         return f"-vcut {cutoff:g} met by {opts.validation_metric} {last:.4g}; another -vcut trains on"
     return None

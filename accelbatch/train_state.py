@@ -20,7 +20,8 @@ class TrainState:
     validations: int = 0
     best: float = -math.inf
     stale: int = 0
-    last_valid: float = math.nan  # the -vmt value of the latest validation
+    last_valid: float | None = math.nan  # the -vmt value of the latest validation (None: a checkpoint's that
+    # kept none, written before it was kept)
     started: float = field(default_factory=time.monotonic)
     judged_by: str = ""
     ended_by: str = ""  # what stopped the training, once it has stopped ("" while it goes on)
@@ -43,11 +44,12 @@ class TrainState:
         next validation sets it afresh): the line saying so, else None."""
         self.steps, self.exs, self.validations = data["steps"], data["exs"], data["validations"]
         self.started = time.monotonic() - data["elapsed_s"]
-        self.ended_by, self.last_valid = data.get("ended_by", ""), data.get("last_valid", math.nan)
+        self.ended_by, self.last_valid = data.get("ended_by", ""), data.get("last_valid")
         self.validating_s = data.get("validating_s", 0.0)
         then = data.get("judged_by", self.judged_by)
         if then == self.judged_by or data["best"] == -math.inf:
             self.best, self.stale = data["best"], data["stale"]
             return None
+        self.last_valid = math.nan  # another metric's value: not this run's to judge
         return (f"--resume: the best validation so far was judged by -vmt/-vmm {then}, this run judges by "
                 f"{self.judged_by}: its next validation sets the best afresh (and saves -mf)")

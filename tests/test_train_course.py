@@ -108,6 +108,35 @@ def test_a_resume_given_more_patience_or_another_cutoff_trains_on(limits, again,
     assert resumed["steps"] > ended["steps"], (ended, resumed)
 
 
+def test_a_resume_judging_by_another_metric_does_not_read_the_cutoff_off_the_old_one(tmp_path, capsys):
+    """Stopped by -vcut 0 on accuracy (0.24 at step 20): a resume with -vmt loss -vcut 1 said '-vcut 1 met by loss
+    0.24' (the accuracy) and only evaluated; judged by another metric, it trains on, as the README says."""
+    model, report = tmp_path / "m.pt", tmp_path / "r.json"
+    assert main([*BASE, "-ne", "0.5", "-veps", "0.125", "-vcut", "0", "-mf", str(model), "--report-json", str(report),
+                 *QUIET]) == 0
+    ended = json.loads(report.read_text())["train"]["steps"]
+    capsys.readouterr()
+    assert main(["train", "-mf", str(model), "--resume", "-vmt", "loss", "-vcut", "1", "--report-json",
+                 str(report), *QUIET]) == 0
+    err = capsys.readouterr().err
+    assert "sets the best afresh" in err and "met by" not in err, err
+    assert json.loads(report.read_text())["train"]["steps"] > ended
+
+
+def test_a_checkpoint_that_kept_no_validation_value_keeps_its_cutoff_end():
+    """Checkpoints written before the last validation's value was kept: a -vcut end stands (it trained on)."""
+    from accelbatch.best_valid import validation_ends
+    from accelbatch.opts import Opts
+    from accelbatch.train_state import TrainState
+
+    state = TrainState(judged_by="accuracy max")
+    state.load_json({"steps": 20, "exs": 640, "validations": 2, "best": 0.3, "stale": 0, "elapsed_s": 1.0,
+                     "judged_by": "accuracy max", "ended_by": "validation"})
+    assert state.last_valid is None
+    assert validation_ends(Opts(validation_cutoff=0.2), state).startswith("-vcut 0.2 (the checkpoint keeps no")
+    assert validation_ends(Opts(), state) is None  # no -vcut: only patience, whose count it kept, decides
+
+
 def _stopped_after_the_first_validation(model, log, monkeypatch, in_validation: bool) -> None:
     """A run of -vtim validations stopped by a SIGINT (a terminal's Ctrl-C) during its first validation, or at
     the second training batch after it."""
