@@ -185,9 +185,10 @@ READERS: dict[str, Reader] = {
     **{name: Reader(_decodes, DECODER) for name in ("inference", "beam_min_length", "beam_block_ngram")},
     "skip_generation": Reader(_generates, GENERATOR),
     # given at their defaults on another device (other values are refused: ipu_opts, Opts' checks)
-    **{name: Reader(lambda o: o.device == "ipu", "--device ipu") for name in ("ipu_emulator", *IPU_ONLY, "pipeline",
-                                                                             "ipu_execution_strategy")},
-    "ddp_static_graph": Reader(lambda o: o.device == "cuda", "--device cuda"),
+    **{name: Reader(lambda o: o.device == "ipu", "--device ipu") for name in ("ipu_emulator", *IPU_ONLY, "pipeline")},
+    "ipu_execution_strategy": Reader(lambda o: o.device == "ipu" and bool(o.pipeline), "--device ipu --pipeline"),
+    "ddp_static_graph": Reader(lambda o: o.device == "cuda" and _replicated(o),
+                               "--device cuda with replicas (-rf above 1, or torchrun)"),
     "replica_timeout_s": Reader(lambda o: _replicated(o) or o.numthreads > 1,
                                 "replicas (-rf/--replication-factor above 1, or torchrun) or hogwild processes (-nt)"),
     "validation_patience": Reader(_periodic_validation, "validations during training (-veps or -vtim)"),
