@@ -56,7 +56,7 @@ def test_resuming_a_finished_run_leaves_the_log_as_the_run_wrote_it(tmp_path, ca
     assert main(["train", "-mf", str(model), "--resume", "--no-progress"]) == 0
     assert "2 records written after the checkpoint removed" in capsys.readouterr().err
     assert _records(log) == written
-    assert _board(board) == scalars and scalars["valid/accuracy"] == [(12, written[1]["accuracy"])]
+    assert _board(board) == scalars and scalars["valid_final/accuracy"] == [(12, written[1]["accuracy"])]
 
 
 def _board(folder):
