@@ -52,12 +52,17 @@ class AgentArgParser:
         kwargs.pop("recommended", None)
         if kwargs.get("type") == "bool":
             kwargs["type"] = read_bool
+        # both spellings of a long flag, as ParlAI's parser takes them (it declares --a_b as --a-b and reads
+        # either spelling from the command line)
+        declared, flags = flags, tuple(dict.fromkeys(spelled for flag in flags for spelled in (
+            (flag, "--" + flag[2:].replace("_", "-"), "--" + flag[2:].replace("-", "_")) if flag.startswith("--")
+            else (flag,))))
         if any(flag in self._reserved.flags for flag in flags) or not any(flag.startswith("-") for flag in flags):
             return None  # accelbatch's own option of that flag serves (positional arguments are not offered)
         dest = kwargs.pop("dest", None) or next(
             (f for f in flags if f.startswith("--")), flags[0]).lstrip("-").replace("-", "_")
         if dest in self._reserved.names:  # opts[dest] would read accelbatch's option, never this one
-            raise OptionError(f"add_cmdline_args: {'/'.join(flags)} stores to {dest!r}, the name of an option of "
+            raise OptionError(f"add_cmdline_args: {'/'.join(declared)} stores to {dest!r}, the name of an option of "
                               f"accelbatch's own (opts[{dest!r}] reads that one): give it another dest")
         unset = {"store_true": False, "store_false": True}.get(kwargs.get("action"))  # argparse's own defaults
         self._defaults.setdefault(dest, kwargs.pop("default", unset))

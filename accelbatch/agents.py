@@ -12,13 +12,14 @@ from __future__ import annotations
 
 import copy
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Sequence
 
 import torch
 
 from accelbatch import agent_checks, optimizers
 from accelbatch.checkpoint import read_json_file, write_error, write_torch
+from accelbatch.data.squash import History
 from accelbatch.dictionary import hash_tokens, tokenize  # noqa: F401 - agents' public helpers
 from accelbatch.messages import EPISODE_DONE, EVAL_LABELS, LABELS, TEXT, Message, checked_replies, is_padding
 from accelbatch.metrics import Metrics
@@ -79,13 +80,16 @@ class Agent:
     # ParlAI's name for opts: ported code reads (and sets) self.opt
     opt = property(lambda self: self.opts, lambda self, value: setattr(self, "opts", value))
 
+    def getID(self) -> str:  # noqa: N802 - ParlAI's name, which ported agents call in act()
+        return self.id
+
     def fork(self) -> "Agent":
-        """A clone for another world (e.g. validation): same model, its own metrics (a fresh one in place of
-        metrics its ``share()`` hands on, as ParlAI agents share theirs with their clones)."""
+        """A clone for another world (e.g. validation): same model, its own metrics (a copy in place of the
+        ``metrics`` and ``global_metrics`` its ``share()`` hands on, as ParlAI agents share theirs with their
+        clones; the world reports from its reset), so the training world's stay its own."""
         shared = agent_checks.shared_of(self)
-        if "metrics" in shared:
-            shared = {**shared, "metrics": type(shared["metrics"])()}
-        return agent_checks.from_shared(shared)
+        own = {key: _own_metrics(shared[key]) for key in ("metrics", "global_metrics") if key in shared}
+        return agent_checks.from_shared({**shared, **own})
 
     def reset(self) -> None:
         """Forget the conversation and the metrics (ParlAI's reset: a new pass reports afresh)."""
@@ -121,27 +125,10 @@ class EngineSlot:
     learning_rate: float | None = None  # the -lr the shared optimizer runs at, once a later world changed it
 
 
-@dataclass
-class History:
-    """One conversation's turns squashed into one text, as :mod:`accelbatch.data.squash` does.
-
-    ``context_length`` counts utterances (an empty text or label is one), the current text included (-1: all).
-    """
-
-    context_length: int = -1
-    include_labels: bool = True
-    turns: list[str] = field(default_factory=list)
-
-    def add(self, text: str | None, previous_label: str | None) -> str:
-        if self.include_labels and previous_label is not None:  # an empty label "" is an utterance, as ParlAI's
-            self.turns.append(previous_label)
-        if text is not None:  # "" too: ParlAI's History keeps an empty text as an utterance
-            self.turns.append(text)
-        kept = self.turns if self.context_length < 0 else self.turns[-self.context_length:]
-        return "\n".join(kept)
-
-    def clear(self) -> None:
-        self.turns = []
+def _own_metrics(metrics: Any) -> Any:
+    """A fork's own metrics: a copy of a dict of counters (which the forked world's reset_metrics clears), else
+    a new one of their class (accelbatch's Metrics, ParlAI's)."""
+    return copy.deepcopy(metrics) if isinstance(metrics, dict) else type(metrics)()
 
 
 def pad_2d(rows: Sequence[Sequence[int]], length: int | None = None) -> torch.Tensor:

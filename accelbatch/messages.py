@@ -30,6 +30,10 @@ class Message(dict):
     def copy(self) -> "Message":
         return Message(self)
 
+    def is_padding(self) -> bool:
+        """ParlAI's test for a batch's padding row (no example: past the end of the data)."""
+        return is_padding(self)
+
     def targets(self) -> list[str]:
         """The answers this message is judged against (labels, else eval_labels); one answer given as a str
         is one answer, not its characters."""
@@ -98,9 +102,14 @@ class FrozenMessage(Message):
         return Message(copy.deepcopy(dict(self), memo))
 
 
+BATCH_PADDING = "batch_padding"  # ParlAI's mark of a padding row, which accelbatch's padding rows carry
+
+
 def is_padding(message: dict | None) -> bool:
-    """True for a row with no example in it (None, or no text and no labels: past the end of the data)."""
-    return not message or (TEXT not in message and LABELS not in message and EVAL_LABELS not in message)
+    """True for a row with no example in it (None, marked ``batch_padding``, or no text and no labels: past
+    the end of the data)."""
+    return not message or bool(message.get(BATCH_PADDING)) or (
+        TEXT not in message and LABELS not in message and EVAL_LABELS not in message)
 
 
 def freeze(message: dict) -> FrozenMessage:

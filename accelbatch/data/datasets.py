@@ -27,6 +27,7 @@ import numpy as np
 from accelbatch.data.schedule import EpisodeTable
 from accelbatch.data.squash import AwaitsReply, awaits_reply, each_history, history_of, keeps_answers
 from accelbatch.messages import (
+    BATCH_PADDING,
     EPISODE_DONE,
     EVAL_LABELS,
     ID,
@@ -42,7 +43,7 @@ from accelbatch.messages import (
 from accelbatch.metrics import AnswerTable
 from accelbatch.tasks.files import DataFileError, FileIndex, episode_at
 
-PADDING = FrozenMessage({EPISODE_DONE: True})
+PADDING = FrozenMessage({EPISODE_DONE: True, BATCH_PADDING: True})  # ParlAI's padding_example()
 CACHE_BYTES = 8 << 20  # of a streamed file's text, kept parsed (FileStore)
 
 

@@ -17,13 +17,14 @@ settings               texts of the four examples
 
 The label put in the history is the turn's first label (``labels``, else ``eval_labels``), so squashing is
 deterministic; an empty text or label ``""`` is an utterance too (an empty line, counted by ``context_length``),
-as in ParlAI and in an agent's :class:`~accelbatch.agents.History`. A turn without text (none, or None) adds
+as in ParlAI and in an agent's :class:`History`. A turn without text (none, or None) adds
 none to the history (its label still does).
 """
 
 from __future__ import annotations
 
 from collections import deque
+from dataclasses import dataclass, field
 from typing import Any, Iterable, Iterator, Sequence
 
 from accelbatch.messages import EPISODE_DONE, EVAL_LABELS, LABELS, TEXT, Message
@@ -108,6 +109,29 @@ def _answered(turn: Message, include_labels: bool) -> list[str]:
     """The turn's first label (``labels``, else ``eval_labels``; "" included) when labels join the history."""
     answers = (turn.get(LABELS) or turn.get(EVAL_LABELS)) if include_labels else None
     return [answers[0]] if answers else []
+
+
+@dataclass
+class History:
+    """One conversation's turns squashed into one text, as squashing does: an agent clone's own history.
+
+    ``context_length`` counts utterances (an empty text or label is one), the current text included (-1: all).
+    """
+
+    context_length: int = -1
+    include_labels: bool = True
+    turns: list[str] = field(default_factory=list)
+
+    def add(self, text: str | None, previous_label: str | None) -> str:
+        if self.include_labels and previous_label is not None:  # an empty label "" is an utterance, as ParlAI's
+            self.turns.append(previous_label)
+        if text is not None:  # "" too: ParlAI's History keeps an empty text as an utterance
+            self.turns.append(text)
+        kept = self.turns if self.context_length < 0 else self.turns[-self.context_length:]
+        return "\n".join(kept)
+
+    def clear(self) -> None:
+        self.turns = []
 
 
 def squash_episode(episode: Sequence[Message], context_length: int = -1, include_labels: bool = True,
