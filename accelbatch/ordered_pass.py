@@ -84,3 +84,7 @@ def check_ordered_pass(opts: Opts, plan: ExecutionPlan, table: EpisodeTable, lay
             raise OptionError(f"{pass_of} has a step of {rows} rows (step {step + 1}) of which replica "
                               f"{[len(m) for m in held].index(0)} holds none: a replica process runs every step "
                               f"with rows of its own: {whole}")
+        if len({len(mine) for mine in held}) > 1:  # each counts the pass's examples by its own rows
+            raise OptionError(f"{pass_of} has a step of {rows} rows (step {step + 1}) that the replica processes "
+                              f"hold unevenly ({' and '.join(str(len(m)) for m in held)} rows): each counts the pass "
+                              f"by its own rows, so they would end it at other steps: {whole}")

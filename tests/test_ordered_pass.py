@@ -96,6 +96,12 @@ def test_replica_processes_refuse_a_pass_whose_last_step_they_hold_unevenly(tmp_
     assert main(["train", "-t", twelve, "-m", "repeat_label", "-bs", "2", "-di", "2", "-rf", "2", *QUIET]) == 2
     err = _err_lines(capfd)  # 2 rows each, as the plan gives, but not the rows one process gives each replica
     assert len(err) == 1 and "replica process 0 holds rows [0, 1] where one process gives it [0, 2]" in err[0], err
+    seven = _rows(tmp_path / "d7.jsonl", 7)  # 4 rows: step 2 holds 3, laid out as one process's, 2 and 1 (the
+    # replicas counted the pass apart and ended it at other steps: a gloo abort, or a hang to the timeout)
+    assert main(["train", "-t", seven, "-m", "repeat_label", "-bs", "2", "-rf", "2", "--no-drop-last", *QUIET]) == 2
+    err = _err_lines(capfd)
+    assert len(err) == 1 and "a step of 3 rows (step 2) that the replica processes hold unevenly (2 and 1 rows)" \
+        in err[0], err
     even, report = _rows(tmp_path / "d16.jsonl", 16), tmp_path / "r.json"
     assert main(["train", "-t", even, "-m", "repeat_label", "-bs", "2", "-rf", "2", *QUIET,
                  "--report-json", str(report)]) == 0
