@@ -229,3 +229,18 @@ def test_a_validation_due_at_the_last_step_runs_whether_ne_or_tstep_ends_the_run
         assert _validations(log) == [10, 20], name
         made[name] = torch.load(model, map_location="cpu", weights_only=True)["model"]
     assert all(torch.equal(made["ne"][k], made["tstep"][k]) for k in made["ne"])
+
+
+def test_a_resume_on_a_data_file_changed_since_says_the_data_changed(tmp_path, write_jsonl, capsys):
+    """A line appended to the data before --resume: refused blaming --seed, -bs, -di, -ga, -rf and -nt alike."""
+    rows = [{"text": f"say {w}", "labels": [w], "label_candidates": ["red", "blue"], "episode_done": True}
+            for w in ["red", "blue"] * 8]
+    data, model = write_jsonl(rows), tmp_path / "m.pt"
+    args = ["train", "-t", f"jsonl:{data}", "-m", "bag", "-esz", "8", "-bs", "2", "-mf", str(model), *QUIET]
+    assert main([*args, "-tstep", "2"]) == 0
+    with open(data, "a", encoding="utf-8") as handle:
+        handle.write(json.dumps(rows[0]) + "\n")
+    capsys.readouterr()
+    assert main([*args, "-tstep", "4", "--resume"]) == 2
+    err = capsys.readouterr().err
+    assert "taken on other data: other episodes or turns (a data file changed since the checkpoint" in err, err

@@ -130,7 +130,8 @@ class Loader:
         except (KeyError, TypeError, ValueError):
             raise ValueError(f"data position: {state!r} is not a loader position") from None
         if pass_ < 0 or not 0 <= done <= self.steps.steps_in(pass_) or self.steps.digest(pass_) != digest:
-            raise ValueError("data position: the checkpoint's batches differ from this run's (other data, --seed, "
+            raise ValueError("data position: the checkpoint's batches differ from this run's (other data: a data "
+                             "file changed since the checkpoint?, --seed, "
                              "--batchsize, --dynamic-batching or its options, or replicas); resume with the same "
                              "ones, or start afresh without --resume")
         self.steps.pass_, self.steps.skip, self.steps._current = pass_, done, None

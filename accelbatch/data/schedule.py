@@ -253,10 +253,11 @@ class RowFeed:
         return {"row_steps": self.row_steps, **self._key()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        if {k: state.get(k) for k in self._key()} != self._key():
-            raise ValueError("the data position was taken on other data, another shard of it, another order "
-                             "(--seed) or another number of rows per step; resume with the same data, --seed, "
-                             "-bs, -di, -ga, -rf and -nt")
+        key = self._key()
+        differs = next((k for k in key if state.get(k) != key[k]), None)
+        if differs is not None:
+            raise ValueError(f"the data position was taken on {_DIFFERS[differs]}; resume with the data, --seed, "
+                             "-bs, -di, -ga, -rf and -nt it was saved with")
         self.seek(state["row_steps"])
 
 
@@ -324,6 +325,13 @@ class BatchPlan:
         return (f"{self.table.digest()}:{self.rank}/1:{self.batching}:{self.seed}:"
                 f"{self.shuffle}:{self.training and self.drop_last}" + ":mixed" * mixes_tasks(self.table, self.shuffle)
                 + (f":cap{self.cap}" if self.cap else ""))
+
+
+# what a feed's position was taken on that differs, by its key (RowFeed._key)
+_DIFFERS = {"table": "other data: other episodes or turns (a data file changed since the checkpoint, or -t)",
+            "rows": "another number of rows per step (-bs, -di, -ga, -rf, -nt)",
+            "order": "another order of the episodes (--seed, or a version of accelbatch that orders them otherwise)",
+            "layout": "another share of the rows (-rf)"}
 
 
 def _pairs(examples: np.ndarray, lengths: np.ndarray, chunk: int = 8192) -> Iterator[tuple[int, int]]:
