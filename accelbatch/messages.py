@@ -106,10 +106,9 @@ BATCH_PADDING = "batch_padding"  # ParlAI's mark of a padding row, which accelba
 
 
 def is_padding(message: dict | None) -> bool:
-    """True for a row with no example in it (None, marked ``batch_padding``, or no text and no labels: past
-    the end of the data)."""
-    return not message or bool(message.get(BATCH_PADDING)) or (
-        TEXT not in message and LABELS not in message and EVAL_LABELS not in message)
+    """True for a row with no example in it (None, or no text and no labels: past the end of the data; a row
+    marked ``batch_padding``, as accelbatch's and ParlAI's padding rows are, has neither)."""
+    return not message or (TEXT not in message and LABELS not in message and EVAL_LABELS not in message)
 
 
 def freeze(message: dict) -> FrozenMessage:

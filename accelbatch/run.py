@@ -247,6 +247,7 @@ def _train(world: World, opts: Opts, log: MetricsLog, runtime: Runtime, stop: St
     teachers = eval_teachers(opts, {"valid"} if valid_world is not None else set())  # their data fails now too
     state.started += time.monotonic() - reading  # reading the evaluation data is not training time (-ttim)
     last_log, window_exs, window_start, log_next = time.monotonic(), 0, time.monotonic(), False
+    every_step = opts.log_every_n_secs == 0  # -ltim 0: every replica knows a window is due, with no decision
     window_data = getattr(world, "data_time_s", 0.0)
     last_validation = time.monotonic()
     stop_reason = "num_epochs"
@@ -359,7 +360,6 @@ def _train(world: World, opts: Opts, log: MetricsLog, runtime: Runtime, stop: St
         if bar is not None:
             bar.update(new_exs)
         now = time.monotonic()
-        every_step = opts.log_every_n_secs == 0  # -ltim 0: every replica knows it is due, with no decision
         if log_next or (replicas == 1 or every_step) and log_due(now):
             log_window(now)
             log_next = False

@@ -284,20 +284,22 @@ class BatchPlan:
         self.cap = cap if cap > 0 and not training and len(table.tasks) > 1 else 0
         self._counts: dict[int, tuple[int, int]] = {}
 
-    def _batches(self, epoch: int) -> Iterator[Batch[int]]:
+    def _parts(self, epoch: int) -> list[np.ndarray]:
+        """The epoch's examples (flat indices), in the parts that are batched one after another."""
         if mixes_tasks(self.table, self.shuffle):  # multitask training: ParlAI's draw of tasks
-            examples = mixed_examples(self.table, self.seed, epoch, self.rank)
-        else:  # data order (several tasks: one episode of each in turn, as ParlAI serves them)
-            examples = self.table.flat(make_order(self.table, False, self.seed)(epoch))
-        rng = None
-        if self.shuffle:
-            examples = examples[permutation(len(examples), self.seed, epoch, self.rank)]
-            rng = random.Random(hash((self.seed, epoch, self.rank)))
-        parts = [examples]
+            return [mixed_examples(self.table, self.seed, epoch, self.rank)]
         if self.cap:  # the capped share first, batched apart (an uncapped evaluation goes on to the others)
             order = TaskBalancedOrder(self.table.turns, self.table.tasks)(epoch)
             head = int(np.searchsorted(np.cumsum(self.table.turns[order]), self.cap)) + 1
-            parts = [self.table.flat(order[:head]), self.table.flat(order[head:])]
+            return [self.table.flat(order[:head]), self.table.flat(order[head:])]
+        # data order (several tasks: one episode of each in turn, as ParlAI serves them)
+        return [self.table.flat(make_order(self.table, False, self.seed)(epoch))]
+
+    def _batches(self, epoch: int) -> Iterator[Batch[int]]:
+        parts, rng = self._parts(epoch), None
+        if self.shuffle:  # training: one part
+            parts = [part[permutation(len(part), self.seed, epoch, self.rank)] for part in parts]
+            rng = random.Random(hash((self.seed, epoch, self.rank)))
         drop = self.training and self.drop_last
         full = self.batching.batch_size if self.batching.strategy in ("none", "batchsort") else 0
         for part in parts:
