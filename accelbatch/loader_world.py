@@ -104,7 +104,8 @@ class LoaderWorld(World):
 
     def _next_batch(self) -> LoadedBatch | None:
         """The next batch; when the engine copies batches to a device, the one after it is fetched now and
-        its copy started, so that it overlaps this batch's step (cross-call prefetch)."""
+        its copy started, so that it overlaps this batch's step (cross-call prefetch); through the async
+        accessor both stay valid (the loader's ``consumer_holds=2``)."""
         start = time.perf_counter()
         try:
             engine = getattr(self.agents[1], "slot", None) and self.agents[1].engine  # type: ignore[attr-defined]

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import multiprocessing
+import time
 
 import pytest
 import torch
@@ -286,6 +287,46 @@ def test_a_staging_engine_gets_each_batch_one_step_ahead_and_resumes_exactly(dia
         world.shutdown()
     assert all(torch.equal(a, b) for a, b in zip(plain.get_model_agent().model.parameters(),
                                                  resumed.get_model_agent().model.parameters()))
+
+
+class _CheckingStaging(_Staging):
+    """A staging engine that keeps what each batch held when it was staged (what a GPU copy would read) and
+    checks, after letting the async worker run, that the batch it steps still holds it."""
+
+    def __init__(self, engine):
+        super().__init__(engine)
+        self.at_stage, self.changed = {}, []
+
+    def stage(self, batch):
+        self.at_stage[id(batch)] = {k: v.clone() for k, v in batch.items()}
+
+    def train_step(self, batch):
+        time.sleep(0.05)  # the async worker refills every slot handed back meanwhile
+        kept = self.at_stage.pop(id(batch), None)
+        if kept is not None and not all(torch.equal(v, batch[k]) for k, v in kept.items()):
+            self.changed.append(len(self.stepped))
+        return super().train_step(batch)
+
+
+@pytest.mark.multiprocess
+@pytest.mark.timeout(120)
+def test_through_the_async_accessor_a_staging_engine_steps_the_batch_it_staged(dialogue_dir):
+    """A CUDA engine stages batch k+1 while batch k steps; through the async accessor's shared-memory ring the
+    world holds both, so neither is refilled before it is used: the same weights as the sync feed."""
+    common = dict(task=f"jsonl:{dialogue_dir}", model="bag", batchsize=4, progress=False, seed=3,
+                  learning_rate=0.05, embedding_size=8, optimizer="sgd")
+    weights = {}
+    for mode in ("sync", "async"):
+        world = create_world(Opts(**common, dataloader_mode=mode, buffer_size=1))
+        agent = world.get_model_agent()
+        spy = _CheckingStaging(agent.engine)
+        agent.slot.engine = spy
+        for _ in range(8):
+            world.parley()
+        world.shutdown()
+        assert len(spy.stepped) == 8 and spy.changed == [], (mode, spy.changed)
+        weights[mode] = [p.detach().clone() for p in agent.model.parameters()]
+    assert all(torch.equal(a, b) for a, b in zip(weights["sync"], weights["async"]))
 
 
 @pytest.mark.slow

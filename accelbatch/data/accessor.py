@@ -10,10 +10,13 @@
 
 How it works. At construction one worker process starts; it iterates ``source`` (after ``transform``, or
 :func:`~accelbatch.data.rebatch.rebatch` when ``rebatch_size`` is given), copies every tensor of each batch
-into a slot of a ring of ``buffer_size + 1`` shared-memory buffers (``buffer_size`` batches ready ahead plus
-the one the consumer holds) and sends the slot number with the batch pickled once, in one message: the pickler
-(C, no Python walk over rows and Messages) sets every tensor aside for the slot. The consumer unpickles it with
-those tensors as views of the slot (one pickle load) and hands the slot back when it asks for the next batch.
+into a slot of a ring of ``buffer_size + consumer_holds`` shared-memory buffers (``buffer_size`` batches ready
+ahead plus the ones the consumer holds) and sends the slot number with the batch pickled once, in one message: the
+pickler (C, no Python walk over rows and Messages) sets every tensor aside for the slot. The consumer unpickles it
+with those tensors as views of the slot (one pickle load) and hands the slot back once it has received
+``consumer_holds`` batches after it (default 1: when it asks for the next batch; 2 for a consumer that fetches
+one batch ahead while it still reads the current one, as a training loop that stages the next batch's copy to a
+device does), across the end of a pass too.
 
 Batches: anything picklable holding tensors; tensors go through the ring (a tensor met twice is one view),
 the rest is pickled; shapes may change. :func:`pickle_batch`: the cheap payload for data workers' batches.
@@ -44,6 +47,7 @@ there and in data workers forked from there, copying its pages). The ring is tor
 
 from __future__ import annotations
 
+import collections
 import functools
 import gc
 import io
@@ -300,6 +304,7 @@ class AsyncDataAccessor:
     (:func:`~accelbatch.data.rebatch.rebatch`, dropping the last partial one unless
     ``rebatch_drop_last=False``). ``transform``: any picklable ``iterator -> iterator`` applied in the worker
     instead. ``source`` and ``transform`` must be picklable (they are sent to the worker).
+    ``consumer_holds``: how many of the latest batches received stay valid (see the module docstring).
     ``miss_sleep_s``: with every slot full, the worker takes a freed slot only at its next check, one every
     ``miss_sleep_s`` seconds (PopTorch's polling worker; 0, the default: at once). It waits without polling.
     """
@@ -307,9 +312,10 @@ class AsyncDataAccessor:
     def __init__(self, source: Any, buffer_size: int = 3, early_preload: bool = False,
                  load_indefinitely: bool = True, rebatch_size: int | None = None, timeout_s: float = 60.0,
                  *, rebatch_drop_last: bool = True, transform: Callable[[Iterator[Any]], Iterator[Any]] | None = None,
-                 miss_sleep_s: float = 0.0, empty_passes: bool = False):
-        if isinstance(buffer_size, bool) or not isinstance(buffer_size, int) or buffer_size < 1:
-            raise ValueError(f"AsyncDataAccessor: buffer_size must be a positive integer, got {buffer_size!r}")
+                 miss_sleep_s: float = 0.0, empty_passes: bool = False, consumer_holds: int = 1):
+        for name, value in (("buffer_size", buffer_size), ("consumer_holds", consumer_holds)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"AsyncDataAccessor: {name} must be a positive integer, got {value!r}")
         if isinstance(miss_sleep_s, bool) or not isinstance(miss_sleep_s, (int, float)) or miss_sleep_s < 0:
             raise ValueError(f"AsyncDataAccessor: miss_sleep_s must be a number >= 0, got {miss_sleep_s!r}")
         if timeout_s <= 0:
@@ -326,6 +332,8 @@ class AsyncDataAccessor:
         self.buffer_size, self.timeout_s = buffer_size, float(timeout_s)
         self.early_preload, self.load_indefinitely, self.rebatch_size = early_preload, load_indefinitely, rebatch_size
         self._slots: dict[int, torch.Tensor] = {}
+        self._held: collections.deque[int] = collections.deque()  # slots of the latest batches handed out
+        self.consumer_holds = consumer_holds
         self._epoch = (0, 0)     # id of the pass the worker is loading (or will load when told)
         self._loading = False    # whether the worker has been told to load self._epoch
         self._pass_token = 0     # which iterator is the live one
@@ -334,7 +342,8 @@ class AsyncDataAccessor:
         self._worker: Supervisor | None = None
         try:
             self._worker = Supervisor(_WORKER, _worker_main, 1, args=(
-                source, transform, buffer_size + 1, load_indefinitely, self._epoch if early_preload else None,
+                source, transform, buffer_size + consumer_holds, load_indefinitely,
+                self._epoch if early_preload else None,
                 mp.get_start_method(allow_none=True), float(miss_sleep_s)))
         except (pickle.PicklingError, TypeError, AttributeError) as exc:
             raise TypeError(f"AsyncDataAccessor: the source (or transform) cannot be sent to the worker "
@@ -346,6 +355,7 @@ class AsyncDataAccessor:
         if self._worker is not None:
             self._worker.stop()
         self._slots, self._worker = {}, None
+        self._held.clear()
 
     close = terminate
 
@@ -396,6 +406,13 @@ class AsyncDataAccessor:
             msg = self._free_msgs[slot] = bytes(ForkingPickler.dumps(("free", slot)))
         self._tell(msg, raw=True)
 
+    def _hold(self, slot: int | None, keep: int) -> None:
+        """Hold ``slot`` (a batch handed out; None: nothing new) and hand back all but the latest ``keep``."""
+        if slot is not None:
+            self._held.append(slot)
+        while len(self._held) > keep:
+            self._free(self._held.popleft())
+
     def _build(self, msg: tuple) -> Any:
         _, _, slot, new, blob, metas = msg
         if new is not None:
@@ -442,7 +459,8 @@ class AsyncDataAccessor:
         self._loading = self._tell(("start", self._epoch))
 
     def _generate(self, token: int, epoch: tuple[int, int]) -> Iterator[Any]:
-        held: int | None = None
+        # the latest consumer_holds batches stay valid; past the end of a pass (or leaving it), the latest
+        # consumer_holds - 1: the consumer has asked for one more
         finished = False
         self._in_pass = True
         try:
@@ -460,15 +478,11 @@ class AsyncDataAccessor:
                     continue
                 if kind == "batch":
                     batch = self._build(msg)
-                    if held is not None:
-                        self._free(held)
-                    held = msg[2]
+                    self._hold(msg[2], self.consumer_holds)
                     yield batch
                 elif kind == "end":
                     finished = True
-                    if held is not None:
-                        self._free(held)
-                        held = None
+                    self._hold(None, self.consumer_holds - 1)
                     self._in_pass = False
                     self._epoch, self._loading = (epoch[0], epoch[1] + 1), self.load_indefinitely
                     if msg[2] == 0 and not self.empty_passes:
@@ -481,7 +495,7 @@ class AsyncDataAccessor:
                     finished = True
                     self._raise_worker_error(msg[2])
         finally:
-            if held is not None:
-                self._free(held)
+            if self._worker is not None:
+                self._hold(None, self.consumer_holds - 1)
             if not finished and token == self._pass_token and self._worker is not None:
                 self._restart()  # left early: the next pass starts at the source's first item

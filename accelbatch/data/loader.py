@@ -16,11 +16,13 @@ rows of each.
 Each step is the schedule's (:mod:`accelbatch.data.schedule`): without dynamic batching the rows of a
 RowSchedule (whole episodes row by row: what a BatchWorld of teacher clones serves, so the same seed gives the
 same batches either way), with ``--dynamic-batching`` the batches of a BatchPlan. Workers and the accessor
-change where a step is built, never what it holds. ``async-rebatched`` is ``async``: planned steps lose no
-tail. A pass is one epoch of the plan, one evaluation, or in training without dynamic batching the steps an
-epoch of examples takes (rows run on across passes). ``state_dict()`` is the position as the caller consumed
-it (not what was read ahead); ``load_state_dict`` makes a fresh loader continue there. With ``buckets`` (and
-``static_rows``) every batch is padded to its planned shape (zero rows; ``seq_keys`` along dim 1).
+change where a step is built, never what it holds; through the accessor a batch's tensors are views of its ring
+and stay valid while the caller fetches the next one (a training loop fetches one batch ahead to stage its copy
+to a device), until the one after. ``async-rebatched`` is ``async``: planned steps lose no tail. A pass is one
+epoch of the plan, one evaluation, or in training without dynamic batching the steps an epoch of examples
+takes (rows run on across passes). ``state_dict()`` is the position as the caller consumed it (not what was
+read ahead); ``load_state_dict`` makes a fresh loader continue there. With ``buckets`` (and ``static_rows``)
+every batch is padded to its planned shape (zero rows; ``seq_keys`` along dim 1).
 """
 
 from __future__ import annotations
@@ -72,7 +74,8 @@ class Loader:
         self._accessor = AsyncDataAccessor(self._dataloader, buffer_size=self.config.buffer_size,
                                            early_preload=True, load_indefinitely=True,
                                            timeout_s=self.config.timeout_s, transform=unpickled,
-                                           empty_passes=True)  # a replica's share of a small split may be none
+                                           empty_passes=True,  # a replica's share of a small split may be none
+                                           consumer_holds=2)   # LoaderWorld's batch and the one fetched ahead
 
     @property
     def mode(self) -> str:

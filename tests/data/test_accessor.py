@@ -107,6 +107,22 @@ class Record:
     name: str
 
 
+class Announced:
+    """Batches 0..n-1 (tensors of their number); asking the source for batch i first appends a line to ``marker``."""
+
+    def __init__(self, n, marker):
+        self.n, self.marker = n, marker
+
+    def __len__(self):
+        return self.n
+
+    def __iter__(self):
+        for i in range(self.n):
+            with open(self.marker, "a") as f:
+                f.write(f"{i}\n")
+            yield torch.full((4,), float(i))
+
+
 def marker_lines(path, expect, within=10.0):
     deadline = time.monotonic() + within
     while time.monotonic() < deadline:
@@ -277,6 +293,31 @@ def test_unpicklable_source_is_a_clear_error(no_leaks):
 
 
 @pytest.mark.timeout(30)
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("holds", [1, 2])
+def test_the_latest_consumer_holds_batches_stay_valid_across_passes(tmp_path, holds, no_leaks):
+    """A consumer that fetches one batch ahead (a training loop staging the next batch's copy to a GPU) holds
+    two: with consumer_holds=2 neither is overwritten, also when the one ahead opens the next pass. The worker
+    fills every free slot, then asks the source for one more batch: the marker says when it is done."""
+    marker = tmp_path / "asked"
+    with AsyncDataAccessor(Announced(6, marker), buffer_size=1, consumer_holds=holds) as accessor:
+        passes = iter(accessor)
+        first, second = next(passes), next(passes)
+        assert marker_lines(marker, 4) == 4                # batch 2 is written, in the slot of batch 0 if free
+        assert (float(first[0]), float(second[0])) == ((2.0, 1.0) if holds == 1 else (0.0, 1.0))
+        third = next(passes)
+        assert marker_lines(marker, 5) == 5                # batch 3 is written
+        assert (float(second[0]), float(third[0])) == ((3.0, 2.0) if holds == 1 else (1.0, 2.0))
+        rest = []
+        for last in passes:
+            rest.append(float(last[0]))
+        assert rest == [3.0, 4.0, 5.0]
+        next_pass = iter(accessor)
+        opening = next(next_pass)                          # the worker went straight on to the next pass
+        assert marker_lines(marker, 9) == 9                # its batch 0 handed out, 1 written, 2 asked for
+        assert (float(last[0]), float(opening[0])) == ((1.0, 0.0) if holds == 1 else (5.0, 0.0))
+
+
 def test_bad_arguments():
     with pytest.raises(ValueError, match="buffer_size"):
         AsyncDataAccessor([], buffer_size=0)
