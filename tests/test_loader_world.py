@@ -308,25 +308,38 @@ class _CheckingStaging(_Staging):
         return super().train_step(batch)
 
 
+FEEDS = [  # (the feed, what it is compared with)
+    pytest.param(dict(dataloader_mode="async"), dict(), id="async"),
+    pytest.param(dict(dataloader_mode="async", num_workers=2), dict(), id="async-workers", marks=pytest.mark.slow),
+    pytest.param(dict(num_workers=2), dict(), id="workers", marks=pytest.mark.slow),
+    pytest.param(dict(dataloader_mode="async", datatype="train:stream"), dict(), id="async-stream",
+                 marks=pytest.mark.slow),
+    pytest.param(dict(dataloader_mode="async", dynamic_batching="full"), dict(dynamic_batching="full"),
+                 id="async-dynamic", marks=pytest.mark.slow),
+]
+
+
 @pytest.mark.multiprocess
 @pytest.mark.timeout(120)
-def test_through_the_async_accessor_a_staging_engine_steps_the_batch_it_staged(dialogue_dir):
-    """A CUDA engine stages batch k+1 while batch k steps; through the async accessor's shared-memory ring the
-    world holds both, so neither is refilled before it is used: the same weights as the sync feed."""
+@pytest.mark.parametrize("feed, reference", FEEDS)
+def test_a_staging_engine_steps_the_batch_it_staged_on_every_feed(dialogue_dir, feed, reference):
+    """A CUDA engine stages batch k+1 while batch k steps; through the async accessor's shared-memory ring
+    (and data workers, a streamed file, dynamic batching) the world holds both, so neither is refilled before
+    it is used: the same weights as the sync feed in the main process."""
     common = dict(task=f"jsonl:{dialogue_dir}", model="bag", batchsize=4, progress=False, seed=3,
-                  learning_rate=0.05, embedding_size=8, optimizer="sgd")
+                  learning_rate=0.05, embedding_size=8, optimizer="sgd", buffer_size=1)
     weights = {}
-    for mode in ("sync", "async"):
-        world = create_world(Opts(**common, dataloader_mode=mode, buffer_size=1))
+    for name, changes in (("reference", reference), ("feed", feed)):
+        world = create_world(Opts(**common, **changes))
         agent = world.get_model_agent()
         spy = _CheckingStaging(agent.engine)
         agent.slot.engine = spy
         for _ in range(8):
             world.parley()
         world.shutdown()
-        assert len(spy.stepped) == 8 and spy.changed == [], (mode, spy.changed)
-        weights[mode] = [p.detach().clone() for p in agent.model.parameters()]
-    assert all(torch.equal(a, b) for a, b in zip(weights["sync"], weights["async"]))
+        assert len(spy.stepped) == 8 and spy.changed == [], (name, spy.changed)
+        weights[name] = [p.detach().clone() for p in agent.model.parameters()]
+    assert all(torch.equal(a, b) for a, b in zip(weights["reference"], weights["feed"]))
 
 
 @pytest.mark.slow
