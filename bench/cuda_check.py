@@ -11,7 +11,8 @@ Accelerator made by one check must not decide the next one's): cuda-vs-cpu weigh
 torch.cuda.set_sync_debug_mode), step time with staged prefetch vs compute alone, examples/s vs a plain
 PyTorch loop, where the engine keeps weights and outputs, and ``accelbatch train`` (memnn on babi:1 for an
 epoch; the transformer generator on reverse for 20 steps, decoding on the device) on the CPU and the GPU,
-sync and async, from one seed. Exits 1 when a test or a check's criterion fails. Without a GPU: says why,
+sync and async, from one seed, and on the GPU through every feed (workers, async, streamed, dynamic batching)
+against the sync feed. Exits 1 when a test or a check's criterion fails. Without a GPU: says why,
 runs the CPU-checkable tests (the GPU ones skip with their reason) and exits 0 when they pass.
 ``--check NAME --out PATH`` runs one check in this process and writes its figures (what the parent runs).
 """
@@ -146,6 +147,62 @@ def _placement(device: str) -> dict[str, Any]:
             "failure": None if ok else f"weights on {params}, outputs on {outputs} (want {dev.type}, cpu)"}
 
 
+def _train_runs(common: list[str], runs: dict[str, list[str]]) -> tuple[dict, dict] | dict[str, Any]:
+    """``accelbatch train`` with ``common`` plus each run's options: (weights, reports) by run name, or the
+    check's figures with ``failure`` set when a run failed."""
+    from accelbatch.checkpoint import load_checkpoint
+
+    weights, reports = {}, {}
+    with tempfile.TemporaryDirectory(prefix="cuda-check-train-") as tmp:
+        for name, extra in runs.items():
+            model, report = os.path.join(tmp, f"{name}.pt"), os.path.join(tmp, f"{name}.json")
+            proc = _run([sys.executable, *common, "-mf", model, "--report-json", report, *extra],
+                        cwd=ROOT, timeout=300)
+            if proc.returncode != 0:
+                return {"failure": f"accelbatch train {' '.join(extra)} exited with {proc.returncode}: "
+                                   f"{(proc.stdout + proc.stderr)[-1500:]}"}
+            weights[name] = load_checkpoint(model).model_state
+            reports[name] = json.loads(pathlib.Path(report).read_text())
+    return weights, reports
+
+
+def _train_feeds(device: str) -> dict[str, Any]:
+    """Performance options never change results on ``device``: memnn on babi:1 trained from one seed through
+    data workers, the async accessor (with and without workers), a streamed file and async dynamic batching
+    (against sync dynamic batching) ends with the same weights (torch.equal) and valid metrics as the sync
+    feed in the main process, every batch staged to the device one step ahead."""
+    import torch
+
+    common = ["-m", "accelbatch", "train", "-t", "babi:1", "-m", "memnn", "--seed", "3", "--no-progress",
+              "-tstep", "40" if device != "cpu" else "8", "-vme", "200", "--eval-splits", "valid",
+              "--buffer-size", "1", "--device", device]
+    feeds = {"sync": [], "workers_2": ["--num-workers", "2"], "async": ["--dataloader-mode", "async"],
+             "async_workers_2": ["--dataloader-mode", "async", "--num-workers", "2"],
+             "async_stream": ["--dataloader-mode", "async", "-dt", "train:stream"],
+             "dynamic": ["--dynamic-batching", "full"],
+             "async_dynamic": ["--dynamic-batching", "full", "--dataloader-mode", "async"]}
+    reference = {name: "dynamic" if "dynamic" in name else "sync" for name in feeds}
+    got = _train_runs(common, feeds)
+    if isinstance(got, dict):
+        return got
+    weights, reports = got
+
+    def metrics(name: str) -> dict[str, Any]:
+        return {k: v for k, v in reports[name]["valid"].items() if k not in ("exs_per_s", "time_s")}
+
+    equal = {name: all(torch.equal(v, weights[reference[name]][k]) for k, v in weights[name].items())
+             and metrics(name) == metrics(reference[name])
+             for name in feeds if reference[name] != name}
+    out: dict[str, Any] = {"steps": reports["sync"]["train"]["steps"], "equal_to_sync": equal,
+                           "valid_accuracy": {name: r["valid"]["accuracy"] for name, r in reports.items()},
+                           "failure": None}
+    differ = [name for name, same in equal.items() if not same]
+    if differ:
+        out["failure"] = (f"on {device}, {', '.join(differ)} trained other weights or reported other valid "
+                          "metrics than the same options with the sync feed")
+    return out
+
+
 def _train_cli(task_and_model: list[str], length: list[str], cpu_length: list[str]
                ) -> Callable[[str], dict[str, Any]]:
     """``accelbatch train`` end to end with one seed: on the CPU, on ``device``, and on ``device`` with
@@ -154,25 +211,16 @@ def _train_cli(task_and_model: list[str], length: list[str], cpu_length: list[st
     def run(device: str) -> dict[str, Any]:
         import torch
 
-        from accelbatch.checkpoint import load_checkpoint
-
         common = ["-m", "accelbatch", "train", *task_and_model, "--seed", "3", "--no-progress",
                   *(length if device != "cpu" else cpu_length), "--eval-splits", "valid"]
         runs = {"cpu": ["--device", "cpu"], "device": ["--device", device],
                 "device_async": ["--device", device, "--dataloader-mode", "async"]}
         if device == "cpu":  # the device run would be the cpu run again
             del runs["device"]
-        weights, reports = {}, {}
-        with tempfile.TemporaryDirectory(prefix="cuda-check-train-") as tmp:
-            for name, extra in runs.items():
-                model, report = os.path.join(tmp, f"{name}.pt"), os.path.join(tmp, f"{name}.json")
-                proc = _run([sys.executable, *common, "-mf", model, "--report-json", report, *extra],
-                            cwd=ROOT, timeout=300)
-                if proc.returncode != 0:
-                    return {"failure": f"accelbatch train {' '.join(extra)} exited with {proc.returncode}: "
-                                       f"{(proc.stdout + proc.stderr)[-1500:]}"}
-                weights[name] = load_checkpoint(model).model_state
-                reports[name] = json.loads(pathlib.Path(report).read_text())
+        got = _train_runs(common, runs)
+        if isinstance(got, dict):
+            return got
+        weights, reports = got
         weights.setdefault("device", weights["cpu"])
         reports.setdefault("device", reports["cpu"])
         diff = max(float((weights["cpu"][k].float() - v.float()).abs().max()) for k, v in weights["device"].items())
@@ -208,6 +256,7 @@ CHECKS: dict[str, tuple[Callable[[str], dict[str, Any]], bool]] = {  # name -> (
     "train_memnn": (_train_cli(["-t", "babi:1", "-m", "memnn"], ["-ne", "1"], ["-tstep", "30"]), True),
     "train_generator": (_train_cli(["-t", "reverse", "-m", "transformer/generator", "-bs", "32"],
                                    ["-tstep", "20"], ["-tstep", "6"]), True),
+    "train_feeds": (_train_feeds, True),
 }
 
 

@@ -514,7 +514,7 @@ def test_cuda_check_runs_each_check_in_a_fresh_process(tmp_path):
     JSON."""
     out = tmp_path / "check.json"
     proc = subprocess.run([sys.executable, "bench/cuda_check.py", "--no-tests", "--device", "cpu", "--only",
-                           "weights_bf16_D4_G2,host_syncs_D8,train_memnn", "--json", str(out)], cwd=ROOT,
+                           "weights_bf16_D4_G2,host_syncs_D8,train_memnn,train_feeds", "--json", str(out)], cwd=ROOT,
                           text=True, capture_output=True, timeout=280, check=False)
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
     figures = json.loads(out.read_text())["figures"]
@@ -523,6 +523,9 @@ def test_cuda_check_runs_each_check_in_a_fresh_process(tmp_path):
     train = figures["train_memnn"]   # on the CPU both sides are the CPU: the same seed trains the same weights
     assert train["steps"] == 30 and train["weights_max_abs_diff_vs_cpu"] == 0.0 and train["async_equals_sync"]
     assert not train["failure"] and len(set(train["valid_accuracy"].values())) == 1
+    feeds = figures["train_feeds"]   # each feed against its sync reference: all equal, the check passes
+    assert feeds["steps"] == 8 and not feeds["failure"] and len(feeds["equal_to_sync"]) == 5
+    assert all(feeds["equal_to_sync"].values())
 
 
 def gpu_check(name: str) -> dict:
@@ -543,7 +546,7 @@ def gpu_check(name: str) -> dict:
 @pytest.mark.parametrize("name", ["weights_D1_G1", "weights_D4_G2", "weights_bf16_D4_G2",
                                   "weights_fp16_D4_G2", "placement", "staged_prefetch", "host_syncs_D8",
                                   "host_syncs_fp16_D8",
-                                  "throughput", "train_memnn", "train_generator"])
+                                  "throughput", "train_memnn", "train_generator", "train_feeds"])
 def test_gpu_check(name):
     gpu_check(name)
 
