@@ -166,13 +166,35 @@ def _train_runs(common: list[str], runs: dict[str, list[str]]) -> tuple[dict, di
     return weights, reports
 
 
+NOISE_LIMIT = 1e-5   # weights apart allowed between runs of a workload the device does not repeat bit for bit
+
+
+def judge_feeds(diff: dict[str, float], other_metrics: dict[str, list[str]], reference: dict[str, str],
+                repeats: dict[str, str]) -> dict[str, str]:
+    """Each feed's verdict against its ``reference`` run: "equal" (torch.equal weights, the same valid
+    metrics); "within device noise" when the repeat of its reference (``repeats``: reference -> the run of the
+    same options and seed again) was not equal either, so the device itself does not repeat that workload bit
+    for bit, and the feed is as close as noise allows (weights within NOISE_LIMIT, only the valid loss's last
+    digits apart); else "differs"."""
+    noisy = {ref: diff[again] != 0.0 or bool(other_metrics[again]) for ref, again in repeats.items()}
+    verdict = {}
+    for name, apart in diff.items():
+        if apart == 0.0 and not other_metrics[name]:
+            verdict[name] = "equal"
+        elif noisy.get(reference[name]) and apart <= NOISE_LIMIT and set(other_metrics[name]) <= {"loss"}:
+            verdict[name] = "within device noise"
+        else:
+            verdict[name] = "differs"
+    return verdict
+
+
 def _train_feeds(device: str) -> dict[str, Any]:
     """Performance options never change results on ``device``: memnn on babi:1 trained from one seed through
     data workers, the async accessor (with and without workers), a streamed file and async dynamic batching
     (against sync dynamic batching) ends with the same weights (torch.equal) and valid metrics as the sync
-    feed in the main process, every batch staged to the device one step ahead."""
-    import torch
-
+    feed in the main process, every batch staged to the device one step ahead. Dynamic batching is run twice
+    in sync: a GPU does not repeat it bit for bit (its varying shapes: an H200 gives 4e-7 apart from the first
+    step on, the batches equal), so there a feed is judged against that noise (:func:`judge_feeds`)."""
     common = ["-m", "accelbatch", "train", "-t", "babi:1", "-m", "memnn", "--seed", "3", "--no-progress",
               "-tstep", "40" if device != "cpu" else "8", "-vme", "200", "--eval-splits", "valid",
               "--buffer-size", "1", "--device", device]
@@ -180,6 +202,7 @@ def _train_feeds(device: str) -> dict[str, Any]:
              "async_workers_2": ["--dataloader-mode", "async", "--num-workers", "2"],
              "async_stream": ["--dataloader-mode", "async", "-dt", "train:stream"],
              "dynamic": ["--dynamic-batching", "full"],
+             "dynamic_again": ["--dynamic-batching", "full"],   # is the device itself repeatable here?
              "async_dynamic": ["--dynamic-batching", "full", "--dataloader-mode", "async"]}
     reference = {name: "dynamic" if "dynamic" in name else "sync" for name in feeds}
     got = _train_runs(common, feeds)
@@ -190,16 +213,20 @@ def _train_feeds(device: str) -> dict[str, Any]:
     def metrics(name: str) -> dict[str, Any]:
         return {k: v for k, v in reports[name]["valid"].items() if k not in ("exs_per_s", "time_s")}
 
-    equal = {name: all(torch.equal(v, weights[reference[name]][k]) for k, v in weights[name].items())
-             and metrics(name) == metrics(reference[name])
-             for name in feeds if reference[name] != name}
-    out: dict[str, Any] = {"steps": reports["sync"]["train"]["steps"], "equal_to_sync": equal,
+    compared = [name for name in feeds if reference[name] != name]
+    diff = {name: max(float((v.float() - weights[reference[name]][k].float()).abs().max())
+                      for k, v in weights[name].items()) for name in compared}
+    other_metrics = {name: sorted(k for k, v in metrics(name).items() if metrics(reference[name]).get(k) != v)
+                     for name in compared}
+    verdict = judge_feeds(diff, other_metrics, reference, repeats={"dynamic": "dynamic_again"})
+    out: dict[str, Any] = {"steps": reports["sync"]["train"]["steps"], "verdict": verdict,
+                           "weights_max_abs_diff": diff, "other_valid_metrics": other_metrics,
                            "valid_accuracy": {name: r["valid"]["accuracy"] for name, r in reports.items()},
                            "failure": None}
-    differ = [name for name, same in equal.items() if not same]
+    differ = [name for name, said in verdict.items() if said == "differs"]
     if differ:
         out["failure"] = (f"on {device}, {', '.join(differ)} trained other weights or reported other valid "
-                          "metrics than the same options with the sync feed")
+                          "metrics than the same options with the sync feed (beyond the device's own noise)")
     return out
 
 
