@@ -14,9 +14,10 @@ into a slot of a ring of ``buffer_size + consumer_holds`` shared-memory buffers 
 ahead plus the ones the consumer holds) and sends the slot number with the batch pickled once, in one message: the
 pickler (C, no Python walk over rows and Messages) sets every tensor aside for the slot. The consumer unpickles it
 with those tensors as views of the slot (one pickle load) and hands the slot back once it has received
-``consumer_holds`` batches after it (default 1: when it asks for the next batch; 2 for a consumer that fetches
-one batch ahead while it still reads the current one, as a training loop that stages the next batch's copy to a
-device does), across the end of a pass too.
+``consumer_holds`` batches after it (default 1: when the next batch arrives; 2 for a consumer that fetches one
+batch ahead while it still reads the current one, as a training loop that stages the next batch's copy to a
+device does), whether in this pass or the next one: the end of a pass, ``break`` or an exception hand nothing
+back, so the batch in hand stays valid.
 
 Batches: anything picklable holding tensors; tensors go through the ring (a tensor met twice is one view),
 the rest is pickled; shapes may change. :func:`pickle_batch`: the cheap payload for data workers' batches.
@@ -406,11 +407,10 @@ class AsyncDataAccessor:
             msg = self._free_msgs[slot] = bytes(ForkingPickler.dumps(("free", slot)))
         self._tell(msg, raw=True)
 
-    def _hold(self, slot: int | None, keep: int) -> None:
-        """Hold ``slot`` (a batch handed out; None: nothing new) and hand back all but the latest ``keep``."""
-        if slot is not None:
-            self._held.append(slot)
-        while len(self._held) > keep:
+    def _hold(self, slot: int) -> None:
+        """Hold ``slot``, of a batch handed out, and hand back all but the latest ``consumer_holds``."""
+        self._held.append(slot)
+        while len(self._held) > self.consumer_holds:
             self._free(self._held.popleft())
 
     def _build(self, msg: tuple) -> Any:
@@ -459,8 +459,6 @@ class AsyncDataAccessor:
         self._loading = self._tell(("start", self._epoch))
 
     def _generate(self, token: int, epoch: tuple[int, int]) -> Iterator[Any]:
-        # the latest consumer_holds batches stay valid; past the end of a pass (or leaving it), the latest
-        # consumer_holds - 1: the consumer has asked for one more
         finished = False
         self._in_pass = True
         try:
@@ -478,11 +476,10 @@ class AsyncDataAccessor:
                     continue
                 if kind == "batch":
                     batch = self._build(msg)
-                    self._hold(msg[2], self.consumer_holds)
+                    self._hold(msg[2])
                     yield batch
                 elif kind == "end":
                     finished = True
-                    self._hold(None, self.consumer_holds - 1)
                     self._in_pass = False
                     self._epoch, self._loading = (epoch[0], epoch[1] + 1), self.load_indefinitely
                     if msg[2] == 0 and not self.empty_passes:
@@ -495,7 +492,5 @@ class AsyncDataAccessor:
                     finished = True
                     self._raise_worker_error(msg[2])
         finally:
-            if self._worker is not None:
-                self._hold(None, self.consumer_holds - 1)
             if not finished and token == self._pass_token and self._worker is not None:
                 self._restart()  # left early: the next pass starts at the source's first item

@@ -318,6 +318,26 @@ def test_the_latest_consumer_holds_batches_stay_valid_across_passes(tmp_path, ho
         assert (float(last[0]), float(opening[0])) == ((1.0, 0.0) if holds == 1 else (5.0, 0.0))
 
 
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("leave", ["break", "raise"])
+def test_the_batch_in_hand_stays_valid_after_leaving_a_pass(tmp_path, leave, no_leaks):
+    """Leaving a pass (break, an exception) asks for no next batch: the one in hand is not handed back, so the
+    worker, restarting the pass, cannot refill it; the next pass starts at the first item."""
+    marker = tmp_path / "asked"
+    with AsyncDataAccessor(Announced(10, marker), buffer_size=1) as accessor:
+        try:
+            for batch in accessor:
+                if float(batch[0]) == 5.0:
+                    if leave == "raise":
+                        raise KeyError("stop here")
+                    break
+        except KeyError:
+            pass
+        time.sleep(0.3)   # time for the restarted worker to fill every slot it was handed back
+        assert float(batch[0]) == 5.0 and batch.tolist() == [5.0] * 4
+        assert [float(b[0]) for b in accessor] == [float(i) for i in range(10)]
+
+
 def test_bad_arguments():
     with pytest.raises(ValueError, match="buffer_size"):
         AsyncDataAccessor([], buffer_size=0)
