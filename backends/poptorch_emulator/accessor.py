@@ -17,10 +17,11 @@ python/_dataloader.py):
 - Batches are views of shared memory, valid until the next batch: clone what you keep.
 - ``rebatched_size`` re-forms batches of that many rows in the loading process, dropping the last partial
   one unless the wrapped ``poptorch.DataLoader`` was made with ``drop_last=False``.
-- An exception in the dataset during a pass is ``AssertionError("An error occurred in the data fetcher")``
-  raised from the original exception. Either failure first prints the worker's traceback to stderr as a
-  failed ``multiprocessing`` process does (``Process <name>:`` then ``Traceback (most recent call last):``),
-  which is what PopTorch's "Check above for details" points to.
+- An exception in the dataset during a pass, or the loading process's death, is
+  ``AssertionError("An error occurred in the data fetcher")`` raised from the original exception (or
+  :class:`~accelbatch.procs.ProcessDied`, naming the signal). Either failure first prints the worker's
+  traceback to stderr as a failed ``multiprocessing`` process does (``Process <name>:`` then ``Traceback
+  (most recent call last):``), which is what PopTorch's "Check above for details" points to.
 - ``miss_sleep_time_in_ms``: with the ring full, the worker takes a freed slot only at its next check, one
   every that many milliseconds (it waits without polling, with the same timing).
 
@@ -39,7 +40,7 @@ from typing import Any
 
 from accelbatch.data.accessor import AsyncDataAccessor
 from accelbatch.data.rebatch import rebatch
-from accelbatch.procs import ProcessDied, ProcessFailure, ProcessTimeout
+from accelbatch.procs import ProcessFailure, ProcessTimeout
 
 from . import custom_args
 from ._custom_rebatch import rebatch_custom
@@ -146,7 +147,7 @@ class AsynchronousDataAccessor:
         except StopIteration:
             self._current = _exhausted()
             raise
-        except (ProcessDied, ProcessTimeout):
+        except ProcessTimeout:
             raise
         except Exception as exc:
             _print_worker_traceback(exc)

@@ -263,6 +263,41 @@ def test_error_during_a_pass():
     assert isinstance(info.value.__cause__, ValueError) and "item 7 is corrupt" in str(info.value.__cause__)
 
 
+def test_a_killed_loading_process_is_the_data_fetchers_error():
+    """PopTorch raises AssertionError("An error occurred in the data fetcher") for any failed worker; the
+    emulator's cause names the signal."""
+    import signal
+
+    from accelbatch.procs import ProcessDied
+
+    loader = poptorch.DataLoader(poptorch.Options(), IncrementDataset([1], 200), batch_size=2, mode=Async)
+    batches = iter(loader)
+    next(batches)
+    os.kill(loader._accessor._inner.worker_pid, signal.SIGKILL)
+    with pytest.raises(AssertionError, match="An error occurred in the data fetcher") as info:
+        for _ in batches:
+            pass
+    assert isinstance(info.value.__cause__, ProcessDied) and "SIGKILL" in str(info.value.__cause__)
+    loader.terminate()
+
+
+@pytest.mark.parametrize("mode", [Async, poptorch.DataLoaderMode.AsyncRebatched])
+def test_an_async_shuffle_follows_the_callers_seed(mode):
+    """The loading process's own generator never saw the caller's seed: the same seed shuffles the same
+    epochs, another seed others; each epoch serves every item once."""
+    def epochs(seed):
+        opts = poptorch.Options().randomSeed(seed)
+        loader = poptorch.DataLoader(opts, IncrementDataset([1], 24), batch_size=3, shuffle=True, mode=mode)
+        try:
+            return [[int(x) for b in loader for x in b.flatten()] for _ in range(2)]
+        finally:
+            loader.terminate()
+
+    first, again, other = epochs(1), epochs(1), epochs(2)
+    assert first == again and first != other and first[0] != first[1]
+    assert all(sorted(epoch) == list(range(24)) for epoch in first + other)
+
+
 def test_early_preload_and_finite_loading():
     ds = IncrementDataset([1], 10)
     for async_options in ({"early_preload": True, "buffer_size": 5}, {"load_indefinitely": False}):
