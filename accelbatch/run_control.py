@@ -44,6 +44,9 @@ class SpentData:
 
 
 STOP_GRACE_S = 5.0  # seconds from a stop signal to the next safe point, past which the run stops at once
+# a repeat of the first stop signal this soon is that signal delivered twice, not a second request: GNU
+# timeout (and other supervisors) send it to the process and then to its process group
+DOUBLE_DELIVERY_S = 0.5
 
 
 class PeriodicSaver:
@@ -81,7 +84,8 @@ class StopSignals:
     ``with StopSignals() as stop: ... stop.at_safe_point(); if stop.requested: save; break``. The run stops
     within seconds whatever a step costs: when no safe point comes within ``grace_s`` of the first signal (a
     step that takes minutes), a timer sends the signal again, which raises KeyboardInterrupt where the run is
-    (nothing saved), as a second signal from the user does at once (a hung save can still be interrupted).
+    (nothing saved), as a second signal from the user does at once (a hung save can still be interrupted); the
+    first one again within ``DOUBLE_DELIVERY_S`` is the same request delivered twice.
     The previous handlers come back on exit. Outside the main thread (where handlers cannot be set) it does
     nothing. ``announce=False`` keeps it quiet (replicas other than rank 0: one line per run, not one per
     replica); ``then`` says what the first signal does (its announcement).
@@ -95,15 +99,19 @@ class StopSignals:
         self._previous: dict[int, Any] = {}
         self._timer: threading.Timer | None = None
         self._overdue = False
+        self._requested_at = 0.0
 
     def _handle(self, signum: int, frame: Any) -> None:
         if self.requested is not None:
+            if (signum == self.requested and not self._overdue
+                    and time.monotonic() - self._requested_at < DOUBLE_DELIVERY_S):
+                return
             self._disarm()
             if self._overdue:
                 raise KeyboardInterrupt(f"{self.name}: the step had not ended {self.grace_s:g} s after the signal; "
                                         "stopped at once, nothing saved")
             raise KeyboardInterrupt(f"{signal.Signals(signum).name} again: stopped at once, nothing saved")
-        self.requested = signum
+        self.requested, self._requested_at = signum, time.monotonic()
         if self.announce:
             print(f"accelbatch: {signal.Signals(signum).name} received: {self.then}; at once if the step has "
                   f"not ended in {self.grace_s:g} s, or on a second signal", file=sys.stderr, flush=True)

@@ -63,6 +63,7 @@ from accelbatch.procs import (
     Supervisor,
     describe_exit,
 )
+from accelbatch.run_control import DOUBLE_DELIVERY_S
 
 DEFAULT_GROUP_TIMEOUT_S = 300.0  # --replica-timeout-s: how long a collective waits for a late replica
 ABORT_SETTLE_S = 5.0  # after a replica's SIGABRT: how long its peers have to end before one counts as stuck
@@ -238,11 +239,21 @@ class _StopRequests:
         self.signals: list[int] = []
         self.forwarded = False
         self._previous: dict[int, Any] = {}
+        self._first_at = 0.0
+
+    def record(self, signum: int, frame: Any = None) -> None:
+        """The signal handler: the first signal again within DOUBLE_DELIVERY_S is that one delivered twice."""
+        now = time.monotonic()
+        if self.signals == [signum] and now - self._first_at < DOUBLE_DELIVERY_S:
+            return
+        if not self.signals:
+            self._first_at = now
+        self.signals.append(signum)
 
     def __enter__(self) -> "_StopRequests":
         if threading.current_thread() is threading.main_thread():
             for sig in (signal.SIGINT, signal.SIGTERM):
-                self._previous[sig] = signal.signal(sig, lambda signum, frame: self.signals.append(signum))
+                self._previous[sig] = signal.signal(sig, self.record)
         return self
 
     def __exit__(self, *exc: object) -> None:

@@ -8,6 +8,7 @@ import random
 import subprocess
 import sys
 import textwrap
+import time
 
 import numpy as np
 import pytest
@@ -452,9 +453,16 @@ def test_stop_signals_turn_sigterm_into_a_flag():
         assert stop.requested is None
         os.kill(os.getpid(), signal.SIGTERM)
         assert stop.requested == signal.SIGTERM and stop.name == "SIGTERM"
-        with pytest.raises(KeyboardInterrupt):
+        os.kill(os.getpid(), signal.SIGTERM)   # at once: one signal delivered twice (GNU timeout), one request
+        assert stop.requested == signal.SIGTERM
+        time.sleep(run_control.DOUBLE_DELIVERY_S)
+        with pytest.raises(KeyboardInterrupt, match="SIGTERM again"):
             os.kill(os.getpid(), signal.SIGTERM)
     assert signal.getsignal(signal.SIGTERM) is before
+    with run_control.StopSignals(announce=False) as stop:   # another signal at once is a second request
+        os.kill(os.getpid(), signal.SIGTERM)
+        with pytest.raises(KeyboardInterrupt, match="SIGINT again"):
+            os.kill(os.getpid(), signal.SIGINT)
 
 
 # --- the fp16 loss scaler ----------------------------------------------------------------------------

@@ -231,6 +231,27 @@ def test_no_leak_after_gloo_run(replicated):
 
 @pytest.mark.timeout(120)
 @pytest.mark.slow
+def test_the_parent_passes_one_stop_on_and_ends_the_replicas_on_a_second():
+    """A stop signal delivered twice at once (GNU timeout signals its child, then its process group) is one
+    request: passed on once, the replicas save and stop; the signal again later ends them at once."""
+    class Replicas:
+        def __init__(self):
+            self.sent = []
+
+        def signal(self, signum):
+            self.sent.append(signum)
+
+    replicas, stop = Replicas(), distributed._StopRequests()
+    stop.record(signal.SIGINT)
+    stop.record(signal.SIGINT)
+    assert stop.check(replicas) is True and stop.check(replicas) is False and replicas.sent == [signal.SIGINT]
+    time.sleep(distributed.DOUBLE_DELIVERY_S)
+    stop.record(signal.SIGINT)
+    with pytest.raises(KeyboardInterrupt, match="SIGINT again: the replicas were ended"):
+        stop.check(replicas)
+    assert replicas.sent == [signal.SIGINT, signal.SIGINT]
+
+
 def test_child_exception_propagates_and_ends_the_others():
     start = time.monotonic()
     with pytest.raises(ProcessRaised) as err:
