@@ -28,6 +28,8 @@ from accelbatch.opts import OptionError, Opts, eval_datatype, is_training, split
 from accelbatch.task_weights import task_weights
 from accelbatch.tasks.files import DataFileError, FileIndex, episode_at, load_numbered_episodes
 
+_NO_EXAMPLES = ("-t {task} ({split}): the task holds no examples; give its {split} data at least one (a torch "
+                "Dataset: at least one item)")
 # task name -> "module:Class"; a task string is "name" or "name:argument" (e.g. babi:1, jsonl:PATH).
 TASK_PATHS: dict[str, str] = {
     "babi": "accelbatch.tasks.babi:BabiTeacher",
@@ -55,9 +57,8 @@ def shuffles(datatype: str) -> bool:
 
 
 class Teacher(Agent):
-    """A teacher acts with examples and observes replies to score them. Its acts' ``id`` is its task when
-    ``-t`` names its class (``babi:1``, ``jsonl:PATH``, ``pkg.mod:Class``), as ParlAI's teachers', else its
-    class's name, unless the class sets ``id`` itself."""
+    """A teacher acts with examples and observes replies to score them. Its acts' ``id`` is its task when ``-t``
+    names its class (``babi:1``, ``jsonl:PATH``, ``pkg.mod:Class``), as ParlAI's, else its class's name (or ``id``)."""
 
     def __init__(self, opts: Opts, shared: dict[str, Any] | None = None):
         if not hasattr(self, "id") and _serves_task(type(self), getattr(opts, "task", "")):
@@ -147,7 +148,7 @@ class FixedTeacher(Teacher):
                     raise DataFileError(f"-t {opts.task}: {exc}") from None
                 raise
             if self.store.table.num_examples == 0:
-                raise DataFileError(f"task {opts.task!r} ({split_of(opts.datatype)}) has no examples")
+                raise DataFileError(_NO_EXAMPLES.format(task=opts.task, split=split_of(opts.datatype)))
             self.metrics = Metrics(bleu=wants_bleu(opts.metrics))
             self.serving = Serving()
         else:
@@ -486,8 +487,7 @@ def create_teachers(opts: Opts) -> list[Teacher]:
 
 def create_teacher(opts: Opts) -> Teacher | None:
     """The one teacher serving every task of ``opts``: the task's own, or a MultiTaskTeacher over several
-    FixedTeachers; None when several tasks include a teacher that is not a FixedTeacher (those are combined
-    by a MultiWorld instead)."""
+    FixedTeachers; None when one of several is no FixedTeacher (a MultiWorld combines those instead)."""
     teachers = create_teachers(opts)
     if len(teachers) == 1:
         return teachers[0]

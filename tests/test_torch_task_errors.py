@@ -52,6 +52,15 @@ def test_outputs_that_are_not_one_tensor_of_rows_are_one_line_naming_m(capsys, v
 
 
 @pytest.mark.parametrize("verb", ["train", "eval"])
+def test_an_empty_dataset_is_one_line_saying_what_to_do(capsys, verb):
+    err = _one_line_error(capsys, [verb, "-t", "torch:torch_task:make_empty", "-m", MODEL, "--no-progress"]
+                          + (["-veps", "-1"] if verb == "train" else []))
+    split = "train" if verb == "train" else "valid"
+    assert (f"-t torch:torch_task:make_empty ({split}): the task holds no examples; give its {split} data at "
+            "least one (a torch Dataset: at least one item)") in err
+
+
+@pytest.mark.parametrize("verb", ["train", "eval"])
 def test_a_collate_giving_other_rows_than_items_is_one_line_naming_collate(capsys, verb):
     """Training would take padding rows into the loss, evaluation score rows against the wrong items."""
     bs = 4

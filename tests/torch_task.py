@@ -80,6 +80,11 @@ def make_train_only(split: str) -> TensorDataset | None:
     return make_dataset(split) if split == "train" else None
 
 
+def make_empty(split: str) -> TensorDataset:
+    """A Dataset of no items for every split."""
+    return TensorDataset(torch.zeros(0, 4), torch.zeros(0, dtype=torch.long))
+
+
 def make_failing(split: str) -> TensorDataset:
     """A factory whose valid and test files are missing."""
     if split != "train":
