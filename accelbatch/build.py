@@ -26,7 +26,7 @@ from typing import Any
 from accelbatch.agent_files import construct, unread_model_file
 from accelbatch.agents import Agent, TorchAgent
 from accelbatch.checkpoint import has_saved_position
-from accelbatch.cores import check_process_count, usable_cores
+from accelbatch.cores import check_processes, usable_cores
 from accelbatch.datatypes import is_training, split_of
 from accelbatch.hogwild import HogwildWorld
 from accelbatch.host_memory import apply_host_allocator
@@ -373,7 +373,7 @@ def create_world(opts: Opts | Mapping[str, Any], agent: Agent | type[Agent] | st
     if rows is not None and (isinstance(rows, bool) or not isinstance(rows, int) or rows < 1):
         raise TypeError(f"create_world(rows={rows!r}): rows is a number of batch rows, 1 or more (None: -bs)")
     if runtime is None:
-        check_process_count("--num-workers", opts.num_workers, "data processes")
+        check_processes(opts)
     if runtime is None and opts.numthreads > 1:
         check_main_guard(f"-nt/--numthreads {opts.numthreads}", _sent_agent(opts, agent, teacher))
     elif runtime is None and opts.dataloader_mode != "sync":

@@ -1,5 +1,4 @@
-"""The command line: ``accelbatch train|eval|display-data|display-model|interactive|report|tasks [options]``
-(also ``python -m accelbatch``)."""
+"""The command line (also ``python -m accelbatch``): ``accelbatch train|eval|display-data|...|tasks [options]``."""
 
 from __future__ import annotations
 
@@ -15,6 +14,7 @@ from typing import Any, NoReturn
 import accelbatch
 from accelbatch.agent_args import add_agent_arguments, agent_named_in, given_agent_args
 from accelbatch.checkpoint import CheckpointError
+from accelbatch.cores import check_processes
 from accelbatch.names import AGENT_PATHS, UnknownNameError
 from accelbatch.opts import DATATYPES, PATHS, OptionError, Opts, add_arguments, is_training, train_only_flags
 from accelbatch.plan import PlanError
@@ -419,8 +419,7 @@ def _is_torch_agent(model: str) -> bool:
 
 
 def check_model_file_exists(opts: Opts, what: str) -> None:
-    """A verb that reads the model saved at -mf (eval, display-model, interactive) and must not start a
-    fresh one when the path is wrong."""
+    """A verb that reads the model at -mf (eval, display-model, interactive): no fresh one for a wrong path."""
     path = opts.model_file
     if path and not os.path.isfile(path):
         problem = "a directory, not a model file" if os.path.isdir(path) else "no such file"
@@ -482,6 +481,7 @@ def run_replicas(opts: Opts) -> dict | None:
     with unguarded top-level code is refused first (each replica would run it again to start)."""
     from accelbatch.main_guard import check_main_guard
 
+    check_processes(opts)
     check_main_guard(f"-rf/--replication-factor {opts.replication_factor}")
     if opts.device == "cuda":
         from accelbatch.backends.cuda import spawn_cuda_replicas
