@@ -28,3 +28,15 @@ class RecordingBag(BagAgent):
             with open(os.environ["RECORD_TRAINED"], "a") as out:
                 out.write(" ".join(str(i) for i in batch["example_index"].tolist()) + "\n")
         return super().step(observations, batch)
+
+
+class ShapeRecordingBag(BagAgent):
+    """Appends "train|eval rows width real_tokens" of every text tensor it is fed to the file named by
+    $RECORD_SHAPES (one line per step, from whichever process runs it)."""
+
+    def step(self, observations, batch):
+        text = batch["text_vec"]
+        mode = "train" if any("labels" in obs for obs in observations) else "eval"
+        with open(os.environ["RECORD_SHAPES"], "a") as out:
+            out.write(f"{mode} {text.shape[0]} {text.shape[1]} {int((text != 0).sum())}\n")
+        return super().step(observations, batch)

@@ -153,8 +153,10 @@ class BuildStep(Dataset):
             padded = step.padded_len if self.static_len else None
             if rows > len(messages) or padded is not None:
                 tensors = pad_to_shape(tensors, len(messages), rows, padded, self.seq_keys)
-        return LoadedBatch(tensors, messages, list(step.ids), lengths, rows, step.padded_len or max(lengths, default=0),
-                           (step.pass_, step.index))
+        # the length the rows are padded to: the planned one for static shapes, else the longest of these rows (a
+        # replica's rows of a combined batch are padded to their own longest, not the combined batch's)
+        padded_len = step.padded_len if self.static_len and step.padded_len else max(lengths, default=0)
+        return LoadedBatch(tensors, messages, list(step.ids), lengths, rows, padded_len, (step.pass_, step.index))
 
     def __len__(self) -> int:
         return self.store.pad
