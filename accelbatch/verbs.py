@@ -91,8 +91,10 @@ def display_model(opts: Opts, num_examples: int, out: TextIO | None = None) -> d
 
 def interactive(opts: Opts, candidates: str | None = None, stdin: TextIO | None = None,
                 out: TextIO | None = None) -> int:
-    """Read messages (a prompt when stdin is a terminal), print the model's reply to each. ``[DONE]`` starts a
-    new conversation, ``[EXIT]`` or the end of input stops. Returns the number of replies."""
+    """Read messages (a prompt when stdin is a terminal), print the model's reply to each. As ParlAI's local
+    human agent reads them: ``\\n`` typed is a new line of the message, a message holding ``[DONE]`` (taken out)
+    is the last of its conversation; ``[DONE]`` alone starts a new one, ``[EXIT]`` or the end of input stops.
+    Returns the number of replies."""
     if opts.model.startswith("torch:"):  # its batchify reads a dataset item's tensors, not typed text
         raise OptionError(f"-m {opts.model}: interactive types text to the model, and a torch: model reads its "
                           "dataset's tensors; see its replies with accelbatch display-model or eval -t TASK")
@@ -116,18 +118,24 @@ def interactive(opts: Opts, candidates: str | None = None, stdin: TextIO | None 
             line = stdin.readline()
             if not line or line.strip() == EXIT:
                 break
-            text = line.rstrip("\n")
+            text = line.rstrip("\n").replace("\\n", "\n")
             if text.strip() == RESET:
                 agent.reset()
                 print(EPISODE_END, file=out)
                 continue
-            message = Message(text=text, episode_done=False)
+            last = RESET in text
+            if last:
+                text = " ".join(part.strip() for part in text.split(RESET) if part.strip())
+            message = Message(text=text, episode_done=last)
             if fixed:
                 message["label_candidates"] = list(fixed)
             agent.observe(message)
             reply = agent.act() or {}
             print(f"[{reply.get('id', type(agent).__name__)}]: {reply.get('text', '')}", file=out, flush=True)
             replies += 1
+            if last:
+                agent.reset()
+                print(EPISODE_END, file=out)
     finally:
         agent.shutdown()
         runtime.backend.teardown()

@@ -7,6 +7,7 @@ import os
 
 import torch
 
+from accelbatch.agents import Agent
 from accelbatch.models.bag import BagAgent
 
 
@@ -40,3 +41,26 @@ class ShapeRecordingBag(BagAgent):
         with open(os.environ["RECORD_SHAPES"], "a") as out:
             out.write(f"{mode} {text.shape[0]} {text.shape[1]} {int((text != 0).sum())}\n")
         return super().step(observations, batch)
+
+
+class ConversationRecorder(Agent):
+    """Keeps every message it observes (class-wide, for the test to read) and replies with the number of
+    messages of the conversation so far; reset() starts a new conversation."""
+
+    seen: list = []
+
+    def __init__(self, opts, shared=None):
+        super().__init__(opts, shared)
+        self.turns = 0
+
+    def observe(self, observation):
+        ConversationRecorder.seen.append((observation["text"], observation["episode_done"]))
+        self.turns += 1
+        return super().observe(observation)
+
+    def act(self):
+        return {"id": "recorder", "text": str(self.turns)}
+
+    def reset(self):
+        super().reset()
+        self.turns = 0

@@ -54,6 +54,21 @@ def test_interactive_replies_to_each_message_from_the_candidates_and_resets_on_d
     assert lines.count(EPISODE_END) == 1 and "Enter Your Message" not in out.getvalue()  # piped: no prompt
 
 
+def test_interactive_reads_done_and_new_lines_in_a_message_as_parlais_local_human():
+    """A message holding [DONE] is the last of its conversation (the model replies to it, without the
+    marker); a typed \\n is a new line of the message."""
+    from recording_agent import ConversationRecorder
+
+    ConversationRecorder.seen.clear()
+    stdin = io.StringIO("Mary went home.\\nWhere is Mary? [DONE]\nWhere is John?\nand [DONE] Paul?\nlast\n")
+    out = io.StringIO()
+    assert interactive(Opts(model="recording_agent:ConversationRecorder"), None, stdin, out) == 4
+    assert ConversationRecorder.seen == [("Mary went home.\nWhere is Mary?", True), ("Where is John?", False),
+                                         ("and Paul?", True), ("last", False)]
+    assert out.getvalue().splitlines() == ["[recorder]: 1", EPISODE_END, "[recorder]: 1", "[recorder]: 2",
+                                           EPISODE_END, "[recorder]: 1"]
+
+
 def test_interactive_takes_the_candidates_given(monkeypatch, capsys):
     monkeypatch.setattr("sys.stdin", io.StringIO("Where is Mary?\n"))
     assert main(["interactive", "-t", "babi:1", "--candidates", "moon|sun", "--no-progress"]) == 0
