@@ -11,14 +11,13 @@ from accelbatch.messages import Message, lone_surrogate
 from accelbatch.metric_names import metric_names_problem, select_metrics
 from accelbatch.model_opts import check_task_files
 from accelbatch.opts import OptionError, Opts
-from accelbatch.teachers import create_teachers
-from accelbatch.world_display import display
+from accelbatch.teachers import create_teacher, create_teachers
+from accelbatch.world_display import EPISODE_END, display
 
 if TYPE_CHECKING:
     from accelbatch.agents import Agent
     from accelbatch.build import Runtime
 
-EPISODE_END = "- - - - - - - - - - - - - - - - - - - - -"
 RESET, EXIT = "[DONE]", "[EXIT]"
 
 
@@ -34,13 +33,16 @@ def add_verb_arguments(parser: argparse.ArgumentParser, verb: str) -> None:
 
 
 def display_data(opts: Opts, num_examples: int, out: TextIO | None = None) -> int:
-    """Print the first ``num_examples`` examples of each task of ``opts`` as its teacher serves them (their
-    label candidates under them), a line between episodes. Returns how many were shown; it stops early once
-    ``out`` is lost (its reader left: ``| head -1``)."""
+    """Print the first ``num_examples`` examples of ``opts``'s tasks as training or evaluation serves them (their
+    label candidates under them; several tasks in turn, as one MultiTaskTeacher serves them), a line between
+    episodes, then how many the split holds. Returns how many were shown; it stops early once ``out`` is lost
+    (its reader left: ``| head -1``)."""
     _check_count(num_examples)
     out = out or sys.stdout
     shown = 0
-    for teacher in create_teachers(opts):
+    one = create_teacher(opts)  # None: a task's teacher serves alone; each is shown after the one before
+    teachers = [one] if one is not None else create_teachers(opts)
+    for teacher in teachers:
         last = shown + teacher.num_examples()  # once each: training data would go round again
         while shown < min(num_examples, last) and not teacher.epoch_done() and not _lost(out):
             act = teacher.act()
@@ -54,7 +56,9 @@ def display_data(opts: Opts, num_examples: int, out: TextIO | None = None) -> in
         if shown >= num_examples or _lost(out):
             break
     if not _lost(out):
-        print(f"[shown {shown} example{'s' * (shown != 1)} of -t {opts.task} ({opts.datatype})]", file=out)
+        examples, episodes = (sum(getattr(t, name)() for t in teachers) for name in ("num_examples", "num_episodes"))
+        print(f"[shown {shown} example{'s' * (shown != 1)} of -t {opts.task} ({opts.datatype}), which holds "
+              f"{examples} example{'s' * (examples != 1)} in {episodes} episode{'s' * (episodes != 1)}]", file=out)
     return shown
 
 

@@ -1,5 +1,6 @@
 """How worlds show their parleys, as ParlAI's ``display()`` does: each act's text and labels, its reward and label
-candidates under it (cut to a few past ten), the rows of a batched step one after another."""
+candidates under it (cut to a few past ten), a line after an episode's last example, the rows of a batched
+step one after another."""
 
 from __future__ import annotations
 
@@ -7,6 +8,8 @@ import sys
 from typing import Sequence
 
 from accelbatch.messages import Message, is_padding
+
+EPISODE_END = "- - - - - - - - - - - - - - - - - - - - -"  # after an episode's last example, as ParlAI's display
 
 
 def show(block: str) -> None:
@@ -47,11 +50,18 @@ def candidates_line(candidates: Sequence[str]) -> str:
     return f"    [label_candidates: {'|'.join(map(str, found[:CUT_CANDIDATES]))}| ...and {more} more]"
 
 
+def display_parley(acts: Sequence[Message | None]) -> str:
+    """One parley's acts (the teacher's, then the model's), then :data:`EPISODE_END` when the teacher's ended
+    its episode."""
+    text = display(acts)
+    return f"{text}\n{EPISODE_END}" if text and acts and acts[0] and acts[0].get("episode_done") else text
+
+
 def display_rows(rows: Sequence[Sequence[Message | None]]) -> str:
-    """Each row's acts (teacher's, then the model's), the rows of one batched step one after the other; a
+    """Each row's parley (:func:`display_parley`), the rows of one batched step one after the other; a
     padding row (no example: past the end of the data) shows nothing."""
-    shown = (display(row) for row in rows if row and not is_padding(row[0]))
+    shown = (display_parley(row) for row in rows if row and not is_padding(row[0]))
     return "\n".join(text for text in shown if text)
 
 
-__all__ = ["candidates_line", "display", "display_rows", "show"]
+__all__ = ["EPISODE_END", "candidates_line", "display", "display_parley", "display_rows", "show"]

@@ -38,7 +38,7 @@ from accelbatch.opts import Opts
 from accelbatch.report_merge import drop_full_scored, with_loss_count
 from accelbatch.task_weights import STOCHASTIC, task_weights
 from accelbatch.teachers import FixedTeacher, Teacher, is_training
-from accelbatch.world_display import display, display_rows, show
+from accelbatch.world_display import display, display_parley, display_rows, show
 
 _consume = partial(deque, maxlen=0)  # runs an iterator to its end in C
 
@@ -72,7 +72,7 @@ class World:
 
     def display(self) -> str:
         """The last parley's messages as text (ParlAI's display): the teacher's, then the model's reply."""
-        return display(self.get_acts())
+        return display_parley(self.get_acts())
 
     def parley(self) -> None:
         raise NotImplementedError(f"{type(self).__name__} must implement parley()")
@@ -196,7 +196,7 @@ class DialogPartnerWorld(World):
         refuse_non_messages(model, "act()", [reply])
         teacher.observe(reply)
         if self.opts.display_examples:
-            show(display(self.acts))
+            show(display_parley(self.acts))
 
     def episode_done(self) -> bool:
         """ParlAI's: whether the teacher's last act ended its episode."""

@@ -13,6 +13,7 @@ from accelbatch.build import create_world
 from accelbatch.messages import Message
 from accelbatch.opts import Opts
 from accelbatch.run import run
+from accelbatch.world_display import EPISODE_END
 from accelbatch.worlds import BatchWorld, DialogPartnerWorld
 
 Teacher = list_teacher([2, 1, 3])  # 6 examples: e0-0 e0-1 | e1-0 | e2-0 e2-1 e2-2
@@ -137,8 +138,8 @@ def test_display_shows_the_last_parleys_examples_and_replies(rows, teacher_cls):
     world.parley()
     name = teacher_cls.__name__  # the teacher's messages' id
     first = f"[{name}]: e0-0  (eval_labels: L0-0)\n[rec]: L0-0"  # as ParlAI names them
-    second = f"[{name}]: e1-0  (eval_labels: L1-0)\n[rec]: L1-0"  # row 1 starts on the second episode
-    assert world.display() == (first if rows == 1 else f"{first}\n{second}")
+    second = f"[{name}]: e1-0  (eval_labels: L1-0)\n[rec]: L1-0"  # row 1 starts on the second episode, of one
+    assert world.display() == (first if rows == 1 else f"{first}\n{second}\n{EPISODE_END}")  # turn: ParlAI's line
     world.parley()
     assert world.display().splitlines()[:2] == [f"[{name}]: e0-1  (eval_labels: L0-1)", "[rec]: L0-1"]
 
@@ -178,8 +179,8 @@ def test_the_batched_front_end_displays_its_rows_and_replies(write_jsonl):
     world.parley()
     shown = world.display().splitlines()
     agent_id = world.get_model_agent().id
-    assert shown == [f"[jsonl:{path}]: q0  (eval_labels: a0)", f"[{agent_id}]: a0",
-                     f"[jsonl:{path}]: q1  (eval_labels: a1)", f"[{agent_id}]: a1"]
+    assert shown == [f"[jsonl:{path}]: q0  (eval_labels: a0)", f"[{agent_id}]: a0", EPISODE_END,
+                     f"[jsonl:{path}]: q1  (eval_labels: a1)", f"[{agent_id}]: a1", EPISODE_END]
     world.shutdown()
 
 

@@ -27,6 +27,20 @@ def test_display_data_shows_the_first_examples_in_order_with_episode_ends(write_
     assert text.count(EPISODE_END) == 2  # after e0 t1 and e1 t1
 
 
+def test_display_data_of_several_tasks_shows_them_as_training_serves_them(write_jsonl):
+    """Ordered multitask data serves one episode of each task in turn (ParlAI's MultiTaskTeacher): shown so,
+    not all of the first task; the footer counts the examples and episodes of the split, as ParlAI's does."""
+    first = write_jsonl(_rows(3, 2), "first.jsonl")
+    second = write_jsonl([{**row, "text": "s" + row["text"]} for row in _rows(2, 3)], "second.jsonl")
+    out = io.StringIO()
+    assert display_data(Opts(task=f"jsonl:{first},jsonl:{second}", datatype="train:ordered"), 11, out) == 11
+    texts = [line.split("]: ", 1)[1].split("  (labels")[0] for line in out.getvalue().splitlines()
+             if "(labels: " in line]
+    assert texts == ["e0 t0", "e0 t1", "se0 t0", "se0 t1", "se0 t2", "e1 t0", "e1 t1", "se1 t0", "se1 t1", "se1 t2",
+                     "e2 t0"]
+    assert out.getvalue().splitlines()[-1].endswith("which holds 12 examples in 5 episodes]")
+
+
 def test_display_data_stops_at_the_end_of_a_small_split(write_jsonl):
     path = write_jsonl(_rows(1, 2))
     out = io.StringIO()
@@ -138,7 +152,8 @@ def test_display_data_refuses_the_options_it_would_ignore(capsys):
     assert len(err) == 1 and err[0].startswith("accelbatch: error: -mf/--model-file, -bs/--batchsize, --num-workers, "
                                                "--device, -di/--device-iterations, --mixed-precision: display-data")
     assert main(["display-data", "-t", "babi:1", "-n", "1", "-dt", "train", "--seed", "3", "--no-progress"]) == 0
-    assert "[shown 1 example of -t babi:1 (train)]" in capsys.readouterr().out
+    assert "[shown 1 example of -t babi:1 (train), which holds 5000 examples in 1000 episodes]" \
+        in capsys.readouterr().out
 
 
 @pytest.mark.parametrize("verb", ["train", "eval", "display-data"])
