@@ -9,7 +9,7 @@ import os
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import fields
-from typing import Any, NoReturn
+from typing import Any
 
 import accelbatch
 from accelbatch.agent_args import add_agent_arguments, agent_named_in, given_agent_args
@@ -25,13 +25,6 @@ from accelbatch.teachers import FILE_TASKS, FileTeacher, comma_in_path, eval_dat
 
 USAGE_ERRORS: tuple[type[BaseException], ...] = (OptionError, UnknownNameError, DataFileError,
                                                   CheckpointError)
-
-
-class _Parser(StrictParser):
-    """argparse, but a bad option ends with one line and a pointer to --help, not the whole usage."""
-
-    def error(self, message: str) -> NoReturn:
-        self.exit(2, f"{self.prog}: error: {message} (see `{self.prog} --help`)\n")
 
 
 _PRINTS = "prints to the terminal and writes no report or log; leave it out (accelbatch eval writes them)"
@@ -66,10 +59,10 @@ AS_THE_VERB_DOES = {("interactive", "skip_generation"): False, ("display-data", 
 
 
 def build_cli() -> argparse.ArgumentParser:
-    parser = _Parser(prog="accelbatch", description="ParlAI-style worlds on cpu, cuda and ipu.", allow_abbrev=False)
+    parser = StrictParser(prog="accelbatch", description="ParlAI-style worlds on cpu, cuda and ipu.")
     parser.add_argument("-V", "--version", action="version", version=f"accelbatch {accelbatch.__version__}")
     verbs = parser.add_subparsers(dest="verb", metavar="{train,eval,display-data,display-model,interactive,report,"
-                                  "tasks}", parser_class=_Parser)
+                                  "tasks}", parser_class=StrictParser)
     train = verbs.add_parser("train", help="train a model (defaults: the bundled babi:1 task, memnn model)",
                              allow_abbrev=False)
     add_arguments(train)

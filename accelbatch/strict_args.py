@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import argparse
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, NoReturn
 
 from accelbatch.help_texts import DefaultsShown
 
@@ -94,12 +94,16 @@ def misread_option(parser: argparse.ArgumentParser, argv: Sequence[str]) -> str 
 
 class StrictParser(argparse.ArgumentParser):
     """An ArgumentParser (abbreviations off) that refuses a misread single-dash option (see the module); its
-    --help shows the defaults of the options marked by :func:`accelbatch.help_texts.show_default`."""
+    --help shows the defaults of the options marked by :func:`accelbatch.help_texts.show_default`, and a bad
+    option ends in one line and a pointer to --help, not the whole usage (a hundred options long)."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         kwargs["allow_abbrev"] = False
         kwargs.setdefault("formatter_class", DefaultsShown)
         super().__init__(*args, **kwargs)
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message} (see `{self.prog} --help`)\n")
 
     def parse_known_args(self, args: Sequence[str] | None = None, namespace: Any = None) -> Any:
         import sys

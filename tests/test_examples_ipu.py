@@ -41,6 +41,10 @@ def test_there_are_seven_tutorials_each_with_a_readme_section():
 @pytest.mark.parametrize("name, args, said", [
     ("01_efficient_data_loading.py", ["--items", "100"], "--items 100 is fewer than one combined batch (128 = "),
     ("01_efficient_data_loading.py", ["--device-iterations", "0"], "--device-iterations must be at least 1"),
+    ("01_efficient_data_loading.py", ["--workers", "-1"], "--workers must be 0 or more"),
+    ("01_efficient_data_loading.py", ["--buffer-size", "0"], "--buffer-size must be at least 1"),
+    ("01_efficient_data_loading.py", ["--pause-s", "-1"], "--pause-s must be 0 or more"),
+    ("01_efficient_data_loading.py", ["--max-batches", "-3"], "--max-batches must be at least 1"),
     ("02_device_iterations_and_output_modes.py", ["--period", "4", "--device-iterations", "6"],
      "--period 4 must divide --device-iterations 6"),
     ("03_replication_and_gradient_accumulation.py", ["--batch-size", "0"], "--batch-size must be at least 1"),
@@ -75,6 +79,21 @@ def test_a_tutorial_refuses_arguments_it_cannot_run_in_one_line(name, args, said
     proc = subprocess.run([sys.executable, str(EXAMPLES / name), "--emulator", *args], cwd=ROOT,
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2 and said in proc.stderr.splitlines()[-1] and "Traceback" not in proc.stderr
+
+
+@pytest.mark.multiprocess
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("name, args, said", [
+    ("05_world_training_on_ipu.py", ["--device", "tpu"], "argument --device: invalid choice: 'tpu'"),
+    ("05_world_training_on_ipu.py", ["--tolerance", "-1"], "argument --tolerance: -1 is below 0"),
+    ("06_generator_on_ipu.py", ["-lr", "abc"], "argument -lr/--learning-rate: invalid float value: 'abc'"),
+    ("06_generator_on_ipu.py", ["--tolerance", "-1"], "argument --tolerance: -1 is below 0"),
+])
+def test_the_world_tutorials_refuse_a_bad_option_in_one_line(name, args, said):
+    """Tutorials 5 and 6 take every option of accelbatch train: argparse's usage of them ran to 68 lines."""
+    proc = subprocess.run([sys.executable, str(EXAMPLES / name), *args], cwd=ROOT, capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and said in proc.stderr, proc.stderr
 
 
 @pytest.mark.slow

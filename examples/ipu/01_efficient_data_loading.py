@@ -19,8 +19,9 @@ What it shows:
    (batches read ahead, default 3), ``early_preload`` (fill the ring at construction instead of waiting
    for the first ``iter()``; the worker reads only the first batch before that otherwise), and
    ``miss_sleep_time_in_ms`` (how long the worker sleeps between checks for a free slot when the ring is
-   full, default 0.1: small keeps the ring topped up, larger polls less). And ``persistent_workers=True``:
-   torch's worker processes live across epochs instead of starting again at every ``iter()``.
+   full, default 0.1: small keeps the ring topped up, larger polls less). And ``persistent_workers``
+   (poptorch.DataLoader's default: True whenever ``num_workers > 0``): torch's worker processes live across
+   epochs instead of starting again at every ``iter()``; the script sets it False to show what it saves.
 5. Device iterations against batch size: the same rows per call as ``b x D`` with a larger ``D`` and a
    smaller ``b``, or the reverse. A call costs one host round trip whatever ``D``; the micro batch ``b``
    sets the activations' memory on the IPU and the rows per weight update, ``D`` the updates per call.
@@ -210,10 +211,14 @@ def main(argv=None) -> None:
     parser.add_argument("--pause-s", type=float, default=0.5, help="host work before reading (early_preload)")
     parser.add_argument("--emulator", action="store_true", help="use the CPU emulator even if poptorch exists")
     args = parser.parse_args(argv)
-    counts = ("batch_size", "device_iterations", "replication_factor", "gradient_accumulation", "items")
+    counts = ("batch_size", "device_iterations", "replication_factor", "gradient_accumulation", "items", "features",
+              "hidden", "classes", "max_batches", "buffer_size")
     for name in counts:
         if getattr(args, name) < 1:
             parser.error(f"--{name.replace('_', '-')} must be at least 1")
+    for name in ("workers", "item_cost_ms", "pause_s"):
+        if getattr(args, name) < 0:
+            parser.error(f"--{name.replace('_', '-')} must be 0 or more")
     combined = args.batch_size * args.device_iterations * args.replication_factor * args.gradient_accumulation
     if args.items < combined:  # drop_last: not one combined batch to load
         parser.error(f"--items {args.items} is fewer than one combined batch ({combined} = --batch-size x "

@@ -83,8 +83,8 @@ def main(argv=None) -> None:
         if getattr(args, name) < 1:
             parser.error(f"--{name.replace('_', '-')} must be at least 1")
     if b == 1:  # PopTorch's accessor asserts a rebatched size (here the batch) of at least 2
-        parser.error("--batch-size 1: AsyncRebatched re-forms batches of at least 2 rows (PopTorch refuses "
-                     "rebatched_worker_size 1); use --batch-size 2 or more")
+        parser.error("--batch-size 1: AsyncRebatched re-forms batches of at least 2 rows (PopTorch's accessor "
+                     "refuses a rebatched_size of 1); use --batch-size 2 or more")
     if n < b:  # drop_last: not one batch in any mode (the rebatching accessor fails to start on no batch)
         parser.error(f"--items {n} is fewer than one batch (--batch-size {b}): no mode has a batch to deliver")
     if not args.skip_async and expected_without_rebatching(n, w, b) == 0:

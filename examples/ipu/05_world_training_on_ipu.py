@@ -48,6 +48,8 @@ def parse(argv: list[str]) -> tuple[Opts, bool, bool, float | None]:
                         help="largest weight difference --compare-cpu accepts (default: 1e-5 on the emulator, "
                              "1e-3 on IPU hardware)")
     ns = parser.parse_args(argv)
+    if ns.tolerance is not None and not ns.tolerance >= 0:
+        parser.error(f"argument --tolerance: {ns.tolerance:g} is below 0; give the largest difference to accept")
     return Opts.from_namespace(ns), ns.compare_cpu, ns.via_cli, ns.tolerance
 
 

@@ -2,7 +2,7 @@
 
     python examples/ipu/06_generator_on_ipu.py                   # --device ipu (the emulator without the SDK)
     python examples/ipu/06_generator_on_ipu.py --device cuda     # the same script on a GPU (skipped without one)
-    python examples/ipu/06_generator_on_ipu.py --compare-cpu     # also on the CPU: the same weights
+    python examples/ipu/06_generator_on_ipu.py --compare-cpu     # also on the CPU: the same weights (emulator)
     python examples/ipu/06_generator_on_ipu.py --reply abcde     # the trained model's replies to your words
 
 The bundled ``-m transformer/generator`` (a small encoder-decoder transformer over UTF-8 bytes) learns the
@@ -20,6 +20,11 @@ another: 88% and 93%). Nothing in the script is device-specific:
   on the host mid-reply;
 * ``--text-truncate`` / ``--label-truncate`` bound the shapes: texts and labels pad to a multiple of 8
   tokens, so this task needs at most two training graphs (labels of up to 8 tokens, or up to 16).
+
+``--compare-cpu`` trains again on the CPU: on the emulator the weights are the same (within ``--tolerance``,
+1e-4 by default); on a GPU or an IPU float sums run in other orders, which moves a generator's weights apart
+over hundreds of updates (0.5 after 100 on one CPU with 1 vs 2 threads), so there the two valid accuracies are
+compared instead (at most 0.05 apart), unless ``--tolerance`` is given.
 
 Every option of ``accelbatch train`` is accepted. Without the Poplar SDK's poptorch the script switches to
 accelbatch's CPU emulator of poptorch and says so; ``--device cuda`` without a GPU says so and exits 0.
@@ -44,13 +49,18 @@ DEFAULTS = dict(task="reverse:6000", model="transformer/generator", device="ipu"
 WORDS = ["abcde", "milk", "gamble"]
 
 
-def parse(argv: list[str]) -> tuple[Opts, bool, list[str]]:
+def parse(argv: list[str]) -> tuple[Opts, bool, list[str], float | None]:
     parser = build_parser(prog="06_generator_on_ipu.py")
     parser.set_defaults(**DEFAULTS)
     parser.add_argument("--compare-cpu", action="store_true", help="also train on the CPU and compare weights")
+    parser.add_argument("--tolerance", type=float, default=None,
+                        help="largest weight difference --compare-cpu accepts (default: 1e-4 on the emulator; on "
+                             "a GPU or an IPU the valid accuracies are compared instead, at most 0.05 apart)")
     parser.add_argument("--reply", nargs="*", default=WORDS, help="words to reverse with the trained model")
     ns = parser.parse_args(argv)
-    return Opts.from_namespace(ns), ns.compare_cpu, ns.reply
+    if ns.tolerance is not None and not ns.tolerance >= 0:
+        parser.error(f"argument --tolerance: {ns.tolerance:g} is below 0; give the largest difference to accept")
+    return Opts.from_namespace(ns), ns.compare_cpu, ns.reply, ns.tolerance
 
 
 def ensure_device(opts: Opts) -> Opts | None:
@@ -99,7 +109,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def run(argv: list[str] | None) -> int:
-    opts, compare, words = parse(sys.argv[1:] if argv is None else argv)
+    opts, compare, words, tolerance = parse(sys.argv[1:] if argv is None else argv)
     opts = ensure_device(opts)
     if opts is None:
         return 0
@@ -120,8 +130,14 @@ def run(argv: list[str] | None) -> int:
         diff = max(float((state[k].cpu() - cpu_state[k]).abs().max()) for k in cpu_state)
         accuracy = cpu_report.get("valid", {}).get("accuracy")
         print(f"cpu: valid accuracy {accuracy}; largest weight difference {opts.device} vs cpu: {diff:.2e}")
-        if diff > 1e-4:
-            print("the weights differ by more than 1e-4")
+        hardware = opts.device == "cuda" or opts.device == "ipu" and engine.implementation == "poptorch"
+        if tolerance is None and hardware:
+            apart = abs(report.get("valid", {}).get("accuracy", 0.0) - (accuracy or 0.0))
+            if apart > 0.05:
+                print(f"the valid accuracies are {apart:.3f} apart, more than 0.05")
+                return 1
+        elif diff > (1e-4 if tolerance is None else tolerance):
+            print(f"the weights differ by more than {1e-4 if tolerance is None else tolerance:g}")
             return 1
     return 0
 
