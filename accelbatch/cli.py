@@ -358,7 +358,7 @@ def _run_verb(args: argparse.Namespace, opts: Opts) -> int:
         report = verbs.display_model(opts, args.num_examples)
         print(format_report({opts.datatype.split(":")[0]: report}))
     else:
-        verbs.interactive(opts, args.candidates)
+        verbs.interactive(opts, args.candidates, single_turn=args.single_turn)
     return 0
 
 

@@ -44,8 +44,6 @@ PARLAI_ONLY: dict[tuple[str, ...], str] = {
     ("-beta", "--betas"): "accelbatch's adam and adamw keep torch's default betas (0.9, 0.999): leave it out",
     ("-et", "--evaltask"): "validations and tests score -t's tasks; score another task with "
                            "`accelbatch eval -mf PATH -t TASK`",
-    ("-st", "--single-turn"): "ParlAI's interactive with every message its own conversation; end each message "
-                              "with [DONE], or give -histsz 1 (the model sees only the message)",
 }
 
 

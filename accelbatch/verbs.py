@@ -27,6 +27,8 @@ def add_verb_arguments(parser: argparse.ArgumentParser, verb: str) -> None:
         parser.add_argument("-n", "--num-examples", dest="num_examples", type=int, default=10,
                             help="examples to show (default 10; display-model shows whole batches of -bs)")
     if verb == "interactive":
+        parser.add_argument("-st", "--single-turn", action="store_true",
+                            help="every message is a conversation of its own (as ParlAI's --single-turn)")
         parser.add_argument("--candidates", default=None,
                             help="replies a ranking model chooses from, separated by '|' (default: the "
                                  "label candidates of -t's first 1000 examples)")
@@ -94,11 +96,12 @@ def display_model(opts: Opts, num_examples: int, out: TextIO | None = None) -> d
 
 
 def interactive(opts: Opts, candidates: str | None = None, stdin: TextIO | None = None,
-                out: TextIO | None = None) -> int:
+                out: TextIO | None = None, single_turn: bool = False) -> int:
     """Read messages (a prompt when stdin is a terminal), print the model's reply to each. As ParlAI's local
-    human agent reads them: ``\\n`` typed is a new line of the message, a message holding ``[DONE]`` (taken out)
-    is the last of its conversation; ``[DONE]`` alone starts a new one, ``[EXIT]`` or the end of input stops.
-    Returns the number of replies."""
+    human agent reads them: ``\\n`` typed is a new line of the message, and a message holding ``[DONE]`` (taken
+    out) is answered and ends its conversation, as every message does with ``single_turn`` (ParlAI before 1.0;
+    1.x ends it without an answer); ``[DONE]`` alone starts a new conversation, a line holding ``[EXIT]`` or
+    the end of input stops. Returns the number of replies."""
     if opts.model.startswith("torch:"):  # its batchify reads a dataset item's tensors, not typed text
         raise OptionError(f"-m {opts.model}: interactive types text to the model, and a torch: model reads its "
                           "dataset's tensors; see its replies with accelbatch display-model or eval -t TASK")
@@ -120,16 +123,16 @@ def interactive(opts: Opts, candidates: str | None = None, stdin: TextIO | None 
             if prompt:
                 print("Enter Your Message: ", end="", file=out, flush=True)
             line = stdin.readline()
-            if not line or line.strip() == EXIT:
+            if not line or EXIT in line:
                 break
             text = line.rstrip("\n").replace("\\n", "\n")
-            if text.strip() == RESET:
-                agent.reset()
-                print(EPISODE_END, file=out)
-                continue
-            last = RESET in text
-            if last:
-                text = " ".join(part.strip() for part in text.split(RESET) if part.strip())
+            last = single_turn or RESET in text
+            if RESET in text:
+                text = text.replace(RESET, "").strip()
+                if not text:  # nothing but the marker: a new conversation, nothing to answer
+                    agent.reset()
+                    print(EPISODE_END, file=out)
+                    continue
             message = Message(text=text, episode_done=last)
             if fixed:
                 message["label_candidates"] = list(fixed)

@@ -74,13 +74,24 @@ def test_interactive_reads_done_and_new_lines_in_a_message_as_parlais_local_huma
     from recording_agent import ConversationRecorder
 
     ConversationRecorder.seen.clear()
-    stdin = io.StringIO("Mary went home.\\nWhere is Mary? [DONE]\nWhere is John?\nand [DONE] Paul?\nlast\n")
+    stdin = io.StringIO("Mary went home.\\nWhere is Mary? [DONE]\nWhere is John?\nand [DONE]Paul?\n[DONE][DONE]\n"
+                        "last\\n[DONE]\\nline\nbye [EXIT]\nnot read\n")
     out = io.StringIO()
     assert interactive(Opts(model="recording_agent:ConversationRecorder"), None, stdin, out) == 4
     assert ConversationRecorder.seen == [("Mary went home.\nWhere is Mary?", True), ("Where is John?", False),
-                                         ("and Paul?", True), ("last", False)]
+                                         ("and Paul?", True), ("last\n\nline", True)]
     assert out.getvalue().splitlines() == ["[recorder]: 1", EPISODE_END, "[recorder]: 1", "[recorder]: 2",
-                                           EPISODE_END, "[recorder]: 1"]
+                                           EPISODE_END, EPISODE_END, "[recorder]: 1", EPISODE_END]
+
+
+def test_interactive_single_turn_makes_every_message_a_conversation_of_its_own(monkeypatch, capsys):
+    from recording_agent import ConversationRecorder
+
+    ConversationRecorder.seen.clear()
+    monkeypatch.setattr("sys.stdin", io.StringIO("one\ntwo\n"))
+    assert main(["interactive", "-m", "recording_agent:ConversationRecorder", "--single-turn"]) == 0
+    assert ConversationRecorder.seen == [("one", True), ("two", True)]
+    assert capsys.readouterr().out.splitlines() == ["[recorder]: 1", EPISODE_END, "[recorder]: 1", EPISODE_END]
 
 
 def test_interactive_takes_the_candidates_given(monkeypatch, capsys):

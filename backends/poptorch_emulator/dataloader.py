@@ -13,11 +13,14 @@ Behaviour reproduced from PopTorch (python/__init__.py ``DataLoader``, ``_SubDat
   ``rebatched_worker_size`` rows (default: the combined batch) without dropping, and the accessor
   re-forms full combined batches (100 used; with ``drop_last=False`` the 1 left over comes last).
 - ``mode=Async`` reads through an ``AsynchronousDataAccessor``; with ``drop_last=False`` and a combined
-  batch > 1 it rebatches, as PopTorch does. ``shuffle=True`` there draws its order from a generator seeded
-  at construction from torch's (``torch.manual_seed``, ``Options.randomSeed``): the same seed, the same
-  epochs (not Sync's order, which draws at each epoch's start).
+  batch > 1 it rebatches, as PopTorch does.
 - A user ``batch_sampler`` (exclusive with ``batch_size`` and ``shuffle``) yields micro-batches that are
   concatenated D*R*G at a time.
+
+Where it differs: PopTorch's loading process (spawned) shuffles an Async loader from a generator of its own,
+another order each run; here ``shuffle=True`` in the Async modes takes a generator seeded at construction from
+torch's state (``torch.manual_seed``, ``Options.randomSeed``), which it leaves as it was: the same seed, the
+same epochs, and the caller's later random numbers unchanged (not Sync's order, drawn at each epoch's start).
 """
 
 from __future__ import annotations
@@ -210,8 +213,10 @@ class DataLoader(torch.utils.data.DataLoader):
         if mode == DataLoaderMode.Async and shuffle and kwargs.get("generator") is None:
             # the loading process's own torch generator never saw the caller's seed: shuffle with one
             # seeded here, from the caller's generator (torch.manual_seed, Options.randomSeed)
+            state = torch.get_rng_state()
             kwargs["generator"] = torch.Generator().manual_seed(
                 int(torch.empty((), dtype=torch.int64).random_().item()))
+            torch.set_rng_state(state)
         super().__init__(dataset, batch_size=loader_batch_size, shuffle=shuffle, batch_sampler=batch_sampler,
                          num_workers=num_workers, drop_last=drop_last, persistent_workers=persistent_workers,
                          **kwargs)

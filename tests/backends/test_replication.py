@@ -229,8 +229,6 @@ def test_no_leak_after_gloo_run(replicated):
     assert_no_leaked_children()
 
 
-@pytest.mark.timeout(120)
-@pytest.mark.slow
 def test_the_parent_passes_one_stop_on_and_ends_the_replicas_on_a_second():
     """A stop signal delivered twice at once (GNU timeout signals its child, then its process group) is one
     request: passed on once, the replicas save and stop; the signal again later ends them at once."""
@@ -252,6 +250,8 @@ def test_the_parent_passes_one_stop_on_and_ends_the_replicas_on_a_second():
     assert replicas.sent == [signal.SIGINT, signal.SIGINT]
 
 
+@pytest.mark.timeout(120)
+@pytest.mark.slow
 def test_child_exception_propagates_and_ends_the_others():
     start = time.monotonic()
     with pytest.raises(ProcessRaised) as err:

@@ -295,6 +295,12 @@ def test_an_async_shuffle_follows_the_callers_seed(mode):
 
     first, again, other = epochs(1), epochs(1), epochs(2)
     assert first == again and first != other and first[0] != first[1]
+    torch.manual_seed(5)
+    expected = torch.rand(3)
+    torch.manual_seed(5)
+    loader = poptorch.DataLoader(poptorch.Options(), IncrementDataset([1], 24), batch_size=3, shuffle=True, mode=mode)
+    loader.terminate()
+    assert torch.equal(torch.rand(3), expected)   # the caller's random numbers are left as they were
     assert all(sorted(epoch) == list(range(24)) for epoch in first + other)
 
 
