@@ -193,7 +193,10 @@ class Checkpointer:
             # the weights beside it), never overwritten
         if find_checkpoint(path) is None:
             if self.backend.is_main_process():
-                print(f"accelbatch: --resume: no checkpoint at {path}; starting afresh", file=sys.stderr)
+                cut = os.path.isdir(folder) and any(name.startswith(".tmp-gen-") for name in os.listdir(folder))
+                print(f"accelbatch: --resume: no checkpoint at {path}"
+                      f"{' (a first save into ' + folder + ' was cut short)' if cut else ''}; starting afresh "
+                      f"with this command's options (-m {self.opts.model}, -t {self.opts.task})", file=sys.stderr)
             return None
         ckpt = load_checkpoint(path)
         # other options (a model's among them) refused before any weight is loaded, and weights of another shape

@@ -68,4 +68,18 @@ def test_resume_refuses_saves_without_a_manifest_and_keeps_them(tmp_path, capsys
         assert (folder / "gen-000001" / "state.json").read_text() == "{}"
         assert (model.read_bytes() == before) if weights else not model.exists()
     else:
-        assert rc == 0 and ("holds weights only" if weights else "starting afresh") in err, err
+        afresh = f"no checkpoint at {model}; starting afresh with this command's options (-m bag, -t babi:1)"
+        assert rc == 0 and ("holds weights only" if weights else afresh) in err, err
+
+
+def test_resume_after_a_first_save_cut_short_says_so_and_names_the_options_it_starts_with(tmp_path, capsys):
+    """Killed during its first save, a run leaves only the staging folder: --resume starts afresh, saying so
+    and naming the -m and -t it starts with (a bare `-mf PATH --resume` would train the default model)."""
+    from accelbatch.cli import main
+
+    model, folder = tmp_path / "m.pt", tmp_path / "m.pt.ckpt"
+    (folder / ".tmp-gen-000001-4242").mkdir(parents=True)
+    assert main(["train", "-mf", str(model), "--resume", "-t", "babi:1", "-m", "bag", "-esz", "8", "-tstep", "1",
+                 "--eval-splits", "", "-veps", "-1", "--no-progress"]) == 0
+    assert (f"--resume: no checkpoint at {model} (a first save into {folder} was cut short); starting afresh with "
+            "this command's options (-m bag, -t babi:1)") in capsys.readouterr().err
