@@ -182,6 +182,12 @@ def check_output_paths(opts: Any) -> None:
                ("--report-json", opts.report_json, False), ("--metrics-log", opts.metrics_log, False),
                ("--tensorboard-logdir", opts.tensorboard_logdir, True),
                ("--ipu-cache-dir", getattr(opts, "ipu_cache_dir", None), True)]
+    model_file = outputs[0][1]
+    folder = (model_file or "").rstrip("/\\")
+    if folder.endswith(MODEL_FILE_SIDES[-1]):
+        raise OptionError(f"-mf/--model-file {model_file}: a training run writes its checkpoints to PATH.ckpt beside "
+                          f"the model file PATH, and this path is such a folder, so the model file could not be "
+                          f"written; give the model file's own path ({folder[:-len(MODEL_FILE_SIDES[-1])]})")
     _check_distinct(outputs)
     for flag, path, is_dir in outputs:
         if not path:

@@ -226,6 +226,18 @@ def test_output_folder_that_is_a_file_is_said_so(tmp_path, option, flag, below):
                               "folder, or move that file away")
 
 
+@pytest.mark.parametrize("name", ["run.ckpt", "run.ckpt/"])
+def test_a_model_file_named_as_a_checkpoint_folder_is_refused_before_training(tmp_path, name):
+    """PATH.ckpt is where a run's checkpoints go: training into it wrote them there and then failed to write the
+    model file over that folder, after the whole run."""
+    path = str(tmp_path / name)
+    with pytest.raises(OptionError) as exc:
+        check_output_paths(_opts(model_file=path))
+    assert str(exc.value).startswith(f"-mf/--model-file {path}: a training run writes its checkpoints to PATH.ckpt")
+    assert str(exc.value).endswith(f"give the model file's own path ({tmp_path / 'run'})")
+    check_output_paths(types.SimpleNamespace(**{**vars(_opts(model_file=path)), "datatype": "valid"}))  # reads it
+
+
 # --- 5. two outputs that are one file -------------------------------------------------------------------------
 @pytest.mark.parametrize("other, name", [("--report-json", "m.pt"), ("--metrics-log", "m.pt"),
                                          ("--metrics-log", "m.pt.trainstats"), ("--report-json", "m.pt.opt")])
