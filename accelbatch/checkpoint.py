@@ -158,7 +158,7 @@ def save_checkpoint(path: str | os.PathLike, *, model: torch.nn.Module | Mapping
         os.makedirs(staging := os.path.join(ckdir, f".tmp-{gen_name}-{os.getpid()}"), exist_ok=True)  # umask's mode
         write_torch(os.path.join(staging, TENSORS), tensors)
         _write_bytes(os.path.join(staging, STATE), state_bytes)
-        files = {name: {"sha256": _sha256(os.path.join(staging, name)),
+        files = {name: {"sha256": sha256_of(os.path.join(staging, name)),
                         "bytes": os.path.getsize(os.path.join(staging, name))} for name in (TENSORS, STATE)}
         _fsync_dir(staging)
         os.rename(staging, gen_path)
@@ -205,7 +205,7 @@ def load_checkpoint(path: str | os.PathLike, map_location: Any = "cpu") -> Check
             kind = "truncated" if size < expected["bytes"] else "longer than when it was saved"
             raise CheckpointError(f"{file}: {kind} ({size} bytes, {expected['bytes']} expected); the "
                                   f"checkpoint is damaged; {what_to_do}")
-        if _sha256(file) != expected["sha256"]:
+        if sha256_of(file) != expected["sha256"]:
             raise CheckpointError(f"{file}: SHA-256 differs from {manifest_path} (the file changed after "
                                   f"it was saved: tampered with or damaged); {what_to_do}")
     try:
@@ -347,7 +347,7 @@ def _fsync_dir(path: str) -> None:
     os.close(fd)
 
 
-def _sha256(path: str) -> str:
+def sha256_of(path: str) -> str:
     digest = hashlib.sha256()
     with open(path, "rb") as handle:
         for chunk in iter(lambda: handle.read(1 << 20), b""):

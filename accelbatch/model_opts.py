@@ -26,6 +26,7 @@ from accelbatch.checkpoint import (
     has_saved_position,
     load_checkpoint,
     read_json_file,
+    sha256_of,
     unreadable_sidecar,
     write_json_file,
 )
@@ -195,9 +196,12 @@ def run_opts(model_file: str, strict: bool = False) -> dict[str, Any]:
     with ``strict`` (a resume, which builds its world from them) the CheckpointError naming the damaged file."""
     found = find_checkpoint(model_file) or checkpoint_dir(model_file)
     try:
-        gen = read_json_file(os.path.join(found, MANIFEST))["directory"]
-        saved = read_json_file(os.path.join(found, gen, STATE))["opts"]
-    except (CheckpointError, KeyError, TypeError) as exc:
+        manifest = read_json_file(os.path.join(found, MANIFEST))
+        state = os.path.join(found, manifest["directory"], STATE)
+        if sha256_of(state) != manifest["files"][STATE]["sha256"]:  # no option read from a changed file
+            raise CheckpointError(f"{state}: changed since it was saved")
+        saved = read_json_file(state)["opts"]
+    except (CheckpointError, KeyError, TypeError, OSError) as exc:
         if not strict:
             return {}
         load_checkpoint(found)  # its own words for what is damaged (the error the resume would give)

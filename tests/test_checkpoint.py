@@ -172,7 +172,7 @@ def test_a_pickle_with_code_is_never_run_even_with_matching_hashes(tmp_path, mon
     torch.save({"model": {"w": torch.zeros(1)}, "optimizer": _Boom()}, tensors, pickle_module=pickle)
     manifest_path = os.path.join(ckdir, "MANIFEST.json")
     manifest = json.load(open(manifest_path))
-    manifest["files"]["tensors.pt"] = {"sha256": ck._sha256(tensors), "bytes": os.path.getsize(tensors)}
+    manifest["files"]["tensors.pt"] = {"sha256": ck.sha256_of(tensors), "bytes": os.path.getsize(tensors)}
     json.dump(manifest, open(manifest_path, "w"))  # an attacker can fix the hashes: weights_only still holds
     with pytest.raises(CheckpointError, match="cannot be read"):
         ck.load_checkpoint(ckdir)

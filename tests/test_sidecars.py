@@ -83,3 +83,24 @@ def test_resume_after_a_first_save_cut_short_says_so_and_names_the_options_it_st
                  "--eval-splits", "", "-veps", "-1", "--no-progress"]) == 0
     assert (f"--resume: no checkpoint at {model} (a first save into {folder} was cut short); starting afresh with "
             "this command's options (-m bag, -t babi:1)") in capsys.readouterr().err
+
+
+def test_a_resume_reads_no_option_from_a_changed_state_file(tmp_path, capsys):
+    """A checkpoint's state.json edited after its save (-esz 16 made 32) is refused naming it: its options were
+    read before the SHA-256 check, so the error blamed the intact model file and told to change -esz."""
+    import glob
+
+    from accelbatch.cli import main
+
+    model = tmp_path / "m.pt"
+    common = ["--eval-splits", "", "-veps", "-1", "--no-progress"]
+    assert main(["train", "-t", "babi:1", "-m", "bag", "-esz", "16", "-tstep", "2", "-mf", str(model), *common]) == 0
+    state = glob.glob(str(tmp_path / "m.pt.ckpt" / "gen-*" / "state.json"))[0]
+    text = open(state).read()
+    assert '"embedding_size": 16' in text
+    with open(state, "w") as out:
+        out.write(text.replace('"embedding_size": 16', '"embedding_size": 32'))
+    capsys.readouterr()
+    assert main(["train", "-mf", str(model), "--resume", *common]) == 2
+    err = capsys.readouterr().err
+    assert f"{state}: SHA-256 differs from" in err and "-esz" not in err, err
