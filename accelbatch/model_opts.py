@@ -247,6 +247,8 @@ def with_model_opts(opts: Opts, given: set[str], reads_task: bool = True) -> tup
     training, path = is_training(opts.datatype), opts.model_file
     if opts.resume and path and training and has_saved_position(path):  # the checkpoint's options win
         saved, found = run_opts(path, strict=True), find_checkpoint(path)
+        if os.path.isfile(path):
+            read_model_opts(path)  # a damaged PATH.opt beside it is said now, not by the next eval of the model
         taken = RESUMED if given.isdisjoint(LIMITS) else tuple(k for k in RESUMED if k not in LIMITS)
         opts = _taking(opts, _untold(saved, taken, given, opts), f"{found}: the checkpoint's options",
                        "start afresh without --resume")

@@ -104,3 +104,18 @@ def test_a_resume_reads_no_option_from_a_changed_state_file(tmp_path, capsys):
     assert main(["train", "-mf", str(model), "--resume", *common]) == 2
     err = capsys.readouterr().err
     assert f"{state}: SHA-256 differs from" in err and "-esz" not in err, err
+
+
+def test_a_resume_says_a_damaged_options_file_beside_the_model(tmp_path, capsys):
+    """A finished run resumed (it only evaluates) passed over a truncated PATH.opt, which the next eval of the
+    model then refused: said at the resume, naming the file."""
+    from accelbatch.cli import main
+
+    model = tmp_path / "m.pt"
+    common = ["--eval-splits", "", "-veps", "-1", "--no-progress"]
+    assert main(["train", "-t", "babi:1", "-m", "bag", "-esz", "8", "-tstep", "2", "-mf", str(model), *common]) == 0
+    (tmp_path / "m.pt.opt").write_text('{"model": "bag", "embedd')
+    capsys.readouterr()
+    assert main(["train", "-mf", str(model), "--resume", *common]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"accelbatch: error: {model}.opt: ") and err.count("\n") == 1, err
