@@ -1,4 +1,5 @@
-"""The command line (also ``python -m accelbatch``): ``accelbatch train|eval|display-data|...|tasks [options]``."""
+"""The command line: ``accelbatch train|eval|display-data|display-model|interactive|report|tasks [options]``
+(also ``python -m accelbatch``)."""
 
 from __future__ import annotations
 
@@ -412,7 +413,8 @@ def _is_torch_agent(model: str) -> bool:
 
 
 def check_model_file_exists(opts: Opts, what: str) -> None:
-    """A verb that reads the model at -mf (eval, display-model, interactive): no fresh one for a wrong path."""
+    """A verb that reads the model saved at -mf (eval, display-model, interactive) and must not start a
+    fresh one when the path is wrong."""
     path = opts.model_file
     if path and not os.path.isfile(path):
         problem = "a directory, not a model file" if os.path.isdir(path) else "no such file"

@@ -27,14 +27,17 @@ def check_process_count(flag: str, count: int, what: str, total: int | None = No
 
 def check_processes(opts: Any) -> None:
     """Refuse a run whose processes together pass :func:`check_process_count`'s limit: ``--num-workers``
-    data processes, and hogwild processes (``-nt``) or replica processes (``-rf`` on cpu or cuda) each with
-    its own data workers."""
+    data processes (and the async loader's own), and hogwild processes (``-nt``, on the cpu: elsewhere it is
+    refused for the device) or replica processes (``-rf`` on cpu or cuda) each with its own."""
     check_process_count("--num-workers", opts.num_workers, "data processes")
-    for flag, count, what in (("-nt/--numthreads", opts.numthreads, "hogwild processes"),
+    loaders = opts.num_workers + (opts.dataloader_mode != "sync")  # the async accessor is a process too
+    for flag, count, what in (("-nt/--numthreads", opts.numthreads if opts.device == "cpu" else 1,
+                               "hogwild processes"),
                               ("-rf/--replication-factor", opts.replication_factor if opts.device != "ipu" else 1,
                                "replica processes")):
         if count > 1:
             check_process_count(flag, count, what)
-            total = count * (1 + opts.num_workers)
-            check_process_count(f"{flag} {count} with --num-workers", opts.num_workers, f"data processes in each of "
-                                f"the {count} {what}, {total:,} processes in all", total)
+            total = count * (1 + loaders)
+            loader = " and an async loader" if loaders > opts.num_workers else ""
+            check_process_count(f"{flag} {count} with --num-workers", opts.num_workers, f"data processes{loader} in "
+                                f"each of the {count} {what}, {total:,} processes in all", total)

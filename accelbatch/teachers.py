@@ -28,8 +28,7 @@ from accelbatch.opts import OptionError, Opts, eval_datatype, is_training, split
 from accelbatch.task_weights import task_weights
 from accelbatch.tasks.files import DataFileError, FileIndex, episode_at, load_numbered_episodes
 
-_NO_EXAMPLES = ("-t {task} ({split}): the task holds no examples; give its {split} data at least one (a torch "
-                "Dataset: at least one item)")
+_NO_EXAMPLES = "-t {task} ({split}): the task holds no examples; give its {split} data at least one{torch}"
 # task name -> "module:Class"; a task string is "name" or "name:argument" (e.g. babi:1, jsonl:PATH).
 TASK_PATHS: dict[str, str] = {
     "babi": "accelbatch.tasks.babi:BabiTeacher",
@@ -58,7 +57,8 @@ def shuffles(datatype: str) -> bool:
 
 class Teacher(Agent):
     """A teacher acts with examples and observes replies to score them. Its acts' ``id`` is its task when ``-t``
-    names its class (``babi:1``, ``jsonl:PATH``, ``pkg.mod:Class``), as ParlAI's, else its class's name (or ``id``)."""
+    names its class (``babi:1``, ``jsonl:PATH``, ``pkg.mod:Class``), as ParlAI's, else its class's name, unless
+    the class sets ``id`` itself."""
 
     def __init__(self, opts: Opts, shared: dict[str, Any] | None = None):
         if not hasattr(self, "id") and _serves_task(type(self), getattr(opts, "task", "")):
@@ -148,7 +148,8 @@ class FixedTeacher(Teacher):
                     raise DataFileError(f"-t {opts.task}: {exc}") from None
                 raise
             if self.store.table.num_examples == 0:
-                raise DataFileError(_NO_EXAMPLES.format(task=opts.task, split=split_of(opts.datatype)))
+                raise DataFileError(_NO_EXAMPLES.format(task=opts.task, split=split_of(opts.datatype), torch=(
+                    " (its Dataset: at least one item)" if opts.task.startswith("torch:") else "")))
             self.metrics = Metrics(bleu=wants_bleu(opts.metrics))
             self.serving = Serving()
         else:
@@ -454,8 +455,7 @@ def comma_in_path(opts: Opts, task: str) -> str | None:
     path that exists, a one-line message saying so; None otherwise. A comma always separates tasks (ParlAI's
     multitask syntax), so such a path cannot be given to -t."""
     kind, _, given = task.partition(":")
-    if kind not in FILE_TASKS or not given or os.path.exists(FileTeacher.resolve_path(
-            opts.replace(task=task))):
+    if kind not in FILE_TASKS or not given or os.path.exists(FileTeacher.resolve_path(opts.replace(task=task))):
         return None
     parts = opts.task.split(",")
     for start in (i for i, part in enumerate(parts) if part.strip() == task):

@@ -147,9 +147,9 @@ def _placement(device: str) -> dict[str, Any]:
             "failure": None if ok else f"weights on {params}, outputs on {outputs} (want {dev.type}, cpu)"}
 
 
-def _train_runs(common: list[str], runs: dict[str, list[str]]) -> tuple[dict, dict] | dict[str, Any]:
-    """``accelbatch train`` with ``common`` plus each run's options: (weights, reports) by run name, or the
-    check's figures with ``failure`` set when a run failed."""
+def _train_runs(common: list[str], runs: dict[str, list[str]]) -> tuple[dict, dict]:
+    """``accelbatch train`` with ``common`` plus each run's options: (weights, reports) by run name; a run that
+    fails raises, which is the check's failure."""
     from accelbatch.checkpoint import load_checkpoint
 
     weights, reports = {}, {}
@@ -159,8 +159,8 @@ def _train_runs(common: list[str], runs: dict[str, list[str]]) -> tuple[dict, di
             proc = _run([sys.executable, *common, "-mf", model, "--report-json", report, *extra],
                         cwd=ROOT, timeout=300)
             if proc.returncode != 0:
-                return {"failure": f"accelbatch train {' '.join(extra)} exited with {proc.returncode}: "
-                                   f"{(proc.stdout + proc.stderr)[-1500:]}"}
+                raise RuntimeError(f"accelbatch train {' '.join(extra)} exited with {proc.returncode}: "
+                                   f"{(proc.stdout + proc.stderr)[-1500:]}")
             weights[name] = load_checkpoint(model).model_state
             reports[name] = json.loads(pathlib.Path(report).read_text())
     return weights, reports
@@ -205,10 +205,7 @@ def _train_feeds(device: str) -> dict[str, Any]:
              "dynamic_again": ["--dynamic-batching", "full"],   # is the device itself repeatable here?
              "async_dynamic": ["--dynamic-batching", "full", "--dataloader-mode", "async"]}
     reference = {name: "dynamic" if "dynamic" in name else "sync" for name in feeds}
-    got = _train_runs(common, feeds)
-    if isinstance(got, dict):
-        return got
-    weights, reports = got
+    weights, reports = _train_runs(common, feeds)
 
     def metrics(name: str) -> dict[str, Any]:
         return {k: v for k, v in reports[name]["valid"].items() if k not in ("exs_per_s", "time_s")}
@@ -244,10 +241,7 @@ def _train_cli(task_and_model: list[str], length: list[str], cpu_length: list[st
                 "device_async": ["--device", device, "--dataloader-mode", "async"]}
         if device == "cpu":  # the device run would be the cpu run again
             del runs["device"]
-        got = _train_runs(common, runs)
-        if isinstance(got, dict):
-            return got
-        weights, reports = got
+        weights, reports = _train_runs(common, runs)
         weights.setdefault("device", weights["cpu"])
         reports.setdefault("device", reports["cpu"])
         diff = max(float((weights["cpu"][k].float() - v.float()).abs().max()) for k, v in weights["device"].items())

@@ -53,7 +53,10 @@ def test_a_call_of_more_micro_batches_than_a_layout_holds_is_refused():
                                          "processes in all"),
     (["-rf", "4", "--num-workers", "4"], "-rf/--replication-factor 4 with --num-workers 4: starts 4 data processes "
                                          "in each of the 4 replica processes, 20 processes in all"),
-], ids=["nt", "nt-workers", "rf-workers"])
+    (["-rf", "4", "--num-workers", "3", "--dataloader-mode", "async"],
+     "-rf/--replication-factor 4 with --num-workers 3: starts 3 data processes and an async loader in each of the 4 "
+     "replica processes, 20 processes in all"),
+], ids=["nt", "nt-workers", "rf-workers", "rf-async-workers"])
 def test_hogwild_and_replica_processes_count_with_their_data_workers(monkeypatch, capsys, args, says):
     """Each hogwild process and each replica starts its own --num-workers: the processes in all are refused
     before any starts (-nt had no limit at all)."""
@@ -69,3 +72,4 @@ def test_within_the_limit_they_start(monkeypatch):
     for numthreads, replicas, workers in ((16, 1, 0), (4, 1, 3), (1, 8, 1), (1, 16, 0)):
         cores.check_processes(Opts(numthreads=numthreads, replication_factor=replicas, num_workers=workers))
     cores.check_processes(Opts(device="ipu", replication_factor=64, num_workers=8))  # IPU replicas: no processes
+    cores.check_processes(Opts(device="cuda", numthreads=100))  # refused as hogwild on cuda, not counted

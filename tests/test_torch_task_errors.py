@@ -57,7 +57,7 @@ def test_an_empty_dataset_is_one_line_saying_what_to_do(capsys, verb):
                           + (["-veps", "-1"] if verb == "train" else []))
     split = "train" if verb == "train" else "valid"
     assert (f"-t torch:torch_task:make_empty ({split}): the task holds no examples; give its {split} data at "
-            "least one (a torch Dataset: at least one item)") in err
+            "least one (its Dataset: at least one item)") in err
 
 
 @pytest.mark.parametrize("verb", ["train", "eval"])

@@ -19,9 +19,10 @@ python/_dataloader.py):
   one unless the wrapped ``poptorch.DataLoader`` was made with ``drop_last=False``.
 - An exception in the dataset during a pass, or the loading process's death, is
   ``AssertionError("An error occurred in the data fetcher")`` raised from the original exception (or
-  :class:`~accelbatch.procs.ProcessDied`, naming the signal). Either failure first prints the worker's
-  traceback to stderr as a failed ``multiprocessing`` process does (``Process <name>:`` then ``Traceback
-  (most recent call last):``), which is what PopTorch's "Check above for details" points to.
+  :class:`~accelbatch.procs.ProcessDied`, naming the signal). A dataset's exception first prints the
+  worker's traceback to stderr as a failed ``multiprocessing`` process does (``Process <name>:`` then
+  ``Traceback (most recent call last):``), which is what PopTorch's "Check above for details" points to; a
+  killed process has none to print.
 - ``miss_sleep_time_in_ms``: with the ring full, the worker takes a freed slot only at its next check, one
   every that many milliseconds (it waits without polling, with the same timing).
 
