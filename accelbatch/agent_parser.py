@@ -42,9 +42,10 @@ class AgentArgParser:
     alone (the defaults are applied to the agent's options when it is built)."""
 
     def __init__(self, container: Any, defaults: dict[str, Any], reserved: Reserved, make_group: Callable[[str], Any],
-                 helps: list[tuple[argparse.Action, str, str]] | None = None):
+                 helps: list[tuple[argparse.Action, str, str]] | None = None, core: dict[str, Any] | None = None):
         self._container, self._defaults, self._reserved, self._make_group = container, defaults, reserved, make_group
         self.helps = [] if helps is None else helps  # (action, dest, help as declared): see finish_help
+        self.core = {} if core is None else core  # set_defaults of accelbatch's own options (see set_defaults)
 
     def add_argument(self, *flags: str, **kwargs: Any) -> Any:
         if kwargs.pop("hidden", False):  # ParlAI's: left out of --help
@@ -88,11 +89,13 @@ class AgentArgParser:
     def add_argument_group(self, title: str | None = None, description: str | None = None,
                            **_: Any) -> "AgentArgParser":
         return AgentArgParser(self._make_group(title or "agent options"), self._defaults, self._reserved,
-                              self._make_group, self.helps)
+                              self._make_group, self.helps, self.core)
 
     def set_defaults(self, **defaults: Any) -> None:
-        """Defaults of the agent's options (those named as accelbatch's own options keep accelbatch's)."""
+        """Defaults of the agent's options; those of accelbatch's own options (ParlAI's agents set -esz so) are
+        kept in ``core``: the command line takes them as its defaults (see :func:`add_agent_arguments`)."""
         self._defaults.update({k: v for k, v in defaults.items() if k not in self._reserved.names})
+        self.core.update({k: v for k, v in defaults.items() if k in self._reserved.names})
 
     def get_default(self, dest: str) -> Any:
         return self._defaults.get(dest)
@@ -102,13 +105,15 @@ class AgentArgParser:
                              "has): it offers add_argument, add_argument_group, set_defaults and get_default")
 
 
-def declare(cls: type, container: Any, make_group: Callable[[str], Any], reserved: Reserved) -> dict[str, Any]:
-    """Have ``cls.add_cmdline_args`` add its options to ``container``; their defaults."""
+def declare(cls: type, container: Any, make_group: Callable[[str], Any], reserved: Reserved,
+            core: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Have ``cls.add_cmdline_args`` add its options to ``container``; their defaults (those it sets for
+    accelbatch's own options into ``core``)."""
     declare_args = getattr(cls, "add_cmdline_args", None)
     defaults: dict[str, Any] = {}
     if not callable(declare_args):
         return defaults
-    parser = AgentArgParser(container, defaults, reserved, make_group)
+    parser = AgentArgParser(container, defaults, reserved, make_group, core=core)
     try:
         takes_opt = len(inspect.signature(declare_args).parameters) >= 2
     except (TypeError, ValueError):
@@ -119,10 +124,15 @@ def declare(cls: type, container: Any, make_group: Callable[[str], Any], reserve
 
 
 def add_agent_arguments(parser: argparse.ArgumentParser, cls: type, reserved: Reserved) -> None:
-    """The options of agent class ``cls`` on a verb's parser (listed by --help under the agent's name)."""
+    """The options of agent class ``cls`` on a verb's parser (listed by --help under the agent's name); the
+    defaults it sets for accelbatch's own options are that parser's (as ParlAI's parser takes an agent's
+    ``set_defaults``: an option given, or kept by a model file, wins)."""
     own = f"the own options of -m {cls.__name__} (its add_cmdline_args)"
+    core: dict[str, Any] = {}
     declare(cls, parser.add_argument_group(own),
-            lambda title: parser.add_argument_group(f"{title} (-m {cls.__name__}'s own options)"), reserved)
+            lambda title: parser.add_argument_group(f"{title} (-m {cls.__name__}'s own options)"), reserved, core)
+    if core:
+        parser.set_defaults(**core)
 
 
 def given_agent_args(namespace: argparse.Namespace) -> dict[str, Any]:

@@ -64,3 +64,20 @@ class ConversationRecorder(Agent):
     def reset(self):
         super().reset()
         self.turns = 0
+
+
+class WiderBag(BagAgent):
+    """A ParlAI-style agent whose add_cmdline_args sets defaults of accelbatch's own options (as ParlAI's BART sets
+    embedding_size) and of one of its own; it says what it was built with on stderr."""
+
+    @classmethod
+    def add_cmdline_args(cls, parser, partial_opt=None):
+        parser.add_argument("--width", type=int, default=3)
+        parser.set_defaults(embedding_size=24, optimizer="sgd", width=7)
+        return parser
+
+    def __init__(self, opts, shared=None):
+        super().__init__(opts, shared)
+        if shared is None:
+            import sys
+            print(f"built: esz {opts.embedding_size} opt {opts.optimizer} width {opts['width']}", file=sys.stderr)

@@ -337,3 +337,20 @@ def test_a_naming_flag_without_its_value_is_one_line(capsys, flag):
         main(["train", flag])
     err = capsys.readouterr().err
     assert ended.value.code == 2 and err.count("\n") == 1 and "expected one argument" in err, err
+
+
+def test_an_agents_defaults_for_accelbatchs_own_options_are_the_command_lines(capsys, tmp_path):
+    """As ParlAI's parser takes an agent's set_defaults: -esz and -opt default to the agent's (they were dropped
+    without a word), an option given wins, and --help shows the agent's defaults."""
+    from accelbatch.cli import main
+
+    common = ["train", "-t", "babi:1", "-m", "recording_agent:WiderBag", "-tstep", "1", "-veps", "-1",
+              "--eval-splits", "", "--no-progress"]
+    assert main(common) == 0
+    assert "built: esz 24 opt sgd width 7" in capsys.readouterr().err
+    assert main([*common, "-esz", "16", "--width", "5"]) == 0
+    assert "built: esz 16 opt sgd width 5" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["train", "-m", "recording_agent:WiderBag", "--help"])
+    shown = " ".join(capsys.readouterr().out.split())
+    assert "--embedding-size EMBEDDING_SIZE embedding size of reference models (default: 24)" in shown
