@@ -271,10 +271,16 @@ def with_model_opts(opts: Opts, given: set[str], reads_task: bool = True) -> tup
     untold_task = None if not older else (
         f"accelbatch: -mf {source}: {opt_path(source)} does not record the task the model was trained on (written "
         f"by an older accelbatch); working on -t {opts.task}, the default: give -t to name the task")
+    unread = _unread_keys(source)
+    if unread:
+        untold_task = "\n".join(filter(None, (untold_task, (
+            f"accelbatch: {flag} {source}: {opt_path(source)} holds keys accelbatch does not read: "
+            f"{', '.join(unread[:5])}{f' and {len(unread) - 5} more' if len(unread) > 5 else ''} (misspelled, or "
+            "another program's names: give those options on the command line)"))))
     if not taken:
         return opts, untold_task
     flags = {f.name: f.metadata["flags"][0] for f in dataclasses.fields(Opts) if f.metadata["flags"]}
-    said = " ".join(_said(flags[k], v) if k in flags else "the agent's " + ", ".join(
+    said = " ".join(_said(flags[k], v) if k in flags else "and the agent's " + ", ".join(
         f"{name}={value!r}" for name, value in v.items() if name not in opts.agent_args)
         for k, v in taken.items())
     if "task" in taken and reads_task:
@@ -283,6 +289,13 @@ def with_model_opts(opts: Opts, given: set[str], reads_task: bool = True) -> tup
     return _metric_spelled(_taking(opts, taken, opt_path(source), "fix or delete that file")), "\n".join(filter(None, (
         f"accelbatch: {flag} {source} was trained with {said} ({opt_path(source)}); using them (give them to "
         "override)", untold_task)))
+
+
+def _unread_keys(model_file: str) -> list[str]:
+    """The keys of ``model_file``'s ``PATH.opt`` that name no option of accelbatch's (read as they are)."""
+    raw = read_json_file(opt_path(model_file))
+    known = {f.name for f in dataclasses.fields(Opts)}
+    return sorted(k for k in raw if k not in known) if isinstance(raw, dict) else []
 
 
 def _metric_spelled(opts: Opts) -> Opts:

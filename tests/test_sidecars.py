@@ -119,3 +119,22 @@ def test_a_resume_says_a_damaged_options_file_beside_the_model(tmp_path, capsys)
     assert main(["train", "-mf", str(model), "--resume", *common]) == 2
     err = capsys.readouterr().err
     assert err.startswith(f"accelbatch: error: {model}.opt: ") and err.count("\n") == 1, err
+
+
+def test_keys_of_an_options_file_that_name_no_option_are_said(tmp_path, capsys):
+    """A misspelled key of PATH.opt (sed for seed) or another program's name (ParlAI's history_size) was passed
+    over without a word, so eval ran on other data: each is named in one line."""
+    import json
+
+    from accelbatch.cli import main
+
+    model = tmp_path / "m.pt"
+    assert main(["train", "-t", "babi:1", "-m", "bag", "-esz", "8", "-tstep", "1", "-mf", str(model),
+                 "--eval-splits", "", "-veps", "-1", "--no-progress"]) == 0
+    kept = json.loads((tmp_path / "m.pt.opt").read_text())
+    kept["sed"], kept["history_size"] = kept.pop("seed"), 1
+    (tmp_path / "m.pt.opt").write_text(json.dumps(kept))
+    capsys.readouterr()
+    assert main(["eval", "-mf", str(model), "-dt", "valid", "--no-progress"]) == 0
+    assert (f"accelbatch: -mf {model}: {model}.opt holds keys accelbatch does not read: history_size, sed "
+            "(misspelled, or another program's names") in capsys.readouterr().err
