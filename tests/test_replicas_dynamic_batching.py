@@ -49,10 +49,12 @@ def test_real_replicas_train_the_in_process_replicas_weights_and_counts(tmp_path
     keys = ["steps", "epochs", "accuracy", "dropped_exs", "exs"]  # exs: also when a tail's shares differ
     assert {k: real_rep["train"].get(k) for k in keys} == {k: emu_rep["train"].get(k) for k in keys}
     # evaluation too runs the batches one process plans: each replica process planned its own share before
-    # (pad_fraction merged over the replicas by their tokens: equal up to the last bit of the float sums)
-    assert {k: real_rep["valid"].get(k) for k in ("accuracy", "exs", "batch_tokens")} == \
-        {k: emu_rep["valid"].get(k) for k in ("accuracy", "exs", "batch_tokens")}
-    assert real_rep["valid"]["pad_fraction"] == pytest.approx(emu_rep["valid"]["pad_fraction"], rel=1e-12)
+    assert {k: real_rep["valid"].get(k) for k in ("accuracy", "exs")} == \
+        {k: emu_rep["valid"].get(k) for k in ("accuracy", "exs")}
+    # the padding counts what each process is fed: a replica process pads its rows to their own longest, the
+    # in-process replicas (one tensor) to the combined batch's; static shapes (buckets) are the same either way
+    tokens = real_rep["valid"]["batch_tokens"], emu_rep["valid"]["batch_tokens"]
+    assert tokens[0] == tokens[1] if case.startswith("buckets") else tokens[0] < tokens[1], tokens
     if case.startswith("buckets"):  # every example trained or counted as left out, as one process counts them
         assert emu_rep["train"]["dropped_exs"] > 0
         assert real_rep["train"]["exs"] + real_rep["train"]["dropped_exs"] == 647
@@ -72,7 +74,9 @@ def test_replica_processes_evaluate_the_batches_one_process_plans(tmp_path, batc
                      "-dt", "valid", "--dynamic-batching", batching, "--no-progress", *device,
                      "--report-json", str(out)]) == 0
         reports[device[1]] = json.loads(out.read_text())["valid"]
-    keys = ("exs", "accuracy", "f1", "batch_tokens")
+    keys = ("exs", "accuracy", "f1")
     assert {k: reports["cpu"][k] for k in keys} == {k: reports["ipu"][k] for k in keys}
-    assert reports["cpu"]["pad_fraction"] == pytest.approx(reports["ipu"]["pad_fraction"], rel=1e-12)
+    # the padding counts what each process is fed: a replica process pads its rows to their own longest, the
+    # IPU's replicas are fed one tensor padded to the combined batch's longest row
+    assert reports["cpu"]["batch_tokens"] < reports["ipu"]["batch_tokens"]
     assert reports["cpu"]["exs"] == 122 and reports["cpu"]["pad_fraction"] > 0
