@@ -485,10 +485,10 @@ def create_teachers(opts: Opts) -> list[Teacher]:
     return teachers
 
 
-def create_teacher(opts: Opts) -> Teacher | None:
-    """The one teacher serving every task of ``opts``: the task's own, or a MultiTaskTeacher over several
-    FixedTeachers; None when one of several is no FixedTeacher (a MultiWorld combines those instead)."""
-    teachers = create_teachers(opts)
+def create_teacher(opts: Opts, teachers: list[Teacher] | None = None) -> Teacher | None:
+    """The one teacher serving every task of ``opts`` (of ``teachers``, made already): the task's own, or a
+    MultiTaskTeacher over several FixedTeachers; None when one of several is no FixedTeacher (a MultiWorld)."""
+    teachers = create_teachers(opts) if teachers is None else teachers
     if len(teachers) == 1:
         return teachers[0]
     if all(isinstance(t, FixedTeacher) for t in teachers):

@@ -42,8 +42,9 @@ def display_data(opts: Opts, num_examples: int, out: TextIO | None = None) -> in
     _check_count(num_examples)
     out = out or sys.stdout
     shown = 0
-    one = create_teacher(opts)  # None: a task's teacher serves alone; each is shown after the one before
-    teachers = [one] if one is not None else create_teachers(opts)
+    each = create_teachers(opts)
+    one = create_teacher(opts, each)  # None: a task's teacher serves alone; each is shown after the one before
+    teachers = [one] if one is not None else each
     for teacher in teachers:
         last = shown + teacher.num_examples()  # once each: training data would go round again
         while shown < min(num_examples, last) and not teacher.epoch_done() and not _lost(out):
