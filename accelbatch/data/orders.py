@@ -156,9 +156,11 @@ def draw_tasks(sizes: Sequence[int], weights: Sequence[float], count: int, gen: 
     weight 0 never, unless every task with episodes has weight 0: a process's share of weighted tasks only)."""
     live = np.flatnonzero(np.asarray(sizes) > 0)
     chances = np.asarray(weights, dtype=np.float64)[live] if len(weights) else np.zeros(0)
-    if not chances.sum() > 0:
+    with np.errstate(over="ignore"):  # weights near the float maximum: their sum overflows (to inf)
+        total = chances.sum()
+    if not total > 0:
         return live[gen.integers(0, len(live), size=count)]
-    if not np.isfinite(chances.sum()):  # weights near the float maximum: their sum overflows
+    if not np.isfinite(total):
         chances = chances / chances.max()
     return live[gen.choice(len(live), size=count, p=chances / chances.sum())]
 
