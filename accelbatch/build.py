@@ -28,6 +28,7 @@ from accelbatch.agents import Agent, TorchAgent
 from accelbatch.checkpoint import has_saved_position
 from accelbatch.cores import check_processes, usable_cores
 from accelbatch.datatypes import is_training, split_of
+from accelbatch.held_sigint import start_forkserver
 from accelbatch.hogwild import HogwildWorld
 from accelbatch.host_memory import apply_host_allocator
 from accelbatch.loader_world import LoaderWorld, awaits_replies, check_replies_returned
@@ -37,7 +38,6 @@ from accelbatch.optimizers import learning_rates, set_learning_rates
 from accelbatch.opts import OptionError, Opts
 from accelbatch.ordered_pass import check_ordered_pass
 from accelbatch.plan import ExecutionPlan
-from accelbatch.procs import start_forkserver
 from accelbatch.start_method import default_start_method, keeps_default_start_method
 from accelbatch.state import torch_rng
 from accelbatch.teachers import FixedTeacher, Teacher, create_teacher, create_teachers, task_names

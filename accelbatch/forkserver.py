@@ -40,7 +40,7 @@ def start_method() -> str:
 def ensure_running() -> None:
     """Start this process's forkserver with :data:`PRELOAD` if it is not running. (The preload list is
     process-wide and read when the server starts: one started by other code keeps its own.) The caller holds
-    SIGINT meanwhile (:func:`accelbatch.procs.holding_sigint`): the server and every child inherit it blocked.
+    SIGINT meanwhile (:func:`accelbatch.held_sigint.holding_sigint`): the server and every child inherit it blocked.
 
     The server starts with SIGTERM blocked too: it is in the caller's process group, and a SIGTERM to the
     whole group (a scheduler's, ``kill -TERM -PGID``) must reach the caller, which stops its children as it

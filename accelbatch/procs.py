@@ -5,8 +5,8 @@ duplex pipe to each; an entry wrapper sets each child up (:class:`ChildSpec`) an
 exception as a :class:`FailureRecord`, a KeyboardInterrupt's message, the return value). The parent sends,
 receives, waits, signals, dumps the children's Python stacks and stops them (a stop request, a grace period,
 SIGTERM, SIGKILL; also on garbage collection and at interpreter exit). Children start with SIGINT blocked
-(:func:`holding_sigint`): a terminal's Ctrl-C, which reaches the whole process group, cannot interrupt their
-start-up (a traceback each); the parent takes it once they are recorded, and stops them. A failure raises a
+(:mod:`accelbatch.held_sigint`): a terminal's Ctrl-C, which reaches the whole process group, cannot interrupt
+their start-up (a traceback each); the parent takes it once they are recorded, and stops them. A failure raises a
 :class:`ProcessFailure`: :class:`ProcessRaised`, :class:`ProcessDied` or :class:`ProcessTimeout`. Data
 workers of other pools report with ``FailureRecord.capture(exc)`` there and ``record.to_error(...)`` here;
 :func:`raised_as` turns a failure into what a script catches (the child's exception with its own type).
@@ -29,7 +29,7 @@ import threading
 import time
 import weakref
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from multiprocessing import resource_tracker
+from multiprocessing.reduction import ForkingPickler
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -37,6 +37,7 @@ import torch
 import torch.multiprocessing as tmp
 
 from accelbatch import forkserver, stack_files
+from accelbatch.held_sigint import HeldSigint, holding_sigint
 from accelbatch.orphans import end_with_parent, parent_for
 from accelbatch.proc_end import Children, end
 from accelbatch.proc_errors import (
@@ -52,8 +53,7 @@ from accelbatch.proc_errors import (
 from accelbatch.stdout_guard import guarded_stdout
 
 __all__ = ["INTERRUPTED", "STACK_SIGNAL", "Channel", "ChildSpec", "FailureRecord", "ProcessDied", "ProcessFailure",
-           "ProcessRaised", "ProcessTimeout", "Supervisor", "describe_exit", "holding_sigint", "raised_as",
-           "start_forkserver"]
+           "ProcessRaised", "ProcessTimeout", "Supervisor", "describe_exit", "raised_as"]
 
 STACK_SIGNAL = signal.SIGUSR1  # a child started with ChildSpec.stack_dumps writes its Python stacks on it
 INTERRUPTED = 130              # exit code of a child that stopped on KeyboardInterrupt (its message was sent)
@@ -87,7 +87,7 @@ class Channel:
 
     def __init__(self, reader: Any, writer: Any) -> None:
         self.reader, self.writer = reader, writer
-        self.recv, self.poll, self.fileno = reader.recv, reader.poll, reader.fileno
+        self.recv, self.recv_bytes, self.poll, self.fileno = reader.recv, reader.recv_bytes, reader.poll, reader.fileno
         self.send, self.send_bytes = writer.send, writer.send_bytes
 
     def __reduce__(self) -> tuple:
@@ -122,7 +122,7 @@ def _child_main(_: int, index: int, spec: ChildSpec, work: tuple[Callable[..., A
         os.setpgid(0, 0)
     if spec.ignore_sigint:
         signal.signal(signal.SIGINT, signal.SIG_IGN)  # also discards a pending one
-    elif isinstance(signal.getsignal(signal.SIGINT), _HeldSigint):  # forked while the parent held SIGINT
+    elif isinstance(signal.getsignal(signal.SIGINT), HeldSigint):  # forked while the parent held SIGINT
         signal.signal(signal.SIGINT, signal.getsignal(signal.SIGINT).previous)
     os.environ.update(spec.env)
     if spec.threads:
@@ -181,60 +181,6 @@ def _torch_error_text(where: Any) -> str | None:
     return None
 
 
-class _HeldSigint:
-    """The SIGINT handler while :func:`holding_sigint`: it notes the signal (``previous`` gets it later)."""
-
-    def __init__(self, previous: Any) -> None:
-        self.previous, self.received = previous, False
-
-    def __call__(self, signum: int, frame: Any) -> None:
-        self.received = True
-
-
-@contextlib.contextmanager
-def holding_sigint(start_method: str | None = None) -> Iterator[Callable[[], bool]]:
-    """While processes start: SIGINT is blocked in this thread and, in the main thread, a SIGINT that comes
-    meanwhile is held and delivered (to the handler there was) at the end.
-
-    What starts meanwhile inherits the blocked signal (a spawn child through exec, a forkserver and so every
-    process it forks), so a terminal's Ctrl-C, which reaches the whole foreground process group, cannot
-    interrupt a child while it bootstraps (imports torch, unpickles its work: tracebacks, a half-read
-    message); :func:`_child_main` decides what a pending one means once the child is set up. The parent is
-    not interrupted between starting a child and recording it either (that child would be leaked), nor
-    while it sends a child its work; the Ctrl-C is not lost: it is raised when the children are recorded.
-    (Where SIGINT is ignored it stays so, and the children inherit that.) ``start_method``: how they start
-    ("spawn" and "forkserver" need multiprocessing's resource tracker, started first). It gives a function
-    telling whether a SIGINT came meanwhile (pending, or held: another thread may have taken it)."""
-    main = threading.current_thread() is threading.main_thread()
-    previous = signal.getsignal(signal.SIGINT) if main else None
-    held = _HeldSigint(previous) if previous not in (None, signal.SIG_IGN) else None
-    if held is not None:
-        signal.signal(signal.SIGINT, held)
-    if start_method in ("spawn", "forkserver"):  # the tracker unblocks SIGINT after it starts: start it first
-        with contextlib.suppress(Exception):
-            resource_tracker.ensure_running()
-    was_blocked = signal.SIGINT in signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
-    try:
-        yield lambda: signal.SIGINT in signal.sigpending() or held is not None and held.received
-    finally:
-        if not was_blocked:
-            signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})  # a pending one: to ``held`` now
-        if held is not None:
-            signal.signal(signal.SIGINT, previous)
-            if held.received:
-                signal.raise_signal(signal.SIGINT)  # as it would have been handled (KeyboardInterrupt, a flag)
-
-
-def start_forkserver() -> None:
-    """Start the forkserver children fork from (:mod:`accelbatch.forkserver`) now, where there is one: its
-    imports then overlap the caller's own start-up instead of delaying its first child. SIGINT is held
-    meanwhile (:func:`holding_sigint`): the server and what it forks inherit it blocked, so a Ctrl-C cannot
-    interrupt their imports (the server ignores it once they are done)."""
-    if forkserver.start_method() == "forkserver":
-        with holding_sigint("forkserver"):
-            forkserver.ensure_running()
-
-
 @contextlib.contextmanager
 def _starting(spec: ChildSpec) -> Iterator[Callable[[], bool]]:
     """The parent while children start: ``spec.env`` set (the children take it with the environment), SIGINT held
@@ -263,6 +209,7 @@ class Supervisor:
         self.interrupts: dict[int, str] = {}
         self.results: list[Any] = [None] * nprocs
         self._inbox: collections.deque[tuple[int, Any]] = collections.deque()
+        self._unreadable: dict[int, Exception] = {}  # the first message of each child that could not be read
         self._ended, self._stopped = [False] * nprocs, False
         ctx, pipes = multiprocessing.get_context(spec.start_method), []
         for _ in range(nprocs):
@@ -353,6 +300,7 @@ class Supervisor:
             if self.records:  # the one that raised first, else the first that ended or closed its pipe
                 raise self.error(min(self.records, key=lambda i: self.records[i].time))
             ended = [i for i in range(self.nprocs) if self._ended[i] or i not in self._open]
+            ended += list(self._unreadable)
             if ended:
                 raise self.error(ended[0])
             left = None if deadline is None else deadline - time.monotonic()
@@ -385,7 +333,12 @@ class Supervisor:
         got = False
         try:
             while i in self._open and (not got or drain) and (not drain or self._conns[i].poll(0)):
-                got, message = True, self._conns[i].recv()
+                got, data = True, self._conns[i].recv_bytes()
+                try:  # apart from the read: an error here loses this message, not the pipe and what follows
+                    message = ForkingPickler.loads(data)
+                except Exception as exc:  # noqa: BLE001 - e.g. tensors whose sender has exited: its report follows
+                    self._unreadable.setdefault(i, exc)
+                    continue
                 if not isinstance(message, _Report):
                     self._inbox.append((i, message))
                 elif message.kind == "raised":
@@ -436,10 +389,13 @@ class Supervisor:
             return record.to_error(self.spec.role, index, pid, name=label)
         if self.exitcodes[index] is None and not self._stopped:
             self._children.processes[index].join(1.0)
-        code = self.exitcodes[index]
+        code, lost = self.exitcodes[index], self._unreadable.get(index)
+        lost_text = "" if lost is None else f"a message it sent could not be read here ({type(lost).__name__}: {lost})"
+        if lost is not None and code in (None, 0):
+            return ProcessFailure(f"{label}: {lost_text}", role=self.spec.role, index=index, pid=pid, label=label)
         hint = "" if code == SCRIPT_RAN_AGAIN else self.spec.died_hint
-        return ProcessDied(f"{label} {describe_exit(code)}{hint}", role=self.spec.role,
-                           index=index, pid=pid, exitcode=code)
+        return ProcessDied(f"{label} {describe_exit(code)}{lost_text and '; ' + lost_text}{hint}",
+                           role=self.spec.role, index=index, pid=pid, exitcode=code)
 
     def timeout_error(self, message: str, indices: Sequence[int] = ()) -> ProcessTimeout:
         """A ProcessTimeout naming the first of ``indices``, with their Python stacks (``stack_dumps``)."""

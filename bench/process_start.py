@@ -21,7 +21,8 @@ import statistics
 import time
 
 from accelbatch import forkserver
-from accelbatch.procs import ChildSpec, Supervisor, holding_sigint
+from accelbatch.held_sigint import holding_sigint
+from accelbatch.procs import ChildSpec, Supervisor
 
 TICKS = os.sysconf("SC_CLK_TCK")
 

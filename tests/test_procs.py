@@ -13,6 +13,7 @@ import time
 import pytest
 from helpers import live_children
 
+from accelbatch.held_sigint import holding_sigint
 from accelbatch.procs import (
     INTERRUPTED,
     ChildSpec,
@@ -22,7 +23,6 @@ from accelbatch.procs import (
     ProcessRaised,
     ProcessTimeout,
     Supervisor,
-    holding_sigint,
 )
 
 FAST = ChildSpec(role="worker", start_method="forkserver", threads=1)
@@ -101,6 +101,18 @@ def reports_what_it_inherited(index: int, tensors: list) -> tuple[str | None, in
     for tensor in tensors:
         tensor += 1
     return os.environ.get("ACCELBATCH_TEST_LATE"), len(tensors)
+
+
+def shares_a_tensor_then_ends(index: int, conn, how: str) -> None:
+    """Sends a shared-memory tensor (its file descriptor is fetched from this process when the message is
+    read), then raises or returns at once, before the parent has read it."""
+    import torch
+
+    conn.send(("tensor", torch.arange(4.0).share_memory_()))
+    if how == "raise":
+        raise ValueError("raised after sharing")
+    if how == "interrupt":
+        raise KeyboardInterrupt("interrupted after sharing")
 
 
 # --- helpers ---------------------------------------------------------------------------------------------
@@ -229,6 +241,23 @@ def test_messages_results_and_interrupts():
         assert sup.failed() == [] and sup.exitcodes == [INTERRUPTED, INTERRUPTED]
     with pytest.raises(RuntimeError, match="stopped"):
         sup.send(0, "late")
+    assert_gone(sup.pids)
+
+
+@pytest.mark.multiprocess
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("how", ["raise", "interrupt", "return"])
+def test_a_message_that_cannot_be_read_after_its_sender_ended_loses_neither_its_report_nor_the_failure(how):
+    """The child's tensor cannot be rebuilt once the child has exited: that message is lost, yet what it
+    raised afterwards is still the error, and a child that just returned is a failure naming the lost message."""
+    spec = ChildSpec(role="worker", start_method="forkserver", pipe=True, ignore_sigint=True)
+    expected = {"raise": (ProcessRaised, "raised ValueError: raised after sharing"),
+                "interrupt": (ProcessRaised, "raised KeyboardInterrupt: interrupted after sharing"),
+                "return": (ProcessFailure, "worker 0 .*: a message it sent could not be read here")}[how]
+    with Supervisor(spec, shares_a_tensor_then_ends, 1, args=(how,)) as sup:
+        sup.context.processes[0].join(30)  # ended before its message is read
+        with pytest.raises(expected[0], match=expected[1]):
+            sup.receive(30)
     assert_gone(sup.pids)
 
 

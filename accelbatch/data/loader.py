@@ -50,8 +50,8 @@ from accelbatch.data.workers import (
     unpacked,
     unpickled,
 )
+from accelbatch.held_sigint import start_forkserver
 from accelbatch.messages import Message
-from accelbatch.procs import start_forkserver
 from accelbatch.start_method import default_start_method
 from accelbatch.tasks.files import FileIndex
 
