@@ -239,7 +239,7 @@ def opts_from_model_file(model_file: str, **changes: Any) -> Opts:
 
 def with_model_opts(opts: Opts, given: set[str], reads_task: bool = True) -> tuple[Opts, str | None]:
     """``opts`` with the saved options that are not ``given`` (Opts' field names): a ``--resume``'s from its checkpoint
-    (:data:`RESUMED`, unsaid: the run continues as it was, as ParlAI's resume does; a model option given
+    (:data:`RESUMED`, unsaid: the run continues as it was, as ParlAI's resume does; every option given
     otherwise is refused in one line), else those of an existing ``-mf`` (the learning rate only when ``opts``
     trains), else the shaping ones of its ``--init-model``; and a line saying which of these were taken (None
     when none). A bad value in the file they come from is an OptionError naming that file, and so is a task
@@ -257,7 +257,7 @@ def with_model_opts(opts: Opts, given: set[str], reads_task: bool = True) -> tup
         if "task" not in given:
             check_task_files(opts, f"{found}: the checkpoint's task", "put the data back there to resume, or "
                              "start afresh without --resume")
-        check_resumed_opts(Checkpoint(path=found, model_state={}, opts=saved), opts, opts.model, SHAPING)
+        check_resumed_opts(Checkpoint(path=found, model_state={}, opts=saved), opts, opts.model)
         return _metric_spelled(opts), None  # said by the resume (-lr) or not at all: the run goes on as it was
     if path and os.path.isfile(path):
         source, flag, names = path, "-mf", KEPT if training else EVALUATING

@@ -96,6 +96,15 @@ def test_a_different_model_option_is_refused_in_one_line(stopped, tmp_path, caps
     assert len(err) == 1 and err[0].startswith("accelbatch: error: --resume: ") and named in err[0], err
 
 
+def test_every_option_given_otherwise_is_named_in_the_one_refusal(stopped, tmp_path, capsys):
+    """A model option and a plan option both given otherwise: both in the one line, not one per try."""
+    model_file = _copy(stopped, tmp_path)
+    assert main(["train", "-mf", str(model_file), "--resume", "-esz", "32", "-bs", "8", *QUIET]) == 2
+    err = capsys.readouterr().err.splitlines()
+    assert len(err) == 1 and f"-esz/--embedding-size 32 (checkpoint: {ESZ})" in err[0], err
+    assert "-bs/--batchsize 8 (checkpoint: 4)" in err[0], err
+
+
 def test_the_api_resume_refuses_another_model_before_loading_its_weights(stopped, tmp_path):
     """run(world, opts) with --resume and another -esz: a CheckpointError naming it, not torch's size mismatch."""
     from accelbatch.build import create_world
