@@ -25,11 +25,12 @@ if TYPE_CHECKING:
     from accelbatch.messages import Message
     from accelbatch.metrics import Metrics
     from accelbatch.model_opts import opts_from_model_file
+    from accelbatch.multi_world import MultiWorld
     from accelbatch.opts import Opts
     from accelbatch.report_table import format_report
     from accelbatch.run import evaluate, run
     from accelbatch.teachers import FixedTeacher, Teacher
-    from accelbatch.worlds import BatchWorld, DialogPartnerWorld, MultiWorld, World
+    from accelbatch.worlds import BatchWorld, DialogPartnerWorld, World
 
 __version__ = "0.1.0"
 
@@ -37,7 +38,7 @@ _WHERE = {
     "Agent": "agents", "TorchAgent": "agents", "create_world": "build", "LoaderWorld": "loader_world",
     "Message": "messages", "Metrics": "metrics", "Opts": "opts", "evaluate": "run", "format_report": "report_table",
     "opts_from_model_file": "model_opts", "run": "run", "FixedTeacher": "teachers", "Teacher": "teachers",
-    "BatchWorld": "worlds", "DialogPartnerWorld": "worlds", "MultiWorld": "worlds", "World": "worlds",
+    "BatchWorld": "worlds", "DialogPartnerWorld": "worlds", "MultiWorld": "multi_world", "World": "worlds",
 }
 
 __all__ = [

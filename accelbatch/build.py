@@ -33,6 +33,7 @@ from accelbatch.hogwild import HogwildWorld
 from accelbatch.host_memory import apply_host_allocator
 from accelbatch.loader_world import LoaderWorld, awaits_replies, check_replies_returned
 from accelbatch.main_guard import check_main_guard, refuse_script_rerun
+from accelbatch.multi_world import MultiWorld
 from accelbatch.names import resolve_agent_class
 from accelbatch.optimizers import learning_rates, set_learning_rates
 from accelbatch.opts import OptionError, Opts
@@ -41,7 +42,7 @@ from accelbatch.plan import ExecutionPlan
 from accelbatch.start_method import default_start_method, keeps_default_start_method
 from accelbatch.state import torch_rng
 from accelbatch.teachers import FixedTeacher, Teacher, create_teacher, create_teachers, task_names
-from accelbatch.worlds import BatchWorld, DialogPartnerWorld, MultiWorld, World
+from accelbatch.worlds import BatchWorld, DialogPartnerWorld, World
 
 
 @dataclasses.dataclass

@@ -48,10 +48,11 @@ import torch
 from accelbatch.agents import Agent
 from accelbatch.hogwild_metrics import merge_metric_states, metric_states
 from accelbatch.hogwild_passes import pass_share, serve_passes
+from accelbatch.multi_world import MultiWorld
 from accelbatch.opts import OptionError, Opts
 from accelbatch.procs import ChildSpec, ProcessFailure, Supervisor, raised_as
 from accelbatch.teachers import FixedTeacher, Teacher, is_training
-from accelbatch.worlds import BatchWorld, MultiWorld, World
+from accelbatch.worlds import BatchWorld, World
 
 __all__ = ["HogwildError", "HogwildWorld"]
 

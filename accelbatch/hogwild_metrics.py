@@ -8,9 +8,10 @@ from typing import Any
 
 from accelbatch.loader_world import LoaderWorld
 from accelbatch.metrics import Metrics
+from accelbatch.multi_world import MultiWorld
 from accelbatch.report_merge import LOSS_COUNT, combine_reports, drop_full_scored, merge_reports, with_loss_count
 from accelbatch.teachers import MultiTaskTeacher
-from accelbatch.worlds import BatchWorld, MultiWorld, World
+from accelbatch.worlds import BatchWorld, World
 
 __all__ = ["merge_metric_states", "metric_states"]
 

@@ -16,8 +16,9 @@ from typing import Any, Callable
 from accelbatch.data.orders import Order, PassOrder, make_order, mixes_tasks
 from accelbatch.data.schedule import EpisodeTable, Gather, RowSchedule
 from accelbatch.loader_world import LoaderWorld
+from accelbatch.multi_world import MultiWorld
 from accelbatch.teachers import FixedTeacher, PassFeed, shuffles
-from accelbatch.worlds import BatchWorld, MultiWorld, World
+from accelbatch.worlds import BatchWorld, World
 
 __all__ = ["ShardPasses", "pass_share", "serve_passes", "shard_passes"]
 

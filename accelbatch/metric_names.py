@@ -9,10 +9,11 @@ from typing import Any
 
 from accelbatch.agents import Agent
 from accelbatch.metrics import BATCHING_METRICS, TEACHER_METRICS, unknown_metrics, wants_bleu
+from accelbatch.multi_world import MultiWorld
 from accelbatch.opts import Opts
 from accelbatch.teachers import Teacher, is_training, task_names
 from accelbatch.unused_options import reads_validation_metric
-from accelbatch.worlds import MultiWorld, World
+from accelbatch.worlds import World
 
 TEXT_METRICS = frozenset({"accuracy", "f1", "bleu-4"})  # scored on reply text: none without generation
 VMT_DEFAULT = next(f.default for f in dataclasses.fields(Opts) if f.name == "validation_metric")

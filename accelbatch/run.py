@@ -38,6 +38,7 @@ from accelbatch.run_control import (
     StopSignals,
     check_output_paths,
     lock_model_file,
+    refuse_no_examples,
     steps_together,
 )
 from accelbatch.start_method import keeps_default_start_method
@@ -67,7 +68,8 @@ def evaluate(world: World, log: MetricsLog | None = None, split: str = "valid",
     world.reset_metrics()
     start = time.monotonic()
     replicas = 1 if backend is None else backend.world_size  # each serves an equal share of every step
-    served = world.get_total_exs()  # a count over the world's life
+    served, spent = world.get_total_exs(), SpentData(split)  # a count over the world's life
+    refuse_no_examples(world, split)
 
     def scored() -> int:  # ParlAI's -vme counts the report's exs (turns with labels); each replica its share
         return int(world.report().get("exs", world.get_total_exs() - served)) * replicas
@@ -81,6 +83,7 @@ def evaluate(world: World, log: MetricsLog | None = None, split: str = "valid",
                                         f"{world.get_total_exs() - served} of {world.num_examples()} "
                                         f"examples{share}; no report")
             world.parley()
+            spent.parleyed(world, world.get_total_exs())
     report = reduce_report(world.report(), backend)
     report["time_s"] = round(time.monotonic() - start, 3)
     if log is not None:
@@ -105,9 +108,8 @@ def run(world: World, opts: Opts) -> dict[str, Any]:
 
     ``opts`` must be those the world was built with in what shapes it (task, datatype, model, device, seed,
     -bs, the plan, the feed, -lr, -opt: another value is refused, naming it; a -bs create_world lowered to the
-    data is taken). A world trains once: a second
-    training run of it is refused; to train its model further, build a new world on it,
-    ``create_world(opts, agent=world.get_model_agent())``."""
+    data is taken). A world trains once: a second training run of it is refused; to train its model further,
+    build a new world on it, ``create_world(opts, agent=world.get_model_agent())``."""
     given = as_opts(opts, "run(world, opts)")
     opts = with_agent_shape(given, world)  # the agent's own options too: given ones must be the built agent's
     other = next((k for k, v in given.agent_args.items() if opts.agent_args.get(k) != v), None)
@@ -203,6 +205,7 @@ def _train(world: World, opts: Opts, log: MetricsLog, runtime: Runtime, stop: St
     worlds_made.enter_context(steps_together(model, True))  # replicas train or evaluate a call together
     main = backend.is_main_process()
     replicas = backend.world_size  # each replica's world holds its share; epochs count all of them
+    refuse_no_examples(world, "train")
     per_epoch = world.num_examples()
     target_exs = opts.num_epochs * per_epoch if opts.num_epochs > 0 else math.inf
     next_validation = opts.validation_every_n_epochs * per_epoch if opts.validation_every_n_epochs > 0 else math.inf
@@ -355,7 +358,7 @@ def _train(world: World, opts: Opts, log: MetricsLog, runtime: Runtime, stop: St
                   "(get_total_exs() stays 0), and only counted examples reach -ne/--num-epochs: call "
                   "self.update_counters() at the end of parley(), as ParlAI's worlds do", file=sys.stderr)
         new_exs, state.exs = total - state.exs, total
-        spent.parleyed(world, new_exs, total)
+        spent.parleyed(world, total)
         window_exs += new_exs
         if bar is not None:
             bar.update(new_exs)

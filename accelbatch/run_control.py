@@ -17,30 +17,62 @@ import time
 from contextlib import contextmanager, suppress
 from typing import Any, Callable, Iterator, Sequence
 
-SPENT_PARLEYS = 1000  # training parleys in a row that counted nothing, after which a done world is refused
+SPENT_PARLEYS = 1000  # parleys in a row that counted nothing, after which a world that will not end is refused
+# accelbatch's worlds that count every example as it is served: many parleys counting none are padding alone
+_COUNTING_WORLDS = ("accelbatch.worlds", "accelbatch.multi_world", "accelbatch.loader_world")
+
+
+def _teacher_name(world: Any) -> str:
+    task = getattr(world, "get_task_agent", lambda: None)()
+    return type(task if task is not None else world).__name__
 
 
 class SpentData:
-    """Refuses a training world whose data ran out: its epoch is done (a teacher of yours that set ``epochDone``
-    and serves nothing more) and :data:`SPENT_PARLEYS` parleys in a row counted no example, though it counted
-    some before (a world that counts nothing at all is told by run() instead); it would parley for ever
-    without reaching -ne. Many parleys, not one: a world of yours may count an episode's examples at its end."""
+    """Refuses a world that would parley for ever: after :data:`SPENT_PARLEYS` parleys in a row that counted no
+    example (many, not one: a world of yours may count an episode's examples at its end), in training a world
+    whose epoch is done (a teacher of yours that set ``epochDone`` and serves nothing more; it would never reach
+    -ne) or one of accelbatch's worlds whose teacher served only padding (None acts); in an evaluation
+    (``split``) one of accelbatch's worlds whose teacher never ends its epoch. (A world of yours that counts
+    nothing at all is told by run() instead.)"""
 
-    def __init__(self) -> None:
-        self.idle = 0
+    def __init__(self, split: str = "train") -> None:
+        self.idle, self.split, self.total = 0, split, 0
 
-    def parleyed(self, world: Any, new_exs: int, total: int) -> None:
-        self.idle = 0 if new_exs else self.idle + 1
-        if self.idle < SPENT_PARLEYS or not total or not world.epoch_done():
+    def parleyed(self, world: Any, total: int) -> None:
+        """After a parley: ``total``, the examples counted so far."""
+        self.idle, self.total = 0 if total != self.total else self.idle + 1, total
+        if self.idle < SPENT_PARLEYS:
             return
         from accelbatch.messages import ReplyError  # the user's teacher broke its contract: exit 2, as an agent's
 
-        task = getattr(world, "get_task_agent", lambda: None)()
-        name = type(task if task is not None else world).__name__
+        counting, name, done = type(world).__module__ in _COUNTING_WORLDS, _teacher_name(world), world.epoch_done()
+        if self.split != "train" and counting and not done:
+            raise ReplyError(f"{name}: the {self.split} evaluation's last {self.idle} parleys served no example and "
+                             "its epoch never ended (epoch_done() stays False): a teacher of yours sets "
+                             "self.epochDone = True as it serves its last example, as ParlAI's do")
+        if self.split == "train" and not total and counting:
+            raise ReplyError(f"{name}.act(): {self.idle} training parleys served no example, every act padding "
+                             "(None, or a Message with batch_padding): a teacher's act() returns its next example")
+        if self.split != "train" or not total or not done:
+            return
         raise ReplyError(f"{name}: its epoch ended (epoch_done()) and the {self.idle} training parleys since served "
                          "no example, so training would never reach -ne/-tstep; a training teacher goes on "
                          "serving: start its data again when it runs out (reset in act(), as ParlAI's teachers do "
                          "in training), or derive it from FixedTeacher (setup_data()), which does")
+
+
+def refuse_no_examples(world: Any, split: str) -> None:
+    """A one-line DataFileError for a world whose teacher (of yours: a FixedTeacher refuses empty data as it is
+    made) declares no examples, which would train for ever or report an evaluation of none."""
+    try:
+        count = world.num_examples()
+    except NotImplementedError:  # a teacher without num_examples(): what needs it says so
+        return
+    if count == 0:
+        from accelbatch.tasks.files import DataFileError
+
+        raise DataFileError(f"{_teacher_name(world)}: num_examples() is 0, so the {split} data holds no examples; "
+                            "give it at least one")
 
 
 STOP_GRACE_S = 5.0  # seconds from a stop signal to the next safe point, past which the run stops at once

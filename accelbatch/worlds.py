@@ -5,9 +5,8 @@
 - :class:`BatchWorld`: ``rows`` copies of a world stepped together; the original model agent's
   ``batch_act`` answers all rows at once (unless it has none or sets ``use_batch_act = False``).
 - :class:`~accelbatch.loader_world.LoaderWorld` (its own module): the batched front end.
-- :class:`MultiWorld`: several tasks whose teachers are not all FixedTeachers (those are combined into one
-  :class:`~accelbatch.teachers.MultiTaskTeacher`); training picks a task per episode, evaluation runs them
-  in turn.
+- :class:`~accelbatch.multi_world.MultiWorld` (its own module): several tasks whose teachers are not all
+  FixedTeachers.
 
 Every world has ``state_dict()`` / ``load_state_dict()``: its data position (the teacher's feed, the agents'
 conversations, the loader's step), taken between parleys.
@@ -15,7 +14,6 @@ conversations, the loader's step), taken between parleys.
 
 from __future__ import annotations
 
-import random
 from collections import deque
 from functools import partial
 from itertools import repeat
@@ -24,6 +22,7 @@ from typing import Any, Sequence
 
 from accelbatch.agent_checks import from_shared, shared_of
 from accelbatch.agents import Agent
+from accelbatch.data.datasets import checked_teacher_act
 from accelbatch.messages import (
     TEXT,
     Message,
@@ -33,11 +32,9 @@ from accelbatch.messages import (
     refuse_non_messages,
     refuse_unobserved,
 )
-from accelbatch.metrics import merge_reports
 from accelbatch.opts import Opts
 from accelbatch.report_merge import drop_full_scored, with_loss_count
-from accelbatch.task_weights import STOCHASTIC, task_weights
-from accelbatch.teachers import FixedTeacher, Teacher, is_training
+from accelbatch.teachers import FixedTeacher, Teacher
 from accelbatch.world_display import display, display_parley, display_rows, show
 
 _consume = partial(deque, maxlen=0)  # runs an iterator to its end in C
@@ -114,6 +111,10 @@ class World:
     def __exit__(self, *exc_info: Any) -> None:
         self.shutdown()
 
+    def task_worlds(self) -> list["World"]:
+        """The worlds of one task each that this world parleys: itself (a MultiWorld: one per task)."""
+        return [self]
+
     def get_task_agent(self) -> Teacher:
         return self.get_agents()[0]  # type: ignore[return-value]
 
@@ -188,7 +189,7 @@ class DialogPartnerWorld(World):
     def parley(self) -> None:
         teacher, model = self.agents
         self.total_parleys += 1
-        self.acts[0] = teacher.act()
+        self.acts[0] = _own_acts(teacher, [teacher.act()])[0]
         if not is_padding(self.acts[0]):
             self.total_exs += 1
         model.observe(self.acts[0])
@@ -212,9 +213,14 @@ def with_model_report(task_report: dict[str, float], model: Agent) -> dict[str, 
     return drop_full_scored(rep)
 
 
+def _own_acts(teacher: Any, acts: list) -> list:
+    """A teacher of yours' examples, checked (:func:`checked_teacher_act`); a FixedTeacher's are its store's."""
+    mine = isinstance(teacher, Teacher) and type(teacher).act is not FixedTeacher.act
+    return [checked_teacher_act(teacher, act) for act in acts] if mine else acts
+
+
 def _fixed_teachers(world: World) -> list[FixedTeacher]:
-    worlds = world.worlds if isinstance(world, MultiWorld) else [world]
-    return [w.get_task_agent() for w in worlds if isinstance(w.get_task_agent(), FixedTeacher)]
+    return [w.get_task_agent() for w in world.task_worlds() if isinstance(w.get_task_agent(), FixedTeacher)]
 
 
 class BatchWorld(World):
@@ -332,6 +338,7 @@ class BatchWorld(World):
             acts = [agent.act() for agent in agents]
         if index:  # a model's replies (a teacher's None is a padding row)
             refuse_non_messages(original, "batch_act()" if batched else "act()", acts)
+        acts = _own_acts(original, acts) if not index else acts
         for w, act in zip(self.worlds, acts):
             w.get_acts()[index] = act
         self.acts[index] = acts
@@ -395,104 +402,4 @@ class BatchWorld(World):
         self.world.shutdown()
 
 
-class MultiWorld(World):
-    """Several task worlds sharing one model agent (tasks whose teachers are not all FixedTeachers).
-
-    Training picks a task at random for each new episode (uniformly, or by -mtw); evaluation runs each task to
-    its end, in the order given. The report has each task's metrics prefixed by its name and their macro average.
-    """
-
-    def __init__(self, opts: Opts, worlds: Sequence[World], names: Sequence[str]):
-        super().__init__(opts, worlds[0].get_agents())
-        self.worlds = list(worlds)
-        self.names = list(names)
-        self.training = is_training(opts.datatype)
-        self.rng = random.Random(opts.seed)
-        self.current = 0
-        spec = opts.multitask_weights  # ParlAI's -mtw; 'stochastic' weighs each task by its episodes
-        counts = [w.num_episodes() for w in self.worlds] if spec.strip() == STOCHASTIC else [1] * len(self.worlds)
-        self.weights = task_weights(spec, counts) if self.training else ()
-
-    def get_agents(self) -> list[Agent]:
-        return self.worlds[self.current].get_agents()
-
-    def get_acts(self) -> list[Message | None]:
-        return self.worlds[self.current].get_acts()
-
-    def clone(self) -> "MultiWorld":
-        model = self.worlds[0].get_model_agent().clone()
-        worlds = [DialogPartnerWorld(w.opts, [w.get_task_agent().clone(), model]) for w in self.worlds]
-        return MultiWorld(self.opts, worlds, self.names)
-
-    def parley_init(self) -> None:
-        last = self.worlds[self.current].get_acts()[0]
-        if last and not last.get("episode_done", True):
-            return  # finish the episode on the task it started on
-        if self.training and self.weights:
-            self.current = self.rng.choices(range(len(self.worlds)), weights=self.weights)[0]
-        elif self.training:
-            self.current = self.rng.randrange(len(self.worlds))
-        else:
-            while self.current < len(self.worlds) - 1 and self.worlds[self.current].epoch_done():
-                self.current += 1
-
-    def parley(self) -> None:
-        self.parley_init()
-        world = self.worlds[self.current]
-        before = world.get_total_exs()
-        self.total_parleys += 1
-        world.parley()
-        self.total_exs += world.get_total_exs() - before
-
-    def epoch_done(self) -> bool:
-        return all(w.epoch_done() for w in self.worlds)
-
-    @property
-    def data_time_s(self) -> float:  # type: ignore[override]
-        return sum(w.data_time_s for w in self.worlds)
-
-    @data_time_s.setter
-    def data_time_s(self, value: float) -> None:
-        pass  # the task worlds keep their own
-
-    def num_examples(self) -> int:
-        return sum(w.num_examples() for w in self.worlds)
-
-    def num_episodes(self) -> int:
-        return sum(w.num_episodes() for w in self.worlds)
-
-    def report(self) -> dict[str, float]:
-        merged = merge_reports((name, w.task_report()) for name, w in zip(self.names, self.worlds))
-        return with_model_report(merged, self.worlds[0].get_model_agent())
-
-    def reset_metrics(self) -> None:
-        for w in self.worlds:
-            w.reset_metrics()
-
-    def reset(self) -> None:
-        for w in self.worlds:
-            w.reset()
-        self.current = 0
-        self.total_exs = self.total_parleys = 0
-
-    def state_dict(self) -> dict[str, Any]:
-        last = self.worlds[self.current].get_acts()[0]
-        return {"total_exs": self.total_exs, "current": self.current, "rng": list(self.rng.getstate()[1]),
-                "in_episode": bool(last and not last.get("episode_done", True)),
-                "worlds": [w.state_dict() for w in self.worlds]}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        for w, saved in zip(self.worlds, state["worlds"]):
-            w.load_state_dict(saved)
-        self.current = int(state["current"])
-        self.rng.setstate((3, tuple(int(x) for x in state["rng"]), None))
-        if state["in_episode"]:  # parley_init keeps the task while the last teacher act has episode_done False
-            self.worlds[self.current].get_acts()[0] = Message(episode_done=False)
-        self.total_exs = int(state["total_exs"])
-
-    def shutdown(self) -> None:
-        for w in self.worlds:
-            w.shutdown()
-
-
-__all__ = ["BatchWorld", "DialogPartnerWorld", "MultiWorld", "ReplyError", "World", "display"]
+__all__ = ["BatchWorld", "DialogPartnerWorld", "ReplyError", "World", "display"]

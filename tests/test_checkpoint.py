@@ -21,9 +21,10 @@ from accelbatch import state as rng_state
 from accelbatch.agents import TorchAgent
 from accelbatch.checkpoint import CheckpointError
 from accelbatch.messages import Message
+from accelbatch.multi_world import MultiWorld
 from accelbatch.opts import Opts
 from accelbatch.plan import ExecutionPlan
-from accelbatch.worlds import BatchWorld, DialogPartnerWorld, MultiWorld
+from accelbatch.worlds import BatchWorld, DialogPartnerWorld
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

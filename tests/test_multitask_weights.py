@@ -11,9 +11,10 @@ from helpers import RecordingAgent, list_teacher, sigint_at_batch
 
 from accelbatch.cli import main
 from accelbatch.data.orders import draw_tasks
+from accelbatch.multi_world import MultiWorld
 from accelbatch.opts import OptionError, Opts
 from accelbatch.task_weights import task_weights
-from accelbatch.worlds import DialogPartnerWorld, MultiWorld
+from accelbatch.worlds import DialogPartnerWorld
 
 
 def test_equal_weights_draw_as_the_uniform_rule_and_others_in_their_proportions():

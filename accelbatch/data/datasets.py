@@ -122,6 +122,19 @@ def _parlai_message(msg: dict) -> dict:
     return out
 
 
+def checked_teacher_act(teacher: Any, act: Any) -> Any:
+    """The act of a teacher of yours (one that overrides ``act()``) with its fields' types checked as
+    setup_data's turns are, a str label made a one-item list; a wrong one is a DataFileError naming the
+    teacher's act(). None and padding pass as they are."""
+    if not isinstance(act, dict) or act.get(BATCH_PADDING):
+        return act
+    try:
+        out = _parlai_message(act)
+    except DataFileError as exc:
+        raise DataFileError(f"{type(teacher).__name__}.act() returned an example whose {exc}") from None
+    return act if out is act else Message(out)
+
+
 def episodes_of(data: Any, owner: str) -> list[list[dict]]:
     """``owner.setup_data()``'s result as episodes: a list of episodes (each a list of message dicts), or
     ParlAI's DialogTeacher form, ``(message, new_episode)`` pairs (a new episode at each True). Both forms take
@@ -346,5 +359,5 @@ class ConcatStore(Store):
         return examples, ids, tasks
 
 
-__all__ = ["ConcatStore", "EpisodeStore", "FileStore", "PADDING", "Store", "answer_id", "episodes_of", "object_array",
-           "prepare", "prepare_episode", "split_at_done"]
+__all__ = ["ConcatStore", "EpisodeStore", "FileStore", "PADDING", "Store", "answer_id", "checked_teacher_act",
+           "episodes_of", "object_array", "prepare", "prepare_episode", "split_at_done"]

@@ -6,7 +6,7 @@ import random
 from typing import Any
 
 from accelbatch.agents import Agent
-from accelbatch.messages import EVAL_LABELS, LABEL_CANDIDATES, LABELS, Message, is_padding
+from accelbatch.messages import LABEL_CANDIDATES, Message, is_padding
 from accelbatch.opts import Opts
 
 NO_CANDIDATES_REPLY = "I don't know."  # ParlAI's RandomCandidateAgent's reply to an example without candidates
@@ -22,7 +22,7 @@ class RepeatLabelAgent(Agent):
 
     def act(self) -> Message:
         obs = self.observation or {}
-        targets = obs.get(LABELS) or obs.get(EVAL_LABELS)
+        targets = Message.targets(obs)  # a str label is one answer, not its characters
         if not obs or ("text" not in obs and not targets):
             return Message(id=self.id)
         return Message(id=self.id, text=targets[0] if targets else "I don't know")
