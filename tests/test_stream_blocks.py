@@ -59,3 +59,26 @@ def test_a_streamed_file_serves_what_the_loaded_file_serves_across_blocks(big_ex
         got, want = streamed.step(), loaded.step()
         assert [m["text"] for m in got[0]] == [m["text"] for m in want[0]], step
         assert got[-1] == want[-1] == ROWS
+
+
+def test_rows_beyond_the_parse_cache_parse_each_episode_once(tmp_path, monkeypatch):
+    """More rows than the byte-sized cache of parsed episodes holds: each row's episode stays parsed for its
+    next turn (before, rows evicted each other's episodes and every turn parsed its whole episode again)."""
+    import numpy as np
+
+    import accelbatch.data.datasets as datasets
+
+    episodes, turns, rows = 300, 6, 200
+    path = tmp_path / "eps.jsonl"
+    path.write_text("".join(json.dumps({"text": f"e{e} t{t}", "labels": [f"r{t}"], "episode_done": t == turns - 1})
+                            + "\n" for e in range(episodes) for t in range(turns)), encoding="utf-8")
+    monkeypatch.setattr(datasets, "CACHE_BYTES", 1)  # the floor: 64 episodes, fewer than the rows
+    store = FileStore(FileIndex.build(str(path)), "t", training=False)
+    parsed = []
+    read_episode = store._read_episode
+    monkeypatch.setattr(store, "_read_episode", lambda index: parsed.append(index) or read_episode(index))
+    store.__init__(store.index, "t", False)  # the cache wraps the counting reader
+    for turn in range(turns):  # each of the rows serves its own episode, a turn a step, as BatchWorld's rows do
+        examples, _ = store.gather(np.arange(rows, dtype=np.int64) * turns + turn)
+        assert [m["text"] for m in examples] == [f"e{e} t{turn}" for e in range(rows)]
+    assert sorted(parsed) == list(range(rows))  # each episode parsed once, not once per turn

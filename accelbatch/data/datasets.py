@@ -307,10 +307,17 @@ class FileStore(Store):
     def episode(self, index: int) -> list[FrozenMessage]:
         return self._read(index)
 
+    def _fit_cache(self, episodes: int) -> None:
+        """Keep at least twice the episodes one step reads parsed: rows serving more episodes than the cache
+        holds (-bs above about CACHE_BYTES of episodes) would evict each other's and parse each at every turn."""
+        if 2 * episodes > self._read.cache_info().maxsize:
+            self._read = lru_cache(maxsize=2 * episodes)(self._read_episode)
+
     def gather(self, block: np.ndarray) -> tuple[np.ndarray, ...]:
         flat = block.ravel()
         real = flat != self.pad
         episodes, turns = self.locate(flat[real])
+        self._fit_cache(len(np.unique(episodes)))
         examples = np.full(flat.shape, PADDING, dtype=object)
         ids = np.full(flat.shape, -1, dtype=np.int64)
         picked = [self.episode(e)[t] for e, t in zip(episodes.tolist(), turns.tolist())]
