@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any, Sequence
 import torch
 
 from accelbatch import agent_checks, optimizers
-from accelbatch.checkpoint import read_json_file, write_error, write_torch
+from accelbatch.checkpoint import CheckpointError, read_json_file, write_error, write_torch
 from accelbatch.data.squash import History
 from accelbatch.dictionary import hash_tokens, tokenize  # noqa: F401 - agents' public helpers
 from accelbatch.messages import EPISODE_DONE, EVAL_LABELS, LABELS, TEXT, Message, checked_replies, is_padding
@@ -390,7 +390,11 @@ class TorchAgent(Agent):
         if self.optimizer is not None:
             state["optimizer"] = self.optimizer.state_dict()
             state["optimizer_class"] = type(self.optimizer).__name__
-        target = os.path.realpath(path)
+        try:
+            target = os.path.realpath(path)
+        except FileNotFoundError:  # a relative path whose working folder was removed during the run
+            raise CheckpointError(f"{path}: cannot be written: the working folder it is relative to was removed; "
+                                  "give -mf/--model-file as an absolute path") from None
         tmp = f"{target}.tmp"
         try:
             os.makedirs(os.path.dirname(target), exist_ok=True)

@@ -300,6 +300,8 @@ def write_error(path: str, exc: BaseException, *uncommitted: str) -> BaseExcepti
         _remove(left)
     error = CheckpointError(f"{path}: no space left on the device to write it; free space, or choose another "
                             "-mf/--model-file" if err.errno in (errno.ENOSPC, errno.EDQUOT) else
+                            f"{path}: cannot be written ({err.strerror}): it passes the largest file this process "
+                            "may write (`ulimit -f`); raise that limit" if err.errno == errno.EFBIG else
                             f"{path}: cannot be written ({err.strerror}); choose another -mf/--model-file")
     error.__suppress_context__ = True  # one line: the message names the condition
     return error
@@ -463,9 +465,8 @@ RESUME_OPTS = SHAPING + ("task", "multitask_weights", "datatype", "seed", "batch
 
 def _position_value(key: str, value: Any) -> Any:
     """An option's value as the data position sees it: a streamed split is the split; -mtw, its weights."""
-    if key == "multitask_weights":
-        return same_weights_key(value)
-    return value.replace(":stream", "") if key == "datatype" and isinstance(value, str) else value
+    return same_weights_key(value) if key == "multitask_weights" else \
+        value.replace(":stream", "") if key == "datatype" and isinstance(value, str) else value
 
 
 def resume_mismatches(checkpoint: Checkpoint, opts: Any, keys: Sequence[str] = RESUME_OPTS) -> list[str]:
@@ -496,5 +497,4 @@ def model_opts_said(opts: Mapping[str, Any]) -> str:
 
 
 def first_line(exc: BaseException) -> str:
-    text = str(exc).strip().splitlines()
-    return text[0] if text else type(exc).__name__
+    return (str(exc).strip().splitlines() or [type(exc).__name__])[0]

@@ -1,10 +1,9 @@
 """Opts: the one place every option is defined, as a dataclass that is also the command line.
 
 Each field carries its flags and help text in ``metadata``; :func:`build_parser` turns the fields into an
-argparse parser, so the library call (``Opts(task=..., batchsize=...)``) and the CLI
-(``-t ... -bs ...``) can never drift apart. Option names follow ParlAI where ParlAI has one.
-Opts also reads like ParlAI's ``opt`` dict (``opts["batchsize"]``, ``opts.get("task")``) so
-ParlAI-style agents work unchanged.
+argparse parser, so the library call (``Opts(task=..., batchsize=...)``) and the CLI (``-t ... -bs ...``) can
+never drift apart. Option names follow ParlAI where ParlAI has one. Opts also reads like ParlAI's ``opt`` dict
+(``opts["batchsize"]``, ``opts.get("task")``) so ParlAI-style agents work unchanged.
 """
 
 from __future__ import annotations
@@ -313,6 +312,8 @@ class Opts:
             self.datatype = canonical_datatype(self.datatype)
         if isinstance(self.eval_splits, str):
             self.eval_splits = ",".join(canonical_datatype(s.strip()) for s in self.eval_splits.split(","))
+        if isinstance(self.model_file, str) and os.path.islink(self.model_file):  # the file a save writes: its
+            self.model_file = os.path.realpath(self.model_file)  # .opt, .trainstats, .ckpt and lock go beside it
         validate(self)
 
     @classmethod
@@ -329,8 +330,7 @@ class Opts:
             return cls.from_namespace(parser.parse_args(argv))
         add_agent_arguments(parser, agent, reserved_options())
         namespace = parser.parse_args(argv)
-        given = given_agent_args(namespace)
-        opts = cls.from_namespace(namespace)
+        given, opts = given_agent_args(namespace), cls.from_namespace(namespace)
         return opts.replace(agent_args={**opts.agent_args, **given}) if given else opts
 
     @classmethod

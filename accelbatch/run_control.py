@@ -231,6 +231,10 @@ def check_output_paths(opts: Any) -> None:
         if flag in REPLACED and os.path.exists(target) and not stat.S_ISREG(os.stat(target).st_mode):
             raise OptionError(f"{flag} {path}: {_kind(target)}, not a regular file, which a save would replace "
                               "with one; give the path of a regular file")
+        for side in MODEL_FILE_SIDES[:2] if flag in REPLACED else ():  # files the run writes beside the model
+            if os.path.isdir(path + side):
+                raise OptionError(f"{flag} {path}: {path}{side} is a folder, where the run writes a file beside the "
+                                  f"model; move it away, or give another {flag.split('/')[0]}")
         if not is_dir and path.endswith(("/", os.sep)):
             raise OptionError(f"{flag} {path}: names a folder (it ends with /); give the path of a file in it")
         folder = target if is_dir else os.path.dirname(target)
