@@ -7,7 +7,7 @@ import json
 import math
 import os
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, TextIO
 
 from accelbatch.tensorboard_log import TensorBoardLog
@@ -108,6 +108,18 @@ def standard_stream(path: str) -> TextIO | None:
     return None
 
 
+def _written_by(line: bytes, run: str | None, last: bool) -> bool:
+    """Whether a --metrics-log line after a checkpoint is a record of ``run`` (every line, for a checkpoint of
+    a log whose records had no run name); a line that is no record is the killed run's torn write when last."""
+    if run is None:
+        return True
+    try:
+        record = json.loads(line)
+    except ValueError:
+        return last and not line.endswith(b"\n")
+    return isinstance(record, dict) and record.get("run") == run
+
+
 @dataclass
 class MetricsLog:
     """Appends one JSON object per line to --metrics-log (nothing when no path is given). A log that cannot be
@@ -115,6 +127,8 @@ class MetricsLog:
     log."""
 
     path: str | None
+    # names this run's records ("run"), kept by its checkpoints: a resume cuts only its own from a shared log
+    run: str = field(default_factory=lambda: os.urandom(4).hex())
     handle: TextIO | None = None
     tensorboard: TensorBoardLog | None = None  # the same records as TensorBoard scalars (optional)
     progress: Any = None  # the training's progress bar, which shows them: closed with the log, also on an error
@@ -134,7 +148,8 @@ class MetricsLog:
             elif self.handle is None:
                 os.makedirs(os.path.dirname(os.path.abspath(self.path)), exist_ok=True)
                 self.handle = open(self.path, "a", encoding="utf-8")
-            self.handle.write(json.dumps(json_ready(record), sort_keys=True, allow_nan=False) + "\n")
+            self.handle.write(json.dumps(json_ready({**record, "run": self.run}), sort_keys=True, allow_nan=False)
+                              + "\n")
             self.handle.flush()
         except OSError as exc:
             self._drop_file(exc)
@@ -151,10 +166,13 @@ class MetricsLog:
             return None
 
     def cut_to(self, saved: dict[str, Any] | None) -> None:
-        """--resume: cuts the log file back to where it ended when the checkpoint was saved (``saved``: its path
-        and size), as TensorBoard's ``purge_step`` does, so that the records of the steps the resumed run trains
-        again (written after the checkpoint, before the run was killed) are not there twice. A resume that
-        writes another file, or a file shorter than that or with no record ending there, is left alone."""
+        """--resume: this run's records go on under the checkpoint's run name, and those it wrote after the
+        checkpoint (``saved``: the log's path, size and run then) are cut from the log, as TensorBoard's
+        ``purge_step`` does, so that the records of the steps the resumed run trains again are not there twice;
+        other runs' records (a log shared with them) stay (a torn last line is taken for the killed run's). A
+        resume that writes another file, or a file shorter than that or with no record ending there, is left
+        alone."""
+        self.run = str((saved or {}).get("run") or self.run)
         if not saved or not self.path or saved.get("path") != os.path.abspath(self.path) or self.handle:
             return
         size = int(saved.get("bytes", -1))
@@ -164,17 +182,20 @@ class MetricsLog:
             with open(self.path, "r+b") as handle:
                 handle.seek(max(size - 1, 0))
                 before = handle.read(1) if size else b"\n"
-                after = handle.read()
+                after = handle.read().splitlines(keepends=True)
                 if before != b"\n":
                     return
+                others = [line for line in after if not _written_by(line, saved.get("run"), line is after[-1])]
+                handle.seek(size)
                 handle.truncate(size)
+                handle.write(b"".join(others))
         except OSError as exc:
             print(f"accelbatch: --resume: --metrics-log {self.path}: cannot cut it back to the checkpoint "
                   f"({exc.strerror or exc}); the records after it stay", file=sys.stderr)
             return
-        count = after.count(b"\n")
+        count, kept = len(after) - len(others), f"; {len(others)} of other runs after it kept" if others else ""
         print(f"accelbatch: --resume: --metrics-log {self.path}: {count} record{'s' * (count != 1)} written after "
-              "the checkpoint removed (this run writes them again)", file=sys.stderr)
+              f"the checkpoint removed (this run writes them again){kept}", file=sys.stderr)
 
     def _drop_file(self, exc: OSError) -> None:
         """Stops writing --metrics-log after a failed write, saying so once (closing it then fails the same way:

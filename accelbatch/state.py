@@ -172,7 +172,8 @@ class Checkpointer:
             tensors = engine.state_dict()
             end = self.log.end() if self.log is not None else None
             if end is not None:
-                extra = {**extra, "metrics_log": {"path": os.path.abspath(self.log.path), "bytes": end}}
+                extra = {**extra, "metrics_log": {"path": os.path.abspath(self.log.path), "bytes": end,
+                                                  "run": self.log.run}}
             board = self.log.tensorboard.position() if self.log is not None and self.log.tensorboard else None
             if board is not None:
                 extra = {**extra, "tensorboard": board}

@@ -66,7 +66,7 @@ def test_tensorboard_log_that_fails_warns_once_and_the_file_log_goes_on(tmp_path
     assert err == ["accelbatch: --tensorboard-logdir tb: cannot write (No space left on device); the run goes "
                    "on without it"]
     assert board.writes == 1  # left off after its first failure
-    assert [json.loads(line) for line in path.read_text().splitlines()] == records
+    assert [json.loads(line) for line in path.read_text().splitlines()] == [{**r, "run": log.run} for r in records]
 
 
 @needs_dev_full

@@ -56,7 +56,7 @@ def test_report_json_and_metrics_log_hold_no_bare_nan(tmp_path):
     log.write({"split": "train", "loss": math.nan, "ppl": math.inf, "exs": 3})
     log.close()
     assert json.loads((tmp_path / "log.jsonl").read_text(), parse_constant=_refuse) == {
-        "split": "train", "loss": None, "ppl": None, "exs": 3}
+        "split": "train", "loss": None, "ppl": None, "exs": 3, "run": log.run}
     opts = Opts(task="babi:1", model="repeat_label", max_train_steps=2, eval_splits="", progress=False,
                 validation_every_n_epochs=-1, report_json=str(tmp_path / "report.json"))
     report = run(create_world(opts), opts)

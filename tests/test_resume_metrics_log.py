@@ -92,3 +92,40 @@ def test_the_end_of_a_log_is_its_size_and_none_for_a_stream(tmp_path):
     assert log.end() == (tmp_path / "log.jsonl").stat().st_size > 0
     log.close()
     assert MetricsLog(None).end() is None and MetricsLog("/dev/null").end() is None
+
+
+def test_a_cut_removes_only_the_resumed_runs_records_from_a_shared_log(tmp_path, capsys):
+    path = tmp_path / "log.jsonl"
+    lines = ['{"run": "a", "step": 1}\n', '{"run": "a", "step": 2}\n', '{"run": "b", "step": 1}\n',
+             '{"run": "a", "step": 3}\n', '{"run": "b", "step": 2}\n', '{"run": "a", "st']  # a's torn last write
+    path.write_text("".join(lines))
+    log = MetricsLog(str(path))
+    log.cut_to({"path": str(path), "bytes": len(lines[0]), "run": "a"})
+    assert path.read_text() == lines[0] + lines[2] + lines[4] and log.run == "a"  # goes on as run a
+    assert "3 records written after the checkpoint removed (this run writes them again); 2 of other runs after " \
+           "it kept" in capsys.readouterr().err
+    path.write_text("".join(lines[:3]))  # a checkpoint of a log whose records had no run name: all after it go
+    MetricsLog(str(path)).cut_to({"path": str(path), "bytes": len(lines[0])})
+    assert path.read_text() == lines[0]
+
+
+@pytest.mark.timeout(180)
+def test_a_resume_keeps_another_runs_records_in_the_log_they_share(tmp_path, capsys):
+    from accelbatch.build import create_world
+    from accelbatch.run import run
+
+    log = tmp_path / "log.jsonl"
+    opts = _opts(tmp_path / "m.pt").replace(metrics_log=str(log), log_every_n_secs=0)
+    with pytest.raises(KeyboardInterrupt, match="checkpoint saved"):
+        run(create_world(opts, agent=_signalling_bag()), opts)
+    stopped = [json.loads(line) for line in log.read_text().splitlines()]
+    other = MetricsLog(str(log))  # another run writing the same log meanwhile
+    for step in (1, 2):
+        other.write({"split": "train", "step": step})
+    other.close()
+    assert main(["train", "-mf", str(tmp_path / "m.pt"), "--resume", "--no-progress"]) == 0
+    records = [json.loads(line) for line in log.read_text().splitlines()]
+    assert [r["step"] for r in records if r["run"] == other.run] == [1, 2]
+    ours = [r for r in records if r["run"] != other.run]
+    assert {r["run"] for r in ours} == {stopped[0]["run"]}  # the resumed run goes on under its name
+    assert max(r["step"] for r in ours if r["split"] == "train") == STEPS
