@@ -136,18 +136,20 @@ def _number(value: Any) -> float | None:
 
 
 def series(records: Sequence[dict[str, Any]]) -> dict[tuple[str, str], list[list[tuple[float, float]]]]:
-    """``{(split, metric): [segment, ...]}``, each segment a list of ``(step, value)`` of one run."""
-    out: dict[tuple[str, str], list[list[tuple[float, float]]]] = {}
-    step, run, last_train_step = 0.0, 0, None
+    """``{(split, metric): [segment, ...]}``, each segment a list of ``(step, value)`` of one run: the records
+    of one ``run`` name (however runs sharing a log interleave), else those until a restart."""
+    out: dict[tuple[str, str], dict[Any, list[tuple[float, float]]]] = {}
+    step, restarts, last_train_step = 0.0, 0, None
     for record in records:
         split = record["split"]
         if record.get("final") is True and split != "test":  # the best model's evaluation after training: a
             split = f"{split} {FINAL}"                         # point of its own, not the end of the line
         record_step = _number(record.get("step"))
-        if split == "train" and record_step is not None:
+        if split == "train" and record_step is not None and not isinstance(record.get("run"), str):
             if last_train_step is not None and record_step < last_train_step:
-                run += 1  # a restart: a new run appended to the log, or a resume
+                restarts += 1  # a restart of a log without run names: a new run appended to it, or a resume
             last_train_step = record_step
+        run = record["run"] if isinstance(record.get("run"), str) else restarts
         if record_step is not None:
             step = record_step
         values = dict(record)
@@ -159,11 +161,8 @@ def series(records: Sequence[dict[str, Any]]) -> dict[tuple[str, str], list[list
             value = _number(values.get(metric))
             if value is None:
                 continue
-            segments = out.setdefault((split, metric), [])
-            while len(segments) <= run:
-                segments.append([])
-            segments[run].append((step, value))
-    return {key: [seg for seg in segs if seg] for key, segs in out.items()}
+            out.setdefault((split, metric), {}).setdefault(run, []).append((step, value))
+    return {key: list(segments.values()) for key, segments in out.items()}
 
 
 def _default_out(log_file: str) -> str:

@@ -69,6 +69,12 @@ def test_a_restart_starts_a_new_segment():
     assert [s[0][0] for s in data[("train", "loss")]] == [1.0, 3.0]
 
 
+def test_runs_sharing_a_log_are_a_line_each_however_their_records_interleave():
+    records = [{"split": "train", "step": s, "loss": loss, "run": run}
+               for s, loss, run in [(1, 3.0, "a"), (1, 9.0, "b"), (2, 2.0, "a"), (2, 8.0, "b"), (3, 1.0, "a")]]
+    assert plots.series(records)[("train", "loss")] == [[(1, 3.0), (2, 2.0), (3, 1.0)], [(1, 9.0), (2, 8.0)]]
+
+
 def test_plot_run_writes_a_png(tmp_path):
     matplotlib = pytest.importorskip("matplotlib")
     _write(tmp_path / "metrics.jsonl", _records())
