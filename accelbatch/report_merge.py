@@ -181,3 +181,10 @@ def renamed_tasks(report: dict[str, Any], names: dict[str, str]) -> dict[str, An
         out[f"{names.get(task, task)}/{metric}" if sep else key] = value
     return out
 
+
+def reduce_report(report: dict[str, float], backend: Any) -> dict[str, float]:
+    """Merge one replica's report with the others' (each average weighted by what it averages over, counts
+    summed, see :func:`to_sums`); identity alone."""
+    if backend is None or backend.world_size == 1:
+        return report
+    return from_sums(backend.reduce_metrics(to_sums(report)))

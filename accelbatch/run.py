@@ -29,7 +29,7 @@ from accelbatch.optimizers import learning_rates, set_learning_rates
 from accelbatch.opts import OptionError, Opts
 from accelbatch.progress_bar import postfix, progress_bar
 from accelbatch.report_json import write_report_json
-from accelbatch.report_merge import from_sums, renamed_tasks, to_sums
+from accelbatch.report_merge import reduce_report, renamed_tasks
 from accelbatch.report_table import MetricsLog
 from accelbatch.run_control import (
     ModelFileLock,
@@ -74,29 +74,26 @@ def evaluate(world: World, log: MetricsLog | None = None, split: str = "valid",
     def scored() -> int:  # ParlAI's -vme counts the report's exs (turns with labels); each replica its share
         return int(world.report().get("exs", world.get_total_exs() - served)) * replicas
 
+    cut = False  # by a stop signal; replicas decide together after their loops (one collective each)
     with steps_together(world.get_model_agent(), False):  # each replica evaluates its own rows
-        while not world.epoch_done() and (max_exs < 0 or scored() < max_exs):
-            if stop is not None and stop.requested is not None:
-                stop.at_safe_point()
-                share = " (this replica's share)" if backend is not None and backend.world_size > 1 else ""
-                raise KeyboardInterrupt(f"{stop.name}: the {split} evaluation stopped after "
-                                        f"{world.get_total_exs() - served} of {world.num_examples()} "
-                                        f"examples{share}; no report")
-            world.parley()
-            spent.parleyed(world, world.get_total_exs())
+        while not world.epoch_done() and (max_exs < 0 or scored() < max_exs) and not cut:
+            cut = stop is not None and stop.requested is not None
+            if not cut:
+                world.parley()
+                spent.parleyed(world, world.get_total_exs())
+    if backend.decide(cut)[0] if replicas > 1 else cut:
+        if stop is not None:
+            stop.at_safe_point()
+        done, total = world.get_total_exs() - served, world.num_examples()
+        raise KeyboardInterrupt(f"{getattr(stop, 'name', None) or 'a stop on another replica'}: the {split} evaluation "
+                                "stopped after " + (f"{done} of {total} examples" if replicas == 1 else
+                                                    f"{done} examples (this replica's; {total} in the split)")
+                                + "; no report")
     report = reduce_report(world.report(), backend)
     report["time_s"] = round(time.monotonic() - start, 3)
     if log is not None:
         log.write({"split": split, **(at or {}), **report})
     return report
-
-
-def reduce_report(report: dict[str, float], backend: Any) -> dict[str, float]:
-    """Merge one replica's report with the others' (each average weighted by what it averages over, counts
-    summed, see :mod:`accelbatch.report_merge`); identity alone."""
-    if backend is None or backend.world_size == 1:
-        return report
-    return from_sums(backend.reduce_metrics(to_sums(report)))
 
 
 @keeps_default_start_method

@@ -65,7 +65,7 @@ def test_multitask_report_sums_counts_as_parlai_does():
 
 
 class _Replicas:
-    """A backend of 2 replicas for accelbatch.run.reduce_report: ``reduce_metrics`` records this replica's
+    """A backend of 2 replicas for accelbatch.report_merge.reduce_report: ``reduce_metrics`` records this replica's
     sums, or adds them to the other replica's recorded ones."""
 
     world_size = 2
@@ -81,7 +81,7 @@ class _Replicas:
 
 
 def _reduced(first, second):
-    from accelbatch.run import reduce_report
+    from accelbatch.report_merge import reduce_report
 
     recorder = _Replicas()
     reduce_report(second, recorder)

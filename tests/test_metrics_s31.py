@@ -16,7 +16,7 @@ import accelbatch as ab
 from accelbatch.metric_names import select_metrics
 from accelbatch.metrics import Metrics, combine_reports, merge_reports, score_counted
 from accelbatch.models.generator import TransformerGeneratorAgent
-from accelbatch.run import reduce_report
+from accelbatch.report_merge import reduce_report
 
 YES = ("yes",)
 

@@ -14,7 +14,8 @@ from accelbatch.cli import main
 from accelbatch.hogwild import merge_metric_states, metric_states
 from accelbatch.metrics import combine_reports
 from accelbatch.opts import Opts
-from accelbatch.run import evaluate, reduce_report
+from accelbatch.report_merge import reduce_report
+from accelbatch.run import evaluate
 
 CANDIDATES = [f"answer {j}" for j in range(6)]
 
