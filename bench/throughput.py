@@ -140,39 +140,45 @@ def batches_seen(world: Any, agent: Any, steps: int) -> list[list[Message]]:
 def part_overhead(args: argparse.Namespace) -> dict[str, float]:
     say("== world overhead: trivial agent, world + teacher metrics vs bare loop (examples/s) ==")
     results = {}
-    for bs in args.batchsizes:
-        opts = base_opts(args, model=TRIVIAL, batchsize=bs)
+    for asked in args.batchsizes:
+        opts = base_opts(args, model=TRIVIAL, batchsize=asked)
         world = create_world(opts)
+        # a world lowers -bs to the episodes when the data holds fewer (and says so on stderr): every loop
+        # below runs the rows per step that the world runs
+        bs = getattr(world, "opts", opts).batchsize
         agent = world.get_model_agent()
         examples = prepared_examples(world.get_task_agent())
-        chunk = max(bs, (len(examples) // 4) // bs * bs)  # examples per timed call
+        # examples per timed call: a quarter of the data in whole batches, at least one batch, at most the data
+        chunk = min(max(bs, (len(examples) // 4) // bs * bs), len(examples))
         position = [0]
 
-        def bare() -> int:
+        def bare() -> int:  # the examples it handed batch_act (the last batch of a chunk may be short)
             start = position[0] if position[0] + chunk <= len(examples) else 0
             batch_act = agent.batch_act
             for i in range(start, start + chunk, bs):
-                batch_act(examples[i:i + bs])
+                batch_act(examples[i:min(i + bs, start + chunk)])
             position[0] = start + chunk
             return chunk
 
         def in_world() -> int:
             before = world.get_total_exs()
-            for _ in range(chunk // bs):
+            for _ in range(-(-chunk // bs)):
                 world.parley()
             return world.get_total_exs() - before
 
         # the batches the world hands the model over an epoch, in its (shuffled) order
         served = batches_seen(world, agent, -(-len(examples) // bs))
+        per_call = -(-chunk // bs)  # batches per timed call
         served_position = [0]
 
-        def bare_world_order() -> int:
-            start = served_position[0] if served_position[0] + chunk // bs <= len(served) else 0
-            batch_act = agent.batch_act
-            for batch in served[start:start + chunk // bs]:
+        def bare_world_order() -> int:  # the rows of the batches it ran
+            start = served_position[0] if served_position[0] + per_call <= len(served) else 0
+            batch_act, rows = agent.batch_act, 0
+            for batch in served[start:start + per_call]:
                 batch_act(batch)
-            served_position[0] = start + chunk // bs
-            return chunk
+                rows += len(batch)
+            served_position[0] = start + per_call
+            return rows
 
         metrics = Metrics()
         store = world.get_task_agent().store
@@ -182,8 +188,9 @@ def part_overhead(args: argparse.Namespace) -> dict[str, float]:
             start = position[0] if position[0] + chunk <= len(examples) else 0
             batch_act, add_replies = agent.batch_act, metrics.add_replies
             for i in range(start, start + chunk, bs):
-                replies = batch_act(examples[i:i + bs])
-                add_replies(replies, answer_ids[i:i + bs], store.answers, bs)
+                end = min(i + bs, start + chunk)
+                replies = batch_act(examples[i:end])
+                add_replies(replies, answer_ids[i:end], store.answers, end - i)  # as many rows as it scored
             position[0] = start + chunk
             return chunk
 
@@ -200,26 +207,27 @@ def part_overhead(args: argparse.Namespace) -> dict[str, float]:
         floor_ratio, _ = median_ratio(floor)
         order_ratio, order_ratios = median_ratio(same_order)
         report = world.report()
-        say(f"bs {bs:>4}: world {statistics.median(p[0] for p in pairs):>12,.0f}  bare "
+        lowered = f" (the world runs -bs {bs}: the data holds fewer episodes than {asked})" if bs != asked else ""
+        accuracy, f1 = report.get("accuracy", float("nan")), report.get("f1", float("nan"))
+        say(f"bs {asked:>4}{lowered}: world {statistics.median(p[0] for p in pairs):>12,.0f}  bare "
             f"{statistics.median(p[1] for p in pairs):>12,.0f}  ratio {ratio:.3f}  ({fmt_rounds(ratios)})"
-            f"  [teacher metrics: accuracy {report.get('accuracy', float('nan')):.3f} "
-            f"f1 {report.get('f1', float('nan')):.3f}]" + ("   goal >= 0.50" if bs == 32 else ""))
+            f"  [teacher metrics: accuracy {accuracy:.3f} f1 {f1:.3f}]" + ("   goal >= 0.50" if bs == 32 else ""))
         say(f"          bare loop over the world's own batches, in its shuffled order: "
             f"{statistics.median(p[1] for p in same_order):>12,.0f}  ratio {order_ratio:.3f}  "
             f"({fmt_rounds(order_ratios)}) (what a shuffled order costs a loop that does not prefetch)")
         if bs > 1:  # BatchWorld scores with add_replies; one row at a time a world scores each reply alone
             say(f"          bare loop + the world's scoring (Metrics.add_replies), no world: ratio {floor_ratio:.3f} "
                 "(the most a world that scores replies this way could reach)")
-        results[f"overhead_bs{bs}"] = ratio
-        results[f"overhead_metrics_only_bs{bs}"] = floor_ratio
-        results[f"overhead_same_order_bs{bs}"] = order_ratio
+        results[f"overhead_bs{asked}"] = ratio
+        results[f"overhead_metrics_only_bs{asked}"] = floor_ratio
+        results[f"overhead_same_order_bs{asked}"] = order_ratio
         if bs > 1 and getattr(world, "_teacher", None) is not None:
             row_world = create_world(opts)
             row_world._teacher = None  # every clone acts and observes in turn: ParlAI's BatchWorld
 
             def per_row() -> int:
                 before = row_world.get_total_exs()
-                for _ in range(chunk // bs):
+                for _ in range(-(-chunk // bs)):
                     row_world.parley()
                 return row_world.get_total_exs() - before
 
@@ -228,7 +236,7 @@ def part_overhead(args: argparse.Namespace) -> dict[str, float]:
             speedup, speedups = median_ratio(rows)
             say(f"          whole-batch path vs clone by clone (ParlAI's BatchWorld, same metrics): {speedup:.2f}x "
                 f"({fmt_rounds(speedups)})")
-            results[f"overhead_block_speedup_bs{bs}"] = speedup
+            results[f"overhead_block_speedup_bs{asked}"] = speedup
             row_world.shutdown()
         world.shutdown()
     return results

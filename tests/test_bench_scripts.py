@@ -279,3 +279,16 @@ def test_feeding_ratio_below_the_bound_is_not_met(bench):
     module = bench("feeding")
     assert module.verdict(0.97).startswith("below the bound") and "rerun" in module.verdict(0.97)
     assert module.verdict(1.0) == module.verdict(1.10) == "met" and module.verdict(1.11) == "NOT met"
+
+
+# --- 9. throughput: the overhead part on data smaller than a batch ------------------------------------------
+
+def test_throughput_overhead_runs_the_batch_size_the_world_runs_on_data_smaller_than_a_batch(bench, capsys):
+    """10 episodes (22 examples) at -bs 32: the world runs -bs 10; the bare loops count and score the rows
+    they ran (they took 32 for a count and broke Metrics on a shorter slice)."""
+    module = bench("throughput")
+    results = module.main(["--episodes", "10", "--parts", "overhead", "--batchsizes", "32", "--repeats", "1",
+                           "--min-seconds", "0.02"])
+    out = capsys.readouterr().out
+    assert "(the world runs -bs 10: the data holds fewer episodes than 32)" in out
+    assert results["overhead_bs32"] > 0 and results["overhead_metrics_only_bs32"] > 0
