@@ -16,7 +16,9 @@ Parts (``--parts``, comma separated; all by default):
               also the bare loop over the world's own batches in its shuffled order, and the bare loop plus
               the world's scoring.
 ``metrics``   accuracy + F1 for a batch in one pass (``Metrics.add_batch``) vs one reply at a time
-              (``exact_match`` + ``f1_score`` per reply); the values must be identical.
+              (``exact_match`` + ``f1_score`` per reply), over ``--eval-episodes`` episodes of the valid split
+              (of ``--task`` when given); the one pass's values must equal (==) a per-reply reference summed
+              exactly (``math.fsum``), else the script exits 1 once everything is printed.
 ``async``     bag at bs 32: ``--dataloader-mode async`` with 2 workers (vectorize + batchify in the workers)
               vs sync with the same 2 workers, and vs sync with everything in the main process; also the CPU
               per example of the main process and of the data processes (accessor + workers, from /proc), and
@@ -44,6 +46,7 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 os.environ.setdefault("MKL_NUM_THREADS", "1")
 
 import argparse  # noqa: E402
+import math  # noqa: E402
 import random  # noqa: E402
 import statistics  # noqa: E402
 import sys  # noqa: E402
@@ -246,15 +249,40 @@ def part_overhead(args: argparse.Namespace) -> dict[str, float]:
 # metrics: one pass over a batch vs per reply
 # --------------------------------------------------------------------------------------------------
 
-def part_metrics(args: argparse.Namespace) -> dict[str, float]:
-    say("== metrics: accuracy + F1, one pass per batch vs per reply (bs 32) ==")
-    from accelbatch.tasks.dialogues import generate
+def metrics_examples(args: argparse.Namespace) -> tuple[str, list[Message]]:
+    """(what they are, the examples the metrics part scores): the first ``--eval-episodes`` episodes of
+    ``--task``'s valid split, or, by default, as many generated dialogues of the valid split."""
+    if args.task is None:
+        from accelbatch.tasks.dialogues import generate
 
+        examples = [m for ep in generate(args.eval_episodes, args.seed, "valid") for m in ep]
+        return f"{args.eval_episodes} episodes of the generated dialogues' valid split", examples
+    from accelbatch.opts import OptionError
+    from accelbatch.teachers import create_teacher
+
+    teacher = create_teacher(Opts(task=args.task, datatype="valid", seed=args.seed))
+    if teacher is None:  # several tasks, one of them not fixed data
+        raise OptionError(f"--task {args.task}: the metrics part reads fixed data; one of these tasks is not")
+    episodes = min(args.eval_episodes, teacher.num_episodes())
+    # evaluation turns hold their answers as eval_labels; turns without answers are not scored
+    examples = [m for e in range(episodes) for m in teacher.store.episode(e) if m.get("eval_labels")]
+    if not examples:
+        raise OptionError(f"--task {args.task}: its valid split holds no turn with labels for the metrics part "
+                          "to score")
+    return f"{episodes} episodes of -t {args.task}'s valid split", examples
+
+
+def part_metrics(args: argparse.Namespace) -> dict[str, float]:
+    what, examples = metrics_examples(args)
+    say(f"== metrics: accuracy + F1, one pass per batch vs per reply (bs 32), over the {len(examples)} turns of "
+        f"{what} ==")
     rng = random.Random(args.seed)
-    examples = [m for ep in generate(args.eval_episodes, args.seed, "valid") for m in ep]
-    # predictions like a half-trained ranker's: the label or another candidate (partial overlaps for F1)
-    preds = [m["labels"][0] if rng.random() < 0.5 else rng.choice(m["label_candidates"]) for m in examples]
-    golds = [list(m["labels"]) for m in examples]
+    golds = [list(m.get("labels") or m["eval_labels"]) for m in examples]
+    every_label = [g[0] for g in golds]
+    # predictions like a half-trained ranker's: the label or another candidate (partial overlaps for F1);
+    # without candidates, another example's label
+    preds = [g[0] if rng.random() < 0.5 else rng.choice(m.get("label_candidates") or every_label)
+             for m, g in zip(examples, golds)]
     batches = [(preds[i:i + 32], golds[i:i + 32]) for i in range(0, len(preds), 32)]
 
     def one_pass() -> tuple[Metrics, int]:
@@ -263,7 +291,7 @@ def part_metrics(args: argparse.Namespace) -> dict[str, float]:
             metrics.add_batch(p, g)
         return metrics, len(preds)
 
-    def per_reply() -> tuple[dict[str, float], int]:
+    def per_reply() -> tuple[dict[str, float], int]:  # timed: ParlAI's running sums
         exs = correct = 0
         f1 = 0.0
         for p, g in batches:
@@ -293,17 +321,24 @@ def part_metrics(args: argparse.Namespace) -> dict[str, float]:
         cold.append((c, b))
     ratio, ratios = median_ratio(pairs)
     cold_ratio, cold_ratios = median_ratio(cold)
-    mine = one_pass()[0].report()
-    ref = per_reply()[0]
-    same = all(abs(mine[k] - ref[k]) <= 1e-12 for k in ("accuracy", "f1"))
     say(f"one pass {statistics.median(p[0] for p in pairs):>12,.0f}/s  per reply "
-        f"{statistics.median(p[1] for p in pairs):>12,.0f}/s  speedup {ratio:.2f}x  ({fmt_rounds(ratios)})")
+        f"{statistics.median(p[1] for p in pairs):>12,.0f}/s  speedup one pass / per reply {ratio:.2f}x  "
+        f"({fmt_rounds(ratios)})")
     if memo_clear is not None:
         say(f"one pass with its memo cleared before every pass over the {len(preds)} replies: "
-            f"{statistics.median(p[0] for p in cold):>12,.0f}/s  speedup {cold_ratio:.2f}x  "
+            f"{statistics.median(p[0] for p in cold):>12,.0f}/s  speedup over per reply {cold_ratio:.2f}x  "
             f"({fmt_rounds(cold_ratios)})")
-    say(f"values: one pass accuracy {mine['accuracy']:.6f} f1 {mine['f1']:.6f}; per reply accuracy "
-        f"{ref['accuracy']:.6f} f1 {ref['f1']:.6f} -> {'identical' if same else 'DIFFERENT'}")
+    # the check: the one pass's report against an exact reference, compared with ==. The reference scores
+    # each reply alone (exact_match, f1_score) and sums the F1s exactly (math.fsum: the correctly rounded sum,
+    # as the one pass's exact sums), each sum divided by the replies, as Metrics.report() divides.
+    mine = one_pass()[0].report()
+    hits = [exact_match(text, answers) for p, g in batches for text, answers in zip(p, g)]
+    f1s = [f1_score(text, answers) for p, g in batches for text, answers in zip(p, g)]
+    ref = {"accuracy": sum(hits) / len(hits), "f1": math.fsum(f1s) / len(f1s)}
+    same = all(mine[k] == ref[k] for k in ref)
+    say(f"values compared exactly (==): one pass Metrics.add_batch().report() accuracy {mine['accuracy']!r} "
+        f"f1 {mine['f1']!r}; per reply exact_match / f1_score, summed exactly (math.fsum) over the "
+        f"{len(f1s)} replies: accuracy {ref['accuracy']!r} f1 {ref['f1']!r} -> {'identical' if same else 'DIFFERENT'}")
     return {"metrics_speedup": ratio, "metrics_speedup_cold": cold_ratio, "metrics_identical": float(same)}
 
 
@@ -501,7 +536,9 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
                              "label_candidates for the bag and conv models")
     parser.add_argument("--episodes", type=int, default=None,
                         help="training episodes of the dialogues task (default: the spec's 10,000)")
-    parser.add_argument("--eval-episodes", type=int, default=3000, help="episodes scored by the metrics part")
+    parser.add_argument("--eval-episodes", type=int, default=None,
+                        help="episodes scored by the metrics part (of --task's valid split, or of the generated "
+                             "dialogues'; default 3,000, --quick 600)")
     parser.add_argument("--repeats", type=int, default=None, help="interleaved rounds per comparison")
     parser.add_argument("--min-seconds", type=float, default=None, help="time per measurement")
     parser.add_argument("--batchsizes", default="1,32,128", help="batch sizes of the overhead part")
@@ -513,9 +550,10 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
                         help="overhead and metrics parts: wall time, or this process's CPU time (steadier when "
                              "other processes share the cores); multi-process parts always use wall time")
     args = parser.parse_args(argv)
-    if args.quick:
+    if args.quick:  # smaller defaults; explicit options win
         args.episodes = 2000 if args.episodes is None else args.episodes
-        args.eval_episodes = min(args.eval_episodes, 600)
+    if args.eval_episodes is None:
+        args.eval_episodes = 600 if args.quick else 3000
     args.repeats = args.repeats or (2 if args.quick else 5)
     args.min_seconds = args.min_seconds or (0.4 if args.quick else 1.5)
     try:
@@ -543,6 +581,10 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
         say(f"   ({name}: {time.perf_counter() - t:.1f}s)")
         say()
     say(f"total {time.perf_counter() - start:.1f}s")
+    if results.get("metrics_identical") == 0.0:  # said once everything is printed: the exit status tells
+        print(f"{os.path.basename(sys.argv[0])}: the metrics part's one-pass values are not the per-reply "
+              "reference's (DIFFERENT above)", file=sys.stderr)
+        raise SystemExit(1)
     return results
 
 

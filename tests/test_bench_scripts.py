@@ -4,6 +4,7 @@ nothing prints a result for work that did not run. In-process (the scripts' main
 from __future__ import annotations
 
 import importlib.util
+import math
 import pathlib
 import re
 import runpy
@@ -292,3 +293,50 @@ def test_throughput_overhead_runs_the_batch_size_the_world_runs_on_data_smaller_
     out = capsys.readouterr().out
     assert "(the world runs -bs 10: the data holds fewer episodes than 32)" in out
     assert results["overhead_bs32"] > 0 and results["overhead_metrics_only_bs32"] > 0
+
+
+# --- 10. throughput's metrics part: its task, its episodes, an exact check that can fail -------------------
+
+def _metrics_argv(*extra: str) -> list[str]:
+    return ["--parts", "metrics", "--repeats", "1", "--min-seconds", "0.01", *extra]
+
+
+def test_throughput_metrics_part_scores_the_task_asked_for(bench, capsys, tmp_path):
+    data = tmp_path / "three.jsonl"
+    data.write_text("".join('{"text": "q%d", "labels": ["a %d"], "episode_done": true}\n' % (i, i) for i in range(3)))
+    module = bench("throughput")
+    assert module.main(_metrics_argv("--task", f"jsonl:{data}"))["metrics_identical"] == 1.0
+    assert f"over the 3 turns of 3 episodes of -t jsonl:{data}'s valid split" in capsys.readouterr().out
+
+
+def test_throughput_metrics_part_refuses_an_unknown_task(monkeypatch, capsys):
+    monkeypatch.setattr(sys, "argv", ["throughput.py", *_metrics_argv("--task", "nosuchtask", "--quick")])
+    with pytest.raises(SystemExit) as exit_info:  # the script as run from the command line
+        runpy.run_path(str(BENCH / "throughput.py"), run_name="__main__")
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "nosuchtask" in err[0]
+
+
+def test_throughput_explicit_eval_episodes_win_over_quick(bench, capsys):
+    bench("throughput").main(_metrics_argv("--quick", "--eval-episodes", "700"))
+    assert "700 episodes of the generated dialogues' valid split" in capsys.readouterr().out
+
+
+def test_throughput_metrics_check_is_exact_and_a_difference_exits_1(bench, monkeypatch, capsys):
+    """A one-pass F1 one float step off the exact reference is DIFFERENT (a tolerance called it identical),
+    printed with the rest, and the script then exits 1."""
+    module = bench("throughput")
+
+    class OffByOneStep(module.Metrics):
+        def report(self) -> dict:
+            out = super().report()
+            out["f1"] = math.nextafter(out["f1"], 2.0)
+            return out
+    monkeypatch.setattr(module, "Metrics", OffByOneStep)
+    with pytest.raises(SystemExit) as exit_info:
+        module.main(_metrics_argv("--eval-episodes", "20"))
+    assert exit_info.value.code == 1
+    out, err = capsys.readouterr()
+    assert "values compared exactly (==)" in out and "-> DIFFERENT" in out
+    assert "total " in out and "DIFFERENT" in err
