@@ -2,7 +2,8 @@
 steps over the time a plain PyTorch loop takes to train the same model with the same optimizer on the same
 batches, made beforehand. Goal: <= 1.05x.
 
-For each agent (bag, conv) at bs 32 and each data mode (sync: batches built in the main process; async: the
+For each agent (bag, conv) at bs 32 (fewer when the data holds fewer episodes: the world lowers -bs to them,
+and the header says the -bs run) and each data mode (sync: batches built in the main process; async: the
 async accessor with 2 data workers), one round is:
 
 1. a world built by ``create_world`` (as ``accelbatch train`` builds it) runs ``--warmup`` steps untimed;
@@ -16,8 +17,9 @@ async accessor with 2 data workers), one round is:
    recorded batches, timed (``--interleave``, sync only: each batch's plain step right after the world's step,
    so that load from other processes on the cores hits both sides alike).
 
-Both must end with the same weights (checked: this is what makes the batches "the same rows"). Rounds are
-repeated (``--repeats``) and the median of the per-round ratios printed with every round's ratio.
+Both must end with the same weights (checked: this is what makes the batches "the same rows"; where they do
+not, the script says so and exits 1 once everything is printed). Rounds are repeated (``--repeats``) and the
+median of the per-round ratios printed with every round's ratio.
 
     python bench/framework_overhead.py --quick
     python bench/framework_overhead.py --steps 200 --repeats 5
@@ -190,10 +192,14 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     unknown = [m for m in args.modes.split(",") if m not in MODES]
     if unknown:
         parser.error(f"--modes: unknown {', '.join(unknown)}; choose from {', '.join(MODES)} (comma separated)")
-    for option, value in (("--steps", args.steps), ("--repeats", args.repeats)):
+    for option, value in (("--steps", args.steps), ("--repeats", args.repeats), ("--unique-texts", args.unique_texts)):
         if value is not None and value < 1:
             parser.error(f"{option} {value}: give 1 or more")
-    if not args.unique_texts:
+    if args.unique_texts is not None and args.task is not None:  # the file written would replace the task
+        parser.error("--unique-texts: trains on a file it writes, not with --task; give one of them")
+    if args.episodes is not None and (args.task is not None or args.unique_texts is not None):
+        parser.error("--episodes: sizes the generated dialogues, not --task's or --unique-texts' data")
+    if args.unique_texts is None:
         return measure(args)
     with tempfile.TemporaryDirectory() as tmp:  # the file lives while the worlds read it
         path = os.path.join(tmp, "unique.jsonl")
@@ -210,8 +216,8 @@ def measure(args: argparse.Namespace) -> dict[str, float]:
         args.episodes = args.episodes or 2000
     torch.set_num_threads(1)
     results: dict[str, float] = {}
-    print(f"== framework overhead: accelbatch world steps vs a plain loop on the same batches "
-          f"({args.steps} steps of bs 32, {args.repeats} rounds) ==", flush=True)
+    different: list[str] = []  # the runs whose plain loop did not end with the world's weights
+    header = True  # printed with the first result: the -bs the world ran is known once a round ran
     for name, model in (("bag", BAG), ("conv", CONV)):
         for mode, changes in MODES.items():
             if mode not in args.modes.split(","):
@@ -224,6 +230,10 @@ def measure(args: argparse.Namespace) -> dict[str, float]:
             parts: list[dict[str, float]] = [{} for _ in range(args.repeats)]
             rows: list[int] = []  # examples per round: -bs 32 unless the data holds fewer episodes
             rounds = [one_round(opts, args.warmup, args.steps, clock, interleave, part, rows) for part in parts]
+            if header:  # a world lowers -bs 32 to the episodes when the data holds fewer (it says so on stderr)
+                print(f"== framework overhead: accelbatch world steps vs a plain loop on the same batches "
+                      f"({args.steps} steps of bs {rows[0] / args.steps:g}, {args.repeats} rounds) ==", flush=True)
+                header = False
             ratios = [f / p for f, p, _ in rounds]
             worst = max(d for _, _, d in rounds)
             ratio = statistics.median(ratios)
@@ -244,6 +254,11 @@ def measure(args: argparse.Namespace) -> dict[str, float]:
             if worst > 1e-5:
                 print(f"  !! the plain loop did not train the same weights ({worst:.2e}): not the same batches",
                       flush=True)
+                different.append(f"{name} {mode}")
+    if different:  # said once everything is printed: the exit status tells
+        print(f"{os.path.basename(sys.argv[0])}: the plain loop did not train the same weights in "
+              f"{', '.join(different)} (!! above): those ratios compare different work", file=sys.stderr)
+        raise SystemExit(1)
     return results
 
 

@@ -340,3 +340,39 @@ def test_throughput_metrics_check_is_exact_and_a_difference_exits_1(bench, monke
     out, err = capsys.readouterr()
     assert "values compared exactly (==)" in out and "-> DIFFERENT" in out
     assert "total " in out and "DIFFERENT" in err
+
+
+# --- 11. framework_overhead: --unique-texts checked and its -bs said; different weights exit 1 ----------------
+
+@pytest.mark.parametrize("argv, option", [(["--unique-texts", "0"], "--unique-texts"),
+                                          (["--unique-texts", "-3"], "--unique-texts"),
+                                          (["--unique-texts", "5", "--task", "babi:1"], "--unique-texts"),
+                                          (["--episodes", "50", "--task", "babi:1"], "--episodes")])
+def test_framework_overhead_refuses_bad_unique_texts_before_measuring(bench, monkeypatch, capsys, argv, option):
+    module = bench("framework_overhead")
+    monkeypatch.setattr(module, "measure", lambda args: pytest.fail("measured"))
+    assert option in _usage_error(capsys, module.main, argv)
+
+
+def test_framework_overhead_header_says_the_batch_size_the_world_ran(bench, capsys):
+    """One episode: the world runs -bs 1, and the header says so (it said bs 32)."""
+    module = bench("framework_overhead")
+    module.main(["--unique-texts", "1", "--modes", "sync", "--steps", "2", "--warmup", "1", "--repeats", "1"])
+    out = capsys.readouterr().out
+    assert "(2 steps of bs 1, 1 rounds)" in out and "bs 32" not in out
+
+
+def test_framework_overhead_different_weights_exit_1_after_every_row(bench, monkeypatch, capsys):
+    module = bench("framework_overhead")
+
+    def fake_round(opts, warmup, steps, now, interleave=False, parts=None, rows=None):
+        if rows is not None:
+            rows.append(steps * 32)
+        return 1.0, 1.0, 0.5 if opts.model == module.BAG else 0.0  # bag's plain loop ends elsewhere
+    monkeypatch.setattr(module, "one_round", fake_round)
+    with pytest.raises(SystemExit) as exit_info:
+        module.main(["--steps", "3", "--repeats", "1", "--modes", "sync"])
+    assert exit_info.value.code == 1
+    out, err = capsys.readouterr()
+    assert "!! the plain loop did not train the same weights" in out and "conv  sync" in out  # printed first
+    assert "bag sync" in err and "conv" not in err
