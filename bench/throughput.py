@@ -535,12 +535,15 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
                         help="any task instead of the synthetic dialogues (e.g. jsonl:PATH); its examples need "
                              "label_candidates for the bag and conv models")
     parser.add_argument("--episodes", type=int, default=None,
-                        help="training episodes of the dialogues task (default: the spec's 10,000)")
+                        help="training episodes of the dialogues task (default: the spec's 10,000, --quick 2,000; "
+                             "not with --task)")
     parser.add_argument("--eval-episodes", type=int, default=None,
                         help="episodes scored by the metrics part (of --task's valid split, or of the generated "
                              "dialogues'; default 3,000, --quick 600)")
-    parser.add_argument("--repeats", type=int, default=None, help="interleaved rounds per comparison")
-    parser.add_argument("--min-seconds", type=float, default=None, help="time per measurement")
+    parser.add_argument("--repeats", type=int, default=None,
+                        help="interleaved rounds per comparison (default 5, --quick 2)")
+    parser.add_argument("--min-seconds", type=float, default=None,
+                        help="seconds per measurement (default 1.5, --quick 0.4)")
     parser.add_argument("--batchsizes", default="1,32,128", help="batch sizes of the overhead part")
     parser.add_argument("--max-batch-tokens", type=int, default=-1,
                         help="dynamic part: token budget of 'full' and 'buckets' (-1: the loader's default, "
@@ -550,12 +553,21 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
                         help="overhead and metrics parts: wall time, or this process's CPU time (steadier when "
                              "other processes share the cores); multi-process parts always use wall time")
     args = parser.parse_args(argv)
+    # explicit sizes are checked (0 is not "the default") before the defaults fill the ones not given
+    for option, value in (("--repeats", args.repeats), ("--episodes", args.episodes),
+                          ("--eval-episodes", args.eval_episodes)):
+        if value is not None and value < 1:
+            parser.error(f"{option} {value}: give 1 or more")
+    if args.min_seconds is not None and not 0 < args.min_seconds < math.inf:
+        parser.error(f"--min-seconds {args.min_seconds:g}: give a finite number of seconds above 0")
+    if args.episodes is not None and args.task is not None:
+        parser.error("--episodes: sizes the generated dialogues, not --task's data")
     if args.quick:  # smaller defaults; explicit options win
-        args.episodes = 2000 if args.episodes is None else args.episodes
+        args.episodes = 2000 if args.episodes is None and args.task is None else args.episodes
     if args.eval_episodes is None:
         args.eval_episodes = 600 if args.quick else 3000
-    args.repeats = args.repeats or (2 if args.quick else 5)
-    args.min_seconds = args.min_seconds or (0.4 if args.quick else 1.5)
+    args.repeats = args.repeats if args.repeats is not None else (2 if args.quick else 5)
+    args.min_seconds = args.min_seconds if args.min_seconds is not None else (0.4 if args.quick else 1.5)
     try:
         sizes = [int(b) for b in args.batchsizes.split(",") if b.strip()]
     except ValueError:
@@ -563,8 +575,6 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     if not sizes or min(sizes) < 1:
         parser.error(f"--batchsizes {args.batchsizes}: give batch sizes of 1 or more, comma separated")
     args.batchsizes = sizes
-    if args.eval_episodes < 1:
-        parser.error(f"--eval-episodes {args.eval_episodes}: give 1 or more")
     torch.set_num_threads(1)
     args.now = CLOCKS[args.clock]
     parts = [p.strip() for p in args.parts.split(",") if p.strip()]

@@ -376,3 +376,17 @@ def test_framework_overhead_different_weights_exit_1_after_every_row(bench, monk
     out, err = capsys.readouterr()
     assert "!! the plain loop did not train the same weights" in out and "conv  sync" in out  # printed first
     assert "bag sync" in err and "conv" not in err
+
+
+# --- 12. bad sizes are one line naming the option, before anything runs ------------------------------------
+
+@pytest.mark.parametrize("argv, option", [(["--repeats", "-1"], "--repeats"), (["--repeats", "0"], "--repeats"),
+                                          (["--min-seconds", "-1"], "--min-seconds"),
+                                          (["--min-seconds", "0"], "--min-seconds"),
+                                          (["--episodes", "0"], "--episodes"),
+                                          (["--episodes", "50", "--task", "babi:1"], "--episodes"),
+                                          (["--eval-episodes", "0"], "--eval-episodes")])
+def test_throughput_refuses_bad_sizes_before_measuring(bench, monkeypatch, capsys, argv, option):
+    module = bench("throughput")
+    monkeypatch.setattr(module, "PARTS", {name: lambda args: pytest.fail("measured") for name in module.PARTS})
+    assert option in _usage_error(capsys, module.main, ["--parts", "metrics", *argv])
