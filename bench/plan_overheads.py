@@ -6,7 +6,7 @@
    with 1 thread (same compute per process as a replica) and with 2 threads (same cores as R=2), for a
    compute-bound MLP and a tiny model (where the per-update all-reduce dominates).
 
-    .venv/bin/python bench/plan_overheads.py [--calls 30] [--quick]
+    .venv/bin/python bench/plan_overheads.py [--calls 20] [--rounds 2] [--quick]
 
 Timings are medians of per-call wall times after warm-up, measured round-robin (device iterations) or in
 alternating rounds keeping each configuration's best (replication); all ratios come from this run only.
@@ -153,16 +153,22 @@ def bench_replication(calls: int, rounds: int = 2, b: int = 32, g: int = 1, d: i
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--calls", type=int, default=20)
-    parser.add_argument("--rounds", type=int, default=2, help="alternating rounds of the replication runs")
-    parser.add_argument("--quick", action="store_true", help="few calls (a smoke run)")
+    parser.add_argument("--calls", type=int, default=None,
+                        help="timed calls per configuration, after 3 of warm-up (default 20, --quick 5)")
+    parser.add_argument("--rounds", type=int, default=None,
+                        help="alternating rounds of the replication runs (default 2, --quick 1)")
+    parser.add_argument("--quick", action="store_true", help="5 calls, 1 round: a smoke run (explicit options win)")
     args = parser.parse_args(argv)
-    calls = 5 if args.quick else args.calls
+    for option, value in (("--calls", args.calls), ("--rounds", args.rounds)):
+        if value is not None and value < 1:  # 0 calls has no median; 0 rounds measures no configuration
+            parser.error(f"{option} {value}: give 1 or more")
+    calls = args.calls if args.calls is not None else (5 if args.quick else 20)
+    rounds = args.rounds if args.rounds is not None else (1 if args.quick else 2)
     load = ", ".join(f"{x:.1f}" for x in os.getloadavg())
     print(f"cpu cores: {os.cpu_count()}, load average {load} (other work on the machine skews timings), "
           f"torch {torch.__version__}, python {sys.version.split()[0]}")
     bench_device_iterations(calls)
-    bench_replication(calls, rounds=1 if args.quick else args.rounds)
+    bench_replication(calls, rounds=rounds)
     return 0
 
 

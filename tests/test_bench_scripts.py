@@ -390,3 +390,25 @@ def test_throughput_refuses_bad_sizes_before_measuring(bench, monkeypatch, capsy
     module = bench("throughput")
     monkeypatch.setattr(module, "PARTS", {name: lambda args: pytest.fail("measured") for name in module.PARTS})
     assert option in _usage_error(capsys, module.main, ["--parts", "metrics", *argv])
+
+
+@pytest.mark.parametrize("argv, option", [(["--calls", "0"], "--calls"), (["--calls", "-3"], "--calls"),
+                                          (["--rounds", "0", "--calls", "2"], "--rounds")])
+def test_plan_overheads_refuses_bad_sizes_before_measuring(bench, monkeypatch, capsys, argv, option):
+    module = bench("plan_overheads")
+    for name in ("bench_device_iterations", "bench_replication"):
+        monkeypatch.setattr(module, name, lambda *a, **k: pytest.fail("measured"))
+    assert option in _usage_error(capsys, module.main, argv)
+
+
+def test_plan_overheads_explicit_calls_and_rounds_win_over_quick(bench, monkeypatch, capsys):
+    module = bench("plan_overheads")
+    ran = []
+    monkeypatch.setattr(module, "bench_device_iterations", lambda calls: ran.append(("device", calls)))
+    monkeypatch.setattr(module, "bench_replication", lambda calls, rounds: ran.append(("replication", calls, rounds)))
+    assert module.main(["--quick", "--calls", "50"]) == 0
+    assert module.main(["--quick", "--rounds", "3"]) == 0
+    assert module.main(["--quick"]) == 0 and module.main([]) == 0
+    assert ran == [("device", 50), ("replication", 50, 1), ("device", 5), ("replication", 5, 3),
+                   ("device", 5), ("replication", 5, 1), ("device", 20), ("replication", 20, 2)]
+    assert "[--calls 20]" in module.__doc__
