@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import random
 import resource
@@ -89,29 +90,45 @@ class Tokenize:
 def run_child(path: str | None, args: argparse.Namespace) -> dict:
     cmd = [sys.executable, __file__, "--child", path or "-", "--batch-sort-cache-size",
            str(args.batch_sort_cache_size), "--dynamic-batching", args.dynamic_batching]
-    out = subprocess.run(cmd, check=True, capture_output=True, text=True,
-                         env=dict(os.environ, OMP_NUM_THREADS="1"))
+    out = subprocess.run(cmd, capture_output=True, text=True, env=dict(os.environ, OMP_NUM_THREADS="1"))
+    if out.returncode != 0:  # the child's own last line (its error), not a traceback of this process
+        said = out.stderr.strip().splitlines()
+        raise SystemExit(f"{os.path.basename(__file__)}: error: the child reading {path or 'nothing'} exited "
+                         f"{out.returncode}: {said[-1] if said else 'without a message'}")
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--big-mb", type=float, default=1024)
     parser.add_argument("--small-mb", type=float, default=10)
     parser.add_argument("--batch-sort-cache-size", type=int, default=1000)
     parser.add_argument("--dynamic-batching", default="batchsort", choices=("none", "batchsort", "full", "buckets"))
     parser.add_argument("--child", help=argparse.SUPPRESS)
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     if args.child is not None:
         child(None if args.child == "-" else args.child, args.batch_sort_cache_size, args.dynamic_batching)
         return
+    # checked before any file is written: an empty file has no examples, and the loader takes a cache of 1+
+    for option, mb in (("--big-mb", args.big_mb), ("--small-mb", args.small_mb)):
+        if not 0 < mb < math.inf:
+            parser.error(f"{option} {mb:g}: give a size in MB above 0")
+    if args.big_mb <= args.small_mb:
+        parser.error(f"--big-mb {args.big_mb:g}: give more than --small-mb {args.small_mb:g} (the two are compared)")
+    if args.batch_sort_cache_size < 1:
+        parser.error(f"--batch-sort-cache-size {args.batch_sort_cache_size}: give 1 or more")
     with tempfile.TemporaryDirectory() as tmp:
         results = {"imports only": run_child(None, args)}
+        file_bytes = {}
         for name, mb in (("small", args.small_mb), ("big", args.big_mb)):
             path = os.path.join(tmp, f"{name}.jsonl")
             start = time.perf_counter()
             write_file(path, mb)
-            size = os.path.getsize(path) / (1 << 20)
+            file_bytes[name] = os.path.getsize(path)  # whole blocks of about 1 MiB: at least --big/small-mb
+            size = file_bytes[name] / (1 << 20)
+            if name == "big" and file_bytes["big"] == file_bytes["small"]:
+                parser.error(f"--big-mb {args.big_mb:g} --small-mb {args.small_mb:g}: both files are {size:.0f} MB "
+                             "(written in whole blocks of about 1 MB): give sizes at least 1 MB apart")
             print(f"wrote {size:.0f} MB in {time.perf_counter() - start:.1f} s", flush=True)
             results[f"{name} ({size:.0f} MB)"] = run_child(path, args)
             os.remove(path)
@@ -123,7 +140,7 @@ def main() -> None:
                                           if n.startswith(("small", "big"))]
     per_example = (big - small) * (1 << 20) / max(1, big_exs - small_exs)
     print(f"\npeak RSS big / small: {big / small:.3f}x; {per_example:.1f} bytes per example more "
-          f"(the file: {args.big_mb * (1 << 20) / max(1, big_exs):.0f} bytes per example)")
+          f"(the file written: {file_bytes['big'] / max(1, big_exs):.0f} bytes per example)")
 
 
 if __name__ == "__main__":

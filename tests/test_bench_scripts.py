@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib.util
 import math
+import os
 import pathlib
 import re
 import runpy
@@ -412,3 +413,44 @@ def test_plan_overheads_explicit_calls_and_rounds_win_over_quick(bench, monkeypa
     assert ran == [("device", 50), ("replication", 50, 1), ("device", 5), ("replication", 5, 3),
                    ("device", 5), ("replication", 5, 1), ("device", 20), ("replication", 20, 2)]
     assert "[--calls 20]" in module.__doc__
+
+
+@pytest.mark.parametrize("argv, option", [(["--big-mb", "-5", "--small-mb", "1"], "--big-mb"),
+                                          (["--big-mb", "0"], "--big-mb"), (["--small-mb", "0"], "--small-mb"),
+                                          (["--big-mb", "2", "--small-mb", "3"], "--big-mb"),
+                                          (["--batch-sort-cache-size", "-1"], "--batch-sort-cache-size"),
+                                          (["--batch-sort-cache-size", "0"], "--batch-sort-cache-size")])
+def test_streaming_memory_refuses_bad_sizes_before_starting_a_child(bench, monkeypatch, capsys, argv, option):
+    module = bench("streaming_memory")
+    monkeypatch.setattr(module, "run_child", lambda *a: pytest.fail("a child was started"))
+    assert option in _usage_error(capsys, module.main, argv)
+
+
+def test_streaming_memory_says_a_failed_childs_own_last_line(bench, monkeypatch):
+    module = bench("streaming_memory")
+
+    def failing(cmd, **_: Any) -> subprocess.CompletedProcess:
+        return subprocess.CompletedProcess(cmd, 1, "", "Traceback (most recent call last):\n  ...\nValueError: boom\n")
+    monkeypatch.setattr(module.subprocess, "run", failing)
+    with pytest.raises(SystemExit) as exit_info:
+        module.run_child("/data/small.jsonl", module.argparse.Namespace(batch_sort_cache_size=8,
+                                                                        dynamic_batching="none"))
+    message = str(exit_info.value.code)
+    assert "ValueError: boom" in message and "/data/small.jsonl" in message and "\n" not in message
+
+
+def test_streaming_memory_bytes_per_example_of_the_file_written(bench, monkeypatch, capsys):
+    """--big-mb 1.5 writes two whole blocks (about 2 MB): the figure is the file's, not 1.5 MB's."""
+    module = bench("streaming_memory")
+    sizes = {}
+
+    def fake_child(path, args):
+        if path is None:
+            return {"rss_mb": 100.0}
+        sizes[path] = os.path.getsize(path)
+        return {"rss_mb": 110.0 + len(sizes), "examples": 1000 * len(sizes), "batches": 1, "seconds": 0.1}
+    monkeypatch.setattr(module, "run_child", fake_child)
+    module.main(["--big-mb", "1.5", "--small-mb", "0.5"])
+    big = max(sizes.values())
+    assert big > 1.9 * (1 << 20)
+    assert f"(the file written: {big / 2000:.0f} bytes per example)" in capsys.readouterr().out
