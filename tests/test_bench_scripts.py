@@ -454,3 +454,20 @@ def test_streaming_memory_bytes_per_example_of_the_file_written(bench, monkeypat
     big = max(sizes.values())
     assert big > 1.9 * (1 << 20)
     assert f"(the file written: {big / 2000:.0f} bytes per example)" in capsys.readouterr().out
+
+
+# --- 13. generation: every ratio names its baseline -------------------------------------------------------
+
+def test_generation_ratios_name_their_baselines(bench, monkeypatch, capsys):
+    module = bench("generation")
+    speeds = iter([100.0, 250.0, None, 40.0, 10.0])  # training none, full; the model's training; greedy, loss only
+
+    def fake_run(args):
+        speed = next(speeds) or 1.0
+        return {"train": {"exs": 10, "exs_per_s": speed}, "valid": {"exs": 10, "time_s": 10 / speed}}, 50.0
+    monkeypatch.setattr(module, "run", fake_run)
+    module.main(["--steps", "1"])
+    lines = capsys.readouterr().out.splitlines()
+    assert "ratio vs" in lines[0]
+    assert "1.00x --dynamic-batching none" in lines[1] and "2.50x --dynamic-batching none" in lines[2]
+    assert "1.00x greedy decoding" in lines[3] and "0.25x greedy decoding" in lines[4]
