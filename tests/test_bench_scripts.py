@@ -471,3 +471,39 @@ def test_generation_ratios_name_their_baselines(bench, monkeypatch, capsys):
     assert "ratio vs" in lines[0]
     assert "1.00x --dynamic-batching none" in lines[1] and "2.50x --dynamic-batching none" in lines[2]
     assert "1.00x greedy decoding" in lines[3] and "0.25x greedy decoding" in lines[4]
+
+
+# --- 14. what the scripts say matches what they do ------------------------------------------------------------
+
+@pytest.mark.slow  # four conv worlds: about 4 s
+def test_throughput_dynamic_part_counts_the_baselines_padding_too(bench, monkeypatch, capsys):
+    """none's pad fraction was nan (its world keeps no count): every strategy's is counted from the tensors."""
+    module = bench("throughput")
+    monkeypatch.setattr(module, "PADDING_STEPS", 4)
+    results = module.main(["--episodes", "40", "--parts", "dynamic", "--repeats", "1", "--min-seconds", "0.01"])
+    pads = [results[f"dynamic_{s}_pad"] for s in ("none", "batchsort", "full", "buckets")]
+    assert all(0 <= pad < 1 for pad in pads), pads
+    out = capsys.readouterr().out
+    assert "nan" not in out and "(of 4 untimed steps after the timed ones)" in out
+
+
+def test_text_padding_counts_zeros_of_the_text_tensors_and_restores_the_step(bench):
+    module = bench("throughput")
+    steps = []
+    engine = type("Engine", (), {"train_step": lambda self, batch: steps.append(batch)})()
+
+    class World:
+        def get_model_agent(self) -> Any:
+            return type("Agent", (), {"engine": engine})()
+
+        def parley(self) -> None:
+            engine.train_step({"text_vec": torch.tensor([[5, 6, 0, 0], [7, 0, 0, 0]])})
+    assert module.text_padding(World(), 3) == 5 / 8 and len(steps) == 3
+    assert "train_step" not in vars(engine)
+
+
+def test_throughput_overhead_says_why_the_trivial_agents_metrics_are_0(bench, capsys):
+    bench("throughput").main(["--episodes", "10", "--parts", "overhead", "--batchsizes", "4", "--repeats", "1",
+                              "--min-seconds", "0.01"])
+    assert "accuracy 0.000 f1 0.000: its one reply, 'i do not know the answer', shares no word with the labels" \
+        in capsys.readouterr().out
