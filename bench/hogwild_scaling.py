@@ -1,7 +1,8 @@
 """Hogwild scaling: training examples/s with --numthreads 2 against 1, on a CPU-bound model, in one run.
 
 The model is an MLP over a bag of hashed words (bAbI task 1: pick the answer among the six places), wide
-enough that its forward/backward/Adam step dominates a parley. Each configuration is measured in turn, in
+enough that its forward/backward/optimizer step (``--optimizer``: sgd by default, or adam / adamw) dominates a
+parley. Each configuration is measured in turn, in
 interleaved rounds (so a neighbour's load hits them alike), and the median of the rounds is compared:
 
 * ``single``: one process, ``--numthreads 1`` (the plain world create_world builds), one torch thread;
@@ -57,7 +58,8 @@ class WideMLP(nn.Module):
 
 
 class WideMLPAgent(TorchAgent):
-    """A CPU-bound agent: the step (3 x hidden^2 weights, Adam) costs far more than the data handling."""
+    """A CPU-bound agent: the step (3 x hidden^2 weights, the --optimizer's update) costs far more than the data
+    handling."""
 
     def build_model(self) -> nn.Module:
         return WideMLP(HIDDEN)

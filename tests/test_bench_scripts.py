@@ -507,3 +507,9 @@ def test_throughput_overhead_says_why_the_trivial_agents_metrics_are_0(bench, ca
                               "--min-seconds", "0.01"])
     assert "accuracy 0.000 f1 0.000: its one reply, 'i do not know the answer', shares no word with the labels" \
         in capsys.readouterr().out
+
+
+def test_hogwild_scaling_docstrings_name_the_default_optimizer(bench):
+    module = bench("hogwild_scaling")
+    assert "sgd by default" in module.__doc__
+    assert "Adam" not in module.__doc__ and "Adam" not in module.WideMLPAgent.__doc__
