@@ -34,7 +34,7 @@ from accelbatch.host_memory import apply_host_allocator
 from accelbatch.loader_world import LoaderWorld, awaits_replies, check_replies_returned
 from accelbatch.main_guard import check_main_guard, refuse_script_rerun
 from accelbatch.multi_world import MultiWorld
-from accelbatch.names import resolve_agent_class
+from accelbatch.names import resolve_agent_class, say_unused_model
 from accelbatch.optimizers import learning_rates, set_learning_rates
 from accelbatch.opts import OptionError, Opts
 from accelbatch.ordered_pass import check_ordered_pass
@@ -375,6 +375,7 @@ def create_world(opts: Opts | Mapping[str, Any], agent: Agent | type[Agent] | st
         raise TypeError(f"create_world(rows={rows!r}): rows is a number of batch rows, 1 or more (None: -bs)")
     if runtime is None:
         check_processes(opts)
+        say_unused_model(opts.model, agent, Opts.__dataclass_fields__["model"].default)
     if runtime is None and opts.numthreads > 1:
         check_main_guard(f"-nt/--numthreads {opts.numthreads}", _sent_agent(opts, agent, teacher))
     elif runtime is None and opts.dataloader_mode != "sync":

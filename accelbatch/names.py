@@ -104,3 +104,18 @@ def resolve_agent_class(name: str) -> type["Agent"]:
     if name.startswith("torch:"):  # the user's nn.Module, PopTorch-style
         return import_path(TORCH_MODEL_AGENT, "model", list(AGENT_PATHS))
     return import_path(AGENT_PATHS.get(name, name), "model", list(AGENT_PATHS))
+
+
+def say_unused_model(model: str, agent: Any, default: str) -> None:
+    """One line on stderr when an agent class given to create_world replaces a -m naming another agent (a
+    script that builds its own agent takes every option of `accelbatch train`, -m too, which it would ignore
+    silently)."""
+    if not isinstance(agent, type) or model == default:
+        return
+    try:
+        named: type | None = resolve_agent_class(model)
+    except Exception:  # noqa: BLE001 - a name that is no agent is all the more unused
+        named = None
+    if named is None or not issubclass(agent, named):
+        print(f"accelbatch: -m/--model {model!r} is not used: create_world(agent={agent.__name__}) builds the "
+              "agent given", file=sys.stderr)

@@ -13,6 +13,7 @@ import dataclasses
 import json
 import math
 import os
+import sys
 from dataclasses import dataclass, field
 from typing import Any, Iterator, Sequence
 
@@ -324,11 +325,10 @@ class Opts:
         unknown = sorted(set(defaults) - {f.name for f in dataclasses.fields(cls)})
         if unknown:
             raise OptionError(f"Opts.from_args: no option named {', '.join(unknown)} (the names are Opts' fields)")
-        parser = build_parser()
+        parser = build_parser(prog=os.path.basename(sys.argv[0]) or "accelbatch")  # the script's name in its errors
         parser.set_defaults(**defaults)
-        if agent is None:
-            return cls.from_namespace(parser.parse_args(argv))
-        add_agent_arguments(parser, agent, reserved_options())
+        if agent is not None:
+            add_agent_arguments(parser, agent, reserved_options())
         namespace = parser.parse_args(argv)
         given, opts = given_agent_args(namespace), cls.from_namespace(namespace)
         return opts.replace(agent_args={**opts.agent_args, **given}) if given else opts
