@@ -257,7 +257,9 @@ def with_model_opts(opts: Opts, given: set[str], reads_task: bool = True) -> tup
         if "task" not in given:
             check_task_files(opts, f"{found}: the checkpoint's task", "put the data back there to resume, or "
                              "start afresh without --resume")
-        check_resumed_opts(Checkpoint(path=found, model_state={}, opts=saved), opts, opts.model)
+        # a -bs above the checkpoint's may be lowered to the data again: the built world's check judges it
+        keys = [k for k in RESUME_OPTS if k != "batchsize" or opts.batchsize < saved.get("batchsize", 0)]
+        check_resumed_opts(Checkpoint(path=found, model_state={}, opts=saved), opts, opts.model, keys)
         return _metric_spelled(opts), None  # said by the resume (-lr) or not at all: the run goes on as it was
     if path and os.path.isfile(path):
         source, flag, names = path, "-mf", KEPT if training else EVALUATING

@@ -346,7 +346,10 @@ class Supervisor:
                 elif message.kind == "interrupted":
                     self.interrupts[i] = message.payload
                 else:
-                    self.results[i] = pickle.loads(message.payload)
+                    try:
+                        self.results[i] = pickle.loads(message.payload)
+                    except Exception as exc:  # noqa: BLE001 - a result that cannot be rebuilt here is lost
+                        self._unreadable.setdefault(i, exc)
         except (EOFError, OSError):
             self._open.discard(i)
             self._poller.unregister(self._conns[i].fileno())
@@ -372,8 +375,9 @@ class Supervisor:
                 return
 
     def failed(self) -> list[int]:
-        """Children that raised, or ended with a non-zero code without a KeyboardInterrupt."""
-        return [i for i, code in enumerate(self.exitcodes) if i in self.records
+        """Children that raised, sent what could not be read here, or ended with a non-zero code without a
+        KeyboardInterrupt."""
+        return [i for i, code in enumerate(self.exitcodes) if i in self.records or i in self._unreadable
                 or (self._ended[i] and code != 0 and i not in self.interrupts)]
 
     def error(self, index: int) -> ProcessFailure:

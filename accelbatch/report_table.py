@@ -3,12 +3,13 @@ with no bare NaN."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
 import sys
 from dataclasses import dataclass, field
-from typing import Any, TextIO
+from typing import Any, Iterator, TextIO
 
 from accelbatch.tensorboard_log import TensorBoardLog
 
@@ -108,6 +109,25 @@ def standard_stream(path: str) -> TextIO | None:
     return None
 
 
+@contextlib.contextmanager
+def _locked(handle: Any) -> Iterator[None]:
+    """An exclusive lock on a --metrics-log file (flock, where there is one) while a record is appended or a
+    resume cuts its records: runs sharing the log never lose a line to each other."""
+    try:
+        import fcntl
+
+        if handle is not None:
+            fcntl.flock(handle, fcntl.LOCK_EX)
+    except (ImportError, OSError):  # no flock (not POSIX, or a file system without it): as before
+        handle = None
+    try:
+        yield
+    finally:
+        if handle is not None:
+            with contextlib.suppress(OSError):
+                fcntl.flock(handle, fcntl.LOCK_UN)
+
+
 def _written_by(line: bytes, run: str | None, last: bool) -> bool:
     """Whether a --metrics-log line after a checkpoint is a record of ``run`` (every line, for a checkpoint of
     a log whose records had no run name); a line that is no record is the killed run's torn write when last."""
@@ -148,9 +168,10 @@ class MetricsLog:
             elif self.handle is None:
                 os.makedirs(os.path.dirname(os.path.abspath(self.path)), exist_ok=True)
                 self.handle = open(self.path, "a", encoding="utf-8")
-            self.handle.write(json.dumps(json_ready({**record, "run": self.run}), sort_keys=True, allow_nan=False)
-                              + "\n")
-            self.handle.flush()
+            line = json.dumps(json_ready({**record, "run": self.run}), sort_keys=True, allow_nan=False) + "\n"
+            with _locked(None if self._borrowed else self.handle):  # not while another run's resume cuts it
+                self.handle.write(line)
+                self.handle.flush()
         except OSError as exc:
             self._drop_file(exc)
 
@@ -179,7 +200,7 @@ class MetricsLog:
         try:
             if size < 0 or not os.path.isfile(self.path) or os.path.getsize(self.path) <= size:
                 return
-            with open(self.path, "r+b") as handle:
+            with open(self.path, "r+b") as handle, _locked(handle):  # runs sharing the log wait meanwhile
                 handle.seek(max(size - 1, 0))
                 before = handle.read(1) if size else b"\n"
                 after = handle.read().splitlines(keepends=True)

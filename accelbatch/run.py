@@ -83,6 +83,7 @@ def evaluate(world: World, log: MetricsLog | None = None, split: str = "valid",
                 spent.parleyed(world, world.get_total_exs())
     if backend.decide(cut)[0] if replicas > 1 else cut:
         if stop is not None:
+            stop.agree()  # a replica stopped by another's signal saves and ends as that one does
             stop.at_safe_point()
         done, total = world.get_total_exs() - served, world.num_examples()
         raise KeyboardInterrupt(f"{getattr(stop, 'name', None) or 'a stop on another replica'}: the {split} evaluation "

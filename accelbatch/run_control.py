@@ -66,7 +66,7 @@ def refuse_no_examples(world: Any, split: str) -> None:
     made) declares no examples, which would train for ever or report an evaluation of none."""
     try:
         count = world.num_examples()
-    except NotImplementedError:  # a teacher without num_examples(): what needs it says so
+    except (NotImplementedError, AttributeError):  # a teacher without num_examples(): what needs it says so
         return
     if count == 0:
         from accelbatch.tasks.files import DataFileError
@@ -132,8 +132,18 @@ class StopSignals:
         self._timer: threading.Timer | None = None
         self._overdue = False
         self._requested_at = 0.0
+        self._agreed = False
+
+    def agree(self) -> None:
+        """The replicas decided to stop together on another one's signal: this one stops as if it had its own
+        (the parent's forward of that signal, if it comes later, is the same request, not a second one)."""
+        if self.requested is None:
+            self.requested, self._requested_at, self._agreed = signal.SIGTERM, time.monotonic(), True
 
     def _handle(self, signum: int, frame: Any) -> None:
+        if self._agreed:  # the request agreed to, now delivered here too
+            self.requested, self._requested_at, self._agreed = signum, time.monotonic(), False
+            return
         if self.requested is not None:
             if (signum == self.requested and not self._overdue
                     and time.monotonic() - self._requested_at < DOUBLE_DELIVERY_S):

@@ -189,7 +189,7 @@ class DialogPartnerWorld(World):
     def parley(self) -> None:
         teacher, model = self.agents
         self.total_parleys += 1
-        self.acts[0] = _own_acts(teacher, [teacher.act()])[0]
+        self.acts[0] = _own_acts([teacher], [teacher.act()])[0]
         if not is_padding(self.acts[0]):
             self.total_exs += 1
         model.observe(self.acts[0])
@@ -213,10 +213,11 @@ def with_model_report(task_report: dict[str, float], model: Agent) -> dict[str, 
     return drop_full_scored(rep)
 
 
-def _own_acts(teacher: Any, acts: list) -> list:
-    """A teacher of yours' examples, checked (:func:`checked_teacher_act`); a FixedTeacher's are its store's."""
-    mine = isinstance(teacher, Teacher) and type(teacher).act is not FixedTeacher.act
-    return [checked_teacher_act(teacher, act) for act in acts] if mine else acts
+def _own_acts(teachers: Sequence[Any], acts: list) -> list:
+    """Each row's act, checked (:func:`checked_teacher_act`) where its teacher is one of yours that acts itself
+    (rows of a MultiWorld may each be on another task); a FixedTeacher's are its store's, checked already."""
+    return [checked_teacher_act(t, act) if isinstance(t, Teacher) and type(t).act is not FixedTeacher.act else act
+            for t, act in zip(teachers, acts)]
 
 
 def _fixed_teachers(world: World) -> list[FixedTeacher]:
@@ -338,7 +339,7 @@ class BatchWorld(World):
             acts = [agent.act() for agent in agents]
         if index:  # a model's replies (a teacher's None is a padding row)
             refuse_non_messages(original, "batch_act()" if batched else "act()", acts)
-        acts = _own_acts(original, acts) if not index else acts
+        acts = _own_acts(agents, acts) if not index else acts
         for w, act in zip(self.worlds, acts):
             w.get_acts()[index] = act
         self.acts[index] = acts

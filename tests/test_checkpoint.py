@@ -466,6 +466,19 @@ def test_stop_signals_turn_sigterm_into_a_flag():
             os.kill(os.getpid(), signal.SIGINT)
 
 
+def test_a_stop_agreed_on_another_replicas_signal_takes_its_own_late_copy_as_the_same_request():
+    import signal
+
+    with run_control.StopSignals(announce=False) as stop:
+        stop.agree()
+        assert stop.requested is not None
+        os.kill(os.getpid(), signal.SIGINT)  # the parent's forward of that signal, late: not a second one
+        assert stop.requested == signal.SIGINT
+        time.sleep(run_control.DOUBLE_DELIVERY_S)
+        with pytest.raises(KeyboardInterrupt, match="SIGINT again"):
+            os.kill(os.getpid(), signal.SIGINT)
+
+
 # --- the fp16 loss scaler ----------------------------------------------------------------------------
 
 class _LoudMemNN(torch.nn.Module):

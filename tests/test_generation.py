@@ -14,7 +14,7 @@ from accelbatch.generation import BOS, EOS, PAD, ByteVocab, GeneratorModel
 from accelbatch.metrics import Metrics
 from accelbatch.models.generator import TransformerCore, TransformerGeneratorAgent
 from accelbatch.plan import LOSS_TOKENS
-from accelbatch.run import reduce_report
+from accelbatch.report_merge import reduce_report
 from accelbatch.tasks.reverse import generate
 
 VOCAB = ByteVocab()

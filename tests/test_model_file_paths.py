@@ -1,7 +1,7 @@
 """Where a training run writes around ``-mf PATH``: a link is followed, so the model, its PATH.opt,
-PATH.trainstats, PATH.ckpt and the lock sit together beside the file a save writes (before, the side files went
-beside the link, and a worse model replaced the best one through it); a dangling link's folder is made, as a
-missing folder of a plain path is; a PATH.opt that is a folder is refused before training, not after."""
+PATH.trainstats, PATH.ckpt and the lock sit together beside the file a save writes (a worse model never replaces
+the best one through a link); a dangling link's folder is made, as a missing folder of a plain path is; a
+PATH.opt that is a folder is refused before training, not after."""
 
 from __future__ import annotations
 

@@ -13,9 +13,10 @@ import pytest
 
 from accelbatch.cli import main
 from accelbatch.messages import Message
+from accelbatch.opts import Opts
 from accelbatch.teachers import Teacher
 
-pytestmark = pytest.mark.timeout(120)  # what these refuse used to hang
+pytestmark = pytest.mark.timeout(120)  # what these refuse would run for ever
 
 N = 5
 RUN = ["-m", "repeat_label", "--no-progress"]
@@ -112,7 +113,7 @@ def test_a_str_label_is_one_answer_not_its_first_character(tmp_path, bs):
     report = tmp_path / "r.json"
     assert main(["eval", "-t", f"{__name__}:StrLabels", *RUN, "-bs", bs, "--report-json", str(report)]) == 0
     valid = json.loads(report.read_text())["valid"]
-    assert valid["exs"] == N * int(bs) and valid["accuracy"] == 1.0  # repeat_label replied "a" (of "ans s0")
+    assert valid["exs"] == N * int(bs) and valid["accuracy"] == 1.0  # not "a", the first character of "ans s0"
 
 
 @pytest.mark.parametrize("bs", ["1", "2"])
@@ -148,8 +149,34 @@ def test_a_teacher_of_no_examples_is_one_line_in_training_and_evaluation(capsys,
 
 def test_repeat_label_answers_a_str_label_whole():
     from accelbatch.models.utility import RepeatLabelAgent
-    from accelbatch.opts import Opts
 
     agent = RepeatLabelAgent(Opts())
     agent.observe(Message(text="q", eval_labels="ans s0", episode_done=True))
     assert agent.act()["text"] == "ans s0"
+
+
+def test_each_rows_act_is_checked_against_its_own_teacher_in_several_tasks(capsys):
+    """babi:1 with a teacher of yours: the rows on the second task are checked too (one line naming it)."""
+    assert main(["eval", "-t", f"babi:1,{__name__}:IntLabels", *RUN, "-bs", "2"]) == 2
+    assert "IntLabels.act() returned an example whose 'eval_labels' is 7" in _error_line(capsys)
+
+
+def test_an_acts_label_is_left_as_it_is_not_made_labels():
+    """'label' is setup_data's shorthand: made 'labels' in an act it would train a model during evaluation."""
+    from accelbatch.data.datasets import checked_teacher_act
+
+    act = Message(text="q", label="a", eval_labels="a", episode_done=True)
+    checked = checked_teacher_act(SelfScored(Opts()), act)
+    assert checked["label"] == "a" and "labels" not in checked and checked["eval_labels"] == ["a"]
+    same = Message(text="q", label="a", episode_done=True)
+    assert checked_teacher_act(SelfScored(Opts()), same) is same
+
+
+def test_a_teacher_without_num_examples_is_not_refused_as_empty():
+    from accelbatch.run_control import refuse_no_examples
+
+    class NoCount:
+        def num_examples(self):
+            raise AttributeError("no count")
+
+    refuse_no_examples(NoCount(), "valid")  # what needs the count says so; an evaluation does not

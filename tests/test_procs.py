@@ -258,6 +258,7 @@ def test_a_message_that_cannot_be_read_after_its_sender_ended_loses_neither_its_
         sup.context.processes[0].join(30)  # ended before its message is read
         with pytest.raises(expected[0], match=expected[1]):
             sup.receive(30)
+        assert sup.failed() == [0]  # also for a child that exited 0: what it sent is lost
     assert_gone(sup.pids)
 
 

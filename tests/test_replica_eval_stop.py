@@ -1,7 +1,7 @@
 """A stop signal during a validation of a ``-rf 2`` run: replica 1 has finished its share and waits for the
 report's collective while replica 0 is still evaluating when the signal comes. The replicas decide together
-after their loops, so both stop there and rank 0 saves the checkpoint: exit 130 within seconds (before, replica 0
-raised into its barrier while replica 1 sat in the report's all-gather, and the run hung for 120 s, unsaved)."""
+after their loops, so both stop there and rank 0 saves the checkpoint: exit 130 within seconds, not a replica
+alone in a barrier while the other waits in the report's all-gather."""
 
 from __future__ import annotations
 
@@ -19,6 +19,7 @@ from accelbatch.models.bag import BagAgent
 pytestmark = [pytest.mark.multiprocess, pytest.mark.slow]
 
 MARK = "ACCELBATCH_TEST_EVAL_MARK"
+ONLY_ME = "ACCELBATCH_TEST_SIGNAL_REPLICA_0"
 
 
 class SlowFirstReplicaEval(BagAgent):
@@ -35,15 +36,18 @@ class SlowFirstReplicaEval(BagAgent):
             type(self).eval_batches += 1
             if type(self).eval_batches == 3:
                 Path(os.environ[MARK]).touch()
+                if os.environ.get(ONLY_ME):  # as a signal to this replica alone: the other stops by agreement
+                    os.kill(os.getpid(), signal.SIGTERM)
                 time.sleep(3)
         return super().batch_act(observations)
 
 
 @pytest.mark.timeout(150)
-@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM, None], ids=["SIGINT", "SIGTERM", "replica-0"])
 def test_a_stop_during_a_replicated_validation_saves_and_ends_within_seconds(tmp_path, signum):
+    """The signal to the run (forwarded to each replica), or to replica 0 alone (None)."""
     mark, model = tmp_path / "mark", tmp_path / "m.pt"
-    env = {**os.environ, "OMP_NUM_THREADS": "1", MARK: str(mark),
+    env = {**os.environ, "OMP_NUM_THREADS": "1", MARK: str(mark), **({ONLY_ME: "1"} if signum is None else {}),
            "PYTHONPATH": os.pathsep.join([str(Path(__file__).parent), os.environ.get("PYTHONPATH", "")])}
     proc = subprocess.Popen(
         [sys.executable, "-m", "accelbatch", "train", "-t", "babi:1", "-m", f"{__name__}:SlowFirstReplicaEval",
@@ -55,7 +59,8 @@ def test_a_stop_during_a_replicated_validation_saves_and_ends_within_seconds(tmp
             time.sleep(0.05)
         assert mark.exists(), proc.communicate(timeout=30)
         began = time.monotonic()
-        proc.send_signal(signum)
+        if signum is not None:
+            proc.send_signal(signum)
         out, err = proc.communicate(timeout=60)
     finally:
         if proc.poll() is None:

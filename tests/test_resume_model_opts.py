@@ -99,10 +99,22 @@ def test_a_different_model_option_is_refused_in_one_line(stopped, tmp_path, caps
 def test_every_option_given_otherwise_is_named_in_the_one_refusal(stopped, tmp_path, capsys):
     """A model option and a plan option both given otherwise: both in the one line, not one per try."""
     model_file = _copy(stopped, tmp_path)
-    assert main(["train", "-mf", str(model_file), "--resume", "-esz", "32", "-bs", "8", *QUIET]) == 2
+    # (a -bs above the checkpoint's is judged once the world is built: the data may lower it as it did then)
+    assert main(["train", "-mf", str(model_file), "--resume", "-esz", "32", "-bs", "2", *QUIET]) == 2
     err = capsys.readouterr().err.splitlines()
     assert len(err) == 1 and f"-esz/--embedding-size 32 (checkpoint: {ESZ})" in err[0], err
-    assert "-bs/--batchsize 8 (checkpoint: 4)" in err[0], err
+    assert "-bs/--batchsize 2 (checkpoint: 4)" in err[0], err
+
+
+def test_a_resume_with_the_same_command_takes_a_batch_size_lowered_to_the_data(tmp_path, capsys):
+    """-bs 4 on one example is run as -bs 1 (and checkpointed so): the same command with --resume goes on."""
+    data = tmp_path / "one.jsonl"
+    data.write_text(json.dumps({"text": "q", "labels": ["a"], "label_candidates": ["a", "b"],
+                                "episode_done": True}) + "\n")
+    args = ["train", "-t", f"jsonl:{data}", "-m", "bag", "-bs", "4", "-ne", "2", "-mf", str(tmp_path / "m.pt"),
+            *QUIET]
+    assert main(args) == 0
+    assert main([*args, "--resume"]) == 0, capsys.readouterr().err
 
 
 def test_the_api_resume_refuses_another_model_before_loading_its_weights(stopped, tmp_path):

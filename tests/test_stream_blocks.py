@@ -63,7 +63,7 @@ def test_a_streamed_file_serves_what_the_loaded_file_serves_across_blocks(big_ex
 
 def test_rows_beyond_the_parse_cache_parse_each_episode_once(tmp_path, monkeypatch):
     """More rows than the byte-sized cache of parsed episodes holds: each row's episode stays parsed for its
-    next turn (before, rows evicted each other's episodes and every turn parsed its whole episode again)."""
+    next turn, rather than rows evicting each other's episodes and every turn parsing its episode again."""
     import numpy as np
 
     import accelbatch.data.datasets as datasets

@@ -128,11 +128,12 @@ def checked_teacher_act(teacher: Any, act: Any) -> Any:
     teacher's act(). None and padding pass as they are."""
     if not isinstance(act, dict) or act.get(BATCH_PADDING):
         return act
-    try:
-        out = _parlai_message(act)
+    try:  # 'label' is setup_data's shorthand only: an act's is left as it is (a model reads 'labels')
+        out = _parlai_message({key: value for key, value in act.items() if key != "label"})
     except DataFileError as exc:
         raise DataFileError(f"{type(teacher).__name__}.act() returned an example whose {exc}") from None
-    return act if out is act else Message(out)
+    changed = {key: out[key] for key in ANSWER_FIELDS if out.get(key) is not act.get(key)}
+    return Message({**act, **changed}) if changed else act
 
 
 def episodes_of(data: Any, owner: str) -> list[list[dict]]:
@@ -287,7 +288,8 @@ class FileStore(Store):
         self.table = EpisodeTable.of_lengths(index.turns)
         self.answers = AnswerTable()
         self.example_bytes = index.size / max(1, self.table.num_examples)
-        # parsed episodes kept for the turns that follow: up to 4,096, and about CACHE_BYTES of the file
+        # parsed episodes kept for the turns that follow: up to 4,096 and about CACHE_BYTES of the file, or
+        # twice the episodes of one step where that is more (_fit_cache)
         episode_bytes = max(1.0, index.size / max(1, self.table.num_episodes))  # > 0: an index of an empty file
         self._read = lru_cache(maxsize=max(64, min(4096, int(CACHE_BYTES / episode_bytes))))(self._read_episode)
 
