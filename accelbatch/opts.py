@@ -220,8 +220,8 @@ class Opts:
                                      "(GradScaler, its state in checkpoints); on ipu fp16 is "
                                      "model.half() with a static loss scaling")
     compile: bool = _opt(False, "--compile", group="plan",
-                         help="cpu, cuda: run the model's forward through torch.compile (fewer kernel launches "
-                              "for small models); the first steps, and each new input shape, compile")
+                         help="cpu, cuda: the forward through torch.compile (fewer kernel launches; the first steps "
+                              "and new shapes compile); it sums floats in another order: weights differ in last bits")
     ddp_static_graph: bool = _opt(False, "--ddp-static-graph", group="plan", train_only=True,
                                   help="cuda with replicas: DDP's static_graph (for a model whose forward "
                                        "uses the same parameters every step; DDP then skips its per-step "
