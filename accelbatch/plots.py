@@ -139,7 +139,8 @@ def series(records: Sequence[dict[str, Any]]) -> dict[tuple[str, str], list[list
     """``{(split, metric): [segment, ...]}``, each segment a list of ``(step, value)`` of one run: the records
     of one ``run`` name (however runs sharing a log interleave), else those until a restart."""
     out: dict[tuple[str, str], dict[Any, list[tuple[float, float]]]] = {}
-    step, restarts, last_train_step = 0.0, 0, None
+    steps: dict[Any, float] = {}  # each run's last step: a record without one is placed there
+    restarts, last_train_step = 0, None
     for record in records:
         split = record["split"]
         if record.get("final") is True and split != "test":  # the best model's evaluation after training: a
@@ -151,7 +152,8 @@ def series(records: Sequence[dict[str, Any]]) -> dict[tuple[str, str], list[list
             last_train_step = record_step
         run = record["run"] if isinstance(record.get("run"), str) else restarts
         if record_step is not None:
-            step = record_step
+            steps[run] = record_step
+        step = steps.get(run, 0.0)
         values = dict(record)
         if _number(values.get("exs_per_s")) is None:
             exs, secs = _number(values.get("exs")), _number(values.get("time_s"))

@@ -73,6 +73,8 @@ def test_runs_sharing_a_log_are_a_line_each_however_their_records_interleave():
     records = [{"split": "train", "step": s, "loss": loss, "run": run}
                for s, loss, run in [(1, 3.0, "a"), (1, 9.0, "b"), (2, 2.0, "a"), (2, 8.0, "b"), (3, 1.0, "a")]]
     assert plots.series(records)[("train", "loss")] == [[(1, 3.0), (2, 2.0), (3, 1.0)], [(1, 9.0), (2, 8.0)]]
+    records.append({"split": "valid", "accuracy": 0.5, "run": "b"})  # no step: at run b's last, not a's 3
+    assert plots.series(records)[("valid", "accuracy")] == [[(2, 0.5)]]
 
 
 def test_plot_run_writes_a_png(tmp_path):
