@@ -76,11 +76,12 @@ def evaluate(world: World, log: MetricsLog | None = None, split: str = "valid",
 
     cut = False  # by a stop signal; replicas decide together after their loops (one collective each)
     with steps_together(world.get_model_agent(), False):  # each replica evaluates its own rows
-        while not world.epoch_done() and (max_exs < 0 or scored() < max_exs) and not cut:
-            cut = stop is not None and stop.requested is not None
-            if not cut:
-                world.parley()
-                spent.parleyed(world, world.get_total_exs())
+        while not world.epoch_done() and (max_exs < 0 or scored() < max_exs):
+            if stop is not None and stop.requested is not None:
+                cut = True
+                break
+            world.parley()
+            spent.parleyed(world, world.get_total_exs())
     if backend.decide(cut)[0] if replicas > 1 else cut:
         if stop is not None:
             stop.agree()  # a replica stopped by another's signal saves and ends as that one does
