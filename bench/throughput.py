@@ -469,9 +469,10 @@ def part_async(args: argparse.Namespace) -> dict[str, float]:
     same, same_rounds = median_ratio(list(zip(speeds["async"], speeds["sync"])))
     alone, alone_rounds = median_ratio(list(zip(speeds["async"], speeds["main"])))
     say(f"async+2 workers {statistics.median(speeds['async']):>10,.0f}/s  sync+2 workers "
-        f"{statistics.median(speeds['sync']):>10,.0f}/s  ratio {same:.2f}x  ({fmt_rounds(same_rounds)})")
+        f"{statistics.median(speeds['sync']):>10,.0f}/s  ratio async / sync, same workers {same:.2f}x  "
+        f"({fmt_rounds(same_rounds)})")
     say(f"                                  main process   {statistics.median(speeds['main']):>10,.0f}/s  ratio "
-        f"{alone:.2f}x  ({fmt_rounds(alone_rounds)})")
+        f"async / main process alone {alone:.2f}x  ({fmt_rounds(alone_rounds)})")
     results = {"async_vs_sync_same_workers": same, "async_vs_main_process": alone}
     a, b = statistics.median(main_cpu["async"]), statistics.median(main_cpu["main"])
     say(f"main process CPU per example: async {1e6 / a:,.0f} us, main process alone {1e6 / b:,.0f} us -> the "
@@ -555,8 +556,8 @@ def part_hogwild(args: argparse.Namespace) -> dict[str, float]:
         pairs.append((two, one))
     ratio, ratios = median_ratio(pairs)
     say(f"2 processes {statistics.median(p[0] for p in pairs):>8,.0f}/s  1 process "
-        f"{statistics.median(p[1] for p in pairs):>8,.0f}/s  ratio {ratio:.2f}x  ({fmt_rounds(ratios)})"
-        "   goal >= 1.8x")
+        f"{statistics.median(p[1] for p in pairs):>8,.0f}/s  ratio 2 processes / 1 {ratio:.2f}x  "
+        f"({fmt_rounds(ratios)})   goal >= 1.8x")
     return {"hogwild_ratio": ratio}
 
 
