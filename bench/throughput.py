@@ -133,13 +133,19 @@ def batches_seen(world: Any, agent: Any, steps: int) -> list[list[Message]]:
         seen.append(list(observations))
         return original(observations)
 
-    agent.batch_act = recording
+    _parley_through(world, steps, agent, "batch_act", recording)
+    return seen
+
+
+def _parley_through(world: Any, steps: int, owner: Any, name: str, wrapper: Callable[..., Any]) -> None:
+    """``steps`` parleys of ``world`` with ``owner.name`` replaced by ``wrapper`` on the instance (then the
+    class's own again)."""
+    setattr(owner, name, wrapper)
     try:
         for _ in range(steps):
             world.parley()
     finally:
-        del agent.batch_act
-    return seen
+        delattr(owner, name)
 
 
 def part_overhead(args: argparse.Namespace) -> dict[str, float]:
@@ -395,12 +401,7 @@ def text_padding(world: Any, steps: int) -> float:
         counts[1] += text.numel()
         return train_step(batch)
 
-    engine.train_step = counting
-    try:
-        for _ in range(steps):
-            world.parley()
-    finally:
-        del engine.train_step
+    _parley_through(world, steps, engine, "train_step", counting)
     return counts[0] / counts[1] if counts[1] else float("nan")
 
 
